@@ -1,0 +1,79 @@
+#include "common/base/thread_pool.h"
+
+#include <algorithm>
+
+namespace duet {
+
+ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
+  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::RunChunks() {
+  // Called with mu_ unlocked.
+  while (true) {
+    int64_t begin;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (next_ >= n_) return;
+      begin = next_;
+      next_ = std::min(n_, next_ + chunk_);
+    }
+    (*fn_)(begin, std::min(n_, begin + chunk_));
+  }
+}
+
+void ThreadPool::WorkerLoop() {
+  uint64_t seen = 0;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    RunChunks();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--active_ == 0) done_cv_.notify_all();
+    }
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, int64_t grain,
+                             const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  const int threads = num_threads();
+  if (threads == 1 || n <= grain) {
+    fn(0, n);
+    return;
+  }
+  // About 4 chunks per thread for balance, never smaller than grain.
+  const int64_t chunk = std::max(grain, (n + threads * 4 - 1) / (threads * 4));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    chunk_ = chunk;
+    next_ = 0;
+    active_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  work_cv_.notify_all();
+  RunChunks();
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return active_ == 0; });
+  fn_ = nullptr;
+}
+
+}  // namespace duet

@@ -1,0 +1,49 @@
+// A fixed pool of worker threads with a blocking ParallelFor, used by the CPU kernels.
+// Work is split into contiguous index ranges; each index is processed by exactly one thread,
+// so results never depend on the number of threads (kernels stay batch- and thread-invariant).
+//
+//   duet::ThreadPool pool(4);
+//   pool.ParallelFor(n, /*grain=*/16, [&](int64_t begin, int64_t end) { ... });
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace duet {
+
+class ThreadPool {
+ public:
+  // num_threads <= 0 picks std::thread::hardware_concurrency().
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(begin, end) over [0, n) in chunks of at least `grain`, on the pool and the
+  // calling thread; returns when all chunks are done. Not reentrant.
+  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void WorkerLoop();
+  void RunChunks();
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  bool stop_ = false;
+  uint64_t generation_ = 0;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  int64_t chunk_ = 1;
+  int64_t next_ = 0;       // next chunk start, guarded by mu_
+  int active_ = 0;         // workers still inside the current generation
+};
+
+}  // namespace duet

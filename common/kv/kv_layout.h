@@ -1,0 +1,99 @@
+// KvLayout: the geometry of a paged KV cache, shared by compute (where K/V live), the block pool
+// (how much memory) and transfer (which bytes to move). The fingerprint identifies a layout
+// across processes: prefill and decode peers must agree on it (DESIGN.md invariant 6).
+//
+// Region layout (one contiguous region per process, `num_blocks` blocks per layer):
+//   [layer][block][K|V][token in block][kv head][head dim]
+// so the bytes of (layer l, block b) are one contiguous run of BlockBytes(), K first then V,
+// and a run of consecutive block ids in one layer is one contiguous run of memory.
+//
+//   KvLayout layout{.model_id = "tiny", .num_layers = 2, .num_kv_heads = 2, .head_dim = 16,
+//                   .block_size = 16, .dtype = KvDtype::kF32};
+//   DUET_RETURN_IF_ERROR(layout.Validate());
+//   size_t off = layout.BlockOffset(/*layer=*/1, /*block=*/7, /*num_blocks=*/128);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace duet::kv {
+
+using BlockId = int32_t;
+
+enum class KvDtype : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+size_t KvDtypeBytes(KvDtype dtype);
+const char* KvDtypeName(KvDtype dtype);
+absl::StatusOr<KvDtype> ParseKvDtype(const std::string& name);
+
+struct KvLayout {
+  std::string model_id;  // names the model whose K/V these are (part of the fingerprint)
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 16;  // tokens per block
+  KvDtype dtype = KvDtype::kF32;
+
+  absl::Status Validate() const;
+
+  size_t dtype_bytes() const { return KvDtypeBytes(dtype); }
+  // Elements of one token's K (or V) in one layer: kv_heads * head_dim.
+  int64_t token_elems() const { return static_cast<int64_t>(num_kv_heads) * head_dim; }
+  // Bytes of one block in one layer, K and V together.
+  size_t BlockBytes() const { return 2 * static_cast<size_t>(block_size) * token_elems() * dtype_bytes(); }
+  // Bytes of K (or V) of one block in one layer; V starts this far after K.
+  size_t HalfBlockBytes() const { return BlockBytes() / 2; }
+  // Byte offset of (layer, block) in a region holding `num_blocks` blocks per layer.
+  size_t BlockOffset(int layer, BlockId block, int64_t num_blocks) const {
+    return (static_cast<size_t>(layer) * static_cast<size_t>(num_blocks) +
+            static_cast<size_t>(block)) * BlockBytes();
+  }
+  // Total region bytes for `num_blocks` blocks per layer.
+  size_t RegionBytes(int64_t num_blocks) const {
+    return static_cast<size_t>(num_layers) * static_cast<size_t>(num_blocks) * BlockBytes();
+  }
+  // M_KV = 2 * L * Hkv * T * d * bytes: the KV bytes of `tokens` tokens across all layers.
+  size_t BytesForTokens(int64_t tokens) const {
+    return 2 * static_cast<size_t>(num_layers) * static_cast<size_t>(tokens) * token_elems() *
+           dtype_bytes();
+  }
+  int64_t BlocksForTokens(int64_t tokens) const { return (tokens + block_size - 1) / block_size; }
+
+  // Stable 64-bit hash of every field above (FNV-1a over a canonical string).
+  uint64_t Fingerprint() const;
+  // "model=tiny layers=2 kv_heads=2 head_dim=16 block=16 dtype=f32 fp=0123abcd..."
+  std::string Describe() const;
+
+  bool operator==(const KvLayout& o) const = default;
+};
+
+// Refuses a peer whose layout differs; the message names both sides.
+absl::Status CheckLayoutsMatch(const KvLayout& local, const KvLayout& remote,
+                               const std::string& local_name, const std::string& remote_name);
+
+// A view of a KV region for kernels: where (layer, block)'s K and V are.
+struct KvCacheView {
+  KvLayout layout;
+  void* base = nullptr;
+  int64_t num_blocks = 0;
+
+  uint8_t* BlockPtr(int layer, BlockId block) const {
+    return static_cast<uint8_t*>(base) + layout.BlockOffset(layer, block, num_blocks);
+  }
+  // K of token `offset` in (layer, block): [kv_heads][head_dim].
+  template <typename T>
+  T* KeyPtr(int layer, BlockId block, int offset) const {
+    return reinterpret_cast<T*>(BlockPtr(layer, block)) + offset * layout.token_elems();
+  }
+  template <typename T>
+  T* ValuePtr(int layer, BlockId block, int offset) const {
+    return reinterpret_cast<T*>(BlockPtr(layer, block) + layout.HalfBlockBytes()) +
+           offset * layout.token_elems();
+  }
+};
+
+}  // namespace duet::kv

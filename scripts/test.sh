@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds, and runs the unit and integration tests.
+#   scripts/test.sh            # everything CI runs
+#   scripts/test.sh -L unit    # extra arguments go to ctest
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+"$ROOT/scripts/install_deps.sh"
+"$ROOT/scripts/build.sh"
+cd "${DUET_BUILD_DIR:-$ROOT/build}"
+if [ $# -eq 0 ]; then set -- -L 'unit|integration'; fi
+ctest --output-on-failure --timeout 300 -j "$(nproc)" "$@"
