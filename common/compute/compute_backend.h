@@ -70,6 +70,11 @@ class ComputeBackend {
   // Copies between host and activation memory (plain memcpy on cpu).
   virtual void CopyToDevice(float* dst, const float* src, int64_t count) = 0;
   virtual void CopyToHost(float* dst, const float* src, int64_t count) = 0;
+  // Copies within activation memory. The default suits backends whose activations are host
+  // memory; device backends override it.
+  virtual void CopyWithin(float* dst, const float* src, int64_t count) {
+    CopyToDevice(dst, src, count);
+  }
   // Waits for all queued work (no-op on cpu).
   virtual void Synchronize() {}
 
@@ -91,7 +96,7 @@ class ComputeBackend {
   // In-place rotary embedding of x [rows, num_heads * head_dim]; positions[rows].
   virtual void Rope(float* x, int rows, int num_heads, int head_dim, const int32_t* positions,
                     const RopeParams& rope) = 0;
-  // out = silu(gate) * up, elementwise over n.
+  // out = silu(gate) * up, elementwise over n; out may alias gate or up.
   virtual void SwiGlu(const float* gate, const float* up, int64_t n, float* out) = 0;
   // out[i, :] = table[ids[i], :], table [vocab, dim] in backend memory.
   virtual void Embed(const float* table, int dim, const int32_t* ids, int n, float* out) = 0;

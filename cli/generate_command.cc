@@ -1,0 +1,135 @@
+// `duet generate`: runs the model in this process and prints the text, or JSON with
+// prompt_ids, generated_ids, text, per-token top-K logprobs and timings.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "cli/commands.h"
+#include "common/base/logging.h"
+#include "common/model/local_engine.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "", "model directory (config.json, model.safetensors, tokenizer)");
+ABSL_FLAG(std::string, prompt, "", "prompt text");
+ABSL_FLAG(std::string, prompt_ids, "", "prompt as comma-separated token ids (instead of --prompt)");
+ABSL_FLAG(int, max_tokens, 16, "maximum tokens to generate");
+ABSL_FLAG(double, temperature, 0.0, "sampling temperature (0: greedy)");
+ABSL_FLAG(double, top_p, 1.0, "nucleus sampling mass");
+ABSL_FLAG(int, top_k, 0, "top-k sampling (0: off)");
+ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
+ABSL_FLAG(int, logprobs, 0, "report the top-K log-probabilities per token");
+ABSL_FLAG(bool, ignore_eos, false, "keep generating past EOS");
+ABSL_FLAG(std::string, stop_ids, "", "comma-separated token ids that stop generation");
+ABSL_FLAG(bool, json, false, "print JSON instead of text");
+ABSL_FLAG(std::string, device, "auto", "compute device: auto, cpu or cuda");
+ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores)");
+ABSL_FLAG(std::string, cpu_gemm, "invariant",
+          "CPU GEMM: invariant (batch-invariant, default) or openblas");
+ABSL_FLAG(int, block_size, 16, "KV cache block size in tokens");
+ABSL_FLAG(bool, add_bos, true, "prepend the tokenizer's BOS token to --prompt");
+
+namespace duet::cli {
+namespace {
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text, const char* flag) {
+  std::vector<int32_t> ids;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int32_t id;
+    if (!absl::SimpleAtoi(part, &id)) {
+      return absl::InvalidArgumentError(
+          std::string("--") + flag + ": '" + std::string(part) + "' is not a token id");
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "duet generate: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int RunGenerate(const std::vector<char*>& args) {
+  if (args.size() > 1) {
+    std::fprintf(stderr, "duet generate: unexpected argument '%s'\n", args[1]);
+    return 2;
+  }
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  if (model_dir.empty()) {
+    std::fprintf(stderr, "duet generate: --model is required\n");
+    return 2;
+  }
+  const bool have_text = !absl::GetFlag(FLAGS_prompt).empty();
+  const bool have_ids = !absl::GetFlag(FLAGS_prompt_ids).empty();
+  if (have_text == have_ids) {
+    std::fprintf(stderr, "duet generate: give exactly one of --prompt and --prompt-ids\n");
+    return 2;
+  }
+  SetMinLogLevel(LogLevel::kWarning);
+  model::EngineOptions options{.device = absl::GetFlag(FLAGS_device),
+                               .num_threads = absl::GetFlag(FLAGS_threads),
+                               .cpu_gemm = absl::GetFlag(FLAGS_cpu_gemm),
+                               .block_size = absl::GetFlag(FLAGS_block_size)};
+  auto engine = model::LocalEngine::Load(model_dir, options);
+  if (!engine.ok()) return Fail(engine.status());
+
+  std::vector<int32_t> prompt_ids;
+  if (have_ids) {
+    auto ids = ParseIds(absl::GetFlag(FLAGS_prompt_ids), "prompt-ids");
+    if (!ids.ok()) return Fail(ids.status());
+    prompt_ids = *ids;
+  } else {
+    auto ids = (*engine)->tokenizer().Encode(absl::GetFlag(FLAGS_prompt),
+                                             absl::GetFlag(FLAGS_add_bos));
+    if (!ids.ok()) return Fail(ids.status());
+    prompt_ids = *ids;
+  }
+  model::SamplingParams params;
+  params.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  params.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  params.top_k = absl::GetFlag(FLAGS_top_k);
+  params.seed = absl::GetFlag(FLAGS_seed);
+  params.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  params.logprobs = absl::GetFlag(FLAGS_logprobs);
+  params.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  auto stop_ids = ParseIds(absl::GetFlag(FLAGS_stop_ids), "stop-ids");
+  if (!stop_ids.ok()) return Fail(stop_ids.status());
+  params.stop_token_ids = *stop_ids;
+
+  auto result = (*engine)->Generate(prompt_ids, params);
+  if (!result.ok()) return Fail(result.status());
+  auto text = (*engine)->tokenizer().Decode(result->generated_ids);
+  if (!text.ok()) return Fail(text.status());
+
+  if (!absl::GetFlag(FLAGS_json)) {
+    std::cout << *text << std::endl;
+    return 0;
+  }
+  nlohmann::json j;
+  j["model"] = model_dir;
+  j["backend"] = (*engine)->backend().name();
+  j["prompt_ids"] = result->prompt_ids;
+  j["generated_ids"] = result->generated_ids;
+  j["text"] = *text;
+  j["finish_reason"] = model::StopReasonName(result->stop);
+  nlohmann::json lps = nlohmann::json::array();
+  for (const model::SampledToken& t : result->tokens) {
+    nlohmann::json e{{"id", t.id}, {"logprob", t.logprob}};
+    nlohmann::json top = nlohmann::json::array();
+    for (const auto& [id, lp] : t.top_logprobs) top.push_back({{"id", id}, {"logprob", lp}});
+    e["top"] = top;
+    lps.push_back(e);
+  }
+  j["logprobs"] = lps;
+  j["timings"] = {{"prefill_ms", result->prefill_ms}, {"decode_ms", result->decode_ms}};
+  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  return 0;
+}
+
+}  // namespace duet::cli

@@ -1,0 +1,37 @@
+// duet: the command-line entry point. Thin dispatch to the subcommands in commands.h.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "cli/commands.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "duet: disaggregated LLM inference\n"
+    "usage: duet <command> [flags]\n"
+    "commands:\n"
+    "  generate   run the model in this process: --model DIR (--prompt TEXT | --prompt-ids 1,2)\n"
+    "             [--max-tokens N --temperature T --top-p P --top-k K --seed S --logprobs K\n"
+    "              --json --device auto|cpu|cuda --threads N]\n"
+    "run `duet <command> --help` for every flag.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  // Parse flags from everything after the subcommand name.
+  std::vector<char*> rest(argv + 1, argv + argc);
+  std::vector<char*> args = absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
+  if (command == "generate") return duet::cli::RunGenerate(args);
+  std::fprintf(stderr, "duet: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+  return 2;
+}

@@ -1,0 +1,86 @@
+#include "common/model/local_engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
+#include "common/base/status.h"
+#include "common/kv/block_table.h"
+#include "common/model/weights.h"
+
+namespace duet::model {
+
+absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string& model_dir,
+                                                               const EngineOptions& options) {
+  DUET_ASSIGN_OR_RETURN(ModelConfig config,
+                        ModelConfig::FromJsonFile(model_dir + "/config.json"));
+  DUET_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(model_dir, config));
+  DUET_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(model_dir));
+  return Create(config, std::move(weights), std::move(tokenizer), options);
+}
+
+absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
+    const ModelConfig& config, ModelWeights weights, std::unique_ptr<Tokenizer> tokenizer,
+    const EngineOptions& options) {
+  std::unique_ptr<LocalEngine> e(new LocalEngine());
+  compute::BackendOptions bo{.num_threads = options.num_threads, .cpu_gemm = options.cpu_gemm};
+  DUET_ASSIGN_OR_RETURN(e->backend_, compute::CreateBackend(options.device, bo));
+  e->tokenizer_ = std::move(tokenizer);
+  DUET_ASSIGN_OR_RETURN(e->runner_,
+                        ModelRunner::Create(config, std::move(weights), e->backend_.get()));
+  const kv::KvLayout layout = e->runner_->MakeKvLayout(options.block_size);
+  DUET_RETURN_IF_ERROR(layout.Validate());
+  const int64_t num_blocks =
+      std::max<int64_t>(1, options.kv_cache_bytes /
+                               static_cast<int64_t>(layout.RegionBytes(1)));
+  DUET_ASSIGN_OR_RETURN(e->pool_, kv::BlockPool::Create(layout, num_blocks));
+  return e;
+}
+
+absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t>& prompt_ids,
+                                                       const SamplingParams& params) {
+  const ModelConfig& c = config();
+  if (prompt_ids.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
+  DUET_RETURN_IF_ERROR(params.Validate(c.vocab_size));
+  if (static_cast<int64_t>(prompt_ids.size()) >= c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("Generate: prompt of ", prompt_ids.size(),
+                                                   " tokens does not fit the context of ",
+                                                   c.max_position_embeddings));
+  }
+  GenerationResult result;
+  result.prompt_ids = prompt_ids;
+  kv::BlockTable table(pool_.get());
+  const std::vector<int32_t> eos = tokenizer_ ? tokenizer_->eos_ids() : c.eos_token_ids;
+
+  Stopwatch sw;
+  std::vector<SequenceInput> batch(1);
+  batch[0] = SequenceInput{.seq_id = 0, .tokens = prompt_ids, .start_pos = 0, .table = &table,
+                           .want_logits = true};
+  DUET_ASSIGN_OR_RETURN(ForwardOutput out, runner_->Forward(absl::MakeSpan(batch), pool_->View()));
+  while (true) {
+    const int step = static_cast<int>(result.generated_ids.size());
+    SampledToken tok = Sample(out.Row(0), out.vocab, params, step);
+    const int32_t id = tok.id;
+    result.generated_ids.push_back(id);
+    result.tokens.push_back(std::move(tok));
+    if (step == 0) {
+      result.prefill_ms = sw.ElapsedMs();
+    } else {
+      result.decode_ms.push_back(sw.ElapsedMs());
+    }
+    result.stop = CheckStop(params, eos, id, step + 1);
+    if (result.stop == StopReason::kNone && table.num_tokens() + 1 > c.max_position_embeddings) {
+      result.stop = StopReason::kMaxTokens;  // the context is full
+    }
+    if (result.stop != StopReason::kNone) break;
+    sw.Reset();
+    batch[0] = SequenceInput{.seq_id = 0, .tokens = {id},
+                             .start_pos = static_cast<int32_t>(table.num_tokens()),
+                             .table = &table, .want_logits = true};
+    DUET_ASSIGN_OR_RETURN(out, runner_->Forward(absl::MakeSpan(batch), pool_->View()));
+  }
+  return result;
+}
+
+}  // namespace duet::model

@@ -1,0 +1,71 @@
+// LocalEngine: the whole model in one process (config, weights, tokenizer, compute backend,
+// KV pool) and a simple generate loop: prefill the prompt, then decode one token at a time.
+// It is the reference the disaggregated system must match token for token (DESIGN.md
+// invariant 1), the engine of `duet generate`, and what bench/engine_bench drives.
+//
+//   DUET_ASSIGN_OR_RETURN(auto engine, LocalEngine::Load("models/tiny", {}));
+//   DUET_ASSIGN_OR_RETURN(auto ids, engine->tokenizer().Encode("hello", /*add_bos=*/true));
+//   DUET_ASSIGN_OR_RETURN(GenerationResult r, engine->Generate(ids, {.max_tokens = 8}));
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/compute/compute_backend.h"
+#include "common/kv/block_pool.h"
+#include "common/model/model_config.h"
+#include "common/model/model_runner.h"
+#include "common/model/sampler.h"
+#include "common/model/tokenizer.h"
+
+namespace duet::model {
+
+struct EngineOptions {
+  std::string device = "auto";         // auto | cpu | cuda
+  int num_threads = 0;                 // 0: all cores
+  std::string cpu_gemm = "invariant";  // invariant | openblas
+  int block_size = 16;
+  int64_t kv_cache_bytes = 512ll << 20;  // size of the KV pool
+};
+
+struct GenerationResult {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> generated_ids;
+  std::vector<SampledToken> tokens;  // one per generated id, with logprobs
+  StopReason stop = StopReason::kNone;
+  double prefill_ms = 0;             // prompt forward + first sample
+  std::vector<double> decode_ms;     // per decode step
+};
+
+class LocalEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalEngine>> Load(const std::string& model_dir,
+                                                           const EngineOptions& options);
+  // Builds an engine around an already-loaded model (tests build models in memory).
+  static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(const ModelConfig& config,
+                                                             ModelWeights weights,
+                                                             std::unique_ptr<Tokenizer> tokenizer,
+                                                             const EngineOptions& options);
+
+  absl::StatusOr<GenerationResult> Generate(const std::vector<int32_t>& prompt_ids,
+                                            const SamplingParams& params);
+
+  const ModelConfig& config() const { return runner_->config(); }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  ModelRunner& runner() { return *runner_; }
+  kv::BlockPool& pool() { return *pool_; }
+  compute::ComputeBackend& backend() { return *backend_; }
+
+ private:
+  LocalEngine() = default;
+
+  std::unique_ptr<compute::ComputeBackend> backend_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<kv::BlockPool> pool_;
+};
+
+}  // namespace duet::model

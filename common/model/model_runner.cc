@@ -1,0 +1,292 @@
+#include "common/model/model_runner.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status.h"
+#include "common/model/rope.h"
+
+namespace duet::model {
+
+struct ModelRunner::Layer {
+  const float* input_norm = nullptr;
+  const float* post_norm = nullptr;
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+  std::unique_ptr<compute::PreparedMatrix> q, k, v, o, gate, up, down;
+};
+
+// Activation buffers in backend memory, grown to the largest batch seen.
+struct ModelRunner::Workspace {
+  compute::ComputeBackend* backend = nullptr;
+  int64_t rows = 0;
+  float* x = nullptr;     // [rows, hidden] residual stream
+  float* h = nullptr;     // [rows, hidden] normed
+  float* q = nullptr;     // [rows, q_heads * head_dim]
+  float* k = nullptr;     // [rows, kv_heads * head_dim]
+  float* v = nullptr;
+  float* attn = nullptr;  // [rows, q_heads * head_dim]
+  float* o = nullptr;     // [rows, hidden]
+  float* gate = nullptr;  // [rows, intermediate]
+  float* up = nullptr;
+  float* last = nullptr;    // [rows, hidden] gathered last-token states
+  int64_t logit_rows = 0;
+  float* logits = nullptr;  // [logit_rows, vocab]
+
+  void Free() {
+    for (float** p : {&x, &h, &q, &k, &v, &attn, &o, &gate, &up, &logits, &last}) {
+      if (*p != nullptr) backend->FreeActivations(*p);
+      *p = nullptr;
+    }
+    rows = 0;
+    logit_rows = 0;
+  }
+  ~Workspace() { Free(); }
+};
+
+ModelRunner::ModelRunner(const ModelConfig& config, compute::ComputeBackend* backend)
+    : config_(config), backend_(backend), ws_(std::make_unique<Workspace>()) {
+  ws_->backend = backend;
+}
+
+ModelRunner::~ModelRunner() = default;
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelConfig& config,
+                                                                 ModelWeights weights,
+                                                                 compute::ComputeBackend* backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("ModelRunner: backend is null");
+  DUET_RETURN_IF_ERROR(config.Validate());
+  if (static_cast<int>(weights.layers.size()) != config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("ModelRunner: weights have ",
+                                                   weights.layers.size(), " layers, config says ",
+                                                   config.num_hidden_layers));
+  }
+  std::unique_ptr<ModelRunner> runner(new ModelRunner(config, backend));
+  DUET_RETURN_IF_ERROR(runner->Prepare(std::move(weights)));
+  return runner;
+}
+
+absl::Status ModelRunner::Prepare(ModelWeights weights) {
+  const ModelConfig& c = config_;
+  const int hidden = c.hidden_size;
+  const int qd = c.num_attention_heads * c.head_dim;
+  const int kvd = c.num_key_value_heads * c.head_dim;
+  rope_.inv_freq = RopeInvFreq(c);
+
+  auto vec = [&](std::vector<float>& v) -> const float* {
+    if (v.empty()) return nullptr;
+    host_vectors_.push_back(std::move(v));
+    const std::vector<float>& kept = host_vectors_.back();
+    return backend_->UploadVector(kept.data(), static_cast<int64_t>(kept.size()));
+  };
+  auto mat = [&](std::vector<float>& w, int rows, int cols,
+                 std::unique_ptr<compute::PreparedMatrix>* out) -> absl::Status {
+    DUET_ASSIGN_OR_RETURN(*out, backend_->PrepareMatrix(w.data(), rows, cols));
+    std::vector<float>().swap(w);  // repacked: drop the host copy
+    return absl::OkStatus();
+  };
+
+  layers_.resize(c.num_hidden_layers);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights& lw = weights.layers[i];
+    Layer& l = layers_[i];
+    l.input_norm = vec(lw.input_norm);
+    l.post_norm = vec(lw.post_attention_norm);
+    l.q_bias = vec(lw.q_bias);
+    l.k_bias = vec(lw.k_bias);
+    l.v_bias = vec(lw.v_bias);
+    DUET_RETURN_IF_ERROR(mat(lw.q_proj, qd, hidden, &l.q));
+    DUET_RETURN_IF_ERROR(mat(lw.k_proj, kvd, hidden, &l.k));
+    DUET_RETURN_IF_ERROR(mat(lw.v_proj, kvd, hidden, &l.v));
+    DUET_RETURN_IF_ERROR(mat(lw.o_proj, hidden, qd, &l.o));
+    DUET_RETURN_IF_ERROR(mat(lw.gate_proj, c.intermediate_size, hidden, &l.gate));
+    DUET_RETURN_IF_ERROR(mat(lw.up_proj, c.intermediate_size, hidden, &l.up));
+    DUET_RETURN_IF_ERROR(mat(lw.down_proj, hidden, c.intermediate_size, &l.down));
+  }
+  final_norm_ = vec(weights.norm);
+  if (weights.lm_head.empty()) {  // tied embeddings
+    DUET_ASSIGN_OR_RETURN(lm_head_,
+                          backend_->PrepareMatrix(weights.embed_tokens.data(), c.vocab_size, hidden));
+  } else {
+    DUET_RETURN_IF_ERROR(mat(weights.lm_head, c.vocab_size, hidden, &lm_head_));
+  }
+  host_embed_ = std::move(weights.embed_tokens);
+  embed_ = backend_->UploadVector(host_embed_.data(), static_cast<int64_t>(host_embed_.size()));
+  return absl::OkStatus();
+}
+
+kv::KvLayout ModelRunner::MakeKvLayout(int block_size) const {
+  return kv::KvLayout{.model_id = config_.ModelId(),
+                      .num_layers = config_.num_hidden_layers,
+                      .num_kv_heads = config_.num_key_value_heads,
+                      .head_dim = config_.head_dim,
+                      .block_size = block_size,
+                      .dtype = kv::KvDtype::kF32};
+}
+
+void ModelRunner::EnsureWorkspace(int64_t rows) {
+  if (rows <= ws_->rows) return;
+  ws_->Free();
+  const ModelConfig& c = config_;
+  const int64_t qd = int64_t{c.num_attention_heads} * c.head_dim;
+  const int64_t kvd = int64_t{c.num_key_value_heads} * c.head_dim;
+  auto alloc = [&](int64_t n) { return backend_->AllocateActivations(rows * n); };
+  ws_->x = alloc(c.hidden_size);
+  ws_->h = alloc(c.hidden_size);
+  ws_->q = alloc(qd);
+  ws_->k = alloc(kvd);
+  ws_->v = alloc(kvd);
+  ws_->attn = alloc(qd);
+  ws_->o = alloc(c.hidden_size);
+  ws_->gate = alloc(c.intermediate_size);
+  ws_->up = alloc(c.intermediate_size);
+  ws_->last = alloc(c.hidden_size);
+  ws_->rows = rows;
+}
+
+absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> batch,
+                                                   const kv::KvCacheView& kv,
+                                                   const LayerDoneHook& on_layer_done) {
+  const ModelConfig& c = config_;
+  // ---- Validate everything before touching any state.
+  const kv::KvLayout want = MakeKvLayout(kv.layout.block_size);
+  DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(want, kv.layout, "model", "KV pool"));
+  if (batch.empty()) return absl::InvalidArgumentError("Forward: empty batch");
+  int64_t total = 0;
+  for (const SequenceInput& s : batch) {
+    if (s.table == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("Forward: sequence ", s.seq_id, " has no block table"));
+    }
+    if (s.tokens.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("Forward: sequence ", s.seq_id, " has no tokens"));
+    }
+    if (s.start_pos != s.table->num_tokens()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Forward: sequence ", s.seq_id, " starts at position ", s.start_pos, " but its cache holds ",
+          s.table->num_tokens(), " tokens"));
+    }
+    const int64_t end = int64_t{s.start_pos} + static_cast<int64_t>(s.tokens.size());
+    if (end > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Forward: sequence ", s.seq_id, " reaches ", end, " tokens, past the model's context of ",
+          c.max_position_embeddings));
+    }
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("Forward: sequence ", s.seq_id, " has token id ",
+                                                       t, " outside the vocabulary [0, ",
+                                                       c.vocab_size, ")"));
+      }
+    }
+    total += static_cast<int64_t>(s.tokens.size());
+  }
+  // ---- Grow block tables (all or nothing across the batch).
+  std::vector<size_t> old_sizes;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    SequenceInput& s = batch[i];
+    old_sizes.push_back(s.table->blocks().size());
+    absl::Status st = s.table->Reserve(s.start_pos + static_cast<int64_t>(s.tokens.size()));
+    if (!st.ok()) {
+      for (size_t j = 0; j < i; ++j) {
+        absl::Status undo = batch[j].table->TruncateBlocks(old_sizes[j]);
+        if (!undo.ok()) return undo;
+      }
+      return st;
+    }
+  }
+
+  // ---- Gather ids, positions, slots.
+  EnsureWorkspace(total);
+  std::vector<int32_t> ids;
+  std::vector<int32_t> positions;
+  std::vector<int64_t> slots;
+  ids.reserve(total);
+  positions.reserve(total);
+  slots.reserve(total);
+  std::vector<compute::AttentionSeq> seqs;
+  std::vector<LayerSpan> spans;
+  std::vector<int64_t> last_rows;
+  ForwardOutput out;
+  out.vocab = c.vocab_size;
+  int32_t row = 0;
+  for (SequenceInput& s : batch) {
+    const int32_t n = static_cast<int32_t>(s.tokens.size());
+    for (int32_t i = 0; i < n; ++i) {
+      ids.push_back(s.tokens[i]);
+      positions.push_back(s.start_pos + i);
+      slots.push_back(s.table->Slot(s.start_pos + i));
+    }
+    seqs.push_back(compute::AttentionSeq{
+        .q_start = row, .q_len = n, .context_len = s.start_pos + n,
+        .block_table = s.table->blocks().data(),
+        .num_table_blocks = static_cast<int32_t>(s.table->blocks().size())});
+    spans.push_back(LayerSpan{.seq_id = s.seq_id, .start_pos = s.start_pos, .num_tokens = n,
+                              .blocks = &s.table->blocks()});
+    if (s.want_logits) {
+      last_rows.push_back(row + n - 1);
+      out.seq_ids.push_back(s.seq_id);
+    }
+    row += n;
+  }
+
+  const int hidden = c.hidden_size;
+  const int rows = static_cast<int>(total);
+  const compute::AttentionParams attn{
+      .num_q_heads = c.num_attention_heads,
+      .num_kv_heads = c.num_key_value_heads,
+      .head_dim = c.head_dim,
+      .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+      .sliding_window = c.sliding_window};
+  compute::ComputeBackend& b = *backend_;
+  Workspace& w = *ws_;
+
+  b.Embed(embed_, hidden, ids.data(), rows, w.x);
+  for (int li = 0; li < c.num_hidden_layers; ++li) {
+    const Layer& l = layers_[li];
+    b.RmsNorm(w.x, l.input_norm, rows, hidden, c.rms_norm_eps, w.h);
+    b.MatMul(w.h, rows, *l.q, l.q_bias, w.q);
+    b.MatMul(w.h, rows, *l.k, l.k_bias, w.k);
+    b.MatMul(w.h, rows, *l.v, l.v_bias, w.v);
+    b.Rope(w.q, rows, c.num_attention_heads, c.head_dim, positions.data(), rope_);
+    b.Rope(w.k, rows, c.num_key_value_heads, c.head_dim, positions.data(), rope_);
+    b.WriteKv(kv, li, w.k, w.v, slots.data(), rows);
+    // K/V of this layer are in the pool: transfer may start while the layer finishes.
+    if (on_layer_done) {
+      b.Synchronize();
+      on_layer_done(li, spans);
+    }
+    b.PagedAttention(kv, li, w.q, seqs, attn, w.attn);
+    b.MatMul(w.attn, rows, *l.o, nullptr, w.o);
+    b.Add(w.x, w.o, int64_t{rows} * hidden);
+    b.RmsNorm(w.x, l.post_norm, rows, hidden, c.rms_norm_eps, w.h);
+    b.MatMul(w.h, rows, *l.gate, nullptr, w.gate);
+    b.MatMul(w.h, rows, *l.up, nullptr, w.up);
+    b.SwiGlu(w.gate, w.up, int64_t{rows} * c.intermediate_size, w.gate);
+    b.MatMul(w.gate, rows, *l.down, nullptr, w.o);
+    b.Add(w.x, w.o, int64_t{rows} * hidden);
+  }
+
+  // Only the last token of each sequence that wants logits goes through the LM head.
+  const int nl = static_cast<int>(last_rows.size());
+  if (nl > 0) {
+    for (int i = 0; i < nl; ++i) {
+      b.CopyWithin(w.last + int64_t{i} * hidden, w.x + last_rows[i] * hidden, hidden);
+    }
+    if (nl > w.logit_rows) {
+      if (w.logits != nullptr) b.FreeActivations(w.logits);
+      w.logits = b.AllocateActivations(int64_t{nl} * c.vocab_size);
+      w.logit_rows = nl;
+    }
+    b.RmsNorm(w.last, final_norm_, nl, hidden, c.rms_norm_eps, w.last);
+    b.MatMul(w.last, nl, *lm_head_, nullptr, w.logits);
+    out.logits.resize(int64_t{nl} * c.vocab_size);
+    b.CopyToHost(out.logits.data(), w.logits, int64_t{nl} * c.vocab_size);
+  }
+  b.Synchronize();
+  for (SequenceInput& s : batch) s.table->Append(static_cast<int64_t>(s.tokens.size()));
+  return out;
+}
+
+}  // namespace duet::model

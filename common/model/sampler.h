@@ -1,0 +1,50 @@
+// Sampler: turns one row of logits into a token (greedy, temperature, top-k, top-p) and its
+// log-probabilities, plus the stop rules of a request (EOS, stop tokens, max tokens).
+// Sampling is stateless per step: the random draw for output token i depends only on
+// (seed, i), so a request whose first token is sampled on a prefill node and the rest on a
+// decode node draws exactly what a single process would.
+//
+//   SamplingParams p{.temperature = 0.7f, .top_p = 0.9f, .seed = 1, .logprobs = 5};
+//   SampledToken t = Sample(logits, vocab, p, /*step=*/0);
+//   StopReason r = CheckStop(p, eos_ids, t.id, /*generated=*/1);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace duet::model {
+
+struct SamplingParams {
+  float temperature = 0.f;  // <= 0: greedy
+  float top_p = 1.f;        // (0, 1]
+  int top_k = 0;            // 0: off
+  uint64_t seed = 0;
+  int max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int logprobs = 0;         // top-N log-probabilities to report per token (0: none)
+
+  absl::Status Validate(int vocab_size) const;
+};
+
+struct SampledToken {
+  int32_t id = -1;
+  float logprob = 0.f;  // log-softmax of the raw logits (temperature 1), as OpenAI reports
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // best first
+};
+
+enum class StopReason { kNone, kEos, kStopToken, kMaxTokens };
+const char* StopReasonName(StopReason r);
+
+// `step` is the index of the token being generated (0 for the first output token).
+SampledToken Sample(const float* logits, int vocab, const SamplingParams& params, int64_t step);
+
+// Whether generation ends after emitting `token` as the `generated`-th output token.
+StopReason CheckStop(const SamplingParams& params, const std::vector<int32_t>& eos_ids,
+                     int32_t token, int generated);
+
+}  // namespace duet::model
