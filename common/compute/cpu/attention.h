@@ -1,0 +1,35 @@
+// Paged-KV CPU kernels: writing new K/V rows into cache slots, and causal paged attention
+// (GQA, block tables, mixed prefill / decode / chunked-prefill sequences, sliding window).
+// Only KvDtype::kF32 caches are supported; other dtypes fail a DUET_CHECK.
+//
+// Attention is parallel over (query row, kv head) work items; each (row, q head) output is
+// computed by one thread in a fixed order over the keys (scores, max, exp-sum, weighted V sum),
+// so it depends only on that row and its sequence's KV: batch- and thread-invariant.
+//
+//   WriteKvRows(cache, layer, k, v, slots, n);
+//   PagedAttentionF32(&pool, cache, layer, q, seqs, params, out);
+#pragma once
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "common/base/thread_pool.h"
+#include "common/compute/compute_backend.h"
+#include "common/kv/kv_layout.h"
+
+namespace duet::compute::cpu {
+
+// Copies k[i] and v[i] ([kv_heads * head_dim] each) to slot slots[i] of `layer`.
+void WriteKvRows(const kv::KvCacheView& cache, int layer, const float* k, const float* v,
+                 const int64_t* slots, int n);
+
+void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer, const float* q,
+                       absl::Span<const AttentionSeq> seqs, const AttentionParams& params,
+                       float* out);
+
+// Dot product of length n with 8 interleaved partial sums (lane j takes i % 8 == j) reduced
+// in a fixed order; the AVX2 and portable versions return identical bits. Exposed for tests.
+float DotF32(const float* a, const float* b, int n);
+float DotF32Portable(const float* a, const float* b, int n);
+
+}  // namespace duet::compute::cpu

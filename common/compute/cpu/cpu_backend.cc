@@ -1,0 +1,171 @@
+#include "common/compute/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/compute/cpu/aligned.h"
+#include "common/compute/cpu/attention.h"
+#include "common/compute/cpu/elementwise.h"
+#include "common/compute/cpu/gemm.h"
+
+namespace duet::compute {
+namespace {
+
+// The invariant GEMM's packed panels.
+class PackedMatrix : public PreparedMatrix {
+ public:
+  explicit PackedMatrix(cpu::PackedWeights packed) : packed_(std::move(packed)) {}
+  int rows() const override { return packed_.n; }
+  int cols() const override { return packed_.k; }
+  const cpu::PackedWeights& packed() const { return packed_; }
+
+ private:
+  cpu::PackedWeights packed_;
+};
+
+// A row-major copy of the weight for cblas_sgemm.
+class BlasMatrix : public PreparedMatrix {
+ public:
+  BlasMatrix(int rows, int cols, cpu::AlignedFloats data)
+      : rows_(rows), cols_(cols), data_(std::move(data)) {}
+  int rows() const override { return rows_; }
+  int cols() const override { return cols_; }
+  const float* data() const { return data_.get(); }
+
+ private:
+  int rows_;
+  int cols_;
+  cpu::AlignedFloats data_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const BackendOptions& options) {
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_threads must be >= 0 (0: all hardware threads), got ",
+                     options.num_threads));
+  }
+  GemmKind kind;
+  if (options.cpu_gemm == "invariant" || options.cpu_gemm.empty()) {
+    kind = GemmKind::kInvariant;
+  } else if (options.cpu_gemm == "openblas") {
+    kind = GemmKind::kOpenBlas;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown cpu_gemm '", options.cpu_gemm, "': valid values are 'invariant', 'openblas'"));
+  }
+  auto backend = std::unique_ptr<CpuBackend>(new CpuBackend(options.num_threads, kind));
+  if (kind == GemmKind::kOpenBlas) openblas_set_num_threads(backend->num_threads());
+  return backend;
+}
+
+CpuBackend::CpuBackend(int num_threads, GemmKind gemm_kind)
+    : gemm_kind_(gemm_kind), pool_(num_threads) {}
+
+CpuBackend::~CpuBackend() = default;
+
+float* CpuBackend::AllocateActivations(int64_t count) { return cpu::AllocateAlignedRaw(count); }
+
+void CpuBackend::FreeActivations(float* p) { std::free(p); }
+
+void CpuBackend::CopyToDevice(float* dst, const float* src, int64_t count) {
+  if (count > 0) std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
+}
+
+void CpuBackend::CopyToHost(float* dst, const float* src, int64_t count) {
+  if (count > 0) std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
+}
+
+absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareMatrix(const float* w,
+                                                                         int rows, int cols) {
+  if (w == nullptr || rows <= 0 || cols <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PrepareMatrix: bad matrix ", rows, "x", cols,
+                                                   w == nullptr ? " (null data)" : ""));
+  }
+  if (gemm_kind_ == GemmKind::kOpenBlas) {
+    const int64_t count = static_cast<int64_t>(rows) * cols;
+    cpu::AlignedFloats copy = cpu::AllocateAlignedFloats(count);
+    if (copy == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("PrepareMatrix: out of memory for ", rows,
+                                                       "x", cols));
+    }
+    std::memcpy(copy.get(), w, static_cast<size_t>(count) * sizeof(float));
+    return std::unique_ptr<PreparedMatrix>(new BlasMatrix(rows, cols, std::move(copy)));
+  }
+  cpu::PackedWeights packed = cpu::PackWeights(w, rows, cols);
+  if (packed.data == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("PrepareMatrix: out of memory for ", rows,
+                                                     "x", cols));
+  }
+  return std::unique_ptr<PreparedMatrix>(new PackedMatrix(std::move(packed)));
+}
+
+const float* CpuBackend::UploadVector(const float* host, int64_t count) { return host; }
+
+void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const float* bias,
+                        float* y) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (gemm_kind_ == GemmKind::kOpenBlas) {
+    const auto& bw = dynamic_cast<const BlasMatrix&>(w);
+    const int n = bw.rows();
+    const int k = bw.cols();
+    if (m <= 0) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.f, x, k, bw.data(), k, 0.f,
+                y, n);
+    if (bias != nullptr) {
+      for (int64_t i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) y[i * n + j] += bias[j];
+      }
+    }
+    return;
+  }
+  const auto& pw = dynamic_cast<const PackedMatrix&>(w);
+  cpu::InvariantGemm(&pool_, x, m, pw.packed(), bias, y);
+}
+
+void CpuBackend::RmsNorm(const float* x, const float* weight, int rows, int dim, float eps,
+                         float* y) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cpu::RmsNormRows(&pool_, x, weight, rows, dim, eps, y);
+}
+
+void CpuBackend::Add(float* y, const float* x, int64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cpu::AddInPlace(&pool_, y, x, n);
+}
+
+void CpuBackend::Rope(float* x, int rows, int num_heads, int head_dim, const int32_t* positions,
+                      const RopeParams& rope) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cpu::RopeRows(&pool_, x, rows, num_heads, head_dim, positions, rope.inv_freq.data(),
+                static_cast<int>(rope.inv_freq.size()));
+}
+
+void CpuBackend::SwiGlu(const float* gate, const float* up, int64_t n, float* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cpu::SwiGluElems(&pool_, gate, up, n, out);
+}
+
+void CpuBackend::Embed(const float* table, int dim, const int32_t* ids, int n, float* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cpu::EmbedRows(&pool_, table, dim, ids, n, out);
+}
+
+void CpuBackend::WriteKv(const kv::KvCacheView& cache, int layer, const float* k,
+                         const float* v, const int64_t* slots, int n) {
+  cpu::WriteKvRows(cache, layer, k, v, slots, n);
+}
+
+void CpuBackend::PagedAttention(const kv::KvCacheView& cache, int layer, const float* q,
+                                absl::Span<const AttentionSeq> seqs,
+                                const AttentionParams& params, float* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cpu::PagedAttentionF32(&pool_, cache, layer, q, seqs, params, out);
+}
+
+}  // namespace duet::compute

@@ -1,0 +1,70 @@
+// CpuBackend: the always-built ComputeBackend on host memory, multi-threaded with
+// duet::ThreadPool. GEMM is selected by BackendOptions::cpu_gemm:
+//   "invariant" (default): own packed AVX2/FMA kernel, bitwise batch- and thread-invariant;
+//   "openblas": cblas_sgemm, for comparison only — NOT batch-invariant (a row's bits change
+//               with M and with its position), so it must not be used where DESIGN.md
+//               invariant 1 (token-exactness) matters.
+// All other kernels are batch-invariant. Calls are serialised by an internal mutex (the
+// thread pool is not reentrant); use one backend per calling thread for concurrency.
+//
+//   DUET_ASSIGN_OR_RETURN(auto backend, CpuBackend::Create({.num_threads = 2}));
+//   DUET_ASSIGN_OR_RETURN(auto w, backend->PrepareMatrix(w_host, rows, cols));
+//   backend->MatMul(x, m, *w, /*bias=*/nullptr, y);
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/base/thread_pool.h"
+#include "common/compute/compute_backend.h"
+
+namespace duet::compute {
+
+class CpuBackend : public ComputeBackend {
+ public:
+  enum class GemmKind { kInvariant, kOpenBlas };
+
+  // InvalidArgumentError for an unknown cpu_gemm or a negative num_threads.
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const BackendOptions& options);
+  ~CpuBackend() override;
+
+  std::string name() const override { return "cpu"; }
+  int num_threads() const { return pool_.num_threads(); }
+  GemmKind gemm_kind() const { return gemm_kind_; }
+
+  float* AllocateActivations(int64_t count) override;
+  void FreeActivations(float* p) override;
+  void CopyToDevice(float* dst, const float* src, int64_t count) override;
+  void CopyToHost(float* dst, const float* src, int64_t count) override;
+
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(const float* w, int rows,
+                                                               int cols) override;
+  // Returns `host` itself: the caller keeps the host vector alive as long as the backend.
+  const float* UploadVector(const float* host, int64_t count) override;
+
+  void MatMul(const float* x, int m, const PreparedMatrix& w, const float* bias,
+              float* y) override;
+  void RmsNorm(const float* x, const float* weight, int rows, int dim, float eps,
+               float* y) override;
+  void Add(float* y, const float* x, int64_t n) override;
+  void Rope(float* x, int rows, int num_heads, int head_dim, const int32_t* positions,
+            const RopeParams& rope) override;
+  void SwiGlu(const float* gate, const float* up, int64_t n, float* out) override;
+  void Embed(const float* table, int dim, const int32_t* ids, int n, float* out) override;
+  void WriteKv(const kv::KvCacheView& cache, int layer, const float* k, const float* v,
+               const int64_t* slots, int n) override;
+  void PagedAttention(const kv::KvCacheView& cache, int layer, const float* q,
+                      absl::Span<const AttentionSeq> seqs, const AttentionParams& params,
+                      float* out) override;
+
+ private:
+  CpuBackend(int num_threads, GemmKind gemm_kind);
+
+  GemmKind gemm_kind_;
+  std::mutex mu_;  // serialises kernels: ThreadPool::ParallelFor is not reentrant
+  ThreadPool pool_;
+};
+
+}  // namespace duet::compute

@@ -1,0 +1,101 @@
+#include "common/compute/cpu/elementwise.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "common/base/logging.h"
+
+namespace duet::compute::cpu {
+namespace {
+
+constexpr int64_t kElemGrain = 1 << 15;  // elementwise work per chunk
+
+void ParallelOrInline(ThreadPool* pool, int64_t n, int64_t grain,
+                      const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool == nullptr) {
+    if (n > 0) fn(0, n);
+  } else {
+    pool->ParallelFor(n, grain, fn);
+  }
+}
+
+// Rows per chunk so that a chunk holds roughly kElemGrain elements.
+int64_t RowGrain(int64_t row_elems) {
+  return row_elems <= 0 ? 1 : std::max<int64_t>(1, kElemGrain / row_elems);
+}
+
+}  // namespace
+
+void RmsNormRows(ThreadPool* pool, const float* x, const float* weight, int rows, int dim,
+                 float eps, float* y) {
+  ParallelOrInline(pool, rows, RowGrain(dim), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * dim;
+      float* yr = y + r * dim;
+      double sum_sq = 0.0;
+      for (int i = 0; i < dim; ++i) sum_sq += static_cast<double>(xr[i]) * xr[i];
+      const float inv_rms =
+          static_cast<float>(1.0 / std::sqrt(sum_sq / dim + static_cast<double>(eps)));
+      for (int i = 0; i < dim; ++i) yr[i] = (xr[i] * inv_rms) * weight[i];
+    }
+  });
+}
+
+void AddInPlace(ThreadPool* pool, float* y, const float* x, int64_t n) {
+  ParallelOrInline(pool, n, kElemGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] += x[i];
+  });
+}
+
+void RopeRows(ThreadPool* pool, float* x, int rows, int num_heads, int head_dim,
+              const int32_t* positions, const float* inv_freq, int num_freq) {
+  DUET_CHECK(head_dim % 2 == 0) << "RoPE needs an even head_dim, got " << head_dim;
+  const int half = head_dim / 2;
+  DUET_CHECK(num_freq == half) << "RoPE inv_freq has " << num_freq << " entries, need " << half;
+  const int64_t row_elems = static_cast<int64_t>(num_heads) * head_dim;
+  ParallelOrInline(pool, rows, RowGrain(row_elems), [&](int64_t begin, int64_t end) {
+    std::vector<float> cos_v(half), sin_v(half);
+    for (int64_t r = begin; r < end; ++r) {
+      const double pos = positions[r];
+      for (int i = 0; i < half; ++i) {
+        const double angle = pos * static_cast<double>(inv_freq[i]);
+        cos_v[i] = static_cast<float>(std::cos(angle));
+        sin_v[i] = static_cast<float>(std::sin(angle));
+      }
+      for (int h = 0; h < num_heads; ++h) {
+        float* xh = x + r * row_elems + static_cast<int64_t>(h) * head_dim;
+        for (int i = 0; i < half; ++i) {
+          const float a = xh[i];
+          const float b = xh[i + half];
+          xh[i] = a * cos_v[i] - b * sin_v[i];
+          xh[i + half] = b * cos_v[i] + a * sin_v[i];
+        }
+      }
+    }
+  });
+}
+
+void SwiGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n, float* out) {
+  ParallelOrInline(pool, n, kElemGrain / 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.f + std::exp(-g)) * up[i];
+    }
+  });
+}
+
+void EmbedRows(ThreadPool* pool, const float* table, int dim, const int32_t* ids, int n,
+               float* out) {
+  ParallelOrInline(pool, n, RowGrain(dim), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      DUET_CHECK(ids[i] >= 0) << "negative token id " << ids[i];
+      std::memcpy(out + i * dim, table + static_cast<int64_t>(ids[i]) * dim,
+                  static_cast<size_t>(dim) * sizeof(float));
+    }
+  });
+}
+
+}  // namespace duet::compute::cpu

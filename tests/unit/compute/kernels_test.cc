@@ -1,0 +1,127 @@
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/compute/compute_backend.h"
+#include "common/kv/kv_layout.h"
+#include "gtest/gtest.h"
+#include "tests/unit/compute/test_util.h"
+
+namespace duet::compute {
+namespace {
+
+using testing::MakeCpuBackend;
+using testing::RandomVector;
+
+TEST(RmsNormTest, MatchesReferenceAndAliases) {
+  auto backend = MakeCpuBackend(2);
+  const int rows = 37, dim = 300;
+  const float eps = 1e-5f;
+  const auto x = RandomVector(static_cast<size_t>(rows) * dim, 1, -3.f, 3.f);
+  const auto w = RandomVector(dim, 2, 0.5f, 1.5f);
+  std::vector<float> y(x.size());
+  backend->RmsNorm(x.data(), w.data(), rows, dim, eps, y.data());
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1.0 / std::sqrt(ss / dim + eps);
+    for (int i = 0; i < dim; ++i) {
+      const double want = x[r * dim + i] * inv * w[i];
+      ASSERT_NEAR(y[r * dim + i], want, 1e-6 * (1 + std::abs(want))) << r << "," << i;
+    }
+  }
+  std::vector<float> in_place = x;
+  backend->RmsNorm(in_place.data(), w.data(), rows, dim, eps, in_place.data());
+  EXPECT_EQ(in_place, y);
+  // Row invariance: row 5 alone equals row 5 in the batch.
+  std::vector<float> one(dim);
+  MakeCpuBackend(1)->RmsNorm(x.data() + 5 * dim, w.data(), 1, dim, eps, one.data());
+  EXPECT_EQ(std::memcmp(one.data(), y.data() + 5 * dim, dim * sizeof(float)), 0);
+}
+
+TEST(AddSwiGluTest, MatchReference) {
+  auto backend = MakeCpuBackend(2);
+  const int64_t n = 100003;  // several chunks plus a remainder
+  const auto a = RandomVector(n, 3, -8.f, 8.f);
+  const auto b = RandomVector(n, 4);
+  std::vector<float> y = a;
+  backend->Add(y.data(), b.data(), n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], a[i] + b[i]) << i;
+  std::vector<float> out(n);
+  backend->SwiGlu(a.data(), b.data(), n, out.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = a[i];
+    const double want = g / (1.0 + std::exp(-g)) * b[i];
+    ASSERT_NEAR(out[i], want, 1e-6 * (1 + std::abs(want))) << i;
+  }
+}
+
+TEST(RopeTest, MatchesRotateHalfReference) {
+  auto backend = MakeCpuBackend(2);
+  const int rows = 9, heads = 3, head_dim = 8, half = head_dim / 2;
+  RopeParams rope;
+  for (int i = 0; i < half; ++i) rope.inv_freq.push_back(std::pow(10000.f, -2.f * i / head_dim));
+  const std::vector<int32_t> positions = {0, 1, 2, 7, 100, 511, 4095, 3, 30000};
+  const auto x = RandomVector(static_cast<size_t>(rows) * heads * head_dim, 5);
+  std::vector<float> y = x;
+  backend->Rope(y.data(), rows, heads, head_dim, positions.data(), rope);
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      const float* xh = x.data() + (r * heads + h) * head_dim;
+      const float* yh = y.data() + (r * heads + h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(positions[r]) * rope.inv_freq[i];
+        const double c = std::cos(angle), s = std::sin(angle);
+        EXPECT_NEAR(yh[i], xh[i] * c - xh[i + half] * s, 1e-6) << r << "," << h << "," << i;
+        EXPECT_NEAR(yh[i + half], xh[i + half] * c + xh[i] * s, 1e-6);
+      }
+    }
+  }
+  // Position 0 is the identity.
+  for (int i = 0; i < heads * head_dim; ++i) EXPECT_EQ(y[i], x[i]);
+}
+
+TEST(EmbedTest, CopiesTableRows) {
+  auto backend = MakeCpuBackend(2);
+  const int vocab = 50, dim = 24;
+  const auto table = RandomVector(static_cast<size_t>(vocab) * dim, 6);
+  const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+  std::vector<float> out(ids.size() * dim);
+  backend->Embed(backend->UploadVector(table.data(), table.size()), dim, ids.data(),
+                 static_cast<int>(ids.size()), out.data());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(std::memcmp(out.data() + i * dim, table.data() + ids[i] * dim, dim * sizeof(float)),
+              0)
+        << i;
+  }
+}
+
+TEST(WriteKvTest, LandsInLayerBlockOffsetAndNowhereElse) {
+  auto backend = MakeCpuBackend(1);
+  kv::KvCacheView cache;
+  cache.layout = {.model_id = "t", .num_layers = 3, .num_kv_heads = 2, .head_dim = 4,
+                  .block_size = 4, .dtype = kv::KvDtype::kF32};
+  cache.num_blocks = 6;
+  std::vector<float> region(cache.layout.RegionBytes(cache.num_blocks) / sizeof(float), -1.f);
+  cache.base = region.data();
+  const int elems = 8;  // kv_heads * head_dim
+  const std::vector<int64_t> slots = {0, 5, 23, 13};  // (b0,o0) (b1,o1) (b5,o3) (b3,o1)
+  const auto k = RandomVector(slots.size() * elems, 7);
+  const auto v = RandomVector(slots.size() * elems, 8);
+  const int layer = 2;
+  backend->WriteKv(cache, layer, k.data(), v.data(), slots.data(), static_cast<int>(slots.size()));
+  // Independent arithmetic: [layer][block][K|V][token][elems], floats.
+  std::vector<float> want(region.size(), -1.f);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int64_t block = slots[i] / 4, offset = slots[i] % 4;
+    const int64_t base = ((layer * 6 + block) * 2 * 4) * elems;
+    for (int e = 0; e < elems; ++e) {
+      want[base + offset * elems + e] = k[i * elems + e];
+      want[base + (4 + offset) * elems + e] = v[i * elems + e];
+    }
+  }
+  EXPECT_EQ(region, want);
+}
+
+}  // namespace
+}  // namespace duet::compute
