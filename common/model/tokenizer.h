@@ -1,0 +1,38 @@
+// Tokenizer interface shared by the byte-level tokenizer of synthetic models and (later) the
+// byte-level BPE of real checkpoints (tokenizer.json).
+//
+//   DUET_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, LoadTokenizer(model_dir));
+//   DUET_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode("Hello", /*add_bos=*/true));
+//   DUET_ASSIGN_OR_RETURN(std::string text, tok->Decode(ids));
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace duet::model {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text,
+                                                      bool add_bos) const = 0;
+  // InvalidArgument on an id outside [0, vocab_size()).
+  virtual absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;  // -1 if none
+  virtual std::vector<int32_t> eos_ids() const = 0;
+  virtual std::string name() const = 0;
+};
+
+// Picks the tokenizer from what model_dir holds:
+// - tokenizer_config.json with "tokenizer_class": "DuetByteTokenizer" -> ByteTokenizer (its
+//   vocab_size from tokenizer_config.json's "vocab_size", else config.json's, else 258);
+// - tokenizer.json (byte-level BPE) or another tokenizer_class -> Unimplemented for now;
+// - nothing -> NotFound.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir);
+
+}  // namespace duet::model
