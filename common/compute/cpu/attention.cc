@@ -62,6 +62,88 @@ float DotF32(const float* a, const float* b, int n) {
 #endif
 }
 
+void DotF32x4(const float* q, const float* const* k, int n, float* out) {
+#if DUET_ATTN_AVX2
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + i), acc[j]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    if (i == n) {
+      const __m128 t =
+          _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
+      const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+      out[j] = _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+    } else {
+      alignas(32) float s[8];
+      _mm256_store_ps(s, acc[j]);
+      for (int ii = i; ii < n; ++ii) s[ii % 8] = std::fma(q[ii], k[j][ii], s[ii % 8]);
+      out[j] = ReduceLanes(s);
+    }
+  }
+#else
+  for (int j = 0; j < 4; ++j) out[j] = DotF32Portable(q, k[j], n);
+#endif
+}
+
+namespace {
+
+#if DUET_ATTN_AVX2
+// out[c0 + 8v + l] = sum over t in order of fma(p[t], rows[t][offset + c0 + 8v + l], .)
+template <int NV>
+void WeightedChunk(const float* p, const float* const* rows, int64_t offset, int count,
+                   float* out) {
+  __m256 acc[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_ps();
+  for (int t = 0; t < count; ++t) {
+    const __m256 pb = _mm256_broadcast_ss(p + t);
+    const float* r = rows[t] + offset;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(r + 8 * v), acc[v]);
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
+}
+#endif
+
+// out[j] = fma-chain over t = 0..count-1 of p[t] * rows[t][offset + j], for j < n.
+void WeightedSumRows(const float* p, const float* const* rows, int64_t offset, int count, int n,
+                     float* out) {
+  int j = 0;
+#if DUET_ATTN_AVX2
+  for (; j + 8 <= n; j += 64) {
+    const int nv = std::min(8, (n - j) / 8);
+    const int64_t off = offset + j;
+    switch (nv) {
+      case 1: WeightedChunk<1>(p, rows, off, count, out + j); break;
+      case 2: WeightedChunk<2>(p, rows, off, count, out + j); break;
+      case 3: WeightedChunk<3>(p, rows, off, count, out + j); break;
+      case 4: WeightedChunk<4>(p, rows, off, count, out + j); break;
+      case 5: WeightedChunk<5>(p, rows, off, count, out + j); break;
+      case 6: WeightedChunk<6>(p, rows, off, count, out + j); break;
+      case 7: WeightedChunk<7>(p, rows, off, count, out + j); break;
+      default: WeightedChunk<8>(p, rows, off, count, out + j); break;
+    }
+    if (nv < 8) {
+      j += nv * 8;
+      break;
+    }
+  }
+#endif
+  for (; j < n; ++j) {
+    float a = 0.f;
+    for (int t = 0; t < count; ++t) a = std::fma(p[t], rows[t][offset + j], a);
+    out[j] = a;
+  }
+}
+
+}  // namespace
+
 void WriteKvRows(const kv::KvCacheView& cache, int layer, const float* k, const float* v,
                  const int64_t* slots, int n) {
   CheckF32(cache, layer);
@@ -110,8 +192,16 @@ void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer
   }
   const int64_t items = static_cast<int64_t>(rows.size()) * nkv;
 
+  // Layer-local addressing: K of (block, offset) = layer_base + block * block_stride +
+  // offset * token_elems; V follows K by v_offset floats.
+  const float* layer_base = cache.KeyPtr<float>(layer, 0, 0);
+  const int64_t token_elems = cache.layout.token_elems();
+  const int64_t block_stride = 2 * static_cast<int64_t>(bs) * token_elems;
+  const int64_t v_offset = static_cast<int64_t>(bs) * token_elems;
+
   auto run = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(std::max(1, max_ctx));
+    std::vector<const float*> keys(std::max(1, max_ctx));
     std::vector<float> acc(d);
     for (int64_t item = begin; item < end; ++item) {
       const auto [si, i] = rows[item / nkv];
@@ -121,33 +211,32 @@ void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer
       const int32_t lo =
           params.sliding_window > 0 ? std::max(0, pos - params.sliding_window + 1) : 0;
       const int32_t count = pos - lo + 1;
+      for (int32_t t = lo; t <= pos; ++t) {
+        keys[t - lo] = layer_base + s.block_table[t / bs] * block_stride +
+                       (t % bs) * token_elems + static_cast<int64_t>(kvh) * d;
+      }
       for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
         const float* qh = q + (static_cast<int64_t>(s.q_start) + i) * q_row_elems +
                           static_cast<int64_t>(h) * d;
+        // Scores, four keys at a time (each score is exactly DotF32(qh, key)).
+        int32_t j = 0;
+        for (; j + 4 <= count; j += 4) DotF32x4(qh, keys.data() + j, d, scores.data() + j);
+        for (; j < count; ++j) scores[j] = DotF32(qh, keys[j], d);
         float max_score = -std::numeric_limits<float>::infinity();
-        for (int32_t t = lo; t <= pos; ++t) {
-          const float* k = cache.KeyPtr<float>(layer, s.block_table[t / bs], t % bs) +
-                           static_cast<int64_t>(kvh) * d;
-          const float sc = DotF32(qh, k, d) * params.scale;
-          scores[t - lo] = sc;
-          max_score = std::max(max_score, sc);
+        for (j = 0; j < count; ++j) {
+          scores[j] *= params.scale;
+          max_score = std::max(max_score, scores[j]);
         }
         float sum = 0.f;
-        for (int32_t j = 0; j < count; ++j) {
+        for (j = 0; j < count; ++j) {
           const float e = std::exp(scores[j] - max_score);
           scores[j] = e;
           sum += e;
         }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int32_t t = lo; t <= pos; ++t) {
-          const float* v = cache.ValuePtr<float>(layer, s.block_table[t / bs], t % bs) +
-                           static_cast<int64_t>(kvh) * d;
-          const float p = scores[t - lo];
-          for (int j = 0; j < d; ++j) acc[j] = std::fma(p, v[j], acc[j]);
-        }
+        WeightedSumRows(scores.data(), keys.data(), v_offset, count, d, acc.data());
         float* o = out + (static_cast<int64_t>(s.q_start) + i) * q_row_elems +
                    static_cast<int64_t>(h) * d;
-        for (int j = 0; j < d; ++j) o[j] = acc[j] / sum;
+        for (int e = 0; e < d; ++e) o[e] = acc[e] / sum;
       }
     }
   };

@@ -31,5 +31,7 @@ void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer
 // in a fixed order; the AVX2 and portable versions return identical bits. Exposed for tests.
 float DotF32(const float* a, const float* b, int n);
 float DotF32Portable(const float* a, const float* b, int n);
+// out[j] = DotF32(q, k[j], n) for j < 4, bit for bit, with four independent FMA chains.
+void DotF32x4(const float* q, const float* const* k, int n, float* out);
 
 }  // namespace duet::compute::cpu

@@ -234,6 +234,14 @@ TEST(PagedAttentionTest, DotProductPathsAgreeBitwise) {
     double ref = 0;
     for (int i = 0; i < n; ++i) ref += static_cast<double>(a[i]) * b[i];
     EXPECT_NEAR(fast, ref, 1e-5 * n);
+    const auto c = RandomVector(n, 2000 + n), d = RandomVector(n, 3000 + n);
+    const float* keys[4] = {b.data(), c.data(), a.data(), d.data()};
+    float four[4];
+    cpu::DotF32x4(a.data(), keys, n, four);
+    for (int j = 0; j < 4; ++j) {
+      const float one = cpu::DotF32(a.data(), keys[j], n);
+      EXPECT_EQ(std::memcmp(&four[j], &one, sizeof(float)), 0) << "n=" << n << " j=" << j;
+    }
   }
 }
 
