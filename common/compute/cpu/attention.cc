@@ -92,55 +92,34 @@ void DotF32x4(const float* q, const float* const* k, int n, float* out) {
 
 namespace {
 
-#if DUET_ATTN_AVX2
-// out[c0 + 8v + l] = sum over t in order of fma(p[t], rows[t][offset + c0 + 8v + l], .)
-template <int NV>
-void WeightedChunk(const float* p, const float* const* rows, int64_t offset, int count,
-                   float* out) {
-  __m256 acc[NV];
-#pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_ps();
-  for (int t = 0; t < count; ++t) {
-    const __m256 pb = _mm256_broadcast_ss(p + t);
-    const float* r = rows[t] + offset;
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(r + 8 * v), acc[v]);
-  }
-#pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
-}
-#endif
-
-// out[j] = fma-chain over t = 0..count-1 of p[t] * rows[t][offset + j], for j < n.
-void WeightedSumRows(const float* p, const float* const* rows, int64_t offset, int count, int n,
-                     float* out) {
+// acc[j] = fma(p, v[j], acc[j]) for j < n: one step of a query's weighted V sum.
+inline void AccumulateRow(float p, const float* v, float* acc, int n) {
   int j = 0;
 #if DUET_ATTN_AVX2
-  for (; j + 8 <= n; j += 64) {
-    const int nv = std::min(8, (n - j) / 8);
-    const int64_t off = offset + j;
-    switch (nv) {
-      case 1: WeightedChunk<1>(p, rows, off, count, out + j); break;
-      case 2: WeightedChunk<2>(p, rows, off, count, out + j); break;
-      case 3: WeightedChunk<3>(p, rows, off, count, out + j); break;
-      case 4: WeightedChunk<4>(p, rows, off, count, out + j); break;
-      case 5: WeightedChunk<5>(p, rows, off, count, out + j); break;
-      case 6: WeightedChunk<6>(p, rows, off, count, out + j); break;
-      case 7: WeightedChunk<7>(p, rows, off, count, out + j); break;
-      default: WeightedChunk<8>(p, rows, off, count, out + j); break;
-    }
-    if (nv < 8) {
-      j += nv * 8;
-      break;
-    }
+  const __m256 pb = _mm256_set1_ps(p);
+  for (; j + 8 <= n; j += 8) {
+    _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(pb, _mm256_loadu_ps(v + j), _mm256_loadu_ps(acc + j)));
   }
 #endif
-  for (; j < n; ++j) {
-    float a = 0.f;
-    for (int t = 0; t < count; ++t) a = std::fma(p[t], rows[t][offset + j], a);
-    out[j] = a;
-  }
+  for (; j < n; ++j) acc[j] = std::fma(p, v[j], acc[j]);
 }
+
+// Query rows per work item. Rows of a tile share each K/V load; the arithmetic of every
+// (row, head) stays the same whatever the tiling.
+constexpr int kTileRows = 4;
+
+struct RowTile {
+  int32_t seq;
+  int32_t row0;
+  int32_t rows;
+};
+
+struct Query {
+  const float* q;
+  float* out;
+  int32_t lo;   // first key position
+  int32_t pos;  // last key position (the query's own position)
+};
 
 }  // namespace
 
@@ -177,9 +156,8 @@ void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer
   const int bs = cache.layout.block_size;
   const int64_t q_row_elems = static_cast<int64_t>(nq) * d;
 
-  // Flatten (sequence, row in sequence).
-  std::vector<std::pair<int32_t, int32_t>> rows;
-  int32_t max_ctx = 0;
+  std::vector<RowTile> tiles;
+  int32_t max_ctx = 1;
   for (size_t si = 0; si < seqs.size(); ++si) {
     const AttentionSeq& s = seqs[si];
     DUET_CHECK(s.q_len >= 0 && s.q_len <= s.context_len)
@@ -188,9 +166,12 @@ void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer
         << "sequence " << si << ": " << s.num_table_blocks << " blocks cannot hold "
         << s.context_len << " tokens";
     max_ctx = std::max(max_ctx, s.context_len);
-    for (int32_t i = 0; i < s.q_len; ++i) rows.emplace_back(static_cast<int32_t>(si), i);
+    for (int32_t r0 = 0; r0 < s.q_len; r0 += kTileRows) {
+      tiles.push_back({static_cast<int32_t>(si), r0, std::min(kTileRows, s.q_len - r0)});
+    }
   }
-  const int64_t items = static_cast<int64_t>(rows.size()) * nkv;
+  const int64_t items = static_cast<int64_t>(tiles.size()) * nkv;
+  const int max_queries = kTileRows * group;
 
   // Layer-local addressing: K of (block, offset) = layer_base + block * block_stride +
   // offset * token_elems; V follows K by v_offset floats.
@@ -199,44 +180,91 @@ void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer
   const int64_t block_stride = 2 * static_cast<int64_t>(bs) * token_elems;
   const int64_t v_offset = static_cast<int64_t>(bs) * token_elems;
 
+  // Work item = (row tile, kv head): its queries are the tile's rows x the kv head's q heads.
+  // Query qi's scores live in scores[qi * max_ctx + (t - lo)], its V sum in acc[qi * d ...].
   auto run = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(std::max(1, max_ctx));
-    std::vector<const float*> keys(std::max(1, max_ctx));
-    std::vector<float> acc(d);
+    std::vector<float> scores(static_cast<size_t>(max_queries) * max_ctx);
+    std::vector<float> acc(static_cast<size_t>(max_queries) * d);
+    std::vector<float> sums(max_queries);
+    std::vector<const float*> keys(max_ctx);
+    std::vector<Query> qs(max_queries);
+    std::vector<int> active(max_queries);
     for (int64_t item = begin; item < end; ++item) {
-      const auto [si, i] = rows[item / nkv];
+      const RowTile& tile = tiles[item / nkv];
       const int kvh = static_cast<int>(item % nkv);
-      const AttentionSeq& s = seqs[si];
-      const int32_t pos = s.context_len - s.q_len + i;
-      const int32_t lo =
-          params.sliding_window > 0 ? std::max(0, pos - params.sliding_window + 1) : 0;
-      const int32_t count = pos - lo + 1;
-      for (int32_t t = lo; t <= pos; ++t) {
-        keys[t - lo] = layer_base + s.block_table[t / bs] * block_stride +
-                       (t % bs) * token_elems + static_cast<int64_t>(kvh) * d;
+      const AttentionSeq& s = seqs[tile.seq];
+      int nqry = 0;
+      int32_t tile_lo = s.context_len, tile_hi = -1;
+      for (int32_t r = tile.row0; r < tile.row0 + tile.rows; ++r) {
+        const int32_t pos = s.context_len - s.q_len + r;
+        const int32_t lo =
+            params.sliding_window > 0 ? std::max(0, pos - params.sliding_window + 1) : 0;
+        tile_lo = std::min(tile_lo, lo);
+        tile_hi = std::max(tile_hi, pos);
+        const int64_t row_off = (static_cast<int64_t>(s.q_start) + r) * q_row_elems;
+        for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+          qs[nqry++] = {q + row_off + static_cast<int64_t>(h) * d,
+                        out + row_off + static_cast<int64_t>(h) * d, lo, pos};
+        }
       }
-      for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-        const float* qh = q + (static_cast<int64_t>(s.q_start) + i) * q_row_elems +
-                          static_cast<int64_t>(h) * d;
-        // Scores, four keys at a time (each score is exactly DotF32(qh, key)).
-        int32_t j = 0;
-        for (; j + 4 <= count; j += 4) DotF32x4(qh, keys.data() + j, d, scores.data() + j);
-        for (; j < count; ++j) scores[j] = DotF32(qh, keys[j], d);
+      for (int32_t t = tile_lo; t <= tile_hi; ++t) {
+        keys[t - tile_lo] = layer_base + s.block_table[t / bs] * block_stride +
+                            (t % bs) * token_elems + static_cast<int64_t>(kvh) * d;
+      }
+      // Scores: each is exactly DotF32(query, key), four queries per key load.
+      for (int32_t t = tile_lo; t <= tile_hi; ++t) {
+        const float* key = keys[t - tile_lo];
+        int na = 0;
+        for (int qi = 0; qi < nqry; ++qi) {
+          if (qs[qi].lo <= t && t <= qs[qi].pos) active[na++] = qi;
+        }
+        int a = 0;
+        for (; a + 4 <= na; a += 4) {
+          const float* qp[4] = {qs[active[a]].q, qs[active[a + 1]].q, qs[active[a + 2]].q,
+                                qs[active[a + 3]].q};
+          float dots[4];
+          DotF32x4(key, qp, d, dots);
+          for (int j = 0; j < 4; ++j) {
+            const Query& qq = qs[active[a + j]];
+            scores[static_cast<size_t>(active[a + j]) * max_ctx + (t - qq.lo)] = dots[j];
+          }
+        }
+        for (; a < na; ++a) {
+          const Query& qq = qs[active[a]];
+          scores[static_cast<size_t>(active[a]) * max_ctx + (t - qq.lo)] = DotF32(qq.q, key, d);
+        }
+      }
+      // Softmax numerators and sums, per query in key order.
+      for (int qi = 0; qi < nqry; ++qi) {
+        float* sc = scores.data() + static_cast<size_t>(qi) * max_ctx;
+        const int32_t count = qs[qi].pos - qs[qi].lo + 1;
         float max_score = -std::numeric_limits<float>::infinity();
-        for (j = 0; j < count; ++j) {
-          scores[j] *= params.scale;
-          max_score = std::max(max_score, scores[j]);
+        for (int32_t j = 0; j < count; ++j) {
+          sc[j] *= params.scale;
+          max_score = std::max(max_score, sc[j]);
         }
         float sum = 0.f;
-        for (j = 0; j < count; ++j) {
-          const float e = std::exp(scores[j] - max_score);
-          scores[j] = e;
+        for (int32_t j = 0; j < count; ++j) {
+          const float e = std::exp(sc[j] - max_score);
+          sc[j] = e;
           sum += e;
         }
-        WeightedSumRows(scores.data(), keys.data(), v_offset, count, d, acc.data());
-        float* o = out + (static_cast<int64_t>(s.q_start) + i) * q_row_elems +
-                   static_cast<int64_t>(h) * d;
-        for (int e = 0; e < d; ++e) o[e] = acc[e] / sum;
+        sums[qi] = sum;
+        std::fill(acc.begin() + static_cast<size_t>(qi) * d,
+                  acc.begin() + static_cast<size_t>(qi + 1) * d, 0.f);
+      }
+      // Weighted V sums: per query and element, one FMA chain in key order.
+      for (int32_t t = tile_lo; t <= tile_hi; ++t) {
+        const float* v = keys[t - tile_lo] + v_offset;
+        for (int qi = 0; qi < nqry; ++qi) {
+          if (t < qs[qi].lo || t > qs[qi].pos) continue;
+          AccumulateRow(scores[static_cast<size_t>(qi) * max_ctx + (t - qs[qi].lo)], v,
+                        acc.data() + static_cast<size_t>(qi) * d, d);
+        }
+      }
+      for (int qi = 0; qi < nqry; ++qi) {
+        const float* a = acc.data() + static_cast<size_t>(qi) * d;
+        for (int e = 0; e < d; ++e) qs[qi].out[e] = a[e] / sums[qi];
       }
     }
   };
