@@ -1,0 +1,111 @@
+#include "transfer/transport.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "common/base/clock.h"
+
+namespace duet::transfer {
+namespace {
+
+kv::KvLayout Layout(const std::string& model = "tiny") {
+  return kv::KvLayout{.model_id = model, .num_layers = 2, .num_kv_heads = 2, .head_dim = 4,
+                      .block_size = 2, .dtype = kv::KvDtype::kF32};
+}
+
+struct Side {
+  std::unique_ptr<Transport> t;
+  std::unique_ptr<MemoryRegion> region;
+};
+
+Side MakeSide(const std::string& name, const kv::KvLayout& layout, size_t bytes) {
+  Side s;
+  auto t = CreateTransport("inproc", TransportOptions{.name = name, .layout = layout});
+  EXPECT_TRUE(t.ok()) << t.status();
+  s.t = std::move(*t);
+  auto r = s.t->AllocateRegion(bytes);
+  EXPECT_TRUE(r.ok()) << r.status();
+  s.region = std::move(*r);
+  return s;
+}
+
+TEST(TransportRegistryTest, KnowsBuiltinsAndRefusesUnknown) {
+  auto names = TransportNames();
+  EXPECT_NE(std::find(names.begin(), names.end(), "inproc"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "ucx"), names.end());
+  auto t = CreateTransport("carrier-pigeon", TransportOptions{.layout = Layout()});
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(t.status().message().find("inproc"), std::string::npos);
+}
+
+TEST(InprocTransportTest, WritesLandBeforeTheirNotice) {
+  Side a = MakeSide("a", Layout(), 4096);
+  Side b = MakeSide("b", Layout(), 4096);
+  auto* src = static_cast<uint8_t*>(a.region->base());
+  for (int i = 0; i < 4096; ++i) src[i] = static_cast<uint8_t>(i * 7);
+  auto peer = a.t->Connect(*b.t->LocalAddress(), DeadlineIn(absl::Seconds(1)));
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(*a.t->Connect(*b.t->LocalAddress(), DeadlineIn(absl::Seconds(1))), *peer);
+  auto back = b.t->Connect(*a.t->LocalAddress(), DeadlineIn(absl::Seconds(1)));
+  ASSERT_TRUE(back.ok());
+  auto h = a.t->PostWrite(*peer, {{0, 1000, 100}, {500, 2000, 50}}, "n1");
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(h->Wait(DeadlineIn(absl::Seconds(1))).ok());
+  EXPECT_EQ(h->Poll(), TransferState::kDone);
+  ASSERT_TRUE(b.t->WaitForNotices(DeadlineIn(absl::Seconds(1))));
+  auto notices = b.t->DrainNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].payload, "n1");
+  EXPECT_EQ(notices[0].peer, *back);
+  auto* dst = static_cast<uint8_t*>(b.region->base());
+  EXPECT_EQ(std::memcmp(dst + 1000, src, 100), 0);
+  EXPECT_EQ(std::memcmp(dst + 2000, src + 500, 50), 0);
+  EXPECT_EQ(dst[1100], 0);
+}
+
+TEST(InprocTransportTest, RefusesOutOfRangeOps) {
+  Side a = MakeSide("a", Layout(), 4096);
+  Side b = MakeSide("b", Layout(), 1024);
+  auto peer = a.t->Connect(*b.t->LocalAddress(), DeadlineIn(absl::Seconds(1)));
+  ASSERT_TRUE(peer.ok());
+  EXPECT_EQ(a.t->PostWrite(*peer, {{0, 1000, 100}}, std::nullopt).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(a.t->PostWrite(*peer, {{4000, 0, 100}}, std::nullopt).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_FALSE(a.t->PostWrite(*peer, {{0, 0, 0}}, std::nullopt).ok());
+}
+
+TEST(InprocTransportTest, LayoutMismatchNamesBothSides) {
+  Side a = MakeSide("prefill-0", Layout("llama"), 4096);
+  Side b = MakeSide("decode-0", Layout("mistral"), 4096);
+  auto peer = a.t->Connect(*b.t->LocalAddress(), DeadlineIn(absl::Seconds(1)));
+  ASSERT_FALSE(peer.ok());
+  EXPECT_EQ(peer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(peer.status().message().find("prefill-0"), std::string::npos);
+  EXPECT_NE(peer.status().message().find("decode-0"), std::string::npos);
+  EXPECT_NE(peer.status().message().find("mistral"), std::string::npos);
+}
+
+TEST(InprocTransportTest, LostPeerIsAnError) {
+  Side a = MakeSide("a", Layout(), 4096);
+  auto b = std::make_unique<Side>(MakeSide("b", Layout(), 4096));
+  auto peer = a.t->Connect(*b->t->LocalAddress(), DeadlineIn(absl::Seconds(1)));
+  ASSERT_TRUE(peer.ok());
+  EXPECT_TRUE(a.t->PeerStatus(*peer).ok());
+  b.reset();
+  EXPECT_EQ(a.t->PeerStatus(*peer).code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(a.t->PostWrite(*peer, {{0, 0, 8}}, "x").ok());
+}
+
+TEST(InprocTransportTest, LocalAddressNeedsARegion) {
+  auto t = CreateTransport("inproc", TransportOptions{.name = "x", .layout = Layout()});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ((*t)->LocalAddress().status().code(), absl::StatusCode::kFailedPrecondition);
+  auto r = (*t)->AllocateRegion(64);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*t)->AllocateRegion(64).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+}  // namespace
+}  // namespace duet::transfer

@@ -1,0 +1,212 @@
+#include "transfer/kv_stream/kv_arrival_tracker.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status.h"
+
+namespace duet::transfer {
+
+KvArrivalTracker::KvArrivalTracker(Transport* transport, kv::BlockPool* pool)
+    : transport_(transport), pool_(pool), num_layers_(pool->layout().num_layers) {}
+
+absl::Status KvArrivalTracker::Expect(uint64_t request_id, PeerId sender,
+                                      std::vector<kv::BlockId> blocks, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  if (requests_.count(request_id) || quarantine_.count(request_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " already tracked"));
+  }
+  Request& r = requests_[request_id];
+  r.sender = sender;
+  r.blocks = std::move(blocks);
+  r.deadline = deadline;
+  r.landed.assign(num_layers_, false);
+  return absl::OkStatus();
+}
+
+void KvArrivalTracker::FailLocked(uint64_t id, Request& r, absl::Status error, bool quarantine) {
+  r.state = ArrivalState::kFailed;
+  r.error = std::move(error);
+  if (quarantine && !r.blocks.empty()) {
+    if (absl::Status s = pool_->Quarantine(r.blocks); !s.ok()) {
+      DUET_LOG(ERROR) << "request " << id << ": cannot quarantine its blocks: " << s.message();
+    } else {
+      quarantine_[id] = Quarantined{r.sender, std::move(r.blocks)};
+    }
+  } else if (!r.blocks.empty()) {
+    if (absl::Status s = pool_->Free(r.blocks); !s.ok()) {
+      DUET_LOG(ERROR) << "request " << id << ": cannot free its blocks: " << s.message();
+    }
+  }
+  r.blocks.clear();
+}
+
+void KvArrivalTracker::ReleaseLocked(uint64_t id) {
+  auto it = quarantine_.find(id);
+  if (it == quarantine_.end()) return;
+  if (absl::Status s = pool_->ReleaseQuarantine(it->second.blocks); !s.ok()) {
+    DUET_LOG(ERROR) << "request " << id << ": cannot release quarantine: " << s.message();
+  }
+  quarantine_.erase(it);
+}
+
+void KvArrivalTracker::OnNotice(const Notice& notice) {
+  absl::StatusOr<KvNotice> n = DecodeKvNotice(notice.payload);
+  if (!n.ok()) {
+    DUET_LOG(WARNING) << "KvArrivalTracker: " << n.status().message();
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  // A sender's kFinal or kAborted means none of its writes for the request is in flight.
+  if (quarantine_.count(n->request_id)) {
+    const Quarantined& q = quarantine_[n->request_id];
+    if ((notice.peer == 0 || notice.peer == q.sender) &&
+        (n->kind == KvNoticeKind::kFinal || n->kind == KvNoticeKind::kAborted)) {
+      ReleaseLocked(n->request_id);
+    }
+    return;
+  }
+  auto it = requests_.find(n->request_id);
+  if (it == requests_.end() || it->second.state != ArrivalState::kWaiting) return;
+  Request& r = it->second;
+  if (notice.peer != 0 && notice.peer != r.sender) {
+    DUET_LOG(WARNING) << "request " << n->request_id << ": notice from peer " << notice.peer
+                      << " but expected peer " << r.sender << "; ignored";
+    return;
+  }
+  switch (n->kind) {
+    case KvNoticeKind::kLayer:
+      if (n->layer >= 0 && n->layer < num_layers_ && !r.landed[n->layer]) {
+        r.landed[n->layer] = true;
+        ++r.layers_landed;
+      }
+      break;
+    case KvNoticeKind::kFinal:
+      r.final_seen = true;
+      r.payload = n->payload;
+      break;
+    case KvNoticeKind::kAborted:
+      FailLocked(n->request_id, r,
+                 absl::AbortedError(absl::StrCat("request ", n->request_id,
+                                                 ": sender aborted: ", n->payload)),
+                 /*quarantine=*/false);
+      return;
+  }
+  if (r.final_seen && r.layers_landed == num_layers_) r.state = ArrivalState::kReady;
+}
+
+void KvArrivalTracker::Pump() {
+  for (const Notice& n : transport_->DrainNotices()) OnNotice(n);
+  // Peers of waiting or quarantined requests: a lost one can write nothing more.
+  std::set<PeerId> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, r] : requests_) {
+      if (r.state == ArrivalState::kWaiting) peers.insert(r.sender);
+    }
+    for (const auto& [id, q] : quarantine_) peers.insert(q.sender);
+  }
+  std::map<PeerId, absl::Status> lost;
+  for (PeerId p : peers) {
+    absl::Status s = transport_->PeerStatus(p);
+    if (!s.ok()) lost[p] = s;
+  }
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, r] : requests_) {
+    if (r.state != ArrivalState::kWaiting) continue;
+    if (auto it = lost.find(r.sender); it != lost.end()) {
+      FailLocked(id, r,
+                 Annotate(it->second, absl::StrCat("request ", id, " (", r.layers_landed, "/",
+                                                   num_layers_, " layers landed)")),
+                 /*quarantine=*/false);
+    } else if (now >= r.deadline) {
+      FailLocked(id, r,
+                 absl::DeadlineExceededError(absl::StrCat(
+                     "request ", id, ": KV did not arrive by its deadline (", r.layers_landed, "/",
+                     num_layers_, " layers, final notice ", r.final_seen ? "in" : "missing", ")")),
+                 /*quarantine=*/true);
+    }
+  }
+  std::vector<uint64_t> release;
+  for (const auto& [id, q] : quarantine_) {
+    if (lost.count(q.sender)) release.push_back(id);
+  }
+  for (uint64_t id : release) ReleaseLocked(id);
+}
+
+absl::StatusOr<ArrivalStatus> KvArrivalTracker::Query(uint64_t request_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return absl::NotFoundError(absl::StrCat("request ", request_id, " not tracked"));
+  }
+  const Request& r = it->second;
+  return ArrivalStatus{r.state, r.layers_landed, r.final_seen, r.error, r.payload};
+}
+
+absl::StatusOr<std::string> KvArrivalTracker::WaitReady(uint64_t request_id, absl::Time deadline) {
+  while (true) {
+    Pump();
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = requests_.find(request_id);
+      if (it == requests_.end()) {
+        return absl::NotFoundError(absl::StrCat("request ", request_id, " not tracked"));
+      }
+      Request& r = it->second;
+      if (r.state == ArrivalState::kReady) {
+        std::string payload = std::move(r.payload);
+        requests_.erase(it);
+        return payload;
+      }
+      if (r.state == ArrivalState::kFailed) {
+        absl::Status error = r.error;
+        requests_.erase(it);
+        return error;
+      }
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("request ", request_id, ": not ready at the wait deadline"));
+    }
+    transport_->WaitForNotices(std::min(deadline, now + absl::Milliseconds(5)));
+  }
+}
+
+absl::Status KvArrivalTracker::Abort(uint64_t request_id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return absl::NotFoundError(absl::StrCat("request ", request_id, " not tracked"));
+  }
+  Request& r = it->second;
+  if (r.state == ArrivalState::kFailed) return absl::OkStatus();
+  if (r.state == ArrivalState::kReady) {
+    // Everything landed before the final notice: no write can follow.
+    FailLocked(request_id, r, absl::AbortedError(absl::StrCat("request ", request_id, ": ", reason)),
+               /*quarantine=*/false);
+    return absl::OkStatus();
+  }
+  FailLocked(request_id, r, absl::AbortedError(absl::StrCat("request ", request_id, ": ", reason)),
+             /*quarantine=*/true);
+  return absl::OkStatus();
+}
+
+int64_t KvArrivalTracker::waiting() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, r] : requests_) n += r.state == ArrivalState::kWaiting;
+  return n;
+}
+
+int64_t KvArrivalTracker::quarantined_blocks() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, q] : quarantine_) n += static_cast<int64_t>(q.blocks.size());
+  return n;
+}
+
+}  // namespace duet::transfer

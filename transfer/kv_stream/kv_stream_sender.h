@@ -1,0 +1,77 @@
+// KvStreamSender (prefill side): streams each request's KV, layer by layer, into the decode
+// node's blocks while later layers compute. Call OnLayerDone from the model's layer-done hook;
+// each (request, layer) becomes one PostWrite whose notice tells the receiver the layer landed.
+// Thread-safe.
+//
+//   DUET_ASSIGN_OR_RETURN(auto sender, KvStreamSender::Create(transport, layout, pool->num_blocks()));
+//   DUET_RETURN_IF_ERROR(sender->Begin({.request_id = 7, .peer = decode_peer,
+//                                       .local_blocks = mine, .remote_blocks = dest.block_ids}));
+//   // layer-done hook:  sender->OnLayerDone(layer, {7});
+//   DUET_RETURN_IF_ERROR(sender->Finish(7, first_token_and_metadata));
+//   DUET_RETURN_IF_ERROR(sender->Wait(7, DeadlineIn(absl::Seconds(10))));
+//   // or, to give up:  sender->Abort(7, deadline);   // receiver may then reuse the blocks
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "common/kv/kv_layout.h"
+#include "transfer/transport.h"
+
+namespace duet::transfer {
+
+struct StreamRequest {
+  uint64_t request_id = 0;
+  PeerId peer = 0;                         // the decode node, connected on this transport
+  std::vector<kv::BlockId> local_blocks;   // in this node's pool, in token order
+  std::vector<kv::BlockId> remote_blocks;  // the destination blocks, same count and order
+};
+
+class KvStreamSender {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvStreamSender>> Create(Transport* transport,
+                                                                const kv::KvLayout& layout,
+                                                                int64_t local_num_blocks);
+  KvStreamSender(const KvStreamSender&) = delete;
+  KvStreamSender& operator=(const KvStreamSender&) = delete;
+
+  // Starts a request: checks the block map against both pools (remote size from the peer).
+  absl::Status Begin(const StreamRequest& request);
+  // Posts `layer` of each listed request (each layer at most once).
+  absl::Status OnLayerDone(int layer, absl::Span<const uint64_t> request_ids);
+  // After every layer was posted: the final notice, carrying `payload`.
+  absl::Status Finish(uint64_t request_id, std::string payload);
+  // Waits for all of the request's writes; forgets it when they end. The first error (e.g. the
+  // peer was lost), or DeadlineExceeded (the request is kept).
+  absl::Status Wait(uint64_t request_id, absl::Time deadline);
+  // Cancels the request's writes, waits until none is in flight, then sends kAborted (unless
+  // the peer is gone) so the receiver can reuse its blocks; forgets the request.
+  absl::Status Abort(uint64_t request_id, absl::Time deadline, const std::string& reason = "");
+  int64_t active_requests() const;
+
+ private:
+  struct Active {
+    StreamRequest request;
+    int64_t remote_num_blocks = 0;
+    std::vector<bool> layer_posted;
+    bool finished = false;
+    std::vector<TransferHandle> handles;
+  };
+  KvStreamSender(Transport* transport, const kv::KvLayout& layout, int64_t local_num_blocks)
+      : transport_(transport), layout_(layout), local_num_blocks_(local_num_blocks) {}
+
+  Transport* const transport_;
+  const kv::KvLayout layout_;
+  const int64_t local_num_blocks_;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, Active> active_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace duet::transfer

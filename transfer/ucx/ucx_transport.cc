@@ -1,0 +1,451 @@
+#include "transfer/ucx/ucx_transport.h"
+
+#include <poll.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <map>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
+#include "common/base/logging.h"
+#include "common/base/status.h"
+#include "transfer/peer_address.h"
+#include "transfer/ucx/ucx_handles.h"
+#include "transfer/ucx/ucx_transport_internal.h"
+
+namespace duet::transfer::ucx_internal {
+
+// ---------------------------------------------------------------------------------------------
+// Setup and teardown.
+
+UcxTransport::UcxTransport(const TransportOptions& options)
+    : options_(options), instance_(NewInstanceId()) {}
+
+absl::StatusOr<std::unique_ptr<Transport>> UcxTransport::Create(const TransportOptions& options) {
+  std::unique_ptr<UcxTransport> t(new UcxTransport(options));
+  if (absl::Status s = t->Init(); !s.ok()) {
+    return Annotate(s, absl::StrCat("ucx transport '", options.name, "'"));
+  }
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+absl::Status UcxTransport::Init() {
+  ucp_config_t* raw_config = nullptr;
+  DUET_UCX_RETURN_IF_ERROR(ucp_config_read(nullptr, nullptr, &raw_config));
+  ucx::ConfigPtr config(raw_config);
+  if (!options_.tls.empty()) DUET_UCX_RETURN_IF_ERROR(ucp_config_modify(config.get(), "TLS", options_.tls.c_str()));
+  if (!options_.net_devices.empty()) {
+    DUET_UCX_RETURN_IF_ERROR(ucp_config_modify(config.get(), "NET_DEVICES", options_.net_devices.c_str()));
+  }
+  const std::string keepalive = absl::StrCat(absl::ToInt64Milliseconds(options_.keepalive), "ms");
+  DUET_UCX_RETURN_IF_ERROR(ucp_config_modify(config.get(), "KEEPALIVE_INTERVAL", keepalive.c_str()));
+
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 1;  // Register/unmap run on caller threads
+  ucp_context_h context = nullptr;
+  DUET_UCX_RETURN_IF_ERROR(ucp_init(&params, config.get(), &context));
+  ctx_ = std::make_shared<ContextHolder>(ContextHolder{ucx::ContextPtr(context)});
+
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h worker = nullptr;
+  DUET_UCX_RETURN_IF_ERROR(ucp_worker_create(context, &wparams, &worker));
+  worker_.reset(worker);
+
+  ucp_address_t* address = nullptr;
+  size_t address_len = 0;
+  DUET_UCX_RETURN_IF_ERROR(ucp_worker_get_address(worker, &address, &address_len));
+  worker_address_.assign(reinterpret_cast<const char*>(address), address_len);
+  ucp_worker_release_address(worker, address);
+  DUET_UCX_RETURN_IF_ERROR(ucp_worker_get_efd(worker, &efd_));
+
+  for (unsigned id : {kAmData, kAmNotice}) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = id;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    hp.cb = id == kAmData ? &UcxTransport::OnData : &UcxTransport::OnNotice;
+    hp.arg = this;
+    DUET_UCX_RETURN_IF_ERROR(ucp_worker_set_am_recv_handler(worker, &hp));
+  }
+  {
+    absl::MutexLock lock(&waker_->mu);
+    waker_->worker = worker;
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+UcxTransport::~UcxTransport() {
+  if (thread_.joinable()) {
+    {
+      absl::MutexLock lock(&queue_mu_);
+      stop_ = true;
+    }
+    waker_->Signal();
+    thread_.join();
+  }
+  absl::MutexLock lock(&waker_->mu);
+  waker_->worker = nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransport::Map(void* base, size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("ucx: cannot register an empty region");
+  {
+    absl::MutexLock lock(&slot_->mu);
+    if (slot_->base != nullptr) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("ucx transport '", options_.name, "' already exports a region"));
+    }
+  }
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = base;
+  mp.length = bytes;
+  mp.flags = base == nullptr ? UCP_MEM_MAP_ALLOCATE : 0;
+  ucp_mem_h raw = nullptr;
+  DUET_UCX_RETURN_IF_ERROR(ucp_mem_map(ctx_->context.get(), &mp, &raw));
+  ucx::MemPtr memh(raw, ucx::MemDeleter{ctx_->context.get()});
+  if (base == nullptr) {
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    DUET_UCX_RETURN_IF_ERROR(ucp_mem_query(memh.get(), &attr));
+    base = attr.address;
+    std::memset(base, 0, bytes);
+  }
+  void* rkey_buf = nullptr;
+  size_t rkey_len = 0;
+  DUET_UCX_RETURN_IF_ERROR(ucp_rkey_pack(ctx_->context.get(), memh.get(), &rkey_buf, &rkey_len));
+  std::string rkey(static_cast<const char*>(rkey_buf), rkey_len);
+  ucp_rkey_buffer_release(rkey_buf);
+  {
+    absl::MutexLock lock(&slot_->mu);
+    slot_->base = static_cast<uint8_t*>(base);
+    slot_->bytes = bytes;
+    slot_->rkey = std::move(rkey);
+  }
+  return std::unique_ptr<MemoryRegion>(new UcxRegion(ctx_, std::move(memh), slot_, base, bytes));
+}
+
+absl::StatusOr<std::string> UcxTransport::LocalAddress() {
+  PeerAddress a{.backend = "ucx", .name = options_.name, .instance = instance_,
+                .layout = options_.layout};
+  {
+    absl::MutexLock lock(&slot_->mu);
+    if (slot_->base == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ucx transport '", options_.name, "': register a region before LocalAddress"));
+    }
+    a.region_base = reinterpret_cast<uint64_t>(slot_->base);
+    a.region_bytes = slot_->bytes;
+    a.region_key = slot_->rkey;
+  }
+  a.worker_address = worker_address_;
+  FillProcessIdentity(a);
+  return EncodePeerAddress(a);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peers.
+
+absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& blob, absl::Time deadline) {
+  DUET_ASSIGN_OR_RETURN(PeerAddress a, DecodePeerAddress(blob));
+  if (a.backend != "ucx") {
+    return absl::InvalidArgumentError(absl::StrCat("ucx transport '", options_.name,
+                                                   "' cannot connect to '", a.name, "' (",
+                                                   a.backend, ")"));
+  }
+  DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(options_.layout, a.layout, options_.name, a.name));
+  if (a.region_key.empty() || a.worker_address.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("peer '", a.name, "' sent no ucx address"));
+  }
+  PeerId id;
+  {
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peer_by_instance_.find(a.instance);
+    if (it != peer_by_instance_.end() && !peers_[it->second]->closed &&
+        peers_[it->second]->status.ok()) {
+      return it->second;
+    }
+    id = next_peer_++;
+  }
+  absl::Status s = RunOnWorker([this, a, id, deadline] { return ConnectOnWorker(a, id, deadline); },
+                               deadline);
+  if (!s.ok()) {
+    return Annotate(s, absl::StrCat("ucx transport '", options_.name, "' connecting to '", a.name, "'"));
+  }
+  return id;
+}
+
+absl::Status UcxTransport::ConnectOnWorker(const PeerAddress& a, PeerId id, absl::Time deadline) {
+  auto conn = std::make_unique<PeerConn>();
+  conn->owner = this;
+  conn->id = id;
+  conn->meta = std::make_shared<PeerMeta>();
+  conn->meta->address = a;
+
+  // UCX 1.13's shm transports cannot do UCP_ERR_HANDLING_MODE_PEER; there the watchdog detects
+  // a dead peer instead. Try PEER first unless our TLS list is all shared memory.
+  bool shm_only = !options_.tls.empty() && !absl::StrContains(options_.tls, "tcp") &&
+                  !absl::StrContains(options_.tls, "rc") && !absl::StrContains(options_.tls, "dc") &&
+                  !absl::StrContains(options_.tls, "ud") && !absl::StrContains(options_.tls, "all");
+  ucs_status_t create_status = UCS_ERR_UNREACHABLE;
+  ucp_ep_h ep = nullptr;
+  for (bool peer_mode : {true, false}) {
+    if (peer_mode && shm_only) continue;
+    ucp_ep_params_t ep_params{};
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.address = reinterpret_cast<const ucp_address_t*>(a.worker_address.data());
+    ep_params.err_mode = peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    ep_params.err_handler.cb = &UcxTransport::OnEpError;
+    ep_params.err_handler.arg = conn.get();
+    create_status = ucp_ep_create(worker_.get(), &ep_params, &ep);
+    if (create_status == UCS_OK) {
+      conn->peer_err_mode = peer_mode;
+      break;
+    }
+  }
+  DUET_UCX_RETURN_IF_ERROR(create_status);
+  conn->ep = ucx::EpPtr(ep, ucx::EpDeleter{worker_.get(), false});
+  ucp_rkey_h rkey = nullptr;
+  DUET_UCX_RETURN_IF_ERROR(ucp_ep_rkey_unpack(ep, a.region_key.data(), &rkey));
+  conn->rkey.reset(rkey);
+
+  // Flush: completes wireup (so the lane table is final) and proves the peer reachable.
+  ucp_request_param_t fp{};
+  ucs_status_ptr_t req = ucp_ep_flush_nbx(ep, &fp);
+  if (UCS_PTR_IS_ERR(req)) DUET_UCX_RETURN_IF_ERROR(UCS_PTR_STATUS(req));
+  if (req != nullptr) {
+    ucs_status_t st;
+    while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS && absl::Now() < deadline) {
+      ucp_worker_progress(worker_.get());
+    }
+    ucp_request_free(req);
+    if (st == UCS_INPROGRESS) return absl::DeadlineExceededError("endpoint flush did not finish");
+    DUET_UCX_RETURN_IF_ERROR(st);
+  }
+
+  // Lane: put where the endpoint has a native RMA lane or the remote region is mapped here.
+  char* info = nullptr;
+  size_t info_len = 0;
+  FILE* stream = open_memstream(&info, &info_len);
+  if (stream != nullptr) {
+    ucp_ep_print_info(ep, stream);
+    std::fclose(stream);
+  }
+  const std::string ep_info = info != nullptr ? std::string(info, info_len) : std::string();
+  std::free(info);
+  void* mapped = nullptr;
+  const bool has_rma_lane = absl::StrContains(ep_info, "rma_bw#");
+  const bool is_mapped = ucp_rkey_ptr(rkey, a.region_base, &mapped) == UCS_OK;
+  if (options_.write_mode == "put") {
+    conn->use_put = true;
+  } else if (options_.write_mode == "am") {
+    conn->use_put = false;
+  } else {
+    conn->use_put = has_rma_lane || is_mapped;
+  }
+  conn->meta->lane = conn->use_put ? "put" : "am";
+  DUET_LOG(DEBUG) << "ucx '" << options_.name << "' -> '" << a.name << "': lane "
+                  << conn->meta->lane << (is_mapped ? " (remote region mapped)" : "")
+                  << (conn->peer_err_mode ? ", err mode peer" : ", err mode none + watchdog")
+                  << "\n" << ep_info;
+  {
+    absl::MutexLock lock(&peers_mu_);
+    peers_[id] = conn->meta;
+    peer_by_instance_[a.instance] = id;
+  }
+  conns_[id] = std::move(conn);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PeerInfo> UcxTransport::GetPeerInfo(PeerId peer) {
+  absl::MutexLock lock(&peers_mu_);
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) {
+    return absl::NotFoundError(absl::StrCat("ucx transport '", options_.name, "': no peer ", peer));
+  }
+  const PeerMeta& m = *it->second;
+  return PeerInfo{m.address.name, m.address.instance, m.address.layout, m.address.region_bytes,
+                  m.lane};
+}
+
+absl::Status UcxTransport::PeerStatus(PeerId peer) {
+  absl::MutexLock lock(&peers_mu_);
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) {
+    return absl::NotFoundError(absl::StrCat("ucx transport '", options_.name, "': no peer ", peer));
+  }
+  if (it->second->closed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer '", it->second->address.name, "' was disconnected"));
+  }
+  return it->second->status;
+}
+
+absl::Status UcxTransport::Disconnect(PeerId peer, absl::Time deadline) {
+  // Refuse new writes, wait for the peer's transfers to end, then close the endpoint.
+  auto busy = std::make_shared<std::atomic<bool>>(true);
+  DUET_RETURN_IF_ERROR(RunOnWorker(
+      [this, peer] {
+        auto it = conns_.find(peer);
+        if (it == conns_.end()) return absl::NotFoundError(absl::StrCat("no peer ", peer));
+        it->second->closing = true;
+        return absl::OkStatus();
+      },
+      deadline));
+  while (true) {
+    DUET_RETURN_IF_ERROR(RunOnWorker(
+        [this, peer, busy] {
+          bool any = false;
+          for (const auto& t : active_) any |= (t->peer != nullptr && t->peer->id == peer && !t->completed);
+          busy->store(any);
+          return absl::OkStatus();
+        },
+        deadline));
+    if (!busy->load() || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  const bool force = busy->load();
+  absl::Status s = RunOnWorker(
+      [this, peer, force] {
+        auto it = conns_.find(peer);
+        if (it == conns_.end()) return absl::OkStatus();
+        PeerConn& c = *it->second;
+        for (auto& t : active_) {
+          if (t->peer == &c) {
+            if (!t->completed) {
+              t->rec->Complete(absl::AbortedError("endpoint closed by Disconnect"));
+              t->completed = true;
+            }
+            t->peer = nullptr;
+          }
+        }
+        c.rkey.reset();
+        if (c.ep != nullptr) {
+          c.ep.get_deleter().force = force || c.failed;
+          c.ep.reset();
+        }
+        conns_.erase(it);
+        return absl::OkStatus();
+      },
+      deadline + absl::Seconds(3));
+  absl::MutexLock lock(&peers_mu_);
+  auto it = peers_.find(peer);
+  if (it != peers_.end()) it->second->closed = true;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writes and notices (caller side).
+
+absl::StatusOr<TransferHandle> UcxTransport::PostWrite(PeerId peer, std::vector<WriteOp> ops,
+                                                       std::optional<std::string> notice) {
+  uint64_t remote_bytes, remote_base;
+  std::string peer_name;
+  {
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end() || it->second->closed) {
+      return absl::NotFoundError(absl::StrCat("ucx transport '", options_.name, "': no peer ", peer));
+    }
+    DUET_RETURN_IF_ERROR(it->second->status);
+    remote_bytes = it->second->address.region_bytes;
+    remote_base = it->second->address.region_base;
+    peer_name = it->second->address.name;
+  }
+  uint8_t* local_base;
+  uint64_t local_bytes;
+  {
+    absl::MutexLock lock(&slot_->mu);
+    local_base = slot_->base;
+    local_bytes = slot_->bytes;
+  }
+  if (local_base == nullptr) return absl::FailedPreconditionError("ucx: no registered region");
+  DUET_RETURN_IF_ERROR(ValidateOps(ops, local_bytes, remote_bytes));
+
+  auto t = std::make_unique<ActiveTransfer>();
+  const uint64_t chunk = std::max<uint64_t>(options_.chunk_bytes, 4096);
+  for (const WriteOp& op : ops) {
+    for (uint64_t done = 0; done < op.length; done += chunk) {
+      t->chunks.push_back(WriteOp{op.local_offset + done, op.remote_offset + done,
+                                  std::min(chunk, op.length - done)});
+    }
+  }
+  t->rec = std::make_shared<internal::TransferRecord>();
+  std::weak_ptr<Waker> waker = waker_;
+  t->rec->set_on_cancel([waker] {
+    if (auto w = waker.lock()) w->Signal();
+  });
+  t->notice = std::move(notice);
+  t->local_base = local_base;
+  t->remote_base = remote_base;
+  TransferHandle handle(t->rec);
+  ActiveTransfer* raw = t.release();
+  Enqueue([this, raw, peer, peer_name] {
+    std::unique_ptr<ActiveTransfer> t(raw);
+    auto it = conns_.find(peer);
+    if (it == conns_.end() || it->second->failed || it->second->closing) {
+      t->rec->Complete(absl::UnavailableError(
+          absl::StrCat("peer '", peer_name, "' is closed or lost")));
+      return;
+    }
+    t->peer = it->second.get();
+    t->notice_header = NoticeHeader{instance_, next_xfer_++, 0};
+    if (t->peer->use_put) {
+      t->steps = {Step::kData, Step::kWaitIdle, Step::kFlush, Step::kWaitIdle, Step::kNotice,
+                  Step::kWaitIdle};
+    } else {
+      for (const WriteOp& c : t->chunks) {
+        t->headers.push_back(DataHeader{instance_, t->notice_header.xfer, c.remote_offset,
+                                        t->notice.has_value() ? 1u : 0u});
+        t->notice_header.data_bytes += c.length;
+      }
+      t->steps = {Step::kData, Step::kNotice, Step::kWaitIdle, Step::kFlush, Step::kWaitIdle};
+    }
+    active_.push_back(std::move(t));
+  });
+  return handle;
+}
+
+std::vector<Notice> UcxTransport::DrainNotices() {
+  absl::MutexLock lock(&notice_mu_);
+  std::vector<Notice> out(std::make_move_iterator(notices_.begin()),
+                          std::make_move_iterator(notices_.end()));
+  notices_.clear();
+  return out;
+}
+
+bool UcxTransport::WaitForNotices(absl::Time deadline) {
+  absl::MutexLock lock(&notice_mu_);
+  auto has = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(notice_mu_) { return !notices_.empty(); };
+  return notice_mu_.AwaitWithDeadline(absl::Condition(&has), deadline);
+}
+
+}  // namespace duet::transfer::ucx_internal
+
+namespace duet::transfer {
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options) {
+  return ucx_internal::UcxTransport::Create(options);
+}
+
+absl::StatusOr<UcxProfile> UcxProfileByName(const std::string& name) {
+  if (name == "shm") return UcxProfile{"posix,sysv,cma,self", ""};
+  if (name == "tcp") return UcxProfile{"tcp,self", "lo"};
+  return absl::InvalidArgumentError(absl::StrCat("unknown ucx profile '", name, "' (shm, tcp)"));
+}
+
+}  // namespace duet::transfer

@@ -1,0 +1,42 @@
+// UcxTransport ("ucx"): the real Transport over UCX (shm: posix/sysv/cma; tcp; on clusters
+// rc/dc verbs), one ucp worker driven by one progress thread; other threads hand it work through
+// a queue. The exported region is ucp_mem_map'ed once and its packed rkey rides in LocalAddress.
+//
+// How bytes move, per endpoint (PeerInfo::lane):
+//   "put": ucp_put_nbx of each coalesced run (chunked at chunk_bytes), then ucp_ep_flush_nbx,
+//          then the notice as an active message. Chosen when the endpoint has a native RMA
+//          lane (ucp_ep_print_info lists an rma_bw lane), e.g. cma or a mapped shm segment.
+//   "am":  each chunk is an active message whose rendezvous data lands in place at the remote
+//          offset; the notice carries the byte count and the receiver holds it until that many
+//          bytes have landed. Chosen where put would be emulated (tcp).
+// TransportOptions::write_mode forces either.
+//
+// Peer failure: endpoints use UCP_ERR_HANDLING_MODE_PEER where every lane supports it (tcp);
+// UCX 1.13's shm transports do not, so those endpoints use mode NONE and a watchdog on the
+// progress thread checks the peer's process (same boot id: /proc/<pid>/stat, zombie or reused
+// pid = dead) every `keepalive`. Either way a lost peer fails its transfers and PeerStatus.
+//
+//   TransportOptions o{.name = "decode-0", .layout = layout, .tls = "posix,sysv,cma,self"};
+//   DUET_ASSIGN_OR_RETURN(auto t, CreateTransport("ucx", o));
+//   DUET_ASSIGN_OR_RETURN(auto region, t->AllocateRegion(layout.RegionBytes(n)));  // shm
+//   DUET_ASSIGN_OR_RETURN(auto pool, kv::BlockPool::CreateOver(layout, n, region->base(),
+//                                                              region->bytes()));
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "transfer/transport.h"
+
+namespace duet::transfer {
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options);
+
+// Our defaults for the two loopback profiles ("shm", "tcp"): TLS and net devices.
+struct UcxProfile {
+  std::string tls;
+  std::string net_devices;
+};
+absl::StatusOr<UcxProfile> UcxProfileByName(const std::string& name);
+
+}  // namespace duet::transfer
