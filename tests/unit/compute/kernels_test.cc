@@ -56,6 +56,21 @@ TEST(AddSwiGluTest, MatchReference) {
   }
 }
 
+TEST(AddSwiGluTest, SwiGluOutputMayAliasAnInput) {
+  auto backend = MakeCpuBackend(2);
+  const int64_t n = 4099;
+  const auto gate = RandomVector(n, 9, -6.f, 6.f);
+  const auto up = RandomVector(n, 10);
+  std::vector<float> want(n);
+  backend->SwiGlu(gate.data(), up.data(), n, want.data());
+  std::vector<float> g = gate, u = up;
+  backend->SwiGlu(g.data(), u.data(), n, g.data());
+  EXPECT_EQ(g, want);
+  g = gate;
+  backend->SwiGlu(g.data(), u.data(), n, u.data());
+  EXPECT_EQ(u, want);
+}
+
 TEST(RopeTest, MatchesRotateHalfReference) {
   auto backend = MakeCpuBackend(2);
   const int rows = 9, heads = 3, head_dim = 8, half = head_dim / 2;
@@ -121,6 +136,20 @@ TEST(WriteKvTest, LandsInLayerBlockOffsetAndNowhereElse) {
     }
   }
   EXPECT_EQ(region, want);
+}
+
+TEST(WriteKvDeathTest, RefusesNonF32Cache) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // OpenBLAS keeps worker threads alive
+  auto backend = MakeCpuBackend(1);
+  kv::KvCacheView cache;
+  cache.layout = {.model_id = "t", .num_layers = 1, .num_kv_heads = 1, .head_dim = 4,
+                  .block_size = 4, .dtype = kv::KvDtype::kF16};
+  cache.num_blocks = 1;
+  std::vector<uint8_t> region(cache.layout.RegionBytes(1));
+  cache.base = region.data();
+  const std::vector<float> k(4, 1.f), v(4, 2.f);
+  const int64_t slot = 0;
+  EXPECT_DEATH(backend->WriteKv(cache, 0, k.data(), v.data(), &slot, 1), "only f32");
 }
 
 }  // namespace
