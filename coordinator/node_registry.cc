@@ -1,0 +1,180 @@
+#include "coordinator/node_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status.h"
+
+namespace duet::coordinator {
+
+NodeRegistry::NodeRegistry(Options options) : options_(std::move(options)) {
+  if (options_.cluster_layout) {
+    cluster_layout_ = options_.cluster_layout;
+    cluster_layout_source_ = "cluster (configured)";
+  }
+}
+
+absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& registration,
+                                                       absl::Time now) {
+  const NodeIncarnation& node = registration.node;
+  if (node.node_id.empty()) return absl::InvalidArgumentError("Register: empty node id");
+  if (node.epoch == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Register ", node.node_id, ": epoch must be positive (0 means unset)"));
+  }
+  DUET_RETURN_IF_ERROR(Annotate(registration.layout.Validate(),
+                                absl::StrCat("Register ", node.ToString())));
+
+  absl::MutexLock lock(&mu_);
+  if (cluster_layout_) {
+    DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(
+        *cluster_layout_, registration.layout, cluster_layout_source_,
+        absl::StrCat(NodeKindName(registration.kind), " node ", node.ToString())));
+  }
+
+  RegisterOutcome outcome;
+  auto it = nodes_.find(node.node_id);
+  if (it != nodes_.end()) {
+    const NodeInfo& old = it->second;
+    if (node.epoch <= old.node.epoch) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Register ", node.ToString(), ": stale epoch ", node.epoch, ", node ", node.node_id,
+          " is already registered with epoch ", old.node.epoch, old.alive ? "" : " (dead)",
+          "; a restarted node must register with a larger epoch"));
+    }
+    if (old.alive) outcome.replaced = old.node;
+  }
+
+  if (!cluster_layout_) {
+    cluster_layout_ = registration.layout;
+    cluster_layout_source_ =
+        absl::StrCat("cluster (first registered by ", node.ToString(), ")");
+  }
+
+  NodeInfo info;
+  info.node = node;
+  info.kind = registration.kind;
+  info.address = registration.address;
+  info.layout = registration.layout;
+  info.capacity = registration.capacity;
+  info.load = registration.load;
+  info.registered_at = now;
+  info.last_heartbeat = now;
+  info.alive = true;
+  nodes_[node.node_id] = info;
+  outcome.info = std::move(info);
+  return outcome;
+}
+
+namespace {
+
+// Why `node` is not the current live incarnation, or OK.
+absl::Status CheckCurrent(const absl::btree_map<NodeId, NodeInfo>& nodes,
+                          const NodeIncarnation& node, const char* op) {
+  auto it = nodes.find(node.node_id);
+  if (it == nodes.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(op, " ", node.ToString(), ": node is not registered"));
+  }
+  const NodeInfo& cur = it->second;
+  if (cur.node.epoch != node.epoch) {
+    return absl::NotFoundError(absl::StrCat(
+        op, " ", node.ToString(), ": the registered incarnation is ", cur.node.ToString(),
+        node.epoch < cur.node.epoch ? " (this one was superseded)" : " (register first)"));
+  }
+  if (!cur.alive) {
+    return absl::NotFoundError(absl::StrCat(
+        op, " ", node.ToString(), ": declared dead at ", absl::FormatTime(cur.died_at),
+        " after no heartbeat since ", absl::FormatTime(cur.last_heartbeat),
+        "; re-register with a larger epoch"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status NodeRegistry::Heartbeat(const NodeIncarnation& node, const NodeLoad& load,
+                                     absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  DUET_RETURN_IF_ERROR(CheckCurrent(nodes_, node, "Heartbeat"));
+  NodeInfo& info = nodes_[node.node_id];
+  info.load = load;
+  if (now > info.last_heartbeat) info.last_heartbeat = now;
+  return absl::OkStatus();
+}
+
+absl::Status NodeRegistry::Deregister(const NodeIncarnation& node) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node.node_id);
+  if (it == nodes_.end() || it->second.node.epoch != node.epoch) {
+    return absl::NotFoundError(
+        absl::StrCat("Deregister ", node.ToString(), ": not the registered incarnation"));
+  }
+  nodes_.erase(it);
+  return absl::OkStatus();
+}
+
+std::vector<NodeIncarnation> NodeRegistry::ExpireDead(absl::Time now) {
+  std::vector<NodeIncarnation> dead;
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, info] : nodes_) {
+    if (info.alive && now - info.last_heartbeat > options_.heartbeat_timeout) {
+      info.alive = false;
+      info.died_at = now;
+      dead.push_back(info.node);
+    }
+  }
+  return dead;
+}
+
+absl::Status NodeRegistry::AdjustLoad(const NodeIncarnation& node, int64_t delta_free_blocks,
+                                      int32_t delta_running, int64_t delta_queued_tokens) {
+  absl::MutexLock lock(&mu_);
+  DUET_RETURN_IF_ERROR(CheckCurrent(nodes_, node, "AdjustLoad"));
+  NodeLoad& load = nodes_[node.node_id].load;
+  load.free_blocks = std::max<int64_t>(0, load.free_blocks + delta_free_blocks);
+  if (load.total_blocks > 0) load.free_blocks = std::min(load.free_blocks, load.total_blocks);
+  load.running_requests = std::max<int32_t>(0, load.running_requests + delta_running);
+  load.queued_tokens = std::max<int64_t>(0, load.queued_tokens + delta_queued_tokens);
+  return absl::OkStatus();
+}
+
+std::vector<NodeInfo> NodeRegistry::LiveNodes(NodeKind kind) const {
+  std::vector<NodeInfo> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, info] : nodes_) {
+    if (info.alive && info.kind == kind) out.push_back(info);
+  }
+  return out;
+}
+
+std::optional<NodeInfo> NodeRegistry::Find(const NodeId& node_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool NodeRegistry::IsLive(const NodeIncarnation& node) const {
+  absl::MutexLock lock(&mu_);
+  return CheckCurrent(nodes_, node, "IsLive").ok();
+}
+
+std::optional<kv::KvLayout> NodeRegistry::cluster_layout() const {
+  absl::MutexLock lock(&mu_);
+  return cluster_layout_;
+}
+
+std::optional<absl::Time> NodeRegistry::NextExpiry() const {
+  std::optional<absl::Time> next;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, info] : nodes_) {
+    if (!info.alive) continue;
+    absl::Time t = info.last_heartbeat + options_.heartbeat_timeout;
+    if (!next || t < *next) next = t;
+  }
+  return next;
+}
+
+}  // namespace duet::coordinator

@@ -1,0 +1,108 @@
+// NodeRegistry: which prefill and decode nodes are in the cluster, which incarnation (epoch) of
+// each is current, their KV layout and load, and who has missed a heartbeat. Pure logic: time
+// is passed in, nothing is sent; the membership service and a timer loop drive it, and drop
+// whatever the returned incarnations owned (CacheDirectory::DropNode, RequestTracker::OnNodeDead).
+//
+//   NodeRegistry registry({.heartbeat_timeout = absl::Seconds(3)});
+//   DUET_ASSIGN_OR_RETURN(RegisterOutcome out, registry.Register(reg, now));
+//   if (out.replaced) tracker.OnNodeDead(*out.replaced, now);   // the old incarnation is gone
+//   DUET_RETURN_IF_ERROR(registry.Heartbeat(reg.node, load, now));
+//   for (const NodeIncarnation& dead : registry.ExpireDead(now)) tracker.OnNodeDead(dead, now);
+//
+// Rules:
+// - Register with an epoch larger than the registered one replaces the old incarnation (returned
+//   in `replaced` when it was still alive; a dead one was already returned by ExpireDead). An
+//   epoch equal to or lower than the registered one is refused (FAILED_PRECONDITION): a stale
+//   process must not come back to life. Epoch 0 is refused as unset.
+// - Every node must serve the cluster's KV layout: Options::cluster_layout, or else the layout of
+//   the first node that registered (it stays the cluster's even when that node leaves). A
+//   different layout is refused with a message naming both sides.
+// - A node whose last heartbeat (or registration) is older than heartbeat_timeout is dead from
+//   the next ExpireDead; its heartbeats are then refused (NOT_FOUND) until it re-registers with a
+//   newer epoch.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/kv/kv_layout.h"
+#include "coordinator/types.h"
+
+namespace duet::coordinator {
+
+struct NodeRegistration {
+  NodeIncarnation node;
+  NodeKind kind = NodeKind::kDecode;
+  std::string address;  // host:port of the node's gRPC service
+  kv::KvLayout layout;
+  NodeCapacity capacity;
+  NodeLoad load;  // initial load
+};
+
+struct NodeInfo {
+  NodeIncarnation node;
+  NodeKind kind = NodeKind::kDecode;
+  std::string address;
+  kv::KvLayout layout;
+  NodeCapacity capacity;
+  NodeLoad load;
+  absl::Time registered_at;
+  absl::Time last_heartbeat;
+  bool alive = true;
+  absl::Time died_at = absl::InfinitePast();  // when ExpireDead declared it dead
+};
+
+struct RegisterOutcome {
+  NodeInfo info;
+  std::optional<NodeIncarnation> replaced;  // a live older incarnation this one replaced
+};
+
+class NodeRegistry {
+ public:
+  struct Options {
+    absl::Duration heartbeat_timeout = absl::Seconds(3);
+    std::optional<kv::KvLayout> cluster_layout;
+  };
+
+  explicit NodeRegistry(Options options);
+  NodeRegistry(const NodeRegistry&) = delete;
+  NodeRegistry& operator=(const NodeRegistry&) = delete;
+
+  absl::StatusOr<RegisterOutcome> Register(const NodeRegistration& registration, absl::Time now);
+  // NOT_FOUND for an unknown node, a superseded or future epoch, or a node declared dead.
+  absl::Status Heartbeat(const NodeIncarnation& node, const NodeLoad& load, absl::Time now);
+  // A graceful leave: the node is removed. NOT_FOUND when `node` is not the current incarnation.
+  absl::Status Deregister(const NodeIncarnation& node);
+  // Declares dead every live node silent for longer than heartbeat_timeout; returns them, sorted.
+  std::vector<NodeIncarnation> ExpireDead(absl::Time now);
+  // Optimistic load change between heartbeats (after a Reserve, Release, or Prefill was sent);
+  // the next heartbeat overwrites it. NOT_FOUND unless `node` is current and alive.
+  absl::Status AdjustLoad(const NodeIncarnation& node, int64_t delta_free_blocks,
+                          int32_t delta_running, int64_t delta_queued_tokens);
+
+  // Live nodes of `kind`, sorted by node id (the order the router breaks ties in).
+  std::vector<NodeInfo> LiveNodes(NodeKind kind) const;
+  // Current incarnation of `node_id`, dead or alive.
+  std::optional<NodeInfo> Find(const NodeId& node_id) const;
+  bool IsLive(const NodeIncarnation& node) const;
+  std::optional<kv::KvLayout> cluster_layout() const;
+  // The earliest time a live node can be declared dead (when to run ExpireDead next).
+  std::optional<absl::Time> NextExpiry() const;
+  absl::Duration heartbeat_timeout() const { return options_.heartbeat_timeout; }
+
+ private:
+  const Options options_;
+  mutable absl::Mutex mu_;
+  absl::btree_map<NodeId, NodeInfo> nodes_ ABSL_GUARDED_BY(mu_);
+  std::optional<kv::KvLayout> cluster_layout_ ABSL_GUARDED_BY(mu_);
+  std::string cluster_layout_source_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace duet::coordinator

@@ -1,0 +1,182 @@
+#include "coordinator/node_registry.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace duet::coordinator {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);
+
+kv::KvLayout Layout(int head_dim = 16) {
+  return kv::KvLayout{.model_id = "tiny", .num_layers = 2, .num_kv_heads = 2,
+                      .head_dim = head_dim, .block_size = 16, .dtype = kv::KvDtype::kF32};
+}
+
+NodeRegistration Reg(const std::string& id, uint64_t epoch, NodeKind kind = NodeKind::kDecode,
+                     kv::KvLayout layout = Layout()) {
+  NodeRegistration r;
+  r.node = {id, epoch};
+  r.kind = kind;
+  r.address = "127.0.0.1:" + std::to_string(5000 + epoch);
+  r.layout = layout;
+  r.capacity = {.total_blocks = 100, .max_running_requests = 8};
+  r.load = {.free_blocks = 100, .total_blocks = 100};
+  return r;
+}
+
+bool Contains(absl::string_view haystack, const std::string& needle) {
+  return haystack.find(needle) != absl::string_view::npos;
+}
+
+TEST(NodeRegistryTest, RegistersAndListsLiveNodesByKindSortedById) {
+  NodeRegistry reg({});
+  ASSERT_TRUE(reg.Register(Reg("d1", 1), kT0).ok());
+  ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
+  ASSERT_TRUE(reg.Register(Reg("p0", 1, NodeKind::kPrefill), kT0).ok());
+  auto decode = reg.LiveNodes(NodeKind::kDecode);
+  ASSERT_EQ(decode.size(), 2u);
+  EXPECT_EQ(decode[0].node.node_id, "d0");
+  EXPECT_EQ(decode[1].node.node_id, "d1");
+  auto prefill = reg.LiveNodes(NodeKind::kPrefill);
+  ASSERT_EQ(prefill.size(), 1u);
+  EXPECT_EQ(prefill[0].node, (NodeIncarnation{"p0", 1}));
+  EXPECT_TRUE(reg.IsLive({"d0", 1}));
+  EXPECT_FALSE(reg.IsLive({"d0", 2}));
+}
+
+TEST(NodeRegistryTest, HigherEpochReplacesTheOldIncarnation) {
+  NodeRegistry reg({});
+  ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
+  auto out = reg.Register(Reg("d0", 5), kT0 + absl::Seconds(1));
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(out->replaced.has_value());
+  EXPECT_EQ(*out->replaced, (NodeIncarnation{"d0", 1}));
+  EXPECT_EQ(reg.Find("d0")->node.epoch, 5u);
+  EXPECT_EQ(reg.LiveNodes(NodeKind::kDecode).size(), 1u);
+  // The old incarnation's heartbeats are refused: it was superseded.
+  absl::Status hb = reg.Heartbeat({"d0", 1}, {}, kT0 + absl::Seconds(2));
+  EXPECT_EQ(hb.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(hb.message(), "superseded")) << hb;
+}
+
+TEST(NodeRegistryTest, StaleOrEqualEpochIsRefusedAndChangesNothing) {
+  NodeRegistry reg({});
+  ASSERT_TRUE(reg.Register(Reg("d0", 3), kT0).ok());
+  for (uint64_t epoch : {3u, 2u}) {
+    NodeRegistration r = Reg("d0", epoch);
+    r.address = "elsewhere:1";
+    auto out = reg.Register(r, kT0 + absl::Seconds(1));
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(Contains(out.status().message(), "stale epoch")) << out.status();
+    EXPECT_TRUE(Contains(out.status().message(), "epoch 3")) << out.status();
+  }
+  EXPECT_EQ(reg.Find("d0")->node.epoch, 3u);
+  EXPECT_NE(reg.Find("d0")->address, "elsewhere:1");
+}
+
+TEST(NodeRegistryTest, RefusesUnsetEpochAndEmptyIdAndInvalidLayout) {
+  NodeRegistry reg({});
+  EXPECT_EQ(reg.Register(Reg("d0", 0), kT0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Register(Reg("", 1), kT0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Register(Reg("d0", 1, NodeKind::kDecode, Layout(0)), kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(reg.Find("d0").has_value());
+}
+
+TEST(NodeRegistryTest, LayoutDifferentFromTheClusterIsRefusedNamingBoth) {
+  NodeRegistry reg({});
+  ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
+  auto out = reg.Register(Reg("d1", 1, NodeKind::kDecode, Layout(32)), kT0);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+  const absl::string_view msg = out.status().message();
+  EXPECT_TRUE(Contains(msg, "d0@1")) << msg;           // where the cluster layout came from
+  EXPECT_TRUE(Contains(msg, "decode node d1@1")) << msg;
+  EXPECT_TRUE(Contains(msg, Layout(16).Describe())) << msg;
+  EXPECT_TRUE(Contains(msg, Layout(32).Describe())) << msg;
+  EXPECT_FALSE(reg.Find("d1").has_value());
+  // Prefill nodes are held to the same layout.
+  EXPECT_FALSE(reg.Register(Reg("p0", 1, NodeKind::kPrefill, Layout(32)), kT0).ok());
+  EXPECT_TRUE(reg.Register(Reg("p0", 1, NodeKind::kPrefill, Layout(16)), kT0).ok());
+}
+
+TEST(NodeRegistryTest, ConfiguredClusterLayoutAppliesToTheFirstNodeToo) {
+  NodeRegistry reg({.cluster_layout = Layout(64)});
+  auto out = reg.Register(Reg("d0", 1), kT0);
+  ASSERT_FALSE(out.ok());
+  EXPECT_TRUE(Contains(out.status().message(), "configured")) << out.status();
+  EXPECT_TRUE(reg.Register(Reg("d0", 1, NodeKind::kDecode, Layout(64)), kT0).ok());
+  EXPECT_EQ(reg.cluster_layout()->head_dim, 64);
+}
+
+TEST(NodeRegistryTest, MissedHeartbeatDeadlineDeclaresDeadOnce) {
+  NodeRegistry reg({.heartbeat_timeout = absl::Seconds(3)});
+  ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
+  ASSERT_TRUE(reg.Register(Reg("d1", 1), kT0).ok());
+  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, {}, kT0 + absl::Seconds(2)).ok());
+  EXPECT_EQ(reg.NextExpiry(), kT0 + absl::Seconds(3));  // d1's
+  // Exactly at the timeout nobody is dead yet; just past it d1 is (d0 heartbeat at +2).
+  EXPECT_TRUE(reg.ExpireDead(kT0 + absl::Seconds(3)).empty());
+  auto dead = reg.ExpireDead(kT0 + absl::Seconds(4));
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0], (NodeIncarnation{"d1", 1}));
+  EXPECT_TRUE(reg.ExpireDead(kT0 + absl::Seconds(4)).empty()) << "reported twice";
+  dead = reg.ExpireDead(kT0 + absl::Seconds(5) + absl::Milliseconds(1));
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].node_id, "d0");
+  EXPECT_TRUE(reg.LiveNodes(NodeKind::kDecode).empty());
+  EXPECT_FALSE(reg.NextExpiry().has_value());
+  EXPECT_FALSE(reg.IsLive({"d0", 1}));
+}
+
+TEST(NodeRegistryTest, DeadNodeMustReRegisterWithANewerEpoch) {
+  NodeRegistry reg({.heartbeat_timeout = absl::Seconds(3)});
+  ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
+  ASSERT_EQ(reg.ExpireDead(kT0 + absl::Seconds(10)).size(), 1u);
+  absl::Status hb = reg.Heartbeat({"d0", 1}, {}, kT0 + absl::Seconds(11));
+  EXPECT_EQ(hb.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(hb.message(), "declared dead")) << hb;
+  EXPECT_FALSE(reg.Register(Reg("d0", 1), kT0 + absl::Seconds(11)).ok());
+  auto out = reg.Register(Reg("d0", 2), kT0 + absl::Seconds(12));
+  ASSERT_TRUE(out.ok()) << out.status();
+  // The dead incarnation was already reported by ExpireDead: not reported again as replaced.
+  EXPECT_FALSE(out->replaced.has_value());
+  EXPECT_TRUE(reg.Heartbeat({"d0", 2}, {}, kT0 + absl::Seconds(13)).ok());
+}
+
+TEST(NodeRegistryTest, HeartbeatCarriesLoadAndAdjustLoadIsOverwritten) {
+  NodeRegistry reg({});
+  ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
+  NodeLoad load{.free_blocks = 40, .total_blocks = 100, .queued_tokens = 7,
+                .running_requests = 3};
+  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, load, kT0 + absl::Seconds(1)).ok());
+  EXPECT_EQ(reg.Find("d0")->load, load);
+  ASSERT_TRUE(reg.AdjustLoad({"d0", 1}, -50, +1, 0).ok());
+  EXPECT_EQ(reg.Find("d0")->load.free_blocks, 0);  // clamped at 0
+  EXPECT_EQ(reg.Find("d0")->load.running_requests, 4);
+  ASSERT_TRUE(reg.AdjustLoad({"d0", 1}, +500, -10, -100).ok());
+  EXPECT_EQ(reg.Find("d0")->load.free_blocks, 100);  // clamped at total
+  EXPECT_EQ(reg.Find("d0")->load.running_requests, 0);
+  EXPECT_EQ(reg.Find("d0")->load.queued_tokens, 0);
+  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, load, kT0 + absl::Seconds(2)).ok());
+  EXPECT_EQ(reg.Find("d0")->load, load);
+  EXPECT_EQ(reg.AdjustLoad({"d0", 2}, 1, 0, 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reg.Heartbeat({"nope", 1}, load, kT0).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(NodeRegistryTest, DeregisterRemovesOnlyTheCurrentIncarnation) {
+  NodeRegistry reg({});
+  ASSERT_TRUE(reg.Register(Reg("d0", 2), kT0).ok());
+  EXPECT_EQ(reg.Deregister({"d0", 1}).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(reg.Find("d0").has_value());
+  EXPECT_TRUE(reg.Deregister({"d0", 2}).ok());
+  EXPECT_FALSE(reg.Find("d0").has_value());
+  // The cluster layout stays, so a node with another layout is still refused.
+  EXPECT_FALSE(reg.Register(Reg("d1", 1, NodeKind::kDecode, Layout(32)), kT0).ok());
+}
+
+}  // namespace
+}  // namespace duet::coordinator

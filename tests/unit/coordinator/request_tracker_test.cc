@@ -1,0 +1,313 @@
+#include "coordinator/request_tracker.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace duet::coordinator {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(2'000'000);
+const NodeIncarnation kD{"d0", 1};
+const NodeIncarnation kP0{"p0", 1};
+const NodeIncarnation kP1{"p1", 1};
+
+TrackerOptions Opts() {
+  return TrackerOptions{.reserve_timeout = absl::Seconds(1),
+                        .prefill_timeout = absl::Seconds(10),
+                        .transfer_timeout = absl::Seconds(2),
+                        .decode_stall_timeout = absl::Seconds(5),
+                        .max_prefill_attempts = 2};
+}
+
+bool Contains(absl::string_view haystack, const std::string& needle) {
+  return haystack.find(needle) != absl::string_view::npos;
+}
+
+class RequestTrackerTest : public ::testing::Test {
+ protected:
+  RequestTrackerTest() : tracker_(Opts(), &dir_) {}
+
+  // Start "r1", reserve blocks on kD and start prefill on `p`.
+  void ToPrefill(const NodeIncarnation& p = kP0, absl::Time now = kT0) {
+    ASSERT_TRUE(tracker_.Start("r1", now).ok());
+    Effects fx = tracker_.OnReserved("r1", kD, {1, 2, 3}, now);
+    ASSERT_TRUE(fx.empty());
+    ASSERT_TRUE(tracker_.OnPrefillStarted("r1", p, now).ok());
+  }
+  void ToDecode(absl::Time now = kT0) {
+    ToPrefill(kP0, now);
+    ASSERT_TRUE(tracker_.OnFirstToken("r1", kP0, now).ok());
+    ASSERT_TRUE(tracker_.OnAdmitted("r1", kD, now).ok());
+  }
+  void ExpectGone(const RequestId& r) {
+    EXPECT_FALSE(tracker_.Find(r).has_value());
+    EXPECT_EQ(dir_.StateOf(r), KvState::kAbsent);
+    EXPECT_TRUE(dir_.CheckConsistency().ok());
+  }
+
+  CacheDirectory dir_;
+  RequestTracker tracker_;
+};
+
+TEST_F(RequestTrackerTest, HappyPathWalksThePhasesAndTheDirectory) {
+  ASSERT_TRUE(tracker_.Start("r1", kT0).ok());
+  EXPECT_EQ(tracker_.Start("r1", kT0).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(tracker_.Find("r1")->phase, Phase::kReserve);
+  EXPECT_EQ(tracker_.Find("r1")->deadline, kT0 + absl::Seconds(1));
+  EXPECT_TRUE(tracker_.OnReserved("r1", kD, {1, 2}, kT0).empty());
+  EXPECT_EQ(dir_.StateOf("r1"), KvState::kReserved);
+
+  ASSERT_TRUE(tracker_.OnPrefillStarted("r1", kP0, kT0 + absl::Milliseconds(1)).ok());
+  EXPECT_EQ(tracker_.Find("r1")->phase, Phase::kPrefill);
+  EXPECT_EQ(dir_.StateOf("r1"), KvState::kWriting);
+  EXPECT_EQ(tracker_.NextDeadline(), kT0 + absl::Milliseconds(1) + absl::Seconds(10));
+
+  ASSERT_TRUE(tracker_.OnFirstToken("r1", kP0, kT0 + absl::Seconds(1)).ok());
+  EXPECT_EQ(tracker_.Find("r1")->phase, Phase::kTransfer);
+  EXPECT_EQ(dir_.StateOf("r1"), KvState::kWriting);
+
+  ASSERT_TRUE(tracker_.OnAdmitted("r1", kD, kT0 + absl::Seconds(2)).ok());
+  EXPECT_EQ(tracker_.Find("r1")->phase, Phase::kDecode);
+  EXPECT_EQ(dir_.StateOf("r1"), KvState::kOwned);
+  ASSERT_TRUE(tracker_.OnToken("r1", kT0 + absl::Seconds(3)).ok());
+
+  auto fx = tracker_.OnFinished("r1", kT0 + absl::Seconds(4));
+  ASSERT_TRUE(fx.ok()) << fx.status();
+  ASSERT_EQ(fx->finished.size(), 1u);
+  EXPECT_TRUE(fx->finished[0].status.ok());
+  EXPECT_TRUE(fx->releases.empty());  // D freed the blocks itself
+  EXPECT_TRUE(fx->prefill_cancels.empty());
+  ExpectGone("r1");
+  EXPECT_EQ(tracker_.size(), 0u);
+}
+
+TEST_F(RequestTrackerTest, AdmissionMayOvertakeTheFirstToken) {
+  ToPrefill();
+  ASSERT_TRUE(tracker_.OnAdmitted("r1", kD, kT0).ok());
+  EXPECT_EQ(tracker_.Find("r1")->phase, Phase::kDecode);
+  EXPECT_TRUE(tracker_.OnFirstToken("r1", kP0, kT0).ok());
+  EXPECT_TRUE(tracker_.Find("r1")->first_token);
+  EXPECT_EQ(tracker_.Find("r1")->phase, Phase::kDecode);
+}
+
+TEST_F(RequestTrackerTest, EventsOutOfPhaseOrFromTheWrongNodeChangeNothing) {
+  ToPrefill();
+  EXPECT_EQ(tracker_.OnToken("r1", kT0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tracker_.OnFinished("r1", kT0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tracker_.OnFirstToken("r1", kP1, kT0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tracker_.OnAdmitted("r1", {"d0", 2}, kT0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tracker_.OnPrefillFailed("r1", kP1, absl::InternalError("x"), kT0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tracker_.OnDecodeFailed("r1", {"d9", 1}, absl::InternalError("x"), kT0)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tracker_.Find("r1")->phase, Phase::kPrefill);
+  EXPECT_EQ(dir_.StateOf("r1"), KvState::kWriting);
+  EXPECT_EQ(tracker_.OnToken("nope", kT0).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RequestTrackerTest, PrefillFailureIsRetriedOnceOnAnotherNodeThenEnds) {
+  ToPrefill(kP0);
+  auto fx = tracker_.OnPrefillFailed("r1", kP0, absl::UnavailableError("socket closed"),
+                                     kT0 + absl::Seconds(1));
+  ASSERT_TRUE(fx.ok()) << fx.status();
+  EXPECT_EQ(fx->releases, (std::vector<Effects::Release>{{"r1", kD}}));
+  EXPECT_EQ(fx->retries, (std::vector<RequestId>{"r1"}));
+  EXPECT_TRUE(fx->finished.empty());
+  auto r = tracker_.Find("r1");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->phase, Phase::kReserve);
+  EXPECT_FALSE(r->decode.has_value());
+  EXPECT_EQ(r->failed_prefill, (std::vector<NodeId>{"p0"}));
+  EXPECT_EQ(r->deadline, kT0 + absl::Seconds(2));  // a fresh reserve deadline
+  EXPECT_EQ(dir_.StateOf("r1"), KvState::kAbsent);
+
+  // Re-route: a new reservation; the failed prefill node is refused, another one accepted.
+  EXPECT_TRUE(tracker_.OnReserved("r1", kD, {7, 8}, kT0 + absl::Seconds(1)).empty());
+  EXPECT_EQ(tracker_.OnPrefillStarted("r1", kP0, kT0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(tracker_.OnPrefillStarted("r1", kP1, kT0 + absl::Seconds(1)).ok());
+  EXPECT_EQ(tracker_.Find("r1")->prefill_attempts, 2);
+  // A late answer from the first prefill node is ignored.
+  EXPECT_EQ(tracker_.OnFirstToken("r1", kP0, kT0).code(), absl::StatusCode::kFailedPrecondition);
+
+  fx = tracker_.OnPrefillFailed("r1", kP1, absl::InternalError("out of memory"),
+                                kT0 + absl::Seconds(2));
+  ASSERT_TRUE(fx.ok()) << fx.status();
+  EXPECT_TRUE(fx->retries.empty());
+  EXPECT_EQ(fx->releases, (std::vector<Effects::Release>{{"r1", kD}}));
+  ASSERT_EQ(fx->finished.size(), 1u);
+  const absl::Status& st = fx->finished[0].status;
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(st.message(), "p0@1: socket closed")) << st;
+  EXPECT_TRUE(Contains(st.message(), "p1@1: out of memory")) << st;
+  ExpectGone("r1");
+}
+
+TEST_F(RequestTrackerTest, NoRetryWhenOneAttemptIsAllowed) {
+  TrackerOptions o = Opts();
+  o.max_prefill_attempts = 1;
+  CacheDirectory dir;
+  RequestTracker tracker(o, &dir);
+  ASSERT_TRUE(tracker.Start("r1", kT0).ok());
+  tracker.OnReserved("r1", kD, {1}, kT0);
+  ASSERT_TRUE(tracker.OnPrefillStarted("r1", kP0, kT0).ok());
+  auto fx = tracker.OnPrefillFailed("r1", kP0, absl::UnavailableError("gone"), kT0);
+  ASSERT_TRUE(fx.ok());
+  EXPECT_TRUE(fx->retries.empty());
+  ASSERT_EQ(fx->finished.size(), 1u);
+  EXPECT_FALSE(fx->finished[0].status.ok());
+  EXPECT_TRUE(dir.empty());
+}
+
+TEST_F(RequestTrackerTest, DecodeFailureEndsTheRequestNamingTheNode) {
+  ToPrefill();
+  auto fx = tracker_.OnDecodeFailed("r1", kD, absl::UnavailableError("stream reset"), kT0);
+  ASSERT_TRUE(fx.ok()) << fx.status();
+  ASSERT_EQ(fx->finished.size(), 1u);
+  EXPECT_EQ(fx->finished[0].status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(fx->finished[0].status.message(), "decode node d0@1")) << fx->finished[0].status;
+  EXPECT_TRUE(Contains(fx->finished[0].status.message(), "stream reset"));
+  EXPECT_TRUE(fx->retries.empty());
+  EXPECT_EQ(fx->releases, (std::vector<Effects::Release>{{"r1", kD}}));
+  // P was still writing into D: stop it.
+  EXPECT_EQ(fx->prefill_cancels, (std::vector<Effects::CancelPrefill>{{"r1", kP0}}));
+  ExpectGone("r1");
+}
+
+TEST_F(RequestTrackerTest, CancelReleasesEverythingInEveryPhase) {
+  // kReserve before the reservation answer arrives: nothing to release yet...
+  ASSERT_TRUE(tracker_.Start("r1", kT0).ok());
+  auto fx = tracker_.Cancel("r1", kT0);
+  ASSERT_TRUE(fx.ok());
+  EXPECT_TRUE(fx->releases.empty());
+  ASSERT_EQ(fx->finished.size(), 1u);
+  EXPECT_EQ(fx->finished[0].status.code(), absl::StatusCode::kCancelled);
+  // ...and when it does arrive, it is released rather than leaked.
+  Effects late = tracker_.OnReserved("r1", kD, {1, 2}, kT0);
+  EXPECT_EQ(late.releases, (std::vector<Effects::Release>{{"r1", kD}}));
+  ExpectGone("r1");
+  EXPECT_EQ(tracker_.Cancel("r1", kT0).status().code(), absl::StatusCode::kNotFound);
+
+  // kPrefill: release on D and cancel on P.
+  ToPrefill();
+  fx = tracker_.Cancel("r1", kT0);
+  ASSERT_TRUE(fx.ok());
+  EXPECT_EQ(fx->releases, (std::vector<Effects::Release>{{"r1", kD}}));
+  EXPECT_EQ(fx->prefill_cancels, (std::vector<Effects::CancelPrefill>{{"r1", kP0}}));
+  ExpectGone("r1");
+
+  // kDecode: release on D only.
+  ToDecode();
+  fx = tracker_.Cancel("r1", kT0);
+  ASSERT_TRUE(fx.ok());
+  EXPECT_EQ(fx->releases, (std::vector<Effects::Release>{{"r1", kD}}));
+  EXPECT_TRUE(fx->prefill_cancels.empty());
+  ExpectGone("r1");
+}
+
+TEST_F(RequestTrackerTest, DuplicateOrOrphanReservationsAreHandled) {
+  ASSERT_TRUE(tracker_.Start("r1", kT0).ok());
+  EXPECT_TRUE(tracker_.OnReserved("r1", kD, {1}, kT0).empty());
+  EXPECT_TRUE(tracker_.OnReserved("r1", kD, {1}, kT0).empty());  // duplicate: no-op
+  Effects other = tracker_.OnReserved("r1", {"d1", 1}, {1}, kT0);  // a second one: released
+  EXPECT_EQ(other.releases, (std::vector<Effects::Release>{{"r1", {"d1", 1}}}));
+  EXPECT_EQ(dir_.Find("r1")->decode, kD);
+  // A reservation the directory refuses (block already held) ends the request and is released.
+  ASSERT_TRUE(tracker_.Start("r2", kT0).ok());
+  Effects clash = tracker_.OnReserved("r2", kD, {1}, kT0);
+  EXPECT_EQ(clash.releases, (std::vector<Effects::Release>{{"r2", kD}}));
+  ASSERT_EQ(clash.finished.size(), 1u);
+  EXPECT_EQ(clash.finished[0].status.code(), absl::StatusCode::kAlreadyExists);
+  ExpectGone("r2");
+}
+
+TEST_F(RequestTrackerTest, ReserveDeadline) {
+  ASSERT_TRUE(tracker_.Start("r1", kT0).ok());
+  tracker_.OnReserved("r1", kD, {1}, kT0);
+  EXPECT_TRUE(tracker_.ExpireDeadlines(kT0 + absl::Seconds(1) - absl::Nanoseconds(1)).empty());
+  Effects fx = tracker_.ExpireDeadlines(kT0 + absl::Seconds(1));
+  ASSERT_EQ(fx.finished.size(), 1u);
+  EXPECT_EQ(fx.finished[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(Contains(fx.finished[0].status.message(), "reserve phase")) << fx.finished[0].status;
+  EXPECT_EQ(fx.releases, (std::vector<Effects::Release>{{"r1", kD}}));
+  ExpectGone("r1");
+}
+
+TEST_F(RequestTrackerTest, PrefillAndTransferDeadlinesCountAsPrefillFailures) {
+  ToPrefill(kP0);
+  EXPECT_TRUE(tracker_.ExpireDeadlines(kT0 + absl::Seconds(9)).empty());
+  Effects fx = tracker_.ExpireDeadlines(kT0 + absl::Seconds(10));
+  EXPECT_EQ(fx.retries, (std::vector<RequestId>{"r1"}));
+  EXPECT_EQ(fx.prefill_cancels, (std::vector<Effects::CancelPrefill>{{"r1", kP0}}));
+  EXPECT_EQ(fx.releases, (std::vector<Effects::Release>{{"r1", kD}}));
+  // Second attempt times out in the transfer phase: the request ends, DEADLINE_EXCEEDED.
+  const absl::Time t1 = kT0 + absl::Seconds(10);
+  tracker_.OnReserved("r1", kD, {5}, t1);
+  ASSERT_TRUE(tracker_.OnPrefillStarted("r1", kP1, t1).ok());
+  ASSERT_TRUE(tracker_.OnFirstToken("r1", kP1, t1 + absl::Seconds(1)).ok());
+  EXPECT_TRUE(tracker_.ExpireDeadlines(t1 + absl::Seconds(2)).empty());
+  fx = tracker_.ExpireDeadlines(t1 + absl::Seconds(3));
+  ASSERT_EQ(fx.finished.size(), 1u);
+  EXPECT_EQ(fx.finished[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(Contains(fx.finished[0].status.message(), "transfer phase"))
+      << fx.finished[0].status;
+  EXPECT_EQ(fx.prefill_cancels, (std::vector<Effects::CancelPrefill>{{"r1", kP1}}));
+  ExpectGone("r1");
+}
+
+TEST_F(RequestTrackerTest, DecodeStallDeadlineIsReArmedByTokens) {
+  ToDecode(kT0);
+  ASSERT_TRUE(tracker_.OnToken("r1", kT0 + absl::Seconds(4)).ok());
+  EXPECT_TRUE(tracker_.ExpireDeadlines(kT0 + absl::Seconds(8)).empty());
+  Effects fx = tracker_.ExpireDeadlines(kT0 + absl::Seconds(9));
+  ASSERT_EQ(fx.finished.size(), 1u);
+  EXPECT_EQ(fx.finished[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(Contains(fx.finished[0].status.message(), "decode phase")) << fx.finished[0].status;
+  EXPECT_TRUE(Contains(fx.finished[0].status.message(), "on d0@1")) << fx.finished[0].status;
+  EXPECT_EQ(fx.releases, (std::vector<Effects::Release>{{"r1", kD}}));
+  ExpectGone("r1");
+}
+
+TEST_F(RequestTrackerTest, DeadDecodeNodeEndsItsRequestsAndDeadPrefillNodeRetries) {
+  // r1 prefills on p0 into d0; r2 decodes on d1 after prefill on p0; r3 prefills on p1 into d1.
+  const NodeIncarnation d1{"d1", 1};
+  ToPrefill(kP0);
+  ASSERT_TRUE(tracker_.Start("r2", kT0).ok());
+  tracker_.OnReserved("r2", d1, {1}, kT0);
+  ASSERT_TRUE(tracker_.OnPrefillStarted("r2", kP0, kT0).ok());
+  ASSERT_TRUE(tracker_.OnAdmitted("r2", d1, kT0).ok());
+  ASSERT_TRUE(tracker_.Start("r3", kT0).ok());
+  tracker_.OnReserved("r3", d1, {2}, kT0);
+  ASSERT_TRUE(tracker_.OnPrefillStarted("r3", kP1, kT0).ok());
+
+  // p0 dies: only r1 (still prefilling on it) is retried; r2 is past prefill.
+  Effects fx = tracker_.OnNodeDead(kP0, kT0);
+  EXPECT_EQ(fx.retries, (std::vector<RequestId>{"r1"}));
+  EXPECT_EQ(fx.releases, (std::vector<Effects::Release>{{"r1", kD}}));
+  EXPECT_TRUE(fx.prefill_cancels.empty());  // nobody to cancel on a dead node
+  EXPECT_TRUE(fx.finished.empty());
+
+  // d1 dies: r2 and r3 end with an error naming it, no Release sent to the dead node, and r3's
+  // prefill on p1 is cancelled.
+  fx = tracker_.OnNodeDead(d1, kT0);
+  ASSERT_EQ(fx.finished.size(), 2u);
+  for (const auto& f : fx.finished) {
+    EXPECT_EQ(f.status.code(), absl::StatusCode::kUnavailable);
+    EXPECT_TRUE(Contains(f.status.message(), "decode node d1@1")) << f.status;
+  }
+  EXPECT_TRUE(fx.releases.empty());
+  EXPECT_EQ(fx.prefill_cancels, (std::vector<Effects::CancelPrefill>{{"r3", kP1}}));
+  ExpectGone("r2");
+  ExpectGone("r3");
+  EXPECT_EQ(dir_.Usage(d1), NodeUsage{});
+  EXPECT_EQ(tracker_.size(), 1u);  // r1, waiting to be re-routed
+}
+
+}  // namespace
+}  // namespace duet::coordinator

@@ -1,0 +1,155 @@
+#include "coordinator/router.h"
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace duet::coordinator {
+namespace {
+
+NodeInfo Node(const std::string& id, NodeKind kind, int64_t free_blocks, int32_t running,
+              int64_t queued = 0, int32_t max_running = 0) {
+  NodeInfo n;
+  n.node = {id, 1};
+  n.kind = kind;
+  n.capacity = {.total_blocks = 100, .max_running_requests = max_running};
+  n.load = {.free_blocks = free_blocks, .total_blocks = 100, .queued_tokens = queued,
+            .running_requests = running};
+  return n;
+}
+NodeInfo D(const std::string& id, int64_t free_blocks, int32_t running, int32_t max_running = 0) {
+  return Node(id, NodeKind::kDecode, free_blocks, running, 0, max_running);
+}
+NodeInfo P(const std::string& id, int64_t queued, int32_t running = 0) {
+  return Node(id, NodeKind::kPrefill, 0, running, queued);
+}
+
+Router DefaultRouter() {
+  return Router(std::make_unique<LeastLoadedDecodePolicy>(),
+                std::make_unique<LeastQueuedPrefillPolicy>());
+}
+
+RouteRequest Req(int64_t blocks) {
+  return RouteRequest{.request_id = "r1", .prompt_tokens = blocks * 16, .blocks_needed = blocks};
+}
+
+std::string PickD(Router& router, const std::vector<NodeInfo>& nodes, int64_t blocks) {
+  auto picked = router.PickDecode(nodes, Req(blocks));
+  return picked.ok() ? picked->node.node_id : std::string(picked.status().message());
+}
+
+TEST(RouterTest, DecodePrefersSmallestBatchThenMostFreeBlocks) {
+  Router router = DefaultRouter();
+  EXPECT_EQ(PickD(router, {D("d0", 90, 3), D("d1", 10, 1), D("d2", 50, 2)}, 4), "d1");
+  EXPECT_EQ(PickD(router, {D("d0", 30, 2), D("d1", 80, 2), D("d2", 50, 2)}, 4), "d1");
+}
+
+TEST(RouterTest, DecodeTiesBreakOnNodeIdWhateverTheInputOrder) {
+  Router router = DefaultRouter();
+  std::vector<NodeInfo> nodes = {D("d2", 50, 1), D("d0", 50, 1), D("d1", 50, 1), D("d3", 49, 1)};
+  std::mt19937 rng(7);
+  for (int i = 0; i < 20; ++i) {
+    std::shuffle(nodes.begin(), nodes.end(), rng);
+    EXPECT_EQ(PickD(router, nodes, 4), "d0");
+  }
+}
+
+TEST(RouterTest, DecodeSkipsNodesThatCannotFitAndRefusesWhenNoneCan) {
+  Router router = DefaultRouter();
+  // d0 is idle but too full; d1 fits exactly.
+  EXPECT_EQ(PickD(router, {D("d0", 3, 0), D("d1", 4, 5)}, 4), "d1");
+  // d0 has blocks but no free batch slot.
+  EXPECT_EQ(PickD(router, {D("d0", 90, 8, 8), D("d1", 5, 7, 8)}, 4), "d1");
+  auto refused = router.PickDecode({D("d0", 3, 0), D("d1", 50, 8, 8)}, Req(4));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  const absl::string_view msg = refused.status().message();
+  EXPECT_NE(msg.find("r1"), absl::string_view::npos) << msg;
+  EXPECT_NE(msg.find("d0@1 has 3 free blocks"), absl::string_view::npos) << msg;
+  EXPECT_NE(msg.find("8/8 running"), absl::string_view::npos) << msg;
+}
+
+TEST(RouterTest, NoLiveDecodeNodeIsUnavailable) {
+  Router router = DefaultRouter();
+  NodeInfo dead = D("d0", 90, 0);
+  dead.alive = false;
+  auto picked = router.PickDecode({dead, P("p0", 0)}, Req(1));
+  ASSERT_FALSE(picked.ok());
+  EXPECT_EQ(picked.status().code(), absl::StatusCode::kUnavailable);
+  RouteRequest excluded = Req(1);
+  excluded.excluded_decode = {"d0"};
+  EXPECT_EQ(router.PickDecode({D("d0", 90, 0)}, excluded).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST(RouterTest, PrefillPrefersFewestQueuedTokensThenRunningThenId) {
+  Router router = DefaultRouter();
+  auto pick = [&](const std::vector<NodeInfo>& nodes, RouteRequest req) {
+    auto p = router.PickPrefill(nodes, req);
+    return p.ok() ? p->node.node_id : std::string(p.status().message());
+  };
+  EXPECT_EQ(pick({P("p0", 900), P("p1", 100), P("p2", 500)}, Req(1)), "p1");
+  EXPECT_EQ(pick({P("p0", 100, 3), P("p1", 100, 1), P("p2", 100, 2)}, Req(1)), "p1");
+  EXPECT_EQ(pick({P("p2", 100, 1), P("p1", 100, 1)}, Req(1)), "p1");
+  // Decode nodes are never prefill candidates; excluded nodes are skipped.
+  EXPECT_EQ(pick({D("d0", 90, 0), P("p1", 500)}, Req(1)), "p1");
+  RouteRequest retry = Req(1);
+  retry.excluded_prefill = {"p1"};
+  EXPECT_EQ(pick({P("p0", 900), P("p1", 100)}, retry), "p0");
+  retry.excluded_prefill = {"p0", "p1"};
+  auto none = router.PickPrefill({P("p0", 900), P("p1", 100)}, retry);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(none.status().message().find("excluded: p0,p1"), absl::string_view::npos)
+      << none.status();
+}
+
+TEST(RouterTest, RoundRobinCyclesInIdOrderAndSurvivesMembershipChanges) {
+  Router router(std::make_unique<RoundRobinPolicy>(), std::make_unique<RoundRobinPolicy>());
+  std::vector<NodeInfo> nodes = {P("p2", 0), P("p0", 999), P("p1", 5)};
+  std::vector<std::string> picks;
+  for (int i = 0; i < 4; ++i) picks.push_back(router.PickPrefill(nodes, Req(1))->node.node_id);
+  EXPECT_EQ(picks, (std::vector<std::string>{"p0", "p1", "p2", "p0"}));
+  // p1 leaves: after p0 comes p2; then wrap to p0.
+  std::vector<NodeInfo> fewer = {P("p0", 0), P("p2", 0)};
+  EXPECT_EQ(router.PickPrefill(fewer, Req(1))->node.node_id, "p2");
+  EXPECT_EQ(router.PickPrefill(fewer, Req(1))->node.node_id, "p0");
+  // Round robin for decode still only picks nodes that fit.
+  std::vector<NodeInfo> decode = {D("d0", 50, 0), D("d1", 2, 0), D("d2", 50, 0)};
+  EXPECT_EQ(PickD(router, decode, 4), "d0");
+  EXPECT_EQ(PickD(router, decode, 4), "d2");
+  EXPECT_EQ(PickD(router, decode, 4), "d0");
+}
+
+class BadPolicy : public NodePolicy {
+ public:
+  std::string_view name() const override { return "bad"; }
+  size_t Pick(const std::vector<NodeInfo>& candidates, const RouteRequest&) override {
+    return candidates.size();
+  }
+};
+
+TEST(RouterTest, PolicyIndexOutOfRangeIsAnInternalError) {
+  Router router(std::make_unique<BadPolicy>(), std::make_unique<BadPolicy>());
+  EXPECT_EQ(router.PickDecode({D("d0", 50, 0)}, Req(1)).status().code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(router.PickPrefill({P("p0", 0)}, Req(1)).status().code(),
+            absl::StatusCode::kInternal);
+}
+
+TEST(RouterTest, MakeNodePolicyByName) {
+  EXPECT_EQ(MakeNodePolicy("default", NodeKind::kDecode).value()->name(), "least_loaded");
+  EXPECT_EQ(MakeNodePolicy("default", NodeKind::kPrefill).value()->name(), "least_queued");
+  EXPECT_EQ(MakeNodePolicy("round_robin", NodeKind::kPrefill).value()->name(), "round_robin");
+  EXPECT_EQ(MakeNodePolicy("least_loaded", NodeKind::kDecode).value()->name(), "least_loaded");
+  EXPECT_EQ(MakeNodePolicy("least_queued", NodeKind::kDecode).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeNodePolicy("random", NodeKind::kPrefill).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace duet::coordinator
