@@ -1,0 +1,308 @@
+#include "common/model/model_config.h"
+
+#include <functional>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "nlohmann/json.hpp"
+#include "tests/unit/model_io/test_util.h"
+
+namespace duet::model {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// SmolLM2-135M's config.json (abridged to the fields we read, plus some we ignore).
+constexpr char kSmolLM2[] = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 576,
+  "initializer_range": 0.041666666666666664, "intermediate_size": 1536,
+  "is_llama_config": true, "max_position_embeddings": 8192, "model_type": "llama",
+  "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_interleaved": false, "rope_scaling": null,
+  "rope_theta": 100000, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.42.3", "use_cache": true, "vocab_size": 49152})";
+
+constexpr char kLlama31[] = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 4096,
+  "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": false,
+  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "vocab_size": 128256})";
+
+constexpr char kMistral01[] = R"({
+  "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+  "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+  "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+  "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "vocab_size": 32000})";
+
+constexpr char kQwen2[] = R"({
+  "architectures": ["Qwen2ForCausalLM"], "bos_token_id": 151643, "eos_token_id": 151645,
+  "hidden_act": "silu", "hidden_size": 896, "intermediate_size": 4864,
+  "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+  "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_sliding_window": false,
+  "vocab_size": 151936})";
+
+// Parses `text` after applying `edit` to its JSON.
+absl::StatusOr<ModelConfig> ParseEdited(const char* text,
+                                        const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = nlohmann::json::parse(text);
+  edit(j);
+  return ModelConfig::FromJsonString(j.dump(), "/models/x/config.json");
+}
+
+TEST(ModelConfigTest, SmolLM2) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJsonString(kSmolLM2, "smol/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c->model_type, "llama");
+  EXPECT_EQ(c->vocab_size, 49152);
+  EXPECT_EQ(c->hidden_size, 576);
+  EXPECT_EQ(c->intermediate_size, 1536);
+  EXPECT_EQ(c->num_hidden_layers, 30);
+  EXPECT_EQ(c->num_attention_heads, 9);
+  EXPECT_EQ(c->num_key_value_heads, 3);
+  EXPECT_EQ(c->head_dim, 64);  // default: hidden / heads
+  EXPECT_EQ(c->gqa_group(), 3);
+  EXPECT_EQ(c->max_position_embeddings, 8192);
+  EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-5f);
+  EXPECT_FLOAT_EQ(c->rope_theta, 100000.0f);
+  EXPECT_FALSE(c->rope_scaling.has_value());
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->bos_token_id, 0);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int>({0}));
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+  EXPECT_EQ(c->ModelId(), "llama-L30-H576-A9-KV3-D64-I1536-V49152");
+}
+
+TEST(ModelConfigTest, Llama31WithRopeScalingAndEosList) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJsonString(kLlama31, "l3/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->num_key_value_heads, 8);
+  EXPECT_EQ(c->gqa_group(), 4);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->bos_token_id, 128000);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int>({128001, 128008, 128009}));
+  ASSERT_TRUE(c->rope_scaling.has_value());
+  EXPECT_EQ(c->rope_scaling->rope_type, "llama3");
+  EXPECT_FLOAT_EQ(c->rope_scaling->factor, 8.0f);
+  EXPECT_FLOAT_EQ(c->rope_scaling->low_freq_factor, 1.0f);
+  EXPECT_FLOAT_EQ(c->rope_scaling->high_freq_factor, 4.0f);
+  EXPECT_EQ(c->rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_FLOAT_EQ(c->rope_theta, 500000.0f);
+}
+
+TEST(ModelConfigTest, LegacyRopeScalingTypeKeyAndDefaultType) {
+  auto c = ParseEdited(kLlama31, [](nlohmann::json& j) {
+    j["rope_scaling"].erase("rope_type");
+    j["rope_scaling"]["type"] = "llama3";
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->rope_scaling.has_value());
+  c = ParseEdited(kLlama31, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "default"}}; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->rope_scaling.has_value());
+}
+
+TEST(ModelConfigTest, MistralSlidingWindow) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJsonString(kMistral01, "m/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "mistral");
+  EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->ModelId(), "mistral-L32-H4096-A32-KV8-D128-I14336-V32000-SW4096");
+  // v0.2+: null disables it; absent means HF's default 4096.
+  c = ParseEdited(kMistral01, [](nlohmann::json& j) { j["sliding_window"] = nullptr; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+  c = ParseEdited(kMistral01, [](nlohmann::json& j) { j.erase("sliding_window"); });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 4096);
+}
+
+TEST(ModelConfigTest, Qwen2BiasAndSlidingWindowRules) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJsonString(kQwen2, "q/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "qwen2");
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_EQ(c->sliding_window, 0);  // use_sliding_window: false
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->gqa_group(), 7);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  // Sliding window on every layer (max_window_layers 0) is supported...
+  c = ParseEdited(kQwen2, [](nlohmann::json& j) {
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = 1024;
+    j["max_window_layers"] = 0;
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 1024);
+  // ... on no layer (max_window_layers >= layers) means none ...
+  c = ParseEdited(kQwen2, [](nlohmann::json& j) {
+    j["use_sliding_window"] = true;
+    j["max_window_layers"] = 24;
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+  // ... and on some layers only is refused clearly.
+  c = ParseEdited(kQwen2, [](nlohmann::json& j) { j["use_sliding_window"] = true; });
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(c.status().message(), AllOf(HasSubstr("max_window_layers"), HasSubstr("21")));
+}
+
+TEST(ModelConfigTest, HeadDimExplicitAndKvHeadsDefault) {
+  auto c = ParseEdited(kMistral01, [](nlohmann::json& j) {
+    j["hidden_size"] = 5120;
+    j["head_dim"] = 128;  // Mistral-Nemo style: heads * head_dim != hidden
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->q_dim(), 4096);
+  c = ParseEdited(kMistral01, [](nlohmann::json& j) { j["head_dim"] = nullptr; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 128);
+  c = ParseEdited(kMistral01, [](nlohmann::json& j) { j.erase("num_key_value_heads"); });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_key_value_heads, 32);
+  EXPECT_EQ(c->gqa_group(), 1);
+}
+
+struct BadCase {
+  const char* name;
+  std::function<void(nlohmann::json&)> edit;
+  absl::StatusCode code;
+  std::vector<std::string> must_mention;
+};
+
+TEST(ModelConfigTest, ErrorsNameFileAndField) {
+  const std::vector<BadCase> cases = {
+      {"missing vocab", [](nlohmann::json& j) { j.erase("vocab_size"); },
+       absl::StatusCode::kInvalidArgument, {"missing field 'vocab_size'"}},
+      {"string size", [](nlohmann::json& j) { j["hidden_size"] = "576"; },
+       absl::StatusCode::kInvalidArgument, {"'hidden_size'", "expected an integer", "string"}},
+      {"fractional layers", [](nlohmann::json& j) { j["num_hidden_layers"] = 2.5; },
+       absl::StatusCode::kInvalidArgument, {"'num_hidden_layers'", "integer"}},
+      {"bad arch", [](nlohmann::json& j) { j["architectures"] = {"GPT2LMHeadModel"}; },
+       absl::StatusCode::kUnimplemented,
+       {"GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}},
+      {"no arch", [](nlohmann::json& j) { j.erase("architectures"); },
+       absl::StatusCode::kInvalidArgument, {"'architectures'"}},
+      {"type mismatch", [](nlohmann::json& j) { j["model_type"] = "qwen2"; },
+       absl::StatusCode::kInvalidArgument, {"'model_type'", "qwen2"}},
+      {"gqa", [](nlohmann::json& j) { j["num_key_value_heads"] = 4; },
+       absl::StatusCode::kInvalidArgument, {"num_key_value_heads", "9", "4"}},
+      {"zero heads", [](nlohmann::json& j) { j["num_attention_heads"] = 0; },
+       absl::StatusCode::kInvalidArgument, {"num_attention_heads"}},
+      {"negative inter", [](nlohmann::json& j) { j["intermediate_size"] = -1; },
+       absl::StatusCode::kInvalidArgument, {"intermediate_size", "positive"}},
+      {"odd head_dim", [](nlohmann::json& j) { j["head_dim"] = 63; },
+       absl::StatusCode::kInvalidArgument, {"head_dim", "even"}},
+      {"eos range", [](nlohmann::json& j) { j["eos_token_id"] = {0, 50000}; },
+       absl::StatusCode::kInvalidArgument, {"eos_token_id", "50000"}},
+      {"eos type", [](nlohmann::json& j) { j["eos_token_id"] = "</s>"; },
+       absl::StatusCode::kInvalidArgument, {"eos_token_id"}},
+      {"yarn", [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; },
+       absl::StatusCode::kUnimplemented, {"rope_scaling", "yarn", "llama3"}},
+      {"llama3 missing factor",
+       [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "llama3"}}; },
+       absl::StatusCode::kInvalidArgument, {"rope_scaling", "'factor'"}},
+      {"rope_scaling type", [](nlohmann::json& j) { j["rope_scaling"] = 8; },
+       absl::StatusCode::kInvalidArgument, {"rope_scaling"}},
+      {"gelu", [](nlohmann::json& j) { j["hidden_act"] = "gelu"; },
+       absl::StatusCode::kUnimplemented, {"hidden_act", "gelu", "silu"}},
+      {"llama bias", [](nlohmann::json& j) { j["attention_bias"] = true; },
+       absl::StatusCode::kUnimplemented, {"attention_bias"}},
+      {"mlp bias", [](nlohmann::json& j) { j["mlp_bias"] = true; },
+       absl::StatusCode::kUnimplemented, {"mlp_bias"}},
+      {"tie type", [](nlohmann::json& j) { j["tie_word_embeddings"] = 1; },
+       absl::StatusCode::kInvalidArgument, {"tie_word_embeddings", "boolean"}},
+      {"eps", [](nlohmann::json& j) { j["rms_norm_eps"] = 0; },
+       absl::StatusCode::kInvalidArgument, {"rms_norm_eps"}},
+  };
+  for (const BadCase& bc : cases) {
+    SCOPED_TRACE(bc.name);
+    absl::StatusOr<ModelConfig> c = ParseEdited(kSmolLM2, bc.edit);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), bc.code) << c.status();
+    EXPECT_THAT(c.status().message(), HasSubstr("/models/x/config.json"));
+    for (const std::string& s : bc.must_mention) {
+      EXPECT_THAT(c.status().message(), HasSubstr(s));
+    }
+  }
+}
+
+TEST(ModelConfigTest, BadJsonAndMissingFile) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJsonString("{\"vocab_size\": 3,", "a/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), AllOf(HasSubstr("a/config.json"), HasSubstr("bad JSON")));
+  c = ModelConfig::FromJsonString("[1, 2]", "b/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), AllOf(HasSubstr("b/config.json"), HasSubstr("object")));
+  c = ModelConfig::FromJsonFile("/nonexistent/dir/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(c.status().message(), HasSubstr("/nonexistent/dir/config.json"));
+}
+
+TEST(ModelConfigTest, FromJsonFileReadsAFile) {
+  testing::TempDir dir;
+  testing::WriteRaw(dir / "config.json", kQwen2);
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJsonFile(dir / "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->vocab_size, 151936);
+}
+
+TEST(ModelConfigTest, ToJsonRoundTrips) {
+  for (const char* text : {kSmolLM2, kLlama31, kMistral01, kQwen2}) {
+    absl::StatusOr<ModelConfig> c = ModelConfig::FromJsonString(text, "in");
+    ASSERT_TRUE(c.ok()) << c.status();
+    absl::StatusOr<ModelConfig> back = ModelConfig::FromJsonString(c->ToJsonString(), "out");
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << c->ToJsonString();
+    EXPECT_TRUE(*back == *c) << c->ToJsonString();
+  }
+  // Qwen2 with a window on all layers survives too.
+  auto c = ParseEdited(kQwen2, [](nlohmann::json& j) {
+    j["use_sliding_window"] = true;
+    j["max_window_layers"] = 0;
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto back = ModelConfig::FromJsonString(c->ToJsonString(), "out");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->sliding_window, 32768);
+}
+
+TEST(ModelConfigTest, ValidateRejectsHandBuiltNonsense) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJsonString(kSmolLM2, "x");
+  ASSERT_TRUE(c.ok());
+  ModelConfig bad = *c;
+  bad.num_key_value_heads = 2;
+  EXPECT_THAT(bad.Validate().message(), HasSubstr("num_key_value_heads"));
+  bad = *c;
+  bad.attention_bias = true;
+  EXPECT_THAT(bad.Validate().message(), HasSubstr("attention_bias"));
+  bad = *c;
+  bad.sliding_window = 128;
+  EXPECT_THAT(bad.Validate().message(), HasSubstr("sliding_window"));
+  bad = *c;
+  bad.bos_token_id = 49152;
+  EXPECT_THAT(bad.Validate().message(), HasSubstr("bos_token_id"));
+  EXPECT_TRUE(c->Validate().ok());
+}
+
+}  // namespace
+}  // namespace duet::model
