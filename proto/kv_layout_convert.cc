@@ -6,6 +6,11 @@
 
 namespace duet::rpc {
 
+// ToProto casts the enum: keep the numbering of both in step.
+static_assert(static_cast<int>(kv::KvDtype::kF32) == v1::KV_DTYPE_F32);
+static_assert(static_cast<int>(kv::KvDtype::kF16) == v1::KV_DTYPE_F16);
+static_assert(static_cast<int>(kv::KvDtype::kBF16) == v1::KV_DTYPE_BF16);
+
 v1::KvLayout ToProto(const kv::KvLayout& layout) {
   v1::KvLayout proto;
   proto.set_model_id(layout.model_id);
