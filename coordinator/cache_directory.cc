@@ -9,11 +9,16 @@ namespace duet::coordinator {
 
 const char* KvStateName(KvState state) {
   switch (state) {
-    case KvState::kAbsent: return "ABSENT";
-    case KvState::kReserved: return "RESERVED";
-    case KvState::kWriting: return "WRITING";
-    case KvState::kOwned: return "OWNED";
-    case KvState::kReleased: return "RELEASED";
+    case KvState::kAbsent:
+      return "ABSENT";
+    case KvState::kReserved:
+      return "RESERVED";
+    case KvState::kWriting:
+      return "WRITING";
+    case KvState::kOwned:
+      return "OWNED";
+    case KvState::kReleased:
+      return "RELEASED";
   }
   return "?";
 }
@@ -23,19 +28,25 @@ namespace {
 absl::Status Illegal(const RequestId& request, KvState from, KvState to,
                      const std::string& detail) {
   return absl::FailedPreconditionError(absl::StrCat(
-      "request ", request, ": illegal KV transition ", KvStateName(from), " -> ",
-      KvStateName(to), " (", detail,
-      from == KvState::kAbsent ? "; never reserved, or already released)" : ")"));
+      "request ", request, ": illegal KV transition ", KvStateName(from), " -> ", KvStateName(to),
+      " (", detail, from == KvState::kAbsent ? "; never reserved, or already released)" : ")"));
 }
 
 }  // namespace
 
 void CacheDirectory::AddUsage(NodeUsage& usage, KvState state, int64_t blocks, int sign) {
   switch (state) {
-    case KvState::kReserved: usage.reserved_blocks += sign * blocks; break;
-    case KvState::kWriting: usage.writing_blocks += sign * blocks; break;
-    case KvState::kOwned: usage.owned_blocks += sign * blocks; break;
-    default: break;
+    case KvState::kReserved:
+      usage.reserved_blocks += sign * blocks;
+      break;
+    case KvState::kWriting:
+      usage.writing_blocks += sign * blocks;
+      break;
+    case KvState::kOwned:
+      usage.owned_blocks += sign * blocks;
+      break;
+    default:
+      break;
   }
 }
 
@@ -64,9 +75,9 @@ absl::Status CacheDirectory::Reserve(const RequestId& request, const NodeIncarna
     for (kv::BlockId b : block_ids) {
       auto held = node_it->second.blocks.find(b);
       if (held != node_it->second.blocks.end()) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "request ", request, ": block ", b, " on ", decode.ToString(),
-            " is already held by request ", held->second));
+        return absl::AlreadyExistsError(absl::StrCat("request ", request, ": block ", b, " on ",
+                                                     decode.ToString(),
+                                                     " is already held by request ", held->second));
       }
     }
   }
@@ -84,8 +95,7 @@ absl::Status CacheDirectory::Reserve(const RequestId& request, const NodeIncarna
   return absl::OkStatus();
 }
 
-absl::Status CacheDirectory::BeginWrite(const RequestId& request,
-                                        const NodeIncarnation& prefill) {
+absl::Status CacheDirectory::BeginWrite(const RequestId& request, const NodeIncarnation& prefill) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(request);
   const std::string detail = absl::StrCat("BeginWrite by ", prefill.ToString());
@@ -233,13 +243,13 @@ absl::Status CacheDirectory::CheckConsistency() const {
   for (const auto& [id, e] : entries_) {
     if (e.state != KvState::kReserved && e.state != KvState::kWriting &&
         e.state != KvState::kOwned) {
-      return absl::InternalError(absl::StrCat("request ", id, " stored in state ",
-                                              KvStateName(e.state)));
+      return absl::InternalError(
+          absl::StrCat("request ", id, " stored in state ", KvStateName(e.state)));
     }
     auto node_it = nodes_.find(e.decode);
     if (node_it == nodes_.end() || !node_it->second.requests.contains(id)) {
-      return absl::InternalError(absl::StrCat("request ", id, " missing from the table of ",
-                                              e.decode.ToString()));
+      return absl::InternalError(
+          absl::StrCat("request ", id, " missing from the table of ", e.decode.ToString()));
     }
     for (kv::BlockId b : e.block_ids) {
       auto held = node_it->second.blocks.find(b);
@@ -265,18 +275,18 @@ absl::Status CacheDirectory::CheckConsistency() const {
   size_t indexed_writing = 0;
   for (const auto& [node, reqs] : writers_) indexed_writing += reqs.size();
   if (indexed_writing != writing) {
-    return absl::InternalError(absl::StrCat(indexed_writing, " writer index entries for ",
-                                            writing, " WRITING requests"));
+    return absl::InternalError(
+        absl::StrCat(indexed_writing, " writer index entries for ", writing, " WRITING requests"));
   }
   if (expected.size() != nodes_.size()) {
-    return absl::InternalError(absl::StrCat(nodes_.size(), " node tables for ",
-                                            expected.size(), " nodes holding requests"));
+    return absl::InternalError(absl::StrCat(nodes_.size(), " node tables for ", expected.size(),
+                                            " nodes holding requests"));
   }
   for (const auto& [node, table] : nodes_) {
     auto e = expected.find(node);
     if (e == expected.end() || !(e->second == table.usage)) {
-      return absl::InternalError(absl::StrCat("usage counters of ", node.ToString(),
-                                              " disagree with its entries"));
+      return absl::InternalError(
+          absl::StrCat("usage counters of ", node.ToString(), " disagree with its entries"));
     }
     size_t blocks = 0;
     for (const RequestId& r : table.requests) blocks += entries_.at(r).block_ids.size();

@@ -121,9 +121,7 @@ class CacheDirectory {
     NodeUsage usage;
   };
 
-  absl::Status Transition(const RequestId& request, KvState from, KvState to,
-                          const std::string& detail) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void AddUsage(NodeUsage& usage, KvState state, int64_t blocks, int sign);
+  static void AddUsage(NodeUsage& usage, KvState state, int64_t blocks, int sign);
   void RemoveLocked(const KvEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;

@@ -23,8 +23,8 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
     return absl::InvalidArgumentError(
         absl::StrCat("Register ", node.node_id, ": epoch must be positive (0 means unset)"));
   }
-  DUET_RETURN_IF_ERROR(Annotate(registration.layout.Validate(),
-                                absl::StrCat("Register ", node.ToString())));
+  DUET_RETURN_IF_ERROR(
+      Annotate(registration.layout.Validate(), absl::StrCat("Register ", node.ToString())));
 
   absl::MutexLock lock(&mu_);
   if (cluster_layout_) {
@@ -48,8 +48,7 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
 
   if (!cluster_layout_) {
     cluster_layout_ = registration.layout;
-    cluster_layout_source_ =
-        absl::StrCat("cluster (first registered by ", node.ToString(), ")");
+    cluster_layout_source_ = absl::StrCat("cluster (first registered by ", node.ToString(), ")");
   }
 
   NodeInfo info;
@@ -74,8 +73,7 @@ absl::Status CheckCurrent(const absl::btree_map<NodeId, NodeInfo>& nodes,
                           const NodeIncarnation& node, const char* op) {
   auto it = nodes.find(node.node_id);
   if (it == nodes.end()) {
-    return absl::NotFoundError(
-        absl::StrCat(op, " ", node.ToString(), ": node is not registered"));
+    return absl::NotFoundError(absl::StrCat(op, " ", node.ToString(), ": node is not registered"));
   }
   const NodeInfo& cur = it->second;
   if (cur.node.epoch != node.epoch) {
@@ -84,10 +82,10 @@ absl::Status CheckCurrent(const absl::btree_map<NodeId, NodeInfo>& nodes,
         node.epoch < cur.node.epoch ? " (this one was superseded)" : " (register first)"));
   }
   if (!cur.alive) {
-    return absl::NotFoundError(absl::StrCat(
-        op, " ", node.ToString(), ": declared dead at ", absl::FormatTime(cur.died_at),
-        " after no heartbeat since ", absl::FormatTime(cur.last_heartbeat),
-        "; re-register with a larger epoch"));
+    return absl::NotFoundError(
+        absl::StrCat(op, " ", node.ToString(), ": declared dead at ", absl::FormatTime(cur.died_at),
+                     " after no heartbeat since ", absl::FormatTime(cur.last_heartbeat),
+                     "; re-register with a larger epoch"));
   }
   return absl::OkStatus();
 }

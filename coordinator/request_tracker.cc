@@ -12,10 +12,14 @@ namespace duet::coordinator {
 
 const char* PhaseName(Phase phase) {
   switch (phase) {
-    case Phase::kReserve: return "reserve";
-    case Phase::kPrefill: return "prefill";
-    case Phase::kTransfer: return "transfer";
-    case Phase::kDecode: return "decode";
+    case Phase::kReserve:
+      return "reserve";
+    case Phase::kPrefill:
+      return "prefill";
+    case Phase::kTransfer:
+      return "transfer";
+    case Phase::kDecode:
+      return "decode";
   }
   return "?";
 }
@@ -35,15 +39,15 @@ bool Prefilling(Phase phase) { return phase == Phase::kPrefill || phase == Phase
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
 absl::Status WrongPhase(const TrackedRequest& r, const char* event) {
-  return absl::FailedPreconditionError(absl::StrCat("request ", r.request_id, ": ", event,
-                                                    " in phase ", PhaseName(r.phase)));
+  return absl::FailedPreconditionError(
+      absl::StrCat("request ", r.request_id, ": ", event, " in phase ", PhaseName(r.phase)));
 }
 
 absl::Status WrongNode(const TrackedRequest& r, const char* event, const char* role,
                        const NodeIncarnation& got, const std::optional<NodeIncarnation>& want) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("request ", r.request_id, ": ", event, " from ", role, " ", got.ToString(),
-                   " but its ", role, " is ", want ? want->ToString() : "none"));
+  return absl::FailedPreconditionError(absl::StrCat("request ", r.request_id, ": ", event, " from ",
+                                                    role, " ", got.ToString(), " but its ", role,
+                                                    " is ", want ? want->ToString() : "none"));
 }
 
 }  // namespace
@@ -52,7 +56,7 @@ RequestTracker::RequestTracker(TrackerOptions options, CacheDirectory* directory
     : options_(options), directory_(directory) {}
 
 absl::StatusOr<RequestTracker::Map::iterator> RequestTracker::Lookup(const RequestId& request,
-                                                                    const char* event) {
+                                                                     const char* event) {
   auto it = requests_.find(request);
   if (it == requests_.end()) {
     return absl::NotFoundError(
@@ -103,8 +107,8 @@ void RequestTracker::PrefillFailedLocked(Map::iterator it, const absl::Status& e
                                       : absl::StatusCode::kUnavailable;
     EndLocked(it,
               absl::Status(code, absl::StrCat("request ", r.request_id, ": prefill failed ",
-                                              r.prefill_attempts, " time(s): ",
-                                              absl::StrJoin(r.prefill_errors, "; "))),
+                                              r.prefill_attempts,
+                                              " time(s): ", absl::StrJoin(r.prefill_errors, "; "))),
               /*decode_gone=*/false, /*prefill_gone=*/!cancel_on_prefill, fx);
     return;
   }
@@ -156,8 +160,8 @@ absl::Status RequestTracker::OnPrefillStarted(const RequestId& request,
   }
   if (std::find(r.failed_prefill.begin(), r.failed_prefill.end(), prefill.node_id) !=
       r.failed_prefill.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "request ", request, ": prefill node ", prefill.node_id, " already failed it"));
+    return absl::FailedPreconditionError(absl::StrCat("request ", request, ": prefill node ",
+                                                      prefill.node_id, " already failed it"));
   }
   DUET_RETURN_IF_ERROR(directory_->BeginWrite(request, prefill));
   r.prefill = prefill;
@@ -168,8 +172,8 @@ absl::Status RequestTracker::OnPrefillStarted(const RequestId& request,
   return absl::OkStatus();
 }
 
-absl::Status RequestTracker::OnFirstToken(const RequestId& request,
-                                          const NodeIncarnation& prefill, absl::Time now) {
+absl::Status RequestTracker::OnFirstToken(const RequestId& request, const NodeIncarnation& prefill,
+                                          absl::Time now) {
   absl::MutexLock lock(&mu_);
   DUET_ASSIGN_OR_RETURN(auto it, Lookup(request, "first token"));
   TrackedRequest& r = it->second;
@@ -223,8 +227,7 @@ absl::StatusOr<Effects> RequestTracker::OnFinished(const RequestId& request, abs
 
 absl::StatusOr<Effects> RequestTracker::OnPrefillFailed(const RequestId& request,
                                                         const NodeIncarnation& prefill,
-                                                        const absl::Status& error,
-                                                        absl::Time now) {
+                                                        const absl::Status& error, absl::Time now) {
   absl::MutexLock lock(&mu_);
   DUET_ASSIGN_OR_RETURN(auto it, Lookup(request, "prefill failed"));
   TrackedRequest& r = it->second;
@@ -237,8 +240,7 @@ absl::StatusOr<Effects> RequestTracker::OnPrefillFailed(const RequestId& request
 
 absl::StatusOr<Effects> RequestTracker::OnDecodeFailed(const RequestId& request,
                                                        const NodeIncarnation& decode,
-                                                       const absl::Status& error,
-                                                       absl::Time now) {
+                                                       const absl::Status& error, absl::Time now) {
   absl::MutexLock lock(&mu_);
   DUET_ASSIGN_OR_RETURN(auto it, Lookup(request, "decode failed"));
   TrackedRequest& r = it->second;
@@ -253,8 +255,7 @@ absl::StatusOr<Effects> RequestTracker::OnDecodeFailed(const RequestId& request,
 }
 
 absl::StatusOr<Effects> RequestTracker::Cancel(const RequestId& request, absl::Time now) {
-  return Fail(request, absl::CancelledError(absl::StrCat("request ", request, " cancelled")),
-              now);
+  return Fail(request, absl::CancelledError(absl::StrCat("request ", request, " cancelled")), now);
 }
 
 absl::StatusOr<Effects> RequestTracker::Fail(const RequestId& request, const absl::Status& error,
@@ -285,8 +286,8 @@ Effects RequestTracker::ExpireDeadlines(absl::Time now) {
         absl::StrCat("request ", id, ": ", PhaseName(r.phase), " phase exceeded its ",
                      absl::FormatDuration(limit), " deadline",
                      r.prefill && Prefilling(r.phase) ? absl::StrCat(" on ", r.prefill->ToString())
-                     : r.decode ? absl::StrCat(" on ", r.decode->ToString())
-                                : std::string()));
+                     : r.decode                       ? absl::StrCat(" on ", r.decode->ToString())
+                                                      : std::string()));
     if (Prefilling(r.phase)) {
       PrefillFailedLocked(it, error, /*cancel_on_prefill=*/true, now, fx);
     } else {
@@ -307,17 +308,17 @@ Effects RequestTracker::OnNodeDead(const NodeIncarnation& node, absl::Time now) 
     auto it = requests_.find(id);
     TrackedRequest& r = it->second;
     if (r.decode == node) {
-      EndLocked(it,
-                absl::UnavailableError(absl::StrCat("request ", id, ": decode node ",
-                                                    node.ToString(), " died in phase ",
-                                                    PhaseName(r.phase))),
-                /*decode_gone=*/true, /*prefill_gone=*/false, fx);
+      EndLocked(
+          it,
+          absl::UnavailableError(absl::StrCat("request ", id, ": decode node ", node.ToString(),
+                                              " died in phase ", PhaseName(r.phase))),
+          /*decode_gone=*/true, /*prefill_gone=*/false, fx);
     } else {
-      PrefillFailedLocked(it,
-                          absl::UnavailableError(absl::StrCat("prefill node ", node.ToString(),
-                                                              " died in phase ",
-                                                              PhaseName(r.phase))),
-                          /*cancel_on_prefill=*/false, now, fx);
+      PrefillFailedLocked(
+          it,
+          absl::UnavailableError(absl::StrCat("prefill node ", node.ToString(), " died in phase ",
+                                              PhaseName(r.phase))),
+          /*cancel_on_prefill=*/false, now, fx);
     }
   }
   // Entries not tracked here (none in normal operation) go too: a new epoch inherits nothing.

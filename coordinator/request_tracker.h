@@ -22,7 +22,8 @@
 //   Effects fx = tracker.OnReserved("r1", d, dest_block_ids, now);   // apply fx (may be empty)
 //   DUET_RETURN_IF_ERROR(tracker.OnPrefillStarted("r1", p, now));     // then send Prefill to P
 //   ... OnFirstToken / OnAdmitted / OnToken / OnFinished as responses and events arrive;
-//   timer loop: Apply(tracker.ExpireDeadlines(now));  registry death: Apply(tracker.OnNodeDead(n, now)).
+//   timer loop:     Apply(tracker.ExpireDeadlines(now));
+//   registry death: Apply(tracker.OnNodeDead(node, now));
 //
 // Events that are stale (the request ended, or moved on to another node) are refused with
 // NOT_FOUND or FAILED_PRECONDITION and change nothing: the caller logs and drops them.
@@ -63,7 +64,7 @@ struct TrackedRequest {
   std::optional<NodeIncarnation> prefill;  // while in kPrefill / kTransfer
   int prefill_attempts = 0;                // prefills started
   bool first_token = false;
-  std::vector<NodeId> failed_prefill;      // exclude these when re-routing
+  std::vector<NodeId> failed_prefill;  // exclude these when re-routing
   std::vector<std::string> prefill_errors;
   // Timestamps for RequestTimings; InfinitePast until reached.
   absl::Time started;
@@ -123,15 +124,13 @@ class RequestTracker {
   absl::Status OnFirstToken(const RequestId& request, const NodeIncarnation& prefill,
                             absl::Time now);
   // D has every layer and the completion notice, and admitted the request: -> kDecode, OWNED.
-  absl::Status OnAdmitted(const RequestId& request, const NodeIncarnation& decode,
-                          absl::Time now);
+  absl::Status OnAdmitted(const RequestId& request, const NodeIncarnation& decode, absl::Time now);
   // A decode token streamed: re-arms the stall deadline.
   absl::Status OnToken(const RequestId& request, absl::Time now);
   // D finished the request (EOS, max tokens, stop) and freed its blocks itself.
   absl::StatusOr<Effects> OnFinished(const RequestId& request, absl::Time now);
   // P's Prefill failed (or its stream broke): release, then retry once or end.
-  absl::StatusOr<Effects> OnPrefillFailed(const RequestId& request,
-                                          const NodeIncarnation& prefill,
+  absl::StatusOr<Effects> OnPrefillFailed(const RequestId& request, const NodeIncarnation& prefill,
                                           const absl::Status& error, absl::Time now);
   // D failed this request (Reserve/stream error): it ends with an error naming D.
   absl::StatusOr<Effects> OnDecodeFailed(const RequestId& request, const NodeIncarnation& decode,
@@ -139,8 +138,7 @@ class RequestTracker {
   // Client cancel: ends CANCELLED, releasing on D and cancelling on P as needed.
   absl::StatusOr<Effects> Cancel(const RequestId& request, absl::Time now);
   // Ends the request with `error` (no node could be routed to, Reserve refused, ...).
-  absl::StatusOr<Effects> Fail(const RequestId& request, const absl::Status& error,
-                               absl::Time now);
+  absl::StatusOr<Effects> Fail(const RequestId& request, const absl::Status& error, absl::Time now);
 
   // Applies the deadline of every request whose phase deadline is <= now.
   Effects ExpireDeadlines(absl::Time now);

@@ -82,8 +82,7 @@ size_t RoundRobinPolicy::Pick(const std::vector<NodeInfo>& candidates,
   return pick;
 }
 
-absl::StatusOr<std::unique_ptr<NodePolicy>> MakeNodePolicy(std::string_view name,
-                                                           NodeKind kind) {
+absl::StatusOr<std::unique_ptr<NodePolicy>> MakeNodePolicy(std::string_view name, NodeKind kind) {
   if (name == "round_robin") return std::make_unique<RoundRobinPolicy>();
   if (kind == NodeKind::kDecode && (name == "least_loaded" || name == "default")) {
     return std::make_unique<LeastLoadedDecodePolicy>();
@@ -92,9 +91,9 @@ absl::StatusOr<std::unique_ptr<NodePolicy>> MakeNodePolicy(std::string_view name
     return std::make_unique<LeastQueuedPrefillPolicy>();
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown ", NodeKindName(kind), " routing policy '", absl::string_view(name.data(), name.size()),
-      "' (expected ", kind == NodeKind::kDecode ? "least_loaded" : "least_queued",
-      " or round_robin)"));
+      "unknown ", NodeKindName(kind), " routing policy '",
+      absl::string_view(name.data(), name.size()), "' (expected ",
+      kind == NodeKind::kDecode ? "least_loaded" : "least_queued", " or round_robin)"));
 }
 
 Router::Router(std::unique_ptr<NodePolicy> decode_policy,
@@ -137,8 +136,7 @@ absl::StatusOr<NodeInfo> Router::PickDecode(const std::vector<NodeInfo>& nodes,
 
 absl::StatusOr<NodeInfo> Router::PickPrefill(const std::vector<NodeInfo>& nodes,
                                              const RouteRequest& request) {
-  std::vector<NodeInfo> eligible =
-      Eligible(nodes, NodeKind::kPrefill, request.excluded_prefill);
+  std::vector<NodeInfo> eligible = Eligible(nodes, NodeKind::kPrefill, request.excluded_prefill);
   if (eligible.empty()) {
     return NoNode(NodeKind::kPrefill, nodes, request.excluded_prefill, request);
   }

@@ -11,8 +11,10 @@
 //   Router router(MakeNodePolicy("least_loaded", NodeKind::kDecode).value(),
 //                 MakeNodePolicy("least_queued", NodeKind::kPrefill).value());
 //   RouteRequest req{.request_id = "r1", .prompt_tokens = 300, .blocks_needed = 19};
-//   DUET_ASSIGN_OR_RETURN(NodeInfo d, router.PickDecode(registry.LiveNodes(NodeKind::kDecode), req));
-//   DUET_ASSIGN_OR_RETURN(NodeInfo p, router.PickPrefill(registry.LiveNodes(NodeKind::kPrefill), req));
+//   DUET_ASSIGN_OR_RETURN(NodeInfo d,
+//                         router.PickDecode(registry.LiveNodes(NodeKind::kDecode), req));
+//   DUET_ASSIGN_OR_RETURN(NodeInfo p,
+//                         router.PickPrefill(registry.LiveNodes(NodeKind::kPrefill), req));
 #pragma once
 
 #include <cstddef>

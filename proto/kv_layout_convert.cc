@@ -31,19 +31,25 @@ absl::StatusOr<kv::KvLayout> FromProto(const v1::KvLayout& proto) {
   layout.head_dim = proto.head_dim();
   layout.block_size = proto.block_size();
   switch (proto.dtype()) {
-    case v1::KV_DTYPE_F32: layout.dtype = kv::KvDtype::kF32; break;
-    case v1::KV_DTYPE_F16: layout.dtype = kv::KvDtype::kF16; break;
-    case v1::KV_DTYPE_BF16: layout.dtype = kv::KvDtype::kBF16; break;
+    case v1::KV_DTYPE_F32:
+      layout.dtype = kv::KvDtype::kF32;
+      break;
+    case v1::KV_DTYPE_F16:
+      layout.dtype = kv::KvDtype::kF16;
+      break;
+    case v1::KV_DTYPE_BF16:
+      layout.dtype = kv::KvDtype::kBF16;
+      break;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("KV layout of model '", proto.model_id(), "' has unknown dtype ",
-                       static_cast<int>(proto.dtype())));
+      return absl::InvalidArgumentError(absl::StrCat("KV layout of model '", proto.model_id(),
+                                                     "' has unknown dtype ",
+                                                     static_cast<int>(proto.dtype())));
   }
   DUET_RETURN_IF_ERROR(layout.Validate());
   if (proto.fingerprint() != layout.Fingerprint()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "KV layout fingerprint %016x does not match its fields {%s}", proto.fingerprint(),
-        layout.Describe()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV layout fingerprint %016x does not match its fields {%s}",
+                        proto.fingerprint(), layout.Describe()));
   }
   return layout;
 }

@@ -49,10 +49,14 @@ TEST(CacheDirectoryTest, LifeOfARequestAndUsage) {
 enum class Op { kReserve, kBeginWrite, kCompleteWrite, kRelease };
 const char* OpName(Op op) {
   switch (op) {
-    case Op::kReserve: return "Reserve";
-    case Op::kBeginWrite: return "BeginWrite";
-    case Op::kCompleteWrite: return "CompleteWrite";
-    case Op::kRelease: return "Release";
+    case Op::kReserve:
+      return "Reserve";
+    case Op::kBeginWrite:
+      return "BeginWrite";
+    case Op::kCompleteWrite:
+      return "CompleteWrite";
+    case Op::kRelease:
+      return "Release";
   }
   return "?";
 }
@@ -69,30 +73,42 @@ void Drive(CacheDirectory& dir, KvState state) {
 
 absl::Status Apply(CacheDirectory& dir, Op op) {
   switch (op) {
-    case Op::kReserve: return dir.Reserve("r1", kD, {7, 8});
-    case Op::kBeginWrite: return dir.BeginWrite("r1", kP);
-    case Op::kCompleteWrite: return dir.CompleteWrite("r1");
-    case Op::kRelease: return dir.Release("r1").status();
+    case Op::kReserve:
+      return dir.Reserve("r1", kD, {7, 8});
+    case Op::kBeginWrite:
+      return dir.BeginWrite("r1", kP);
+    case Op::kCompleteWrite:
+      return dir.CompleteWrite("r1");
+    case Op::kRelease:
+      return dir.Release("r1").status();
   }
   return absl::InternalError("unreachable");
 }
 
 KvState Target(Op op) {
   switch (op) {
-    case Op::kReserve: return KvState::kReserved;
-    case Op::kBeginWrite: return KvState::kWriting;
-    case Op::kCompleteWrite: return KvState::kOwned;
-    case Op::kRelease: return KvState::kReleased;
+    case Op::kReserve:
+      return KvState::kReserved;
+    case Op::kBeginWrite:
+      return KvState::kWriting;
+    case Op::kCompleteWrite:
+      return KvState::kOwned;
+    case Op::kRelease:
+      return KvState::kReleased;
   }
   return KvState::kAbsent;
 }
 
 bool Legal(KvState from, Op op) {
   switch (op) {
-    case Op::kReserve: return from == KvState::kAbsent;
-    case Op::kBeginWrite: return from == KvState::kReserved;
-    case Op::kCompleteWrite: return from == KvState::kWriting;
-    case Op::kRelease: return from != KvState::kAbsent;
+    case Op::kReserve:
+      return from == KvState::kAbsent;
+    case Op::kBeginWrite:
+      return from == KvState::kReserved;
+    case Op::kCompleteWrite:
+      return from == KvState::kWriting;
+    case Op::kRelease:
+      return from != KvState::kAbsent;
   }
   return false;
 }
@@ -115,8 +131,8 @@ TEST(CacheDirectoryTest, EveryTransitionIsCheckedAndIllegalOnesChangeNothing) {
         ++illegal;
         EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
         EXPECT_TRUE(Contains(s.message(), "request r1")) << s;
-        EXPECT_TRUE(Contains(s.message(), std::string(KvStateName(from)) + " -> " +
-                                              KvStateName(Target(op))))
+        EXPECT_TRUE(Contains(s.message(),
+                             std::string(KvStateName(from)) + " -> " + KvStateName(Target(op))))
             << s;
         EXPECT_EQ(dir.StateOf("r1"), from);
         EXPECT_EQ(dir.Usage(kD), before_usage);
@@ -166,10 +182,10 @@ TEST(CacheDirectoryTest, DropNodeRemovesThatIncarnationOnlyAndLeavesNothingBehin
   ASSERT_EQ(affected.size(), 3u);
   EXPECT_EQ(affected[0], (AffectedRequest{"a-reserved", AffectedRequest::Role::kHolder,
                                           KvState::kReserved, kD}));
-  EXPECT_EQ(affected[1], (AffectedRequest{"b-writing", AffectedRequest::Role::kHolder,
-                                          KvState::kWriting, kD}));
-  EXPECT_EQ(affected[2], (AffectedRequest{"c-owned", AffectedRequest::Role::kHolder,
-                                          KvState::kOwned, kD}));
+  EXPECT_EQ(affected[1],
+            (AffectedRequest{"b-writing", AffectedRequest::Role::kHolder, KvState::kWriting, kD}));
+  EXPECT_EQ(affected[2],
+            (AffectedRequest{"c-owned", AffectedRequest::Role::kHolder, KvState::kOwned, kD}));
   for (const char* r : {"a-reserved", "b-writing", "c-owned"}) {
     EXPECT_EQ(dir.StateOf(r), KvState::kAbsent) << r;
   }
@@ -197,8 +213,8 @@ TEST(CacheDirectoryTest, DropPrefillNodeReportsWhatItWasWritingAndKeepsTheBlocks
   ASSERT_TRUE(dir.CompleteWrite("r2").ok());  // done writing: not affected
   auto affected = dir.DropNode(kP);
   ASSERT_EQ(affected.size(), 1u);
-  EXPECT_EQ(affected[0], (AffectedRequest{"r1", AffectedRequest::Role::kWriter,
-                                          KvState::kWriting, kD}));
+  EXPECT_EQ(affected[0],
+            (AffectedRequest{"r1", AffectedRequest::Role::kWriter, KvState::kWriting, kD}));
   EXPECT_EQ(dir.StateOf("r1"), KvState::kWriting);  // D still holds it until released
   ASSERT_TRUE(dir.Release("r1").ok());
   EXPECT_TRUE(dir.DropNode(kP).empty());

@@ -56,18 +56,40 @@ class ClusterSim {
 
   void Step() {
     switch (absl::Uniform(rng_, 0, 24)) {
-      case 0: case 1: case 2: return StartRequest();
-      case 3: case 4: case 5: return DeliverReserve();
-      case 6: case 7: return FirstToken();
-      case 8: case 9: return Admit();
-      case 10: case 11: return Token();
-      case 12: case 13: case 14: return Finish();
-      case 15: return CancelOne();
-      case 16: return PrefillFails();
-      case 17: return DecodeFails();
-      case 18: return absl::Uniform(rng_, 0, 4) == 0 ? KillNode() : AdvanceTime();
-      case 19: case 20: return AdvanceTime();
-      default: return StaleEvent();
+      case 0:
+      case 1:
+      case 2:
+        return StartRequest();
+      case 3:
+      case 4:
+      case 5:
+        return DeliverReserve();
+      case 6:
+      case 7:
+        return FirstToken();
+      case 8:
+      case 9:
+        return Admit();
+      case 10:
+      case 11:
+        return Token();
+      case 12:
+      case 13:
+      case 14:
+        return Finish();
+      case 15:
+        return CancelOne();
+      case 16:
+        return PrefillFails();
+      case 17:
+        return DecodeFails();
+      case 18:
+        return absl::Uniform(rng_, 0, 4) == 0 ? KillNode() : AdvanceTime();
+      case 19:
+      case 20:
+        return AdvanceTime();
+      default:
+        return StaleEvent();
     }
   }
 
@@ -85,8 +107,8 @@ class ClusterSim {
         });
         if (pending) continue;
         auto entry = dir_.Find(req);
-        ASSERT_TRUE(entry.has_value()) << d.inc.ToString() << " holds " << req
-                                       << " unknown to the directory";
+        ASSERT_TRUE(entry.has_value())
+            << d.inc.ToString() << " holds " << req << " unknown to the directory";
         EXPECT_EQ(entry->decode, d.inc) << req;
         EXPECT_EQ(entry->block_ids, blocks) << req;
       }
@@ -161,8 +183,8 @@ class ClusterSim {
         if (d.inc != rel.decode) continue;  // a dead incarnation: nothing to free
         auto it = d.held.find(rel.request_id);
         // Every Release the tracker asks for targets blocks the live node really holds.
-        ASSERT_NE(it, d.held.end()) << "Release of " << rel.request_id << " on "
-                                    << d.inc.ToString() << " which does not hold it";
+        ASSERT_NE(it, d.held.end()) << "Release of " << rel.request_id << " on " << d.inc.ToString()
+                                    << " which does not hold it";
         for (kv::BlockId b : it->second) d.free.insert(b);
         d.held.erase(it);
       }
@@ -364,12 +386,16 @@ class ClusterSim {
   void StaleEvent() {
     if (next_id_ == 0) return;
     const RequestId id = absl::StrCat("r", absl::Uniform(rng_, 0, next_id_));
-    const NodeIncarnation node{absl::StrCat(absl::Bernoulli(rng_, 0.5) ? "d" : "p",
-                                            absl::Uniform(rng_, 0, 3)),
-                               absl::Uniform<uint64_t>(rng_, 1, 3)};
+    const NodeIncarnation node{
+        absl::StrCat(absl::Bernoulli(rng_, 0.5) ? "d" : "p", absl::Uniform(rng_, 0, 3)),
+        absl::Uniform<uint64_t>(rng_, 1, 3)};
     switch (absl::Uniform(rng_, 0, 4)) {
-      case 0: (void)tracker_.OnFirstToken(id, node, now_); break;
-      case 1: (void)tracker_.OnToken(id, now_); break;
+      case 0:
+        (void)tracker_.OnFirstToken(id, node, now_);
+        break;
+      case 1:
+        (void)tracker_.OnToken(id, now_);
+        break;
       case 2:
         Apply(tracker_.OnPrefillFailed(id, node, absl::UnavailableError("late"), now_));
         break;

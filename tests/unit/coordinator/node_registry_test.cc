@@ -10,8 +10,12 @@ namespace {
 const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);
 
 kv::KvLayout Layout(int head_dim = 16) {
-  return kv::KvLayout{.model_id = "tiny", .num_layers = 2, .num_kv_heads = 2,
-                      .head_dim = head_dim, .block_size = 16, .dtype = kv::KvDtype::kF32};
+  return kv::KvLayout{.model_id = "tiny",
+                      .num_layers = 2,
+                      .num_kv_heads = 2,
+                      .head_dim = head_dim,
+                      .block_size = 16,
+                      .dtype = kv::KvDtype::kF32};
 }
 
 NodeRegistration Reg(const std::string& id, uint64_t epoch, NodeKind kind = NodeKind::kDecode,
@@ -93,7 +97,7 @@ TEST(NodeRegistryTest, LayoutDifferentFromTheClusterIsRefusedNamingBoth) {
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
   const absl::string_view msg = out.status().message();
-  EXPECT_TRUE(Contains(msg, "d0@1")) << msg;           // where the cluster layout came from
+  EXPECT_TRUE(Contains(msg, "d0@1")) << msg;  // where the cluster layout came from
   EXPECT_TRUE(Contains(msg, "decode node d1@1")) << msg;
   EXPECT_TRUE(Contains(msg, Layout(16).Describe())) << msg;
   EXPECT_TRUE(Contains(msg, Layout(32).Describe())) << msg;
@@ -150,8 +154,7 @@ TEST(NodeRegistryTest, DeadNodeMustReRegisterWithANewerEpoch) {
 TEST(NodeRegistryTest, HeartbeatCarriesLoadAndAdjustLoadIsOverwritten) {
   NodeRegistry reg({});
   ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
-  NodeLoad load{.free_blocks = 40, .total_blocks = 100, .queued_tokens = 7,
-                .running_requests = 3};
+  NodeLoad load{.free_blocks = 40, .total_blocks = 100, .queued_tokens = 7, .running_requests = 3};
   ASSERT_TRUE(reg.Heartbeat({"d0", 1}, load, kT0 + absl::Seconds(1)).ok());
   EXPECT_EQ(reg.Find("d0")->load, load);
   ASSERT_TRUE(reg.AdjustLoad({"d0", 1}, -50, +1, 0).ok());

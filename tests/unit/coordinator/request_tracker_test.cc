@@ -95,16 +95,13 @@ TEST_F(RequestTrackerTest, AdmissionMayOvertakeTheFirstToken) {
 TEST_F(RequestTrackerTest, EventsOutOfPhaseOrFromTheWrongNodeChangeNothing) {
   ToPrefill();
   EXPECT_EQ(tracker_.OnToken("r1", kT0).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(tracker_.OnFinished("r1", kT0).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tracker_.OnFinished("r1", kT0).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(tracker_.OnFirstToken("r1", kP1, kT0).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(tracker_.OnAdmitted("r1", {"d0", 2}, kT0).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(tracker_.OnPrefillFailed("r1", kP1, absl::InternalError("x"), kT0).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(tracker_.OnDecodeFailed("r1", {"d9", 1}, absl::InternalError("x"), kT0)
-                .status()
-                .code(),
+  EXPECT_EQ(tracker_.OnDecodeFailed("r1", {"d9", 1}, absl::InternalError("x"), kT0).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(tracker_.Find("r1")->phase, Phase::kPrefill);
   EXPECT_EQ(dir_.StateOf("r1"), KvState::kWriting);
@@ -171,7 +168,8 @@ TEST_F(RequestTrackerTest, DecodeFailureEndsTheRequestNamingTheNode) {
   ASSERT_TRUE(fx.ok()) << fx.status();
   ASSERT_EQ(fx->finished.size(), 1u);
   EXPECT_EQ(fx->finished[0].status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(Contains(fx->finished[0].status.message(), "decode node d0@1")) << fx->finished[0].status;
+  EXPECT_TRUE(Contains(fx->finished[0].status.message(), "decode node d0@1"))
+      << fx->finished[0].status;
   EXPECT_TRUE(Contains(fx->finished[0].status.message(), "stream reset"));
   EXPECT_TRUE(fx->retries.empty());
   EXPECT_EQ(fx->releases, (std::vector<Effects::Release>{{"r1", kD}}));
@@ -214,7 +212,7 @@ TEST_F(RequestTrackerTest, CancelReleasesEverythingInEveryPhase) {
 TEST_F(RequestTrackerTest, DuplicateOrOrphanReservationsAreHandled) {
   ASSERT_TRUE(tracker_.Start("r1", kT0).ok());
   EXPECT_TRUE(tracker_.OnReserved("r1", kD, {1}, kT0).empty());
-  EXPECT_TRUE(tracker_.OnReserved("r1", kD, {1}, kT0).empty());  // duplicate: no-op
+  EXPECT_TRUE(tracker_.OnReserved("r1", kD, {1}, kT0).empty());    // duplicate: no-op
   Effects other = tracker_.OnReserved("r1", {"d1", 1}, {1}, kT0);  // a second one: released
   EXPECT_EQ(other.releases, (std::vector<Effects::Release>{{"r1", {"d1", 1}}}));
   EXPECT_EQ(dir_.Find("r1")->decode, kD);
@@ -255,8 +253,7 @@ TEST_F(RequestTrackerTest, PrefillAndTransferDeadlinesCountAsPrefillFailures) {
   fx = tracker_.ExpireDeadlines(t1 + absl::Seconds(3));
   ASSERT_EQ(fx.finished.size(), 1u);
   EXPECT_EQ(fx.finished[0].status.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_TRUE(Contains(fx.finished[0].status.message(), "transfer phase"))
-      << fx.finished[0].status;
+  EXPECT_TRUE(Contains(fx.finished[0].status.message(), "transfer phase")) << fx.finished[0].status;
   EXPECT_EQ(fx.prefill_cancels, (std::vector<Effects::CancelPrefill>{{"r1", kP1}}));
   ExpectGone("r1");
 }

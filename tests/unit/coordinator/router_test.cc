@@ -16,7 +16,9 @@ NodeInfo Node(const std::string& id, NodeKind kind, int64_t free_blocks, int32_t
   n.node = {id, 1};
   n.kind = kind;
   n.capacity = {.total_blocks = 100, .max_running_requests = max_running};
-  n.load = {.free_blocks = free_blocks, .total_blocks = 100, .queued_tokens = queued,
+  n.load = {.free_blocks = free_blocks,
+            .total_blocks = 100,
+            .queued_tokens = queued,
             .running_requests = running};
   return n;
 }
@@ -136,8 +138,7 @@ TEST(RouterTest, PolicyIndexOutOfRangeIsAnInternalError) {
   Router router(std::make_unique<BadPolicy>(), std::make_unique<BadPolicy>());
   EXPECT_EQ(router.PickDecode({D("d0", 50, 0)}, Req(1)).status().code(),
             absl::StatusCode::kInternal);
-  EXPECT_EQ(router.PickPrefill({P("p0", 0)}, Req(1)).status().code(),
-            absl::StatusCode::kInternal);
+  EXPECT_EQ(router.PickPrefill({P("p0", 0)}, Req(1)).status().code(), absl::StatusCode::kInternal);
 }
 
 TEST(RouterTest, MakeNodePolicyByName) {

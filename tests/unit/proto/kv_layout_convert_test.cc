@@ -8,8 +8,12 @@ namespace duet::rpc {
 namespace {
 
 kv::KvLayout Tiny() {
-  return kv::KvLayout{.model_id = "tiny", .num_layers = 2, .num_kv_heads = 2, .head_dim = 16,
-                      .block_size = 16, .dtype = kv::KvDtype::kF16};
+  return kv::KvLayout{.model_id = "tiny",
+                      .num_layers = 2,
+                      .num_kv_heads = 2,
+                      .head_dim = 16,
+                      .block_size = 16,
+                      .dtype = kv::KvDtype::kF16};
 }
 
 TEST(KvLayoutConvertTest, RoundTrip) {
