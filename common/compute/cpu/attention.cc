@@ -92,17 +92,57 @@ void DotF32x4(const float* q, const float* const* k, int n, float* out) {
 
 namespace {
 
-// acc[j] = fma(p, v[j], acc[j]) for j < n: one step of a query's weighted V sum.
-inline void AccumulateRow(float p, const float* v, float* acc, int n) {
+#if DUET_ATTN_AVX2
+// acc[8v + l] = fma chain over t < count (in order) of p[t] * rows[t][offset + 8v + l],
+// continuing from the stored acc.
+template <int NV>
+void WeightedChunk(const float* p, const float* const* rows, int64_t offset, int count,
+                   float* acc) {
+  __m256 a[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) a[v] = _mm256_loadu_ps(acc + 8 * v);
+  for (int t = 0; t < count; ++t) {
+    const __m256 pb = _mm256_broadcast_ss(p + t);
+    const float* r = rows[t] + offset;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) a[v] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(r + 8 * v), a[v]);
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) _mm256_storeu_ps(acc + 8 * v, a[v]);
+}
+#endif
+
+// acc[j] = fma(p[t], rows[t][offset + j], acc[j]) for t = 0..count-1 in order, j < n.
+void AccumulateWeightedRows(const float* p, const float* const* rows, int64_t offset, int count,
+                            int n, float* acc) {
   int j = 0;
 #if DUET_ATTN_AVX2
-  const __m256 pb = _mm256_set1_ps(p);
-  for (; j + 8 <= n; j += 8) {
-    _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(pb, _mm256_loadu_ps(v + j), _mm256_loadu_ps(acc + j)));
+  while (j + 8 <= n) {
+    const int nv = std::min(8, (n - j) / 8);
+    const int64_t off = offset + j;
+    switch (nv) {
+      case 1: WeightedChunk<1>(p, rows, off, count, acc + j); break;
+      case 2: WeightedChunk<2>(p, rows, off, count, acc + j); break;
+      case 3: WeightedChunk<3>(p, rows, off, count, acc + j); break;
+      case 4: WeightedChunk<4>(p, rows, off, count, acc + j); break;
+      case 5: WeightedChunk<5>(p, rows, off, count, acc + j); break;
+      case 6: WeightedChunk<6>(p, rows, off, count, acc + j); break;
+      case 7: WeightedChunk<7>(p, rows, off, count, acc + j); break;
+      default: WeightedChunk<8>(p, rows, off, count, acc + j); break;
+    }
+    j += nv * 8;
   }
 #endif
-  for (; j < n; ++j) acc[j] = std::fma(p, v[j], acc[j]);
+  for (; j < n; ++j) {
+    float a = acc[j];
+    for (int t = 0; t < count; ++t) a = std::fma(p[t], rows[t][offset + j], a);
+    acc[j] = a;
+  }
 }
+
+// Keys per pass of the weighted V sum: a block's V rows stay in L1 while every query of the
+// work item runs over them with its accumulators in registers.
+constexpr int kKeyBlock = 32;
 
 // Query rows per work item. Rows of a tile share each K/V load; the arithmetic of every
 // (row, head) stays the same whatever the tiling.
@@ -253,13 +293,17 @@ void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer
         std::fill(acc.begin() + static_cast<size_t>(qi) * d,
                   acc.begin() + static_cast<size_t>(qi + 1) * d, 0.f);
       }
-      // Weighted V sums: per query and element, one FMA chain in key order.
-      for (int32_t t = tile_lo; t <= tile_hi; ++t) {
-        const float* v = keys[t - tile_lo] + v_offset;
+      // Weighted V sums: per query and element, one FMA chain in key order (blocked over
+      // keys; the float accumulator is stored and reloaded exactly between blocks).
+      for (int32_t t0 = tile_lo; t0 <= tile_hi; t0 += kKeyBlock) {
+        const int32_t t1 = std::min(tile_hi, t0 + kKeyBlock - 1);
         for (int qi = 0; qi < nqry; ++qi) {
-          if (t < qs[qi].lo || t > qs[qi].pos) continue;
-          AccumulateRow(scores[static_cast<size_t>(qi) * max_ctx + (t - qs[qi].lo)], v,
-                        acc.data() + static_cast<size_t>(qi) * d, d);
+          const int32_t ta = std::max(t0, qs[qi].lo), tb = std::min(t1, qs[qi].pos);
+          if (ta > tb) continue;
+          AccumulateWeightedRows(
+              scores.data() + static_cast<size_t>(qi) * max_ctx + (ta - qs[qi].lo),
+              keys.data() + (ta - tile_lo), v_offset, tb - ta + 1, d,
+              acc.data() + static_cast<size_t>(qi) * d);
         }
       }
       for (int qi = 0; qi < nqry; ++qi) {
