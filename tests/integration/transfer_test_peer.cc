@@ -4,7 +4,8 @@
 //
 //   transfer_test_peer --dir=/tmp/x --profile=shm --layers=4 --mode=stream --seed=7
 // Modes: stream (all layers, then the final notice), slow (sleeps --layer_ms per layer; the
-// test kills it mid-stream), abort (posts half the layers of even requests, then aborts them).
+// test kills it mid-stream), abort (posts half the layers of even requests, then aborts them),
+// receiver (the roles swapped: it only exports its pool and waits to be killed).
 #include <sys/prctl.h>
 
 #include <csignal>
@@ -74,8 +75,19 @@ int Run(int argc, char** argv) {
   if (!pool.ok()) return Fail(dir, pool.status());
   auto addr = transport.LocalAddress();
   if (!addr.ok()) return Fail(dir, addr.status());
-  WriteFileAtomic(dir + "/send.addr", *addr);
+  if (mode != "receiver") WriteFileAtomic(dir + "/send.addr", *addr);
 
+  if (mode == "receiver") {
+    // The roles swapped: publish our address as the receiver's, connect back, wait to be killed.
+    WriteFileAtomic(dir + "/recv.addr", *addr);
+    auto sender_addr = WaitForFile(dir + "/send.addr.test", deadline);
+    if (!sender_addr.ok()) return Fail(dir, sender_addr.status());
+    auto back = transport.Connect(*sender_addr, deadline);
+    if (!back.ok()) return Fail(dir, back.status());
+    WriteFileAtomic(dir + "/recv.ready", "");
+    while (absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+    return 0;
+  }
   auto recv_addr = WaitForFile(dir + "/recv.addr", deadline);
   if (!recv_addr.ok()) return Fail(dir, recv_addr.status());
   auto peer = transport.Connect(*recv_addr, deadline);

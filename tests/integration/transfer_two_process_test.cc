@@ -316,6 +316,49 @@ TEST_P(TwoProcessTest, AbortMidStreamReturnsEveryBlock) {
   EXPECT_TRUE(*cancel == "cancelled" || *cancel == "done") << *cancel;
 }
 
+// SIGKILL of the receiver while this process streams into it: every pending write fails with
+// an error (not a hang) well within its deadline, and the transport stays usable.
+TEST_P(TwoProcessTest, KilledReceiverFailsPendingWrites) {
+  const Geometry g{.layers = 8};
+  StartReceiver(g, 1024);  // here: this process's own transport, used as the sender
+  SpawnPeer("receiver", 51);
+  ASSERT_TRUE(WriteFileAtomic(dir_ + "/send.addr.test", *transport_->LocalAddress()));
+  auto addr = WaitForFile(dir_ + "/recv.ready", DeadlineIn(absl::Seconds(20)));
+  ASSERT_TRUE(addr.ok()) << PeerError();
+  auto peer_addr = WaitForFile(dir_ + "/recv.addr", DeadlineIn(absl::Seconds(1)));
+  // recv.addr was overwritten by the peer with its own address.
+  auto peer = transport_->Connect(*peer_addr, DeadlineIn(absl::Seconds(10)));
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  // Whole-region writes (128 MiB each): the kill lands in the middle of them.
+  const uint64_t bytes = g.Layout().RegionBytes(1024);
+  std::vector<TransferHandle> handles;
+  for (int i = 0; i < 8; ++i) {
+    auto h = transport_->PostWrite(*peer, {{0, 0, bytes}}, "n");
+    ASSERT_TRUE(h.ok()) << h.status();
+    handles.push_back(*h);
+  }
+  ::kill(pid_, SIGKILL);
+  const Stopwatch since_kill;
+  for (int i = 0; i < 200 && transport_->PeerStatus(*peer).ok(); ++i) {
+    auto h = transport_->PostWrite(*peer, {{0, 0, bytes}}, "n");
+    if (!h.ok()) break;
+    handles.push_back(*h);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  int failed = 0;
+  for (const TransferHandle& h : handles) {
+    absl::Status s = h.Wait(DeadlineIn(absl::Seconds(5)));
+    ASSERT_FALSE(absl::IsDeadlineExceeded(s)) << "a write to a dead peer hung";
+    failed += !s.ok();
+  }
+  EXPECT_LT(since_kill.ElapsedSeconds(), 3.0);
+  EXPECT_EQ(transport_->PeerStatus(*peer).code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(transport_->PostWrite(*peer, {{0, 0, 64}}, "n").ok());
+  RecordProperty("failed_writes", failed);
+  EXPECT_GT(failed, 0) << "the kill did not interrupt any write";
+  EXPECT_TRUE(transport_->Disconnect(*peer, DeadlineIn(absl::Seconds(2))).ok());
+}
+
 // A peer with another model's layout is refused at connect, on both sides, naming both.
 TEST_P(TwoProcessTest, FingerprintMismatchIsRefused) {
   StartReceiver(Geometry{}, 64);

@@ -445,7 +445,9 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOpt
 absl::StatusOr<UcxProfile> UcxProfileByName(const std::string& name) {
   if (name == "shm") return UcxProfile{"posix,sysv,cma,self", ""};
   if (name == "tcp") return UcxProfile{"tcp,self", "lo"};
-  return absl::InvalidArgumentError(absl::StrCat("unknown ucx profile '", name, "' (shm, tcp)"));
+  // Shared memory without cma: puts into a UCX-allocated (mapped) region are plain memcpy.
+  if (name == "shm-mm") return UcxProfile{"posix,sysv,self", ""};
+  return absl::InvalidArgumentError(absl::StrCat("unknown ucx profile '", name, "' (shm, shm-mm, tcp)"));
 }
 
 }  // namespace duet::transfer
