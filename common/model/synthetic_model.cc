@@ -144,6 +144,8 @@ absl::StatusOr<Dtype> WeightDtype(const std::string& name) {
                                     "' is not supported; supported: f32, bf16, f16");
 }
 
+constexpr double kTiedBranchGain = 4.0;
+
 // How a tensor is initialised.
 struct Init {
   double mean;
@@ -161,8 +163,15 @@ Init InitFor(const ExpectedTensor& t, const ModelConfig& c) {
   const double logit_scale = 2.0 / std::sqrt(static_cast<double>(c.hidden_size));
   if (n == "model.embed_tokens.weight") return {0.0, c.tie_word_embeddings ? logit_scale : 1.0};
   if (n == "lm_head.weight") return {0.0, logit_scale};
-  // Linear layers [out, in]: N(0, 1/fan_in).
-  return {0.0, 1.0 / std::sqrt(static_cast<double>(t.shape.back()))};
+  // Linear layers [out, in]: N(0, 1/fan_in). With tied embeddings the residual branches'
+  // outputs (o_proj, down_proj) are kTiedBranchGain times larger, so that the residual stream is
+  // dominated by what the layers compute rather than by the token's own embedding, which would
+  // make every token predict itself (greedy output repeating the last token).
+  const double base = 1.0 / std::sqrt(static_cast<double>(t.shape.back()));
+  if (c.tie_word_embeddings && (ends_with("o_proj.weight") || ends_with("down_proj.weight"))) {
+    return {0.0, kTiedBranchGain * base};
+  }
+  return {0.0, base};
 }
 
 absl::Status WriteShard(const std::string& path, const std::vector<ExpectedTensor>& tensors,

@@ -86,6 +86,7 @@ TEST(SyntheticModelTest, WeightScalesKeepActivationsOrderOne) {
   EXPECT_NEAR(Stddev(l.q_proj), 1 / std::sqrt(64.0), 0.01);
   EXPECT_NEAR(Stddev(l.gate_proj), 1 / std::sqrt(64.0), 0.01);
   EXPECT_NEAR(Stddev(l.down_proj), 1 / std::sqrt(128.0), 0.01);
+  EXPECT_NEAR(Stddev(l.o_proj), 1 / std::sqrt(64.0), 0.01);
   EXPECT_NEAR(Mean(l.q_proj), 0.0, 0.01);
   EXPECT_NEAR(Mean(l.input_norm), 1.0, 0.05);
   EXPECT_GT(Stddev(l.input_norm), 0.0);
@@ -115,6 +116,22 @@ TEST(SyntheticModelTest, WeightScalesKeepActivationsOrderOne) {
   EXPECT_GT(argmaxes.size(), 50u);
   EXPECT_LT(max_abs, 20.0);
   EXPECT_GT(max_abs, 2.0);
+}
+
+TEST(SyntheticModelTest, TiedModelsScaleEmbeddingsAndResidualBranches) {
+  TempDir dir;
+  SyntheticOverrides o;
+  o.tie_word_embeddings = true;
+  ASSERT_TRUE(WriteSyntheticModel("tiny", 3, dir.path(), o).ok());
+  auto c = ModelConfig::FromJsonFile(dir / "config.json");
+  ASSERT_TRUE(c.ok());
+  auto w = LoadWeights(dir.path(), *c);
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE(w->lm_head.empty());
+  EXPECT_NEAR(Stddev(w->embed_tokens), 2 / std::sqrt(64.0), 0.01);  // logits ~ N(0, 4)
+  EXPECT_NEAR(Stddev(w->layers[1].down_proj), 4 / std::sqrt(128.0), 0.02);
+  EXPECT_NEAR(Stddev(w->layers[1].o_proj), 4 / std::sqrt(64.0), 0.02);
+  EXPECT_NEAR(Stddev(w->layers[1].up_proj), 1 / std::sqrt(64.0), 0.01);
 }
 
 TEST(SyntheticModelTest, OverridesReachConfigJson) {
