@@ -58,11 +58,13 @@ int main(int argc, char** argv) {
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   g_parsing = false;
 
-  if (positional.size() > 1) return UsageError(std::string("unexpected argument '") + positional[1] + "'");
+  if (positional.size() > 1)
+    return UsageError(std::string("unexpected argument '") + positional[1] + "'");
   const std::string preset = absl::GetFlag(FLAGS_preset);
   const std::string out = absl::GetFlag(FLAGS_out);
   const std::vector<std::string> presets = duet::model::SyntheticPresets();
-  if (preset.empty()) return UsageError("--preset is required (" + absl::StrJoin(presets, ", ") + ")");
+  if (preset.empty())
+    return UsageError("--preset is required (" + absl::StrJoin(presets, ", ") + ")");
   if (std::find(presets.begin(), presets.end(), preset) == presets.end()) {
     return UsageError("unknown --preset '" + preset + "'; known: " + absl::StrJoin(presets, ", "));
   }

@@ -12,9 +12,9 @@ constexpr const char kReservedPrefix[] = "<|reserved_";
 
 absl::StatusOr<std::unique_ptr<ByteTokenizer>> ByteTokenizer::Create(int32_t vocab_size) {
   if (vocab_size < kNumBaseTokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DuetByteTokenizer: vocab_size ", vocab_size, " is below ", kNumBaseTokens,
-        " (256 bytes + <|bos|> + <|eos|>)"));
+    return absl::InvalidArgumentError(absl::StrCat("DuetByteTokenizer: vocab_size ", vocab_size,
+                                                   " is below ", kNumBaseTokens,
+                                                   " (256 bytes + <|bos|> + <|eos|>)"));
   }
   return std::unique_ptr<ByteTokenizer>(new ByteTokenizer(vocab_size));
 }
@@ -87,8 +87,7 @@ absl::StatusOr<std::string> ByteTokenizer::Decode(const std::vector<int32_t>& id
     }
     absl::StatusOr<std::string> t = TokenText(id);
     if (!t.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(t.status().message(), " (position ", i,
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(t.status().message(), " (position ", i, ")"));
     }
     out += *t;
   }

@@ -60,8 +60,8 @@ absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const nlohmann::json
   auto it = j.find("rope_scaling");
   if (it == j.end() || it->is_null()) return std::optional<RopeScaling>();
   if (!it->is_object()) {
-    return Invalid(source, "field 'rope_scaling': expected an object or null, got " +
-                               JsonTypeName(*it));
+    return Invalid(source,
+                   "field 'rope_scaling': expected an object or null, got " + JsonTypeName(*it));
   }
   const nlohmann::json& rs = *it;
   const std::string ctx = source + ": rope_scaling";
@@ -95,8 +95,10 @@ absl::StatusOr<std::vector<int>> ParseEos(const nlohmann::json& j, const std::st
   auto one = [&](const nlohmann::json& v) -> absl::Status {
     std::optional<int64_t> id = JsonToInt(v);
     if (!id || *id < 0 || *id > std::numeric_limits<int>::max()) {
-      return Invalid(source, "field 'eos_token_id': expected a non-negative integer or a list "
-                             "of them, got " + JsonTypeName(v) + " " + v.dump());
+      return Invalid(source,
+                     "field 'eos_token_id': expected a non-negative integer or a list "
+                     "of them, got " +
+                         JsonTypeName(v) + " " + v.dump());
     }
     out.push_back(static_cast<int>(*id));
     return absl::OkStatus();
@@ -151,9 +153,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
   c.architecture = (*arch_it)[0].get<std::string>();
   const ArchInfo* arch = FindArch(c.architecture);
   if (arch == nullptr) {
-    return absl::UnimplementedError(source + ": architecture '" + c.architecture +
-                                    "' is not supported; supported: " +
-                                    absl::StrJoin(SupportedArchitectures(), ", "));
+    return absl::UnimplementedError(
+        source + ": architecture '" + c.architecture +
+        "' is not supported; supported: " + absl::StrJoin(SupportedArchitectures(), ", "));
   }
   DUET_ASSIGN_OR_RETURN(std::optional<std::string> model_type,
                         GetOptionalString(j, "model_type", source));
@@ -179,14 +181,15 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
                                           c.num_attention_heads));
     }
     if (c.hidden_size % c.num_attention_heads != 0) {
-      return Invalid(source, absl::StrCat("field 'head_dim' is absent and hidden_size ",
-                                          c.hidden_size, " is not a multiple of "
-                                          "num_attention_heads ", c.num_attention_heads));
+      return Invalid(source,
+                     absl::StrCat("field 'head_dim' is absent and hidden_size ", c.hidden_size,
+                                  " is not a multiple of "
+                                  "num_attention_heads ",
+                                  c.num_attention_heads));
     }
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
-  DUET_ASSIGN_OR_RETURN(std::optional<int> max_pos,
-                        OptInt32(j, "max_position_embeddings", source));
+  DUET_ASSIGN_OR_RETURN(std::optional<int> max_pos, OptInt32(j, "max_position_embeddings", source));
   c.max_position_embeddings = max_pos.value_or(arch->default_max_position_embeddings);
 
   DUET_ASSIGN_OR_RETURN(std::optional<double> eps, GetOptionalNumber(j, "rms_norm_eps", source));
@@ -211,8 +214,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
   if (c.model_type == "llama") {
     if (attn_bias.value_or(false)) {
       return absl::UnimplementedError(
-          source + ": field 'attention_bias': true is not supported for LlamaForCausalLM "
-                   "(it adds an o_proj bias); q/k/v biases are supported via Qwen2ForCausalLM");
+          source +
+          ": field 'attention_bias': true is not supported for LlamaForCausalLM "
+          "(it adds an o_proj bias); q/k/v biases are supported via Qwen2ForCausalLM");
     }
     c.attention_bias = false;
     c.sliding_window = 0;
@@ -236,10 +240,12 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
       const int max_window_layers = mwl.value_or(28);
       if (sw && *sw > 0 && max_window_layers < c.num_hidden_layers) {
         if (max_window_layers > 0) {
-          return absl::UnimplementedError(absl::StrCat(
-              source, ": fields 'use_sliding_window'/'max_window_layers': a sliding window on "
-                      "only layers >= ", max_window_layers, " of ", c.num_hidden_layers,
-              " is not supported (only all layers or none)"));
+          return absl::UnimplementedError(
+              absl::StrCat(source,
+                           ": fields 'use_sliding_window'/'max_window_layers': a sliding window on "
+                           "only layers >= ",
+                           max_window_layers, " of ", c.num_hidden_layers,
+                           " is not supported (only all layers or none)"));
         }
         c.sliding_window = *sw;
       }
@@ -266,12 +272,13 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
 absl::Status ModelConfig::Validate() const {
   auto positive = [](const char* field, int64_t v) -> absl::Status {
     if (v > 0) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat("field '", field, "': must be positive, got ", v));
+    return absl::InvalidArgumentError(
+        absl::StrCat("field '", field, "': must be positive, got ", v));
   };
   if (FindArch(architecture) == nullptr) {
-    return absl::InvalidArgumentError("field 'architectures': '" + architecture +
-                                      "' is not supported; supported: " +
-                                      absl::StrJoin(SupportedArchitectures(), ", "));
+    return absl::InvalidArgumentError(
+        "field 'architectures': '" + architecture +
+        "' is not supported; supported: " + absl::StrJoin(SupportedArchitectures(), ", "));
   }
   if (model_type != FindArch(architecture)->model_type) {
     return absl::InvalidArgumentError("field 'model_type': '" + model_type + "' does not match " +
@@ -286,9 +293,9 @@ absl::Status ModelConfig::Validate() const {
   DUET_RETURN_IF_ERROR(positive("head_dim", head_dim));
   DUET_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
   if (num_attention_heads % num_key_value_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "field 'num_key_value_heads': num_attention_heads ", num_attention_heads,
-        " is not a multiple of num_key_value_heads ", num_key_value_heads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("field 'num_key_value_heads': num_attention_heads ", num_attention_heads,
+                     " is not a multiple of num_key_value_heads ", num_key_value_heads));
   }
   if (head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -296,8 +303,9 @@ absl::Status ModelConfig::Validate() const {
   }
   if (static_cast<int64_t>(num_attention_heads) * head_dim > std::numeric_limits<int>::max() ||
       static_cast<int64_t>(vocab_size) * hidden_size > (int64_t{1} << 40)) {
-    return absl::InvalidArgumentError("fields 'num_attention_heads'/'head_dim'/'vocab_size': "
-                                      "tensor sizes overflow");
+    return absl::InvalidArgumentError(
+        "fields 'num_attention_heads'/'head_dim'/'vocab_size': "
+        "tensor sizes overflow");
   }
   if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
     return absl::InvalidArgumentError(
@@ -330,8 +338,10 @@ absl::Status ModelConfig::Validate() const {
         absl::StrCat("field 'sliding_window': must be >= 0, got ", sliding_window));
   }
   if (attention_bias && model_type != "qwen2") {
-    return absl::InvalidArgumentError("field 'attention_bias': q/k/v biases are only supported "
-                                      "for Qwen2ForCausalLM, not " + architecture);
+    return absl::InvalidArgumentError(
+        "field 'attention_bias': q/k/v biases are only supported "
+        "for Qwen2ForCausalLM, not " +
+        architecture);
   }
   if (model_type == "llama" && sliding_window != 0) {
     return absl::InvalidArgumentError("field 'sliding_window': LlamaForCausalLM has none");

@@ -23,8 +23,8 @@ std::vector<double> RopeInvFreqF64(const ModelConfig& c) {
   const double high_freq_wavelen = old_ctx / high;
   for (int i = 0; i < half; ++i) {
     const double wavelen = 2.0 * std::numbers::pi / inv[i];
-    if (wavelen < high_freq_wavelen) continue;            // high frequency: unchanged
-    if (wavelen > low_freq_wavelen) {                      // low frequency: scaled down
+    if (wavelen < high_freq_wavelen) continue;  // high frequency: unchanged
+    if (wavelen > low_freq_wavelen) {           // low frequency: scaled down
       inv[i] = inv[i] / factor;
       continue;
     }

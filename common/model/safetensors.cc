@@ -27,9 +27,9 @@ struct DtypeInfo {
 };
 
 constexpr DtypeInfo kDtypes[] = {
-    {Dtype::kF64, "F64", 8},   {Dtype::kF32, "F32", 4},         {Dtype::kF16, "F16", 2},
-    {Dtype::kBF16, "BF16", 2}, {Dtype::kI64, "I64", 8},         {Dtype::kI32, "I32", 4},
-    {Dtype::kI16, "I16", 2},   {Dtype::kI8, "I8", 1},           {Dtype::kU8, "U8", 1},
+    {Dtype::kF64, "F64", 8},   {Dtype::kF32, "F32", 4},        {Dtype::kF16, "F16", 2},
+    {Dtype::kBF16, "BF16", 2}, {Dtype::kI64, "I64", 8},        {Dtype::kI32, "I32", 4},
+    {Dtype::kI16, "I16", 2},   {Dtype::kI8, "I8", 1},          {Dtype::kU8, "U8", 1},
     {Dtype::kBool, "BOOL", 1}, {Dtype::kF8E4M3, "F8_E4M3", 1}, {Dtype::kF8E5M2, "F8_E5M2", 1},
 };
 
@@ -119,8 +119,7 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     }
     mapping.reset(static_cast<const uint8_t*>(p));
   }
-  return std::unique_ptr<MappedFile>(
-      new MappedFile(path, std::move(fd), std::move(mapping), size));
+  return std::unique_ptr<MappedFile>(new MappedFile(path, std::move(fd), std::move(mapping), size));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -138,14 +137,15 @@ absl::Status SafetensorsFile::ParseHeader() {
   const size_t size = file_->size();
   auto bad = [&](const std::string& msg) { return absl::InvalidArgumentError(path + ": " + msg); };
   if (size < 8) {
-    return bad(absl::StrCat("file is ", size, " bytes; a safetensors file starts with an 8-byte "
+    return bad(absl::StrCat("file is ", size,
+                            " bytes; a safetensors file starts with an 8-byte "
                             "header length (truncated?)"));
   }
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | file_->data()[i];  // little endian
   if (header_len > size - 8) {
-    return bad(absl::StrCat("header length ", header_len, " runs past the end of the file (",
-                            size, " bytes, so at most ", size - 8, " header bytes; truncated?)"));
+    return bad(absl::StrCat("header length ", header_len, " runs past the end of the file (", size,
+                            " bytes, so at most ", size - 8, " header bytes; truncated?)"));
   }
   if (header_len > kMaxHeaderBytes) {
     return bad(absl::StrCat("header length ", header_len, " exceeds the format's limit of ",
@@ -153,7 +153,8 @@ absl::Status SafetensorsFile::ParseHeader() {
   }
   const std::string text(reinterpret_cast<const char*>(file_->data()) + 8, header_len);
   DUET_ASSIGN_OR_RETURN(nlohmann::json header, ParseJson(text, path + ": header"));
-  if (!header.is_object()) return bad("header: expected a JSON object, got " + JsonTypeName(header));
+  if (!header.is_object())
+    return bad("header: expected a JSON object, got " + JsonTypeName(header));
 
   const size_t data_start = 8 + static_cast<size_t>(header_len);
   const size_t data_size = size - data_start;
@@ -217,8 +218,8 @@ absl::Status SafetensorsFile::ParseHeader() {
     }
     if (end - begin != nbytes) {
       return bad(absl::StrCat(where, "data_offsets ", off->dump(), " span ", end - begin,
-                              " bytes; expected ", nbytes, " for shape ",
-                              ShapeToString(e.shape), " of ", DtypeName(e.dtype)));
+                              " bytes; expected ", nbytes, " for shape ", ShapeToString(e.shape),
+                              " of ", DtypeName(e.dtype)));
     }
     e.begin = data_start + begin;
     e.end = data_start + end;
@@ -271,8 +272,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
   const std::string index = model_dir + "/model.safetensors.index.json";
   if (FileExists(single)) return OpenFile(single);
   if (FileExists(index)) return OpenIndex(index);
-  return absl::NotFoundError(model_dir + ": no weights: expected model.safetensors or "
-                                         "model.safetensors.index.json");
+  return absl::NotFoundError(model_dir +
+                             ": no weights: expected model.safetensors or "
+                             "model.safetensors.index.json");
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::OpenFile(
@@ -316,8 +318,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
     if (s == shards.end()) {
       absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(dir + "/" + shard);
       if (!f.ok()) {
-        return Annotate(f.status(), index_path + ": shard '" + shard + "' (for tensor '" +
-                                        it.key() + "')");
+        return Annotate(f.status(),
+                        index_path + ": shard '" + shard + "' (for tensor '" + it.key() + "')");
       }
       s = shards.emplace(shard, f->get()).first;
       ckpt->files_.push_back(std::move(*f));

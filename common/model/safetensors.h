@@ -69,7 +69,7 @@ class MappedFile {
              size_t size)
       : path_(std::move(path)), fd_(std::move(fd)), mapping_(std::move(mapping)), size_(size) {}
   std::string path_;
-  ScopedFd fd_;                                        // created first, closed last
+  ScopedFd fd_;                                       // created first, closed last
   std::unique_ptr<const uint8_t, Unmapper> mapping_;  // removed before fd_ closes
   size_t size_ = 0;
 };

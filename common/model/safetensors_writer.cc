@@ -27,9 +27,8 @@ std::string SafetensorsWriter::EncodeHeader(const std::vector<TensorSpec>& specs
   uint64_t offset = 0;
   for (const TensorSpec& s : specs) {
     const uint64_t n = SpecBytes(s);
-    header[s.name] = {{"dtype", DtypeName(s.dtype)},
-                      {"shape", s.shape},
-                      {"data_offsets", {offset, offset + n}}};
+    header[s.name] = {
+        {"dtype", DtypeName(s.dtype)}, {"shape", s.shape}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string json = header.dump();
@@ -91,8 +90,10 @@ absl::Status SafetensorsWriter::Write(const void* data, size_t nbytes) {
 absl::Status SafetensorsWriter::AppendBytes(const void* data, size_t nbytes) {
   if (closed_) return absl::FailedPreconditionError(path_ + ": already closed");
   if (written_bytes_ + nbytes > total_bytes_) {
-    return absl::OutOfRangeError(absl::StrCat(path_, ": appending ", nbytes, " bytes overflows "
-                                              "the data section of ", total_bytes_, " bytes"));
+    return absl::OutOfRangeError(absl::StrCat(path_, ": appending ", nbytes,
+                                              " bytes overflows "
+                                              "the data section of ",
+                                              total_bytes_, " bytes"));
   }
   DUET_RETURN_IF_ERROR(Write(data, nbytes));
   written_bytes_ += nbytes;
@@ -134,7 +135,8 @@ absl::Status SafetensorsWriter::AppendFloats(const float* values, size_t count) 
       case Dtype::kF16:
       case Dtype::kBF16:
         for (size_t i = 0; i < take; ++i) {
-          const uint16_t h = s.dtype == Dtype::kF16 ? FloatToHalf(values[i]) : FloatToBf16(values[i]);
+          const uint16_t h =
+              s.dtype == Dtype::kF16 ? FloatToHalf(values[i]) : FloatToBf16(values[i]);
           std::memcpy(buf.data() + 2 * i, &h, 2);
         }
         break;
@@ -146,7 +148,8 @@ absl::Status SafetensorsWriter::AppendFloats(const float* values, size_t count) 
         break;
       default:
         return absl::InvalidArgumentError(path_ + ": tensor '" + s.name + "' has dtype " +
-                                          DtypeName(s.dtype) + "; floats can only fill F32, "
+                                          DtypeName(s.dtype) +
+                                          "; floats can only fill F32, "
                                           "F16, BF16 or F64");
     }
     DUET_RETURN_IF_ERROR(AppendBytes(buf.data(), buf.size()));
@@ -159,8 +162,8 @@ absl::Status SafetensorsWriter::AppendFloats(const float* values, size_t count) 
 absl::Status SafetensorsWriter::Close() {
   if (closed_) return absl::FailedPreconditionError(path_ + ": already closed");
   if (written_bytes_ != total_bytes_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path_, ": closed after ", written_bytes_, " of ", total_bytes_, " data bytes"));
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": closed after ", written_bytes_,
+                                                      " of ", total_bytes_, " data bytes"));
   }
   std::FILE* f = file_.release();
   const bool flush_failed = std::fflush(f) != 0;

@@ -121,12 +121,15 @@ absl::StatusOr<ModelConfig> Preset(const std::string& preset) {
     c.max_position_embeddings = 131072;
     c.rms_norm_eps = 1e-5f;
     c.rope_theta = 500000.0f;
-    c.rope_scaling = RopeScaling{.rope_type = "llama3", .factor = 8, .low_freq_factor = 1,
-                                 .high_freq_factor = 4, .original_max_position_embeddings = 8192};
+    c.rope_scaling = RopeScaling{.rope_type = "llama3",
+                                 .factor = 8,
+                                 .low_freq_factor = 1,
+                                 .high_freq_factor = 4,
+                                 .original_max_position_embeddings = 8192};
     return c;
   }
-  return absl::InvalidArgumentError("unknown synthetic preset '" + preset + "'; known: " +
-                                    absl::StrJoin(SyntheticPresets(), ", "));
+  return absl::InvalidArgumentError("unknown synthetic preset '" + preset +
+                                    "'; known: " + absl::StrJoin(SyntheticPresets(), ", "));
 }
 
 const char* ModelTypeOf(const std::string& arch) {
@@ -209,9 +212,9 @@ absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset,
   if (o.architecture) {
     c.architecture = *o.architecture;
     if (*ModelTypeOf(c.architecture) == '\0') {
-      return absl::InvalidArgumentError("architecture '" + c.architecture +
-                                        "' is not supported; supported: " +
-                                        absl::StrJoin(SupportedArchitectures(), ", "));
+      return absl::InvalidArgumentError(
+          "architecture '" + c.architecture +
+          "' is not supported; supported: " + absl::StrJoin(SupportedArchitectures(), ", "));
     }
   }
   c.model_type = ModelTypeOf(c.architecture);
@@ -263,7 +266,8 @@ absl::Status WriteSyntheticModel(const std::string& preset, uint64_t seed,
 
   // config.json is written from the config and read back: the two must agree.
   const std::string config_json = c.ToJsonString();
-  DUET_ASSIGN_OR_RETURN(ModelConfig reread, ModelConfig::FromJsonString(config_json, "config.json"));
+  DUET_ASSIGN_OR_RETURN(ModelConfig reread,
+                        ModelConfig::FromJsonString(config_json, "config.json"));
   if (!(reread == c)) {
     return absl::InternalError("synthetic config does not survive a config.json round trip");
   }
@@ -292,8 +296,7 @@ absl::Status WriteSyntheticModel(const std::string& preset, uint64_t seed,
   size_t next = 0;
   uint64_t done = 0;
   for (int s = 0; s < o.num_shards; ++s) {
-    const std::string file =
-        absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, o.num_shards);
+    const std::string file = absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, o.num_shards);
     const uint64_t target = total * static_cast<uint64_t>(s + 1) / o.num_shards;
     std::vector<ExpectedTensor> part;
     const size_t must_leave = static_cast<size_t>(o.num_shards - s - 1);  // >= 1 per later shard

@@ -14,10 +14,10 @@
 // tensor name) of N(0, 1) samples (Box-Muller) scaled by 1/sqrt(fan_in), so activations stay
 // O(1); with tied embeddings the residual branches' outputs (o_proj, down_proj) get
 // 4/sqrt(fan_in), so that the residual stream is not dominated by the token's own embedding
-// (which makes each token predict itself and greedy output repeat). Norms are 1 + N(0, 0.05^2); q/k/v biases
-// N(0, 0.5^2); untied embeddings N(0, 1), tied ones and lm_head N(0, (2/sqrt(hidden))^2), so
-// logits are O(1) (about N(0, 4)). Greedy outputs of tiny and smollm2-135m vary with the prompt.
-// A tensor's values depend only on the seed, its name and its shape.
+// (which makes each token predict itself and greedy output repeat). Norms are 1 + N(0, 0.05^2);
+// q/k/v biases N(0, 0.5^2); untied embeddings N(0, 1), tied ones and lm_head N(0,
+// (2/sqrt(hidden))^2), so logits are O(1) (about N(0, 4)). Greedy outputs of tiny and smollm2-135m
+// vary with the prompt. A tensor's values depend only on the seed, its name and its shape.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +40,7 @@ struct SyntheticOverrides {
   std::optional<int> intermediate;
   std::optional<int> vocab;  // >= 258 (the byte tokenizer's ids)
   std::optional<int> max_position_embeddings;
-  std::optional<int> sliding_window;  // Mistral/Qwen2 only
+  std::optional<int> sliding_window;   // Mistral/Qwen2 only
   std::optional<bool> attention_bias;  // implied by (and only valid for) Qwen2ForCausalLM
   std::optional<std::string> architecture;
   std::optional<bool> tie_word_embeddings;

@@ -15,8 +15,10 @@ constexpr const char kSupported[] =
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadByteTokenizer(const std::string& model_dir,
                                                              const nlohmann::json& tc,
                                                              const std::string& tc_path) {
-  DUET_ASSIGN_OR_RETURN(std::optional<std::string> bos, GetOptionalString(tc, "bos_token", tc_path));
-  DUET_ASSIGN_OR_RETURN(std::optional<std::string> eos, GetOptionalString(tc, "eos_token", tc_path));
+  DUET_ASSIGN_OR_RETURN(std::optional<std::string> bos,
+                        GetOptionalString(tc, "bos_token", tc_path));
+  DUET_ASSIGN_OR_RETURN(std::optional<std::string> eos,
+                        GetOptionalString(tc, "eos_token", tc_path));
   if (bos && *bos != ByteTokenizer::kBosText) {
     return absl::InvalidArgumentError(tc_path + ": field 'bos_token': '" + *bos +
                                       "'; DuetByteTokenizer expects '<|bos|>'");
@@ -59,17 +61,18 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
     if (cls && *cls == ByteTokenizer::kClassName) return LoadByteTokenizer(model_dir, tc, tc_path);
   }
   if (FileExists(tj_path)) {
-    return absl::UnimplementedError(tj_path + ": " +
-                                    (cls ? "tokenizer_class '" + *cls + "' with " : std::string()) +
-                                    "tokenizer.json (byte-level BPE) is not supported yet; " +
-                                    kSupported);
+    return absl::UnimplementedError(
+        tj_path + ": " + (cls ? "tokenizer_class '" + *cls + "' with " : std::string()) +
+        "tokenizer.json (byte-level BPE) is not supported yet; " + kSupported);
   }
   if (cls) {
     return absl::UnimplementedError(tc_path + ": tokenizer_class '" + *cls +
                                     "' is not supported; " + kSupported);
   }
-  return absl::NotFoundError(model_dir + ": no tokenizer found (looked for tokenizer_config.json "
-                                         "and tokenizer.json); " + kSupported);
+  return absl::NotFoundError(model_dir +
+                             ": no tokenizer found (looked for tokenizer_config.json "
+                             "and tokenizer.json); " +
+                             kSupported);
 }
 
 }  // namespace duet::model

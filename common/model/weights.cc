@@ -24,29 +24,33 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   out.push_back({"model.embed_tokens.weight", {v, h}, " = [vocab_size, hidden_size]"});
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     out.push_back({LayerName(i, "input_layernorm.weight"), {h}, " = [hidden_size]"});
-    out.push_back({LayerName(i, "self_attn.q_proj.weight"), {q, h},
+    out.push_back({LayerName(i, "self_attn.q_proj.weight"),
+                   {q, h},
                    " = [num_attention_heads*head_dim, hidden_size]"});
-    out.push_back({LayerName(i, "self_attn.k_proj.weight"), {kv, h},
+    out.push_back({LayerName(i, "self_attn.k_proj.weight"),
+                   {kv, h},
                    " = [num_key_value_heads*head_dim, hidden_size]"});
-    out.push_back({LayerName(i, "self_attn.v_proj.weight"), {kv, h},
+    out.push_back({LayerName(i, "self_attn.v_proj.weight"),
+                   {kv, h},
                    " = [num_key_value_heads*head_dim, hidden_size]"});
-    out.push_back({LayerName(i, "self_attn.o_proj.weight"), {h, q},
+    out.push_back({LayerName(i, "self_attn.o_proj.weight"),
+                   {h, q},
                    " = [hidden_size, num_attention_heads*head_dim]"});
     if (c.attention_bias) {
-      out.push_back({LayerName(i, "self_attn.q_proj.bias"), {q},
-                     " = [num_attention_heads*head_dim]"});
-      out.push_back({LayerName(i, "self_attn.k_proj.bias"), {kv},
-                     " = [num_key_value_heads*head_dim]"});
-      out.push_back({LayerName(i, "self_attn.v_proj.bias"), {kv},
-                     " = [num_key_value_heads*head_dim]"});
+      out.push_back(
+          {LayerName(i, "self_attn.q_proj.bias"), {q}, " = [num_attention_heads*head_dim]"});
+      out.push_back(
+          {LayerName(i, "self_attn.k_proj.bias"), {kv}, " = [num_key_value_heads*head_dim]"});
+      out.push_back(
+          {LayerName(i, "self_attn.v_proj.bias"), {kv}, " = [num_key_value_heads*head_dim]"});
     }
     out.push_back({LayerName(i, "post_attention_layernorm.weight"), {h}, " = [hidden_size]"});
-    out.push_back({LayerName(i, "mlp.gate_proj.weight"), {inter, h},
-                   " = [intermediate_size, hidden_size]"});
-    out.push_back({LayerName(i, "mlp.up_proj.weight"), {inter, h},
-                   " = [intermediate_size, hidden_size]"});
-    out.push_back({LayerName(i, "mlp.down_proj.weight"), {h, inter},
-                   " = [hidden_size, intermediate_size]"});
+    out.push_back(
+        {LayerName(i, "mlp.gate_proj.weight"), {inter, h}, " = [intermediate_size, hidden_size]"});
+    out.push_back(
+        {LayerName(i, "mlp.up_proj.weight"), {inter, h}, " = [intermediate_size, hidden_size]"});
+    out.push_back(
+        {LayerName(i, "mlp.down_proj.weight"), {h, inter}, " = [hidden_size, intermediate_size]"});
   }
   out.push_back({"model.norm.weight", {h}, " = [hidden_size]"});
   if (!c.tie_word_embeddings) {

@@ -1,10 +1,10 @@
 #include "common/model/float16.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
-
-#include <gtest/gtest.h>
 
 #include "common/model/safetensors.h"
 
@@ -19,9 +19,9 @@ TEST(Float16Test, HalfKnownPatterns) {
   EXPECT_EQ(HalfToFloat(0x3c00), 1.0f);
   EXPECT_EQ(HalfToFloat(0xc000), -2.0f);
   EXPECT_EQ(HalfToFloat(0x3555), 0.333251953125f);
-  EXPECT_EQ(HalfToFloat(0x7bff), 65504.0f);          // largest normal
-  EXPECT_EQ(HalfToFloat(0x0400), std::ldexp(1.0f, -14));  // smallest normal
-  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(HalfToFloat(0x7bff), 65504.0f);                  // largest normal
+  EXPECT_EQ(HalfToFloat(0x0400), std::ldexp(1.0f, -14));     // smallest normal
+  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));     // smallest subnormal
   EXPECT_EQ(HalfToFloat(0x03ff), std::ldexp(1023.0f, -24));  // largest subnormal
   EXPECT_EQ(HalfToFloat(0x8200), -std::ldexp(1.0f, -15));
   EXPECT_EQ(HalfToFloat(0x7c00), std::numeric_limits<float>::infinity());
@@ -50,11 +50,11 @@ TEST(Float16Test, FloatToHalfRoundsToNearestEven) {
   EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);  // overflows to inf
   EXPECT_EQ(FloatToHalf(1e10f), 0x7c00);
   EXPECT_EQ(FloatToHalf(-1e10f), 0xfc00);
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);             // tie -> 0
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);  // tie -> 0
   EXPECT_EQ(FloatToHalf(std::ldexp(1.5f, -25)), 0x0001);
-  EXPECT_EQ(FloatToHalf(std::ldexp(3.0f, -25)), 0x0002);             // 1.5 ulp tie -> even 2
+  EXPECT_EQ(FloatToHalf(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 ulp tie -> even 2
   EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -30)), 0x0000);
-  EXPECT_EQ(FloatToHalf(std::ldexp(1023.5f, -24)), 0x0400);          // rounds into normals
+  EXPECT_EQ(FloatToHalf(std::ldexp(1023.5f, -24)), 0x0400);  // rounds into normals
   EXPECT_EQ(FloatToHalf(-0.0f), 0x8000);
 }
 

@@ -1,9 +1,9 @@
 #include "common/model/model_config.h"
 
-#include <functional>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <functional>
 
 #include "nlohmann/json.hpp"
 #include "tests/unit/model_io/test_util.h"
@@ -112,7 +112,9 @@ TEST(ModelConfigTest, LegacyRopeScalingTypeKeyAndDefaultType) {
   });
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->rope_scaling.has_value());
-  c = ParseEdited(kLlama31, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "default"}}; });
+  c = ParseEdited(kLlama31, [](nlohmann::json& j) {
+    j["rope_scaling"] = {{"rope_type", "default"}};
+  });
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->rope_scaling.has_value());
 }
@@ -190,48 +192,92 @@ struct BadCase {
 
 TEST(ModelConfigTest, ErrorsNameFileAndField) {
   const std::vector<BadCase> cases = {
-      {"missing vocab", [](nlohmann::json& j) { j.erase("vocab_size"); },
-       absl::StatusCode::kInvalidArgument, {"missing field 'vocab_size'"}},
-      {"string size", [](nlohmann::json& j) { j["hidden_size"] = "576"; },
-       absl::StatusCode::kInvalidArgument, {"'hidden_size'", "expected an integer", "string"}},
-      {"fractional layers", [](nlohmann::json& j) { j["num_hidden_layers"] = 2.5; },
-       absl::StatusCode::kInvalidArgument, {"'num_hidden_layers'", "integer"}},
-      {"bad arch", [](nlohmann::json& j) { j["architectures"] = {"GPT2LMHeadModel"}; },
+      {"missing vocab",
+       [](nlohmann::json& j) { j.erase("vocab_size"); },
+       absl::StatusCode::kInvalidArgument,
+       {"missing field 'vocab_size'"}},
+      {"string size",
+       [](nlohmann::json& j) { j["hidden_size"] = "576"; },
+       absl::StatusCode::kInvalidArgument,
+       {"'hidden_size'", "expected an integer", "string"}},
+      {"fractional layers",
+       [](nlohmann::json& j) { j["num_hidden_layers"] = 2.5; },
+       absl::StatusCode::kInvalidArgument,
+       {"'num_hidden_layers'", "integer"}},
+      {"bad arch",
+       [](nlohmann::json& j) { j["architectures"] = {"GPT2LMHeadModel"}; },
        absl::StatusCode::kUnimplemented,
        {"GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}},
-      {"no arch", [](nlohmann::json& j) { j.erase("architectures"); },
-       absl::StatusCode::kInvalidArgument, {"'architectures'"}},
-      {"type mismatch", [](nlohmann::json& j) { j["model_type"] = "qwen2"; },
-       absl::StatusCode::kInvalidArgument, {"'model_type'", "qwen2"}},
-      {"gqa", [](nlohmann::json& j) { j["num_key_value_heads"] = 4; },
-       absl::StatusCode::kInvalidArgument, {"num_key_value_heads", "9", "4"}},
-      {"zero heads", [](nlohmann::json& j) { j["num_attention_heads"] = 0; },
-       absl::StatusCode::kInvalidArgument, {"num_attention_heads"}},
-      {"negative inter", [](nlohmann::json& j) { j["intermediate_size"] = -1; },
-       absl::StatusCode::kInvalidArgument, {"intermediate_size", "positive"}},
-      {"odd head_dim", [](nlohmann::json& j) { j["head_dim"] = 63; },
-       absl::StatusCode::kInvalidArgument, {"head_dim", "even"}},
-      {"eos range", [](nlohmann::json& j) { j["eos_token_id"] = {0, 50000}; },
-       absl::StatusCode::kInvalidArgument, {"eos_token_id", "50000"}},
-      {"eos type", [](nlohmann::json& j) { j["eos_token_id"] = "</s>"; },
-       absl::StatusCode::kInvalidArgument, {"eos_token_id"}},
-      {"yarn", [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; },
-       absl::StatusCode::kUnimplemented, {"rope_scaling", "yarn", "llama3"}},
+      {"no arch",
+       [](nlohmann::json& j) { j.erase("architectures"); },
+       absl::StatusCode::kInvalidArgument,
+       {"'architectures'"}},
+      {"type mismatch",
+       [](nlohmann::json& j) { j["model_type"] = "qwen2"; },
+       absl::StatusCode::kInvalidArgument,
+       {"'model_type'", "qwen2"}},
+      {"gqa",
+       [](nlohmann::json& j) { j["num_key_value_heads"] = 4; },
+       absl::StatusCode::kInvalidArgument,
+       {"num_key_value_heads", "9", "4"}},
+      {"zero heads",
+       [](nlohmann::json& j) { j["num_attention_heads"] = 0; },
+       absl::StatusCode::kInvalidArgument,
+       {"num_attention_heads"}},
+      {"negative inter",
+       [](nlohmann::json& j) { j["intermediate_size"] = -1; },
+       absl::StatusCode::kInvalidArgument,
+       {"intermediate_size", "positive"}},
+      {"odd head_dim",
+       [](nlohmann::json& j) { j["head_dim"] = 63; },
+       absl::StatusCode::kInvalidArgument,
+       {"head_dim", "even"}},
+      {"eos range",
+       [](nlohmann::json& j) {
+         j["eos_token_id"] = {0, 50000};
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"eos_token_id", "50000"}},
+      {"eos type",
+       [](nlohmann::json& j) { j["eos_token_id"] = "</s>"; },
+       absl::StatusCode::kInvalidArgument,
+       {"eos_token_id"}},
+      {"yarn",
+       [](nlohmann::json& j) {
+         j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}};
+       },
+       absl::StatusCode::kUnimplemented,
+       {"rope_scaling", "yarn", "llama3"}},
       {"llama3 missing factor",
-       [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "llama3"}}; },
-       absl::StatusCode::kInvalidArgument, {"rope_scaling", "'factor'"}},
-      {"rope_scaling type", [](nlohmann::json& j) { j["rope_scaling"] = 8; },
-       absl::StatusCode::kInvalidArgument, {"rope_scaling"}},
-      {"gelu", [](nlohmann::json& j) { j["hidden_act"] = "gelu"; },
-       absl::StatusCode::kUnimplemented, {"hidden_act", "gelu", "silu"}},
-      {"llama bias", [](nlohmann::json& j) { j["attention_bias"] = true; },
-       absl::StatusCode::kUnimplemented, {"attention_bias"}},
-      {"mlp bias", [](nlohmann::json& j) { j["mlp_bias"] = true; },
-       absl::StatusCode::kUnimplemented, {"mlp_bias"}},
-      {"tie type", [](nlohmann::json& j) { j["tie_word_embeddings"] = 1; },
-       absl::StatusCode::kInvalidArgument, {"tie_word_embeddings", "boolean"}},
-      {"eps", [](nlohmann::json& j) { j["rms_norm_eps"] = 0; },
-       absl::StatusCode::kInvalidArgument, {"rms_norm_eps"}},
+       [](nlohmann::json& j) {
+         j["rope_scaling"] = {{"rope_type", "llama3"}};
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"rope_scaling", "'factor'"}},
+      {"rope_scaling type",
+       [](nlohmann::json& j) { j["rope_scaling"] = 8; },
+       absl::StatusCode::kInvalidArgument,
+       {"rope_scaling"}},
+      {"gelu",
+       [](nlohmann::json& j) { j["hidden_act"] = "gelu"; },
+       absl::StatusCode::kUnimplemented,
+       {"hidden_act", "gelu", "silu"}},
+      {"llama bias",
+       [](nlohmann::json& j) { j["attention_bias"] = true; },
+       absl::StatusCode::kUnimplemented,
+       {"attention_bias"}},
+      {"mlp bias",
+       [](nlohmann::json& j) { j["mlp_bias"] = true; },
+       absl::StatusCode::kUnimplemented,
+       {"mlp_bias"}},
+      {"tie type",
+       [](nlohmann::json& j) { j["tie_word_embeddings"] = 1; },
+       absl::StatusCode::kInvalidArgument,
+       {"tie_word_embeddings", "boolean"}},
+      {"eps",
+       [](nlohmann::json& j) { j["rms_norm_eps"] = 0; },
+       absl::StatusCode::kInvalidArgument,
+       {"rms_norm_eps"}},
   };
   for (const BadCase& bc : cases) {
     SCOPED_TRACE(bc.name);
@@ -246,7 +292,8 @@ TEST(ModelConfigTest, ErrorsNameFileAndField) {
 }
 
 TEST(ModelConfigTest, BadJsonAndMissingFile) {
-  absl::StatusOr<ModelConfig> c = ModelConfig::FromJsonString("{\"vocab_size\": 3,", "a/config.json");
+  absl::StatusOr<ModelConfig> c =
+      ModelConfig::FromJsonString("{\"vocab_size\": 3,", "a/config.json");
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), AllOf(HasSubstr("a/config.json"), HasSubstr("bad JSON")));

@@ -1,8 +1,8 @@
 #include "common/model/rope.h"
 
-#include <cmath>
-
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 namespace duet::model {
 namespace {
@@ -21,8 +21,8 @@ TEST(RopeTest, PlainInverseFrequencies) {
   std::vector<float> f = RopeInvFreq(c);
   ASSERT_EQ(f.size(), 8u);
   EXPECT_FLOAT_EQ(f[0], 1.0f);
-  EXPECT_FLOAT_EQ(f[1], 0.31622776601683794f);   // 10000^(-1/8)
-  EXPECT_FLOAT_EQ(f[4], 0.01f);                  // 10000^(-4/8)
+  EXPECT_FLOAT_EQ(f[1], 0.31622776601683794f);     // 10000^(-1/8)
+  EXPECT_FLOAT_EQ(f[4], 0.01f);                    // 10000^(-4/8)
   EXPECT_FLOAT_EQ(f[7], 0.00031622776601683794f);  // 10000^(-7/8)
   for (size_t i = 1; i < f.size(); ++i) EXPECT_LT(f[i], f[i - 1]);
 }
@@ -39,8 +39,11 @@ double Llama3Reference(double base_freq, double factor, double low, double high,
 
 TEST(RopeTest, Llama3ScalingMatchesReference) {
   ModelConfig c = Base(128, 500000.0f);
-  c.rope_scaling = RopeScaling{.rope_type = "llama3", .factor = 8, .low_freq_factor = 1,
-                               .high_freq_factor = 4, .original_max_position_embeddings = 8192};
+  c.rope_scaling = RopeScaling{.rope_type = "llama3",
+                               .factor = 8,
+                               .low_freq_factor = 1,
+                               .high_freq_factor = 4,
+                               .original_max_position_embeddings = 8192};
   std::vector<float> f = RopeInvFreq(c);
   ASSERT_EQ(f.size(), 64u);
   int high = 0, low = 0, medium = 0;
@@ -74,8 +77,11 @@ TEST(RopeTest, Llama3ScalingMatchesReference) {
 TEST(RopeTest, ScalingChangesOnlyLowFrequencies) {
   ModelConfig plain = Base(64, 10000.0f);
   ModelConfig scaled = plain;
-  scaled.rope_scaling = RopeScaling{.rope_type = "llama3", .factor = 4, .low_freq_factor = 1,
-                                    .high_freq_factor = 4, .original_max_position_embeddings = 256};
+  scaled.rope_scaling = RopeScaling{.rope_type = "llama3",
+                                    .factor = 4,
+                                    .low_freq_factor = 1,
+                                    .high_freq_factor = 4,
+                                    .original_max_position_embeddings = 256};
   std::vector<float> a = RopeInvFreq(plain), b = RopeInvFreq(scaled);
   EXPECT_EQ(a[0], b[0]);
   EXPECT_NE(a.back(), b.back());

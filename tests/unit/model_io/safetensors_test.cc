@@ -1,10 +1,10 @@
 #include "common/model/safetensors.h"
 
-#include <cstring>
-#include <random>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
 
 #include "common/model/float16.h"
 #include "common/model/safetensors_writer.h"
@@ -99,9 +99,8 @@ TEST(SafetensorsTest, CheckpointShapeChecks) {
   auto missing = (*ckpt)->GetWithShape("model.norm.weight", {64});
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(Msg(missing.status()),
-              AllOf(HasSubstr(dir / "model.safetensors"), HasSubstr("'model.norm.weight'"),
-                    HasSubstr("[64]")));
+  EXPECT_THAT(Msg(missing.status()), AllOf(HasSubstr(dir / "model.safetensors"),
+                                           HasSubstr("'model.norm.weight'"), HasSubstr("[64]")));
 }
 
 struct Malformed {
@@ -123,7 +122,8 @@ TEST(SafetensorsTest, MalformedFilesGiveClearErrors) {
       {"unknown dtype",
        HeaderBytes(R"({"w":{"dtype":"F9","shape":[3],"data_offsets":[0,12]}})") + data12,
        {"tensor 'w'", "unknown dtype 'F9'", "BF16"}},
-      {"missing dtype", HeaderBytes(R"({"w":{"shape":[3],"data_offsets":[0,12]}})") + data12,
+      {"missing dtype",
+       HeaderBytes(R"({"w":{"shape":[3],"data_offsets":[0,12]}})") + data12,
        {"tensor 'w'", "dtype"}},
       {"negative shape",
        HeaderBytes(R"({"w":{"dtype":"F32","shape":[-3],"data_offsets":[0,12]}})") + data12,
@@ -136,9 +136,11 @@ TEST(SafetensorsTest, MalformedFilesGiveClearErrors) {
            R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,12]}})") +
            data12,
        {"tensor 'w'", "overflows"}},
-      {"missing offsets", HeaderBytes(R"({"w":{"dtype":"F32","shape":[3]}})") + data12,
+      {"missing offsets",
+       HeaderBytes(R"({"w":{"dtype":"F32","shape":[3]}})") + data12,
        {"tensor 'w'", "data_offsets"}},
-      {"offsets past data (truncated)", HeaderBytes("{" + ok_entry + "}") + std::string(8, '\0'),
+      {"offsets past data (truncated)",
+       HeaderBytes("{" + ok_entry + "}") + std::string(8, '\0'),
        {"tensor 'w'", "[0,12]", "past the end of the data section", "8 bytes", "truncated"}},
       {"offsets inconsistent with shape",
        HeaderBytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})") + data12,
@@ -284,9 +286,11 @@ TEST(SafetensorsTest, BadIndexes) {
     std::vector<std::string> must_mention;
   };
   const std::vector<Case> cases = {
-      {"missing shard", R"({"weight_map": {"x": "s1.safetensors", "y": "s2.safetensors"}})",
+      {"missing shard",
+       R"({"weight_map": {"x": "s1.safetensors", "y": "s2.safetensors"}})",
        {"s2.safetensors", "'y'", "index.json"}},
-      {"tensor not in shard", R"({"weight_map": {"x": "s1.safetensors", "q": "s1.safetensors"}})",
+      {"tensor not in shard",
+       R"({"weight_map": {"x": "s1.safetensors", "q": "s1.safetensors"}})",
        {"'q'", "s1.safetensors", "does not contain"}},
       {"no weight_map", R"({"metadata": {}})", {"weight_map"}},
       {"bad json", R"({"weight_map": )", {"bad JSON"}},

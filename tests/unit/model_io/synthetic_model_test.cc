@@ -1,13 +1,13 @@
 #include "common/model/synthetic_model.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numeric>
 #include <set>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "common/model/model_config.h"
 #include "common/model/weights.h"
@@ -40,10 +40,10 @@ TEST(SyntheticModelTest, TinyPresetGeometryAndFiles) {
   EXPECT_EQ(c->max_position_embeddings, 4096);
   EXPECT_EQ(c->bos_token_id, 256);
   EXPECT_EQ(c->eos_token_ids, std::vector<int>({257}));
-  EXPECT_THAT(ReadRaw(dir / "tokenizer_config.json"),
-              AllOf(HasSubstr("\"tokenizer_class\": \"DuetByteTokenizer\""),
-                    HasSubstr("\"bos_token\": \"<|bos|>\""),
-                    HasSubstr("\"eos_token\": \"<|eos|>\"")));
+  EXPECT_THAT(
+      ReadRaw(dir / "tokenizer_config.json"),
+      AllOf(HasSubstr("\"tokenizer_class\": \"DuetByteTokenizer\""),
+            HasSubstr("\"bos_token\": \"<|bos|>\""), HasSubstr("\"eos_token\": \"<|eos|>\"")));
 }
 
 TEST(SyntheticModelTest, DeterministicPerSeedAndDifferentAcrossSeeds) {
@@ -147,8 +147,11 @@ TEST(SyntheticModelTest, OverridesReachConfigJson) {
   o.architecture = "MistralForCausalLM";
   o.sliding_window = 16;
   o.tie_word_embeddings = true;
-  o.rope_scaling = RopeScaling{.rope_type = "llama3", .factor = 4, .low_freq_factor = 1,
-                               .high_freq_factor = 4, .original_max_position_embeddings = 64};
+  o.rope_scaling = RopeScaling{.rope_type = "llama3",
+                               .factor = 4,
+                               .low_freq_factor = 1,
+                               .high_freq_factor = 4,
+                               .original_max_position_embeddings = 64};
   ASSERT_TRUE(WriteSyntheticModel("tiny", 1, dir.path(), o).ok());
   auto c = ModelConfig::FromJsonFile(dir / "config.json");
   ASSERT_TRUE(c.ok()) << c.status();

@@ -1,14 +1,13 @@
 // Helpers for the model I/O tests: scratch directories and raw file writing.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace duet::model::testing {
 

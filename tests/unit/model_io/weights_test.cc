@@ -1,9 +1,9 @@
 #include "common/model/weights.h"
 
-#include <cmath>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "common/model/float16.h"
 #include "common/model/safetensors.h"
@@ -127,9 +127,9 @@ TEST(WeightsTest, MissingAndMisShapedTensorsAreNamed) {
   auto w = LoadWeights(dir.path(), more_layers);
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(Msg(w.status()), AllOf(HasSubstr(dir / "model.safetensors"),
-                                     HasSubstr("missing tensor 'model.layers.2."),
-                                     HasSubstr("expected shape")));
+  EXPECT_THAT(Msg(w.status()),
+              AllOf(HasSubstr(dir / "model.safetensors"),
+                    HasSubstr("missing tensor 'model.layers.2."), HasSubstr("expected shape")));
 
   ModelConfig wider = c;
   wider.intermediate_size = 256;
@@ -178,8 +178,8 @@ TEST(WeightsTest, IntegerTensorIsRefused) {
   ASSERT_TRUE((*w)->Close().ok());
   auto loaded = LoadWeights(dir.path(), c);
   ASSERT_FALSE(loaded.ok());
-  EXPECT_THAT(Msg(loaded.status()),
-              AllOf(HasSubstr("'model.norm.weight'"), HasSubstr("I32"), HasSubstr("F32, F16 or BF16")));
+  EXPECT_THAT(Msg(loaded.status()), AllOf(HasSubstr("'model.norm.weight'"), HasSubstr("I32"),
+                                          HasSubstr("F32, F16 or BF16")));
 }
 
 TEST(WeightsTest, ExpectedTensorNamesFollowHf) {
