@@ -18,6 +18,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/model/synthetic_model.h"
 
@@ -33,11 +35,13 @@ namespace {
 
 // The Debian Abseil's ParseCommandLine exits with status 1 on a bad flag; this tool promises 2
 // for every usage error, so an exit during parsing is turned into 2.
+// A --help* request is not an error: it exits 0.
 std::atomic<bool> g_parsing{false};
+std::atomic<bool> g_help{false};
 void ExitTwoIfParsing() {
   if (g_parsing.load()) {
     std::fflush(stdout);
-    _exit(2);
+    _exit(g_help.load() ? 0 : 2);
   }
 }
 
@@ -53,7 +57,16 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "duet-make-model --preset NAME --seed N --out DIR [--dtype f32|bf16|f16] "
       "[--num_layers N] [--num_shards N] [--config_only]");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "make_model_main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
   std::atexit(ExitTwoIfParsing);
+  for (int i = 1; i < argc; ++i) {
+    if (absl::StartsWith(argv[i], "--help") || absl::StartsWith(argv[i], "-help")) g_help = true;
+  }
   g_parsing = true;
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   g_parsing = false;
