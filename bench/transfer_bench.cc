@@ -47,6 +47,9 @@ ABSL_FLAG(std::string, prompts, "128,512,2048,8192", "prompt lengths (tokens)");
 ABSL_FLAG(std::string, block_sizes, "16,32", "tokens per block");
 ABSL_FLAG(int, iters, 5, "measured iterations per mode");
 ABSL_FLAG(bool, perftest, true, "run ucx_perftest for the reference bandwidth");
+ABSL_FLAG(int64_t, idle_spin_us, 200, "progress thread: poll this long before sleeping (-1: never sleep)");
+ABSL_FLAG(int64_t, chunk_kib, 1024, "put-lane chunk size (KiB)");
+ABSL_FLAG(int64_t, am_chunk_kib, 4096, "am-lane (rendezvous) chunk size (KiB)");
 ABSL_FLAG(int64_t, max_bytes, int64_t{1} << 30, "skip configurations whose KV exceeds this");
 // Receiver role (internal).
 ABSL_FLAG(std::string, role, "sender", "internal: sender or receiver");
@@ -110,9 +113,13 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& prof
                                                          const std::string& name,
                                                          const kv::KvLayout& layout) {
   DUET_ASSIGN_OR_RETURN(UcxProfile profile, UcxProfileByName(profile_name));
-  return CreateTransport("ucx", TransportOptions{.name = name, .layout = layout,
-                                                 .tls = profile.tls,
-                                                 .net_devices = profile.net_devices});
+  TransportOptions options{.name = name, .layout = layout, .tls = profile.tls,
+                           .net_devices = profile.net_devices};
+  const int64_t spin = absl::GetFlag(FLAGS_idle_spin_us);
+  options.chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
+  options.am_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_am_chunk_kib)) << 10;
+  options.idle_spin = spin < 0 ? absl::InfiniteDuration() : absl::Microseconds(spin);
+  return CreateTransport("ucx", options);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -260,7 +267,10 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
     const std::string exe = std::filesystem::read_symlink("/proc/self/exe");
     std::vector<std::string> args = {exe, "--role=receiver", "--dir=" + dir,
                                      "--profile=" + c.transport, "--layout=" + EncodeLayout(layout),
-                                     absl::StrCat("--blocks=", n)};
+                                     absl::StrCat("--blocks=", n),
+                                     absl::StrCat("--idle_spin_us=", absl::GetFlag(FLAGS_idle_spin_us)),
+                                     absl::StrCat("--chunk_kib=", absl::GetFlag(FLAGS_chunk_kib)),
+                                     absl::StrCat("--am_chunk_kib=", absl::GetFlag(FLAGS_am_chunk_kib))};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -387,7 +397,9 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
   }
   const double total_ms = Median(bulk_ms);
   const double gbps = total_bytes / (total_ms / 1e3) / 1e9;
-  const size_t msg = static_cast<size_t>(std::min<uint64_t>(layer_bytes, uint64_t{1} << 20));
+  const uint64_t chunk = static_cast<uint64_t>(info.lane == "am" ? absl::GetFlag(FLAGS_am_chunk_kib)
+                                                                 : absl::GetFlag(FLAGS_chunk_kib)) << 10;
+  const size_t msg = static_cast<size_t>(std::min<uint64_t>(layer_bytes, chunk));
   PerftestBest ref;
   if (absl::GetFlag(FLAGS_perftest)) ref = BestPerftest(c.transport, msg);
   const double memcpy_gbps = MemcpyGBps(layer_bytes);

@@ -79,9 +79,13 @@ struct TransportOptions {
   std::string tls;                 // e.g. "posix,sysv,cma,self" or "tcp,self"
   std::string net_devices;         // e.g. "lo"
   std::string write_mode = "auto"; // auto (put where a native RMA lane exists, else am), put, am
-  uint64_t chunk_bytes = 1 << 20;  // large runs are split into chunks of this size
+  uint64_t chunk_bytes = 1 << 20;     // "put" lane: large runs are split into chunks this size
+  uint64_t am_chunk_bytes = 4 << 20;  // "am" lane (rendezvous messages): chunk size
   int window_chunks = 16;          // chunks in flight per transfer
   absl::Duration keepalive = absl::Milliseconds(500);  // dead-peer detection interval
+  // The progress thread keeps polling this long after its last work before it sleeps on the
+  // worker's event fd (lower latency vs. CPU left to others). InfiniteDuration: never sleep.
+  absl::Duration idle_spin = absl::Microseconds(200);
 };
 
 enum class TransferState { kPending, kDone, kFailed, kCancelled };

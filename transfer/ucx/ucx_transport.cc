@@ -82,7 +82,10 @@ absl::Status UcxTransport::Init() {
     absl::MutexLock lock(&waker_->mu);
     waker_->worker = worker;
   }
+  // The worker only runs queued calls, and none can be queued before Create returns, so
+  // worker_tid_ is written before any RunOnWorker reads it.
   thread_ = std::thread([this] { Loop(); });
+  worker_tid_ = thread_.get_id();
   return absl::OkStatus();
 }
 
@@ -377,13 +380,7 @@ absl::StatusOr<TransferHandle> UcxTransport::PostWrite(PeerId peer, std::vector<
   DUET_RETURN_IF_ERROR(ValidateOps(ops, local_bytes, remote_bytes));
 
   auto t = std::make_unique<ActiveTransfer>();
-  const uint64_t chunk = std::max<uint64_t>(options_.chunk_bytes, 4096);
-  for (const WriteOp& op : ops) {
-    for (uint64_t done = 0; done < op.length; done += chunk) {
-      t->chunks.push_back(WriteOp{op.local_offset + done, op.remote_offset + done,
-                                  std::min(chunk, op.length - done)});
-    }
-  }
+  t->ops = std::move(ops);
   t->rec = std::make_shared<internal::TransferRecord>();
   std::weak_ptr<Waker> waker = waker_;
   t->rec->set_on_cancel([waker] {
@@ -404,6 +401,17 @@ absl::StatusOr<TransferHandle> UcxTransport::PostWrite(PeerId peer, std::vector<
     }
     t->peer = it->second.get();
     t->notice_header = NoticeHeader{instance_, next_xfer_++, 0};
+    // Chunk per lane: ~1 MiB puts are the sweet spot over shm; rendezvous messages over tcp
+    // amortise their handshake better with larger chunks.
+    const uint64_t chunk = std::max<uint64_t>(
+        t->peer->use_put ? options_.chunk_bytes : options_.am_chunk_bytes, 4096);
+    for (const WriteOp& op : t->ops) {
+      for (uint64_t done = 0; done < op.length; done += chunk) {
+        t->chunks.push_back(WriteOp{op.local_offset + done, op.remote_offset + done,
+                                    std::min(chunk, op.length - done)});
+      }
+    }
+    t->ops.clear();
     if (t->peer->use_put) {
       t->steps = {Step::kData, Step::kWaitIdle, Step::kFlush, Step::kWaitIdle, Step::kNotice,
                   Step::kWaitIdle};

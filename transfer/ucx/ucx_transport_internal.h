@@ -24,7 +24,6 @@ namespace duet::transfer::ucx_internal {
 
 constexpr unsigned kAmData = 1;
 constexpr unsigned kAmNotice = 2;
-constexpr int kSpinRounds = 2000;  // idle progress rounds before sleeping on the event fd
 
 struct DataHeader {
   uint64_t sender;
@@ -112,6 +111,7 @@ enum class Step { kData, kWaitIdle, kFlush, kNotice };
 struct ActiveTransfer {
   std::shared_ptr<internal::TransferRecord> rec;
   PeerConn* peer = nullptr;
+  std::vector<WriteOp> ops;     // as posted; split into `chunks` on the worker
   std::vector<WriteOp> chunks;
   std::vector<DataHeader> headers;  // "am" lane: one per chunk, alive until sent
   size_t next = 0;

@@ -51,9 +51,8 @@ bool UcxTransport::RunQueued() {
 }
 
 void UcxTransport::Loop() {
-  worker_tid_ = std::this_thread::get_id();
   ucp_worker_h w = worker_.get();
-  int idle_rounds = 0;
+  absl::Time last_work = absl::Now();
   absl::Time next_watchdog = absl::Now() + options_.keepalive;
   while (true) {
     bool did = RunQueued();
@@ -68,11 +67,12 @@ void UcxTransport::Loop() {
       absl::MutexLock lock(&queue_mu_);
       if (stop_ && queue_.empty()) break;
     }
+    const absl::Time now = absl::Now();
     if (did || busy) {
-      idle_rounds = 0;
+      last_work = now;
       continue;
     }
-    if (++idle_rounds < kSpinRounds) continue;
+    if (now - last_work < options_.idle_spin) continue;
     if (ucp_worker_arm(w) == UCS_ERR_BUSY) continue;
     {
       absl::MutexLock lock(&queue_mu_);
@@ -82,7 +82,7 @@ void UcxTransport::Loop() {
     const int timeout_ms =
         static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(options_.keepalive), 1, 100));
     poll(&pfd, 1, timeout_ms);
-    idle_rounds = kSpinRounds / 2;
+    last_work = absl::Now();
   }
   Shutdown();
 }
