@@ -2,9 +2,11 @@
 // (GQA, block tables, mixed prefill / decode / chunked-prefill sequences, sliding window).
 // Only KvDtype::kF32 caches are supported; other dtypes fail a DUET_CHECK.
 //
-// Attention is parallel over (query row, kv head) work items; each (row, q head) output is
-// computed by one thread in a fixed order over the keys (scores, max, exp-sum, weighted V sum),
-// so it depends only on that row and its sequence's KV: batch- and thread-invariant.
+// Attention is parallel over (tile of up to 4 query rows of one sequence, kv head) work items;
+// the tile's rows and the kv head's GQA q heads share each K/V load. Each (row, q head) output
+// is computed by one thread in a fixed order over its keys (DotF32 scores, max, exp and sum in
+// key order, one FMA chain per element of the weighted V sum), so it depends only on that row
+// and its sequence's KV, never on the tiling, the batch or the thread count.
 //
 //   WriteKvRows(cache, layer, k, v, slots, n);
 //   PagedAttentionF32(&pool, cache, layer, q, seqs, params, out);
