@@ -1,5 +1,6 @@
 // duet: the command-line entry point. Thin dispatch to the subcommands in commands.h.
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -19,6 +20,22 @@ constexpr char kUsage[] =
     "              --json --device auto|cpu|cuda --threads N]\n"
     "run `duet <command> --help` for every flag.\n";
 
+// absl flags are spelled with underscores; accept the dashed spelling users expect
+// (--max-tokens) by rewriting the name part of each "--flag[=value]" argument.
+void NormalizeFlagNames(std::vector<char*>& args, std::vector<std::string>& storage) {
+  storage.reserve(args.size());
+  for (char*& arg : args) {
+    std::string a = arg;
+    if (a.size() < 3 || a.compare(0, 2, "--") != 0) continue;
+    const size_t end = std::min(a.find('='), a.size());
+    for (size_t i = 2; i < end; ++i) {
+      if (a[i] == '-') a[i] = '_';
+    }
+    storage.push_back(std::move(a));
+    arg = storage.back().data();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -30,6 +47,8 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   // Parse flags from everything after the subcommand name.
   std::vector<char*> rest(argv + 1, argv + argc);
+  std::vector<std::string> storage;
+  NormalizeFlagNames(rest, storage);
   std::vector<char*> args = absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
   if (command == "generate") return duet::cli::RunGenerate(args);
   std::fprintf(stderr, "duet: unknown command '%s'\n\n%s", command.c_str(), kUsage);

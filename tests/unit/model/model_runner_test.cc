@@ -1,0 +1,261 @@
+// ModelRunner invariants: the KV cache is exact (decode == full recompute, DESIGN.md invariant 2),
+// a sequence's results do not depend on its batch (the ground of invariant 1), the layer-done
+// hook fires once per layer after the layer's K/V are in the pool, and bad input changes nothing.
+#include "common/model/model_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/compute/compute_backend.h"
+#include "common/kv/block_pool.h"
+#include "common/kv/block_table.h"
+#include "common/model/local_engine.h"
+#include "common/model/synthetic_model.h"
+#include "common/model/weights.h"
+
+namespace duet::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Model {
+  std::unique_ptr<compute::ComputeBackend> backend;
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<kv::BlockPool> pool;
+};
+
+Model MakeModel(const SyntheticOverrides& o, int block_size = 16, int64_t num_blocks = 256,
+                int threads = 2) {
+  static int counter = 0;
+  const fs::path dir = fs::temp_directory_path() /
+                       ("duet_runner_test_" + std::to_string(getpid()) + "_" +
+                        std::to_string(counter++));
+  EXPECT_TRUE(WriteSyntheticModel("tiny", 11, dir.string(), o).ok());
+  auto config = ModelConfig::FromJsonFile((dir / "config.json").string());
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto weights = LoadWeights(dir.string(), *config);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  fs::remove_all(dir);
+  Model m;
+  m.backend = *compute::CreateBackend("cpu", {.num_threads = threads});
+  auto runner = ModelRunner::Create(*config, std::move(*weights), m.backend.get());
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  m.runner = std::move(*runner);
+  m.pool = *kv::BlockPool::Create(m.runner->MakeKvLayout(block_size), num_blocks);
+  return m;
+}
+
+std::vector<int32_t> Tokens(int n, int salt, int vocab) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (i * 37 + salt * 101 + 5) % vocab;
+  return t;
+}
+
+std::vector<float> RunOne(Model& m, kv::BlockTable& table, const std::vector<int32_t>& tokens) {
+  std::vector<SequenceInput> b = {{.seq_id = 1, .tokens = tokens,
+                                   .start_pos = static_cast<int32_t>(table.num_tokens()),
+                                   .table = &table, .want_logits = true}};
+  auto out = m.runner->Forward(absl::MakeSpan(b), m.pool->View());
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? out->logits : std::vector<float>();
+}
+
+double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * double(a[i] - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+struct GqaCase {
+  int heads, kv_heads;
+};
+
+class KvCacheExactTest : public ::testing::TestWithParam<GqaCase> {};
+
+// Decode with the cache gives the logits of a full recompute of the prefix, for lengths that
+// cross block boundaries.
+TEST_P(KvCacheExactTest, DecodeMatchesRecompute) {
+  SyntheticOverrides o;
+  o.num_heads = GetParam().heads;
+  o.num_kv_heads = GetParam().kv_heads;
+  o.head_dim = 16;
+  o.hidden = 16 * GetParam().heads;
+  Model m = MakeModel(o, /*block_size=*/8);
+  const int vocab = m.runner->config().vocab_size;
+  for (int prefix : {1, 7, 8, 9, 23}) {
+    const std::vector<int32_t> all = Tokens(prefix + 4, prefix, vocab);
+    kv::BlockTable cached(m.pool.get());
+    RunOne(m, cached, std::vector<int32_t>(all.begin(), all.begin() + prefix));
+    for (int step = 0; step < 4; ++step) {
+      const int pos = prefix + step;
+      std::vector<float> dec = RunOne(m, cached, {all[pos]});
+      kv::BlockTable fresh(m.pool.get());
+      std::vector<float> full =
+          RunOne(m, fresh, std::vector<int32_t>(all.begin(), all.begin() + pos + 1));
+      ASSERT_EQ(dec.size(), full.size());
+      EXPECT_LT(RelErr(dec, full), 1e-4) << "prefix " << prefix << " step " << step;
+    }
+  }
+  EXPECT_EQ(m.pool->num_free(), m.pool->num_blocks());
+}
+
+INSTANTIATE_TEST_SUITE_P(GqaRatios, KvCacheExactTest,
+                         ::testing::Values(GqaCase{4, 4}, GqaCase{6, 2}, GqaCase{8, 2}),
+                         [](const auto& info) {
+                           return "heads" + std::to_string(info.param.heads) + "_kv" +
+                                  std::to_string(info.param.kv_heads);
+                         });
+
+TEST(ModelRunnerTest, ChunkedPrefillMatchesOneShot) {
+  Model m = MakeModel({});
+  const auto t = Tokens(40, 3, m.runner->config().vocab_size);
+  kv::BlockTable a(m.pool.get()), b(m.pool.get());
+  std::vector<float> one = RunOne(m, a, t);
+  RunOne(m, b, std::vector<int32_t>(t.begin(), t.begin() + 17));
+  std::vector<float> chunked = RunOne(m, b, std::vector<int32_t>(t.begin() + 17, t.end()));
+  EXPECT_LT(RelErr(chunked, one), 1e-4);
+}
+
+// A sequence's logits are bitwise identical alone and inside a batch that mixes prefill and
+// decode sequences, whatever its position and the thread count.
+TEST(ModelRunnerTest, ResultsAreBatchInvariant) {
+  for (int threads : {1, 2, 3}) {
+    Model m = MakeModel({}, 16, 256, threads);
+    Model alone_model = MakeModel({}, 16, 256, 1);
+    const int vocab = m.runner->config().vocab_size;
+    const auto a_prompt = Tokens(21, 1, vocab);
+    // Alone: prefill then two decode steps.
+    kv::BlockTable alone(alone_model.pool.get());
+    std::vector<std::vector<float>> ref;
+    ref.push_back(RunOne(alone_model, alone, a_prompt));
+    ref.push_back(RunOne(alone_model, alone, {5}));
+    ref.push_back(RunOne(alone_model, alone, {9}));
+
+    // Batched: A's prefill beside B's prefill; then A's decodes beside B's decodes and C's
+    // prefill.
+    kv::BlockTable ta(m.pool.get()), tb(m.pool.get()), tc(m.pool.get());
+    std::vector<SequenceInput> b1 = {
+        {.seq_id = 2, .tokens = Tokens(33, 2, vocab), .start_pos = 0, .table = &tb},
+        {.seq_id = 1, .tokens = a_prompt, .start_pos = 0, .table = &ta}};
+    auto o1 = m.runner->Forward(absl::MakeSpan(b1), m.pool->View());
+    ASSERT_TRUE(o1.ok()) << o1.status();
+    ASSERT_EQ(o1->seq_ids[1], 1);
+    EXPECT_EQ(0, std::memcmp(o1->Row(1), ref[0].data(), vocab * sizeof(float)))
+        << "prefill differs in a batch, threads=" << threads;
+    int step = 1;
+    for (int32_t tok : {5, 9}) {
+      std::vector<SequenceInput> b2 = {
+          {.seq_id = 3, .tokens = Tokens(3 + step, 3, vocab), .start_pos = 0, .table = &tc},
+          {.seq_id = 2, .tokens = {7}, .start_pos = static_cast<int32_t>(tb.num_tokens()),
+           .table = &tb},
+          {.seq_id = 1, .tokens = {tok}, .start_pos = static_cast<int32_t>(ta.num_tokens()),
+           .table = &ta}};
+      auto o2 = m.runner->Forward(absl::MakeSpan(b2), m.pool->View());
+      ASSERT_TRUE(o2.ok()) << o2.status();
+      EXPECT_EQ(0, std::memcmp(o2->Row(2), ref[step].data(), vocab * sizeof(float)))
+          << "decode step " << step << " differs in a batch, threads=" << threads;
+      ASSERT_TRUE(tc.Release().ok());
+      ++step;
+    }
+  }
+}
+
+TEST(ModelRunnerTest, LayerHookFiresPerLayerWithKvAlreadyInThePool) {
+  Model m = MakeModel({});
+  const int layers = m.runner->config().num_hidden_layers;
+  kv::BlockTable t(m.pool.get());
+  std::vector<SequenceInput> b = {{.seq_id = 42, .tokens = Tokens(19, 4, 300), .table = &t}};
+  std::vector<int> seen;
+  auto hook = [&](int layer, absl::Span<const LayerSpan> spans) {
+    seen.push_back(layer);
+    ASSERT_EQ(spans.size(), 1u);
+    EXPECT_EQ(spans[0].seq_id, 42);
+    EXPECT_EQ(spans[0].start_pos, 0);
+    EXPECT_EQ(spans[0].num_tokens, 19);
+    // The layer's K for the last token is written (non-zero) when the hook runs; the next
+    // layer's is not yet.
+    const kv::KvCacheView v = m.pool->View();
+    const kv::BlockId blk = (*spans[0].blocks)[18 / 16];
+    const float* k = v.KeyPtr<float>(layer, blk, 18 % 16);
+    bool any = false;
+    for (int i = 0; i < v.layout.token_elems(); ++i) any |= (k[i] != 0.f);
+    EXPECT_TRUE(any) << "layer " << layer << " K not in the pool at hook time";
+    if (layer + 1 < layers) {
+      const float* next = v.KeyPtr<float>(layer + 1, blk, 18 % 16);
+      for (int i = 0; i < v.layout.token_elems(); ++i) ASSERT_EQ(next[i], 0.f);
+    }
+  };
+  ASSERT_TRUE(m.runner->Forward(absl::MakeSpan(b), m.pool->View(), hook).ok());
+  std::vector<int> want(layers);
+  for (int i = 0; i < layers; ++i) want[i] = i;
+  EXPECT_EQ(seen, want);
+}
+
+TEST(ModelRunnerTest, BadInputIsRefusedAndChangesNothing) {
+  Model m = MakeModel({}, 16, /*num_blocks=*/4);
+  const int vocab = m.runner->config().vocab_size;
+  kv::BlockTable t(m.pool.get()), u(m.pool.get());
+  std::vector<SequenceInput> bad_id = {{.tokens = {1, vocab}, .table = &t}};
+  auto r = m.runner->Forward(absl::MakeSpan(bad_id), m.pool->View());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("outside the vocabulary"), std::string::npos);
+  std::vector<SequenceInput> bad_pos = {{.tokens = {1}, .start_pos = 3, .table = &t}};
+  EXPECT_EQ(m.runner->Forward(absl::MakeSpan(bad_pos), m.pool->View()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // 40 + 40 tokens need 6 blocks of 16; the pool has 4: the first sequence's blocks come back.
+  std::vector<SequenceInput> too_big = {{.seq_id = 1, .tokens = Tokens(40, 1, vocab), .table = &t},
+                                        {.seq_id = 2, .tokens = Tokens(40, 2, vocab), .table = &u}};
+  EXPECT_EQ(m.runner->Forward(absl::MakeSpan(too_big), m.pool->View()).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(m.pool->num_free(), 4);
+  EXPECT_EQ(t.num_tokens(), 0);
+  // A pool of another layout is refused, naming both.
+  kv::KvLayout other = m.runner->MakeKvLayout(16);
+  other.num_kv_heads += 1;
+  auto other_pool = *kv::BlockPool::Create(other, 4);
+  std::vector<SequenceInput> ok = {{.tokens = {1, 2}, .table = &t}};
+  auto mismatch = m.runner->Forward(absl::MakeSpan(ok), other_pool->View());
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(LocalEngineTest, GreedyGenerationIsDeterministicAndStops) {
+  const fs::path dir = fs::temp_directory_path() / ("duet_engine_test_" + std::to_string(getpid()));
+  ASSERT_TRUE(WriteSyntheticModel("tiny", 5, dir.string()).ok());
+  auto e1 = LocalEngine::Load(dir.string(), {.device = "cpu", .kv_cache_bytes = 8 << 20});
+  auto e2 = LocalEngine::Load(dir.string(), {.device = "cpu", .num_threads = 1, .kv_cache_bytes = 8 << 20});
+  fs::remove_all(dir);
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  ASSERT_TRUE(e2.ok()) << e2.status();
+  auto ids = (*e1)->tokenizer().Encode("Hello, duet", true);
+  ASSERT_TRUE(ids.ok());
+  SamplingParams p{.max_tokens = 12, .ignore_eos = true};
+  auto a = (*e1)->Generate(*ids, p);
+  auto b = (*e2)->Generate(*ids, p);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->generated_ids, b->generated_ids);
+  EXPECT_EQ(a->generated_ids.size(), 12u);
+  EXPECT_EQ(a->stop, StopReason::kMaxTokens);
+  EXPECT_EQ(a->decode_ms.size(), 11u);
+  // Stop on the third generated token.
+  SamplingParams stop = p;
+  stop.stop_token_ids = {a->generated_ids[2]};
+  auto c = (*e1)->Generate(*ids, stop);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->stop, StopReason::kStopToken);
+  EXPECT_LE(c->generated_ids.size(), 3u);
+  EXPECT_EQ((*e1)->pool().num_free(), (*e1)->pool().num_blocks());
+  EXPECT_FALSE((*e1)->Generate({}, p).ok());
+}
+
+}  // namespace
+}  // namespace duet::model
