@@ -1,0 +1,31 @@
+// gRPC channels and servers for duet's control plane, with the settings every process wants:
+// no HTTP proxy (loopback traffic must never leave the box), keepalive, large messages.
+//
+//   std::shared_ptr<grpc::Channel> ch = duet::rpc::MakeChannel("127.0.0.1:5000");
+//   auto stub = duet::v1::DecodeNode::NewStub(ch);
+//   grpc::ClientContext ctx;  duet::rpc::SetDeadline(ctx, absl::Seconds(2));
+//   DUET_ASSIGN_OR_RETURN(auto server, duet::rpc::StartServer("127.0.0.1:0", {&service}, &port));
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+
+namespace duet::rpc {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// Sets ctx's deadline to now + timeout.
+void SetDeadline(grpc::ClientContext& ctx, absl::Duration timeout);
+
+// Builds and starts a server on `address` ("host:port"; port 0 picks a free one, written to
+// *bound_port). Fails with a clear error when the address cannot be bound.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
+                                                          const std::vector<grpc::Service*>& services,
+                                                          int* bound_port);
+
+}  // namespace duet::rpc
