@@ -48,6 +48,7 @@ ABSL_FLAG(std::string, block_sizes, "16,32", "tokens per block");
 ABSL_FLAG(int, iters, 5, "measured iterations per mode");
 ABSL_FLAG(bool, perftest, true, "run ucx_perftest for the reference bandwidth");
 ABSL_FLAG(int64_t, idle_spin_us, 200, "progress thread: poll this long before sleeping (-1: never sleep)");
+ABSL_FLAG(std::string, write_mode, "auto", "transport write mode: auto, put, am");
 ABSL_FLAG(int64_t, chunk_kib, 1024, "put-lane chunk size (KiB)");
 ABSL_FLAG(int64_t, am_chunk_kib, 4096, "am-lane (rendezvous) chunk size (KiB)");
 ABSL_FLAG(int64_t, max_bytes, int64_t{1} << 30, "skip configurations whose KV exceeds this");
@@ -116,6 +117,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& prof
   TransportOptions options{.name = name, .layout = layout, .tls = profile.tls,
                            .net_devices = profile.net_devices};
   const int64_t spin = absl::GetFlag(FLAGS_idle_spin_us);
+  options.write_mode = absl::GetFlag(FLAGS_write_mode);
   options.chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
   options.am_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_am_chunk_kib)) << 10;
   options.idle_spin = spin < 0 ? absl::InfiniteDuration() : absl::Microseconds(spin);

@@ -69,7 +69,7 @@ struct PeerInfo {
   uint64_t instance = 0;     // unique per transport instance
   kv::KvLayout layout;
   uint64_t region_bytes = 0; // size of the peer's exported region
-  std::string lane;          // how bytes move: "put", "am" (rendezvous messages), "memcpy"
+  std::string lane;          // how bytes move: "memcpy" (peer region mapped here), "put", "am"
 };
 
 struct TransportOptions {
@@ -78,7 +78,9 @@ struct TransportOptions {
   // ucx only. Empty strings keep UCX's own configuration (its UCX_* environment).
   std::string tls;                 // e.g. "posix,sysv,cma,self" or "tcp,self"
   std::string net_devices;         // e.g. "lo"
-  std::string write_mode = "auto"; // auto (put where a native RMA lane exists, else am), put, am
+  // ucx: auto (put where the endpoint has a native RMA lane or the peer's region is mapped
+  // here, else am), or put, am, memcpy (copy into the mapped peer region; see ucx_transport.h).
+  std::string write_mode = "auto";
   uint64_t chunk_bytes = 1 << 20;     // "put" lane: large runs are split into chunks this size
   uint64_t am_chunk_bytes = 4 << 20;  // "am" lane (rendezvous messages): chunk size
   int window_chunks = 16;          // chunks in flight per transfer

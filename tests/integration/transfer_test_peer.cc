@@ -66,6 +66,7 @@ int Run(int argc, char** argv) {
   if (!profile.ok()) return Fail(dir, profile.status());
   TransportOptions opt{.name = "test-sender", .layout = layout, .tls = profile->tls,
                        .net_devices = profile->net_devices};
+  opt.write_mode = Flag(argc, argv, "write_mode", "auto");
   opt.am_chunk_bytes = 1 << 20;  // the 2.5 MiB-per-layer request is chunked on both lanes
   auto t = CreateTransport("ucx", opt);
   if (!t.ok()) return Fail(dir, t.status());

@@ -94,13 +94,14 @@ class TwoProcessTest : public ::testing::TestWithParam<std::string> {
   }
 
   void SpawnPeer(const std::string& mode, uint64_t seed, const std::string& model = "test",
-                 int layer_ms = 0) {
+                 int layer_ms = 0, const std::string& write_mode = "auto") {
     std::vector<std::string> args = {
         DUET_TRANSFER_PEER_BIN, "--dir=" + dir_, "--profile=" + GetParam(), "--mode=" + mode,
         absl::StrCat("--seed=", seed), "--model=" + model,
         absl::StrCat("--layers=", geometry_.layers), absl::StrCat("--heads=", geometry_.heads),
         absl::StrCat("--dim=", geometry_.dim), absl::StrCat("--block=", geometry_.block),
-        absl::StrCat("--layer_ms=", layer_ms), "--blocks=1024", "--timeout_s=40"};
+        absl::StrCat("--layer_ms=", layer_ms), "--blocks=1024", "--timeout_s=40",
+        "--write_mode=" + write_mode};
     pid_ = ::fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
@@ -184,7 +185,10 @@ TEST_P(TwoProcessTest, RandomMapsArriveByteExact) {
     std::mt19937_64 rng(seed * 7919);
     Geometry g{.layers = 1 + static_cast<int>(rng() % 6)};
     StartReceiver(g, 1024);
-    SpawnPeer("stream", seed);
+    // shm: the second run copies straight into the mapped peer region (write_mode memcpy)
+    // instead of ucp_put_nbx. tcp: rendezvous messages either way.
+    const bool direct = GetParam() == "shm" && seed == 12;
+    SpawnPeer("stream", seed, "test", 0, direct ? "memcpy" : "auto");
     const PeerId sender = ConnectBack();
     ASSERT_NE(sender, 0u);
     std::vector<PlannedRequest> plan = MakePlan(rng, 64, 8, /*big_blocks=*/160);  // 2.5 MiB/layer
@@ -229,8 +233,8 @@ TEST_P(TwoProcessTest, RandomMapsArriveByteExact) {
     auto lane = WaitForFile(dir_ + "/send.done", absl::Now());
     ASSERT_TRUE(lane.ok());
     RecordProperty(absl::StrCat("lane_seed_", seed), *lane);
-    // shm: a native RMA lane (cma, or the mapped segment) carries puts; tcp has none: am.
-    EXPECT_EQ(*lane, GetParam() == "shm" ? "put" : "am");
+    // shm: a native RMA lane (cma) or the mapped region; tcp has no native RMA lane: am.
+    EXPECT_EQ(*lane, GetParam() == "tcp" ? "am" : (direct ? "memcpy" : "put"));
     EXPECT_EQ(pool_->Stats().free, 1024);
     TearDown();
     SetUp();

@@ -32,6 +32,7 @@ absl::Status KvStreamSender::Begin(const StreamRequest& request) {
   a.request = request;
   a.remote_num_blocks = remote_blocks;
   a.layer_posted.assign(layout_.num_layers, false);
+  a.layer_handle.assign(layout_.num_layers, -1);
   return absl::OkStatus();
 }
 
@@ -65,6 +66,7 @@ absl::Status KvStreamSender::OnLayerDone(int layer, absl::Span<const uint64_t> r
       continue;
     }
     a.layer_posted[layer] = true;
+    a.layer_handle[layer] = static_cast<int>(a.handles.size());
     a.handles.push_back(std::move(*h));
   }
   return first_error;
@@ -147,6 +149,17 @@ absl::Status KvStreamSender::Abort(uint64_t request_id, absl::Time deadline,
                                                               .request_id = request_id,
                                                               .payload = reason})));
   return h.Wait(deadline);
+}
+
+absl::StatusOr<TransferHandle> KvStreamSender::LayerHandle(uint64_t request_id, int layer) const {
+  absl::MutexLock lock(&mu_);
+  auto it = active_.find(request_id);
+  if (it == active_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " not streaming"));
+  const Active& a = it->second;
+  if (layer < 0 || layer >= layout_.num_layers || a.layer_handle[layer] < 0) {
+    return absl::NotFoundError(absl::StrCat("request ", request_id, ": layer ", layer, " not posted"));
+  }
+  return a.handles[a.layer_handle[layer]];
 }
 
 int64_t KvStreamSender::active_requests() const {

@@ -55,12 +55,16 @@ class KvStreamSender {
   // the peer is gone) so the receiver can reuse its blocks; forgets the request.
   absl::Status Abort(uint64_t request_id, absl::Time deadline, const std::string& reason = "");
   int64_t active_requests() const;
+  // The write of `layer` of a request once it was posted (to time when it lands); NotFound for
+  // an unknown request or a layer not posted (yet).
+  absl::StatusOr<TransferHandle> LayerHandle(uint64_t request_id, int layer) const;
 
  private:
   struct Active {
     StreamRequest request;
     int64_t remote_num_blocks = 0;
     std::vector<bool> layer_posted;
+    std::vector<int> layer_handle;  // index into `handles` of each posted layer's write, or -1
     bool finished = false;
     std::vector<TransferHandle> handles;
   };

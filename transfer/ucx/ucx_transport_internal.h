@@ -99,6 +99,7 @@ struct PeerConn {
   std::shared_ptr<PeerMeta> meta;
   bool peer_err_mode = false;
   bool use_put = false;
+  uint8_t* mapped_base = nullptr;  // the peer's region mapped into this process (ucp_rkey_ptr)
   bool failed = false;
   bool closing = false;
   ucx::EpPtr ep;

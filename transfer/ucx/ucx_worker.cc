@@ -185,7 +185,10 @@ void UcxTransport::Advance(ActiveTransfer& t) {
         while (t.next < t.chunks.size() && t.inflight < options_.window_chunks && t.error.ok()) {
           const WriteOp& c = t.chunks[t.next];
           ucp_request_param_t p = SendParam(&t);
-          if (peer.use_put) {
+          if (peer.mapped_base != nullptr) {
+            std::memcpy(peer.mapped_base + c.remote_offset, t.local_base + c.local_offset,
+                        c.length);
+          } else if (peer.use_put) {
             Track(t,
                   ucp_put_nbx(peer.ep.get(), t.local_base + c.local_offset, c.length,
                               t.remote_base + c.remote_offset, peer.rkey.get(), &p),
@@ -204,6 +207,8 @@ void UcxTransport::Advance(ActiveTransfer& t) {
         if (t.inflight > 0) return;
         break;
       case Step::kFlush: {
+        // Direct stores into the mapped region must be visible before the notice is.
+        std::atomic_thread_fence(std::memory_order_seq_cst);
         ucp_request_param_t p = SendParam(&t);
         Track(t, ucp_ep_flush_nbx(peer.ep.get(), &p), "ucp_ep_flush_nbx");
         break;
