@@ -55,6 +55,7 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
   info.node = node;
   info.kind = registration.kind;
   info.address = registration.address;
+  info.transfer_address = registration.transfer_address;
   info.layout = registration.layout;
   info.capacity = registration.capacity;
   info.load = registration.load;

@@ -41,6 +41,7 @@ struct NodeRegistration {
   NodeIncarnation node;
   NodeKind kind = NodeKind::kDecode;
   std::string address;  // host:port of the node's gRPC service
+  std::string transfer_address;  // the node's transport address blob (prefill: D connects to it)
   kv::KvLayout layout;
   NodeCapacity capacity;
   NodeLoad load;  // initial load
@@ -50,6 +51,7 @@ struct NodeInfo {
   NodeIncarnation node;
   NodeKind kind = NodeKind::kDecode;
   std::string address;
+  std::string transfer_address;
   kv::KvLayout layout;
   NodeCapacity capacity;
   NodeLoad load;

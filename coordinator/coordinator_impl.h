@@ -1,0 +1,128 @@
+// Internal to the coordinator server (not a public header): the shared state behind the
+// Membership and Generation services, and the request driver.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model/model_config.h"
+#include "common/model/tokenizer.h"
+#include "coordinator/background_calls.h"
+#include "coordinator/cache_directory.h"
+#include "coordinator/coordinator_server.h"
+#include "coordinator/node_registry.h"
+#include "coordinator/request_tracker.h"
+#include "coordinator/router.h"
+#include "duet/v1/client.grpc.pb.h"
+#include "duet/v1/decode.grpc.pb.h"
+#include "duet/v1/membership.grpc.pb.h"
+#include "duet/v1/prefill.grpc.pb.h"
+
+namespace duet::coordinator {
+
+// Stubs for one node address, created once.
+struct NodeStubs {
+  std::unique_ptr<v1::DecodeNode::Stub> decode;
+  std::unique_ptr<v1::PrefillNode::Stub> prefill;
+};
+
+// What a request's helper threads (Prefill call, token stream) report to its handler.
+struct RequestEvent {
+  enum Kind { kFirstToken, kPrefillFailed, kAdmitted, kToken, kFinished, kDecodeFailed };
+  Kind kind;
+  int attempt = 0;
+  absl::Status status;
+  v1::PrefillResponse prefill;
+  v1::TokenEvent token;
+};
+
+// One in-flight client request.
+struct ActiveRequest {
+  std::string id;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<RequestEvent> events;
+  std::optional<absl::Status> terminal;  // set when the tracker ended it (deadline, node death)
+  bool retry = false;                    // the tracker asked for a re-route
+  int attempt = 0;
+  std::shared_ptr<grpc::ClientContext> stream_ctx;   // D's token stream of the current attempt
+  std::shared_ptr<grpc::ClientContext> prefill_ctx;  // P's Prefill call of the current attempt
+  std::vector<std::thread> threads;
+
+  void Push(RequestEvent e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(std::move(e));
+    }
+    cv.notify_all();
+  }
+};
+
+class CoordinatorServer::Impl {
+ public:
+  explicit Impl(const CoordinatorOptions& options);
+  ~Impl();
+
+  absl::Status Init();
+  // Membership
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req);
+  absl::Status Heartbeat(const v1::HeartbeatRequest& req);
+  absl::Status Deregister(const v1::DeregisterRequest& req);
+  // Generation
+  absl::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest& req,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer);
+  bool Cancel(const std::string& request_id);
+  v1::HealthResponse Health();
+
+  void Apply(Effects fx);
+  void TimerLoop();
+  void Shutdown();
+
+  const CoordinatorOptions options_;
+  std::unique_ptr<model::Tokenizer> tokenizer_;
+  model::ModelConfig model_config_;
+  NodeRegistry registry_;
+  CacheDirectory directory_;
+  RequestTracker tracker_;
+  std::unique_ptr<Router> router_;
+  BackgroundCalls background_;
+
+  std::unique_ptr<grpc::Service> membership_service_;
+  std::unique_ptr<grpc::Service> generation_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> next_request_{1};
+  std::thread timer_;
+  std::mutex timer_mu_;
+  std::condition_variable timer_cv_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<NodeStubs>> stubs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<ActiveRequest>> active_ ABSL_GUARDED_BY(mu_);
+
+  std::shared_ptr<NodeStubs> StubsFor(const std::string& address);
+  std::shared_ptr<ActiveRequest> FindActive(const std::string& id);
+
+ private:
+  // The request driver (generate_driver.cc).
+  absl::Status Drive(grpc::ServerContext* ctx, ActiveRequest& ar, const std::vector<int32_t>& ids,
+                     const v1::SamplingParams& sampling, bool return_text,
+                     grpc::ServerWriter<v1::GenerateResponse>* writer);
+  absl::Status StartAttempt(ActiveRequest& ar, const std::vector<int32_t>& ids,
+                            const v1::SamplingParams& sampling, NodeInfo* prefill_out,
+                            NodeInfo* decode_out);
+};
+
+}  // namespace duet::coordinator

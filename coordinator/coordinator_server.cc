@@ -1,0 +1,302 @@
+#include "coordinator/coordinator_server.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status.h"
+#include "coordinator/coordinator_impl.h"
+#include "proto/channel.h"
+#include "proto/kv_layout_convert.h"
+#include "proto/status_util.h"
+
+namespace duet::coordinator {
+namespace {
+
+NodeLoad LoadFromProto(const v1::NodeLoad& p) {
+  return NodeLoad{.free_blocks = p.free_blocks(), .total_blocks = p.total_blocks(),
+                  .queued_tokens = p.queued_tokens(), .running_requests = p.running_requests()};
+}
+
+v1::NodeLoad LoadToProto(const NodeLoad& l) {
+  v1::NodeLoad p;
+  p.set_free_blocks(l.free_blocks);
+  p.set_total_blocks(l.total_blocks);
+  p.set_queued_tokens(l.queued_tokens);
+  p.set_running_requests(l.running_requests);
+  return p;
+}
+
+absl::StatusOr<NodeKind> KindFromProto(v1::NodeKind k) {
+  switch (k) {
+    case v1::NODE_KIND_PREFILL: return NodeKind::kPrefill;
+    case v1::NODE_KIND_DECODE: return NodeKind::kDecode;
+    default: return absl::InvalidArgumentError("node kind must be PREFILL or DECODE");
+  }
+}
+
+class MembershipService final : public v1::Membership::Service {
+ public:
+  explicit MembershipService(CoordinatorServer::Impl* impl) : impl_(impl) {}
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+                        v1::RegisterResponse* resp) override {
+    absl::StatusOr<v1::RegisterResponse> r = impl_->Register(*req);
+    if (r.ok()) *resp = *r;
+    return rpc::ToGrpcStatus(r.status());
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse*) override {
+    return rpc::ToGrpcStatus(impl_->Heartbeat(*req));
+  }
+  grpc::Status Deregister(grpc::ServerContext*, const v1::DeregisterRequest* req,
+                          v1::DeregisterResponse*) override {
+    return rpc::ToGrpcStatus(impl_->Deregister(*req));
+  }
+
+ private:
+  CoordinatorServer::Impl* impl_;
+};
+
+class GenerationService final : public v1::Generation::Service {
+ public:
+  explicit GenerationService(CoordinatorServer::Impl* impl) : impl_(impl) {}
+  grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    return rpc::ToGrpcStatus(impl_->Generate(ctx, *req, writer));
+  }
+  grpc::Status Cancel(grpc::ServerContext*, const v1::CancelRequest* req,
+                      v1::CancelResponse* resp) override {
+    resp->set_found(impl_->Cancel(req->request_id()));
+    return grpc::Status::OK;
+  }
+  grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*,
+                      v1::HealthResponse* resp) override {
+    *resp = impl_->Health();
+    return grpc::Status::OK;
+  }
+
+ private:
+  CoordinatorServer::Impl* impl_;
+};
+
+}  // namespace
+
+CoordinatorServer::Impl::Impl(const CoordinatorOptions& options)
+    : options_(options),
+      registry_(NodeRegistry::Options{.heartbeat_timeout = options.heartbeat_timeout}),
+      tracker_(options.tracker, &directory_) {}
+
+CoordinatorServer::Impl::~Impl() { Shutdown(); }
+
+absl::Status CoordinatorServer::Impl::Init() {
+  if (options_.model_dir.empty()) {
+    return absl::InvalidArgumentError("coordinator: --model is required (tokenizer and config)");
+  }
+  DUET_ASSIGN_OR_RETURN(model_config_,
+                        model::ModelConfig::FromJsonFile(options_.model_dir + "/config.json"));
+  DUET_ASSIGN_OR_RETURN(tokenizer_, model::LoadTokenizer(options_.model_dir));
+  DUET_ASSIGN_OR_RETURN(auto decode_policy,
+                        MakeNodePolicy(options_.decode_policy, NodeKind::kDecode));
+  DUET_ASSIGN_OR_RETURN(auto prefill_policy,
+                        MakeNodePolicy(options_.prefill_policy, NodeKind::kPrefill));
+  router_ = std::make_unique<Router>(std::move(decode_policy), std::move(prefill_policy));
+  membership_service_ = std::make_unique<MembershipService>(this);
+  generation_service_ = std::make_unique<GenerationService>(this);
+  DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(options_.listen_address,
+                                                  {membership_service_.get(),
+                                                   generation_service_.get()},
+                                                  &port_));
+  timer_ = std::thread([this] { TimerLoop(); });
+  return absl::OkStatus();
+}
+
+std::shared_ptr<NodeStubs> CoordinatorServer::Impl::StubsFor(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto& s = stubs_[address];
+  if (s == nullptr) {
+    s = std::make_shared<NodeStubs>();
+    auto channel = rpc::MakeChannel(address);
+    s->decode = v1::DecodeNode::NewStub(channel);
+    s->prefill = v1::PrefillNode::NewStub(channel);
+  }
+  return s;
+}
+
+std::shared_ptr<ActiveRequest> CoordinatorServer::Impl::FindActive(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = active_.find(id);
+  return it == active_.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
+    const v1::RegisterRequest& req) {
+  NodeRegistration reg;
+  reg.node = NodeIncarnation{req.node().node_id(), req.node().epoch()};
+  DUET_ASSIGN_OR_RETURN(reg.kind, KindFromProto(req.kind()));
+  reg.address = req.address();
+  reg.transfer_address = req.transfer_address();
+  DUET_ASSIGN_OR_RETURN(reg.layout, rpc::FromProto(req.layout()));
+  reg.capacity = NodeCapacity{.total_blocks = req.capacity().total_blocks(),
+                              .max_running_requests = req.capacity().max_running_requests(),
+                              .max_batch_tokens = req.capacity().max_batch_tokens()};
+  reg.load = LoadFromProto(req.load());
+  if (reg.address.empty()) return absl::InvalidArgumentError("register: node address is empty");
+  if (reg.kind == NodeKind::kPrefill && reg.transfer_address.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: prefill node ", reg.node.node_id, " sent no transfer address"));
+  }
+  // The model's own layout is not known to the coordinator; the first node sets the cluster's.
+  DUET_ASSIGN_OR_RETURN(RegisterOutcome out, registry_.Register(reg, absl::Now()));
+  v1::RegisterResponse resp;
+  resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  resp.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
+  if (out.replaced) {
+    resp.mutable_replaced()->set_node_id(out.replaced->node_id);
+    resp.mutable_replaced()->set_epoch(out.replaced->epoch);
+    Apply(tracker_.OnNodeDead(*out.replaced, absl::Now()));
+  }
+  DUET_LOG(INFO) << "node " << reg.node.ToString() << " (" << NodeKindName(reg.kind) << ") at "
+                 << reg.address << " registered";
+  return resp;
+}
+
+absl::Status CoordinatorServer::Impl::Heartbeat(const v1::HeartbeatRequest& req) {
+  return registry_.Heartbeat(NodeIncarnation{req.node().node_id(), req.node().epoch()},
+                             LoadFromProto(req.load()), absl::Now());
+}
+
+absl::Status CoordinatorServer::Impl::Deregister(const v1::DeregisterRequest& req) {
+  const NodeIncarnation node{req.node().node_id(), req.node().epoch()};
+  DUET_RETURN_IF_ERROR(registry_.Deregister(node));
+  Apply(tracker_.OnNodeDead(node, absl::Now()));
+  DUET_LOG(INFO) << "node " << node.ToString() << " left";
+  return absl::OkStatus();
+}
+
+void CoordinatorServer::Impl::Apply(Effects fx) {
+  for (const Effects::Release& r : fx.releases) {
+    std::optional<NodeInfo> node = registry_.Find(r.decode.node_id);
+    if (!node || node->node.epoch != r.decode.epoch) continue;  // that incarnation is gone
+    std::shared_ptr<NodeStubs> stubs = StubsFor(node->address);
+    background_.Post([stubs, id = r.request_id, name = r.decode.ToString()] {
+      grpc::ClientContext ctx;
+      rpc::SetDeadline(ctx, absl::Seconds(2));
+      v1::ReleaseRequest req;
+      req.set_request_id(id);
+      v1::ReleaseResponse resp;
+      absl::Status s = rpc::FromGrpcStatus(stubs->decode->Release(&ctx, req, &resp));
+      if (!s.ok()) DUET_LOG(WARNING) << "Release " << id << " on " << name << ": " << s;
+    });
+  }
+  for (const Effects::CancelPrefill& c : fx.prefill_cancels) {
+    std::optional<NodeInfo> node = registry_.Find(c.prefill.node_id);
+    if (!node || node->node.epoch != c.prefill.epoch) continue;
+    std::shared_ptr<NodeStubs> stubs = StubsFor(node->address);
+    background_.Post([stubs, id = c.request_id] {
+      grpc::ClientContext ctx;
+      rpc::SetDeadline(ctx, absl::Seconds(2));
+      v1::CancelPrefillRequest req;
+      req.set_request_id(id);
+      v1::CancelPrefillResponse resp;
+      (void)stubs->prefill->CancelPrefill(&ctx, req, &resp);
+    });
+  }
+  for (const RequestId& id : fx.retries) {
+    if (auto ar = FindActive(id)) {
+      std::lock_guard<std::mutex> lock(ar->mu);
+      ar->retry = true;
+      ar->cv.notify_all();
+    }
+  }
+  for (const Effects::Finished& f : fx.finished) {
+    if (auto ar = FindActive(f.request_id)) {
+      std::lock_guard<std::mutex> lock(ar->mu);
+      if (!ar->terminal) ar->terminal = f.status;
+      if (ar->stream_ctx) ar->stream_ctx->TryCancel();
+      if (ar->prefill_ctx && !f.status.ok()) ar->prefill_ctx->TryCancel();
+      ar->cv.notify_all();
+    }
+  }
+}
+
+void CoordinatorServer::Impl::TimerLoop() {
+  std::unique_lock<std::mutex> lock(timer_mu_);
+  while (!stopping_.load()) {
+    timer_cv_.wait_for(lock, std::chrono::milliseconds(50));
+    if (stopping_.load()) break;
+    lock.unlock();
+    const absl::Time now = absl::Now();
+    for (const NodeIncarnation& dead : registry_.ExpireDead(now)) {
+      DUET_LOG(WARNING) << "node " << dead.ToString() << " missed its heartbeat deadline: dead";
+      Apply(tracker_.OnNodeDead(dead, now));
+    }
+    Apply(tracker_.ExpireDeadlines(now));
+    lock.lock();
+  }
+}
+
+v1::HealthResponse CoordinatorServer::Impl::Health() {
+  v1::HealthResponse h;
+  for (NodeKind kind : {NodeKind::kPrefill, NodeKind::kDecode}) {
+    for (const NodeInfo& n : registry_.LiveNodes(kind)) {
+      v1::NodeStatus* s = h.add_nodes();
+      s->set_node_id(n.node.node_id);
+      s->set_epoch(n.node.epoch);
+      s->set_kind(kind == NodeKind::kPrefill ? v1::NODE_KIND_PREFILL : v1::NODE_KIND_DECODE);
+      s->set_address(n.address);
+      *s->mutable_load() = LoadToProto(n.load);
+      if (kind == NodeKind::kPrefill) {
+        h.set_prefill_nodes(h.prefill_nodes() + 1);
+      } else {
+        h.set_decode_nodes(h.decode_nodes() + 1);
+      }
+    }
+  }
+  h.set_ready(h.prefill_nodes() > 0 && h.decode_nodes() > 0);
+  h.set_running_requests(static_cast<int32_t>(tracker_.size()));
+  h.set_directory_entries(static_cast<int64_t>(directory_.size()));
+  return h;
+}
+
+void CoordinatorServer::Impl::Shutdown() {
+  if (stopping_.exchange(true)) return;
+  timer_cv_.notify_all();
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, ar] : active_) {
+      std::lock_guard<std::mutex> l(ar->mu);
+      if (!ar->terminal) ar->terminal = absl::UnavailableError("the coordinator is shutting down");
+      if (ar->stream_ctx) ar->stream_ctx->TryCancel();
+      if (ar->prefill_ctx) ar->prefill_ctx->TryCancel();
+      ar->cv.notify_all();
+    }
+  }
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (timer_.joinable()) timer_.join();
+  background_.Drain();
+}
+
+CoordinatorServer::CoordinatorServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const CoordinatorOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  DUET_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(std::move(impl)));
+}
+
+int CoordinatorServer::port() const { return impl_->port_; }
+
+std::string CoordinatorServer::address() const {
+  const std::string& listen = impl_->options_.listen_address;
+  return absl::StrCat(listen.substr(0, listen.rfind(':')), ":", impl_->port_);
+}
+
+void CoordinatorServer::Shutdown() { impl_->Shutdown(); }
+
+void CoordinatorServer::Wait() {
+  if (impl_->server_) impl_->server_->Wait();
+}
+
+}  // namespace duet::coordinator

@@ -1,0 +1,54 @@
+// CoordinatorServer: the coordinator process's gRPC front. Serves the client API (Generation:
+// Generate as a token stream, Cancel, Health) and node membership (Membership), and drives the
+// pure logic of NodeRegistry, Router, CacheDirectory and RequestTracker: for each request it
+// picks a prefill node P and a decode node D, reserves KV blocks on D (naming P as the writer),
+// starts Prefill on P and StreamTokens on D, forwards P's first token and D's tokens to the
+// client, and applies the tracker's effects (releases, prefill cancels, one retry on another
+// prefill node, terminal errors). A timer thread expires dead nodes and phase deadlines.
+//
+//   DUET_ASSIGN_OR_RETURN(auto coord, CoordinatorServer::Start({.model_dir = "models/tiny"}));
+//   std::string addr = coord->address();   // "127.0.0.1:PORT" for nodes and clients
+//   coord->Shutdown();
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/request_tracker.h"
+
+namespace duet::coordinator {
+
+struct CoordinatorOptions {
+  std::string listen_address = "127.0.0.1:0";
+  std::string model_dir;  // tokenizer and config: prompt text, vocabulary and context checks
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+  TrackerOptions tracker;
+  std::string decode_policy = "least_loaded";
+  std::string prefill_policy = "least_queued";
+};
+
+class CoordinatorServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const CoordinatorOptions& options);
+  ~CoordinatorServer();
+  CoordinatorServer(const CoordinatorServer&) = delete;
+  CoordinatorServer& operator=(const CoordinatorServer&) = delete;
+
+  int port() const;
+  std::string address() const;
+  // Stops serving: ends every request stream, stops the timer. Idempotent.
+  void Shutdown();
+  // Blocks until Shutdown (from another thread or a signal handler's flag poller).
+  void Wait();
+
+  class Impl;
+
+ private:
+  explicit CoordinatorServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace duet::coordinator

@@ -1,0 +1,17 @@
+// duet.v1.SamplingParams <-> duet::model::SamplingParams, the one place the wire form of
+// sampling options is interpreted (coordinator, prefill and decode nodes all use it).
+// top_p 0 on the wire means "off" (1.0).
+//
+//   model::SamplingParams p = duet::rpc::FromProto(request.sampling());
+//   DUET_RETURN_IF_ERROR(p.Validate(vocab_size));
+#pragma once
+
+#include "common/model/sampler.h"
+#include "duet/v1/common.pb.h"
+
+namespace duet::rpc {
+
+model::SamplingParams FromProto(const v1::SamplingParams& proto);
+v1::SamplingParams ToProto(const model::SamplingParams& params);
+
+}  // namespace duet::rpc
