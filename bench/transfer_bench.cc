@@ -296,7 +296,7 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
   DUET_ASSIGN_OR_RETURN(auto region, t->Register(pool->region(), pool->region_bytes()));
   DUET_ASSIGN_OR_RETURN(std::string addr, t->LocalAddress());
   WriteFile(dir + "/send.addr", addr);
-  auto recv_addr = WaitFile(dir + "/recv.addr", DeadlineIn(absl::Seconds(60)));
+  auto recv_addr = WaitFile(dir + "/recv.addr", DeadlineIn(absl::Seconds(180)));
   if (!recv_addr.ok()) {
     auto err = WaitFile(dir + "/recv.err", absl::Now());
     return absl::UnavailableError(err.ok() ? *err : std::string(recv_addr.status().message()));

@@ -194,6 +194,12 @@ void UcxTransport::Advance(ActiveTransfer& t) {
                               t.remote_base + c.remote_offset, peer.rkey.get(), &p),
                   "ucp_put_nbx");
           } else {
+            // Small chunks go eager (one message, copied out at the receiver); rendezvous needs
+            // a handshake that costs a wake-up of each side.
+            if (c.length <= options_.am_eager_max_bytes) {
+              p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+              p.flags = UCP_AM_SEND_FLAG_EAGER;
+            }
             Track(t,
                   ucp_am_send_nbx(peer.ep.get(), kAmData, &t.headers[t.next], sizeof(DataHeader),
                                   t.local_base + c.local_offset, c.length, &p),
