@@ -10,10 +10,12 @@
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "common/base/logging.h"
+#include "common/model/chat_template.h"
 #include "common/model/local_engine.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, model, "", "model directory (config.json, model.safetensors, tokenizer)");
+ABSL_FLAG(std::string, model, "",
+          "model: a directory (config.json, model.safetensors, tokenizer) or a .gguf file");
 ABSL_FLAG(std::string, prompt, "", "prompt text");
 ABSL_FLAG(std::string, prompt_ids, "", "prompt as comma-separated token ids (instead of --prompt)");
 ABSL_FLAG(int, max_tokens, 16, "maximum tokens to generate");
@@ -30,7 +32,10 @@ ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores)");
 ABSL_FLAG(std::string, cpu_gemm, "invariant",
           "CPU GEMM: invariant (batch-invariant, default) or openblas");
 ABSL_FLAG(int, block_size, 16, "KV cache block size in tokens");
-ABSL_FLAG(bool, add_bos, true, "prepend the tokenizer's BOS token to --prompt");
+ABSL_FLAG(bool, add_bos, true,
+          "prepend BOS to --prompt when the model's tokenizer does (GGUF add_bos_token)");
+ABSL_FLAG(bool, chat, false,
+          "wrap --prompt in the model's chat template as one user message (ChatML models)");
 
 namespace duet::cli {
 namespace {
@@ -60,6 +65,7 @@ int RunGenerate(const std::vector<char*>& args) {
     std::fprintf(stderr, "duet generate: unexpected argument '%s'\n", args[1]);
     return 2;
   }
+  if (GenerateUsesServer()) return RunGenerateRemote();
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   if (model_dir.empty()) {
     std::fprintf(stderr, "duet generate: --model is required\n");
@@ -85,8 +91,13 @@ int RunGenerate(const std::vector<char*>& args) {
     if (!ids.ok()) return Fail(ids.status());
     prompt_ids = *ids;
   } else {
-    auto ids = (*engine)->tokenizer().Encode(absl::GetFlag(FLAGS_prompt),
-                                             absl::GetFlag(FLAGS_add_bos));
+    std::string prompt = absl::GetFlag(FLAGS_prompt);
+    if (absl::GetFlag(FLAGS_chat)) {
+      auto chat = model::ApplyChatTemplate((*engine)->tokenizer().chat_template(), prompt);
+      if (!chat.ok()) return Fail(chat.status());
+      prompt = *chat;
+    }
+    auto ids = (*engine)->tokenizer().Encode(prompt, absl::GetFlag(FLAGS_add_bos));
     if (!ids.ok()) return Fail(ids.status());
     prompt_ids = *ids;
   }
@@ -104,7 +115,12 @@ int RunGenerate(const std::vector<char*>& args) {
 
   auto result = (*engine)->Generate(prompt_ids, params);
   if (!result.ok()) return Fail(result.status());
-  auto text = (*engine)->tokenizer().Decode(result->generated_ids);
+  // Text output leaves out control tokens (BOS, EOS, <|im_end|>, ...).
+  std::vector<int32_t> shown;
+  for (int32_t id : result->generated_ids) {
+    if (!(*engine)->tokenizer().IsControl(id)) shown.push_back(id);
+  }
+  auto text = (*engine)->tokenizer().Decode(shown);
   if (!text.ok()) return Fail(text.status());
 
   if (!absl::GetFlag(FLAGS_json)) {

@@ -7,12 +7,22 @@
 #include "common/base/clock.h"
 #include "common/base/status.h"
 #include "common/kv/block_table.h"
+#include "common/model/bpe_tokenizer.h"
+#include "common/model/gguf.h"
+#include "common/model/gguf_model.h"
 #include "common/model/weights.h"
 
 namespace duet::model {
 
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string& model_dir,
                                                                const EngineOptions& options) {
+  if (std::optional<std::string> gguf_path = FindGgufModel(model_dir)) {
+    DUET_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(*gguf_path));
+    DUET_ASSIGN_OR_RETURN(ModelConfig config, ConfigFromGguf(*gguf));
+    DUET_ASSIGN_OR_RETURN(ModelWeights weights, LoadGgufWeights(*gguf, config));
+    DUET_ASSIGN_OR_RETURN(std::unique_ptr<BpeTokenizer> tokenizer, BpeTokenizer::FromGguf(*gguf));
+    return Create(config, std::move(weights), std::move(tokenizer), options);
+  }
   DUET_ASSIGN_OR_RETURN(ModelConfig config,
                         ModelConfig::FromJsonFile(model_dir + "/config.json"));
   DUET_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(model_dir, config));

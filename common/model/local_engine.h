@@ -42,6 +42,8 @@ struct GenerationResult {
 
 class LocalEngine {
  public:
+  // model_dir: an HF-style directory (config.json, safetensors, tokenizer), or a GGUF file (or
+  // a directory holding exactly one .gguf and no config.json).
   static absl::StatusOr<std::unique_ptr<LocalEngine>> Load(const std::string& model_dir,
                                                            const EngineOptions& options);
   // Builds an engine around an already-loaded model (tests build models in memory).

@@ -1,7 +1,10 @@
 #include "common/model/tokenizer.h"
 
 #include "common/base/status.h"
+#include "common/model/bpe_tokenizer.h"
 #include "common/model/byte_tokenizer.h"
+#include "common/model/gguf.h"
+#include "common/model/gguf_model.h"
 #include "common/model/json_util.h"
 #include "nlohmann/json.hpp"
 
@@ -10,7 +13,8 @@ namespace {
 
 constexpr const char kSupported[] =
     "supported: DuetByteTokenizer (tokenizer_config.json with \"tokenizer_class\": "
-    "\"DuetByteTokenizer\"); byte-level BPE from tokenizer.json is not implemented yet";
+    "\"DuetByteTokenizer\"), byte-level BPE (tokenizer.json, or a GGUF file's tokenizer.ggml.* "
+    "keys)";
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadByteTokenizer(const std::string& model_dir,
                                                              const nlohmann::json& tc,
@@ -48,6 +52,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadByteTokenizer(const std::string& 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir) {
+  if (std::optional<std::string> gguf_path = FindGgufModel(model_dir)) {
+    DUET_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(*gguf_path));
+    DUET_ASSIGN_OR_RETURN(std::unique_ptr<BpeTokenizer> tok, BpeTokenizer::FromGguf(*gguf));
+    return std::unique_ptr<Tokenizer>(std::move(tok));
+  }
   const std::string tc_path = model_dir + "/tokenizer_config.json";
   const std::string tj_path = model_dir + "/tokenizer.json";
   std::optional<std::string> cls;
@@ -61,9 +70,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
     if (cls && *cls == ByteTokenizer::kClassName) return LoadByteTokenizer(model_dir, tc, tc_path);
   }
   if (FileExists(tj_path)) {
-    return absl::UnimplementedError(
-        tj_path + ": " + (cls ? "tokenizer_class '" + *cls + "' with " : std::string()) +
-        "tokenizer.json (byte-level BPE) is not supported yet; " + kSupported);
+    DUET_ASSIGN_OR_RETURN(std::unique_ptr<BpeTokenizer> tok,
+                          BpeTokenizer::FromTokenizerJson(tj_path));
+    return std::unique_ptr<Tokenizer>(std::move(tok));
   }
   if (cls) {
     return absl::UnimplementedError(tc_path + ": tokenizer_class '" + *cls +

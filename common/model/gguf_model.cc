@@ -1,0 +1,236 @@
+#include "common/model/gguf_model.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status.h"
+
+namespace duet::model {
+namespace {
+
+bool StartsWithGgufMagic(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {0, 0, 0, 0};
+  in.read(magic, 4);
+  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+std::string LayerSuffix(const std::string& hf_name, int* layer) {
+  constexpr char kPrefix[] = "model.layers.";
+  if (!absl::StartsWith(hf_name, kPrefix)) return "";
+  const size_t start = sizeof(kPrefix) - 1;
+  const size_t dot = hf_name.find('.', start);
+  if (dot == std::string::npos) return "";
+  *layer = std::stoi(hf_name.substr(start, dot - start));
+  return hf_name.substr(dot + 1);
+}
+
+}  // namespace
+
+std::optional<std::string> FindGgufModel(const std::string& model_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(model_path, ec)) {
+    if (StartsWithGgufMagic(model_path)) return model_path;
+    return std::nullopt;
+  }
+  if (!fs::is_directory(model_path, ec) || fs::exists(model_path + "/config.json", ec)) {
+    return std::nullopt;
+  }
+  std::optional<std::string> found;
+  for (const auto& entry : fs::directory_iterator(model_path, ec)) {
+    if (entry.is_regular_file(ec) && entry.path().extension() == ".gguf") {
+      if (found) return std::nullopt;  // ambiguous: name the file instead
+      found = entry.path().string();
+    }
+  }
+  return found;
+}
+
+std::string GgufTensorName(const std::string& hf_name) {
+  if (hf_name == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf_name == "model.norm.weight") return "output_norm.weight";
+  if (hf_name == "lm_head.weight") return "output.weight";
+  int layer = 0;
+  const std::string suffix = LayerSuffix(hf_name, &layer);
+  static const std::pair<const char*, const char*> kMap[] = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+  };
+  for (const auto& [hf, gg] : kMap) {
+    if (suffix == hf) return absl::StrCat("blk.", layer, ".", gg);
+  }
+  return "";
+}
+
+absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
+  const std::string& path = g.path();
+  DUET_ASSIGN_OR_RETURN(std::string arch, g.GetString("general.architecture"));
+  if (arch != "llama") {
+    return absl::UnimplementedError(path + ": general.architecture '" + arch +
+                                    "' is not supported; supported: llama");
+  }
+  auto get_int = [&](const std::string& key) -> absl::StatusOr<int> {
+    DUET_ASSIGN_OR_RETURN(int64_t v, g.GetInt(key));
+    if (v <= 0 || v > (int64_t{1} << 30)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": metadata key '", key, "' is ", v, "; expected 1..2^30"));
+    }
+    return static_cast<int>(v);
+  };
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.model_type = "llama";
+  DUET_ASSIGN_OR_RETURN(c.hidden_size, get_int("llama.embedding_length"));
+  DUET_ASSIGN_OR_RETURN(c.intermediate_size, get_int("llama.feed_forward_length"));
+  DUET_ASSIGN_OR_RETURN(c.num_hidden_layers, get_int("llama.block_count"));
+  DUET_ASSIGN_OR_RETURN(c.num_attention_heads, get_int("llama.attention.head_count"));
+  c.num_key_value_heads = c.num_attention_heads;
+  if (g.Find("llama.attention.head_count_kv")) {
+    DUET_ASSIGN_OR_RETURN(c.num_key_value_heads, get_int("llama.attention.head_count_kv"));
+  }
+  DUET_ASSIGN_OR_RETURN(c.max_position_embeddings, get_int("llama.context_length"));
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  if (g.Find("llama.attention.key_length")) {
+    DUET_ASSIGN_OR_RETURN(c.head_dim, get_int("llama.attention.key_length"));
+  }
+  if (g.Find("llama.attention.value_length")) {
+    DUET_ASSIGN_OR_RETURN(int vlen, get_int("llama.attention.value_length"));
+    if (vlen != c.head_dim) {
+      return absl::UnimplementedError(absl::StrCat(
+          path, ": llama.attention.value_length ", vlen, " differs from key_length ", c.head_dim));
+    }
+  }
+  if (g.Find("llama.rope.dimension_count")) {
+    DUET_ASSIGN_OR_RETURN(int rot, get_int("llama.rope.dimension_count"));
+    if (rot != c.head_dim) {
+      return absl::UnimplementedError(absl::StrCat(path, ": llama.rope.dimension_count ", rot,
+                                                   " (partial rotary) differs from head_dim ",
+                                                   c.head_dim, "; only full rotary is supported"));
+    }
+  }
+  DUET_ASSIGN_OR_RETURN(std::optional<std::string> scaling,
+                        g.GetOptionalString("llama.rope.scaling.type"));
+  if (scaling && *scaling != "none") {
+    return absl::UnimplementedError(path + ": llama.rope.scaling.type '" + *scaling +
+                                    "' is not supported (only none)");
+  }
+  if (g.HasTensor("rope_freqs.weight")) {
+    return absl::UnimplementedError(path +
+                                    ": tensor 'rope_freqs.weight' (llama3 RoPE frequency "
+                                    "factors) is not supported");
+  }
+  DUET_ASSIGN_OR_RETURN(std::optional<double> theta, g.GetOptionalFloat("llama.rope.freq_base"));
+  if (theta) c.rope_theta = static_cast<float>(*theta);
+  DUET_ASSIGN_OR_RETURN(double eps, g.GetFloat("llama.attention.layer_norm_rms_epsilon"));
+  c.rms_norm_eps = static_cast<float>(eps);
+
+  DUET_ASSIGN_OR_RETURN(std::optional<int64_t> vocab, g.GetOptionalInt("llama.vocab_size"));
+  if (!vocab) {
+    if (const GgufValue* toks = g.Find("tokenizer.ggml.tokens")) {
+      vocab = static_cast<int64_t>(toks->array_size());
+    } else {
+      DUET_ASSIGN_OR_RETURN(const GgufTensorInfo* emb, g.Tensor("token_embd.weight"));
+      if (emb->dims.size() == 2) vocab = emb->dims[1];
+    }
+  }
+  if (!vocab || *vocab <= 0 || *vocab > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(path + ": cannot tell the vocabulary size (llama.vocab_size, "
+                                      "tokenizer.ggml.tokens or token_embd.weight)");
+  }
+  c.vocab_size = static_cast<int>(*vocab);
+  c.tie_word_embeddings = !g.HasTensor("output.weight");
+  DUET_ASSIGN_OR_RETURN(std::optional<int64_t> bos, g.GetOptionalInt("tokenizer.ggml.bos_token_id"));
+  DUET_ASSIGN_OR_RETURN(std::optional<int64_t> eos, g.GetOptionalInt("tokenizer.ggml.eos_token_id"));
+  if (bos) c.bos_token_id = static_cast<int>(std::min<int64_t>(*bos, INT32_MAX));
+  if (eos) c.eos_token_ids = {static_cast<int>(std::min<int64_t>(*eos, INT32_MAX))};
+  DUET_RETURN_IF_ERROR(Annotate(c.Validate(), path));
+  return c;
+}
+
+void UnpermuteGgufRopeRows(std::vector<float>& w, int n_heads, int head_dim, int64_t cols) {
+  const int half = head_dim / 2;
+  std::vector<float> head(static_cast<size_t>(head_dim * cols));
+  for (int h = 0; h < n_heads; ++h) {
+    float* base = w.data() + static_cast<size_t>(h) * head_dim * cols;
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < half; ++j) {
+        std::memcpy(&head[static_cast<size_t>(i * half + j) * cols],
+                    base + static_cast<size_t>(2 * j + i) * cols, sizeof(float) * cols);
+      }
+    }
+    std::memcpy(base, head.data(), sizeof(float) * head.size());
+  }
+}
+
+absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfig& config) {
+  DUET_RETURN_IF_ERROR(config.Validate());
+  ModelWeights w;
+  w.layers.resize(config.num_hidden_layers);
+  std::set<std::string> used;
+  for (const ExpectedTensor& e : ExpectedTensors(config)) {
+    const std::string name = GgufTensorName(e.name);
+    DUET_ASSIGN_OR_RETURN(const GgufTensorInfo* t, g.Tensor(name));
+    if (t->Shape() != e.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          g.path(), ": tensor '", name, "' has shape ", ShapeToString(t->Shape()), "; expected ",
+          ShapeToString(e.shape), e.what, " (HF ", e.name, ")"));
+    }
+    std::vector<float>* out = nullptr;
+    int layer = 0;
+    const std::string suffix = LayerSuffix(e.name, &layer);
+    if (e.name == "model.embed_tokens.weight") out = &w.embed_tokens;
+    else if (e.name == "model.norm.weight") out = &w.norm;
+    else if (e.name == "lm_head.weight") out = &w.lm_head;
+    else {
+      LayerWeights& l = w.layers[layer];
+      if (suffix == "input_layernorm.weight") out = &l.input_norm;
+      else if (suffix == "self_attn.q_proj.weight") out = &l.q_proj;
+      else if (suffix == "self_attn.k_proj.weight") out = &l.k_proj;
+      else if (suffix == "self_attn.v_proj.weight") out = &l.v_proj;
+      else if (suffix == "self_attn.o_proj.weight") out = &l.o_proj;
+      else if (suffix == "self_attn.q_proj.bias") out = &l.q_bias;
+      else if (suffix == "self_attn.k_proj.bias") out = &l.k_bias;
+      else if (suffix == "self_attn.v_proj.bias") out = &l.v_bias;
+      else if (suffix == "post_attention_layernorm.weight") out = &l.post_attention_norm;
+      else if (suffix == "mlp.gate_proj.weight") out = &l.gate_proj;
+      else if (suffix == "mlp.up_proj.weight") out = &l.up_proj;
+      else if (suffix == "mlp.down_proj.weight") out = &l.down_proj;
+    }
+    DUET_CHECK(out != nullptr) << e.name;
+    out->resize(static_cast<size_t>(t->NumElements()));
+    DUET_RETURN_IF_ERROR(g.Dequantize(*t, out->data()));
+    if (suffix == "self_attn.q_proj.weight") {
+      UnpermuteGgufRopeRows(*out, config.num_attention_heads, config.head_dim, config.hidden_size);
+    } else if (suffix == "self_attn.k_proj.weight") {
+      UnpermuteGgufRopeRows(*out, config.num_key_value_heads, config.head_dim, config.hidden_size);
+    }
+    used.insert(name);
+  }
+  std::vector<std::string> extra;
+  for (const GgufTensorInfo& t : g.tensors()) {
+    if (used.count(t.name) == 0) extra.push_back(t.name);
+  }
+  if (!extra.empty()) {
+    DUET_LOG(WARNING) << g.path() << ": ignoring " << extra.size()
+                      << " unexpected tensor(s), e.g. '" << extra[0] << "'";
+  }
+  return w;
+}
+
+}  // namespace duet::model

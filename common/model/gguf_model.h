@@ -1,0 +1,44 @@
+// A Llama-architecture model from a GGUF file: ModelConfig from the llama.* metadata and
+// float32 ModelWeights in Hugging Face layout (dequantised at load).
+//
+//   DUET_ASSIGN_OR_RETURN(auto gguf, GgufFile::Open(path));
+//   DUET_ASSIGN_OR_RETURN(ModelConfig config, ConfigFromGguf(*gguf));
+//   DUET_ASSIGN_OR_RETURN(ModelWeights weights, LoadGgufWeights(*gguf, config));
+//
+// llama.cpp's converter stores attn_q / attn_k with the rows of each head interleaved for its
+// "pairs of adjacent elements" RoPE: HF row i*head_dim/2 + j (i in {0, 1}) is GGUF row 2j + i.
+// LoadGgufWeights undoes that so the weights suit our rotate-half (HF) RoPE.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/gguf.h"
+#include "common/model/model_config.h"
+#include "common/model/weights.h"
+
+namespace duet::model {
+
+// The GGUF file a model path names: the path itself when it is a file that starts with "GGUF",
+// or the only *.gguf file of a directory that has no config.json. std::nullopt otherwise.
+std::optional<std::string> FindGgufModel(const std::string& model_path);
+
+// general.architecture must be "llama". Unsupported features (RoPE scaling, partial rotary,
+// rope_freqs) are Unimplemented naming the key.
+absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf);
+
+// The GGUF name of an HF tensor name ("model.layers.3.self_attn.q_proj.weight" ->
+// "blk.3.attn_q.weight"); empty for a name with no GGUF counterpart.
+std::string GgufTensorName(const std::string& hf_name);
+
+// Every tensor of ExpectedTensors(config), shape-checked and dequantised; attn_q/attn_k rows
+// un-permuted (see above).
+absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& gguf, const ModelConfig& config);
+
+// Reorders the rows of a [n_heads * head_dim, cols] matrix from llama.cpp's interleaved RoPE
+// order to HF's half-split order (exposed for tests).
+void UnpermuteGgufRopeRows(std::vector<float>& w, int n_heads, int head_dim, int64_t cols);
+
+}  // namespace duet::model

@@ -1,0 +1,114 @@
+#include "common/model/gguf_quant.h"
+
+#include <cstring>
+#include <string>
+
+#include "common/model/float16.h"
+
+namespace duet::model {
+namespace {
+
+constexpr GgmlTypeInfo kTypes[] = {
+    {0, "F32", 1, 4, true},       {1, "F16", 1, 2, true},       {2, "Q4_0", 32, 18, true},
+    {3, "Q4_1", 32, 20, true},    {6, "Q5_0", 32, 22, true},    {7, "Q5_1", 32, 24, true},
+    {8, "Q8_0", 32, 34, true},    {9, "Q8_1", 32, 36, false},   {10, "Q2_K", 256, 84, false},
+    {11, "Q3_K", 256, 110, false}, {12, "Q4_K", 256, 144, false}, {13, "Q5_K", 256, 176, false},
+    {14, "Q6_K", 256, 210, false}, {15, "Q8_K", 256, 292, false}, {24, "I8", 1, 1, false},
+    {25, "I16", 1, 2, false},     {26, "I32", 1, 4, false},     {27, "I64", 1, 8, false},
+    {28, "F64", 1, 8, false},     {30, "BF16", 1, 2, true},
+};
+
+inline uint16_t Load16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline uint32_t Load32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The 16 nibble bytes of a 4/5-bit block: element j comes from the low nibble of q[j], element
+// j + 16 from its high nibble; `hi` holds the fifth bits (bit j for element j) or 0.
+// x = (q - sub) * d + m, in ggml's order of operations.
+inline void Nibbles(const uint8_t* q, uint32_t hi, bool has_hi, int sub, float d, float m,
+                    float* dst) {
+  for (int j = 0; j < 16; ++j) {
+    int lo = q[j] & 0x0f;
+    int hn = q[j] >> 4;
+    if (has_hi) {
+      lo |= static_cast<int>((hi >> j) & 1u) << 4;
+      hn |= static_cast<int>((hi >> (j + 16)) & 1u) << 4;
+    }
+    dst[j] = static_cast<float>(lo - sub) * d + m;
+    dst[j + 16] = static_cast<float>(hn - sub) * d + m;
+  }
+}
+
+}  // namespace
+
+const GgmlTypeInfo* FindGgmlType(uint32_t type) {
+  for (const GgmlTypeInfo& t : kTypes) {
+    if (t.type == type) return &t;
+  }
+  return nullptr;
+}
+
+absl::Status DequantizeBlocks(uint32_t type, const uint8_t* src, int64_t n, float* dst) {
+  const GgmlTypeInfo* info = FindGgmlType(type);
+  if (info == nullptr || !info->can_dequantize) {
+    return absl::InvalidArgumentError(
+        std::string("cannot dequantize ggml type ") + (info ? info->name : std::to_string(type)) +
+        "; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0");
+  }
+  if (n < 0 || n % info->block_size != 0) {
+    return absl::InvalidArgumentError(std::string(info->name) + ": " + std::to_string(n) +
+                                      " elements is not a multiple of the block size " +
+                                      std::to_string(info->block_size));
+  }
+  const int64_t blocks = n / info->block_size;
+  switch (static_cast<int>(type)) {
+    case 0:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return absl::OkStatus();
+    case 1:
+      for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(Load16(src + 2 * i));
+      return absl::OkStatus();
+    case 30:
+      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(Load16(src + 2 * i));
+      return absl::OkStatus();
+    case 2:  // Q4_0
+      for (int64_t b = 0; b < blocks; ++b, src += 18, dst += 32) {
+        const float d = HalfToFloat(Load16(src));
+        Nibbles(src + 2, 0, false, 8, d, 0.0f, dst);
+      }
+      return absl::OkStatus();
+    case 3:  // Q4_1
+      for (int64_t b = 0; b < blocks; ++b, src += 20, dst += 32) {
+        Nibbles(src + 4, 0, false, 0, HalfToFloat(Load16(src)), HalfToFloat(Load16(src + 2)), dst);
+      }
+      return absl::OkStatus();
+    case 6:  // Q5_0
+      for (int64_t b = 0; b < blocks; ++b, src += 22, dst += 32) {
+        const float d = HalfToFloat(Load16(src));
+        Nibbles(src + 6, Load32(src + 2), true, 16, d, 0.0f, dst);
+      }
+      return absl::OkStatus();
+    case 7:  // Q5_1
+      for (int64_t b = 0; b < blocks; ++b, src += 24, dst += 32) {
+        Nibbles(src + 8, Load32(src + 4), true, 0, HalfToFloat(Load16(src)),
+                HalfToFloat(Load16(src + 2)), dst);
+      }
+      return absl::OkStatus();
+    case 8:  // Q8_0
+      for (int64_t b = 0; b < blocks; ++b, src += 34, dst += 32) {
+        const float d = HalfToFloat(Load16(src));
+        for (int j = 0; j < 32; ++j) dst[j] = static_cast<float>(static_cast<int8_t>(src[2 + j])) * d;
+      }
+      return absl::OkStatus();
+  }
+  return absl::InternalError("unreachable ggml type");
+}
+
+}  // namespace duet::model
