@@ -18,11 +18,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -47,7 +46,8 @@ ABSL_FLAG(std::string, prompts, "128,512,2048,8192", "prompt lengths (tokens)");
 ABSL_FLAG(std::string, block_sizes, "16,32", "tokens per block");
 ABSL_FLAG(int, iters, 5, "measured iterations per mode");
 ABSL_FLAG(bool, perftest, true, "run ucx_perftest for the reference bandwidth");
-ABSL_FLAG(int64_t, idle_spin_us, 200, "progress thread: poll this long before sleeping (-1: never sleep)");
+ABSL_FLAG(int64_t, idle_spin_us, 200,
+          "progress thread: poll this long before sleeping (-1: never sleep)");
 ABSL_FLAG(std::string, write_mode, "auto", "transport write mode: auto, put, am");
 ABSL_FLAG(int64_t, chunk_kib, 1024, "put-lane chunk size (KiB)");
 ABSL_FLAG(int64_t, am_chunk_kib, 4096, "am-lane (rendezvous) chunk size (KiB)");
@@ -114,8 +114,8 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& prof
                                                          const std::string& name,
                                                          const kv::KvLayout& layout) {
   DUET_ASSIGN_OR_RETURN(UcxProfile profile, UcxProfileByName(profile_name));
-  TransportOptions options{.name = name, .layout = layout, .tls = profile.tls,
-                           .net_devices = profile.net_devices};
+  TransportOptions options{
+      .name = name, .layout = layout, .tls = profile.tls, .net_devices = profile.net_devices};
   const int64_t spin = absl::GetFlag(FLAGS_idle_spin_us);
   options.write_mode = absl::GetFlag(FLAGS_write_mode);
   options.chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
@@ -155,8 +155,9 @@ int RunReceiver() {
       absl::StrAppend(&log, static_cast<int>(kn->kind), " ", kn->request_id, " ", kn->layer, " ",
                       now, "\n");
       if (kn->kind == KvNoticeKind::kFinal) {
-        auto h = (*t)->PostWrite(*back, {}, EncodeKvNotice({.kind = KvNoticeKind::kFinal,
-                                                            .request_id = kn->request_id}));
+        auto h = (*t)->PostWrite(
+            *back, {},
+            EncodeKvNotice({.kind = KvNoticeKind::kFinal, .request_id = kn->request_id}));
         if (!h.ok()) return fail(h.status());
       }
     }
@@ -187,10 +188,11 @@ double Perftest(const std::string& profile_name, const std::string& test, size_t
   const int port = 20000 + (getpid() % 20000) + (port_seq++ % 500);
   auto profile = UcxProfileByName(profile_name);
   std::string env = absl::StrCat("UCX_TLS=", profile->tls);
-  if (!profile->net_devices.empty()) absl::StrAppend(&env, " UCX_NET_DEVICES=", profile->net_devices);
+  if (!profile->net_devices.empty())
+    absl::StrAppend(&env, " UCX_NET_DEVICES=", profile->net_devices);
   const size_t iters = std::clamp<size_t>((size_t{192} << 20) / size, 20, 20000);
-  const std::string server = absl::StrCat("exec env ", env, " timeout 30 ucx_perftest -p ", port,
-                                          " > /dev/null 2>&1");
+  const std::string server =
+      absl::StrCat("exec env ", env, " timeout 30 ucx_perftest -p ", port, " > /dev/null 2>&1");
   pid_t pid = fork();
   if (pid == 0) {
     execl("/bin/sh", "sh", "-c", server.c_str(), nullptr);
@@ -253,9 +255,12 @@ double Percentile(std::vector<double> v, double p) {
 double Median(std::vector<double> v) { return Percentile(std::move(v), 0.5); }
 
 absl::StatusOr<json> RunConfig(const Config& c, int iters) {
-  const kv::KvLayout layout{.model_id = c.geometry.name, .num_layers = c.geometry.layers,
-                            .num_kv_heads = c.geometry.heads, .head_dim = c.geometry.dim,
-                            .block_size = c.block, .dtype = c.geometry.dtype};
+  const kv::KvLayout layout{.model_id = c.geometry.name,
+                            .num_layers = c.geometry.layers,
+                            .num_kv_heads = c.geometry.heads,
+                            .head_dim = c.geometry.dim,
+                            .block_size = c.block,
+                            .dtype = c.geometry.dtype};
   const int64_t n = layout.BlocksForTokens(c.prompt);
   const int L = layout.num_layers;
   const uint64_t layer_bytes = static_cast<uint64_t>(n) * layout.BlockBytes();
@@ -267,12 +272,16 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
   pid_t pid = fork();
   if (pid == 0) {
     const std::string exe = std::filesystem::read_symlink("/proc/self/exe");
-    std::vector<std::string> args = {exe, "--role=receiver", "--dir=" + dir,
-                                     "--profile=" + c.transport, "--layout=" + EncodeLayout(layout),
-                                     absl::StrCat("--blocks=", n),
-                                     absl::StrCat("--idle_spin_us=", absl::GetFlag(FLAGS_idle_spin_us)),
-                                     absl::StrCat("--chunk_kib=", absl::GetFlag(FLAGS_chunk_kib)),
-                                     absl::StrCat("--am_chunk_kib=", absl::GetFlag(FLAGS_am_chunk_kib))};
+    std::vector<std::string> args = {
+        exe,
+        "--role=receiver",
+        "--dir=" + dir,
+        "--profile=" + c.transport,
+        "--layout=" + EncodeLayout(layout),
+        absl::StrCat("--blocks=", n),
+        absl::StrCat("--idle_spin_us=", absl::GetFlag(FLAGS_idle_spin_us)),
+        absl::StrCat("--chunk_kib=", absl::GetFlag(FLAGS_chunk_kib)),
+        absl::StrCat("--am_chunk_kib=", absl::GetFlag(FLAGS_am_chunk_kib))};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -350,9 +359,11 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
     bulk_ids.push_back(id);
   }
   // Arrival times of every notice, from the receiver's log (read once, at the end).
-  auto read_log = [&]() -> absl::StatusOr<std::map<uint64_t, std::pair<std::vector<int64_t>, int64_t>>> {
+  auto read_log =
+      [&]() -> absl::StatusOr<std::map<uint64_t, std::pair<std::vector<int64_t>, int64_t>>> {
     WriteFile(dir + "/stop", "");
-    DUET_ASSIGN_OR_RETURN(std::string text, WaitFile(dir + "/recv.log", DeadlineIn(absl::Seconds(30))));
+    DUET_ASSIGN_OR_RETURN(std::string text,
+                          WaitFile(dir + "/recv.log", DeadlineIn(absl::Seconds(30))));
     std::map<uint64_t, std::pair<std::vector<int64_t>, int64_t>> arrivals;  // layers, final
     std::istringstream in(text);
     int kind;
@@ -400,25 +411,36 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
   const double total_ms = Median(bulk_ms);
   const double gbps = total_bytes / (total_ms / 1e3) / 1e9;
   const uint64_t chunk = static_cast<uint64_t>(info.lane == "am" ? absl::GetFlag(FLAGS_am_chunk_kib)
-                                                                 : absl::GetFlag(FLAGS_chunk_kib)) << 10;
+                                                                 : absl::GetFlag(FLAGS_chunk_kib))
+                         << 10;
   const size_t msg = static_cast<size_t>(std::min<uint64_t>(layer_bytes, chunk));
   PerftestBest ref;
   if (absl::GetFlag(FLAGS_perftest)) ref = BestPerftest(c.transport, msg);
   const double memcpy_gbps = MemcpyGBps(layer_bytes);
   const double one_layer_ms = total_ms / L;
   json row = {
-      {"geometry", c.geometry.name}, {"transport", c.transport}, {"lane", info.lane},
-      {"prompt_tokens", c.prompt}, {"block_size", c.block}, {"layers", L},
-      {"layer_bytes", layer_bytes}, {"total_bytes", total_bytes}, {"message_bytes", msg},
-      {"total_ms", total_ms}, {"gbps", gbps},
+      {"geometry", c.geometry.name},
+      {"transport", c.transport},
+      {"lane", info.lane},
+      {"prompt_tokens", c.prompt},
+      {"block_size", c.block},
+      {"layers", L},
+      {"layer_bytes", layer_bytes},
+      {"total_bytes", total_bytes},
+      {"message_bytes", msg},
+      {"total_ms", total_ms},
+      {"gbps", gbps},
       {"layer_latency_p50_us", Percentile(layer_lat_us, 0.5)},
       {"layer_latency_p99_us", Percentile(layer_lat_us, 0.99)},
-      {"perftest_gbps", ref.gbps}, {"perftest_test", ref.test},
+      {"perftest_gbps", ref.gbps},
+      {"perftest_test", ref.test},
       {"ratio_to_perftest", ref.gbps > 0 ? gbps / ref.gbps : -1},
-      {"memcpy_gbps", memcpy_gbps}, {"ratio_to_memcpy", gbps / memcpy_gbps},
+      {"memcpy_gbps", memcpy_gbps},
+      {"ratio_to_memcpy", gbps / memcpy_gbps},
       {"compute_per_layer_ms", absl::ToDoubleMilliseconds(compute)},
       {"one_layer_transfer_ms", one_layer_ms},
-      {"pipelined_tail_ms", Median(pipe_tail_ms)}, {"bulk_after_tail_ms", Median(after_tail_ms)},
+      {"pipelined_tail_ms", Median(pipe_tail_ms)},
+      {"bulk_after_tail_ms", Median(after_tail_ms)},
       {"pipelined_tail_in_layers", Median(pipe_tail_ms) / one_layer_ms},
   };
   return row;
@@ -448,14 +470,17 @@ int RunSweep() {
   }
   const int iters = quick ? 3 : absl::GetFlag(FLAGS_iters);
   json rows = json::array();
-  std::printf("%-11s %-4s %-4s %6s %3s %9s %9s %7s %9s %9s %8s %6s %7s %6s %9s %9s %6s\n", "geometry",
-              "tr", "lane", "prompt", "bs", "layer_KiB", "total_ms", "GB/s", "lat_p50us",
-              "lat_p99us", "pt_GB/s", "x_pt", "mc_GB/s", "x_mc", "pipe_tail", "bulk_tail",
-              "tail_L");
+  std::printf("%-11s %-4s %-4s %6s %3s %9s %9s %7s %9s %9s %8s %6s %7s %6s %9s %9s %6s\n",
+              "geometry", "tr", "lane", "prompt", "bs", "layer_KiB", "total_ms", "GB/s",
+              "lat_p50us", "lat_p99us", "pt_GB/s", "x_pt", "mc_GB/s", "x_mc", "pipe_tail",
+              "bulk_tail", "tail_L");
   for (const Config& c : configs) {
-    const kv::KvLayout l{.model_id = c.geometry.name, .num_layers = c.geometry.layers,
-                         .num_kv_heads = c.geometry.heads, .head_dim = c.geometry.dim,
-                         .block_size = c.block, .dtype = c.geometry.dtype};
+    const kv::KvLayout l{.model_id = c.geometry.name,
+                         .num_layers = c.geometry.layers,
+                         .num_kv_heads = c.geometry.heads,
+                         .head_dim = c.geometry.dim,
+                         .block_size = c.block,
+                         .dtype = c.geometry.dtype};
     const uint64_t bytes = l.RegionBytes(l.BlocksForTokens(c.prompt));
     if (bytes > static_cast<uint64_t>(absl::GetFlag(FLAGS_max_bytes))) continue;
     auto row = RunConfig(c, iters);
@@ -465,14 +490,16 @@ int RunSweep() {
       continue;
     }
     const json& r = *row;
-    std::printf("%-11s %-4s %-4s %6d %3d %9.0f %9.2f %7.2f %9.0f %9.0f %8.2f %6.2f %7.2f %6.2f %9.2f %9.2f %6.2f\n",
-                c.geometry.name.c_str(), c.transport.c_str(), r["lane"].get<std::string>().c_str(),
-                c.prompt, c.block, r["layer_bytes"].get<double>() / 1024, r["total_ms"].get<double>(),
-                r["gbps"].get<double>(), r["layer_latency_p50_us"].get<double>(),
-                r["layer_latency_p99_us"].get<double>(), r["perftest_gbps"].get<double>(),
-                r["ratio_to_perftest"].get<double>(), r["memcpy_gbps"].get<double>(),
-                r["ratio_to_memcpy"].get<double>(), r["pipelined_tail_ms"].get<double>(),
-                r["bulk_after_tail_ms"].get<double>(), r["pipelined_tail_in_layers"].get<double>());
+    std::printf(
+        "%-11s %-4s %-4s %6d %3d %9.0f %9.2f %7.2f %9.0f %9.0f %8.2f %6.2f %7.2f %6.2f %9.2f %9.2f "
+        "%6.2f\n",
+        c.geometry.name.c_str(), c.transport.c_str(), r["lane"].get<std::string>().c_str(),
+        c.prompt, c.block, r["layer_bytes"].get<double>() / 1024, r["total_ms"].get<double>(),
+        r["gbps"].get<double>(), r["layer_latency_p50_us"].get<double>(),
+        r["layer_latency_p99_us"].get<double>(), r["perftest_gbps"].get<double>(),
+        r["ratio_to_perftest"].get<double>(), r["memcpy_gbps"].get<double>(),
+        r["ratio_to_memcpy"].get<double>(), r["pipelined_tail_ms"].get<double>(),
+        r["bulk_after_tail_ms"].get<double>(), r["pipelined_tail_in_layers"].get<double>());
     std::fflush(stdout);
     rows.push_back(r);
   }

@@ -1,12 +1,12 @@
 #include "transfer/peer_address.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"

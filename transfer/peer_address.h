@@ -24,9 +24,9 @@ struct PeerAddress {
   std::string worker_address;  // backend-specific (ucx worker address)
   std::string region_key;      // backend-specific (ucx packed rkey)
   // Process identity, for liveness checks of same-host peers.
-  std::string host;            // boot id (same machine iff equal)
+  std::string host;  // boot id (same machine iff equal)
   uint64_t pid = 0;
-  uint64_t start_time = 0;     // /proc/<pid>/stat field 22
+  uint64_t start_time = 0;  // /proc/<pid>/stat field 22
 };
 
 // This process's identity (host = boot id, pid, start time).

@@ -9,10 +9,14 @@ namespace duet::transfer {
 
 const char* TransferStateName(TransferState s) {
   switch (s) {
-    case TransferState::kPending: return "pending";
-    case TransferState::kDone: return "done";
-    case TransferState::kFailed: return "failed";
-    case TransferState::kCancelled: return "cancelled";
+    case TransferState::kPending:
+      return "pending";
+    case TransferState::kDone:
+      return "done";
+    case TransferState::kFailed:
+      return "failed";
+    case TransferState::kCancelled:
+      return "cancelled";
   }
   return "?";
 }
@@ -106,8 +110,8 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const std::string& na
     if (it == Registry().end()) {
       std::vector<std::string> names;
       for (const auto& [n, f] : Registry()) names.push_back(n);
-      return absl::NotFoundError(absl::StrCat("no transport backend '", name, "' (have: ",
-                                              absl::StrJoin(names, ", "), ")"));
+      return absl::NotFoundError(absl::StrCat("no transport backend '", name,
+                                              "' (have: ", absl::StrJoin(names, ", "), ")"));
     }
     factory = it->second;
   }
@@ -126,14 +130,14 @@ absl::Status ValidateOps(absl::Span<const WriteOp> ops, uint64_t local_bytes,
       return absl::InvalidArgumentError(absl::StrCat("write op ", i, " has length 0"));
     }
     if (op.local_offset > local_bytes || op.length > local_bytes - op.local_offset) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "write op ", i, ": local [", op.local_offset, ", +", op.length,
-          ") exceeds the local region of ", local_bytes, " bytes"));
+      return absl::OutOfRangeError(absl::StrCat("write op ", i, ": local [", op.local_offset, ", +",
+                                                op.length, ") exceeds the local region of ",
+                                                local_bytes, " bytes"));
     }
     if (op.remote_offset > remote_bytes || op.length > remote_bytes - op.remote_offset) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "write op ", i, ": remote [", op.remote_offset, ", +", op.length,
-          ") exceeds the peer's region of ", remote_bytes, " bytes"));
+      return absl::OutOfRangeError(absl::StrCat("write op ", i, ": remote [", op.remote_offset,
+                                                ", +", op.length, ") exceeds the peer's region of ",
+                                                remote_bytes, " bytes"));
     }
   }
   return absl::OkStatus();

@@ -37,12 +37,12 @@ namespace duet::transfer {
 
 // What a backend can do (bit set in Transport::capabilities()).
 enum Capability : uint32_t {
-  kCapCrossProcess = 1u << 0,         // peers may live in other processes / hosts
-  kCapOneSidedWrite = 1u << 1,        // data lands without the receiver posting receives
-  kCapNotices = 1u << 2,              // PostWrite can carry a notice
-  kCapPeerFailureDetection = 1u << 3, // a dead peer fails its transfers (no hang)
-  kCapAllocateRegion = 1u << 4,       // AllocateRegion gives transport-owned memory
-  kCapCancel = 1u << 5,               // Cancel stops a transfer mid-way
+  kCapCrossProcess = 1u << 0,          // peers may live in other processes / hosts
+  kCapOneSidedWrite = 1u << 1,         // data lands without the receiver posting receives
+  kCapNotices = 1u << 2,               // PostWrite can carry a notice
+  kCapPeerFailureDetection = 1u << 3,  // a dead peer fails its transfers (no hang)
+  kCapAllocateRegion = 1u << 4,        // AllocateRegion gives transport-owned memory
+  kCapCancel = 1u << 5,                // Cancel stops a transfer mid-way
 };
 
 using PeerId = uint64_t;  // 0 is never a valid peer
@@ -65,26 +65,26 @@ struct Notice {
 };
 
 struct PeerInfo {
-  std::string name;          // the peer's TransportOptions::name
-  uint64_t instance = 0;     // unique per transport instance
+  std::string name;       // the peer's TransportOptions::name
+  uint64_t instance = 0;  // unique per transport instance
   kv::KvLayout layout;
-  uint64_t region_bytes = 0; // size of the peer's exported region
-  std::string lane;          // how bytes move: "memcpy" (peer region mapped here), "put", "am"
+  uint64_t region_bytes = 0;  // size of the peer's exported region
+  std::string lane;           // how bytes move: "memcpy" (peer region mapped here), "put", "am"
 };
 
 struct TransportOptions {
   std::string name = "transport";  // names this side in errors ("decode-0")
   kv::KvLayout layout;             // fingerprint exchanged in LocalAddress, checked at Connect
   // ucx only. Empty strings keep UCX's own configuration (its UCX_* environment).
-  std::string tls;                 // e.g. "posix,sysv,cma,self" or "tcp,self"
-  std::string net_devices;         // e.g. "lo"
+  std::string tls;          // e.g. "posix,sysv,cma,self" or "tcp,self"
+  std::string net_devices;  // e.g. "lo"
   // ucx: auto (put where the endpoint has a native RMA lane or the peer's region is mapped
   // here, else am), or put, am, memcpy (copy into the mapped peer region; see ucx_transport.h).
   std::string write_mode = "auto";
-  uint64_t chunk_bytes = 1 << 20;     // "put" lane: large runs are split into chunks this size
-  uint64_t am_chunk_bytes = 4 << 20;  // "am" lane (rendezvous messages): chunk size
+  uint64_t chunk_bytes = 1 << 20;          // "put" lane: large runs are split into chunks this size
+  uint64_t am_chunk_bytes = 4 << 20;       // "am" lane (rendezvous messages): chunk size
   uint64_t am_eager_max_bytes = 64 << 10;  // "am" lane: smaller chunks are sent eagerly
-  int window_chunks = 16;          // chunks in flight per transfer
+  int window_chunks = 16;                  // chunks in flight per transfer
   absl::Duration keepalive = absl::Milliseconds(500);  // dead-peer detection interval
   // The progress thread keeps polling this long after its last work before it sleeps on the
   // worker's event fd (lower latency vs. CPU left to others). InfiniteDuration: never sleep.
@@ -110,7 +110,9 @@ class TransferRecord {
   absl::Status Wait(absl::Time deadline) const;
   // Called (once, outside locks) when Cancel is requested; backends use it to wake a worker.
   void set_on_cancel(std::function<void()> fn) { on_cancel_ = std::move(fn); }
-  void RunOnCancel() const { if (on_cancel_) on_cancel_(); }
+  void RunOnCancel() const {
+    if (on_cancel_) on_cancel_();
+  }
 
  private:
   mutable absl::Mutex mu_;

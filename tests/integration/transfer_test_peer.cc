@@ -30,7 +30,8 @@ namespace {
 std::string Flag(int argc, char** argv, const std::string& name, const std::string& def) {
   const std::string prefix = "--" + name + "=";
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]).rfind(prefix, 0) == 0) return std::string(argv[i]).substr(prefix.size());
+    if (std::string(argv[i]).rfind(prefix, 0) == 0)
+      return std::string(argv[i]).substr(prefix.size());
   }
   return def;
 }
@@ -64,7 +65,9 @@ int Run(int argc, char** argv) {
 
   auto profile = UcxProfileByName(Flag(argc, argv, "profile", "shm"));
   if (!profile.ok()) return Fail(dir, profile.status());
-  TransportOptions opt{.name = "test-sender", .layout = layout, .tls = profile->tls,
+  TransportOptions opt{.name = "test-sender",
+                       .layout = layout,
+                       .tls = profile->tls,
                        .net_devices = profile->net_devices};
   opt.write_mode = Flag(argc, argv, "write_mode", "auto");
   opt.am_chunk_bytes = 1 << 20;  // the 2.5 MiB-per-layer request is chunked on both lanes
@@ -109,7 +112,8 @@ int Run(int argc, char** argv) {
     if (!blocks.ok()) return Fail(dir, blocks.status());
     local[r] = *blocks;
     if (r % 3 == 1) std::shuffle(local[r].begin(), local[r].end(), rng);
-    if (absl::Status s = (*sender)->Begin({plan[r].id, *peer, local[r], plan[r].remote_blocks}); !s.ok()) {
+    if (absl::Status s = (*sender)->Begin({plan[r].id, *peer, local[r], plan[r].remote_blocks});
+        !s.ok()) {
       return Fail(dir, s);
     }
     ids.push_back(plan[r].id);

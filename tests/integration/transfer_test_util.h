@@ -5,15 +5,15 @@
 //   EXPECT_TRUE(BlockMatches(p, bytes, seed, request, layer, index));   // receiver
 #pragma once
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -42,8 +42,8 @@ inline void FillBlock(uint8_t* p, size_t bytes, uint64_t seed, uint64_t request,
   }
 }
 
-inline bool BlockMatches(const uint8_t* p, size_t bytes, uint64_t seed, uint64_t request,
-                         int layer, size_t index) {
+inline bool BlockMatches(const uint8_t* p, size_t bytes, uint64_t seed, uint64_t request, int layer,
+                         size_t index) {
   std::vector<uint8_t> want(bytes);
   FillBlock(want.data(), bytes, seed, request, layer, index);
   return std::memcmp(p, want.data(), bytes) == 0;

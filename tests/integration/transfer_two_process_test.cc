@@ -1,5 +1,6 @@
 // Two real processes over UCX (shm and tcp on 127.0.0.1): this test is the receiving (decode)
 // side with a KvArrivalTracker; transfer_test_peer is the sending (prefill) side.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -8,8 +9,6 @@
 #include <filesystem>
 #include <random>
 #include <set>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
@@ -30,8 +29,12 @@ struct Geometry {
   int dim = 64;
   int block = 16;
   kv::KvLayout Layout(const std::string& model = "test") const {
-    return kv::KvLayout{.model_id = model, .num_layers = layers, .num_kv_heads = heads,
-                        .head_dim = dim, .block_size = block, .dtype = kv::KvDtype::kBF16};
+    return kv::KvLayout{.model_id = model,
+                        .num_layers = layers,
+                        .num_kv_heads = heads,
+                        .head_dim = dim,
+                        .block_size = block,
+                        .dtype = kv::KvDtype::kBF16};
   }
 };
 
@@ -78,7 +81,9 @@ class TwoProcessTest : public ::testing::TestWithParam<std::string> {
     geometry_ = g;
     auto profile = UcxProfileByName(GetParam());
     ASSERT_TRUE(profile.ok());
-    TransportOptions opt{.name = "test-receiver", .layout = g.Layout(), .tls = profile->tls,
+    TransportOptions opt{.name = "test-receiver",
+                         .layout = g.Layout(),
+                         .tls = profile->tls,
                          .net_devices = profile->net_devices};
     auto t = CreateTransport("ucx", opt);
     ASSERT_TRUE(t.ok()) << t.status();
@@ -86,7 +91,8 @@ class TwoProcessTest : public ::testing::TestWithParam<std::string> {
     auto region = transport_->AllocateRegion(g.Layout().RegionBytes(num_blocks));
     ASSERT_TRUE(region.ok()) << region.status();
     region_ = std::move(*region);
-    auto pool = kv::BlockPool::CreateOver(g.Layout(), num_blocks, region_->base(), region_->bytes());
+    auto pool =
+        kv::BlockPool::CreateOver(g.Layout(), num_blocks, region_->base(), region_->bytes());
     ASSERT_TRUE(pool.ok());
     pool_ = std::move(*pool);
     tracker_ = std::make_unique<KvArrivalTracker>(transport_.get(), pool_.get());
@@ -95,13 +101,20 @@ class TwoProcessTest : public ::testing::TestWithParam<std::string> {
 
   void SpawnPeer(const std::string& mode, uint64_t seed, const std::string& model = "test",
                  int layer_ms = 0, const std::string& write_mode = "auto") {
-    std::vector<std::string> args = {
-        DUET_TRANSFER_PEER_BIN, "--dir=" + dir_, "--profile=" + GetParam(), "--mode=" + mode,
-        absl::StrCat("--seed=", seed), "--model=" + model,
-        absl::StrCat("--layers=", geometry_.layers), absl::StrCat("--heads=", geometry_.heads),
-        absl::StrCat("--dim=", geometry_.dim), absl::StrCat("--block=", geometry_.block),
-        absl::StrCat("--layer_ms=", layer_ms), "--blocks=1024", "--timeout_s=40",
-        "--write_mode=" + write_mode};
+    std::vector<std::string> args = {DUET_TRANSFER_PEER_BIN,
+                                     "--dir=" + dir_,
+                                     "--profile=" + GetParam(),
+                                     "--mode=" + mode,
+                                     absl::StrCat("--seed=", seed),
+                                     "--model=" + model,
+                                     absl::StrCat("--layers=", geometry_.layers),
+                                     absl::StrCat("--heads=", geometry_.heads),
+                                     absl::StrCat("--dim=", geometry_.dim),
+                                     absl::StrCat("--block=", geometry_.block),
+                                     absl::StrCat("--layer_ms=", layer_ms),
+                                     "--blocks=1024",
+                                     "--timeout_s=40",
+                                     "--write_mode=" + write_mode};
     pid_ = ::fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
@@ -124,7 +137,8 @@ class TwoProcessTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Destination blocks for each request; odd requests get a shuffled (non-contiguous) map.
-  std::vector<PlannedRequest> MakePlan(std::mt19937_64& rng, int n, int max_blocks, int big_blocks) {
+  std::vector<PlannedRequest> MakePlan(std::mt19937_64& rng, int n, int max_blocks,
+                                       int big_blocks) {
     std::vector<PlannedRequest> plan;
     for (int r = 0; r < n; ++r) {
       const int count = r == 0 && big_blocks > 0
@@ -194,7 +208,8 @@ TEST_P(TwoProcessTest, RandomMapsArriveByteExact) {
     std::vector<PlannedRequest> plan = MakePlan(rng, 64, 8, /*big_blocks=*/160);  // 2.5 MiB/layer
     std::map<uint64_t, PlannedRequest> by_id;
     for (const PlannedRequest& r : plan) {
-      ASSERT_TRUE(tracker_->Expect(r.id, sender, r.remote_blocks, DeadlineIn(absl::Seconds(30))).ok());
+      ASSERT_TRUE(
+          tracker_->Expect(r.id, sender, r.remote_blocks, DeadlineIn(absl::Seconds(30))).ok());
       by_id[r.id] = r;
     }
     ASSERT_TRUE(WriteFileAtomic(dir_ + "/plan", EncodePlan(plan)));
@@ -251,7 +266,8 @@ TEST_P(TwoProcessTest, KilledSenderFailsRequestsAndReturnsBlocks) {
   std::mt19937_64 rng(21);
   std::vector<PlannedRequest> plan = MakePlan(rng, 16, 8, 0);
   for (const PlannedRequest& r : plan) {
-    ASSERT_TRUE(tracker_->Expect(r.id, sender, r.remote_blocks, DeadlineIn(absl::Seconds(60))).ok());
+    ASSERT_TRUE(
+        tracker_->Expect(r.id, sender, r.remote_blocks, DeadlineIn(absl::Seconds(60))).ok());
   }
   ASSERT_TRUE(WriteFileAtomic(dir_ + "/plan", EncodePlan(plan)));
   // Wait until some layer has landed, then kill the sender mid-stream.
@@ -286,7 +302,8 @@ TEST_P(TwoProcessTest, AbortMidStreamReturnsEveryBlock) {
   std::mt19937_64 rng(31);
   std::vector<PlannedRequest> plan = MakePlan(rng, 16, 8, 0);
   for (const PlannedRequest& r : plan) {
-    ASSERT_TRUE(tracker_->Expect(r.id, sender, r.remote_blocks, DeadlineIn(absl::Seconds(30))).ok());
+    ASSERT_TRUE(
+        tracker_->Expect(r.id, sender, r.remote_blocks, DeadlineIn(absl::Seconds(30))).ok());
   }
   for (size_t r = 1; r < plan.size(); r += 4) {
     ASSERT_TRUE(tracker_->Abort(plan[r].id, "receiver gave up").ok());

@@ -84,7 +84,8 @@ class InprocTransport : public Transport {
   }
   absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateRegion(size_t bytes) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("inproc: ", bytes, " bytes"));
+    if (p == nullptr)
+      return absl::ResourceExhaustedError(absl::StrCat("inproc: ", bytes, " bytes"));
     std::memset(p, 0, bytes);
     return Export(p, bytes, true);
   }
@@ -95,7 +96,9 @@ class InprocTransport : public Transport {
       return absl::FailedPreconditionError(
           absl::StrCat("transport '", options_.name, "': register a region before LocalAddress"));
     }
-    PeerAddress a{.backend = "inproc", .name = options_.name, .instance = instance_,
+    PeerAddress a{.backend = "inproc",
+                  .name = options_.name,
+                  .instance = instance_,
                   .layout = options_.layout,
                   .region_base = reinterpret_cast<uint64_t>(self_->base),
                   .region_bytes = self_->bytes};
@@ -105,8 +108,9 @@ class InprocTransport : public Transport {
   absl::StatusOr<PeerId> Connect(const std::string& blob, absl::Time deadline) override {
     DUET_ASSIGN_OR_RETURN(PeerAddress a, DecodePeerAddress(blob));
     if (a.backend != "inproc") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "transport '", options_.name, "' (inproc) cannot connect to '", a.name, "' (", a.backend, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("transport '", options_.name,
+                                                     "' (inproc) cannot connect to '", a.name,
+                                                     "' (", a.backend, ")"));
     }
     DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(options_.layout, a.layout, options_.name, a.name));
     std::shared_ptr<Endpoint> ep;
@@ -198,7 +202,8 @@ class InprocTransport : public Transport {
 
   bool WaitForNotices(absl::Time deadline) override {
     absl::MutexLock lock(&self_->mu);
-    auto has = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(self_->mu) { return !self_->notices.empty(); };
+    auto has = [this]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(self_->mu) { return !self_->notices.empty(); };
     return self_->mu.AwaitWithDeadline(absl::Condition(&has), deadline);
   }
 

@@ -88,8 +88,8 @@ void KvArrivalTracker::OnNotice(const Notice& notice) {
       break;
     case KvNoticeKind::kAborted:
       FailLocked(n->request_id, r,
-                 absl::AbortedError(absl::StrCat("request ", n->request_id,
-                                                 ": sender aborted: ", n->payload)),
+                 absl::AbortedError(
+                     absl::StrCat("request ", n->request_id, ": sender aborted: ", n->payload)),
                  /*quarantine=*/false);
       return;
   }
@@ -186,7 +186,8 @@ absl::Status KvArrivalTracker::Abort(uint64_t request_id, const std::string& rea
   if (r.state == ArrivalState::kFailed) return absl::OkStatus();
   if (r.state == ArrivalState::kReady) {
     // Everything landed before the final notice: no write can follow.
-    FailLocked(request_id, r, absl::AbortedError(absl::StrCat("request ", request_id, ": ", reason)),
+    FailLocked(request_id, r,
+               absl::AbortedError(absl::StrCat("request ", request_id, ": ", reason)),
                /*quarantine=*/false);
     return absl::OkStatus();
   }

@@ -28,7 +28,8 @@ absl::StatusOr<KvNotice> DecodeKvNotice(const std::string& bytes) {
   }
   KvNotice n;
   const uint8_t kind = static_cast<uint8_t>(bytes[1]);
-  if (kind < 1 || kind > 3) return absl::InvalidArgumentError(absl::StrCat("bad notice kind ", kind));
+  if (kind < 1 || kind > 3)
+    return absl::InvalidArgumentError(absl::StrCat("bad notice kind ", kind));
   n.kind = static_cast<KvNoticeKind>(kind);
   std::memcpy(&n.request_id, bytes.data() + 2, 8);
   std::memcpy(&n.layer, bytes.data() + 10, 4);

@@ -7,8 +7,9 @@
 namespace duet::transfer::ucx {
 
 absl::Status UcxError(ucs_status_t status, const char* call, const char* file, int line) {
-  std::string msg = absl::StrCat(call, " failed at ", file, ":", line, ": ",
-                                 ucs_status_string(status), " (UCS ", static_cast<int>(status), ")");
+  std::string msg =
+      absl::StrCat(call, " failed at ", file, ":", line, ": ", ucs_status_string(status), " (UCS ",
+                   static_cast<int>(status), ")");
   switch (status) {
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_CONNECTION_RESET:

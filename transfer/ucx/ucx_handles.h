@@ -5,9 +5,9 @@
 //   ucx::ConfigPtr config(raw);
 #pragma once
 
-#include <memory>
-
 #include <ucp/api/ucp.h>
+
+#include <memory>
 
 #include "absl/status/status.h"
 
@@ -16,12 +16,12 @@ namespace duet::transfer::ucx {
 // "ucp_ep_create(...) failed at file.cc:42: Destination is unreachable (UCS -6)".
 absl::Status UcxError(ucs_status_t status, const char* call, const char* file, int line);
 
-#define DUET_UCX_RETURN_IF_ERROR(call)                                                   \
-  do {                                                                                   \
-    const ucs_status_t duet_ucs_status_ = (call);                                        \
-    if (duet_ucs_status_ != UCS_OK) {                                                    \
+#define DUET_UCX_RETURN_IF_ERROR(call)                                                     \
+  do {                                                                                     \
+    const ucs_status_t duet_ucs_status_ = (call);                                          \
+    if (duet_ucs_status_ != UCS_OK) {                                                      \
       return ::duet::transfer::ucx::UcxError(duet_ucs_status_, #call, __FILE__, __LINE__); \
-    }                                                                                    \
+    }                                                                                      \
   } while (false)
 
 struct ConfigDeleter {

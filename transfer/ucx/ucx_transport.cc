@@ -39,12 +39,15 @@ absl::Status UcxTransport::Init() {
   ucp_config_t* raw_config = nullptr;
   DUET_UCX_RETURN_IF_ERROR(ucp_config_read(nullptr, nullptr, &raw_config));
   ucx::ConfigPtr config(raw_config);
-  if (!options_.tls.empty()) DUET_UCX_RETURN_IF_ERROR(ucp_config_modify(config.get(), "TLS", options_.tls.c_str()));
+  if (!options_.tls.empty())
+    DUET_UCX_RETURN_IF_ERROR(ucp_config_modify(config.get(), "TLS", options_.tls.c_str()));
   if (!options_.net_devices.empty()) {
-    DUET_UCX_RETURN_IF_ERROR(ucp_config_modify(config.get(), "NET_DEVICES", options_.net_devices.c_str()));
+    DUET_UCX_RETURN_IF_ERROR(
+        ucp_config_modify(config.get(), "NET_DEVICES", options_.net_devices.c_str()));
   }
   const std::string keepalive = absl::StrCat(absl::ToInt64Milliseconds(options_.keepalive), "ms");
-  DUET_UCX_RETURN_IF_ERROR(ucp_config_modify(config.get(), "KEEPALIVE_INTERVAL", keepalive.c_str()));
+  DUET_UCX_RETURN_IF_ERROR(
+      ucp_config_modify(config.get(), "KEEPALIVE_INTERVAL", keepalive.c_str()));
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -142,13 +145,13 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransport::Map(void* base, size
 }
 
 absl::StatusOr<std::string> UcxTransport::LocalAddress() {
-  PeerAddress a{.backend = "ucx", .name = options_.name, .instance = instance_,
-                .layout = options_.layout};
+  PeerAddress a{
+      .backend = "ucx", .name = options_.name, .instance = instance_, .layout = options_.layout};
   {
     absl::MutexLock lock(&slot_->mu);
     if (slot_->base == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("ucx transport '", options_.name, "': register a region before LocalAddress"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ucx transport '", options_.name, "': register a region before LocalAddress"));
     }
     a.region_base = reinterpret_cast<uint64_t>(slot_->base);
     a.region_bytes = slot_->bytes;
@@ -165,9 +168,8 @@ absl::StatusOr<std::string> UcxTransport::LocalAddress() {
 absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& blob, absl::Time deadline) {
   DUET_ASSIGN_OR_RETURN(PeerAddress a, DecodePeerAddress(blob));
   if (a.backend != "ucx") {
-    return absl::InvalidArgumentError(absl::StrCat("ucx transport '", options_.name,
-                                                   "' cannot connect to '", a.name, "' (",
-                                                   a.backend, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ucx transport '", options_.name, "' cannot connect to '", a.name, "' (", a.backend, ")"));
   }
   DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(options_.layout, a.layout, options_.name, a.name));
   if (a.region_key.empty() || a.worker_address.empty()) {
@@ -183,10 +185,11 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& blob, absl::Time
     }
     id = next_peer_++;
   }
-  absl::Status s = RunOnWorker([this, a, id, deadline] { return ConnectOnWorker(a, id, deadline); },
-                               deadline);
+  absl::Status s =
+      RunOnWorker([this, a, id, deadline] { return ConnectOnWorker(a, id, deadline); }, deadline);
   if (!s.ok()) {
-    return Annotate(s, absl::StrCat("ucx transport '", options_.name, "' connecting to '", a.name, "'"));
+    return Annotate(
+        s, absl::StrCat("ucx transport '", options_.name, "' connecting to '", a.name, "'"));
   }
   return id;
 }
@@ -201,15 +204,16 @@ absl::Status UcxTransport::ConnectOnWorker(const PeerAddress& a, PeerId id, absl
   // UCX 1.13's shm transports cannot do UCP_ERR_HANDLING_MODE_PEER; there the watchdog detects
   // a dead peer instead. Try PEER first unless our TLS list is all shared memory.
   bool shm_only = !options_.tls.empty() && !absl::StrContains(options_.tls, "tcp") &&
-                  !absl::StrContains(options_.tls, "rc") && !absl::StrContains(options_.tls, "dc") &&
+                  !absl::StrContains(options_.tls, "rc") &&
+                  !absl::StrContains(options_.tls, "dc") &&
                   !absl::StrContains(options_.tls, "ud") && !absl::StrContains(options_.tls, "all");
   ucs_status_t create_status = UCS_ERR_UNREACHABLE;
   ucp_ep_h ep = nullptr;
   for (bool peer_mode : {true, false}) {
     if (peer_mode && shm_only) continue;
     ucp_ep_params_t ep_params{};
-    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                           UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep_params.address = reinterpret_cast<const ucp_address_t*>(a.worker_address.data());
     ep_params.err_mode = peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     ep_params.err_handler.cb = &UcxTransport::OnEpError;
@@ -265,13 +269,15 @@ absl::Status UcxTransport::ConnectOnWorker(const PeerAddress& a, PeerId id, absl
   } else if (options_.write_mode == "auto" || options_.write_mode == "memcpy") {
     conn->use_put = has_rma_lane || is_mapped;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown write_mode '", options_.write_mode, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown write_mode '", options_.write_mode, "'"));
   }
   conn->meta->lane = conn->mapped_base != nullptr ? "memcpy" : (conn->use_put ? "put" : "am");
   DUET_LOG(DEBUG) << "ucx '" << options_.name << "' -> '" << a.name << "': lane "
                   << conn->meta->lane << (is_mapped ? " (remote region mapped)" : "")
                   << (conn->peer_err_mode ? ", err mode peer" : ", err mode none + watchdog")
-                  << "\n" << ep_info;
+                  << "\n"
+                  << ep_info;
   {
     absl::MutexLock lock(&peers_mu_);
     peers_[id] = conn->meta;
@@ -320,7 +326,8 @@ absl::Status UcxTransport::Disconnect(PeerId peer, absl::Time deadline) {
     DUET_RETURN_IF_ERROR(RunOnWorker(
         [this, peer, busy] {
           bool any = false;
-          for (const auto& t : active_) any |= (t->peer != nullptr && t->peer->id == peer && !t->completed);
+          for (const auto& t : active_)
+            any |= (t->peer != nullptr && t->peer->id == peer && !t->completed);
           busy->store(any);
           return absl::OkStatus();
         },
@@ -369,7 +376,8 @@ absl::StatusOr<TransferHandle> UcxTransport::PostWrite(PeerId peer, std::vector<
     absl::MutexLock lock(&peers_mu_);
     auto it = peers_.find(peer);
     if (it == peers_.end() || it->second->closed) {
-      return absl::NotFoundError(absl::StrCat("ucx transport '", options_.name, "': no peer ", peer));
+      return absl::NotFoundError(
+          absl::StrCat("ucx transport '", options_.name, "': no peer ", peer));
     }
     DUET_RETURN_IF_ERROR(it->second->status);
     remote_bytes = it->second->address.region_bytes;
@@ -402,16 +410,16 @@ absl::StatusOr<TransferHandle> UcxTransport::PostWrite(PeerId peer, std::vector<
     std::unique_ptr<ActiveTransfer> t(raw);
     auto it = conns_.find(peer);
     if (it == conns_.end() || it->second->failed || it->second->closing) {
-      t->rec->Complete(absl::UnavailableError(
-          absl::StrCat("peer '", peer_name, "' is closed or lost")));
+      t->rec->Complete(
+          absl::UnavailableError(absl::StrCat("peer '", peer_name, "' is closed or lost")));
       return;
     }
     t->peer = it->second.get();
     t->notice_header = NoticeHeader{instance_, next_xfer_++, 0};
     // Chunk per lane: ~1 MiB puts are the sweet spot over shm; rendezvous messages over tcp
     // amortise their handshake better with larger chunks.
-    const uint64_t chunk = std::max<uint64_t>(
-        t->peer->use_put ? options_.chunk_bytes : options_.am_chunk_bytes, 4096);
+    const uint64_t chunk =
+        std::max<uint64_t>(t->peer->use_put ? options_.chunk_bytes : options_.am_chunk_bytes, 4096);
     for (const WriteOp& op : t->ops) {
       for (uint64_t done = 0; done < op.length; done += chunk) {
         t->chunks.push_back(WriteOp{op.local_offset + done, op.remote_offset + done,
@@ -420,8 +428,8 @@ absl::StatusOr<TransferHandle> UcxTransport::PostWrite(PeerId peer, std::vector<
     }
     t->ops.clear();
     if (t->peer->use_put) {
-      t->steps = {Step::kData, Step::kWaitIdle, Step::kFlush, Step::kWaitIdle, Step::kNotice,
-                  Step::kWaitIdle};
+      t->steps = {Step::kData,     Step::kWaitIdle, Step::kFlush,
+                  Step::kWaitIdle, Step::kNotice,   Step::kWaitIdle};
     } else {
       for (const WriteOp& c : t->chunks) {
         t->headers.push_back(DataHeader{instance_, t->notice_header.xfer, c.remote_offset,
@@ -462,7 +470,8 @@ absl::StatusOr<UcxProfile> UcxProfileByName(const std::string& name) {
   if (name == "tcp") return UcxProfile{"tcp,self", "lo"};
   // Shared memory without cma: puts into a UCX-allocated (mapped) region are plain memcpy.
   if (name == "shm-mm") return UcxProfile{"posix,sysv,self", ""};
-  return absl::InvalidArgumentError(absl::StrCat("unknown ucx profile '", name, "' (shm, shm-mm, tcp)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown ucx profile '", name, "' (shm, shm-mm, tcp)"));
 }
 
 }  // namespace duet::transfer

@@ -2,6 +2,8 @@
 // ucx_worker.cc (progress thread). Not a public header: use transfer/ucx/ucx_transport.h.
 #pragma once
 
+#include <ucp/api/ucp.h>
+
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -10,8 +12,6 @@
 #include <map>
 #include <optional>
 #include <thread>
-
-#include <ucp/api/ucp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -53,7 +53,10 @@ class UcxRegion : public MemoryRegion {
  public:
   UcxRegion(std::shared_ptr<ContextHolder> ctx, ucx::MemPtr memh, std::shared_ptr<ExportSlot> slot,
             void* base, size_t bytes)
-      : ctx_(std::move(ctx)), memh_(std::move(memh)), slot_(std::move(slot)), base_(base),
+      : ctx_(std::move(ctx)),
+        memh_(std::move(memh)),
+        slot_(std::move(slot)),
+        base_(base),
         bytes_(bytes) {}
   ~UcxRegion() override {
     absl::MutexLock lock(&slot_->mu);
@@ -112,7 +115,7 @@ enum class Step { kData, kWaitIdle, kFlush, kNotice };
 struct ActiveTransfer {
   std::shared_ptr<internal::TransferRecord> rec;
   PeerConn* peer = nullptr;
-  std::vector<WriteOp> ops;     // as posted; split into `chunks` on the worker
+  std::vector<WriteOp> ops;  // as posted; split into `chunks` on the worker
   std::vector<WriteOp> chunks;
   std::vector<DataHeader> headers;  // "am" lane: one per chunk, alive until sent
   size_t next = 0;

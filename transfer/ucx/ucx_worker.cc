@@ -79,8 +79,8 @@ void UcxTransport::Loop() {
       if (!queue_.empty() || stop_) continue;
     }
     pollfd pfd{efd_, POLLIN, 0};
-    const int timeout_ms =
-        static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(options_.keepalive), 1, 100));
+    const int timeout_ms = static_cast<int>(
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(options_.keepalive), 1, 100));
     poll(&pfd, 1, timeout_ms);
     last_work = absl::Now();
   }
@@ -174,8 +174,8 @@ void UcxTransport::Advance(ActiveTransfer& t) {
       Track(t, ucp_ep_flush_nbx(peer.ep.get(), &p), "ucp_ep_flush_nbx");
       if (t.inflight > 0 || !t.error.ok()) return;
     }
-    t.rec->Complete(absl::CancelledError(absl::StrCat(
-        "transfer cancelled after ", t.next, " of ", t.chunks.size(), " chunks; none in flight")));
+    t.rec->Complete(absl::CancelledError(absl::StrCat("transfer cancelled after ", t.next, " of ",
+                                                      t.chunks.size(), " chunks; none in flight")));
     t.completed = true;
     return;
   }
@@ -278,9 +278,9 @@ void UcxTransport::Watchdog() {
   for (auto& [id, c] : conns_) {
     if (c->failed) continue;
     if (!PeerProcessAlive(c->meta->address)) {
-      MarkPeerFailed(*c, absl::UnavailableError(absl::StrCat(
-                             "peer '", c->meta->address.name, "' lost: its process (pid ",
-                             c->meta->address.pid, ") exited")));
+      MarkPeerFailed(*c, absl::UnavailableError(absl::StrCat("peer '", c->meta->address.name,
+                                                             "' lost: its process (pid ",
+                                                             c->meta->address.pid, ") exited")));
     }
   }
 }
@@ -366,8 +366,8 @@ ucs_status_t UcxTransport::OnData(void* arg, const void* header, size_t header_l
   return UCS_OK;
 }
 
-ucs_status_t UcxTransport::OnNotice(void* arg, const void* header, size_t header_length,
-                                    void* data, size_t length, const ucp_am_recv_param_t* param) {
+ucs_status_t UcxTransport::OnNotice(void* arg, const void* header, size_t header_length, void* data,
+                                    size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<UcxTransport*>(arg);
   if (header_length != sizeof(NoticeHeader) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
     DUET_LOG(ERROR) << "ucx: malformed notice dropped";

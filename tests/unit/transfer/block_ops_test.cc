@@ -9,16 +9,21 @@ namespace duet::transfer {
 namespace {
 
 kv::KvLayout Layout() {
-  return kv::KvLayout{.model_id = "tiny", .num_layers = 3, .num_kv_heads = 2, .head_dim = 4,
-                      .block_size = 2, .dtype = kv::KvDtype::kF32};
+  return kv::KvLayout{.model_id = "tiny",
+                      .num_layers = 3,
+                      .num_kv_heads = 2,
+                      .head_dim = 4,
+                      .block_size = 2,
+                      .dtype = kv::KvDtype::kF32};
 }
 
 TEST(BlockOpsTest, ConsecutiveOnBothSidesCoalesce) {
   const kv::KvLayout l = Layout();
   const uint64_t bb = l.BlockBytes();  // 2 * 2 tokens * 8 elems * 4 bytes = 128
   ASSERT_EQ(bb, 128u);
-  auto ops = LayerWriteOps(l, /*local_num_blocks=*/10, /*remote_num_blocks=*/20, /*layer=*/1,
-                           std::vector<kv::BlockId>{4, 5, 6, 9}, std::vector<kv::BlockId>{11, 12, 13, 2});
+  auto ops =
+      LayerWriteOps(l, /*local_num_blocks=*/10, /*remote_num_blocks=*/20, /*layer=*/1,
+                    std::vector<kv::BlockId>{4, 5, 6, 9}, std::vector<kv::BlockId>{11, 12, 13, 2});
   ASSERT_TRUE(ops.ok()) << ops.status();
   ASSERT_EQ(ops->size(), 2u);
   EXPECT_EQ((*ops)[0], (WriteOp{(1 * 10 + 4) * bb, (1 * 20 + 11) * bb, 3 * bb}));
@@ -39,10 +44,14 @@ TEST(BlockOpsTest, RunBrokenOnOneSideSplits) {
 
 TEST(BlockOpsTest, RejectsBadMaps) {
   const kv::KvLayout l = Layout();
-  EXPECT_FALSE(LayerWriteOps(l, 10, 10, 0, std::vector<kv::BlockId>{1}, std::vector<kv::BlockId>{}).ok());
-  EXPECT_FALSE(LayerWriteOps(l, 10, 10, 3, std::vector<kv::BlockId>{1}, std::vector<kv::BlockId>{1}).ok());
-  EXPECT_FALSE(LayerWriteOps(l, 10, 10, 0, std::vector<kv::BlockId>{10}, std::vector<kv::BlockId>{1}).ok());
-  EXPECT_FALSE(LayerWriteOps(l, 10, 4, 0, std::vector<kv::BlockId>{1}, std::vector<kv::BlockId>{4}).ok());
+  EXPECT_FALSE(
+      LayerWriteOps(l, 10, 10, 0, std::vector<kv::BlockId>{1}, std::vector<kv::BlockId>{}).ok());
+  EXPECT_FALSE(
+      LayerWriteOps(l, 10, 10, 3, std::vector<kv::BlockId>{1}, std::vector<kv::BlockId>{1}).ok());
+  EXPECT_FALSE(
+      LayerWriteOps(l, 10, 10, 0, std::vector<kv::BlockId>{10}, std::vector<kv::BlockId>{1}).ok());
+  EXPECT_FALSE(
+      LayerWriteOps(l, 10, 4, 0, std::vector<kv::BlockId>{1}, std::vector<kv::BlockId>{4}).ok());
 }
 
 TEST(BlockOpsTest, CoalesceSortsAndMerges) {
@@ -61,7 +70,9 @@ TEST(BlockOpsTest, BlocksInRegion) {
 }
 
 TEST(KvNoticeTest, RoundTrip) {
-  KvNotice n{.kind = KvNoticeKind::kFinal, .request_id = 0x123456789abcULL, .layer = -1,
+  KvNotice n{.kind = KvNoticeKind::kFinal,
+             .request_id = 0x123456789abcULL,
+             .layer = -1,
              .payload = std::string("tok\0en", 6)};
   auto d = DecodeKvNotice(EncodeKvNotice(n));
   ASSERT_TRUE(d.ok());
@@ -72,8 +83,13 @@ TEST(KvNoticeTest, RoundTrip) {
 }
 
 TEST(PeerAddressTest, RoundTripAndTruncation) {
-  PeerAddress a{.backend = "ucx", .name = "decode-0", .instance = 42, .layout = Layout(),
-                .region_base = 0x1000, .region_bytes = 4096, .worker_address = std::string("\0\1\2", 3),
+  PeerAddress a{.backend = "ucx",
+                .name = "decode-0",
+                .instance = 42,
+                .layout = Layout(),
+                .region_base = 0x1000,
+                .region_bytes = 4096,
+                .worker_address = std::string("\0\1\2", 3),
                 .region_key = "key"};
   FillProcessIdentity(a);
   const std::string blob = EncodePeerAddress(a);

@@ -1,17 +1,20 @@
-#include "transfer/transport.h"
-
 #include <gtest/gtest.h>
 
 #include <cstring>
 
 #include "common/base/clock.h"
+#include "transfer/transport.h"
 
 namespace duet::transfer {
 namespace {
 
 kv::KvLayout Layout(const std::string& model = "tiny") {
-  return kv::KvLayout{.model_id = model, .num_layers = 2, .num_kv_heads = 2, .head_dim = 4,
-                      .block_size = 2, .dtype = kv::KvDtype::kF32};
+  return kv::KvLayout{.model_id = model,
+                      .num_layers = 2,
+                      .num_kv_heads = 2,
+                      .head_dim = 4,
+                      .block_size = 2,
+                      .dtype = kv::KvDtype::kF32};
 }
 
 struct Side {

@@ -15,8 +15,12 @@ namespace {
 constexpr int kLayers = 3;
 
 kv::KvLayout Layout() {
-  return kv::KvLayout{.model_id = "tiny", .num_layers = kLayers, .num_kv_heads = 2,
-                      .head_dim = 4, .block_size = 2, .dtype = kv::KvDtype::kF32};
+  return kv::KvLayout{.model_id = "tiny",
+                      .num_layers = kLayers,
+                      .num_kv_heads = 2,
+                      .head_dim = 4,
+                      .block_size = 2,
+                      .dtype = kv::KvDtype::kF32};
 }
 
 // A prefill side (P) and a decode side (D) over inproc, connected both ways.
@@ -72,7 +76,8 @@ TEST_F(KvStreamTest, LayersThenFinalMakeReadyAndBytesMatch) {
   for (int l = 0; l < kLayers; ++l) {
     for (size_t i = 0; i < local.size(); ++i) {
       EXPECT_EQ(std::memcmp(p_pool_->BlockAddress(l, local[i]), d_pool_->BlockAddress(l, remote[i]),
-                            Layout().BlockBytes()), 0);
+                            Layout().BlockBytes()),
+                0);
     }
   }
   EXPECT_EQ(sender_->active_requests(), 0);
@@ -83,15 +88,19 @@ TEST_F(KvStreamTest, FinalBeforeAllLayersIsNotReady) {
   auto remote = *d_pool_->Allocate(2);
   ASSERT_TRUE(tracker_->Expect(2, to_p_, remote, DeadlineIn(absl::Seconds(5))).ok());
   tracker_->OnNotice({to_p_, 0, EncodeKvNotice({.kind = KvNoticeKind::kFinal, .request_id = 2})});
-  tracker_->OnNotice({to_p_, 0, EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = 2, .layer = 0})});
-  tracker_->OnNotice({to_p_, 0, EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = 2, .layer = 0})});
+  tracker_->OnNotice(
+      {to_p_, 0, EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = 2, .layer = 0})});
+  tracker_->OnNotice(
+      {to_p_, 0, EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = 2, .layer = 0})});
   EXPECT_EQ(tracker_->Query(2)->layers_landed, 1);
   EXPECT_EQ(tracker_->Query(2)->state, ArrivalState::kWaiting);
   // A notice from the wrong peer is ignored.
-  tracker_->OnNotice({to_p_ + 99, 0, EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = 2, .layer = 1})});
+  tracker_->OnNotice(
+      {to_p_ + 99, 0, EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = 2, .layer = 1})});
   EXPECT_EQ(tracker_->Query(2)->layers_landed, 1);
   for (int l = 1; l < kLayers; ++l) {
-    tracker_->OnNotice({to_p_, 0, EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = 2, .layer = l})});
+    tracker_->OnNotice(
+        {to_p_, 0, EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = 2, .layer = l})});
   }
   EXPECT_EQ(tracker_->Query(2)->state, ArrivalState::kReady);
 }
