@@ -43,6 +43,7 @@ enum Capability : uint32_t {
   kCapPeerFailureDetection = 1u << 3,  // a dead peer fails its transfers (no hang)
   kCapAllocateRegion = 1u << 4,        // AllocateRegion gives transport-owned memory
   kCapCancel = 1u << 5,                // Cancel stops a transfer mid-way
+  kCapDeviceMemory = 1u << 6,          // regions may live in GPU memory (ucx: CUDA-aware UCX)
 };
 
 using PeerId = uint64_t;  // 0 is never a valid peer

@@ -88,6 +88,8 @@ class TwoProcessTest : public ::testing::TestWithParam<std::string> {
     auto t = CreateTransport("ucx", opt);
     ASSERT_TRUE(t.ok()) << t.status();
     transport_ = std::move(*t);
+    EXPECT_TRUE(transport_->Has(kCapCrossProcess));
+    RecordProperty("device_memory", transport_->Has(kCapDeviceMemory) ? "yes" : "no");
     auto region = transport_->AllocateRegion(g.Layout().RegionBytes(num_blocks));
     ASSERT_TRUE(region.ok()) << region.status();
     region_ = std::move(*region);

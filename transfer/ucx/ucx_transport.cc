@@ -56,6 +56,12 @@ absl::Status UcxTransport::Init() {
   ucp_context_h context = nullptr;
   DUET_UCX_RETURN_IF_ERROR(ucp_init(&params, config.get(), &context));
   ctx_ = std::make_shared<ContextHolder>(ContextHolder{ucx::ContextPtr(context)});
+  // Which memory types this UCX can reach: GPU pools need a CUDA-aware UCX (Debian's is not);
+  // without one, callers must stage device KV through host memory.
+  ucp_context_attr_t cattr{};
+  cattr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  DUET_UCX_RETURN_IF_ERROR(ucp_context_query(context, &cattr));
+  cuda_memory_ = (cattr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
 
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;

@@ -154,7 +154,7 @@ class UcxTransport : public Transport {
   std::string backend() const override { return "ucx"; }
   uint32_t capabilities() const override {
     return kCapCrossProcess | kCapOneSidedWrite | kCapNotices | kCapPeerFailureDetection |
-           kCapAllocateRegion | kCapCancel;
+           kCapAllocateRegion | kCapCancel | (cuda_memory_ ? kCapDeviceMemory : 0u);
   }
   const TransportOptions& options() const override { return options_; }
 
@@ -209,6 +209,7 @@ class UcxTransport : public Transport {
   ucx::WorkerPtr worker_;
   std::string worker_address_;
   int efd_ = -1;
+  bool cuda_memory_ = false;  // this UCX build can reach CUDA memory (ucp_context_query)
   const std::shared_ptr<ExportSlot> slot_ = std::make_shared<ExportSlot>();
   const std::shared_ptr<Waker> waker_ = std::make_shared<Waker>();
   std::thread thread_;
