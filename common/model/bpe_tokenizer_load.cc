@@ -193,7 +193,10 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
                                                            : TokenKind::kUserDefined));
     }
   }
-  if (m.contains("merges") && m["merges"].is_array()) {
+  if (m.contains("merges") && !m["merges"].is_array()) {
+    return bad("model.merges: expected an array, got " + JsonTypeName(m["merges"]));
+  }
+  if (m.contains("merges")) {
     const nlohmann::json& ms = m["merges"];
     for (size_t k = 0; k < ms.size(); ++k) {
       if (ms[k].is_string()) {

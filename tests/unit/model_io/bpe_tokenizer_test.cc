@@ -1,0 +1,332 @@
+// Byte-level BPE: merges by rank (leftmost on ties), special tokens before BPE, round trips on
+// Unicode, whitespace and special tokens, the pre-tokenizers against HF `tokenizers` (reference
+// splits in tests/unit/model_real/testdata), and the tokenizer.json / GGUF loaders and their
+// refusals.
+#include "common/model/bpe_tokenizer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/model/chat_template.h"
+#include "common/model/pre_tokenizer.h"
+#include "common/model/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "tests/unit/model_io/gguf_writer.h"
+#include "tests/unit/model_io/test_util.h"
+
+namespace duet::model {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::GgufWriter;
+using testing::TempDir;
+using testing::WriteRaw;
+
+// GPT-2 byte-level spelling of byte b (U+0100 + k for the k-th unprintable byte).
+std::string ByteToken(int b) {
+  auto printable = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174; };
+  int n = 0;
+  for (int x = 0; x < b; ++x) n += !printable(x);
+  const uint32_t cp = printable(b) ? b : 256 + n;
+  std::string s;
+  if (cp < 0x80) {
+    s.push_back(static_cast<char>(cp));
+  } else {
+    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return s;
+}
+
+// 256 byte tokens, then merged tokens and specials.
+BpeSpec TinySpec() {
+  BpeSpec s;
+  s.source = "tiny";
+  for (int b = 0; b < 256; ++b) s.tokens.push_back(ByteToken(b));
+  s.kinds.assign(256, TokenKind::kNormal);
+  auto add = [&](const std::string& t, TokenKind k = TokenKind::kNormal) {
+    s.tokens.push_back(t);
+    s.kinds.push_back(k);
+  };
+  add("ll");          // 256
+  add("he");          // 257
+  add("hell");        // 258
+  add("hello");       // 259
+  add("aa");          // 260
+  add("Ġw");          // 261  " w"
+  add("<|im_start|>", TokenKind::kControl);  // 262
+  add("<|im_end|>", TokenKind::kControl);    // 263
+  add("<x>", TokenKind::kUserDefined);       // 264
+  add("<x>y", TokenKind::kUserDefined);      // 265 (longer special wins)
+  s.merges = {{"l", "l"}, {"h", "e"}, {"he", "ll"}, {"hell", "o"}, {"a", "a"}, {"Ġ", "w"}};
+  s.pre = PreTokenizerKind::kSmolLm;
+  s.bos_id = 262;
+  s.eos_ids = {263};
+  return s;
+}
+
+std::unique_ptr<BpeTokenizer> Tiny(bool add_bos = false) {
+  BpeSpec s = TinySpec();
+  s.add_bos = add_bos;
+  auto t = BpeTokenizer::Create(std::move(s));
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(*t);
+}
+
+TEST(BpeTokenizerTest, MergesByRankLeftmostFirst) {
+  auto t = Tiny();
+  EXPECT_EQ(*t->Encode("hello", false), (std::vector<int32_t>{259}));
+  EXPECT_EQ(*t->Encode("hell", false), (std::vector<int32_t>{258}));
+  EXPECT_EQ(*t->Encode("aaa", false), (std::vector<int32_t>{260, 'a'}));  // leftmost pair first
+  EXPECT_EQ(*t->Encode("aaaa", false), (std::vector<int32_t>{260, 260}));
+  // " world": the pre-tokenizer keeps the space with the word; "Ġw" merges.
+  EXPECT_EQ(*t->Encode("hello world", false),
+            (std::vector<int32_t>{259, 261, 'o', 'r', 'l', 'd'}));
+  EXPECT_EQ(*t->Encode("", false), (std::vector<int32_t>{}));
+}
+
+TEST(BpeTokenizerTest, SpecialTokensBeforeBpe) {
+  auto t = Tiny();
+  EXPECT_EQ(*t->Encode("<|im_start|>hello<|im_end|>", false),
+            (std::vector<int32_t>{262, 259, 263}));
+  EXPECT_EQ(*t->Encode("a<x>yb<x>", false), (std::vector<int32_t>{'a', 265, 'b', 264}));
+  EXPECT_EQ(t->Encode("<|im_star", false).value().size(), 9u);  // a prefix is plain text
+  EXPECT_TRUE(t->IsControl(262));
+  EXPECT_FALSE(t->IsControl(264));
+  EXPECT_FALSE(t->IsControl(259));
+  EXPECT_EQ(t->TokenId("<|im_end|>"), 263);
+}
+
+TEST(BpeTokenizerTest, BosOnlyWhenTheModelAddsIt) {
+  EXPECT_EQ(*Tiny(false)->Encode("hello", true), (std::vector<int32_t>{259}));
+  EXPECT_EQ(*Tiny(true)->Encode("hello", true), (std::vector<int32_t>{262, 259}));
+  EXPECT_EQ(*Tiny(true)->Encode("hello", false), (std::vector<int32_t>{259}));
+}
+
+TEST(BpeTokenizerTest, RoundTripsUnicodeWhitespaceAndSpecials) {
+  auto t = Tiny();
+  const std::vector<std::string> texts = {
+      "hello world",  "  two  spaces  ", "\t\ttabs\n\nnewlines\r\n", "café naïve",
+      "你好，世界",   "😀🎉👍🏽",        "<|im_start|>user\nhi<|im_end|>\n", "<x>y<x>z",
+      "1234 5.67",    "\xff\xfe invalid \xc3 utf8", std::string("nul\0byte", 8), "   ",
+      "don't I'm",    "\u00a0\u3000"};
+  for (const std::string& s : texts) {
+    auto ids = t->Encode(s, false);
+    ASSERT_TRUE(ids.ok());
+    auto back = t->Decode(*ids);
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, s);
+  }
+  EXPECT_EQ(t->Decode({266}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->Decode({-1}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BpeTokenizerTest, BytesMissingFromTheVocabularyAreDropped) {
+  BpeSpec s = TinySpec();
+  s.tokens[7] = "unused-7";  // byte 0x07 has no byte token now
+  auto t = BpeTokenizer::Create(std::move(s));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*(*t)->Encode("a\x07" "b", false), (std::vector<int32_t>{'a', 'b'}));
+}
+
+TEST(BpeTokenizerTest, CreateRefusesBadSpecs) {
+  {
+    BpeSpec s = TinySpec();
+    s.merges.push_back({"x", "zz"});
+    auto t = BpeTokenizer::Create(std::move(s));
+    EXPECT_THAT(std::string(t.status().message()),
+                AllOf(HasSubstr("tiny"), HasSubstr("merge #6 'x zz'"), HasSubstr("'zz'"),
+                      HasSubstr("not in the vocabulary")));
+  }
+  {
+    BpeSpec s = TinySpec();
+    s.bos_id = 1000;
+    auto t = BpeTokenizer::Create(std::move(s));
+    EXPECT_THAT(std::string(t.status().message()), HasSubstr("BOS id 1000 is outside"));
+  }
+  {
+    BpeSpec s = TinySpec();
+    s.kinds.pop_back();
+    EXPECT_FALSE(BpeTokenizer::Create(std::move(s)).ok());
+  }
+}
+
+// Our hand-written splits equal HF tokenizers' regex pre-tokenizers on every reference string.
+TEST(PreTokenizerTest, MatchesHfTokenizers) {
+  std::ifstream in(std::string(DUET_SOURCE_DIR) +
+                   "/tests/unit/model_real/testdata/pretokenizer_splits.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const std::pair<const char*, PreTokenizerKind> kinds[] = {
+      {"gpt2", PreTokenizerKind::kGpt2},
+      {"smollm", PreTokenizerKind::kSmolLm},
+      {"llama3", PreTokenizerKind::kLlama3},
+      {"qwen2", PreTokenizerKind::kQwen2}};
+  for (const auto& [name, kind] : kinds) {
+    ASSERT_TRUE(ref.contains(name));
+    ASSERT_GE(ref[name].size(), 25u);
+    for (const nlohmann::json& c : ref[name]) {
+      const std::string text = c["text"];
+      std::vector<std::string> got;
+      for (std::string_view w : PreTokenize(kind, text)) got.emplace_back(w);
+      EXPECT_EQ(got, c["words"].get<std::vector<std::string>>()) << name << ": '" << text << "'";
+    }
+  }
+}
+
+TEST(PreTokenizerTest, HandWrittenCases) {
+  auto split = [](PreTokenizerKind k, const std::string& s) {
+    std::vector<std::string> out;
+    for (std::string_view w : PreTokenize(k, s)) out.emplace_back(w);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(split(PreTokenizerKind::kSmolLm, "I'm 42"), (V{"I", "'m", " ", "4", "2"}));
+  EXPECT_EQ(split(PreTokenizerKind::kGpt2, "I'm 42"), (V{"I", "'m", " 42"}));
+  EXPECT_EQ(split(PreTokenizerKind::kLlama3, "12345 HE'LL"), (V{"123", "45", " HE", "'LL"}));
+  EXPECT_EQ(split(PreTokenizerKind::kQwen2, "12"), (V{"1", "2"}));
+  EXPECT_EQ(split(PreTokenizerKind::kGpt2, "a   b"), (V{"a", "  ", " b"}));
+  EXPECT_EQ(split(PreTokenizerKind::kGpt2, "\xff\xfe"), (V{"\xff\xfe"}));
+}
+
+TEST(ChatTemplateTest, ChatMlOnly) {
+  auto p = ApplyChatTemplate("{{'<|im_start|>' + m + '<|im_end|>'}}", "hi");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(*p, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  auto bad = ApplyChatTemplate("{{ bos_token }}[INST] {{ m }} [/INST]", "hi");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("[INST]"));
+}
+
+// merges in the newer [["h", "e"]] form, or the older ["h e"].
+std::string TinyTokenizerJson(const std::string& pre_tokenizer, bool pair_merges = true) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[ByteToken(b)] = b;
+  vocab["he"] = 256;
+  nlohmann::json merges = pair_merges
+                              ? nlohmann::json::array({nlohmann::json::array({"h", "e"})})
+                              : nlohmann::json::array({"h e"});
+  nlohmann::json model = nlohmann::json::object();
+  model["type"] = "BPE";
+  model["vocab"] = vocab;
+  model["merges"] = merges;
+  nlohmann::json tj = nlohmann::json::object();
+  tj["normalizer"] = nullptr;
+  tj["pre_tokenizer"] = nlohmann::json::parse(pre_tokenizer);
+  tj["added_tokens"] = nlohmann::json::array(
+      {{{"id", 257}, {"content", "<|endoftext|>"}, {"special", true}},
+       {{"id", 258}, {"content", "<tool>"}, {"special", false}}});
+  tj["model"] = model;
+  return tj.dump();
+}
+
+TEST(BpeLoaderTest, FromTokenizerJson) {
+  TempDir dir;
+  WriteRaw(dir / "tokenizer.json",
+           TinyTokenizerJson(R"({"type": "Sequence", "pretokenizers": [
+               {"type": "Digits", "individual_digits": true},
+               {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}]})"));
+  WriteRaw(dir / "tokenizer_config.json",
+           R"({"bos_token": null, "eos_token": {"content": "<|endoftext|>"},
+               "chat_template": "<|im_start|>...<|im_end|>"})");
+  auto tok = LoadTokenizer(dir.path());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->name(), "bpe-smollm");
+  EXPECT_EQ((*tok)->vocab_size(), 259);
+  EXPECT_EQ((*tok)->eos_ids(), std::vector<int32_t>{257});
+  EXPECT_EQ((*tok)->bos_id(), -1);
+  EXPECT_EQ((*tok)->chat_template(), "<|im_start|>...<|im_end|>");
+  EXPECT_EQ(*(*tok)->Encode("hey12<|endoftext|><tool>", true),
+            (std::vector<int32_t>{256, 'y', '1', '2', 257, 258}));
+  EXPECT_TRUE((*tok)->IsControl(257));
+  EXPECT_FALSE((*tok)->IsControl(258));
+}
+
+TEST(BpeLoaderTest, TokenizerJsonPreTokenizers) {
+  const std::string llama3 =
+      R"({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": )"
+      R"("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},)"
+      R"( "behavior": "Isolated", "invert": false}, {"type": "ByteLevel", "add_prefix_space": false,)"
+      R"( "trim_offsets": true, "use_regex": false}]})";
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})", "bpe-gpt2"},
+      {llama3, "bpe-llama3"}};
+  for (const auto& [pre, name] : cases) {
+    TempDir dir;
+    WriteRaw(dir / "tokenizer.json", TinyTokenizerJson(pre, /*pair_merges=*/false));
+    auto tok = BpeTokenizer::FromTokenizerJson(dir / "tokenizer.json");
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    EXPECT_EQ((*tok)->name(), name);
+    EXPECT_EQ(*(*tok)->Encode("he", false), std::vector<int32_t>{256});
+  }
+  TempDir dir;
+  WriteRaw(dir / "tokenizer.json", TinyTokenizerJson(R"({"type": "Whitespace"})"));
+  auto tok = BpeTokenizer::FromTokenizerJson(dir / "tokenizer.json");
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(tok.status().message()),
+              AllOf(HasSubstr(dir / "tokenizer.json"), HasSubstr("Whitespace"),
+                    HasSubstr("supported: ByteLevel")));
+}
+
+absl::Status GgufTokenizerStatus(GgufWriter& w) {
+  const std::string bytes = w.Bytes();
+  auto f = GgufFile::FromBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
+                               "tok.gguf");
+  if (!f.ok()) return f.status();
+  return BpeTokenizer::FromGguf(**f).status();
+}
+
+TEST(BpeLoaderTest, GgufRefusals) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(ByteToken(b));
+  {
+    GgufWriter w;
+    w.AddString("tokenizer.ggml.model", "llama");
+    absl::Status s = GgufTokenizerStatus(w);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(std::string(s.message()),
+                AllOf(HasSubstr("tok.gguf"), HasSubstr("'llama'"), HasSubstr("gpt2")));
+  }
+  {
+    GgufWriter w;
+    w.AddString("tokenizer.ggml.model", "gpt2");
+    w.AddStringArray("tokenizer.ggml.tokens", tokens);
+    w.AddI32Array("tokenizer.ggml.token_type", {1, 1});
+    EXPECT_THAT(std::string(GgufTokenizerStatus(w).message()),
+                AllOf(HasSubstr("token_type has 2 entries; expected 256")));
+  }
+  {
+    GgufWriter w;
+    w.AddString("tokenizer.ggml.model", "gpt2");
+    w.AddStringArray("tokenizer.ggml.tokens", tokens);
+    w.AddStringArray("tokenizer.ggml.merges", {"nospace"});
+    EXPECT_THAT(std::string(GgufTokenizerStatus(w).message()),
+                AllOf(HasSubstr("merge #0 'nospace'"), HasSubstr("separated by a space")));
+  }
+  {
+    GgufWriter w;
+    w.AddString("tokenizer.ggml.model", "gpt2");
+    w.AddStringArray("tokenizer.ggml.tokens", tokens);
+    w.AddStringArray("tokenizer.ggml.merges", {});
+    w.AddString("tokenizer.ggml.pre", "mystery");
+    EXPECT_THAT(std::string(GgufTokenizerStatus(w).message()),
+                AllOf(HasSubstr("tokenizer.ggml.pre 'mystery'"), HasSubstr("smollm")));
+  }
+  {
+    GgufWriter w;
+    w.AddString("tokenizer.ggml.model", "gpt2");
+    w.AddStringArray("tokenizer.ggml.tokens", tokens);
+    w.AddStringArray("tokenizer.ggml.merges", {});
+    w.AddU32("tokenizer.ggml.eos_token_id", 999);
+    EXPECT_THAT(std::string(GgufTokenizerStatus(w).message()),
+                HasSubstr("tokenizer.ggml.eos_token_id 999 is outside the vocabulary of 256"));
+  }
+}
+
+}  // namespace
+}  // namespace duet::model
