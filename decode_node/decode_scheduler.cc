@@ -1,0 +1,617 @@
+#include "decode_node/decode_scheduler.h"
+
+#include <algorithm>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
+#include "common/base/logging.h"
+#include "common/base/status.h"
+#include "duet/v1/decode.pb.h"
+#include "transfer/kv_stream/kv_notice.h"
+
+namespace duet::decode {
+namespace {
+
+FinishReason FromStop(model::StopReason stop) {
+  switch (stop) {
+    case model::StopReason::kEos:
+      return FinishReason::kEos;
+    case model::StopReason::kStopToken:
+      return FinishReason::kStopToken;
+    case model::StopReason::kMaxTokens:
+      return FinishReason::kMaxTokens;
+    case model::StopReason::kNone:
+      break;
+  }
+  return FinishReason::kNone;
+}
+
+// A random high half, so transfer ids of different decode nodes (and incarnations) do not
+// collide in a prefill node that streams to several of them.
+uint64_t RandomTransferBase() {
+  std::random_device rd;
+  const uint64_t hi = (static_cast<uint64_t>(rd()) << 32) ^ static_cast<uint64_t>(rd());
+  return hi & ~uint64_t{0xffffffff};
+}
+
+int64_t NowUnixMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+}  // namespace
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kMaxTokens:
+      return "max_tokens";
+    case FinishReason::kStopToken:
+      return "stop_token";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "?";
+}
+
+// ---- TokenStream
+
+void TokenStream::Push(DecodeEvent event) {
+  absl::MutexLock lock(&mu_);
+  if (finished_) return;  // nothing follows the finishing event
+  finished_ = event.finished();
+  events_.push_back(std::move(event));
+}
+
+std::vector<DecodeEvent> TokenStream::Pop(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto has_events = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
+  mu_.AwaitWithDeadline(absl::Condition(&has_events), deadline);
+  std::vector<DecodeEvent> out(std::make_move_iterator(events_.begin()),
+                               std::make_move_iterator(events_.end()));
+  events_.clear();
+  return out;
+}
+
+bool TokenStream::finished() const {
+  absl::MutexLock lock(&mu_);
+  return finished_;
+}
+
+// ---- DecodeScheduler: construction, Reserve, Release, Subscribe
+
+DecodeScheduler::DecodeScheduler(DecodeSchedulerOptions options, model::ModelRunner* runner,
+                                 kv::BlockPool* pool, transfer::Transport* transport)
+    : options_(std::move(options)),
+      runner_(runner),
+      pool_(pool),
+      transport_(transport),
+      tracker_(transport, pool),
+      transfer_id_base_(RandomTransferBase()) {}
+
+absl::StatusOr<std::unique_ptr<DecodeScheduler>> DecodeScheduler::Create(
+    DecodeSchedulerOptions options, model::ModelRunner* runner, kv::BlockPool* pool,
+    transfer::Transport* transport) {
+  if (runner == nullptr || pool == nullptr || transport == nullptr) {
+    return absl::InvalidArgumentError("DecodeScheduler: runner, pool and transport are required");
+  }
+  if (options.max_running < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeScheduler: max_running must be >= 1, got ", options.max_running));
+  }
+  DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(runner->MakeKvLayout(pool->layout().block_size),
+                                             pool->layout(), "model", "KV pool"));
+  std::unique_ptr<DecodeScheduler> s(
+      new DecodeScheduler(std::move(options), runner, pool, transport));
+  s->thread_ = std::thread([p = s.get()] { p->Loop(); });
+  return s;
+}
+
+DecodeScheduler::~DecodeScheduler() { Shutdown(); }
+
+absl::StatusOr<transfer::PeerId> DecodeScheduler::PeerFor(const std::string& address,
+                                                          const std::string& name,
+                                                          absl::Time deadline) {
+  std::optional<transfer::PeerId> cached;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = peers_.find(address); it != peers_.end()) cached = it->second;
+  }
+  if (cached.has_value()) {
+    if (transport_->PeerStatus(*cached).ok()) return *cached;
+    absl::MutexLock lock(&mu_);
+    peers_.erase(address);
+  }
+  absl::StatusOr<transfer::PeerId> peer = transport_->Connect(address, deadline);
+  if (!peer.ok()) {
+    return Annotate(peer.status(), absl::StrCat(options_.name, ": connecting to sender ", name));
+  }
+  absl::MutexLock lock(&mu_);
+  peers_[address] = *peer;
+  return *peer;
+}
+
+absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
+  const std::string sender = args.sender_name.empty() ? "the sender" : args.sender_name;
+  DUET_RETURN_IF_ERROR(
+      kv::CheckLayoutsMatch(layout(), args.expected_layout, options_.name, sender));
+  const model::ModelConfig& config = runner_->config();
+  if (args.request_id.empty()) return absl::InvalidArgumentError("Reserve: empty request id");
+  if (args.num_tokens <= 0 || args.num_tokens >= config.max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Reserve ", args.request_id, ": ", args.num_tokens,
+                     " prompt tokens; the model's context holds ",
+                     config.max_position_embeddings, " (at least one must stay free)"));
+  }
+  DUET_RETURN_IF_ERROR(Annotate(args.sampling.Validate(config.vocab_size),
+                                absl::StrCat("Reserve ", args.request_id)));
+  if (args.sender_address.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Reserve ", args.request_id, ": no sender transfer address"));
+  }
+  const absl::Time now = absl::Now();
+  const absl::Time kv_deadline =
+      args.deadline > now ? args.deadline : now + options_.default_kv_deadline;
+
+  auto r = std::make_shared<Request>();
+  r->id = args.request_id;
+  r->num_tokens = args.num_tokens;
+  const int64_t bs = layout().block_size;
+  r->num_blocks = (args.num_tokens + bs - 1) / bs;
+  r->params = args.sampling;
+  r->layer_landed_us.assign(layout().num_layers, 0);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError(absl::StrCat(options_.name, " is shutting down"));
+    if (requests_.count(r->id)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(options_.name, ": request ", r->id, " is already known"));
+    }
+    int active = 0;
+    for (const auto& [id, q] : requests_) active += q->state != State::kDone;
+    if (active >= options_.max_running) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(options_.name, ": ", active,
+                       " requests running or pending admission, the most it takes (max_running ",
+                       options_.max_running, ")"));
+    }
+    r->transfer_id = transfer_id_base_ + ++next_transfer_;
+    requests_[r->id] = r;
+  }
+  // Undoes the placeholder (and gives back `blocks`) on failure.
+  auto rollback = [&](absl::Status error) -> absl::Status {
+    if (!r->blocks.empty()) {
+      if (absl::Status s = pool_->Free(r->blocks); !s.ok()) {
+        DUET_LOG(ERROR) << options_.name << ": request " << r->id
+                        << ": cannot free its blocks: " << s.message();
+      }
+      r->blocks.clear();
+    }
+    absl::MutexLock lock(&mu_);
+    if (auto it = requests_.find(r->id); it != requests_.end() && it->second == r) {
+      requests_.erase(it);
+    }
+    return error;
+  };
+
+  absl::StatusOr<std::vector<kv::BlockId>> blocks = pool_->Allocate(r->num_blocks);
+  if (!blocks.ok()) {
+    return rollback(Annotate(blocks.status(),
+                             absl::StrCat(options_.name, ": reserving ", r->num_blocks,
+                                          " blocks for ", r->num_tokens, " tokens of request ",
+                                          r->id)));
+  }
+  r->blocks = *std::move(blocks);
+  absl::StatusOr<transfer::PeerId> peer =
+      PeerFor(args.sender_address, sender, std::min(kv_deadline, now + options_.connect_timeout));
+  if (!peer.ok()) return rollback(peer.status());
+
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      status = absl::UnavailableError(absl::StrCat(options_.name, " is shutting down"));
+    } else if (r->cancel_requested) {
+      status = absl::CancelledError(
+          absl::StrCat("request ", r->id, " was released while being reserved"));
+    } else {
+      status = tracker_.Expect(r->transfer_id, *peer, r->blocks, kv_deadline);
+    }
+    if (status.ok()) {
+      r->state = State::kWaiting;
+      waiting_[r->transfer_id] = r;
+      return Reservation{.transfer_id = r->transfer_id, .blocks = r->blocks};
+    }
+  }
+  return rollback(status);
+}
+
+int64_t DecodeScheduler::AbortWaitingLocked(Request& r, const std::string& reason) {
+  absl::Status s = tracker_.Abort(r.transfer_id, reason);
+  if (!s.ok() && !absl::IsNotFound(s)) {
+    DUET_LOG(WARNING) << options_.name << ": aborting request " << r.id << ": " << s.message();
+  }
+  // Forget it in the tracker (its blocks are freed or quarantined there).
+  (void)tracker_.WaitReady(r.transfer_id, absl::InfinitePast());
+  const int64_t n = static_cast<int64_t>(r.blocks.size());
+  r.blocks.clear();
+  r.freed_blocks = n;
+  return n;
+}
+
+void DecodeScheduler::MarkDoneLocked(Request& r) {
+  if (r.state == State::kDone) return;
+  r.state = State::kDone;
+  r.done_at = absl::Now();
+  if (auto it = waiting_.find(r.transfer_id); it != waiting_.end() && it->second.get() == &r) {
+    waiting_.erase(it);
+  }
+  if (r.subscribed) {
+    // The subscriber holds the stream; nobody needs the entry any more.
+    if (auto it = requests_.find(r.id); it != requests_.end() && it->second.get() == &r) {
+      requests_.erase(it);
+    }
+  }
+}
+
+ReleaseResult DecodeScheduler::Release(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return ReleaseResult{};
+  std::shared_ptr<Request> r = it->second;
+  switch (r->state) {
+    case State::kDone:
+      requests_.erase(it);
+      return ReleaseResult{.found = true, .freed_blocks = 0};
+    case State::kReserving:
+      r->cancel_requested = true;  // Reserve rolls back and fails
+      return ReleaseResult{.found = true, .freed_blocks = 0};
+    case State::kWaiting: {
+      const int64_t n = AbortWaitingLocked(*r, "released");
+      MarkDoneLocked(*r);
+      r->stream->Push(DecodeEvent{.finish = FinishReason::kCancelled});
+      return ReleaseResult{.found = true, .freed_blocks = n};
+    }
+    case State::kRunning: {
+      // Only the scheduler thread touches the batch: ask it, and wait one step at most.
+      r->cancel_requested = true;
+      if (!mu_.AwaitWithDeadline(absl::Condition(&IsDone, r.get()),
+                                 absl::Now() + options_.release_wait)) {
+        DUET_LOG(WARNING) << options_.name << ": request " << request_id
+                          << " is still in a forward step; it is cancelled after it";
+        return ReleaseResult{.found = true, .freed_blocks = r->num_blocks};
+      }
+      return ReleaseResult{.found = true, .freed_blocks = r->freed_blocks};
+    }
+  }
+  return ReleaseResult{};
+}
+
+void DecodeScheduler::CancelAll() {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, r] : requests_) {
+      if (r->state != State::kDone) ids.push_back(id);
+    }
+  }
+  for (const std::string& id : ids) Release(id);
+}
+
+absl::StatusOr<std::shared_ptr<TokenStream>> DecodeScheduler::Subscribe(
+    const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(options_.name, ": no request ", request_id, " (never reserved, or gone)"));
+  }
+  Request& r = *it->second;
+  if (r.subscribed) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(options_.name, ": request ", request_id, " already has a token stream"));
+  }
+  r.subscribed = true;
+  std::shared_ptr<TokenStream> stream = r.stream;
+  if (r.state == State::kDone) requests_.erase(it);
+  return stream;
+}
+
+SchedulerLoad DecodeScheduler::Load() const {
+  const kv::BlockPoolStats stats = pool_->Stats();
+  SchedulerLoad load{.free_blocks = stats.free, .total_blocks = stats.total};
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, r] : requests_) {
+    if (r->state == State::kRunning) {
+      ++load.running_requests;
+    } else if (r->state != State::kDone) {
+      ++load.pending_requests;
+      load.queued_tokens += r->num_tokens;
+    }
+  }
+  return load;
+}
+
+// ---- The scheduler thread
+
+void DecodeScheduler::Loop() {
+  while (!stop_.HasBeenNotified()) {
+    PumpArrivals();
+    AdmitReady();
+    if (!running_.empty()) Step();
+    CollectGarbage();
+    if (running_.empty()) {
+      bool nothing_pending;
+      {
+        absl::MutexLock lock(&mu_);
+        nothing_pending = waiting_.empty();
+      }
+      transport_->WaitForNotices(
+          DeadlineIn(nothing_pending ? 4 * options_.idle_wait : options_.idle_wait));
+    }
+  }
+}
+
+void DecodeScheduler::PumpArrivals() {
+  std::vector<transfer::Notice> notices = transport_->DrainNotices();
+  if (!notices.empty()) {
+    const int64_t now_us = NowUnixMicros();
+    absl::MutexLock lock(&mu_);
+    for (const transfer::Notice& n : notices) {
+      absl::StatusOr<transfer::KvNotice> kn = transfer::DecodeKvNotice(n.payload);
+      if (!kn.ok()) continue;  // the tracker logs it
+      auto it = waiting_.find(kn->request_id);
+      if (it == waiting_.end()) continue;
+      Request& r = *it->second;
+      if (kn->kind == transfer::KvNoticeKind::kLayer && kn->layer >= 0 &&
+          kn->layer < static_cast<int>(r.layer_landed_us.size()) &&
+          r.layer_landed_us[kn->layer] == 0) {
+        r.layer_landed_us[kn->layer] = now_us;
+      } else if (kn->kind == transfer::KvNoticeKind::kFinal && r.final_landed_us == 0) {
+        r.final_landed_us = now_us;
+      }
+    }
+  }
+  for (const transfer::Notice& n : notices) tracker_.OnNotice(n);
+  tracker_.Pump();  // lost peers, deadlines, quarantine releases
+}
+
+void DecodeScheduler::AdmitReady() {
+  std::vector<Landed> landed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      Request& r = *it->second;
+      absl::StatusOr<transfer::ArrivalStatus> st = tracker_.Query(r.transfer_id);
+      if (st.ok() && st->state == transfer::ArrivalState::kWaiting) {
+        ++it;
+        continue;
+      }
+      // Ready (the blocks become the request's) or failed (the tracker gave them back).
+      absl::StatusOr<std::string> payload =
+          st.ok() ? tracker_.WaitReady(r.transfer_id, absl::InfinitePast()) : st.status();
+      if (!payload.ok()) r.blocks.clear();
+      r.state = State::kRunning;  // claimed: Release now goes through the scheduler thread
+      landed.push_back(Landed{.request = it->second, .payload = std::move(payload)});
+      it = waiting_.erase(it);
+    }
+  }
+  for (Landed& l : landed) Admit(std::move(l));
+}
+
+void DecodeScheduler::Admit(Landed landed) {
+  const std::shared_ptr<Request>& r = landed.request;
+  if (!landed.payload.ok()) {
+    Fail(r, Annotate(landed.payload.status(),
+                     absl::StrCat(options_.name, ": KV of request ", r->id, " did not land")));
+    return;
+  }
+  const model::ModelConfig& config = runner_->config();
+  v1::KvCompletion completion;
+  absl::Status bad;
+  if (!completion.ParseFromString(*landed.payload)) {
+    bad = absl::InternalError(absl::StrCat(options_.name, ": request ", r->id,
+                                           ": the final KV notice is not a KvCompletion"));
+  } else if (completion.first_token_id() < 0 ||
+             completion.first_token_id() >= config.vocab_size) {
+    bad = absl::InvalidArgumentError(
+        absl::StrCat(options_.name, ": request ", r->id, ": first token ",
+                     completion.first_token_id(), " is outside the vocabulary [0, ",
+                     config.vocab_size, ")"));
+  }
+  // From here on the table owns the blocks.
+  r->table = std::make_unique<kv::BlockTable>(pool_, std::move(r->blocks), r->num_tokens);
+  r->blocks.clear();
+  if (!bad.ok()) {
+    Fail(r, bad);
+    return;
+  }
+  r->last_token = completion.first_token_id();
+  r->generated = 1;
+
+  DecodeEvent ev{.admitted = true};
+  const int64_t joined_us = NowUnixMicros();
+  bool cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled = r->cancel_requested;
+    int64_t ready_us = r->final_landed_us;
+    for (int64_t t : r->layer_landed_us) ready_us = std::max(ready_us, t);
+    if (ready_us == 0) ready_us = joined_us;  // the notices were applied elsewhere
+    if (completion.last_layer_done_unix_us() > 0) {
+      ev.transfer_tail_us = std::max<int64_t>(0, ready_us - completion.last_layer_done_unix_us());
+    }
+    ev.decode_admission_us = std::max<int64_t>(0, joined_us - ready_us);
+    if (completion.layer_done_unix_us_size() == static_cast<int>(r->layer_landed_us.size())) {
+      for (size_t l = 0; l < r->layer_landed_us.size(); ++l) {
+        const int64_t landed_us = r->layer_landed_us[l] > 0 ? r->layer_landed_us[l] : ready_us;
+        ev.layer_transfer_us.push_back(
+            std::max<int64_t>(0, landed_us - completion.layer_done_unix_us(static_cast<int>(l))));
+      }
+    }
+  }
+  if (cancelled) {
+    Finish(r, DecodeEvent{.finish = FinishReason::kCancelled});
+    return;
+  }
+  // The first token (sampled on the prefill node) may already end the request, exactly as in
+  // LocalEngine::Generate.
+  model::StopReason stop = model::CheckStop(r->params, options_.eos_ids, r->last_token, 1);
+  if (stop == model::StopReason::kNone && r->num_tokens + 1 > config.max_position_embeddings) {
+    stop = model::StopReason::kMaxTokens;
+  }
+  if (stop != model::StopReason::kNone) {
+    ev.finish = FromStop(stop);
+    Finish(r, std::move(ev));
+    return;
+  }
+  r->stream->Push(std::move(ev));
+  running_.push_back(r);
+}
+
+void DecodeScheduler::Step() {
+  // Cancellations, then room for this step's token in every table: a request the pool cannot
+  // grow fails alone (Forward would fail the whole batch).
+  std::vector<std::shared_ptr<Request>> batch_requests;
+  for (std::shared_ptr<Request>& r : running_) {
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled = r->cancel_requested;
+    }
+    if (cancelled) {
+      Finish(r, DecodeEvent{.finish = FinishReason::kCancelled});
+      continue;
+    }
+    if (absl::Status s = r->table->Reserve(r->table->num_tokens() + 1); !s.ok()) {
+      Fail(r, Annotate(s, absl::StrCat(options_.name, ": growing the KV of request ", r->id,
+                                       " to ", r->table->num_tokens() + 1, " tokens")));
+      continue;
+    }
+    batch_requests.push_back(std::move(r));
+  }
+  running_ = std::move(batch_requests);
+  if (running_.empty()) return;
+
+  std::vector<model::SequenceInput> batch;
+  batch.reserve(running_.size());
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Request& r = *running_[i];
+    batch.push_back(model::SequenceInput{
+        .seq_id = static_cast<int64_t>(i), .tokens = {r.last_token},
+        .start_pos = static_cast<int32_t>(r.table->num_tokens()), .table = r.table.get(),
+        .want_logits = true});
+  }
+  absl::StatusOr<model::ForwardOutput> out = runner_->Forward(absl::MakeSpan(batch), pool_->View());
+  if (!out.ok() || out->seq_ids.size() != running_.size()) {
+    const absl::Status error =
+        out.ok() ? absl::InternalError("forward returned the wrong number of rows") : out.status();
+    for (const std::shared_ptr<Request>& r : running_) {
+      Fail(r, Annotate(error, absl::StrCat(options_.name, ": decode step")));
+    }
+    running_.clear();
+    return;
+  }
+
+  const model::ModelConfig& config = runner_->config();
+  std::vector<std::shared_ptr<Request>> still_running;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const std::shared_ptr<Request>& rp = running_[i];
+    Request& r = *rp;
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled = r.cancel_requested;
+    }
+    if (cancelled) {
+      Finish(rp, DecodeEvent{.finish = FinishReason::kCancelled});
+      continue;
+    }
+    const int step = r.generated;  // index of this output token
+    DecodeEvent ev{.has_token = true, .index = step};
+    ev.token = model::Sample(out->Row(i), out->vocab, r.params, step);
+    ++r.generated;
+    model::StopReason stop = model::CheckStop(r.params, options_.eos_ids, ev.token.id, r.generated);
+    if (stop == model::StopReason::kNone &&
+        r.table->num_tokens() + 1 > config.max_position_embeddings) {
+      stop = model::StopReason::kMaxTokens;  // the context is full
+    }
+    if (stop != model::StopReason::kNone) {
+      ev.finish = FromStop(stop);
+      Finish(rp, std::move(ev));
+      continue;
+    }
+    r.last_token = ev.token.id;
+    r.stream->Push(std::move(ev));
+    still_running.push_back(rp);
+  }
+  running_ = std::move(still_running);
+}
+
+void DecodeScheduler::Finish(const std::shared_ptr<Request>& r, DecodeEvent last) {
+  int64_t freed = 0;
+  if (r->table != nullptr) {
+    freed = static_cast<int64_t>(r->table->blocks().size());
+    if (absl::Status s = r->table->Release(); !s.ok()) {
+      DUET_LOG(ERROR) << options_.name << ": request " << r->id
+                      << ": cannot free its blocks: " << s.message();
+    }
+    r->table.reset();
+  }
+  absl::MutexLock lock(&mu_);
+  r->freed_blocks = freed;
+  MarkDoneLocked(*r);
+  r->stream->Push(std::move(last));
+}
+
+void DecodeScheduler::Fail(const std::shared_ptr<Request>& r, absl::Status error) {
+  DUET_LOG(WARNING) << "request " << r->id << " failed: " << error.message();
+  Finish(r, DecodeEvent{.finish = FinishReason::kError, .error = std::move(error)});
+}
+
+void DecodeScheduler::CollectGarbage() {
+  const absl::Time now = absl::Now();
+  if (now - last_gc_ < absl::Seconds(1)) return;
+  last_gc_ = now;
+  absl::MutexLock lock(&mu_);
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    const Request& r = *it->second;
+    if (r.state == State::kDone && now - r.done_at > options_.finished_linger) {
+      it = requests_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void DecodeScheduler::Shutdown() {
+  absl::MutexLock stop_lock(&stop_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;  // Reserve refuses from now on
+  }
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (thread_.joinable()) thread_.join();
+
+  const absl::Status error = absl::UnavailableError(absl::StrCat(options_.name, " is shutting down"));
+  for (const std::shared_ptr<Request>& r : running_) Fail(r, error);
+  running_.clear();
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Request>> all;
+  for (const auto& [id, r] : requests_) all.push_back(r);
+  for (const std::shared_ptr<Request>& r : all) {
+    if (r->state == State::kWaiting) {
+      AbortWaitingLocked(*r, "decode node shutting down");
+      MarkDoneLocked(*r);
+      r->stream->Push(DecodeEvent{.finish = FinishReason::kError, .error = error});
+    } else if (r->state == State::kReserving) {
+      r->cancel_requested = true;
+    }
+  }
+}
+
+}  // namespace duet::decode

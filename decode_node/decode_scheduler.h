@@ -1,0 +1,225 @@
+// DecodeScheduler: the decode node's continuous-batching engine, without any RPC. Reserve
+// allocates a request's KV blocks and hands them to the arrival tracker; a scheduler thread
+// pumps KV notices, admits requests whose KV has fully landed into the running batch, runs one
+// ModelRunner::Forward over every running sequence per step, samples, and pushes the results
+// to each request's TokenStream. Finished, cancelled and failed requests free their blocks at
+// once (blocks a late write may still reach stay quarantined until the sender confirms,
+// DESIGN.md invariant 4).
+//
+//   DecodeSchedulerOptions o{.name = "decode-0", .eos_ids = tokenizer->eos_ids()};
+//   DUET_ASSIGN_OR_RETURN(auto sched, DecodeScheduler::Create(o, runner, pool, transport));
+//   DUET_ASSIGN_OR_RETURN(Reservation r, sched->Reserve({.request_id = "r1", .num_tokens = 40,
+//       .sampling = params, .expected_layout = layout, .sender_address = prefill_blob,
+//       .deadline = DeadlineIn(absl::Seconds(30))}));
+//   // ... the prefill node writes the KV into r.blocks, notices carry r.transfer_id ...
+//   DUET_ASSIGN_OR_RETURN(std::shared_ptr<TokenStream> s, sched->Subscribe("r1"));
+//   for (bool done = false; !done;)
+//     for (DecodeEvent& e : s->Pop(DeadlineIn(absl::Seconds(1)))) done = e.finished();
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/kv/block_pool.h"
+#include "common/kv/block_table.h"
+#include "common/kv/kv_layout.h"
+#include "common/model/model_runner.h"
+#include "common/model/sampler.h"
+#include "transfer/kv_stream/kv_arrival_tracker.h"
+#include "transfer/transport.h"
+
+namespace duet::decode {
+
+enum class FinishReason { kNone, kEos, kMaxTokens, kStopToken, kCancelled, kError };
+const char* FinishReasonName(FinishReason r);
+
+// One event of a request's token stream (mirrors duet.v1.TokenEvent).
+struct DecodeEvent {
+  // Set once, when the KV landed and the request joined the running batch.
+  bool admitted = false;
+  int64_t transfer_tail_us = 0;     // last layer computed on P -> all of it landed here
+  int64_t decode_admission_us = 0;  // landed -> joined the batch
+  std::vector<int64_t> layer_transfer_us;  // per layer: computed on P -> landed here
+  // A sampled token (index >= 1: index 0 is the first token, sampled by the prefill node).
+  bool has_token = false;
+  model::SampledToken token;
+  int index = 0;
+  // Set on the last event of the stream.
+  FinishReason finish = FinishReason::kNone;
+  absl::Status error;  // kError: why
+  bool finished() const { return finish != FinishReason::kNone; }
+};
+
+// The events of one request, in order; single consumer. Thread-safe.
+class TokenStream {
+ public:
+  void Push(DecodeEvent event);
+  // Every queued event, waiting until there is at least one or `deadline` (then empty).
+  std::vector<DecodeEvent> Pop(absl::Time deadline);
+  // Whether the finishing event has been pushed.
+  bool finished() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::deque<DecodeEvent> events_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+struct ReserveArgs {
+  std::string request_id;
+  int64_t num_tokens = 0;  // prompt tokens whose KV the sender writes
+  model::SamplingParams sampling;
+  kv::KvLayout expected_layout;  // the sender's layout; refused unless it equals ours
+  std::string sender_name;       // for error messages
+  std::string sender_address;    // the sender's Transport::LocalAddress()
+  absl::Time deadline = absl::InfinitePast();  // KV must land by then; past: the default
+};
+
+struct Reservation {
+  uint64_t transfer_id = 0;  // the request's id on the data path (KvNotice::request_id)
+  std::vector<kv::BlockId> blocks;
+};
+
+struct ReleaseResult {
+  bool found = false;
+  int64_t freed_blocks = 0;  // blocks the request gave back (freed or quarantined)
+};
+
+struct SchedulerLoad {
+  int64_t free_blocks = 0;
+  int64_t total_blocks = 0;
+  int64_t queued_tokens = 0;  // tokens of requests reserved but not yet admitted
+  int32_t running_requests = 0;
+  int32_t pending_requests = 0;
+};
+
+struct DecodeSchedulerOptions {
+  std::string name = "decode";  // names this node in errors
+  int max_running = 64;         // running + pending admission
+  std::vector<int32_t> eos_ids;
+  absl::Duration connect_timeout = absl::Seconds(5);
+  absl::Duration default_kv_deadline = absl::Seconds(60);
+  // How long the events of a finished request nobody subscribed to are kept.
+  absl::Duration finished_linger = absl::Seconds(60);
+  // Idle wait for notices when nothing runs.
+  absl::Duration idle_wait = absl::Milliseconds(5);
+  // How long Release waits for the scheduler thread to take a running request out.
+  absl::Duration release_wait = absl::Seconds(5);
+};
+
+class DecodeScheduler {
+ public:
+  // `runner`, `pool` and `transport` must outlive the scheduler; the pool must be the region
+  // `transport` exports. Starts the scheduler thread.
+  static absl::StatusOr<std::unique_ptr<DecodeScheduler>> Create(DecodeSchedulerOptions options,
+                                                                 model::ModelRunner* runner,
+                                                                 kv::BlockPool* pool,
+                                                                 transfer::Transport* transport);
+  ~DecodeScheduler();
+  DecodeScheduler(const DecodeScheduler&) = delete;
+  DecodeScheduler& operator=(const DecodeScheduler&) = delete;
+
+  // FailedPrecondition (both layouts named) on a layout mismatch; ResourceExhausted (nothing
+  // held) when blocks or batch slots run out; AlreadyExists for a known id; the Connect error
+  // when the sender cannot be reached; Unavailable after Shutdown.
+  absl::StatusOr<Reservation> Reserve(const ReserveArgs& args);
+  // Cancels the request in any phase; its stream ends with kCancelled. Unknown: found=false.
+  ReleaseResult Release(const std::string& request_id);
+  // The request's event stream (NotFound for an unknown id, AlreadyExists on a second call).
+  absl::StatusOr<std::shared_ptr<TokenStream>> Subscribe(const std::string& request_id);
+  // Cancels every request (e.g. the coordinator dropped this node's incarnation).
+  void CancelAll();
+  // Ends every request with Unavailable, stops the thread. Idempotent.
+  void Shutdown();
+
+  SchedulerLoad Load() const;
+  const kv::KvLayout& layout() const { return pool_->layout(); }
+  kv::BlockPoolStats PoolStats() const { return pool_->Stats(); }
+  int64_t quarantined_blocks() const { return tracker_.quarantined_blocks(); }
+
+ private:
+  enum class State { kReserving, kWaiting, kRunning, kDone };
+  struct Request {
+    std::string id;
+    uint64_t transfer_id = 0;
+    int64_t num_tokens = 0;
+    int64_t num_blocks = 0;
+    model::SamplingParams params;
+    std::vector<kv::BlockId> blocks;  // reserved; the table owns them once admitted
+    std::shared_ptr<TokenStream> stream = std::make_shared<TokenStream>();
+    // Guarded by mu_.
+    State state = State::kReserving;
+    bool cancel_requested = false;
+    bool subscribed = false;
+    absl::Time done_at;
+    int64_t freed_blocks = 0;
+    std::vector<int64_t> layer_landed_us;  // wall clock, 0 = not seen
+    int64_t final_landed_us = 0;
+    // Touched only by the scheduler thread (and Shutdown after it stopped).
+    std::unique_ptr<kv::BlockTable> table;
+    int32_t last_token = -1;
+    int generated = 0;  // output tokens so far, the prefill node's first one included
+  };
+  // What admission took out of the tracker for one request: the final notice's payload (the
+  // blocks are then the request's) or why its KV never landed (blocks already given back).
+  struct Landed {
+    std::shared_ptr<Request> request;
+    absl::StatusOr<std::string> payload;
+  };
+
+  DecodeScheduler(DecodeSchedulerOptions options, model::ModelRunner* runner, kv::BlockPool* pool,
+                  transfer::Transport* transport);
+  // The sender's peer id, connecting (once per address) when needed.
+  absl::StatusOr<transfer::PeerId> PeerFor(const std::string& address, const std::string& name,
+                                           absl::Time deadline);
+  void Loop();
+  void PumpArrivals();
+  void AdmitReady();
+  void Admit(Landed landed);
+  void Step();
+  // Frees the request's table, marks it done and pushes `last` (finish set by the caller).
+  void Finish(const std::shared_ptr<Request>& r, DecodeEvent last);
+  void Fail(const std::shared_ptr<Request>& r, absl::Status error);
+  // Aborts a waiting request in the tracker and forgets it there. Returns its block count.
+  int64_t AbortWaitingLocked(Request& r, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkDoneLocked(Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CollectGarbage();
+  static bool IsDone(Request* r) { return r->state == State::kDone; }
+
+  const DecodeSchedulerOptions options_;
+  model::ModelRunner* const runner_;
+  kv::BlockPool* const pool_;
+  transfer::Transport* const transport_;
+  transfer::KvArrivalTracker tracker_;
+  const uint64_t transfer_id_base_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<Request>> waiting_ ABSL_GUARDED_BY(mu_);  // by transfer id
+  std::map<std::string, transfer::PeerId> peers_ ABSL_GUARDED_BY(mu_);  // by sender address
+
+  // Scheduler thread only (and Shutdown once it stopped).
+  std::vector<std::shared_ptr<Request>> running_;
+  absl::Time last_gc_ = absl::InfinitePast();
+
+  absl::Mutex stop_mu_;  // serialises Shutdown
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+}  // namespace duet::decode

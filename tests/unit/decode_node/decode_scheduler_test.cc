@@ -1,0 +1,343 @@
+// DecodeScheduler driven in one process: a real prefill (LocalEngine's runner) streams KV over
+// the inproc transport into the scheduler's pool; tokens must equal LocalEngine::Generate.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/base/clock.h"
+#include "decode_node/decode_scheduler.h"
+#include "tests/unit/decode_node/decode_test_util.h"
+#include "transfer/kv_stream/kv_notice.h"
+
+namespace duet::decode {
+namespace {
+
+using testing::DecodeHarness;
+using testing::DrainStream;
+using testing::FinishOf;
+using testing::Tokens;
+
+// Polls `pred` until true or `timeout`.
+template <typename Pred>
+bool Eventually(Pred pred, absl::Duration timeout = absl::Seconds(5)) {
+  const absl::Time deadline = DeadlineIn(timeout);
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return pred();
+}
+
+bool AllFree(DecodeHarness& h) {
+  const kv::BlockPoolStats s = h.d_pool().Stats();
+  return s.free == s.total && s.quarantined == 0;
+}
+
+class DecodeSchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(h_.Init({}).ok()); }
+  DecodeHarness h_;
+};
+
+struct Case {
+  std::string text;
+  model::SamplingParams params;
+};
+
+// Several requests of different lengths (crossing block boundaries, block size 4), greedy and
+// seeded, decoded in one continuous batch (they join at different steps): every token, logprob
+// and finish reason equals a single-process run.
+TEST_F(DecodeSchedulerTest, TokensEqualLocalEngineForConcurrentRequests) {
+  std::vector<Case> cases = {
+      {"a", {.max_tokens = 20}},
+      {"hello", {.max_tokens = 16}},
+      {"abcdefg", {.temperature = 0.9f, .top_p = 0.95f, .seed = 7, .max_tokens = 24}},
+      {"the quick brown fox jumps", {.temperature = 1.2f, .top_k = 20, .seed = 99, .max_tokens = 18}},
+      {"0123456789abcdef0123456789abcdef", {.max_tokens = 30, .logprobs = 3}},
+      {"xyz", {.temperature = 0.7f, .seed = 3, .max_tokens = 12, .ignore_eos = true}},
+  };
+  // One request that ends on a stop token the reference reaches mid-way.
+  {
+    std::vector<int32_t> prompt = h_.Encode("stop here");
+    auto probe = h_.Reference(prompt, {.max_tokens = 12});
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    cases.push_back({"stop here", {.max_tokens = 12, .stop_token_ids = {probe->generated_ids[6]}}});
+  }
+
+  std::vector<std::shared_ptr<TokenStream>> streams;
+  std::vector<int32_t> firsts;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::vector<int32_t> prompt = h_.Encode(cases[i].text);
+    const std::string id = "req-" + std::to_string(i);
+    auto res = h_.scheduler().Reserve(h_.Args(id, prompt, cases[i].params));
+    ASSERT_TRUE(res.ok()) << res.status();
+    EXPECT_EQ(res->blocks.size(), (prompt.size() + 3) / 4);
+    auto stream = h_.scheduler().Subscribe(id);  // before the KV lands, as the coordinator may
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    streams.push_back(*stream);
+    auto first = h_.Prefill(prompt, cases[i].params, *res);
+    ASSERT_TRUE(first.ok()) << first.status();
+    firsts.push_back(first->id);
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].text);
+    std::vector<DecodeEvent> events = DrainStream(*streams[i], absl::Seconds(10));
+    ASSERT_FALSE(events.empty());
+    ASSERT_TRUE(events.back().finished());
+    EXPECT_TRUE(events.front().admitted);
+    EXPECT_EQ(events.front().layer_transfer_us.size(), 2u);  // tiny has 2 layers
+    for (size_t k = 1; k < events.size(); ++k) {
+      if (events[k].has_token) {
+        EXPECT_EQ(events[k].index, static_cast<int>(k));
+      }
+    }
+    auto ref = h_.Reference(h_.Encode(cases[i].text), cases[i].params);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    EXPECT_EQ(Tokens(firsts[i], events), ref->generated_ids);
+    EXPECT_EQ(events.back().finish, FinishOf(ref->stop));
+    size_t t = 1;  // reference token index
+    for (const DecodeEvent& e : events) {
+      if (!e.has_token || t >= ref->tokens.size()) continue;
+      EXPECT_EQ(e.token.logprob, ref->tokens[t].logprob);
+      EXPECT_EQ(e.token.top_logprobs, ref->tokens[t].top_logprobs);
+      ++t;
+    }
+  }
+  EXPECT_EQ(streams.back()->finished(), true);
+  EXPECT_TRUE(Eventually([&] { return AllFree(h_); }));
+  EXPECT_EQ(h_.scheduler().Load().running_requests, 0);
+  EXPECT_EQ(h_.scheduler().Load().pending_requests, 0);
+}
+
+TEST_F(DecodeSchedulerTest, FirstTokenThatStopsFinishesAtAdmission) {
+  const std::vector<int32_t> prompt = h_.Encode("one token only");
+  auto res = h_.scheduler().Reserve(h_.Args("r1", prompt, {.max_tokens = 1}));
+  ASSERT_TRUE(res.ok()) << res.status();
+  auto first = h_.Prefill(prompt, {.max_tokens = 1}, *res);
+  ASSERT_TRUE(first.ok());
+  // Subscribing after the request finished still yields its events.
+  ASSERT_TRUE(Eventually([&] { return AllFree(h_); }));
+  auto stream = h_.scheduler().Subscribe("r1");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  std::vector<DecodeEvent> events = DrainStream(**stream, absl::Seconds(5));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_TRUE(events[0].admitted);
+  EXPECT_FALSE(events[0].has_token);
+  EXPECT_EQ(events[0].finish, FinishReason::kMaxTokens);
+  EXPECT_EQ(h_.scheduler().Subscribe("r1").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(DecodeSchedulerTest, ReserveRefusals) {
+  const std::vector<int32_t> prompt = h_.Encode("refusals");
+  // Layout mismatch names both sides.
+  ReserveArgs bad = h_.Args("r1", prompt, {});
+  bad.expected_layout.block_size = 8;
+  auto r = h_.scheduler().Reserve(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("decode-0"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("prefill-0"), std::string::npos) << r.status();
+  // More blocks than the pool has: nothing held.
+  std::vector<int32_t> huge(4 * 256 + 1, 65);
+  r = h_.scheduler().Reserve(h_.Args("r2", huge, {}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_TRUE(AllFree(h_));
+  // Bad sampling, empty prompt, unreachable sender.
+  EXPECT_EQ(h_.scheduler().Reserve(h_.Args("r3", prompt, {.max_tokens = 0})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(h_.scheduler().Reserve(h_.Args("r4", {}, {})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ReserveArgs nowhere = h_.Args("r5", prompt, {});
+  nowhere.sender_address = "not an address";
+  EXPECT_FALSE(h_.scheduler().Reserve(nowhere).ok());
+  EXPECT_TRUE(AllFree(h_));
+  // Duplicate id.
+  ASSERT_TRUE(h_.scheduler().Reserve(h_.Args("r6", prompt, {})).ok());
+  EXPECT_EQ(h_.scheduler().Reserve(h_.Args("r6", prompt, {})).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(h_.scheduler().Load().pending_requests, 1);
+  EXPECT_EQ(h_.scheduler().Load().queued_tokens, static_cast<int64_t>(prompt.size()));
+  // Unknown ids.
+  EXPECT_FALSE(h_.scheduler().Release("nope").found);
+  EXPECT_EQ(h_.scheduler().Subscribe("nope").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(h_.scheduler().Subscribe("r6").ok());
+  EXPECT_EQ(h_.scheduler().Subscribe("r6").status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST(DecodeSchedulerLimits, MaxRunningCountsPendingRequests) {
+  DecodeHarness h;
+  ASSERT_TRUE(h.Init({.max_running = 2}).ok());
+  const std::vector<int32_t> prompt = h.Encode("slots");
+  ASSERT_TRUE(h.scheduler().Reserve(h.Args("a", prompt, {})).ok());
+  ASSERT_TRUE(h.scheduler().Reserve(h.Args("b", prompt, {})).ok());
+  auto c = h.scheduler().Reserve(h.Args("c", prompt, {}));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
+  // Releasing a waiting request before anything was written: the blocks are quarantined
+  // until the sender confirms (its kAborted notice), then free.
+  EXPECT_TRUE(h.scheduler().Release("a").found);
+  EXPECT_TRUE(h.scheduler().Reserve(h.Args("c", prompt, {})).ok());
+}
+
+// Release while the KV is still arriving: the stream ends CANCELLED, the blocks stay
+// quarantined until the sender confirms nothing is in flight, then every block is free.
+TEST_F(DecodeSchedulerTest, ReleaseWhileWaitingQuarantinesUntilSenderConfirms) {
+  const std::vector<int32_t> prompt = h_.Encode("cancel me while streaming");
+  auto res = h_.scheduler().Reserve(h_.Args("w", prompt, {.max_tokens = 8}));
+  ASSERT_TRUE(res.ok()) << res.status();
+  auto stream = h_.scheduler().Subscribe("w");
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE(h_.Prefill(prompt, {.max_tokens = 8}, *res, /*layers_to_send=*/1).ok());
+  const ReleaseResult rel = h_.scheduler().Release("w");
+  EXPECT_TRUE(rel.found);
+  EXPECT_EQ(rel.freed_blocks, static_cast<int64_t>(res->blocks.size()));
+  std::vector<DecodeEvent> events = DrainStream(**stream, absl::Seconds(5));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish, FinishReason::kCancelled);
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(h_.d_pool().Stats().quarantined, static_cast<int64_t>(res->blocks.size()));
+  ASSERT_TRUE(h_.sender().Abort(res->transfer_id, DeadlineIn(absl::Seconds(1)), "released").ok());
+  EXPECT_TRUE(Eventually([&] { return AllFree(h_); }));
+  EXPECT_FALSE(h_.scheduler().Release("w").found);  // the subscriber took its events
+}
+
+// Release while decoding: the request leaves the batch and its blocks are free when Release
+// returns; other requests are not disturbed.
+TEST_F(DecodeSchedulerTest, ReleaseWhileRunningFreesAtOnce) {
+  const model::SamplingParams longp{.max_tokens = 2000, .ignore_eos = true};
+  const model::SamplingParams shortp{.max_tokens = 10};
+  const std::vector<int32_t> p1 = h_.Encode("long running request");
+  const std::vector<int32_t> p2 = h_.Encode("a short one");
+  auto r1 = h_.scheduler().Reserve(h_.Args("long", p1, longp));
+  auto r2 = h_.scheduler().Reserve(h_.Args("short", p2, shortp));
+  ASSERT_TRUE(r1.ok() && r2.ok());
+  auto s1 = h_.scheduler().Subscribe("long");
+  auto s2 = h_.scheduler().Subscribe("short");
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  ASSERT_TRUE(h_.Prefill(p1, longp, *r1).ok());
+  auto first2 = h_.Prefill(p2, shortp, *r2);
+  ASSERT_TRUE(first2.ok());
+  // Wait for a few decoded tokens of the long one.
+  std::vector<DecodeEvent> got;
+  ASSERT_TRUE(Eventually([&] {
+    for (DecodeEvent& e : (*s1)->Pop(DeadlineIn(absl::Milliseconds(1)))) got.push_back(e);
+    return got.size() >= 4;
+  }));
+  const ReleaseResult rel = h_.scheduler().Release("long");
+  EXPECT_TRUE(rel.found);
+  EXPECT_GE(rel.freed_blocks, static_cast<int64_t>(r1->blocks.size()));
+  std::vector<DecodeEvent> rest = DrainStream(**s1, absl::Seconds(5));
+  ASSERT_FALSE(rest.empty());
+  EXPECT_EQ(rest.back().finish, FinishReason::kCancelled);
+  std::vector<DecodeEvent> e2 = DrainStream(**s2, absl::Seconds(10));
+  ASSERT_FALSE(e2.empty());
+  auto ref2 = h_.Reference(p2, shortp);
+  ASSERT_TRUE(ref2.ok());
+  EXPECT_EQ(Tokens(first2->id, e2), ref2->generated_ids);
+  EXPECT_TRUE(Eventually([&] { return AllFree(h_); }));
+}
+
+// A pool too small for the requests to grow: a request that cannot get a block fails with
+// RESOURCE_EXHAUSTED (no crash), the tokens it produced until then are right, and every
+// block comes back.
+TEST(DecodeSchedulerLimits, PoolExhaustedMidDecodeFailsTheRequest) {
+  DecodeHarness h;
+  ASSERT_TRUE(h.Init({.block_size = 4, .d_blocks = 6}).ok());
+  const model::SamplingParams p{.max_tokens = 100, .ignore_eos = true};  // 27 blocks each
+  const std::vector<int32_t> a(8, 97), b(8, 98);  // 2 blocks each
+  auto ra = h.scheduler().Reserve(h.Args("a", a, p));
+  auto rb = h.scheduler().Reserve(h.Args("b", b, p));
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  auto sa = h.scheduler().Subscribe("a");
+  auto sb = h.scheduler().Subscribe("b");
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  auto fa = h.Prefill(a, p, *ra);
+  auto fb = h.Prefill(b, p, *rb);
+  ASSERT_TRUE(fa.ok() && fb.ok());
+  std::vector<DecodeEvent> ea = DrainStream(**sa, absl::Seconds(10));
+  std::vector<DecodeEvent> eb = DrainStream(**sb, absl::Seconds(10));
+  for (auto [events, prompt, first] : {std::tuple(&ea, &a, fa->id), std::tuple(&eb, &b, fb->id)}) {
+    ASSERT_FALSE(events->empty());
+    EXPECT_EQ(events->back().finish, FinishReason::kError);
+    EXPECT_EQ(events->back().error.code(), absl::StatusCode::kResourceExhausted)
+        << events->back().error;
+    std::vector<int32_t> got = Tokens(first, *events);
+    auto ref = h.Reference(*prompt, p);
+    ASSERT_TRUE(ref.ok());
+    ASSERT_LT(got.size(), ref->generated_ids.size());
+    EXPECT_EQ(got, std::vector<int32_t>(ref->generated_ids.begin(),
+                                        ref->generated_ids.begin() + got.size()));
+  }
+  EXPECT_TRUE(Eventually([&] { return AllFree(h); }));
+}
+
+// KV that never lands fails at its deadline; a sender whose endpoint dies fails its request at
+// once (both with a clear error on the stream, blocks back).
+TEST_F(DecodeSchedulerTest, DeadlineAndSenderLoss) {
+  const std::vector<int32_t> prompt = h_.Encode("never written");
+  auto res = h_.scheduler().Reserve(h_.Args("late", prompt, {}, absl::Milliseconds(50)));
+  ASSERT_TRUE(res.ok()) << res.status();
+  auto stream = h_.scheduler().Subscribe("late");
+  ASSERT_TRUE(stream.ok());
+  std::vector<DecodeEvent> events = DrainStream(**stream, absl::Seconds(5));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish, FinishReason::kError);
+  EXPECT_EQ(events[0].error.code(), absl::StatusCode::kDeadlineExceeded) << events[0].error;
+  // The blocks wait in quarantine for the sender's word that nothing is in flight.
+  EXPECT_EQ(h_.d_pool().Stats().quarantined, static_cast<int64_t>(res->blocks.size()));
+  ASSERT_TRUE(h_.p_transport()
+                  .PostWrite(h_.to_d(), {},
+                             transfer::EncodeKvNotice({.kind = transfer::KvNoticeKind::kAborted,
+                                                       .request_id = res->transfer_id}))
+                  .ok());
+  EXPECT_TRUE(Eventually([&] { return AllFree(h_); }));
+
+  // A second sender that goes away mid-transfer.
+  auto p2 = transfer::CreateTransport("inproc", {.name = "prefill-1", .layout = h_.layout()});
+  ASSERT_TRUE(p2.ok());
+  auto p2_region = (*p2)->AllocateRegion(h_.layout().RegionBytes(8));
+  ASSERT_TRUE(p2_region.ok());
+  ReserveArgs args = h_.Args("orphan", prompt, {});
+  args.sender_name = "prefill-1";
+  args.sender_address = *(*p2)->LocalAddress();
+  auto res2 = h_.scheduler().Reserve(args);
+  ASSERT_TRUE(res2.ok()) << res2.status();
+  auto stream2 = h_.scheduler().Subscribe("orphan");
+  ASSERT_TRUE(stream2.ok());
+  p2->reset();
+  events = DrainStream(**stream2, absl::Seconds(5));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish, FinishReason::kError);
+  EXPECT_EQ(events[0].error.code(), absl::StatusCode::kUnavailable) << events[0].error;
+  EXPECT_TRUE(Eventually([&] { return AllFree(h_); }));
+}
+
+// Shutdown ends every request with Unavailable and refuses new ones.
+TEST_F(DecodeSchedulerTest, ShutdownEndsEverything) {
+  const model::SamplingParams p{.max_tokens = 3000, .ignore_eos = true};
+  const std::vector<int32_t> prompt = h_.Encode("shutdown");
+  auto running = h_.scheduler().Reserve(h_.Args("running", prompt, p));
+  auto waiting = h_.scheduler().Reserve(h_.Args("waiting", prompt, p));
+  ASSERT_TRUE(running.ok() && waiting.ok());
+  auto s1 = h_.scheduler().Subscribe("running");
+  auto s2 = h_.scheduler().Subscribe("waiting");
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  ASSERT_TRUE(h_.Prefill(prompt, p, *running).ok());
+  ASSERT_TRUE(Eventually([&] { return h_.scheduler().Load().running_requests == 1; }));
+  h_.scheduler().Shutdown();
+  for (auto* s : {&*s1, &*s2}) {
+    std::vector<DecodeEvent> ev = DrainStream(**s, absl::Seconds(5));
+    ASSERT_FALSE(ev.empty());
+    EXPECT_EQ(ev.back().finish, FinishReason::kError);
+    EXPECT_EQ(ev.back().error.code(), absl::StatusCode::kUnavailable);
+  }
+  EXPECT_EQ(h_.scheduler().Reserve(h_.Args("new", prompt, p)).status().code(),
+            absl::StatusCode::kUnavailable);
+  h_.scheduler().Shutdown();  // idempotent
+  const kv::BlockPoolStats stats = h_.d_pool().Stats();
+  EXPECT_EQ(stats.used, 0);
+  EXPECT_EQ(stats.free + stats.quarantined, stats.total);
+}
+
+}  // namespace
+}  // namespace duet::decode
