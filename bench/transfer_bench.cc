@@ -49,6 +49,7 @@ ABSL_FLAG(bool, perftest, true, "run ucx_perftest for the reference bandwidth");
 ABSL_FLAG(int64_t, idle_spin_us, 200,
           "progress thread: poll this long before sleeping (-1: never sleep)");
 ABSL_FLAG(std::string, write_mode, "auto", "transport write mode: auto, put, am");
+ABSL_FLAG(int64_t, am_eager_kib, 4096, "am-lane chunks up to this size are sent eagerly (KiB)");
 ABSL_FLAG(int64_t, chunk_kib, 1024, "put-lane chunk size (KiB)");
 ABSL_FLAG(int64_t, am_chunk_kib, 4096, "am-lane (rendezvous) chunk size (KiB)");
 ABSL_FLAG(int64_t, max_bytes, int64_t{1} << 30, "skip configurations whose KV exceeds this");
@@ -118,6 +119,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& prof
       .name = name, .layout = layout, .tls = profile.tls, .net_devices = profile.net_devices};
   const int64_t spin = absl::GetFlag(FLAGS_idle_spin_us);
   options.write_mode = absl::GetFlag(FLAGS_write_mode);
+  options.am_eager_max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_am_eager_kib)) << 10;
   options.chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
   options.am_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_am_chunk_kib)) << 10;
   options.idle_spin = spin < 0 ? absl::InfiniteDuration() : absl::Microseconds(spin);
@@ -280,6 +282,7 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
         "--layout=" + EncodeLayout(layout),
         absl::StrCat("--blocks=", n),
         absl::StrCat("--idle_spin_us=", absl::GetFlag(FLAGS_idle_spin_us)),
+        absl::StrCat("--am_eager_kib=", absl::GetFlag(FLAGS_am_eager_kib)),
         absl::StrCat("--chunk_kib=", absl::GetFlag(FLAGS_chunk_kib)),
         absl::StrCat("--am_chunk_kib=", absl::GetFlag(FLAGS_am_chunk_kib))};
     std::vector<char*> argv;

@@ -84,7 +84,9 @@ struct TransportOptions {
   std::string write_mode = "auto";
   uint64_t chunk_bytes = 1 << 20;          // "put" lane: large runs are split into chunks this size
   uint64_t am_chunk_bytes = 4 << 20;       // "am" lane (rendezvous messages): chunk size
-  uint64_t am_eager_max_bytes = 64 << 10;  // "am" lane: smaller chunks are sent eagerly
+  // "am" lane: chunks up to this size go eager (UCX 1.13 rendezvous over tcp cost ~10 ms per
+  // message on this loaded box; eager 0.2-4 ms); larger ones as rendezvous.
+  uint64_t am_eager_max_bytes = 4 << 20;
   int window_chunks = 16;                  // chunks in flight per transfer
   absl::Duration keepalive = absl::Milliseconds(500);  // dead-peer detection interval
   // The progress thread keeps polling this long after its last work before it sleeps on the

@@ -70,7 +70,8 @@ int Run(int argc, char** argv) {
                        .tls = profile->tls,
                        .net_devices = profile->net_devices};
   opt.write_mode = Flag(argc, argv, "write_mode", "auto");
-  opt.am_chunk_bytes = 1 << 20;  // the 2.5 MiB-per-layer request is chunked on both lanes
+  opt.am_chunk_bytes = 1 << 20;
+  opt.am_eager_max_bytes = 256 << 10;  // tcp: small requests eager, 1 MiB chunks rendezvous  // the 2.5 MiB-per-layer request is chunked on both lanes
   auto t = CreateTransport("ucx", opt);
   if (!t.ok()) return Fail(dir, t.status());
   Transport& transport = **t;
