@@ -180,6 +180,13 @@ void UnpermuteGgufRopeRows(std::vector<float>& w, int n_heads, int head_dim, int
 
 absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfig& config) {
   DUET_RETURN_IF_ERROR(config.Validate());
+  // Each layer has >= 9 tensors: refuse a lying block_count before allocating for it.
+  if (static_cast<uint64_t>(config.num_hidden_layers) * 9 > g.tensors().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        g.path(), ": ", config.num_hidden_layers, " layers need at least ",
+        static_cast<uint64_t>(config.num_hidden_layers) * 9, " tensors; the file has ",
+        g.tensors().size()));
+  }
   ModelWeights w;
   w.layers.resize(config.num_hidden_layers);
   std::set<std::string> used;
