@@ -1,0 +1,142 @@
+#include "prefill_node/prefill_node.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status.h"
+#include "common/compute/compute_backend.h"
+#include "common/model/model_config.h"
+#include "common/model/model_runner.h"
+#include "common/model/weights.h"
+#include "coordinator/membership_client.h"
+#include "prefill_node/prefill_scheduler.h"
+#include "prefill_node/prefill_service.h"
+#include "proto/channel.h"
+#include "proto/kv_layout_convert.h"
+#include "transfer/kv_stream/kv_stream_sender.h"
+#include "transfer/transport.h"
+#include "transfer/ucx/ucx_transport.h"
+
+namespace duet::prefill {
+namespace {
+
+// host:port others reach the service at: the listen host with the bound port (a wildcard
+// host is replaced by this machine's name).
+std::string AdvertisedAddress(const std::string& listen, int port) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+    char name[256] = {0};
+    host = gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : "127.0.0.1";
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+}  // namespace
+
+PrefillNode::PrefillNode(const PrefillNodeOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<PrefillNode>> PrefillNode::Start(const PrefillNodeOptions& options) {
+  std::unique_ptr<PrefillNode> node(new PrefillNode(options));
+  DUET_RETURN_IF_ERROR(Annotate(node->Init(), absl::StrCat("starting ", options.node_id)));
+  return node;
+}
+
+absl::Status PrefillNode::Init() {
+  const PrefillNodeOptions& o = options_;
+  if (o.model_dir.empty()) return absl::InvalidArgumentError("no model directory");
+  // Model.
+  DUET_ASSIGN_OR_RETURN(model::ModelConfig config,
+                        model::ModelConfig::FromJsonFile(o.model_dir + "/config.json"));
+  DUET_ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadWeights(o.model_dir, config));
+  DUET_ASSIGN_OR_RETURN(backend_, compute::CreateBackend(o.device, {.num_threads = o.threads}));
+  DUET_ASSIGN_OR_RETURN(runner_,
+                        model::ModelRunner::Create(config, std::move(weights), backend_.get()));
+  layout_ = runner_->MakeKvLayout(o.block_size);
+  DUET_RETURN_IF_ERROR(layout_.Validate());
+
+  // Transport and P's KV pool, registered once.
+  transfer::TransportOptions topt{.name = o.node_id, .layout = layout_};
+  std::string backend_name = "ucx";
+  if (o.transport == "inproc") {
+    backend_name = "inproc";
+  } else {
+    DUET_ASSIGN_OR_RETURN(transfer::UcxProfile profile, transfer::UcxProfileByName(o.transport));
+    topt.tls = profile.tls;
+    topt.net_devices = profile.net_devices;
+  }
+  DUET_ASSIGN_OR_RETURN(transport_, transfer::CreateTransport(backend_name, topt));
+  const int64_t num_blocks =
+      std::max<int64_t>(1, o.kv_cache_bytes / static_cast<int64_t>(layout_.RegionBytes(1)));
+  DUET_ASSIGN_OR_RETURN(pool_, kv::BlockPool::Create(layout_, num_blocks));
+  DUET_ASSIGN_OR_RETURN(region_, transport_->Register(pool_->region(), pool_->region_bytes()));
+  DUET_ASSIGN_OR_RETURN(transfer_address_, transport_->LocalAddress());
+  DUET_ASSIGN_OR_RETURN(sender_,
+                        transfer::KvStreamSender::Create(transport_.get(), layout_, num_blocks));
+
+  // Scheduler and service.
+  DUET_ASSIGN_OR_RETURN(scheduler_, PrefillScheduler::Create(
+                                        runner_.get(), pool_.get(), transport_.get(), sender_.get(),
+                                        {.max_batch_tokens = o.max_batch_tokens,
+                                         .no_layer_pipelining = o.no_layer_pipelining}));
+  service_ = std::make_unique<PrefillService>(
+      PrefillServiceOptions{.node_id = o.node_id, .layout = layout_}, transport_.get(),
+      scheduler_.get());
+  DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(o.listen_address, {service_.get()}, &port_));
+  address_ = AdvertisedAddress(o.listen_address, port_);
+  DUET_LOG(INFO) << o.node_id << ": prefill node on " << address_ << " (" << o.transport << "), "
+                 << layout_.Describe() << ", " << num_blocks << " blocks, budget "
+                 << o.max_batch_tokens << " tokens"
+                 << (o.no_layer_pipelining ? ", no layer pipelining" : "");
+
+  // Membership.
+  if (!o.coordinator_address.empty()) {
+    v1::RegisterRequest reg;
+    reg.mutable_node()->set_node_id(o.node_id);
+    reg.set_kind(v1::NODE_KIND_PREFILL);
+    reg.set_address(address_);
+    *reg.mutable_layout() = rpc::ToProto(layout_);
+    reg.mutable_capacity()->set_total_blocks(num_blocks);
+    reg.mutable_capacity()->set_max_batch_tokens(o.max_batch_tokens);
+    reg.set_transfer_address(transfer_address_);
+    PrefillScheduler* sched = scheduler_.get();
+    kv::BlockPool* pool = pool_.get();
+    DUET_ASSIGN_OR_RETURN(membership_, coordinator::MembershipClient::Start(
+                                           {.coordinator_address = o.coordinator_address,
+                                            .registration = reg,
+                                            .load = [sched, pool] {
+                                              const PrefillLoad l = sched->Load();
+                                              const kv::BlockPoolStats s = pool->Stats();
+                                              v1::NodeLoad load;
+                                              load.set_free_blocks(s.free);
+                                              load.set_total_blocks(s.total);
+                                              load.set_queued_tokens(l.queued_tokens);
+                                              load.set_running_requests(l.running_requests);
+                                              return load;
+                                            }}));
+  }
+  return absl::OkStatus();
+}
+
+void PrefillNode::Shutdown() {
+  absl::MutexLock lock(&shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  membership_.reset();                     // deregisters: the coordinator stops routing here
+  if (scheduler_) scheduler_->Shutdown();  // fails requests in flight; their calls return
+  if (server_) {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    server_->Wait();
+  }
+}
+
+PrefillNode::~PrefillNode() { Shutdown(); }
+
+kv::BlockPoolStats PrefillNode::PoolStats() const {
+  return pool_ ? pool_->Stats() : kv::BlockPoolStats{};
+}
+
+}  // namespace duet::prefill

@@ -1,0 +1,555 @@
+#include "prefill_node/prefill_scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status.h"
+#include "common/kv/block_table.h"
+#include "duet/v1/decode.pb.h"
+
+namespace duet::prefill {
+namespace {
+
+// How long a stopping request waits for the forward pass it is in to end before leaving its
+// cleanup to the scheduler thread.
+constexpr absl::Duration kPassTimeout = absl::Seconds(60);
+
+int64_t NowUnixMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+}  // namespace
+
+// Where a request is. Only the scheduler thread moves kQueued -> kRunning -> kQueued (another
+// chunk) | kComputed (final notice sent) | kStopped; the request's Run thread moves kQueued ->
+// kStopped (a request that is not in a pass) and owns cleanup, except for an abandoned entry.
+enum class Phase { kAdmitting, kQueued, kRunning, kComputed, kStopped };
+
+struct PrefillScheduler::Entry {
+  explicit Entry(PrefillJob j) : job(std::move(j)) {}
+  const PrefillJob job;
+  int64_t seq_id = 0;
+  absl::Time admitted = absl::Now();
+  // Set during admission, before the entry is queued; read-only afterwards.
+  std::vector<kv::BlockId> local_blocks;
+  std::unique_ptr<kv::BlockTable> table;  // P's blocks; Forward writes the K/V there
+  bool begun = false;                     // KvStreamSender::Begin succeeded
+  bool stream_done = false;               // the sender forgot the request (Wait ended)
+
+  // Guarded by the scheduler's mu_.
+  Phase phase = Phase::kAdmitting;
+  int64_t done_tokens = 0;  // prompt tokens whose K/V are in the pool
+  int layers_posted = 0;    // layers handed to the sender (in order)
+  int chunks = 0;
+  absl::Time first_pass = absl::InfiniteFuture();
+  int64_t compute_us = 0;
+  std::vector<int64_t> layer_done_us;
+  model::SampledToken first_token;
+  // Written by the Run thread only: when each layer's write was seen complete.
+  std::vector<int64_t> landed_us;
+  absl::Status error;      // the scheduler failed the request
+  absl::Status stop;       // Cancel, deadline or shutdown: do not go on
+  bool abandoned = false;  // its Run left; the scheduler cleans up after the pass
+};
+
+struct PrefillScheduler::BatchItem {
+  std::shared_ptr<Entry> entry;
+  int64_t start = 0;  // first prompt position of this pass
+  int64_t tokens = 0;
+  bool final = false;
+};
+
+absl::StatusOr<std::unique_ptr<PrefillScheduler>> PrefillScheduler::Create(
+    model::ModelRunner* runner, kv::BlockPool* pool, transfer::Transport* transport,
+    transfer::KvStreamSender* sender, PrefillSchedulerOptions options) {
+  if (runner == nullptr || pool == nullptr || transport == nullptr || sender == nullptr) {
+    return absl::InvalidArgumentError(
+        "PrefillScheduler: runner, pool, transport and sender are required");
+  }
+  if (options.max_batch_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PrefillScheduler: max_batch_tokens must be >= 1, got ", options.max_batch_tokens));
+  }
+  DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(runner->MakeKvLayout(pool->layout().block_size),
+                                             pool->layout(), "model", "prefill KV pool"));
+  std::unique_ptr<PrefillScheduler> s(
+      new PrefillScheduler(runner, pool, transport, sender, std::move(options)));
+  {
+    absl::MutexLock lock(&s->join_mu_);
+    s->thread_ = std::thread([p = s.get()] { p->Loop(); });
+  }
+  return s;
+}
+
+PrefillScheduler::PrefillScheduler(model::ModelRunner* runner, kv::BlockPool* pool,
+                                   transfer::Transport* transport, transfer::KvStreamSender* sender,
+                                   PrefillSchedulerOptions options)
+    : runner_(runner),
+      pool_(pool),
+      transport_(transport),
+      sender_(sender),
+      options_(std::move(options)),
+      num_layers_(pool->layout().num_layers) {}
+
+PrefillScheduler::~PrefillScheduler() { Shutdown(); }
+
+void PrefillScheduler::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& [id, e] : by_id_) {
+      if (e->stop.ok()) e->stop = absl::UnavailableError("the prefill node is shutting down");
+    }
+  }
+  absl::MutexLock join_lock(&join_mu_);
+  if (thread_.joinable()) thread_.join();  // the loop ends after its current pass
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_runs_ == 0; };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&idle),
+                             absl::Now() + options_.abort_timeout + absl::Seconds(10))) {
+    DUET_LOG(ERROR) << "prefill scheduler: " << active_runs_
+                    << " requests still ending at shutdown";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The caller's side: admission, waiting, cleanup.
+
+absl::StatusOr<PrefillResult> PrefillScheduler::Run(PrefillJob job,
+                                                    std::function<bool()> caller_gone) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the prefill node is shutting down");
+    ++active_runs_;
+  }
+  absl::Cleanup leave = [this] {
+    absl::MutexLock lock(&mu_);
+    --active_runs_;
+  };
+  const std::string id = job.request_id;
+  DUET_ASSIGN_OR_RETURN(std::shared_ptr<Entry> e, Admit(std::move(job)));
+  absl::Status status = Drive(*e, caller_gone);
+  absl::StatusOr<PrefillResult> result;
+  if (status.ok()) {
+    // Completion times of each layer's write, in posting order (each a bound from above).
+    result = MakeResult(*e, e->landed_us);
+    Release(*e, absl::OkStatus());
+  } else {
+    Stop(e, status);
+    result = status;
+  }
+  absl::MutexLock lock(&mu_);
+  by_id_.erase(id);
+  return result;
+}
+
+bool PrefillScheduler::Cancel(const std::string& request_id, absl::Status reason) {
+  absl::MutexLock lock(&mu_);
+  auto it = by_id_.find(request_id);
+  if (it == by_id_.end()) return false;
+  if (it->second->stop.ok()) {
+    it->second->stop = reason.ok() ? absl::CancelledError("cancelled") : std::move(reason);
+  }
+  return true;
+}
+
+PrefillLoad PrefillScheduler::Load() const {
+  absl::MutexLock lock(&mu_);
+  PrefillLoad load;
+  for (const auto& e : queue_) {
+    if (e->phase == Phase::kQueued || e->phase == Phase::kRunning) {
+      load.queued_tokens += static_cast<int64_t>(e->job.prompt.size()) - e->done_tokens;
+    }
+  }
+  load.running_requests = static_cast<int32_t>(by_id_.size());
+  return load;
+}
+
+absl::StatusOr<std::shared_ptr<PrefillScheduler::Entry>> PrefillScheduler::Admit(PrefillJob job) {
+  const model::ModelConfig& c = runner_->config();
+  const kv::KvLayout& layout = pool_->layout();
+  const std::string what = absl::StrCat("prefill of request ", job.request_id);
+  if (job.request_id.empty()) return absl::InvalidArgumentError("prefill: the request id is empty");
+  if (job.prompt.empty())
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the prompt is empty"));
+  for (int32_t t : job.prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  const int64_t n = static_cast<int64_t>(job.prompt.size());
+  if (n >= c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": a prompt of ", n,
+                                                   " tokens does not fit the context of ",
+                                                   c.max_position_embeddings));
+  }
+  DUET_RETURN_IF_ERROR(Annotate(job.sampling.Validate(c.vocab_size), what));
+  const int64_t want = layout.BlocksForTokens(n);
+  if (static_cast<int64_t>(job.remote_blocks.size()) != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the destination has ", job.remote_blocks.size(), " blocks but a prompt of ", n,
+        " tokens needs ", want, " (block size ", layout.block_size, ")"));
+  }
+  if (job.peer == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": no decode peer"));
+  if (absl::Now() >= job.deadline) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": the deadline passed before admission"));
+  }
+
+  auto e = std::make_shared<Entry>(std::move(job));
+  e->layer_done_us.assign(num_layers_, 0);
+  e->landed_us.assign(num_layers_, 0);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the prefill node is shutting down");
+    if (by_id_.count(e->job.request_id)) {
+      return absl::AlreadyExistsError(absl::StrCat(what, ": already in flight"));
+    }
+    e->seq_id = next_seq_id_++;
+    by_id_[e->job.request_id] = e;
+  }
+  auto forget = [&](absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    by_id_.erase(e->job.request_id);
+    return s;
+  };
+  absl::StatusOr<std::vector<kv::BlockId>> blocks = pool_->Allocate(want);
+  if (!blocks.ok()) {
+    return forget(absl::ResourceExhaustedError(absl::StrCat(
+        what, ": the prefill node's KV pool has no room: ", blocks.status().message())));
+  }
+  e->local_blocks = *blocks;
+  e->table = std::make_unique<kv::BlockTable>(pool_, *blocks, 0);
+  absl::Status begun = sender_->Begin({.request_id = e->job.transfer_id,
+                                       .peer = e->job.peer,
+                                       .local_blocks = e->local_blocks,
+                                       .remote_blocks = e->job.remote_blocks});
+  if (!begun.ok()) {
+    absl::Status freed = e->table->Release();
+    if (!freed.ok()) DUET_LOG(ERROR) << what << ": freeing blocks: " << freed;
+    return forget(PeerFailure(*e, begun));
+  }
+  e->begun = true;
+  absl::MutexLock lock(&mu_);
+  e->phase = Phase::kQueued;
+  e->admitted = absl::Now();
+  queue_.push_back(e);
+  return e;
+}
+
+absl::Status PrefillScheduler::PeerFailure(const Entry& e, const absl::Status& s) const {
+  if (s.ok()) return s;
+  absl::Status peer = transport_->PeerStatus(e.job.peer);
+  if (!peer.ok()) {
+    return absl::UnavailableError(absl::StrCat("prefill of request ", e.job.request_id,
+                                               ": decode node ", e.job.peer_name,
+                                               " is unavailable: ", peer.message()));
+  }
+  return Annotate(s, absl::StrCat("prefill of request ", e.job.request_id,
+                                  ": streaming KV to decode node ", e.job.peer_name));
+}
+
+absl::Status PrefillScheduler::CheckStillWanted(const Entry& e,
+                                                const std::function<bool()>& caller_gone) {
+  if (absl::Now() >= e.job.deadline) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "prefill of request ", e.job.request_id, ": the deadline passed (", e.job.prompt.size(),
+        " prompt tokens, KV to decode node ", e.job.peer_name, ")"));
+  }
+  if (caller_gone && caller_gone()) {
+    return absl::CancelledError(
+        absl::StrCat("prefill of request ", e.job.request_id, ": the caller went away"));
+  }
+  absl::Status peer = transport_->PeerStatus(e.job.peer);
+  if (!peer.ok()) {
+    return absl::UnavailableError(absl::StrCat("prefill of request ", e.job.request_id,
+                                               ": decode node ", e.job.peer_name,
+                                               " is unavailable: ", peer.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrefillScheduler::Drive(Entry& e, const std::function<bool()>& caller_gone) {
+  const uint64_t tid = e.job.transfer_id;
+  int timed = 0;  // layers whose write completion was recorded
+  while (true) {
+    const absl::Time wake = std::min(e.job.deadline, absl::Now() + options_.poll_interval);
+    bool computed = false;
+    int posted = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      auto progress = [&e, timed]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return e.phase == Phase::kStopped || e.phase == Phase::kComputed || !e.stop.ok() ||
+               !e.error.ok() || e.layers_posted > timed;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&progress), wake);
+      if (!e.error.ok()) return e.error;
+      if (!e.stop.ok()) return e.stop;
+      computed = e.phase == Phase::kComputed;
+      posted = e.layers_posted;
+    }
+    DUET_RETURN_IF_ERROR(CheckStillWanted(e, caller_gone));
+    if (timed < posted) {
+      DUET_ASSIGN_OR_RETURN(transfer::TransferHandle h, sender_->LayerHandle(tid, timed));
+      absl::Status s = h.Wait(std::min(e.job.deadline, absl::Now() + options_.poll_interval));
+      if (absl::IsDeadlineExceeded(s)) continue;  // re-check cancel, peer and deadline
+      if (!s.ok()) return PeerFailure(e, s);
+      e.landed_us[timed++] = NowUnixMicros();
+      continue;
+    }
+    if (computed && timed == num_layers_) break;
+  }
+  // The final notice, and anything still in flight.
+  while (true) {
+    absl::Status s =
+        sender_->Wait(tid, std::min(e.job.deadline, absl::Now() + options_.poll_interval));
+    if (s.ok()) break;
+    if (!absl::IsDeadlineExceeded(s)) {
+      e.stream_done = true;  // the sender forgot the request
+      return PeerFailure(e, s);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (!e.stop.ok()) return e.stop;
+    }
+    DUET_RETURN_IF_ERROR(CheckStillWanted(e, caller_gone));
+  }
+  e.stream_done = true;
+  return absl::OkStatus();
+}
+
+void PrefillScheduler::Stop(const std::shared_ptr<Entry>& e, const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (e->stop.ok()) e->stop = reason;
+    if (e->phase == Phase::kQueued) {
+      RemoveFromQueue(e.get());
+      e->phase = Phase::kStopped;
+    }
+    auto out_of_pass = [&e]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return e->phase != Phase::kRunning;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&out_of_pass), absl::Now() + kPassTimeout)) {
+      DUET_LOG(ERROR) << "prefill of request " << e->job.request_id
+                      << ": its forward pass is still running; the scheduler will clean up";
+      e->abandoned = true;
+      return;
+    }
+  }
+  Release(*e, reason);
+}
+
+void PrefillScheduler::Release(Entry& e, const absl::Status& reason) {
+  if (e.begun && !e.stream_done) {
+    absl::Status s = sender_->Abort(e.job.transfer_id, absl::Now() + options_.abort_timeout,
+                                    std::string(reason.message()));
+    e.stream_done = true;
+    if (!s.ok() && !absl::IsNotFound(s)) {
+      DUET_LOG(WARNING) << "prefill of request " << e.job.request_id << ": abort: " << s;
+    }
+  }
+  if (e.table != nullptr) {
+    absl::Status s = e.table->Release();
+    if (!s.ok()) DUET_LOG(ERROR) << "prefill of request " << e.job.request_id << ": free: " << s;
+  }
+}
+
+PrefillResult PrefillScheduler::MakeResult(const Entry& e, const std::vector<int64_t>& landed_us) {
+  absl::MutexLock lock(&mu_);
+  PrefillResult r;
+  r.first_token = e.first_token;
+  r.queue_us = absl::ToInt64Microseconds(e.first_pass - e.admitted);
+  r.prefill_compute_us = e.compute_us;
+  r.layer_done_unix_us = e.layer_done_us;
+  r.chunks = e.chunks;
+  int64_t last_landed = 0;
+  for (int l = 0; l < num_layers_; ++l) {
+    r.layer_transfer_us.push_back(std::max<int64_t>(0, landed_us[l] - e.layer_done_us[l]));
+    last_landed = std::max(last_landed, landed_us[l]);
+  }
+  r.transfer_tail_us = std::max<int64_t>(0, last_landed - e.layer_done_us.back());
+  return r;
+}
+
+void PrefillScheduler::RemoveFromQueue(const Entry* e) {
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+    if (it->get() == e) {
+      queue_.erase(it);
+      return;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scheduler thread: batching, forward passes, the KV producer.
+
+void PrefillScheduler::Loop() {
+  while (true) {
+    std::vector<BatchItem> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stopping_) return true;
+        for (const auto& e : queue_) {
+          if (e->phase == Phase::kQueued && e->stop.ok() && e->error.ok()) return true;
+        }
+        return false;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stopping_) return;
+      batch = NextBatch();
+    }
+    if (batch.empty()) continue;
+    if (options_.on_batch) {
+      BatchInfo info;
+      for (const BatchItem& it : batch) {
+        info.tokens += it.tokens;
+        info.request_ids.push_back(it.entry->job.request_id);
+        info.chunk_tokens.push_back(it.tokens);
+        info.final_chunk.push_back(it.final);
+      }
+      options_.on_batch(info);
+    }
+    RunBatch(batch);
+  }
+}
+
+std::vector<PrefillScheduler::BatchItem> PrefillScheduler::NextBatch() {
+  std::vector<BatchItem> batch;
+  int64_t budget = options_.max_batch_tokens;
+  const absl::Time now = absl::Now();
+  for (const auto& e : queue_) {
+    if (budget <= 0) break;
+    if (e->phase != Phase::kQueued || !e->stop.ok() || !e->error.ok()) continue;
+    const int64_t remaining = static_cast<int64_t>(e->job.prompt.size()) - e->done_tokens;
+    const int64_t n = std::min(remaining, budget);
+    budget -= n;
+    e->phase = Phase::kRunning;
+    if (e->first_pass == absl::InfiniteFuture()) e->first_pass = now;
+    batch.push_back({.entry = e, .start = e->done_tokens, .tokens = n, .final = n == remaining});
+  }
+  return batch;
+}
+
+void PrefillScheduler::OnLayer(std::vector<BatchItem>& batch, int layer) {
+  const int64_t now_us = NowUnixMicros();
+  for (BatchItem& it : batch) {
+    if (!it.final) continue;
+    Entry& e = *it.entry;
+    bool post = false;
+    {
+      absl::MutexLock lock(&mu_);
+      e.layer_done_us[layer] = now_us;
+      post = !options_.no_layer_pipelining && e.stop.ok() && e.error.ok();
+    }
+    if (!post) continue;
+    const uint64_t tid = e.job.transfer_id;
+    absl::Status s = sender_->OnLayerDone(layer, absl::MakeConstSpan(&tid, 1));
+    absl::Status failure = s.ok() ? s : PeerFailure(e, s);
+    absl::MutexLock lock(&mu_);
+    if (failure.ok()) {
+      e.layers_posted = layer + 1;
+    } else if (e.error.ok()) {
+      e.error = failure;
+    }
+  }
+  if (options_.on_layer_done) options_.on_layer_done(layer);
+}
+
+void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
+  std::vector<model::SequenceInput> inputs;
+  inputs.reserve(batch.size());
+  for (const BatchItem& it : batch) {
+    const std::vector<int32_t>& p = it.entry->job.prompt;
+    inputs.push_back(model::SequenceInput{
+        .seq_id = it.entry->seq_id,
+        .tokens = std::vector<int32_t>(p.begin() + it.start, p.begin() + it.start + it.tokens),
+        .start_pos = static_cast<int32_t>(it.start),
+        .table = it.entry->table.get(),
+        .want_logits = it.final});
+  }
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<model::ForwardOutput> out = runner_->Forward(
+      absl::MakeSpan(inputs), pool_->View(),
+      [this, &batch](int layer, absl::Span<const model::LayerSpan>) { OnLayer(batch, layer); });
+  const int64_t pass_us = absl::ToInt64Microseconds(absl::Now() - t0);
+
+  std::vector<absl::Status> results(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!out.ok()) {
+      results[i] = Annotate(
+          out.status(),
+          absl::StrCat("prefill of request ", batch[i].entry->job.request_id, ": forward pass"));
+      continue;
+    }
+    if (!batch[i].final) continue;
+    size_t row = 0;
+    while (row < out->seq_ids.size() && out->seq_ids[row] != batch[i].entry->seq_id) ++row;
+    results[i] = row < out->seq_ids.size()
+                     ? Complete(batch[i], *out, row, pass_us)
+                     : absl::InternalError("prefill: the forward pass returned no logits row");
+  }
+
+  std::vector<std::shared_ptr<Entry>> orphans;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Entry& e = *batch[i].entry;
+      e.compute_us += pass_us;
+      ++e.chunks;
+      if (out.ok()) e.done_tokens += batch[i].tokens;
+      if (!results[i].ok() && e.error.ok()) e.error = results[i];
+      if (!e.error.ok() || !e.stop.ok()) {
+        RemoveFromQueue(&e);
+        e.phase = Phase::kStopped;
+        if (e.abandoned) orphans.push_back(batch[i].entry);
+      } else if (!batch[i].final) {
+        e.phase = Phase::kQueued;  // keeps its place: the next pass continues it first
+      } else {
+        RemoveFromQueue(&e);
+        e.phase = Phase::kComputed;
+      }
+    }
+  }
+  for (const auto& e : orphans) Release(*e, e->stop);
+}
+
+absl::Status PrefillScheduler::Complete(BatchItem& item, const model::ForwardOutput& out,
+                                        size_t row, int64_t pass_us) {
+  Entry& e = *item.entry;
+  const uint64_t tid = e.job.transfer_id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!e.stop.ok() || !e.error.ok()) return e.error;
+  }
+  model::SampledToken tok = model::Sample(out.Row(row), out.vocab, e.job.sampling, /*step=*/0);
+  if (options_.no_layer_pipelining) {
+    for (int l = 0; l < num_layers_; ++l) {
+      absl::Status s = sender_->OnLayerDone(l, absl::MakeConstSpan(&tid, 1));
+      if (!s.ok()) return PeerFailure(e, s);
+      absl::MutexLock lock(&mu_);
+      e.layers_posted = l + 1;
+    }
+  }
+  v1::KvCompletion done;
+  done.set_first_token_id(tok.id);
+  done.set_logprob(tok.logprob);
+  for (const auto& [id, lp] : tok.top_logprobs) {
+    v1::TopLogprob* t = done.add_top_logprobs();
+    t->set_token_id(id);
+    t->set_logprob(lp);
+  }
+  done.set_prompt_tokens(static_cast<int32_t>(e.job.prompt.size()));
+  {
+    absl::MutexLock lock(&mu_);
+    done.set_prefill_compute_us(e.compute_us + pass_us);
+    done.set_last_layer_done_unix_us(e.layer_done_us.back());
+    for (int64_t us : e.layer_done_us) done.add_layer_done_unix_us(us);
+    e.first_token = tok;
+  }
+  return PeerFailure(e, sender_->Finish(tid, done.SerializeAsString()));
+}
+
+}  // namespace duet::prefill

@@ -1,0 +1,162 @@
+// PrefillScheduler: the prefill node's engine, with no gRPC in it. Requests wait in a FIFO; one
+// scheduler thread packs waiting prompts under a token budget into ONE ModelRunner::Forward
+// (the kernels are batch-invariant, so batching never changes a token), prefilling a prompt
+// longer than the budget in chunks over several passes. In the pass that holds a request's last
+// chunk, the layer-done hook hands layer l of all its blocks to the KvStreamSender, so layer l's
+// KV travels to the decode node while layer l+1 computes (layer pipelining). After that pass the
+// first token is sampled and the final notice (a serialized duet.v1.KvCompletion) is sent.
+//
+// Each request is driven by its caller's thread in Run(): it admits the request (validation,
+// P's blocks, KvStreamSender::Begin), waits for it with the request's deadline, times each
+// layer's write, and on any failure, deadline, Cancel() or a lost decode peer aborts the stream
+// (the decode node may reuse its blocks after the kAborted notice) and frees P's blocks. Every
+// local block is free again once Run returns, whatever happened.
+//
+//   DUET_ASSIGN_OR_RETURN(auto sched, PrefillScheduler::Create(runner, pool, transport, sender,
+//                                                               {.max_batch_tokens = 2048}));
+//   PrefillJob job{.request_id = "r1", .transfer_id = dest.transfer_id(), .prompt = ids,
+//                  .peer = peer, .peer_name = "decode-0", .remote_blocks = dest_blocks,
+//                  .deadline = DeadlineIn(absl::Seconds(30))};
+//   DUET_ASSIGN_OR_RETURN(PrefillResult r, sched->Run(std::move(job)));   // blocks
+//   // from another thread:  sched->Cancel("r1");
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/kv/block_pool.h"
+#include "common/model/model_runner.h"
+#include "common/model/sampler.h"
+#include "transfer/kv_stream/kv_stream_sender.h"
+#include "transfer/transport.h"
+
+namespace duet::prefill {
+
+// One forward pass as the scheduler built it (for tracing and tests).
+struct BatchInfo {
+  int64_t tokens = 0;                    // new tokens in the pass (<= max_batch_tokens)
+  std::vector<std::string> request_ids;  // in batch order
+  std::vector<int64_t> chunk_tokens;     // per request: tokens of this pass
+  std::vector<bool> final_chunk;         // per request: the pass holds its last prompt token
+};
+
+struct PrefillSchedulerOptions {
+  int64_t max_batch_tokens = 2048;  // token budget of one forward pass
+  // Post every layer after the Forward returns instead of from the layer-done hook (benchmarks
+  // of pipelined vs bulk transfer).
+  bool no_layer_pipelining = false;
+  // How long aborting a request may wait for its cancelled writes to end.
+  absl::Duration abort_timeout = absl::Seconds(5);
+  // How often a waiting request re-checks its decode peer and its caller.
+  absl::Duration poll_interval = absl::Milliseconds(50);
+  // Optional observers, called on the scheduler thread: after each pass is built, and after
+  // each layer's KV was handed to the sender (or would have been, without pipelining).
+  std::function<void(const BatchInfo&)> on_batch;
+  std::function<void(int layer)> on_layer_done;
+};
+
+// One request, as the service hands it over (already connected to its decode peer).
+struct PrefillJob {
+  std::string request_id;    // the coordinator's id; Cancel() names it
+  uint64_t transfer_id = 0;  // the decode node's id for the request on the data path
+  std::vector<int32_t> prompt;
+  model::SamplingParams sampling;
+  transfer::PeerId peer = 0;               // the decode node on the scheduler's transport
+  std::string peer_name;                   // names the decode node in errors
+  std::vector<kv::BlockId> remote_blocks;  // the decode node's blocks, in token order
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+struct PrefillResult {
+  model::SampledToken first_token;
+  int64_t queue_us = 0;                     // admitted -> first forward pass started
+  int64_t prefill_compute_us = 0;           // wall time of the forward passes holding the prompt
+  int64_t transfer_tail_us = 0;             // last layer computed -> last layer's write completed
+  std::vector<int64_t> layer_transfer_us;   // per layer: computed -> its write completed
+  std::vector<int64_t> layer_done_unix_us;  // per layer: wall clock when its K/V were written
+  int chunks = 0;                           // forward passes the prompt took
+};
+
+struct PrefillLoad {
+  int64_t queued_tokens = 0;     // prompt tokens not yet computed
+  int32_t running_requests = 0;  // admitted and not yet answered
+};
+
+class PrefillScheduler {
+ public:
+  // Every pointer must outlive the scheduler; `sender` must stream on `transport` from `pool`.
+  static absl::StatusOr<std::unique_ptr<PrefillScheduler>> Create(model::ModelRunner* runner,
+                                                                  kv::BlockPool* pool,
+                                                                  transfer::Transport* transport,
+                                                                  transfer::KvStreamSender* sender,
+                                                                  PrefillSchedulerOptions options);
+  ~PrefillScheduler();
+  PrefillScheduler(const PrefillScheduler&) = delete;
+  PrefillScheduler& operator=(const PrefillScheduler&) = delete;
+
+  // Prefills one request and streams its KV; returns once the final notice and every write
+  // completed. Errors: InvalidArgument (bad prompt, block count, sampling), AlreadyExists (id
+  // in flight), ResourceExhausted (P's pool is full), DeadlineExceeded, Cancelled (Cancel or
+  // `caller_gone` returned true), Unavailable (decode peer lost, or shutting down).
+  absl::StatusOr<PrefillResult> Run(PrefillJob job, std::function<bool()> caller_gone = nullptr);
+  // Stops a request with `reason` (its Run returns it). False when no such request is in flight.
+  bool Cancel(const std::string& request_id,
+              absl::Status reason = absl::CancelledError("cancelled by CancelPrefill"));
+  PrefillLoad Load() const;
+  // Fails every request in flight (Unavailable), waits for their Runs to end, stops the thread.
+  // Idempotent; later Runs fail with Unavailable.
+  void Shutdown();
+
+ private:
+  struct Entry;
+  struct BatchItem;
+  PrefillScheduler(model::ModelRunner* runner, kv::BlockPool* pool, transfer::Transport* transport,
+                   transfer::KvStreamSender* sender, PrefillSchedulerOptions options);
+
+  absl::StatusOr<std::shared_ptr<Entry>> Admit(PrefillJob job);
+  absl::Status Drive(Entry& e, const std::function<bool()>& caller_gone);
+  absl::Status CheckStillWanted(const Entry& e, const std::function<bool()>& caller_gone);
+  // `s` as the request's error: Unavailable naming the decode node when it is lost.
+  absl::Status PeerFailure(const Entry& e, const absl::Status& s) const;
+  void Stop(const std::shared_ptr<Entry>& e, const absl::Status& reason);
+  void Release(Entry& e, const absl::Status& reason);
+  PrefillResult MakeResult(const Entry& e, const std::vector<int64_t>& landed_us);
+
+  void Loop();
+  std::vector<BatchItem> NextBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunBatch(std::vector<BatchItem>& batch);
+  void OnLayer(std::vector<BatchItem>& batch, int layer);
+  absl::Status Complete(BatchItem& item, const model::ForwardOutput& out, size_t row,
+                        int64_t pass_us);
+  void RemoveFromQueue(const Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  model::ModelRunner* const runner_;
+  kv::BlockPool* const pool_;
+  transfer::Transport* const transport_;
+  transfer::KvStreamSender* const sender_;
+  const PrefillSchedulerOptions options_;
+  const int num_layers_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_seq_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int active_runs_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::shared_ptr<Entry>> queue_ ABSL_GUARDED_BY(mu_);             // FIFO, chunked stay
+  std::map<std::string, std::shared_ptr<Entry>> by_id_ ABSL_GUARDED_BY(mu_);  // in flight
+  absl::Mutex join_mu_;  // serializes Shutdown's join
+  std::thread thread_ ABSL_GUARDED_BY(join_mu_);
+};
+
+}  // namespace duet::prefill

@@ -1,0 +1,140 @@
+#include "prefill_node/prefill_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/status.h"
+#include "proto/kv_layout_convert.h"
+#include "proto/sampling_convert.h"
+#include "proto/status_util.h"
+
+namespace duet::prefill {
+
+PrefillService::PrefillService(PrefillServiceOptions options, transfer::Transport* transport,
+                               PrefillScheduler* scheduler)
+    : options_(std::move(options)), transport_(transport), scheduler_(scheduler) {}
+
+grpc::Status PrefillService::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* request,
+                                     v1::PrefillResponse* response) {
+  const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  absl::StatusOr<v1::PrefillResponse> r =
+      DoPrefill(*request, deadline, [ctx] { return ctx->IsCancelled(); });
+  if (!r.ok()) return rpc::ToGrpcStatus(r.status());
+  *response = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status PrefillService::CancelPrefill(grpc::ServerContext* ctx,
+                                           const v1::CancelPrefillRequest* request,
+                                           v1::CancelPrefillResponse* response) {
+  response->set_found(scheduler_->Cancel(
+      request->request_id(),
+      absl::CancelledError(absl::StrCat("prefill of request ", request->request_id(),
+                                        " cancelled by CancelPrefill"))));
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(const v1::PrefillRequest& request,
+                                                              absl::Time deadline,
+                                                              std::function<bool()> caller_gone) {
+  const absl::Duration budget = request.deadline_ms() > 0
+                                    ? absl::Milliseconds(request.deadline_ms())
+                                    : options_.default_deadline;
+  deadline = std::min(deadline, absl::Now() + budget);
+  const std::string what = absl::StrCat("prefill of request ", request.request_id());
+  if (!request.has_destination()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": no KV destination"));
+  }
+  const v1::KvDestination& dest = request.destination();
+  const std::string decode_name = dest.decode_node().node_id().empty()
+                                      ? std::string("decode node")
+                                      : dest.decode_node().node_id();
+
+  // The destination's layout must be ours (DESIGN.md invariant 6).
+  if (!dest.has_layout()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the destination has no KV layout"));
+  }
+  absl::StatusOr<kv::KvLayout> remote = rpc::FromProto(dest.layout());
+  if (!remote.ok()) return Annotate(remote.status(), absl::StrCat(what, ": destination layout"));
+  DUET_RETURN_IF_ERROR(Annotate(
+      kv::CheckLayoutsMatch(options_.layout, *remote, options_.node_id, decode_name), what));
+  if (dest.layout_fingerprint() != 0 &&
+      dest.layout_fingerprint() != options_.layout.Fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": the destination's layout fingerprint ", absl::Hex(dest.layout_fingerprint()), " (",
+        decode_name, ") differs from ", options_.node_id, "'s ", options_.layout.Describe()));
+  }
+  if (dest.transfer_address().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the destination has no transfer address"));
+  }
+  DUET_ASSIGN_OR_RETURN(transfer::PeerId peer,
+                        ConnectPeer(dest.transfer_address(), decode_name, deadline));
+
+  PrefillJob job;
+  job.request_id = request.request_id();
+  job.transfer_id = dest.transfer_id();
+  job.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+  job.sampling = rpc::FromProto(request.sampling());
+  job.peer = peer;
+  job.peer_name = decode_name;
+  job.remote_blocks.assign(dest.block_ids().begin(), dest.block_ids().end());
+  job.deadline = deadline;
+  DUET_ASSIGN_OR_RETURN(PrefillResult r, scheduler_->Run(std::move(job), std::move(caller_gone)));
+
+  v1::PrefillResponse resp;
+  resp.set_request_id(request.request_id());
+  resp.set_first_token_id(r.first_token.id);
+  resp.set_logprob(r.first_token.logprob);
+  for (const auto& [id, lp] : r.first_token.top_logprobs) {
+    v1::TopLogprob* t = resp.add_top_logprobs();
+    t->set_token_id(id);
+    t->set_logprob(lp);
+  }
+  resp.set_queue_us(r.queue_us);
+  resp.set_prefill_compute_us(r.prefill_compute_us);
+  resp.set_transfer_tail_us(r.transfer_tail_us);
+  for (int64_t us : r.layer_transfer_us) resp.add_layer_transfer_us(us);
+  return resp;
+}
+
+absl::StatusOr<transfer::PeerId> PrefillService::ConnectPeer(const std::string& address,
+                                                             const std::string& node_name,
+                                                             absl::Time deadline) {
+  transfer::PeerId cached = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(address);
+    if (it != peers_.end()) cached = it->second;
+  }
+  if (cached != 0) {
+    absl::Status s = transport_->PeerStatus(cached);
+    if (s.ok()) return cached;
+    {
+      absl::MutexLock lock(&mu_);
+      peers_.erase(address);
+    }
+    // Close the dead endpoint; the peer's address names one process incarnation, so a fresh
+    // Connect to it would fail the same way.
+    (void)transport_->Disconnect(cached, absl::Now());
+    return absl::UnavailableError(
+        absl::StrCat("decode node ", node_name, " is unavailable: ", s.message()));
+  }
+  absl::StatusOr<transfer::PeerId> peer =
+      transport_->Connect(address, std::min(deadline, absl::Now() + options_.connect_timeout));
+  if (!peer.ok()) {
+    if (absl::IsFailedPrecondition(peer.status()) || absl::IsInvalidArgument(peer.status())) {
+      return Annotate(peer.status(), absl::StrCat("connecting to decode node ", node_name));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("decode node ", node_name, " is unreachable: ", peer.status().message()));
+  }
+  absl::MutexLock lock(&mu_);
+  peers_[address] = *peer;
+  return *peer;
+}
+
+}  // namespace duet::prefill

@@ -1,0 +1,460 @@
+// PrefillScheduler in one process: the inproc transport writes P's KV into a second BlockPool
+// standing for the decode node's. The KV that lands is byte-exact what a one-process prefill
+// writes, for single prompts, batches and chunked prompts; the first token equals
+// LocalEngine::Generate's; every layer's notice precedes the final one; batches respect the
+// token budget; layer pipelining posts layer l before layer l+1 computes; cancel, deadline,
+// peer loss and refusals free every local block.
+#include "prefill_node/prefill_scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/base/clock.h"
+#include "common/compute/compute_backend.h"
+#include "common/model/model_config.h"
+#include "common/model/weights.h"
+#include "tests/unit/prefill_node/prefill_test_util.h"
+
+namespace duet::prefill {
+namespace {
+
+using testing::Drain;
+using testing::ExpectCompleteStream;
+using testing::Prompt;
+using testing::Received;
+using testing::Reference;
+using testing::TinyModelDir;
+
+constexpr char kPeerName[] = "decode-test";
+
+// P (runner, pool, sender, scheduler) and D (a pool and an inproc transport) in one process.
+struct Rig {
+  std::unique_ptr<compute::ComputeBackend> backend;
+  std::unique_ptr<model::ModelRunner> runner;
+  kv::KvLayout layout;
+  std::unique_ptr<kv::BlockPool> ppool;
+  std::unique_ptr<kv::BlockPool> dpool;
+  std::unique_ptr<transfer::Transport> tp;
+  std::unique_ptr<transfer::Transport> td;
+  std::unique_ptr<transfer::MemoryRegion> pregion;
+  std::unique_ptr<transfer::MemoryRegion> dregion;
+  transfer::PeerId peer = 0;
+  std::unique_ptr<transfer::KvStreamSender> sender;
+  std::unique_ptr<PrefillScheduler> sched;
+  std::map<uint64_t, Received> got;
+
+  explicit Rig(PrefillSchedulerOptions opts, int64_t p_blocks = 256, int64_t d_blocks = 512,
+               int block_size = 16) {
+    auto config = model::ModelConfig::FromJsonFile(TinyModelDir() + "/config.json");
+    EXPECT_TRUE(config.ok()) << config.status();
+    auto weights = model::LoadWeights(TinyModelDir(), *config);
+    EXPECT_TRUE(weights.ok()) << weights.status();
+    backend = *compute::CreateBackend("cpu", {.num_threads = 2});
+    runner = *model::ModelRunner::Create(*config, std::move(*weights), backend.get());
+    layout = runner->MakeKvLayout(block_size);
+    ppool = *kv::BlockPool::Create(layout, p_blocks);
+    dpool = *kv::BlockPool::Create(layout, d_blocks);
+    tp = *transfer::CreateTransport("inproc", {.name = "prefill-test", .layout = layout});
+    td = *transfer::CreateTransport("inproc", {.name = kPeerName, .layout = layout});
+    pregion = *tp->Register(ppool->region(), ppool->region_bytes());
+    dregion = *td->Register(dpool->region(), dpool->region_bytes());
+    peer = *tp->Connect(*td->LocalAddress(), DeadlineIn(absl::Seconds(5)));
+    sender = *transfer::KvStreamSender::Create(tp.get(), layout, p_blocks);
+    auto s = PrefillScheduler::Create(runner.get(), ppool.get(), tp.get(), sender.get(),
+                                      std::move(opts));
+    EXPECT_TRUE(s.ok()) << s.status();
+    sched = std::move(*s);
+  }
+  ~Rig() { sched.reset(); }
+
+  // What the coordinator would send: D's blocks reserved for the prompt.
+  PrefillJob Job(const std::string& id, uint64_t tid, std::vector<int32_t> prompt,
+                 absl::Duration timeout = absl::Seconds(30)) {
+    PrefillJob j;
+    j.request_id = id;
+    j.transfer_id = tid;
+    j.remote_blocks = *dpool->Allocate(layout.BlocksForTokens(prompt.size()));
+    j.prompt = std::move(prompt);
+    j.peer = peer;
+    j.peer_name = kPeerName;
+    j.deadline = DeadlineIn(timeout);
+    return j;
+  }
+  void DrainD() {
+    if (td) Drain(*td, got);
+  }
+  void ExpectNoLeaks() {
+    const kv::BlockPoolStats s = ppool->Stats();
+    EXPECT_EQ(s.free, s.total) << "P's blocks leaked: " << s.used << " used, " << s.quarantined
+                               << " quarantined";
+    EXPECT_EQ(sender->active_requests(), 0);
+    EXPECT_EQ(sched->Load().running_requests, 0);
+    EXPECT_EQ(sched->Load().queued_tokens, 0);
+  }
+  int vocab() const { return runner->config().vocab_size; }
+};
+
+// Blocks the scheduler thread in its first pass until Open().
+struct Gate {
+  std::atomic<bool> reached{false};
+  absl::Notification open;
+  std::atomic<bool> used{false};
+  void Block() {
+    if (used.exchange(true)) return;
+    reached = true;
+    open.WaitForNotificationWithTimeout(absl::Seconds(20));
+  }
+  void AwaitReached() {
+    const absl::Time deadline = DeadlineIn(absl::Seconds(10));
+    while (!reached && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_TRUE(reached.load());
+  }
+  void Open() {
+    if (!open.HasBeenNotified()) open.Notify();
+  }
+};
+
+void AwaitRunning(PrefillScheduler& s, int n) {
+  const absl::Time deadline = DeadlineIn(absl::Seconds(10));
+  while (s.Load().running_requests < n && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(s.Load().running_requests, n);
+}
+
+class PrefillSchedulerTest : public ::testing::Test {
+ protected:
+  static void TearDownTestSuite() { testing::RemoveTinyModel(); }
+};
+
+TEST_F(PrefillSchedulerTest, SinglePromptLandsExactKvAndTheReferenceFirstToken) {
+  Rig r({});
+  Reference ref = Reference::Load(16);
+  for (int n : {1, 15, 16, 17, 100}) {
+    const std::vector<int32_t> prompt = Prompt(n, n, r.vocab());
+    PrefillJob job = r.Job("req-" + std::to_string(n), 1000 + n, prompt);
+    const std::vector<kv::BlockId> dest = job.remote_blocks;
+    absl::StatusOr<PrefillResult> res = r.sched->Run(std::move(job));
+    ASSERT_TRUE(res.ok()) << res.status();
+    EXPECT_EQ(res->first_token.id, ref.FirstToken(prompt)) << n << " tokens";
+    EXPECT_EQ(res->chunks, 1);
+    ASSERT_EQ(res->layer_done_unix_us.size(), 2u);
+    ASSERT_EQ(res->layer_transfer_us.size(), 2u);
+    EXPECT_LE(res->layer_done_unix_us[0], res->layer_done_unix_us[1]);
+    EXPECT_GT(res->prefill_compute_us, 0);
+    ref.ExpectKvEquals(prompt, *r.dpool, dest);
+    r.DrainD();
+    const v1::KvCompletion c = ExpectCompleteStream(r.got[1000 + n], r.layout.num_layers);
+    EXPECT_EQ(c.first_token_id(), res->first_token.id);
+    EXPECT_EQ(c.prompt_tokens(), n);
+    EXPECT_EQ(c.layer_done_unix_us_size(), r.layout.num_layers);
+    EXPECT_EQ(c.last_layer_done_unix_us(), res->layer_done_unix_us.back());
+    ASSERT_TRUE(r.dpool->Free(dest).ok());
+  }
+  r.ExpectNoLeaks();
+}
+
+TEST_F(PrefillSchedulerTest, SampledFirstTokenAndLogprobsMatchTheReference) {
+  Rig r({});
+  Reference ref = Reference::Load(16);
+  const std::vector<int32_t> prompt = Prompt(29, 3, r.vocab());
+  model::SamplingParams p{
+      .temperature = 0.8f, .top_p = 0.9f, .top_k = 40, .seed = 77, .logprobs = 3};
+  PrefillJob job = r.Job("sampled", 7, prompt);
+  job.sampling = p;
+  auto res = r.sched->Run(std::move(job));
+  ASSERT_TRUE(res.ok()) << res.status();
+  p.max_tokens = 1;
+  auto g = ref.engine->Generate(prompt, p);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(res->first_token.id, g->generated_ids[0]);
+  EXPECT_EQ(res->first_token.logprob, g->tokens[0].logprob);
+  EXPECT_EQ(res->first_token.top_logprobs, g->tokens[0].top_logprobs);
+  r.ExpectNoLeaks();
+}
+
+TEST_F(PrefillSchedulerTest, BatchesWaitingPromptsUnderTheBudgetAndChunksTheRest) {
+  constexpr int64_t kBudget = 128;
+  Gate gate;
+  absl::Mutex mu;
+  std::vector<BatchInfo> batches;
+  PrefillSchedulerOptions opts{.max_batch_tokens = kBudget};
+  opts.on_batch = [&](const BatchInfo& b) {
+    absl::MutexLock lock(&mu);
+    batches.push_back(b);
+  };
+  opts.on_layer_done = [&](int) { gate.Block(); };
+  Rig r(std::move(opts));
+  Reference ref = Reference::Load(16);
+
+  const std::vector<int> lengths = {200, 5, 16, 33, 70};
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<PrefillJob> jobs;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    prompts.push_back(Prompt(lengths[i], 40 + i, r.vocab()));
+    jobs.push_back(r.Job("b" + std::to_string(i), 200 + i, prompts.back()));
+  }
+  std::vector<std::vector<kv::BlockId>> dests;
+  for (const PrefillJob& j : jobs) dests.push_back(j.remote_blocks);
+  std::vector<absl::StatusOr<PrefillResult>> results(lengths.size(), absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  // The first prompt's first pass holds the scheduler until the others are all waiting.
+  threads.emplace_back([&] { results[0] = r.sched->Run(std::move(jobs[0])); });
+  gate.AwaitReached();
+  for (size_t i = 1; i < lengths.size(); ++i) {  // admitted in this order
+    threads.emplace_back([&, i] { results[i] = r.sched->Run(std::move(jobs[i])); });
+    AwaitRunning(*r.sched, static_cast<int>(i + 1));
+  }
+  EXPECT_EQ(r.sched->Load().queued_tokens, 200 + 5 + 16 + 33 + 70);
+  gate.Open();
+  for (auto& t : threads) t.join();
+
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->first_token.id, ref.FirstToken(prompts[i])) << "prompt " << i;
+    ref.ExpectKvEquals(prompts[i], *r.dpool, dests[i]);
+  }
+  EXPECT_EQ(results[0]->chunks, 2);  // 128 + 72
+  EXPECT_EQ(results[4]->chunks, 2);  // 70 = 2 (after 72 + 5 + 16 + 33) + 68
+  r.DrainD();
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const v1::KvCompletion c = ExpectCompleteStream(r.got[200 + i], r.layout.num_layers);
+    EXPECT_EQ(c.first_token_id(), results[i]->first_token.id);
+  }
+  absl::MutexLock lock(&mu);
+  size_t widest = 0;
+  for (const BatchInfo& b : batches) {
+    EXPECT_LE(b.tokens, kBudget);
+    int64_t sum = 0;
+    for (int64_t t : b.chunk_tokens) sum += t;
+    EXPECT_EQ(sum, b.tokens);
+    widest = std::max(widest, b.request_ids.size());
+  }
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_EQ(batches[1].request_ids, (std::vector<std::string>{"b0", "b1", "b2", "b3", "b4"}));
+  EXPECT_EQ(batches[1].chunk_tokens, (std::vector<int64_t>{72, 5, 16, 33, 2}));
+  EXPECT_EQ(widest, 5u);
+  r.ExpectNoLeaks();
+}
+
+TEST_F(PrefillSchedulerTest, LongPromptIsPrefilledInChunksWithExactKv) {
+  std::vector<BatchInfo> batches;
+  PrefillSchedulerOptions opts{.max_batch_tokens = 64};
+  opts.on_batch = [&](const BatchInfo& b) { batches.push_back(b); };
+  Rig r(std::move(opts));
+  Reference ref = Reference::Load(16);
+  const std::vector<int32_t> prompt = Prompt(300, 9, r.vocab());
+  PrefillJob job = r.Job("long", 55, prompt);
+  const std::vector<kv::BlockId> dest = job.remote_blocks;
+  auto res = r.sched->Run(std::move(job));
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->chunks, 5);
+  ASSERT_EQ(batches.size(), 5u);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    EXPECT_EQ(batches[i].tokens, i < 4 ? 64 : 44);
+    EXPECT_EQ(batches[i].final_chunk[0], i == 4);
+  }
+  EXPECT_EQ(res->first_token.id, ref.FirstToken(prompt));
+  ref.ExpectKvEquals(prompt, *r.dpool, dest);
+  r.DrainD();
+  ExpectCompleteStream(r.got[55], r.layout.num_layers);
+  r.ExpectNoLeaks();
+}
+
+// With pipelining, layer l's notice has reached D when layer l is done computing (inproc
+// writes are synchronous); without it, nothing reaches D before the pass ends.
+TEST_F(PrefillSchedulerTest, LayerPipeliningPostsEachLayerFromTheHook) {
+  for (bool pipelined : {true, false}) {
+    SCOPED_TRACE(pipelined ? "pipelined" : "bulk");
+    std::vector<int> landed_at_hook;
+    Rig* rig = nullptr;
+    PrefillSchedulerOptions opts{.no_layer_pipelining = !pipelined};
+    opts.on_layer_done = [&](int layer) {
+      rig->DrainD();
+      landed_at_hook.push_back(static_cast<int>(rig->got[9].notices.size()));
+    };
+    Rig r(std::move(opts));
+    rig = &r;
+    Reference ref = Reference::Load(16);
+    const std::vector<int32_t> prompt = Prompt(40, 1, r.vocab());
+    PrefillJob job = r.Job("p", 9, prompt);
+    const std::vector<kv::BlockId> dest = job.remote_blocks;
+    auto res = r.sched->Run(std::move(job));
+    ASSERT_TRUE(res.ok()) << res.status();
+    ASSERT_EQ(landed_at_hook.size(), 2u);
+    if (pipelined) {
+      EXPECT_EQ(landed_at_hook, (std::vector<int>{1, 2}));
+    } else {
+      EXPECT_EQ(landed_at_hook, (std::vector<int>{0, 0}));
+    }
+    EXPECT_EQ(res->first_token.id, ref.FirstToken(prompt));
+    ref.ExpectKvEquals(prompt, *r.dpool, dest);
+    r.DrainD();
+    ExpectCompleteStream(r.got[9], r.layout.num_layers);
+    r.ExpectNoLeaks();
+  }
+}
+
+TEST_F(PrefillSchedulerTest, CancelAndDeadlineWhileQueuedAbortAndFree) {
+  Gate gate;
+  PrefillSchedulerOptions opts;
+  opts.on_batch = [&](const BatchInfo&) { gate.Block(); };
+  Rig r(std::move(opts));
+  absl::StatusOr<PrefillResult> r0 = absl::UnknownError(""), r1 = r0, r2 = r0;
+  std::thread t0([&] { r0 = r.sched->Run(r.Job("blocker", 1, Prompt(20, 1, r.vocab()))); });
+  gate.AwaitReached();
+  std::thread t1([&] { r1 = r.sched->Run(r.Job("cancel-me", 2, Prompt(50, 2, r.vocab()))); });
+  std::thread t2([&] {
+    r2 = r.sched->Run(r.Job("late", 3, Prompt(30, 3, r.vocab()), absl::Milliseconds(150)));
+  });
+  AwaitRunning(*r.sched, 3);
+  EXPECT_TRUE(r.sched->Cancel("cancel-me"));
+  EXPECT_FALSE(r.sched->Cancel("no-such-request"));
+  t1.join();
+  t2.join();
+  EXPECT_TRUE(absl::IsCancelled(r1.status())) << r1.status();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r2.status())) << r2.status();
+  gate.Open();
+  t0.join();
+  EXPECT_TRUE(r0.ok()) << r0.status();
+  r.DrainD();
+  for (uint64_t tid : {2, 3}) {
+    ASSERT_EQ(r.got[tid].notices.size(), 1u) << tid;
+    EXPECT_TRUE(r.got[tid].HasAborted()) << tid;
+  }
+  ExpectCompleteStream(r.got[1], r.layout.num_layers);
+  r.ExpectNoLeaks();
+}
+
+TEST_F(PrefillSchedulerTest, CancelDuringThePassAbortsAndTheNextRequestStillWorks) {
+  PrefillScheduler* sched = nullptr;
+  std::atomic<bool> cancel_armed{true};
+  PrefillSchedulerOptions opts;
+  opts.on_layer_done = [&](int layer) {
+    if (layer == 0 && cancel_armed.exchange(false)) {
+      EXPECT_TRUE(sched->Cancel("mid"));
+    }
+  };
+  Rig r(std::move(opts));
+  sched = r.sched.get();
+  auto res = r.sched->Run(r.Job("mid", 5, Prompt(64, 5, r.vocab())));
+  EXPECT_TRUE(absl::IsCancelled(res.status())) << res.status();
+  r.DrainD();
+  EXPECT_TRUE(r.got[5].HasAborted());
+  EXPECT_FALSE(r.got[5].HasFinal());
+  r.ExpectNoLeaks();
+
+  Reference ref = Reference::Load(16);
+  const std::vector<int32_t> prompt = Prompt(64, 6, r.vocab());
+  PrefillJob job = r.Job("after", 6, prompt);
+  const std::vector<kv::BlockId> dest = job.remote_blocks;
+  auto ok = r.sched->Run(std::move(job));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->first_token.id, ref.FirstToken(prompt));
+  ref.ExpectKvEquals(prompt, *r.dpool, dest);
+  r.ExpectNoLeaks();
+}
+
+TEST_F(PrefillSchedulerTest, LostDecodePeerEndsRequestsWithUnavailableNamingIt) {
+  Gate gate;
+  PrefillSchedulerOptions opts;
+  opts.on_batch = [&](const BatchInfo&) { gate.Block(); };
+  Rig r(std::move(opts));
+  absl::StatusOr<PrefillResult> r0 = absl::UnknownError(""), r1 = r0;
+  std::thread t0([&] { r0 = r.sched->Run(r.Job("first", 1, Prompt(20, 1, r.vocab()))); });
+  gate.AwaitReached();
+  std::thread t1([&] { r1 = r.sched->Run(r.Job("second", 2, Prompt(20, 2, r.vocab()))); });
+  AwaitRunning(*r.sched, 2);
+  const absl::Time lost = absl::Now();
+  r.td.reset();  // the decode node dies
+  t1.join();
+  EXPECT_LT(absl::Now() - lost, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(r1.status())) << r1.status();
+  EXPECT_NE(r1.status().message().find(kPeerName), std::string::npos) << r1.status();
+  gate.Open();
+  t0.join();
+  EXPECT_TRUE(absl::IsUnavailable(r0.status())) << r0.status();
+  EXPECT_NE(r0.status().message().find(kPeerName), std::string::npos) << r0.status();
+  r.ExpectNoLeaks();
+}
+
+TEST_F(PrefillSchedulerTest, RefusesBadRequestsCleanly) {
+  Rig r({}, /*p_blocks=*/4);
+  const int vocab = r.vocab();
+  auto run = [&](PrefillJob j) { return r.sched->Run(std::move(j)).status(); };
+
+  PrefillJob bad_token = r.Job("t", 1, Prompt(10, 1, vocab));
+  bad_token.prompt[3] = vocab;
+  EXPECT_TRUE(absl::IsInvalidArgument(run(bad_token)));
+
+  PrefillJob too_long = r.Job("l", 2, Prompt(10, 1, vocab));
+  too_long.prompt = Prompt(4096, 1, vocab);  // the context is 4096
+  absl::Status s = run(too_long);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+
+  PrefillJob few_blocks = r.Job("b", 3, Prompt(40, 1, vocab));
+  few_blocks.remote_blocks.pop_back();
+  s = run(few_blocks);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("needs 3"), std::string::npos) << s;
+
+  PrefillJob empty = r.Job("e", 4, Prompt(1, 1, vocab));
+  empty.prompt.clear();
+  EXPECT_TRUE(absl::IsInvalidArgument(run(empty)));
+
+  PrefillJob bad_sampling = r.Job("s", 5, Prompt(8, 1, vocab));
+  bad_sampling.sampling.top_p = 2.f;
+  EXPECT_TRUE(absl::IsInvalidArgument(run(bad_sampling)));
+
+  // P's pool holds 4 blocks: a 5-block prompt is refused, nothing allocated.
+  s = run(r.Job("big", 6, Prompt(80, 1, vocab)));
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+
+  // A transfer id already streaming is refused by the sender; the request id check first.
+  EXPECT_TRUE(
+      r.sender->Begin({.request_id = 7, .peer = r.peer, .local_blocks = {0}, .remote_blocks = {0}})
+          .ok());
+  s = run(r.Job("dup-transfer", 7, Prompt(8, 1, vocab)));
+  EXPECT_TRUE(absl::IsAlreadyExists(s)) << s;
+  EXPECT_TRUE(r.sender->Abort(7, DeadlineIn(absl::Seconds(1))).ok());
+
+  EXPECT_FALSE(PrefillScheduler::Create(r.runner.get(), r.ppool.get(), r.tp.get(), r.sender.get(),
+                                        {.max_batch_tokens = 0})
+                   .ok());
+  r.ExpectNoLeaks();
+}
+
+TEST_F(PrefillSchedulerTest, DuplicateRequestIdIsRefusedAndShutdownFailsWaitingRequests) {
+  Gate gate;
+  PrefillSchedulerOptions opts;
+  opts.on_batch = [&](const BatchInfo&) { gate.Block(); };
+  Rig r(std::move(opts));
+  absl::StatusOr<PrefillResult> r0 = absl::UnknownError(""), r1 = r0;
+  std::thread t0([&] { r0 = r.sched->Run(r.Job("same", 1, Prompt(20, 1, r.vocab()))); });
+  gate.AwaitReached();
+  absl::Status dup = r.sched->Run(r.Job("same", 2, Prompt(20, 2, r.vocab()))).status();
+  EXPECT_TRUE(absl::IsAlreadyExists(dup)) << dup;
+  std::thread t1([&] { r1 = r.sched->Run(r.Job("queued", 3, Prompt(20, 3, r.vocab()))); });
+  AwaitRunning(*r.sched, 2);
+  std::thread stopper([&] { r.sched->Shutdown(); });
+  t1.join();
+  EXPECT_TRUE(absl::IsUnavailable(r1.status())) << r1.status();
+  gate.Open();
+  t0.join();
+  stopper.join();
+  EXPECT_FALSE(r0.ok());
+  EXPECT_TRUE(
+      absl::IsUnavailable(r.sched->Run(r.Job("after", 4, Prompt(5, 1, r.vocab()))).status()));
+  r.ExpectNoLeaks();
+}
+
+}  // namespace
+}  // namespace duet::prefill

@@ -1,0 +1,140 @@
+// Shared fixtures of the prefill node tests: a synthetic tiny model on disk, a reference engine
+// (LocalEngine: what one process would compute), and a decode side made of an inproc transport
+// and a second BlockPool standing for the decode node's pool.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/kv/block_pool.h"
+#include "common/kv/block_table.h"
+#include "common/model/local_engine.h"
+#include "common/model/synthetic_model.h"
+#include "duet/v1/decode.pb.h"
+#include "transfer/kv_stream/kv_notice.h"
+#include "transfer/transport.h"
+
+namespace duet::prefill::testing {
+
+// Written on first use (again after RemoveTinyModel), deterministic from its seed.
+inline const std::string& TinyModelDir() {
+  static const std::string dir =
+      (std::filesystem::temp_directory_path() / ("duet_prefill_test_" + std::to_string(getpid())))
+          .string();
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    absl::Status s = model::WriteSyntheticModel("tiny", 5, dir);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  return dir;
+}
+
+inline void RemoveTinyModel() { std::filesystem::remove_all(TinyModelDir()); }
+
+inline std::vector<int32_t> Prompt(int n, int salt, int vocab) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (i * 131 + salt * 17 + 3) % vocab;
+  return t;
+}
+
+// The single-process reference.
+struct Reference {
+  std::unique_ptr<model::LocalEngine> engine;
+
+  static Reference Load(int block_size) {
+    Reference r;
+    auto e = model::LocalEngine::Load(
+        TinyModelDir(),
+        {.device = "cpu", .num_threads = 2, .block_size = block_size, .kv_cache_bytes = 8 << 20});
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (e.ok()) r.engine = std::move(*e);
+    return r;
+  }
+  int32_t FirstToken(const std::vector<int32_t>& prompt, const model::SamplingParams& p = {}) {
+    model::SamplingParams one = p;
+    one.max_tokens = 1;
+    auto g = engine->Generate(prompt, one);
+    EXPECT_TRUE(g.ok()) << g.status();
+    return g.ok() ? g->generated_ids[0] : -1;
+  }
+  // Checks that every prompt token's K and V in `dest` (blocks `dest_blocks` of `dest_pool`)
+  // equal, bit for bit, what a one-shot prefill of `prompt` writes.
+  void ExpectKvEquals(const std::vector<int32_t>& prompt, const kv::BlockPool& dest_pool,
+                      const std::vector<kv::BlockId>& dest_blocks) {
+    kv::BlockTable table(&engine->pool());
+    std::vector<model::SequenceInput> b = {
+        {.seq_id = 1, .tokens = prompt, .start_pos = 0, .table = &table, .want_logits = true}};
+    auto out = engine->runner().Forward(absl::MakeSpan(b), engine->pool().View());
+    ASSERT_TRUE(out.ok()) << out.status();
+    const kv::KvLayout& l = dest_pool.layout();
+    ASSERT_EQ(l, engine->pool().layout());
+    const size_t tok_bytes = l.token_elems() * l.dtype_bytes();
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    ASSERT_EQ(static_cast<int64_t>(dest_blocks.size()), l.BlocksForTokens(n));
+    int mismatches = 0;
+    for (int layer = 0; layer < l.num_layers; ++layer) {
+      for (size_t i = 0; i < dest_blocks.size(); ++i) {
+        const int64_t filled = std::min<int64_t>(l.block_size, n - int64_t(i) * l.block_size);
+        const uint8_t* want = engine->pool().BlockAddress(layer, table.blocks()[i]);
+        const uint8_t* got = dest_pool.BlockAddress(layer, dest_blocks[i]);
+        for (size_t half : {size_t{0}, l.HalfBlockBytes()}) {
+          if (std::memcmp(want + half, got + half, filled * tok_bytes) != 0 && mismatches++ < 5) {
+            ADD_FAILURE() << "KV differs: layer " << layer << " block " << i
+                          << (half ? " (V)" : " (K)") << " of a " << n << "-token prompt";
+          }
+        }
+      }
+    }
+  }
+};
+
+// What the decode side received, per transfer id.
+struct Received {
+  std::vector<transfer::KvNotice> notices;  // in arrival order
+  bool HasFinal() const {
+    for (const auto& n : notices)
+      if (n.kind == transfer::KvNoticeKind::kFinal) return true;
+    return false;
+  }
+  bool HasAborted() const {
+    for (const auto& n : notices)
+      if (n.kind == transfer::KvNoticeKind::kAborted) return true;
+    return false;
+  }
+};
+
+inline void Drain(transfer::Transport& t, std::map<uint64_t, Received>& got) {
+  for (transfer::Notice& n : t.DrainNotices()) {
+    auto k = transfer::DecodeKvNotice(n.payload);
+    ASSERT_TRUE(k.ok()) << k.status();
+    got[k->request_id].notices.push_back(*k);
+  }
+}
+
+// Every layer exactly once, then the final notice last; returns the KvCompletion it carried.
+inline v1::KvCompletion ExpectCompleteStream(const Received& r, int num_layers) {
+  v1::KvCompletion c;
+  std::vector<int> seen(num_layers, 0);
+  EXPECT_FALSE(r.notices.empty());
+  for (size_t i = 0; i < r.notices.size(); ++i) {
+    const transfer::KvNotice& n = r.notices[i];
+    if (n.kind == transfer::KvNoticeKind::kLayer) {
+      EXPECT_TRUE(n.layer >= 0 && n.layer < num_layers) << n.layer;
+      if (n.layer >= 0 && n.layer < num_layers) ++seen[n.layer];
+    } else {
+      EXPECT_EQ(n.kind, transfer::KvNoticeKind::kFinal);
+      EXPECT_EQ(i, r.notices.size() - 1) << "the final notice must come last";
+      EXPECT_TRUE(c.ParseFromString(n.payload));
+    }
+  }
+  for (int l = 0; l < num_layers; ++l) EXPECT_EQ(seen[l], 1) << "layer " << l;
+  return c;
+}
+
+}  // namespace duet::prefill::testing
