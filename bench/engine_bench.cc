@@ -1,6 +1,6 @@
 // engine_bench: prefill and decode throughput of the in-process engine on the CPU.
 //
-//   engine_bench [--model DIR | --preset smollm2-135m] [--prefill 128,512,2048]
+//   engine_bench [--model DIR|FILE.gguf | --preset smollm2-135m] [--prefill 128,512,2048]
 //                [--decode-batch 1,8,32] [--gemm invariant,openblas] [--json FILE]
 //
 // Prefill: tokens/s of one prompt's forward pass (best of --reps). Decode: tokens/s of one
@@ -26,7 +26,8 @@
 #include "common/model/synthetic_model.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, model, "", "model directory; empty: write --preset to a temp dir");
+ABSL_FLAG(std::string, model, "",
+          "model directory or .gguf file; empty: write --preset to a temp dir");
 ABSL_FLAG(std::string, preset, "smollm2-135m", "synthetic preset when --model is empty");
 ABSL_FLAG(std::string, prefill, "128,512,2048", "prompt lengths");
 ABSL_FLAG(std::string, decode_batch, "1,8,32", "decode batch sizes");
