@@ -333,7 +333,10 @@ TEST_P(TwoProcessTest, AbortMidStreamReturnsEveryBlock) {
   EXPECT_EQ(tracker_->quarantined_blocks(), 0);
   EXPECT_EQ(pool_->Stats().free, 1024);
   WriteFileAtomic(dir_ + "/recv.done", "");
-  EXPECT_EQ(WaitPeer(DeadlineIn(absl::Seconds(10))), 0);
+  EXPECT_EQ(WaitPeer(DeadlineIn(absl::Seconds(10))), 0) << PeerError();
+  // Closing the endpoint to a (now exited) peer ends cleanly; the peer id is then closed.
+  EXPECT_TRUE(transport_->Disconnect(sender, DeadlineIn(absl::Seconds(2))).ok());
+  EXPECT_EQ(transport_->PeerStatus(sender).code(), absl::StatusCode::kFailedPrecondition);
   auto cancel = WaitForFile(dir_ + "/send.cancel", absl::Now());
   ASSERT_TRUE(cancel.ok());
   EXPECT_TRUE(*cancel == "cancelled" || *cancel == "done") << *cancel;
