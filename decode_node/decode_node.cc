@@ -37,20 +37,18 @@ absl::Status DecodeNode::Init() {
     return absl::InvalidArgumentError(absl::StrCat("block size must be >= 1, got ", o.block_size));
   }
   // The model as `duet generate` loads it (its own KV pool is one block: ours is below).
-  DUET_ASSIGN_OR_RETURN(engine_, model::LocalEngine::Load(
-                                     o.model_dir, {.device = o.device,
-                                                   .num_threads = o.threads,
-                                                   .cpu_gemm = o.cpu_gemm,
-                                                   .block_size = o.block_size,
-                                                   .kv_cache_bytes = 1}));
+  DUET_ASSIGN_OR_RETURN(engine_, model::LocalEngine::Load(o.model_dir, {.device = o.device,
+                                                                        .num_threads = o.threads,
+                                                                        .cpu_gemm = o.cpu_gemm,
+                                                                        .block_size = o.block_size,
+                                                                        .kv_cache_bytes = 1}));
   const kv::KvLayout layout = engine_->runner().MakeKvLayout(o.block_size);
   DUET_RETURN_IF_ERROR(layout.Validate());
   const int64_t num_blocks = o.kv_cache_bytes / static_cast<int64_t>(layout.RegionBytes(1));
   if (num_blocks < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a KV cache of ", o.kv_cache_bytes, " bytes holds no block (one block of ",
-                     o.block_size, " tokens over ", layout.num_layers, " layers takes ",
-                     layout.RegionBytes(1), " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a KV cache of ", o.kv_cache_bytes, " bytes holds no block (one block of ", o.block_size,
+        " tokens over ", layout.num_layers, " layers takes ", layout.RegionBytes(1), " bytes)"));
   }
 
   // Transport, and the pool inside the region it exports.
@@ -63,19 +61,19 @@ absl::Status DecodeNode::Init() {
   const size_t region_bytes = layout.RegionBytes(num_blocks);
   if (transport_->Has(transfer::kCapAllocateRegion)) {
     DUET_ASSIGN_OR_RETURN(region_, transport_->AllocateRegion(region_bytes));
-    DUET_ASSIGN_OR_RETURN(pool_, kv::BlockPool::CreateOver(layout, num_blocks, region_->base(),
-                                                           region_->bytes()));
+    DUET_ASSIGN_OR_RETURN(
+        pool_, kv::BlockPool::CreateOver(layout, num_blocks, region_->base(), region_->bytes()));
   } else {
     DUET_ASSIGN_OR_RETURN(pool_, kv::BlockPool::Create(layout, num_blocks));
     DUET_ASSIGN_OR_RETURN(region_, transport_->Register(pool_->region(), pool_->region_bytes()));
   }
   DUET_ASSIGN_OR_RETURN(transfer_address_, transport_->LocalAddress());
 
-  DUET_ASSIGN_OR_RETURN(scheduler_, DecodeScheduler::Create(
-                                        {.name = o.node_id,
-                                         .max_running = o.max_running,
-                                         .eos_ids = engine_->tokenizer().eos_ids()},
-                                        &engine_->runner(), pool_.get(), transport_.get()));
+  DUET_ASSIGN_OR_RETURN(scheduler_,
+                        DecodeScheduler::Create({.name = o.node_id,
+                                                 .max_running = o.max_running,
+                                                 .eos_ids = engine_->tokenizer().eos_ids()},
+                                                &engine_->runner(), pool_.get(), transport_.get()));
   service_ = std::make_unique<DecodeService>(
       scheduler_.get(),
       DecodeServiceIdentity{.node_id = o.node_id,
@@ -98,18 +96,18 @@ absl::Status DecodeNode::Init() {
   *reg.mutable_load() = ToProto(scheduler_->Load());
   reg.set_transfer_address(transfer_address_);
   DecodeScheduler* scheduler = scheduler_.get();
-  DUET_ASSIGN_OR_RETURN(
-      member_, coordinator::MembershipClient::Start(
-                   {.coordinator_address = o.coordinator_address,
-                    .registration = reg,
-                    .load = [scheduler] { return ToProto(scheduler->Load()); },
-                    .register_timeout = o.register_timeout,
-                    .on_reregistered =
-                        [this, scheduler](uint64_t new_epoch) {
-                          // The coordinator dropped the old incarnation and all it owned.
-                          epoch_.store(new_epoch);
-                          scheduler->CancelAll();
-                        }}));
+  DUET_ASSIGN_OR_RETURN(member_, coordinator::MembershipClient::Start(
+                                     {.coordinator_address = o.coordinator_address,
+                                      .registration = reg,
+                                      .load = [scheduler] { return ToProto(scheduler->Load()); },
+                                      .register_timeout = o.register_timeout,
+                                      .on_reregistered =
+                                          [this, scheduler](uint64_t new_epoch) {
+                                            // The coordinator dropped the old incarnation and all
+                                            // it owned.
+                                            epoch_.store(new_epoch);
+                                            scheduler->CancelAll();
+                                          }}));
   epoch_.store(member_->epoch());
   return absl::OkStatus();
 }

@@ -39,9 +39,9 @@ struct DecodeNodeOptions {
   std::string transport = "shm";  // UCX profile: "shm", "tcp" (pinned to lo), "shm-mm"
   int block_size = 16;            // tokens per KV block
   int64_t kv_cache_bytes = 256 << 20;
-  std::string device = "auto";    // auto | cpu | cuda
-  int threads = 0;                // compute threads (0: all cores)
-  int max_running = 64;           // running + pending admission
+  std::string device = "auto";         // auto | cpu | cuda
+  int threads = 0;                     // compute threads (0: all cores)
+  int max_running = 64;                // running + pending admission
   std::string cpu_gemm = "invariant";  // must match the prefill nodes' for token-exact output
   absl::Duration register_timeout = absl::Seconds(60);
 };

@@ -144,8 +144,8 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
   if (args.num_tokens <= 0 || args.num_tokens >= config.max_position_embeddings) {
     return absl::InvalidArgumentError(
         absl::StrCat("Reserve ", args.request_id, ": ", args.num_tokens,
-                     " prompt tokens; the model's context holds ",
-                     config.max_position_embeddings, " (at least one must stay free)"));
+                     " prompt tokens; the model's context holds ", config.max_position_embeddings,
+                     " (at least one must stay free)"));
   }
   DUET_RETURN_IF_ERROR(Annotate(args.sampling.Validate(config.vocab_size),
                                 absl::StrCat("Reserve ", args.request_id)));
@@ -171,16 +171,15 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
       return absl::AlreadyExistsError(
           absl::StrCat(options_.name, ": request ", r->id, " is already known"));
     }
-    int active = 0;
-    for (const auto& [id, q] : requests_) active += q->state != State::kDone;
-    if (active >= options_.max_running) {
+    if (active_ >= options_.max_running) {
       return absl::ResourceExhaustedError(
-          absl::StrCat(options_.name, ": ", active,
+          absl::StrCat(options_.name, ": ", active_,
                        " requests running or pending admission, the most it takes (max_running ",
                        options_.max_running, ")"));
     }
     r->transfer_id = transfer_id_base_ + ++next_transfer_;
     requests_[r->id] = r;
+    ++active_;
   }
   // Undoes the placeholder (and gives back `blocks`) on failure.
   auto rollback = [&](absl::Status error) -> absl::Status {
@@ -195,15 +194,15 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
     if (auto it = requests_.find(r->id); it != requests_.end() && it->second == r) {
       requests_.erase(it);
     }
+    --active_;  // it never left kReserving
     return error;
   };
 
   absl::StatusOr<std::vector<kv::BlockId>> blocks = pool_->Allocate(r->num_blocks);
   if (!blocks.ok()) {
-    return rollback(Annotate(blocks.status(),
-                             absl::StrCat(options_.name, ": reserving ", r->num_blocks,
-                                          " blocks for ", r->num_tokens, " tokens of request ",
-                                          r->id)));
+    return rollback(Annotate(
+        blocks.status(), absl::StrCat(options_.name, ": reserving ", r->num_blocks, " blocks for ",
+                                      r->num_tokens, " tokens of request ", r->id)));
   }
   r->blocks = *std::move(blocks);
   absl::StatusOr<transfer::PeerId> peer =
@@ -246,6 +245,7 @@ int64_t DecodeScheduler::AbortWaitingLocked(Request& r, const std::string& reaso
 void DecodeScheduler::MarkDoneLocked(Request& r) {
   if (r.state == State::kDone) return;
   r.state = State::kDone;
+  --active_;
   r.done_at = absl::Now();
   if (auto it = waiting_.find(r.transfer_id); it != waiting_.end() && it->second.get() == &r) {
     waiting_.erase(it);
@@ -416,12 +416,10 @@ void DecodeScheduler::Admit(Landed landed) {
   if (!completion.ParseFromString(*landed.payload)) {
     bad = absl::InternalError(absl::StrCat(options_.name, ": request ", r->id,
                                            ": the final KV notice is not a KvCompletion"));
-  } else if (completion.first_token_id() < 0 ||
-             completion.first_token_id() >= config.vocab_size) {
-    bad = absl::InvalidArgumentError(
-        absl::StrCat(options_.name, ": request ", r->id, ": first token ",
-                     completion.first_token_id(), " is outside the vocabulary [0, ",
-                     config.vocab_size, ")"));
+  } else if (completion.first_token_id() < 0 || completion.first_token_id() >= config.vocab_size) {
+    bad = absl::InvalidArgumentError(absl::StrCat(
+        options_.name, ": request ", r->id, ": first token ", completion.first_token_id(),
+        " is outside the vocabulary [0, ", config.vocab_size, ")"));
   }
   // From here on the table owns the blocks.
   r->table = std::make_unique<kv::BlockTable>(pool_, std::move(r->blocks), r->num_tokens);
@@ -488,8 +486,8 @@ void DecodeScheduler::Step() {
       continue;
     }
     if (absl::Status s = r->table->Reserve(r->table->num_tokens() + 1); !s.ok()) {
-      Fail(r, Annotate(s, absl::StrCat(options_.name, ": growing the KV of request ", r->id,
-                                       " to ", r->table->num_tokens() + 1, " tokens")));
+      Fail(r, Annotate(s, absl::StrCat(options_.name, ": growing the KV of request ", r->id, " to ",
+                                       r->table->num_tokens() + 1, " tokens")));
       continue;
     }
     batch_requests.push_back(std::move(r));
@@ -501,10 +499,11 @@ void DecodeScheduler::Step() {
   batch.reserve(running_.size());
   for (size_t i = 0; i < running_.size(); ++i) {
     Request& r = *running_[i];
-    batch.push_back(model::SequenceInput{
-        .seq_id = static_cast<int64_t>(i), .tokens = {r.last_token},
-        .start_pos = static_cast<int32_t>(r.table->num_tokens()), .table = r.table.get(),
-        .want_logits = true});
+    batch.push_back(model::SequenceInput{.seq_id = static_cast<int64_t>(i),
+                                         .tokens = {r.last_token},
+                                         .start_pos = static_cast<int32_t>(r.table->num_tokens()),
+                                         .table = r.table.get(),
+                                         .want_logits = true});
   }
   absl::StatusOr<model::ForwardOutput> out = runner_->Forward(absl::MakeSpan(batch), pool_->View());
   if (!out.ok() || out->seq_ids.size() != running_.size()) {
@@ -597,7 +596,8 @@ void DecodeScheduler::Shutdown() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (thread_.joinable()) thread_.join();
 
-  const absl::Status error = absl::UnavailableError(absl::StrCat(options_.name, " is shutting down"));
+  const absl::Status error =
+      absl::UnavailableError(absl::StrCat(options_.name, " is shutting down"));
   for (const std::shared_ptr<Request>& r : running_) Fail(r, error);
   running_.clear();
   absl::MutexLock lock(&mu_);

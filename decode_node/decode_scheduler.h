@@ -20,8 +20,8 @@
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,8 +49,8 @@ const char* FinishReasonName(FinishReason r);
 struct DecodeEvent {
   // Set once, when the KV landed and the request joined the running batch.
   bool admitted = false;
-  int64_t transfer_tail_us = 0;     // last layer computed on P -> all of it landed here
-  int64_t decode_admission_us = 0;  // landed -> joined the batch
+  int64_t transfer_tail_us = 0;            // last layer computed on P -> all of it landed here
+  int64_t decode_admission_us = 0;         // landed -> joined the batch
   std::vector<int64_t> layer_transfer_us;  // per layer: computed on P -> landed here
   // A sampled token (index >= 1: index 0 is the first token, sampled by the prefill node).
   bool has_token = false;
@@ -81,9 +81,9 @@ struct ReserveArgs {
   std::string request_id;
   int64_t num_tokens = 0;  // prompt tokens whose KV the sender writes
   model::SamplingParams sampling;
-  kv::KvLayout expected_layout;  // the sender's layout; refused unless it equals ours
-  std::string sender_name;       // for error messages
-  std::string sender_address;    // the sender's Transport::LocalAddress()
+  kv::KvLayout expected_layout;                // the sender's layout; refused unless it equals ours
+  std::string sender_name;                     // for error messages
+  std::string sender_address;                  // the sender's Transport::LocalAddress()
   absl::Time deadline = absl::InfinitePast();  // KV must land by then; past: the default
 };
 
@@ -209,9 +209,10 @@ class DecodeScheduler {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 0;
+  int active_ ABSL_GUARDED_BY(mu_) = 0;  // requests not done (reserving, waiting, running)
   std::map<std::string, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Request>> waiting_ ABSL_GUARDED_BY(mu_);  // by transfer id
-  std::map<std::string, transfer::PeerId> peers_ ABSL_GUARDED_BY(mu_);  // by sender address
+  std::map<std::string, transfer::PeerId> peers_ ABSL_GUARDED_BY(mu_);         // by sender address
 
   // Scheduler thread only (and Shutdown once it stopped).
   std::vector<std::shared_ptr<Request>> running_;

@@ -23,8 +23,11 @@ std::string ValidUtf8(const std::string& s) {
   auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
   while (i < s.size()) {
     const unsigned char c = byte(i);
-    const size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : (c >> 4) == 0xE ? 3
-                       : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    const size_t len = c < 0x80                 ? 1
+                       : c >= 0xC2 && c <= 0xDF ? 2
+                       : (c >> 4) == 0xE        ? 3
+                       : c >= 0xF0 && c <= 0xF4 ? 4
+                                                : 0;
     bool ok = len > 0 && i + len <= s.size();
     for (size_t k = 1; ok && k < len; ++k) ok = (byte(i + k) & 0xC0) == 0x80;
     if (ok && len >= 3) {

@@ -1,5 +1,7 @@
 // DecodeScheduler driven in one process: a real prefill (LocalEngine's runner) streams KV over
 // the inproc transport into the scheduler's pool; tokens must equal LocalEngine::Generate.
+#include "decode_node/decode_scheduler.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -7,7 +9,6 @@
 #include <vector>
 
 #include "common/base/clock.h"
-#include "decode_node/decode_scheduler.h"
 #include "tests/unit/decode_node/decode_test_util.h"
 #include "transfer/kv_stream/kv_notice.h"
 
@@ -54,7 +55,8 @@ TEST_F(DecodeSchedulerTest, TokensEqualLocalEngineForConcurrentRequests) {
       {"a", {.max_tokens = 20}},
       {"hello", {.max_tokens = 16}},
       {"abcdefg", {.temperature = 0.9f, .top_p = 0.95f, .seed = 7, .max_tokens = 24}},
-      {"the quick brown fox jumps", {.temperature = 1.2f, .top_k = 20, .seed = 99, .max_tokens = 18}},
+      {"the quick brown fox jumps",
+       {.temperature = 1.2f, .top_k = 20, .seed = 99, .max_tokens = 18}},
       {"0123456789abcdef0123456789abcdef", {.max_tokens = 30, .logprobs = 3}},
       {"xyz", {.temperature = 0.7f, .seed = 3, .max_tokens = 12, .ignore_eos = true}},
   };
@@ -244,7 +246,7 @@ TEST(DecodeSchedulerLimits, PoolExhaustedMidDecodeFailsTheRequest) {
   DecodeHarness h;
   ASSERT_TRUE(h.Init({.block_size = 4, .d_blocks = 6}).ok());
   const model::SamplingParams p{.max_tokens = 100, .ignore_eos = true};  // 27 blocks each
-  const std::vector<int32_t> a(8, 97), b(8, 98);  // 2 blocks each
+  const std::vector<int32_t> a(8, 97), b(8, 98);                         // 2 blocks each
   auto ra = h.scheduler().Reserve(h.Args("a", a, p));
   auto rb = h.scheduler().Reserve(h.Args("b", b, p));
   ASSERT_TRUE(ra.ok() && rb.ok());

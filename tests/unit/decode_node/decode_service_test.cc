@@ -1,12 +1,13 @@
 // DecodeService over a real DecodeScheduler (inproc transport), called through gRPC on an
 // in-process channel (no sockets): the wire contract the coordinator relies on.
+#include "decode_node/decode_service.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "common/base/clock.h"
-#include "decode_node/decode_service.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
@@ -22,12 +23,12 @@ class DecodeServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(h_.Init({}).ok());
-    service_ = std::make_unique<DecodeService>(
-        &h_.scheduler(),
-        DecodeServiceIdentity{.node_id = "decode-0",
-                              .epoch = [] { return uint64_t{7}; },
-                              .transfer_address = "d-blob"},
-        &h_.d_engine().tokenizer());
+    service_ =
+        std::make_unique<DecodeService>(&h_.scheduler(),
+                                        DecodeServiceIdentity{.node_id = "decode-0",
+                                                              .epoch = [] { return uint64_t{7}; },
+                                                              .transfer_address = "d-blob"},
+                                        &h_.d_engine().tokenizer());
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
@@ -73,8 +74,8 @@ class DecodeServiceTest : public ::testing::Test {
 };
 
 TEST_F(DecodeServiceTest, ReserveStreamRelease) {
-  const model::SamplingParams params{.temperature = 0.8f, .seed = 5, .max_tokens = 14,
-                                     .logprobs = 2};
+  const model::SamplingParams params{
+      .temperature = 0.8f, .seed = 5, .max_tokens = 14, .logprobs = 2};
   const std::vector<int32_t> prompt = h_.Encode("over the wire, seventeen");
   grpc::ClientContext ctx;
   rpc::SetDeadline(ctx, absl::Seconds(5));
@@ -167,9 +168,9 @@ TEST_F(DecodeServiceTest, ReleaseEndsAnOpenStreamCancelled) {
   grpc::ClientContext ctx;
   v1::ReserveResponse resp;
   ASSERT_TRUE(stub_->Reserve(&ctx, MakeReserve("r", prompt, params), &resp).ok());
-  Reservation res{.transfer_id = resp.destination().transfer_id(),
-                  .blocks = {resp.destination().block_ids().begin(),
-                             resp.destination().block_ids().end()}};
+  Reservation res{
+      .transfer_id = resp.destination().transfer_id(),
+      .blocks = {resp.destination().block_ids().begin(), resp.destination().block_ids().end()}};
   ASSERT_TRUE(h_.Prefill(prompt, params, res).ok());
   grpc::ClientContext sctx;
   rpc::SetDeadline(sctx, absl::Seconds(10));

@@ -1,8 +1,9 @@
 #include "tests/unit/decode_node/decode_test_util.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
@@ -17,8 +18,8 @@ namespace duet::decode::testing {
 const std::string& TinyModelDir() {
   static const std::string* dir = [] {
     const char* tmp = std::getenv("TEST_TMPDIR");
-    auto* d = new std::string(absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/duet_decode_tiny_",
-                                           getpid()));
+    auto* d = new std::string(
+        absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/duet_decode_tiny_", getpid()));
     absl::Status s = model::WriteSyntheticModel("tiny", /*seed=*/11, *d);
     if (!s.ok()) std::abort();
     return d;
@@ -28,11 +29,11 @@ const std::string& TinyModelDir() {
 
 absl::Status PrefillSide::Init(const std::string& backend, int block_size,
                                const std::string& ucx_profile) {
-  DUET_ASSIGN_OR_RETURN(engine_, model::LocalEngine::Load(TinyModelDir(),
-                                                          {.device = "cpu",
-                                                           .num_threads = 1,
-                                                           .block_size = block_size,
-                                                           .kv_cache_bytes = 4 << 20}));
+  DUET_ASSIGN_OR_RETURN(engine_,
+                        model::LocalEngine::Load(TinyModelDir(), {.device = "cpu",
+                                                                  .num_threads = 1,
+                                                                  .block_size = block_size,
+                                                                  .kv_cache_bytes = 4 << 20}));
   layout_ = engine_->runner().MakeKvLayout(block_size);
   transfer::TransportOptions options{.name = "prefill-0", .layout = layout_};
   if (backend == "ucx") {
@@ -41,8 +42,8 @@ absl::Status PrefillSide::Init(const std::string& backend, int block_size,
     options.net_devices = profile.net_devices;
   }
   DUET_ASSIGN_OR_RETURN(transport_, transfer::CreateTransport(backend, options));
-  DUET_ASSIGN_OR_RETURN(region_, transport_->Register(engine_->pool().region(),
-                                                      engine_->pool().region_bytes()));
+  DUET_ASSIGN_OR_RETURN(
+      region_, transport_->Register(engine_->pool().region(), engine_->pool().region_bytes()));
   DUET_ASSIGN_OR_RETURN(address_, transport_->LocalAddress());
   DUET_ASSIGN_OR_RETURN(sender_, transfer::KvStreamSender::Create(transport_.get(), layout_,
                                                                   engine_->pool().num_blocks()));
@@ -70,14 +71,14 @@ absl::StatusOr<model::SampledToken> PrefillSide::Prefill(const std::vector<int32
       {.seq_id = 0, .tokens = prompt, .start_pos = 0, .table = &table, .want_logits = true}};
   DUET_ASSIGN_OR_RETURN(
       model::ForwardOutput out,
-      engine_->runner().Forward(
-          absl::MakeSpan(batch), engine_->pool().View(),
-          [&](int layer, absl::Span<const model::LayerSpan>) {
-            layer_done_us.push_back(absl::ToUnixMicros(absl::Now()));
-            if (layers_to_send < 0 || layer < layers_to_send) {
-              hook_status.Update(sender_->OnLayerDone(layer, {reservation.transfer_id}));
-            }
-          }));
+      engine_->runner().Forward(absl::MakeSpan(batch), engine_->pool().View(),
+                                [&](int layer, absl::Span<const model::LayerSpan>) {
+                                  layer_done_us.push_back(absl::ToUnixMicros(absl::Now()));
+                                  if (layers_to_send < 0 || layer < layers_to_send) {
+                                    hook_status.Update(
+                                        sender_->OnLayerDone(layer, {reservation.transfer_id}));
+                                  }
+                                }));
   DUET_RETURN_IF_ERROR(hook_status);
   model::SampledToken first = model::Sample(out.Row(0), out.vocab, params, /*step=*/0);
   if (layers_to_send >= 0) return first;
@@ -103,14 +104,14 @@ std::vector<int32_t> PrefillSide::Encode(const std::string& text) const {
 
 absl::Status DecodeHarness::Init(const HarnessOptions& o) {
   DUET_RETURN_IF_ERROR(p_.Init("inproc", o.block_size));
-  DUET_ASSIGN_OR_RETURN(d_engine_, model::LocalEngine::Load(TinyModelDir(),
-                                                            {.device = "cpu",
-                                                             .num_threads = 1,
-                                                             .block_size = o.block_size,
-                                                             .kv_cache_bytes = 1}));
+  DUET_ASSIGN_OR_RETURN(
+      d_engine_,
+      model::LocalEngine::Load(
+          TinyModelDir(),
+          {.device = "cpu", .num_threads = 1, .block_size = o.block_size, .kv_cache_bytes = 1}));
   const kv::KvLayout& layout = p_.layout();
-  DUET_ASSIGN_OR_RETURN(d_, transfer::CreateTransport("inproc",
-                                                      {.name = "decode-0", .layout = layout}));
+  DUET_ASSIGN_OR_RETURN(
+      d_, transfer::CreateTransport("inproc", {.name = "decode-0", .layout = layout}));
   DUET_ASSIGN_OR_RETURN(d_region_, d_->AllocateRegion(layout.RegionBytes(o.d_blocks)));
   DUET_ASSIGN_OR_RETURN(d_pool_, kv::BlockPool::CreateOver(layout, o.d_blocks, d_region_->base(),
                                                            d_region_->bytes()));
