@@ -13,7 +13,9 @@ namespace {
 using namespace duet::model;
 
 std::string ByteToken(int b) {
-  auto printable = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174; };
+  auto printable = [](int x) {
+    return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174;
+  };
   int n = 0;
   for (int x = 0; x < b; ++x) n += !printable(x);
   const uint32_t cp = printable(b) ? b : 256 + n;

@@ -47,12 +47,12 @@ absl::Status BpeTokenizer::Init() {
   const std::string& src = spec_.source;
   const size_t n = spec_.tokens.size();
   if (n == 0 || n > (size_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(src, ": vocabulary of ", n,
-                                                   " tokens; expected 1..2^30"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(src, ": vocabulary of ", n, " tokens; expected 1..2^30"));
   }
   if (spec_.kinds.size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat(src, ": ", spec_.kinds.size(),
-                                                   " token types for ", n, " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(src, ": ", spec_.kinds.size(), " token types for ", n, " tokens"));
   }
   ids_.reserve(n);
   for (size_t i = 0; i < n; ++i) {
@@ -79,19 +79,19 @@ absl::Status BpeTokenizer::Init() {
     const auto& [a, b] = spec_.merges[r];
     auto ia = ids_.find(a), ib = ids_.find(b), ic = ids_.find(a + b);
     if (ia == ids_.end() || ib == ids_.end() || ic == ids_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          src, ": merge #", r, " '", a, " ", b, "': ",
-          ia == ids_.end() ? "'" + a + "'" : ib == ids_.end() ? "'" + b + "'" : "'" + a + b + "'",
-          " is not in the vocabulary"));
+      return absl::InvalidArgumentError(absl::StrCat(src, ": merge #", r, " '", a, " ", b, "': ",
+                                                     ia == ids_.end()   ? "'" + a + "'"
+                                                     : ib == ids_.end() ? "'" + b + "'"
+                                                                        : "'" + a + b + "'",
+                                                     " is not in the vocabulary"));
     }
     // The first (lowest-rank) occurrence of a pair wins.
-    merges_.emplace(PairKey(ia->second, ib->second),
-                    Merge{static_cast<int32_t>(r), ic->second});
+    merges_.emplace(PairKey(ia->second, ib->second), Merge{static_cast<int32_t>(r), ic->second});
   }
   auto check_id = [&](int32_t id, const char* what) -> absl::Status {
     if (id < -1 || id >= static_cast<int32_t>(n)) {
-      return absl::InvalidArgumentError(absl::StrCat(src, ": ", what, " id ", id,
-                                                     " is outside the vocabulary of ", n));
+      return absl::InvalidArgumentError(
+          absl::StrCat(src, ": ", what, " id ", id, " is outside the vocabulary of ", n));
     }
     return absl::OkStatus();
   };
@@ -103,9 +103,7 @@ absl::Status BpeTokenizer::Init() {
   return absl::OkStatus();
 }
 
-std::string BpeTokenizer::name() const {
-  return absl::StrCat("bpe-", PreTokenizerName(spec_.pre));
-}
+std::string BpeTokenizer::name() const { return absl::StrCat("bpe-", PreTokenizerName(spec_.pre)); }
 
 bool BpeTokenizer::IsControl(int32_t id) const {
   if (id < 0 || id >= vocab_size()) return false;
@@ -214,9 +212,8 @@ absl::StatusOr<std::string> BpeTokenizer::Decode(const std::vector<int32_t>& ids
   std::string out;
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("Decode: token id ", id,
-                                                     " is outside the vocabulary of ",
-                                                     vocab_size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Decode: token id ", id, " is outside the vocabulary of ", vocab_size()));
     }
     const std::string& t = spec_.tokens[id];
     if (spec_.kinds[id] != TokenKind::kNormal) {

@@ -33,9 +33,9 @@ enum class TokenKind : uint8_t {
 };
 
 struct BpeSpec {
-  std::string source;                // file name for messages
-  std::vector<std::string> tokens;   // id -> text (byte-level form for kNormal tokens)
-  std::vector<TokenKind> kinds;      // id -> kind; same size as tokens
+  std::string source;               // file name for messages
+  std::vector<std::string> tokens;  // id -> text (byte-level form for kNormal tokens)
+  std::vector<TokenKind> kinds;     // id -> kind; same size as tokens
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order
   PreTokenizerKind pre = PreTokenizerKind::kGpt2;
   bool add_prefix_space = false;

@@ -14,8 +14,8 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitMerge(const std::string
                                                                const std::string& src) {
   const size_t sp = m.find(' ', 1);
   if (sp == std::string::npos || sp + 1 >= m.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(src, ": merge #", k, " '", m,
-                                                   "' is not two tokens separated by a space"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(src, ": merge #", k, " '", m, "' is not two tokens separated by a space"));
   }
   return std::make_pair(m.substr(0, sp), m.substr(sp + 1));
 }
@@ -65,8 +65,7 @@ absl::StatusOr<PreTokenizerKind> DetectPreTokenizer(const nlohmann::json& pt, bo
       a["pattern"].is_object() && a["pattern"].contains("Regex") &&
       a["pattern"]["Regex"].is_string()) {
     const std::string re = a["pattern"]["Regex"].get<std::string>();
-    const std::string tail =
-        "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    const std::string tail = "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
     const std::string head = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|";
     if (re == head + "\\p{N}{1,3}" + tail) return PreTokenizerKind::kLlama3;
     if (re == head + "\\p{N}" + tail) return PreTokenizerKind::kQwen2;
@@ -89,9 +88,9 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const GgufF
   if (g.Find("tokenizer.ggml.token_type")) {
     DUET_ASSIGN_OR_RETURN(std::vector<int64_t> types, g.GetIntArray("tokenizer.ggml.token_type"));
     if (types.size() != spec.tokens.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          g.path(), ": tokenizer.ggml.token_type has ", types.size(), " entries; expected ",
-          spec.tokens.size(), " (one per token)"));
+      return absl::InvalidArgumentError(absl::StrCat(g.path(), ": tokenizer.ggml.token_type has ",
+                                                     types.size(), " entries; expected ",
+                                                     spec.tokens.size(), " (one per token)"));
     }
     for (size_t i = 0; i < types.size(); ++i) {
       // llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
@@ -99,8 +98,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const GgufF
       if (types[i] == 4) spec.kinds[i] = TokenKind::kUserDefined;
     }
   }
-  DUET_ASSIGN_OR_RETURN(std::vector<std::string> merges,
-                        g.GetStringArray("tokenizer.ggml.merges"));
+  DUET_ASSIGN_OR_RETURN(std::vector<std::string> merges, g.GetStringArray("tokenizer.ggml.merges"));
   spec.merges.reserve(merges.size());
   for (size_t k = 0; k < merges.size(); ++k) {
     DUET_ASSIGN_OR_RETURN(auto m, SplitMerge(merges[k], k, g.path() + ": tokenizer.ggml.merges"));
@@ -125,9 +123,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const GgufF
     DUET_ASSIGN_OR_RETURN(std::optional<int64_t> v, g.GetOptionalInt(key));
     if (!v) return -1;
     if (*v < 0 || *v >= static_cast<int64_t>(spec.tokens.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(g.path(), ": ", key, " ", *v,
-                                                     " is outside the vocabulary of ",
-                                                     spec.tokens.size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          g.path(), ": ", key, " ", *v, " is outside the vocabulary of ", spec.tokens.size()));
     }
     return static_cast<int32_t>(*v);
   };
@@ -145,7 +142,9 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const GgufF
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
     const std::string& path) {
   DUET_ASSIGN_OR_RETURN(nlohmann::json tj, ReadJsonFile(path));
-  auto bad = [&](const std::string& what) { return absl::InvalidArgumentError(path + ": " + what); };
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(path + ": " + what);
+  };
   if (!tj.is_object() || !tj.contains("model") || !tj["model"].is_object()) {
     return bad("expected an object with a 'model' object");
   }
@@ -156,14 +155,17 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
                                     "' is not supported; supported: BPE (byte-level)");
   }
   if (m.value("byte_fallback", false)) {
-    return absl::UnimplementedError(path + ": model.byte_fallback (SentencePiece-style BPE) is "
+    return absl::UnimplementedError(path +
+                                    ": model.byte_fallback (SentencePiece-style BPE) is "
                                     "not supported; only byte-level BPE");
   }
   if (tj.contains("normalizer") && !tj["normalizer"].is_null()) {
-    return absl::UnimplementedError(path + ": normalizer " + tj["normalizer"].dump().substr(0, 200) +
+    return absl::UnimplementedError(path + ": normalizer " +
+                                    tj["normalizer"].dump().substr(0, 200) +
                                     " is not supported (only none)");
   }
-  if (!m.contains("vocab") || !m["vocab"].is_object()) return bad("model.vocab: expected an object");
+  if (!m.contains("vocab") || !m["vocab"].is_object())
+    return bad("model.vocab: expected an object");
   BpeSpec spec;
   spec.source = path;
   auto place = [&](int64_t id, const std::string& text, TokenKind kind) -> absl::Status {
@@ -188,9 +190,9 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
           !a.contains("content") || !a["content"].is_string()) {
         return bad("added_tokens: expected objects with an integer 'id' and a string 'content'");
       }
-      DUET_RETURN_IF_ERROR(place(a["id"].get<int64_t>(), a["content"].get<std::string>(),
-                                 a.value("special", false) ? TokenKind::kControl
-                                                           : TokenKind::kUserDefined));
+      DUET_RETURN_IF_ERROR(
+          place(a["id"].get<int64_t>(), a["content"].get<std::string>(),
+                a.value("special", false) ? TokenKind::kControl : TokenKind::kUserDefined));
     }
   }
   if (m.contains("merges") && !m["merges"].is_array()) {
@@ -213,8 +215,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
   if (!tj.contains("pre_tokenizer") || tj["pre_tokenizer"].is_null()) {
     return absl::UnimplementedError(path + ": no pre_tokenizer; byte-level BPE needs one");
   }
-  DUET_ASSIGN_OR_RETURN(spec.pre, DetectPreTokenizer(tj["pre_tokenizer"], &spec.add_prefix_space,
-                                                     path));
+  DUET_ASSIGN_OR_RETURN(spec.pre,
+                        DetectPreTokenizer(tj["pre_tokenizer"], &spec.add_prefix_space, path));
 
   const std::string tc_path =
       (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
@@ -231,7 +233,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
     };
     if (!bos.empty()) spec.bos_id = id_of(bos);
     if (!eos.empty() && id_of(eos) >= 0) spec.eos_ids.push_back(id_of(eos));
-    DUET_ASSIGN_OR_RETURN(std::optional<bool> add_bos, GetOptionalBool(tc, "add_bos_token", tc_path));
+    DUET_ASSIGN_OR_RETURN(std::optional<bool> add_bos,
+                          GetOptionalBool(tc, "add_bos_token", tc_path));
     spec.add_bos = add_bos.value_or(false);
     auto ct = tc.find("chat_template");
     if (ct != tc.end() && ct->is_string()) {

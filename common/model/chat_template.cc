@@ -7,8 +7,7 @@ absl::StatusOr<std::string> ApplyChatTemplate(const std::string& tmpl,
   if (tmpl.find("<|im_start|>") == std::string::npos ||
       tmpl.find("<|im_end|>") == std::string::npos) {
     return absl::UnimplementedError(
-        "chat template '" + tmpl.substr(0, 80) +
-        (tmpl.size() > 80 ? "...'" : "'") +
+        "chat template '" + tmpl.substr(0, 80) + (tmpl.size() > 80 ? "...'" : "'") +
         " is not supported; only ChatML templates (<|im_start|>role ... <|im_end|>)");
   }
   std::string out;

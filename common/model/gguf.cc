@@ -33,8 +33,8 @@ class Reader {
   template <typename T>
   absl::Status Read(T* out, const std::string& what) {
     if (remaining() < sizeof(T)) {
-      return Fail(absl::StrCat("truncated at byte ", pos_, " reading ", what, " (needs ",
-                               sizeof(T), " bytes, ", remaining(), " left)"));
+      return Fail(absl::StrCat("truncated at byte ", pos_, " reading ", what, " (needs ", sizeof(T),
+                               " bytes, ", remaining(), " left)"));
     }
     std::memcpy(out, data_ + pos_, sizeof(T));
     pos_ += sizeof(T);
@@ -94,12 +94,12 @@ bool IsIntegerType(GgufType t) {
 // Reads one scalar of `type` as an integer or a float.
 absl::Status ReadScalar(Reader& r, GgufType type, int64_t* i, double* f, const std::string& what) {
   switch (type) {
-#define DUET_GGUF_INT_CASE(enumerator, ctype)           \
-  case GgufType::enumerator: {                          \
-    ctype v;                                            \
-    DUET_RETURN_IF_ERROR(r.Read(&v, what));             \
-    *i = static_cast<int64_t>(v);                       \
-    return absl::OkStatus();                            \
+#define DUET_GGUF_INT_CASE(enumerator, ctype) \
+  case GgufType::enumerator: {                \
+    ctype v;                                  \
+    DUET_RETURN_IF_ERROR(r.Read(&v, what));   \
+    *i = static_cast<int64_t>(v);             \
+    return absl::OkStatus();                  \
   }
     DUET_GGUF_INT_CASE(kUint8, uint8_t)
     DUET_GGUF_INT_CASE(kInt8, int8_t)
@@ -186,19 +186,32 @@ absl::Status ReadValue(Reader& r, GgufType type, GgufValue* v, const std::string
 
 const char* GgufTypeName(GgufType type) {
   switch (type) {
-    case GgufType::kUint8: return "uint8";
-    case GgufType::kInt8: return "int8";
-    case GgufType::kUint16: return "uint16";
-    case GgufType::kInt16: return "int16";
-    case GgufType::kUint32: return "uint32";
-    case GgufType::kInt32: return "int32";
-    case GgufType::kFloat32: return "float32";
-    case GgufType::kBool: return "bool";
-    case GgufType::kString: return "string";
-    case GgufType::kArray: return "array";
-    case GgufType::kUint64: return "uint64";
-    case GgufType::kInt64: return "int64";
-    case GgufType::kFloat64: return "float64";
+    case GgufType::kUint8:
+      return "uint8";
+    case GgufType::kInt8:
+      return "int8";
+    case GgufType::kUint16:
+      return "uint16";
+    case GgufType::kInt16:
+      return "int16";
+    case GgufType::kUint32:
+      return "uint32";
+    case GgufType::kInt32:
+      return "int32";
+    case GgufType::kFloat32:
+      return "float32";
+    case GgufType::kBool:
+      return "bool";
+    case GgufType::kString:
+      return "string";
+    case GgufType::kArray:
+      return "array";
+    case GgufType::kUint64:
+      return "uint64";
+    case GgufType::kInt64:
+      return "int64";
+    case GgufType::kFloat64:
+      return "float64";
   }
   return "unknown";
 }
@@ -260,12 +273,12 @@ absl::Status GgufFile::Parse(const uint8_t* data, size_t size) {
   DUET_RETURN_IF_ERROR(r.Read(&n_kv, "the metadata count"));
   // A key/value takes >= 8 (key length) + 4 (type) + 1 bytes; a tensor info >= 8 + 4 + 4 + 8.
   if (n_kv > r.remaining() / 13) {
-    return r.Fail(absl::StrCat("metadata count ", n_kv, " does not fit the file (", size,
-                               " bytes)"));
+    return r.Fail(
+        absl::StrCat("metadata count ", n_kv, " does not fit the file (", size, " bytes)"));
   }
   if (n_tensors > r.remaining() / 24) {
-    return r.Fail(absl::StrCat("tensor count ", n_tensors, " does not fit the file (", size,
-                               " bytes)"));
+    return r.Fail(
+        absl::StrCat("tensor count ", n_tensors, " does not fit the file (", size, " bytes)"));
   }
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key;
@@ -282,9 +295,10 @@ absl::Status GgufFile::Parse(const uint8_t* data, size_t size) {
   if (const GgufValue* a = Find("general.alignment")) {
     if (!a->is_integer() || a->int_value <= 0 || a->int_value > (1 << 20) ||
         (a->int_value & (a->int_value - 1)) != 0) {
-      return r.Fail(absl::StrCat("metadata key 'general.alignment': expected a power of two "
-                                 "integer up to 2^20, got ",
-                                 GgufTypeName(a->type), " ", a->int_value));
+      return r.Fail(
+          absl::StrCat("metadata key 'general.alignment': expected a power of two "
+                       "integer up to 2^20, got ",
+                       GgufTypeName(a->type), " ", a->int_value));
     }
     alignment_ = static_cast<uint64_t>(a->int_value);
   }
@@ -337,9 +351,8 @@ absl::Status GgufFile::Parse(const uint8_t* data, size_t size) {
     GgufTensorInfo& t = tensors_[k];
     if (t.offset > data_size || t.nbytes > data_size - t.offset) {
       return r.Fail(absl::StrCat("tensor '", t.name, "' (", GgmlTypeName(t.type), " ",
-                                 ShapeToString(t.Shape()), ", ", t.nbytes,
-                                 " bytes at data offset ", t.offset,
-                                 ") extends past the end of the file (data section of ",
+                                 ShapeToString(t.Shape()), ", ", t.nbytes, " bytes at data offset ",
+                                 t.offset, ") extends past the end of the file (data section of ",
                                  data_size, " bytes from byte ", data_start, ")"));
     }
     t.data = data + data_start + t.offset;

@@ -112,8 +112,8 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
   if (g.Find("llama.attention.value_length")) {
     DUET_ASSIGN_OR_RETURN(int vlen, get_int("llama.attention.value_length"));
     if (vlen != c.head_dim) {
-      return absl::UnimplementedError(absl::StrCat(
-          path, ": llama.attention.value_length ", vlen, " differs from key_length ", c.head_dim));
+      return absl::UnimplementedError(absl::StrCat(path, ": llama.attention.value_length ", vlen,
+                                                   " differs from key_length ", c.head_dim));
     }
   }
   if (g.Find("llama.rope.dimension_count")) {
@@ -150,13 +150,16 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
     }
   }
   if (!vocab || *vocab <= 0 || *vocab > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError(path + ": cannot tell the vocabulary size (llama.vocab_size, "
+    return absl::InvalidArgumentError(path +
+                                      ": cannot tell the vocabulary size (llama.vocab_size, "
                                       "tokenizer.ggml.tokens or token_embd.weight)");
   }
   c.vocab_size = static_cast<int>(*vocab);
   c.tie_word_embeddings = !g.HasTensor("output.weight");
-  DUET_ASSIGN_OR_RETURN(std::optional<int64_t> bos, g.GetOptionalInt("tokenizer.ggml.bos_token_id"));
-  DUET_ASSIGN_OR_RETURN(std::optional<int64_t> eos, g.GetOptionalInt("tokenizer.ggml.eos_token_id"));
+  DUET_ASSIGN_OR_RETURN(std::optional<int64_t> bos,
+                        g.GetOptionalInt("tokenizer.ggml.bos_token_id"));
+  DUET_ASSIGN_OR_RETURN(std::optional<int64_t> eos,
+                        g.GetOptionalInt("tokenizer.ggml.eos_token_id"));
   if (bos) c.bos_token_id = static_cast<int>(std::min<int64_t>(*bos, INT32_MAX));
   if (eos) c.eos_token_ids = {static_cast<int>(std::min<int64_t>(*eos, INT32_MAX))};
   DUET_RETURN_IF_ERROR(Annotate(c.Validate(), path));
@@ -182,10 +185,10 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
   DUET_RETURN_IF_ERROR(config.Validate());
   // Each layer has >= 9 tensors: refuse a lying block_count before allocating for it.
   if (static_cast<uint64_t>(config.num_hidden_layers) * 9 > g.tensors().size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        g.path(), ": ", config.num_hidden_layers, " layers need at least ",
-        static_cast<uint64_t>(config.num_hidden_layers) * 9, " tensors; the file has ",
-        g.tensors().size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.path(), ": ", config.num_hidden_layers, " layers need at least ",
+                     static_cast<uint64_t>(config.num_hidden_layers) * 9, " tensors; the file has ",
+                     g.tensors().size()));
   }
   ModelWeights w;
   w.layers.resize(config.num_hidden_layers);
@@ -194,30 +197,45 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
     const std::string name = GgufTensorName(e.name);
     DUET_ASSIGN_OR_RETURN(const GgufTensorInfo* t, g.Tensor(name));
     if (t->Shape() != e.shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          g.path(), ": tensor '", name, "' has shape ", ShapeToString(t->Shape()), "; expected ",
-          ShapeToString(e.shape), e.what, " (HF ", e.name, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(g.path(), ": tensor '", name, "' has shape ", ShapeToString(t->Shape()),
+                       "; expected ", ShapeToString(e.shape), e.what, " (HF ", e.name, ")"));
     }
     std::vector<float>* out = nullptr;
     int layer = 0;
     const std::string suffix = LayerSuffix(e.name, &layer);
-    if (e.name == "model.embed_tokens.weight") out = &w.embed_tokens;
-    else if (e.name == "model.norm.weight") out = &w.norm;
-    else if (e.name == "lm_head.weight") out = &w.lm_head;
+    if (e.name == "model.embed_tokens.weight")
+      out = &w.embed_tokens;
+    else if (e.name == "model.norm.weight")
+      out = &w.norm;
+    else if (e.name == "lm_head.weight")
+      out = &w.lm_head;
     else {
       LayerWeights& l = w.layers[layer];
-      if (suffix == "input_layernorm.weight") out = &l.input_norm;
-      else if (suffix == "self_attn.q_proj.weight") out = &l.q_proj;
-      else if (suffix == "self_attn.k_proj.weight") out = &l.k_proj;
-      else if (suffix == "self_attn.v_proj.weight") out = &l.v_proj;
-      else if (suffix == "self_attn.o_proj.weight") out = &l.o_proj;
-      else if (suffix == "self_attn.q_proj.bias") out = &l.q_bias;
-      else if (suffix == "self_attn.k_proj.bias") out = &l.k_bias;
-      else if (suffix == "self_attn.v_proj.bias") out = &l.v_bias;
-      else if (suffix == "post_attention_layernorm.weight") out = &l.post_attention_norm;
-      else if (suffix == "mlp.gate_proj.weight") out = &l.gate_proj;
-      else if (suffix == "mlp.up_proj.weight") out = &l.up_proj;
-      else if (suffix == "mlp.down_proj.weight") out = &l.down_proj;
+      if (suffix == "input_layernorm.weight")
+        out = &l.input_norm;
+      else if (suffix == "self_attn.q_proj.weight")
+        out = &l.q_proj;
+      else if (suffix == "self_attn.k_proj.weight")
+        out = &l.k_proj;
+      else if (suffix == "self_attn.v_proj.weight")
+        out = &l.v_proj;
+      else if (suffix == "self_attn.o_proj.weight")
+        out = &l.o_proj;
+      else if (suffix == "self_attn.q_proj.bias")
+        out = &l.q_bias;
+      else if (suffix == "self_attn.k_proj.bias")
+        out = &l.k_bias;
+      else if (suffix == "self_attn.v_proj.bias")
+        out = &l.v_bias;
+      else if (suffix == "post_attention_layernorm.weight")
+        out = &l.post_attention_norm;
+      else if (suffix == "mlp.gate_proj.weight")
+        out = &l.gate_proj;
+      else if (suffix == "mlp.up_proj.weight")
+        out = &l.up_proj;
+      else if (suffix == "mlp.down_proj.weight")
+        out = &l.down_proj;
     }
     DUET_CHECK(out != nullptr) << e.name;
     out->resize(static_cast<size_t>(t->NumElements()));

@@ -9,13 +9,13 @@ namespace duet::model {
 namespace {
 
 constexpr GgmlTypeInfo kTypes[] = {
-    {0, "F32", 1, 4, true},       {1, "F16", 1, 2, true},       {2, "Q4_0", 32, 18, true},
-    {3, "Q4_1", 32, 20, true},    {6, "Q5_0", 32, 22, true},    {7, "Q5_1", 32, 24, true},
-    {8, "Q8_0", 32, 34, true},    {9, "Q8_1", 32, 36, false},   {10, "Q2_K", 256, 84, false},
+    {0, "F32", 1, 4, true},        {1, "F16", 1, 2, true},        {2, "Q4_0", 32, 18, true},
+    {3, "Q4_1", 32, 20, true},     {6, "Q5_0", 32, 22, true},     {7, "Q5_1", 32, 24, true},
+    {8, "Q8_0", 32, 34, true},     {9, "Q8_1", 32, 36, false},    {10, "Q2_K", 256, 84, false},
     {11, "Q3_K", 256, 110, false}, {12, "Q4_K", 256, 144, false}, {13, "Q5_K", 256, 176, false},
     {14, "Q6_K", 256, 210, false}, {15, "Q8_K", 256, 292, false}, {24, "I8", 1, 1, false},
-    {25, "I16", 1, 2, false},     {26, "I32", 1, 4, false},     {27, "I64", 1, 8, false},
-    {28, "F64", 1, 8, false},     {30, "BF16", 1, 2, true},
+    {25, "I16", 1, 2, false},      {26, "I32", 1, 4, false},      {27, "I64", 1, 8, false},
+    {28, "F64", 1, 8, false},      {30, "BF16", 1, 2, true},
 };
 
 inline uint16_t Load16(const uint8_t* p) {
@@ -58,9 +58,9 @@ const GgmlTypeInfo* FindGgmlType(uint32_t type) {
 absl::Status DequantizeBlocks(uint32_t type, const uint8_t* src, int64_t n, float* dst) {
   const GgmlTypeInfo* info = FindGgmlType(type);
   if (info == nullptr || !info->can_dequantize) {
-    return absl::InvalidArgumentError(
-        std::string("cannot dequantize ggml type ") + (info ? info->name : std::to_string(type)) +
-        "; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0");
+    return absl::InvalidArgumentError(std::string("cannot dequantize ggml type ") +
+                                      (info ? info->name : std::to_string(type)) +
+                                      "; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0");
   }
   if (n < 0 || n % info->block_size != 0) {
     return absl::InvalidArgumentError(std::string(info->name) + ": " + std::to_string(n) +
@@ -104,7 +104,8 @@ absl::Status DequantizeBlocks(uint32_t type, const uint8_t* src, int64_t n, floa
     case 8:  // Q8_0
       for (int64_t b = 0; b < blocks; ++b, src += 34, dst += 32) {
         const float d = HalfToFloat(Load16(src));
-        for (int j = 0; j < 32; ++j) dst[j] = static_cast<float>(static_cast<int8_t>(src[2 + j])) * d;
+        for (int j = 0; j < 32; ++j)
+          dst[j] = static_cast<float>(static_cast<int8_t>(src[2 + j])) * d;
       }
       return absl::OkStatus();
   }

@@ -120,17 +120,20 @@ void SplitLlama3(const std::vector<Char>& cs, size_t n, size_t max_digits,
 
 const char* PreTokenizerName(PreTokenizerKind kind) {
   switch (kind) {
-    case PreTokenizerKind::kGpt2: return "gpt2";
-    case PreTokenizerKind::kSmolLm: return "smollm";
-    case PreTokenizerKind::kLlama3: return "llama3";
-    case PreTokenizerKind::kQwen2: return "qwen2";
+    case PreTokenizerKind::kGpt2:
+      return "gpt2";
+    case PreTokenizerKind::kSmolLm:
+      return "smollm";
+    case PreTokenizerKind::kLlama3:
+      return "llama3";
+    case PreTokenizerKind::kQwen2:
+      return "qwen2";
   }
   return "?";
 }
 
 std::optional<PreTokenizerKind> PreTokenizerFromGgufName(const std::string& name) {
-  if (name == "gpt2" || name == "default" || name == "gpt-2" || name == "olmo" ||
-      name == "jais") {
+  if (name == "gpt2" || name == "default" || name == "gpt-2" || name == "olmo" || name == "jais") {
     return PreTokenizerKind::kGpt2;
   }
   if (name == "smollm" || name == "starcoder" || name == "refact" || name == "codeshell") {

@@ -22,14 +22,16 @@ namespace duet::model {
 namespace {
 
 using ::testing::AllOf;
-using ::testing::HasSubstr;
 using testing::GgufWriter;
+using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::WriteRaw;
 
 // GPT-2 byte-level spelling of byte b (U+0100 + k for the k-th unprintable byte).
 std::string ByteToken(int b) {
-  auto printable = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174; };
+  auto printable = [](int x) {
+    return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174;
+  };
   int n = 0;
   for (int x = 0; x < b; ++x) n += !printable(x);
   const uint32_t cp = printable(b) ? b : 256 + n;
@@ -53,12 +55,12 @@ BpeSpec TinySpec() {
     s.tokens.push_back(t);
     s.kinds.push_back(k);
   };
-  add("ll");          // 256
-  add("he");          // 257
-  add("hell");        // 258
-  add("hello");       // 259
-  add("aa");          // 260
-  add("Ġw");          // 261  " w"
+  add("ll");                                 // 256
+  add("he");                                 // 257
+  add("hell");                               // 258
+  add("hello");                              // 259
+  add("aa");                                 // 260
+  add("Ġw");                                 // 261  " w"
   add("<|im_start|>", TokenKind::kControl);  // 262
   add("<|im_end|>", TokenKind::kControl);    // 263
   add("<x>", TokenKind::kUserDefined);       // 264
@@ -85,8 +87,7 @@ TEST(BpeTokenizerTest, MergesByRankLeftmostFirst) {
   EXPECT_EQ(*t->Encode("aaa", false), (std::vector<int32_t>{260, 'a'}));  // leftmost pair first
   EXPECT_EQ(*t->Encode("aaaa", false), (std::vector<int32_t>{260, 260}));
   // " world": the pre-tokenizer keeps the space with the word; "Ġw" merges.
-  EXPECT_EQ(*t->Encode("hello world", false),
-            (std::vector<int32_t>{259, 261, 'o', 'r', 'l', 'd'}));
+  EXPECT_EQ(*t->Encode("hello world", false), (std::vector<int32_t>{259, 261, 'o', 'r', 'l', 'd'}));
   EXPECT_EQ(*t->Encode("", false), (std::vector<int32_t>{}));
 }
 
@@ -110,11 +111,20 @@ TEST(BpeTokenizerTest, BosOnlyWhenTheModelAddsIt) {
 
 TEST(BpeTokenizerTest, RoundTripsUnicodeWhitespaceAndSpecials) {
   auto t = Tiny();
-  const std::vector<std::string> texts = {
-      "hello world",  "  two  spaces  ", "\t\ttabs\n\nnewlines\r\n", "café naïve",
-      "你好，世界",   "😀🎉👍🏽",        "<|im_start|>user\nhi<|im_end|>\n", "<x>y<x>z",
-      "1234 5.67",    "\xff\xfe invalid \xc3 utf8", std::string("nul\0byte", 8), "   ",
-      "don't I'm",    "\u00a0\u3000"};
+  const std::vector<std::string> texts = {"hello world",
+                                          "  two  spaces  ",
+                                          "\t\ttabs\n\nnewlines\r\n",
+                                          "café naïve",
+                                          "你好，世界",
+                                          "😀🎉👍🏽",
+                                          "<|im_start|>user\nhi<|im_end|>\n",
+                                          "<x>y<x>z",
+                                          "1234 5.67",
+                                          "\xff\xfe invalid \xc3 utf8",
+                                          std::string("nul\0byte", 8),
+                                          "   ",
+                                          "don't I'm",
+                                          "\u00a0\u3000"};
   for (const std::string& s : texts) {
     auto ids = t->Encode(s, false);
     ASSERT_TRUE(ids.ok());
@@ -131,7 +141,10 @@ TEST(BpeTokenizerTest, BytesMissingFromTheVocabularyAreDropped) {
   s.tokens[7] = "unused-7";  // byte 0x07 has no byte token now
   auto t = BpeTokenizer::Create(std::move(s));
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_EQ(*(*t)->Encode("a\x07" "b", false), (std::vector<int32_t>{'a', 'b'}));
+  EXPECT_EQ(*(*t)->Encode("a\x07"
+                          "b",
+                          false),
+            (std::vector<int32_t>{'a', 'b'}));
 }
 
 TEST(BpeTokenizerTest, CreateRefusesBadSpecs) {
@@ -162,11 +175,10 @@ TEST(PreTokenizerTest, MatchesHfTokenizers) {
                    "/tests/unit/model_real/testdata/pretokenizer_splits.json");
   ASSERT_TRUE(in.good());
   const nlohmann::json ref = nlohmann::json::parse(in);
-  const std::pair<const char*, PreTokenizerKind> kinds[] = {
-      {"gpt2", PreTokenizerKind::kGpt2},
-      {"smollm", PreTokenizerKind::kSmolLm},
-      {"llama3", PreTokenizerKind::kLlama3},
-      {"qwen2", PreTokenizerKind::kQwen2}};
+  const std::pair<const char*, PreTokenizerKind> kinds[] = {{"gpt2", PreTokenizerKind::kGpt2},
+                                                            {"smollm", PreTokenizerKind::kSmolLm},
+                                                            {"llama3", PreTokenizerKind::kLlama3},
+                                                            {"qwen2", PreTokenizerKind::kQwen2}};
   for (const auto& [name, kind] : kinds) {
     ASSERT_TRUE(ref.contains(name));
     ASSERT_GE(ref[name].size(), 25u);
@@ -208,9 +220,8 @@ std::string TinyTokenizerJson(const std::string& pre_tokenizer, bool pair_merges
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) vocab[ByteToken(b)] = b;
   vocab["he"] = 256;
-  nlohmann::json merges = pair_merges
-                              ? nlohmann::json::array({nlohmann::json::array({"h", "e"})})
-                              : nlohmann::json::array({"h e"});
+  nlohmann::json merges = pair_merges ? nlohmann::json::array({nlohmann::json::array({"h", "e"})})
+                                      : nlohmann::json::array({"h e"});
   nlohmann::json model = nlohmann::json::object();
   model["type"] = "BPE";
   model["vocab"] = vocab;
@@ -218,17 +229,16 @@ std::string TinyTokenizerJson(const std::string& pre_tokenizer, bool pair_merges
   nlohmann::json tj = nlohmann::json::object();
   tj["normalizer"] = nullptr;
   tj["pre_tokenizer"] = nlohmann::json::parse(pre_tokenizer);
-  tj["added_tokens"] = nlohmann::json::array(
-      {{{"id", 257}, {"content", "<|endoftext|>"}, {"special", true}},
-       {{"id", 258}, {"content", "<tool>"}, {"special", false}}});
+  tj["added_tokens"] =
+      nlohmann::json::array({{{"id", 257}, {"content", "<|endoftext|>"}, {"special", true}},
+                             {{"id", 258}, {"content", "<tool>"}, {"special", false}}});
   tj["model"] = model;
   return tj.dump();
 }
 
 TEST(BpeLoaderTest, FromTokenizerJson) {
   TempDir dir;
-  WriteRaw(dir / "tokenizer.json",
-           TinyTokenizerJson(R"({"type": "Sequence", "pretokenizers": [
+  WriteRaw(dir / "tokenizer.json", TinyTokenizerJson(R"({"type": "Sequence", "pretokenizers": [
                {"type": "Digits", "individual_digits": true},
                {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}]})"));
   WriteRaw(dir / "tokenizer_config.json",
@@ -275,8 +285,8 @@ TEST(BpeLoaderTest, TokenizerJsonPreTokenizers) {
 
 absl::Status GgufTokenizerStatus(GgufWriter& w) {
   const std::string bytes = w.Bytes();
-  auto f = GgufFile::FromBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
-                               "tok.gguf");
+  auto f =
+      GgufFile::FromBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "tok.gguf");
   if (!f.ok()) return f.status();
   return BpeTokenizer::FromGguf(**f).status();
 }

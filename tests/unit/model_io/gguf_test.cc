@@ -23,9 +23,9 @@ namespace duet::model {
 namespace {
 
 using ::testing::AllOf;
-using ::testing::HasSubstr;
 using testing::FloatBytes;
 using testing::GgufWriter;
+using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::WriteRaw;
 
@@ -95,7 +95,7 @@ TEST(GgufTest, DequantizesEveryType) {
   w.AddTensor("bf16", {2}, 30, bf16);
   std::string nib(16, '\0');
   for (int j = 0; j < 16; ++j) nib[j] = static_cast<char>((j & 0xF) | ((15 - j) << 4));
-  auto lo = [](int e) { return e < 16 ? e : 15 - (e - 16); };  // the nibble of element e
+  auto lo = [](int e) { return e < 16 ? e : 15 - (e - 16); };             // the nibble of element e
   w.AddTensor("q4_0", {32}, 2, GgufWriter::Pod<uint16_t>(0x4000) + nib);  // d = 2
   w.AddTensor("q4_1", {32}, 3,
               GgufWriter::Pod<uint16_t>(0x3800) + GgufWriter::Pod<uint16_t>(0xbc00) + nib);
@@ -155,7 +155,8 @@ std::vector<BadCase> BadCases() {
   out.push_back({"version_4", header(4, 0, 0), {"version 4 is not supported"}});
   out.push_back({"kv_count", header(3, 0, 1ull << 60), {"metadata count", "does not fit"}});
   out.push_back({"tensor_count", header(3, 1ull << 60, 0), {"tensor count", "does not fit"}});
-  out.push_back({"truncated_counts", "GGUF" + GgufWriter::Pod<uint32_t>(3) + "\1\0",
+  out.push_back({"truncated_counts",
+                 "GGUF" + GgufWriter::Pod<uint32_t>(3) + "\1\0",
                  {"truncated", "tensor count"}});
   {
     GgufWriter w;
@@ -231,7 +232,8 @@ std::vector<BadCase> BadCases() {
   {
     GgufWriter w;
     w.AddTensor("t", {8}, 0, FloatBytes({1, 2}));  // 32 bytes declared, 8 present
-    out.push_back({"past_eof", w.Bytes(),
+    out.push_back({"past_eof",
+                   w.Bytes(),
                    {"tensor 't'", "F32 [8]", "32 bytes", "extends past the end of the file"}});
   }
   {
@@ -291,7 +293,8 @@ std::vector<float> Permute(const std::vector<float>& w, int heads, int head_dim,
     for (int i = 0; i < 2; ++i) {
       for (int j = 0; j < half; ++j) {
         for (int c = 0; c < cols; ++c) {
-          out[((h * head_dim) + 2 * j + i) * cols + c] = w[((h * head_dim) + i * half + j) * cols + c];
+          out[((h * head_dim) + 2 * j + i) * cols + c] =
+              w[((h * head_dim) + i * half + j) * cols + c];
         }
       }
     }

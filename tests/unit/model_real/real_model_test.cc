@@ -183,9 +183,11 @@ TEST_F(RealModelTest, KvCacheDecodeMatchesRecompute) {
   ModelRunner& runner = engine_->runner();
   kv::BlockPool& pool = engine_->pool();
   auto run = [&](kv::BlockTable& table, std::vector<int32_t> tokens) {
-    std::vector<SequenceInput> b = {{.seq_id = 1, .tokens = std::move(tokens),
+    std::vector<SequenceInput> b = {{.seq_id = 1,
+                                     .tokens = std::move(tokens),
                                      .start_pos = static_cast<int32_t>(table.num_tokens()),
-                                     .table = &table, .want_logits = true}};
+                                     .table = &table,
+                                     .want_logits = true}};
     auto out = runner.Forward(absl::MakeSpan(b), pool.View());
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? out->logits : std::vector<float>();
