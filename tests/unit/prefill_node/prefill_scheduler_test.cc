@@ -456,5 +456,56 @@ TEST_F(PrefillSchedulerTest, DuplicateRequestIdIsRefusedAndShutdownFailsWaitingR
   r.ExpectNoLeaks();
 }
 
+// Many concurrent requests of mixed lengths under a small budget, a third cancelled at
+// arbitrary moments and some with deadlines too short to make it: the rest produce the
+// reference first token, D sees for each either a complete stream or an abort, and every
+// block of P's pool is free at the end.
+TEST_F(PrefillSchedulerTest, MixedOutcomesUnderLoadLeakNothing) {
+  Rig r({.max_batch_tokens = 64});
+  Reference ref = Reference::Load(16);
+  constexpr int kRequests = 24;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<PrefillJob> jobs;
+  for (int i = 0; i < kRequests; ++i) {
+    prompts.push_back(Prompt(1 + (i * 37) % 150, 60 + i, r.vocab()));
+    jobs.push_back(r.Job("m" + std::to_string(i), 300 + i, prompts.back(),
+                         i % 8 == 7 ? absl::Milliseconds(5) : absl::Seconds(30)));
+  }
+  std::vector<absl::StatusOr<PrefillResult>> results(kRequests, absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] { results[i] = r.sched->Run(std::move(jobs[i])); });
+  }
+  std::thread canceller([&] {
+    for (int i = 0; i < kRequests; i += 3) {
+      absl::SleepFor(absl::Microseconds(300 * i));
+      r.sched->Cancel("m" + std::to_string(i));
+    }
+  });
+  for (auto& t : threads) t.join();
+  canceller.join();
+  r.DrainD();
+  int ok = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    SCOPED_TRACE(i);
+    const Received& got = r.got[300 + i];
+    if (results[i].ok()) {
+      ++ok;
+      EXPECT_EQ(results[i]->first_token.id, ref.FirstToken(prompts[i]));
+      ExpectCompleteStream(got, r.layout.num_layers);
+    } else {
+      const absl::Status& s = results[i].status();
+      EXPECT_TRUE(absl::IsCancelled(s) || absl::IsDeadlineExceeded(s)) << s;
+      EXPECT_TRUE(i % 3 == 0 || i % 8 == 7) << s;
+      // Refused before admission: nothing was begun, so D has nothing to hear (the
+      // coordinator releases its reservation on the error).
+      const bool refused = s.message().find("before admission") != std::string::npos;
+      EXPECT_TRUE(refused ? got.notices.empty() : (got.HasAborted() || got.HasFinal())) << s;
+    }
+  }
+  EXPECT_GE(ok, kRequests / 2);
+  r.ExpectNoLeaks();
+}
+
 }  // namespace
 }  // namespace duet::prefill
