@@ -167,9 +167,12 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError(absl::StrCat(options_.name, " is shutting down"));
-    if (requests_.count(r->id)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat(options_.name, ": request ", r->id, " is already known"));
+    if (auto it = requests_.find(r->id); it != requests_.end()) {
+      if (it->second->state != State::kDone) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            options_.name, ": request ", r->id, " is already reserved here (release it first)"));
+      }
+      requests_.erase(it);  // a finished attempt (e.g. its sender died): the id may be reused
     }
     if (active_ >= options_.max_running) {
       return absl::ResourceExhaustedError(

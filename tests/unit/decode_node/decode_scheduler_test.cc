@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -113,6 +114,71 @@ TEST_F(DecodeSchedulerTest, TokensEqualLocalEngineForConcurrentRequests) {
   EXPECT_EQ(h_.scheduler().Load().pending_requests, 0);
 }
 
+// 64 requests of mixed lengths (1..300 tokens) in flight at once, half greedy and half seeded:
+// all finish with the single-process tokens, and every block is free afterwards.
+TEST(DecodeSchedulerLoad, SixtyFourConcurrentRequestsOfMixedLengths) {
+  DecodeHarness h;
+  ASSERT_TRUE(h.Init({.block_size = 4, .d_blocks = 8192, .max_running = 64}).ok());
+  constexpr int kRequests = 64;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<model::SamplingParams> params;
+  std::vector<Reservation> reservations;
+  std::vector<std::shared_ptr<TokenStream>> streams;
+  uint64_t x = 12345;
+  auto next = [&x] { return (x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  for (int i = 0; i < kRequests; ++i) {
+    const int len = 1 + static_cast<int>(next() % 300);
+    std::vector<int32_t> prompt(len);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(next() % 256);
+    prompts.push_back(prompt);
+    model::SamplingParams p{.max_tokens = 20 + static_cast<int>(next() % 40)};
+    if (i % 2 == 1) {
+      p.temperature = 0.8f;
+      p.top_p = 0.9f;
+      p.seed = next();
+    }
+    params.push_back(p);
+    auto res = h.scheduler().Reserve(h.Args("m" + std::to_string(i), prompt, p));
+    ASSERT_TRUE(res.ok()) << res.status();
+    reservations.push_back(*res);
+    auto stream = h.scheduler().Subscribe("m" + std::to_string(i));
+    ASSERT_TRUE(stream.ok());
+    streams.push_back(*stream);
+  }
+  EXPECT_EQ(h.scheduler().Reserve(h.Args("one-too-many", prompts[0], params[0])).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Every layer of every request lands first; the final notices then go out in a burst, so the
+  // requests join the batch at nearly the same step and decode together.
+  std::vector<int32_t> firsts;
+  std::vector<std::string> finals(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    auto first = h.Prefill(prompts[i], params[i], reservations[i], -1, &finals[i]);
+    ASSERT_TRUE(first.ok()) << first.status();
+    firsts.push_back(first->id);
+  }
+  EXPECT_EQ(h.scheduler().Load().running_requests, 0);
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(h.sender().Finish(reservations[i].transfer_id, finals[i]).ok());
+  }
+  int peak_running = 0;
+  for (int i = 0; i < 200 && peak_running < 32; ++i) {
+    peak_running = std::max(peak_running, h.scheduler().Load().running_requests);
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  EXPECT_GE(peak_running, 32);
+  for (int i = 0; i < kRequests; ++i) {
+    SCOPED_TRACE(i);
+    std::vector<DecodeEvent> events = DrainStream(*streams[i], absl::Seconds(20));
+    ASSERT_FALSE(events.empty());
+    ASSERT_TRUE(events.back().finished());
+    auto ref = h.Reference(prompts[i], params[i]);
+    ASSERT_TRUE(ref.ok());
+    EXPECT_EQ(Tokens(firsts[i], events), ref->generated_ids);
+    EXPECT_EQ(events.back().finish, FinishOf(ref->stop));
+  }
+  EXPECT_TRUE(Eventually([&] { return AllFree(h); }));
+}
+
 TEST_F(DecodeSchedulerTest, FirstTokenThatStopsFinishesAtAdmission) {
   const std::vector<int32_t> prompt = h_.Encode("one token only");
   auto res = h_.scheduler().Reserve(h_.Args("r1", prompt, {.max_tokens = 1}));
@@ -201,6 +267,37 @@ TEST_F(DecodeSchedulerTest, ReleaseWhileWaitingQuarantinesUntilSenderConfirms) {
   ASSERT_TRUE(h_.sender().Abort(res->transfer_id, DeadlineIn(absl::Seconds(1)), "released").ok());
   EXPECT_TRUE(Eventually([&] { return AllFree(h_); }));
   EXPECT_FALSE(h_.scheduler().Release("w").found);  // the subscriber took its events
+}
+
+// A retry after a failed attempt (released, or its sender died) reserves the same id again,
+// even when nobody read the first attempt's stream; a live id is refused.
+TEST_F(DecodeSchedulerTest, ReleasedIdCanBeReservedAgain) {
+  const model::SamplingParams p{.max_tokens = 6};
+  const std::vector<int32_t> prompt = h_.Encode("retry me");
+  auto first_try = h_.scheduler().Reserve(h_.Args("retry", prompt, p));
+  ASSERT_TRUE(first_try.ok()) << first_try.status();
+  EXPECT_EQ(h_.scheduler().Reserve(h_.Args("retry", prompt, p)).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(h_.scheduler().Release("retry").found);
+  auto second_try = h_.scheduler().Reserve(h_.Args("retry", prompt, p));
+  ASSERT_TRUE(second_try.ok()) << second_try.status();
+  EXPECT_NE(second_try->transfer_id, first_try->transfer_id);
+  auto stream = h_.scheduler().Subscribe("retry");
+  ASSERT_TRUE(stream.ok());
+  auto first = h_.Prefill(prompt, p, *second_try);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::vector<DecodeEvent> events = DrainStream(**stream, absl::Seconds(10));
+  ASSERT_FALSE(events.empty());
+  auto ref = h_.Reference(prompt, p);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_EQ(Tokens(first->id, events), ref->generated_ids);
+  // The first attempt's blocks wait for its sender's confirmation, then all are free.
+  ASSERT_TRUE(h_.p_transport()
+                  .PostWrite(h_.to_d(), {},
+                             transfer::EncodeKvNotice({.kind = transfer::KvNoticeKind::kAborted,
+                                                       .request_id = first_try->transfer_id}))
+                  .ok());
+  EXPECT_TRUE(Eventually([&] { return AllFree(h_); }));
 }
 
 // Release while decoding: the request leaves the batch and its blocks are free when Release

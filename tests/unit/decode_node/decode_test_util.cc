@@ -58,7 +58,8 @@ absl::Status PrefillSide::ConnectTo(const std::string& decode_address) {
 absl::StatusOr<model::SampledToken> PrefillSide::Prefill(const std::vector<int32_t>& prompt,
                                                          const model::SamplingParams& params,
                                                          const Reservation& reservation,
-                                                         int layers_to_send) {
+                                                         int layers_to_send,
+                                                         std::string* deferred_final) {
   kv::BlockTable table(&engine_->pool());
   DUET_RETURN_IF_ERROR(table.Reserve(static_cast<int64_t>(prompt.size())));
   DUET_RETURN_IF_ERROR(sender_->Begin({.request_id = reservation.transfer_id,
@@ -88,6 +89,10 @@ absl::StatusOr<model::SampledToken> PrefillSide::Prefill(const std::vector<int32
   completion.set_prompt_tokens(static_cast<int32_t>(prompt.size()));
   completion.set_last_layer_done_unix_us(layer_done_us.back());
   for (int64_t us : layer_done_us) completion.add_layer_done_unix_us(us);
+  if (deferred_final != nullptr) {
+    *deferred_final = completion.SerializeAsString();
+    return first;
+  }
   DUET_RETURN_IF_ERROR(sender_->Finish(reservation.transfer_id, completion.SerializeAsString()));
   DUET_RETURN_IF_ERROR(sender_->Wait(reservation.transfer_id, DeadlineIn(absl::Seconds(5))));
   return first;

@@ -46,11 +46,13 @@ class PrefillSide {
   // Prefills `prompt` into the reservation and, when `layers_to_send` < 0, streams every layer
   // and the final notice (a serialized KvCompletion) and waits for the writes. Otherwise
   // streams only the first `layers_to_send` layers and leaves the request open. Returns the
-  // first token (sampled here, at step 0).
+  // first token (sampled here, at step 0). With `deferred_final`, every layer is streamed but
+  // the final notice's payload is stored there instead of sent (send it with sender().Finish).
   absl::StatusOr<model::SampledToken> Prefill(const std::vector<int32_t>& prompt,
                                               const model::SamplingParams& params,
                                               const Reservation& reservation,
-                                              int layers_to_send = -1);
+                                              int layers_to_send = -1,
+                                              std::string* deferred_final = nullptr);
   absl::StatusOr<model::GenerationResult> Reference(const std::vector<int32_t>& prompt,
                                                     const model::SamplingParams& params);
   std::vector<int32_t> Encode(const std::string& text) const;
@@ -83,8 +85,9 @@ class DecodeHarness {
   absl::StatusOr<model::SampledToken> Prefill(const std::vector<int32_t>& prompt,
                                               const model::SamplingParams& params,
                                               const Reservation& reservation,
-                                              int layers_to_send = -1) {
-    return p_.Prefill(prompt, params, reservation, layers_to_send);
+                                              int layers_to_send = -1,
+                                              std::string* deferred_final = nullptr) {
+    return p_.Prefill(prompt, params, reservation, layers_to_send, deferred_final);
   }
   absl::StatusOr<model::GenerationResult> Reference(const std::vector<int32_t>& prompt,
                                                     const model::SamplingParams& params) {
