@@ -166,7 +166,7 @@ PrefillLoad PrefillScheduler::Load() const {
   return load;
 }
 
-absl::StatusOr<std::shared_ptr<PrefillScheduler::Entry>> PrefillScheduler::Admit(PrefillJob job) {
+absl::Status PrefillScheduler::Validate(const PrefillJob& job) const {
   const model::ModelConfig& c = runner_->config();
   const kv::KvLayout& layout = pool_->layout();
   const std::string what = absl::StrCat("prefill of request ", job.request_id);
@@ -192,11 +192,18 @@ absl::StatusOr<std::shared_ptr<PrefillScheduler::Entry>> PrefillScheduler::Admit
         what, ": the destination has ", job.remote_blocks.size(), " blocks but a prompt of ", n,
         " tokens needs ", want, " (block size ", layout.block_size, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<PrefillScheduler::Entry>> PrefillScheduler::Admit(PrefillJob job) {
+  const std::string what = absl::StrCat("prefill of request ", job.request_id);
+  DUET_RETURN_IF_ERROR(Validate(job));
   if (job.peer == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": no decode peer"));
   if (absl::Now() >= job.deadline) {
     return absl::DeadlineExceededError(
         absl::StrCat(what, ": the deadline passed before admission"));
   }
+  const int64_t want = pool_->layout().BlocksForTokens(static_cast<int64_t>(job.prompt.size()));
 
   auto e = std::make_shared<Entry>(std::move(job));
   e->layer_done_us.assign(num_layers_, 0);
@@ -287,6 +294,10 @@ absl::Status PrefillScheduler::Drive(Entry& e, const std::function<bool()>& call
       mu_.AwaitWithDeadline(absl::Condition(&progress), wake);
       if (!e.error.ok()) return e.error;
       if (!e.stop.ok()) return e.stop;
+      if (e.phase == Phase::kStopped) {
+        return absl::InternalError(
+            absl::StrCat("prefill of request ", e.job.request_id, ": stopped without a reason"));
+      }
       computed = e.phase == Phase::kComputed;
       posted = e.layers_posted;
     }

@@ -111,6 +111,9 @@ class PrefillScheduler {
   // in flight), ResourceExhausted (P's pool is full), DeadlineExceeded, Cancelled (Cancel or
   // `caller_gone` returned true), Unavailable (decode peer lost, or shutting down).
   absl::StatusOr<PrefillResult> Run(PrefillJob job, std::function<bool()> caller_gone = nullptr);
+  // The checks Run makes before admitting a job, except its peer and deadline: prompt (token
+  // ids in the vocabulary, shorter than the context), sampling, destination block count.
+  absl::Status Validate(const PrefillJob& job) const;
   // Stops a request with `reason` (its Run returns it). False when no such request is in flight.
   bool Cancel(const std::string& request_id,
               absl::Status reason = absl::CancelledError("cancelled by CancelPrefill"));

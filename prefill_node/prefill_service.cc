@@ -71,18 +71,17 @@ absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(const v1::PrefillR
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": the destination has no transfer address"));
   }
-  DUET_ASSIGN_OR_RETURN(transfer::PeerId peer,
-                        ConnectPeer(dest.transfer_address(), decode_name, deadline));
-
   PrefillJob job;
   job.request_id = request.request_id();
   job.transfer_id = dest.transfer_id();
   job.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   job.sampling = rpc::FromProto(request.sampling());
-  job.peer = peer;
   job.peer_name = decode_name;
   job.remote_blocks.assign(dest.block_ids().begin(), dest.block_ids().end());
   job.deadline = deadline;
+  // Refuse a bad request before touching the data path.
+  DUET_RETURN_IF_ERROR(scheduler_->Validate(job));
+  DUET_ASSIGN_OR_RETURN(job.peer, ConnectPeer(dest.transfer_address(), decode_name, deadline));
   DUET_ASSIGN_OR_RETURN(PrefillResult r, scheduler_->Run(std::move(job), std::move(caller_gone)));
 
   v1::PrefillResponse resp;

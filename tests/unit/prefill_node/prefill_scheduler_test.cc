@@ -130,6 +130,14 @@ void AwaitRunning(PrefillScheduler& s, int n) {
   ASSERT_EQ(s.Load().running_requests, n);
 }
 
+void AwaitQueuedTokens(PrefillScheduler& s, int64_t n) {
+  const absl::Time deadline = DeadlineIn(absl::Seconds(10));
+  while (s.Load().queued_tokens < n && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(s.Load().queued_tokens, n);
+}
+
 class PrefillSchedulerTest : public ::testing::Test {
  protected:
   static void TearDownTestSuite() { testing::RemoveTinyModel(); }
@@ -209,11 +217,14 @@ TEST_F(PrefillSchedulerTest, BatchesWaitingPromptsUnderTheBudgetAndChunksTheRest
   // The first prompt's first pass holds the scheduler until the others are all waiting.
   threads.emplace_back([&] { results[0] = r.sched->Run(std::move(jobs[0])); });
   gate.AwaitReached();
-  for (size_t i = 1; i < lengths.size(); ++i) {  // admitted in this order
+  int64_t queued = lengths[0];
+  for (size_t i = 1; i < lengths.size(); ++i) {  // queued in this order
     threads.emplace_back([&, i] { results[i] = r.sched->Run(std::move(jobs[i])); });
-    AwaitRunning(*r.sched, static_cast<int>(i + 1));
+    queued += lengths[i];
+    AwaitQueuedTokens(*r.sched, queued);
   }
   EXPECT_EQ(r.sched->Load().queued_tokens, 200 + 5 + 16 + 33 + 70);
+  EXPECT_EQ(r.sched->Load().running_requests, 5);
   gate.Open();
   for (auto& t : threads) t.join();
 
