@@ -22,6 +22,7 @@ import tempfile
 import time
 
 import numpy as np
+import llama_cpp
 from llama_cpp import Llama
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,6 +44,8 @@ def duet_figures(args, prefill):
 
 def llama_figures(llm, args, prefill, vocab):
     res = {}
+    llm.reset()
+    llm.eval([token(i, vocab) for i in range(32)])  # warm-up
     for n in prefill:
         toks = [token(i, vocab) for i in range(n)]
         best = 1e30
@@ -75,13 +78,26 @@ def cross_check(llm):
     llm.eval(toks)
     out = []
     for _ in range(len(greedy["ids"])):
-        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1),
+                                       shape=(llm.n_vocab(),))
+        nxt = int(np.argmax(logits))
         out.append(nxt)
         llm.eval([nxt])
     verdict = "same ids" if out == greedy["ids"] else "DIFFERENT ids"
     print(f"greedy '{greedy['prompt']}': llama.cpp {out}\n"
           f"                              duet      {greedy['ids']}  -> {verdict}")
     print("llama.cpp text:", repr(llm.detokenize(out).decode(errors="replace")))
+    # Teacher-forced: llama.cpp's rank of each duet token, and its logit gap to llama.cpp's top.
+    llm.reset()
+    llm.eval(toks)
+    ranks = []
+    for want in greedy["ids"]:
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1),
+                                       shape=(llm.n_vocab(),)).copy()
+        rank = int((logits > logits[want]).sum())
+        ranks.append(f"{rank}:{logits.max() - logits[want]:.3f}")
+        llm.eval([want])
+    print("duet's greedy ids under llama.cpp (rank:logit gap to llama.cpp's top):", " ".join(ranks))
 
 
 def main():
