@@ -116,6 +116,15 @@ int32_t BpeTokenizer::TokenId(const std::string& text) const {
 }
 
 void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) const {
+  if (spec_.ignore_merges) {
+    std::string mapped;
+    for (char c : word) AppendUtf8(Bytes().to_cp[static_cast<uint8_t>(c)], &mapped);
+    auto it = ids_.find(mapped);
+    if (it != ids_.end() && spec_.kinds[it->second] == TokenKind::kNormal) {
+      out->push_back(it->second);
+      return;
+    }
+  }
   struct Symbol {
     int32_t id;
     int32_t prev, next;

@@ -39,7 +39,8 @@ struct BpeSpec {
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order
   PreTokenizerKind pre = PreTokenizerKind::kGpt2;
   bool add_prefix_space = false;
-  bool add_bos = false;  // Encode(text, true) prepends BOS only when the model asks for it
+  bool ignore_merges = false;  // a word that is itself a token is emitted whole (Llama-3)
+  bool add_bos = false;        // Encode(text, true) prepends BOS only when the model asks for it
   int32_t bos_id = -1;
   std::vector<int32_t> eos_ids;
   std::string chat_template;

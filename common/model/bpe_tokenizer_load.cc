@@ -113,6 +113,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const GgufF
         "' is not supported; supported: default, gpt2, smollm, starcoder, llama-bpe, qwen2");
   }
   spec.pre = *kind;
+  spec.ignore_merges = spec.pre == PreTokenizerKind::kLlama3;  // as llama.cpp does for llama-bpe
   auto get_bool = [&](const char* key, bool fallback) -> absl::StatusOr<bool> {
     if (!g.Find(key)) return fallback;
     return g.GetBool(key);
@@ -168,6 +169,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
     return bad("model.vocab: expected an object");
   BpeSpec spec;
   spec.source = path;
+  spec.ignore_merges = m.value("ignore_merges", false);
   auto place = [&](int64_t id, const std::string& text, TokenKind kind) -> absl::Status {
     if (id < 0 || id >= (int64_t{1} << 24)) {
       return bad(absl::StrCat("token '", text, "' has id ", id, "; expected 0..2^24"));

@@ -91,6 +91,21 @@ TEST(BpeTokenizerTest, MergesByRankLeftmostFirst) {
   EXPECT_EQ(*t->Encode("", false), (std::vector<int32_t>{}));
 }
 
+// With ignore_merges (Llama-3), a word that is a token is emitted whole even when the merges
+// would not build it.
+TEST(BpeTokenizerTest, IgnoreMergesTakesWholeWords) {
+  BpeSpec s = TinySpec();
+  s.tokens.push_back("abc");
+  s.kinds.push_back(TokenKind::kNormal);
+  const int32_t abc = static_cast<int32_t>(s.tokens.size()) - 1;
+  BpeSpec plain = s;
+  s.ignore_merges = true;
+  EXPECT_EQ(*(*BpeTokenizer::Create(std::move(s)))->Encode("abc", false),
+            std::vector<int32_t>{abc});
+  EXPECT_EQ(*(*BpeTokenizer::Create(std::move(plain)))->Encode("abc", false),
+            (std::vector<int32_t>{'a', 'b', 'c'}));
+}
+
 TEST(BpeTokenizerTest, SpecialTokensBeforeBpe) {
   auto t = Tiny();
   EXPECT_EQ(*t->Encode("<|im_start|>hello<|im_end|>", false),

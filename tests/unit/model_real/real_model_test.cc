@@ -119,6 +119,10 @@ TEST_F(RealModelTest, TokenizerMatchesHfTokenizers) {
 }
 
 TEST_F(RealModelTest, SpecialTokensAndChatTemplate) {
+  auto loaded = LoadTokenizer(kModel);  // the dispatcher picks the GGUF's tokenizer too
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->name(), "bpe-smollm");
+  EXPECT_EQ((*loaded)->vocab_size(), 49152);
   const Tokenizer& tok = engine_->tokenizer();
   EXPECT_EQ(tok.bos_id(), 1);
   EXPECT_EQ(tok.eos_ids(), std::vector<int32_t>{2});
