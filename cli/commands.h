@@ -9,5 +9,12 @@
 namespace duet::cli {
 
 int RunGenerate(const std::vector<char*>& args);
+// generate --server: the cluster client (generate_remote.cc).
+bool GenerateUsesServer();
+int RunGenerateRemote();
+int RunCoordinator(const std::vector<char*>& args);
+int RunPrefill(const std::vector<char*>& args);
+int RunDecode(const std::vector<char*>& args);
+int RunServe(const std::vector<char*>& args);
 
 }  // namespace duet::cli

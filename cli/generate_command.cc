@@ -65,6 +65,7 @@ int RunGenerate(const std::vector<char*>& args) {
     std::fprintf(stderr, "duet generate: unexpected argument '%s'\n", args[1]);
     return 2;
   }
+  if (GenerateUsesServer()) return RunGenerateRemote();
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   if (model_dir.empty()) {
     std::fprintf(stderr, "duet generate: --model is required\n");

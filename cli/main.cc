@@ -18,6 +18,14 @@ constexpr char kUsage[] =
     "  generate   run the model in this process: --model DIR (--prompt TEXT | --prompt-ids 1,2)\n"
     "             [--max-tokens N --temperature T --top-p P --top-k K --seed S --logprobs K\n"
     "              --json --device auto|cpu|cuda --threads N]\n"
+    "  coordinator  run the coordinator: --model DIR [--listen HOST:PORT]\n"
+    "  prefill      run a prefill node: --coordinator ADDR --model DIR [--node_id ID\n"
+    "               --transport shm|tcp --max_batch_tokens N --no_layer_pipelining]\n"
+    "  decode       run a decode node: --coordinator ADDR --model DIR [--node_id ID\n"
+    "               --transport shm|tcp --max_running N]\n"
+    "  serve        --loopback [--prefill N --decode M] --model DIR [--port P]\n"
+    "               [--transport shm|tcp]: the whole cluster on this machine\n"
+    "  generate --server ADDR ...: the same generate, served by a cluster\n"
     "run `duet <command> --help` for every flag.\n";
 
 // absl flags are spelled with underscores; accept the dashed spelling users expect
@@ -51,6 +59,10 @@ int main(int argc, char** argv) {
   NormalizeFlagNames(rest, storage);
   std::vector<char*> args = absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
   if (command == "generate") return duet::cli::RunGenerate(args);
+  if (command == "coordinator") return duet::cli::RunCoordinator(args);
+  if (command == "prefill") return duet::cli::RunPrefill(args);
+  if (command == "decode") return duet::cli::RunDecode(args);
+  if (command == "serve") return duet::cli::RunServe(args);
   std::fprintf(stderr, "duet: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

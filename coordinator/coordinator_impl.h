@@ -58,6 +58,7 @@ struct ActiveRequest {
   std::shared_ptr<grpc::ClientContext> stream_ctx;   // D's token stream of the current attempt
   std::shared_ptr<grpc::ClientContext> prefill_ctx;  // P's Prefill call of the current attempt
   std::vector<std::thread> threads;
+  std::vector<std::string> unreachable_prefill;  // D could not connect to these writers
 
   void Push(RequestEvent e) {
     {
@@ -108,6 +109,7 @@ class CoordinatorServer::Impl {
   std::mutex timer_mu_;
   std::condition_variable timer_cv_;
 
+  absl::Mutex route_mu_;  // picks and their optimistic load changes happen one at a time
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<NodeStubs>> stubs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<ActiveRequest>> active_ ABSL_GUARDED_BY(mu_);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
@@ -94,15 +95,24 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
                      .prompt_tokens = static_cast<int64_t>(ids.size()),
                      .blocks_needed = layout->BlocksForTokens(static_cast<int64_t>(ids.size())),
                      .excluded_prefill = t->failed_prefill};
+  route.excluded_prefill.insert(route.excluded_prefill.end(), ar.unreachable_prefill.begin(),
+                                ar.unreachable_prefill.end());
   auto fail = [&](absl::Status s) {
     absl::StatusOr<Effects> fx = tracker_.Fail(ar.id, s, absl::Now());
     if (fx.ok()) Apply(*std::move(fx));
     return s;
   };
-  absl::StatusOr<NodeInfo> d = router_->PickDecode(registry_.LiveNodes(NodeKind::kDecode), route);
-  if (!d.ok()) return fail(d.status());
-  absl::StatusOr<NodeInfo> p = router_->PickPrefill(registry_.LiveNodes(NodeKind::kPrefill), route);
-  if (!p.ok()) return fail(p.status());
+  absl::StatusOr<NodeInfo> d, p;
+  {
+    // Concurrent requests must see each other's picks, or they all land on the same node.
+    absl::MutexLock lock(&route_mu_);
+    d = router_->PickDecode(registry_.LiveNodes(NodeKind::kDecode), route);
+    if (!d.ok()) return fail(d.status());
+    p = router_->PickPrefill(registry_.LiveNodes(NodeKind::kPrefill), route);
+    if (!p.ok()) return fail(p.status());
+    (void)registry_.AdjustLoad(d->node, -route.blocks_needed, 1, 0);
+    (void)registry_.AdjustLoad(p->node, 0, 0, route.prompt_tokens);
+  }
 
   // ---- Reserve on D, naming P as the writer.
   std::shared_ptr<NodeStubs> dstubs = StubsFor(d->address);
@@ -122,6 +132,18 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
     rpc::SetDeadline(rctx, options_.tracker.reserve_timeout);
     absl::Status s = rpc::FromGrpcStatus(dstubs->decode->Reserve(&rctx, rreq, &rresp),
                                          absl::StrCat("Reserve on ", d->node.ToString()));
+    if (!s.ok() && (absl::StrContains(s.message(), "connecting to sender") ||
+                    s.code() == absl::StatusCode::kDeadlineExceeded) &&
+        ar.unreachable_prefill.size() < 2) {
+      // D could not reach the chosen prefill node (it died before its heartbeat lapsed), or the
+      // reservation timed out while D tried: release whatever D may hold, route again without P.
+      // The request is still waiting for a reservation.
+      DUET_LOG(WARNING) << "request " << ar.id << ": " << s.message() << "; re-routing";
+      Apply(Effects{.releases = {Effects::Release{ar.id, d->node}}});
+      background_.Drain();  // the Release must reach D before a new Reserve of the same id
+      ar.unreachable_prefill.push_back(p->node.node_id);
+      return StartAttempt(ar, ids, sampling, prefill_out, decode_out);
+    }
     if (!s.ok()) {
       absl::StatusOr<Effects> fx =
           s.code() == absl::StatusCode::kResourceExhausted ||
@@ -135,6 +157,16 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
   }
   const v1::KvDestination& dest = rresp.destination();
   std::vector<kv::BlockId> blocks(dest.block_ids().begin(), dest.block_ids().end());
+  // D hands out a block only after freeing it, but it frees a finished request's blocks before
+  // its final token event reaches us: give that event a moment to be processed.
+  const absl::Time settle = absl::Now() + absl::Seconds(2);
+  for (kv::BlockId b : blocks) {
+    while (absl::Now() < settle) {
+      std::optional<RequestId> holder = directory_.HolderOf(d->node, b);
+      if (!holder || *holder == ar.id) break;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  }
   Effects fx = tracker_.OnReserved(ar.id, d->node, blocks, absl::Now());
   const bool ended = std::any_of(fx.finished.begin(), fx.finished.end(),
                                  [&](const Effects::Finished& f) { return f.request_id == ar.id; });
@@ -143,9 +175,7 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
     std::lock_guard<std::mutex> lock(ar.mu);
     return ar.terminal.value_or(absl::AbortedError("request ended while reserving"));
   }
-  (void)registry_.AdjustLoad(d->node, -static_cast<int64_t>(blocks.size()), 1, 0);
   DUET_RETURN_IF_ERROR(tracker_.OnPrefillStarted(ar.id, p->node, absl::Now()));
-  (void)registry_.AdjustLoad(p->node, 0, 0, static_cast<int64_t>(ids.size()));
 
   // ---- Start the token stream on D and the Prefill on P, each on its own thread.
   auto stream_ctx = std::make_shared<grpc::ClientContext>();
@@ -260,6 +290,9 @@ absl::Status CoordinatorServer::Impl::Drive(grpc::ServerContext* ctx, ActiveRequ
         lock.unlock();
         DUET_LOG(INFO) << "request " << ar.id << ": retrying prefill on another node";
         held.clear();
+        // The tracker's Release of the old reservation must reach D before we reserve the same
+        // request id again, or it would cancel the new reservation.
+        background_.Drain();
         DUET_RETURN_IF_ERROR(StartAttempt(ar, ids, sampling, &p, &d));
         prefill_started = absl::Now();
         timings.set_prefill_attempts(timings.prefill_attempts() + 1);

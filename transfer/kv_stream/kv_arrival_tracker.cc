@@ -8,17 +8,33 @@
 
 namespace duet::transfer {
 
+namespace {
+bool FromSender(const Notice& notice, PeerId sender, uint64_t sender_instance) {
+  if (sender_instance != 0 && notice.sender_instance != 0) {
+    return notice.sender_instance == sender_instance;
+  }
+  return notice.peer == 0 || notice.peer == sender;
+}
+}  // namespace
+
 KvArrivalTracker::KvArrivalTracker(Transport* transport, kv::BlockPool* pool)
     : transport_(transport), pool_(pool), num_layers_(pool->layout().num_layers) {}
 
 absl::Status KvArrivalTracker::Expect(uint64_t request_id, PeerId sender,
                                       std::vector<kv::BlockId> blocks, absl::Time deadline) {
+  // Notices are matched by the sender's transport instance, not by PeerId: two concurrent
+  // Connects to the same process may yield two ids for one peer.
+  uint64_t instance = 0;
+  if (absl::StatusOr<PeerInfo> info = transport_->GetPeerInfo(sender); info.ok()) {
+    instance = info->instance;
+  }
   absl::MutexLock lock(&mu_);
   if (requests_.count(request_id) || quarantine_.count(request_id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " already tracked"));
   }
   Request& r = requests_[request_id];
   r.sender = sender;
+  r.sender_instance = instance;
   r.blocks = std::move(blocks);
   r.deadline = deadline;
   r.landed.assign(num_layers_, false);
@@ -32,7 +48,7 @@ void KvArrivalTracker::FailLocked(uint64_t id, Request& r, absl::Status error, b
     if (absl::Status s = pool_->Quarantine(r.blocks); !s.ok()) {
       DUET_LOG(ERROR) << "request " << id << ": cannot quarantine its blocks: " << s.message();
     } else {
-      quarantine_[id] = Quarantined{r.sender, std::move(r.blocks)};
+      quarantine_[id] = Quarantined{r.sender, r.sender_instance, std::move(r.blocks)};
     }
   } else if (!r.blocks.empty()) {
     if (absl::Status s = pool_->Free(r.blocks); !s.ok()) {
@@ -61,7 +77,7 @@ void KvArrivalTracker::OnNotice(const Notice& notice) {
   // A sender's kFinal or kAborted means none of its writes for the request is in flight.
   if (quarantine_.count(n->request_id)) {
     const Quarantined& q = quarantine_[n->request_id];
-    if ((notice.peer == 0 || notice.peer == q.sender) &&
+    if (FromSender(notice, q.sender, q.sender_instance) &&
         (n->kind == KvNoticeKind::kFinal || n->kind == KvNoticeKind::kAborted)) {
       ReleaseLocked(n->request_id);
     }
@@ -70,7 +86,7 @@ void KvArrivalTracker::OnNotice(const Notice& notice) {
   auto it = requests_.find(n->request_id);
   if (it == requests_.end() || it->second.state != ArrivalState::kWaiting) return;
   Request& r = it->second;
-  if (notice.peer != 0 && notice.peer != r.sender) {
+  if (!FromSender(notice, r.sender, r.sender_instance)) {
     DUET_LOG(WARNING) << "request " << n->request_id << ": notice from peer " << notice.peer
                       << " but expected peer " << r.sender << "; ignored";
     return;

@@ -65,6 +65,7 @@ class KvArrivalTracker {
  private:
   struct Request {
     PeerId sender = 0;
+    uint64_t sender_instance = 0;  // matched against Notice::sender_instance
     std::vector<kv::BlockId> blocks;
     absl::Time deadline;
     std::vector<bool> landed;
@@ -76,6 +77,7 @@ class KvArrivalTracker {
   };
   struct Quarantined {
     PeerId sender = 0;
+    uint64_t sender_instance = 0;
     std::vector<kv::BlockId> blocks;
   };
   void FailLocked(uint64_t id, Request& r, absl::Status error, bool quarantine)

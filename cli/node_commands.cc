@@ -1,0 +1,151 @@
+// `duet coordinator`, `duet prefill`, `duet decode`: run one cluster process until SIGINT or
+// SIGTERM (or until the parent dies, when started by `duet serve`).
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/time/clock.h"
+#include "cli/commands.h"
+#include "common/base/logging.h"
+#include "coordinator/coordinator_server.h"
+#include "decode_node/decode_node.h"
+#include "prefill_node/prefill_node.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(int, block_size);
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve gRPC on (port 0: any free)");
+ABSL_FLAG(std::string, coordinator, "", "coordinator address (host:port), for nodes");
+ABSL_FLAG(std::string, node_id, "", "node id, stable across restarts (default: kind-0)");
+ABSL_FLAG(std::string, transport, "shm", "KV transport between nodes: shm or tcp (UCX)");
+ABSL_FLAG(int64_t, kv_cache_bytes, 256ll << 20, "bytes of the node's KV pool");
+ABSL_FLAG(int64_t, max_batch_tokens, 2048, "prefill: token budget of one forward pass");
+ABSL_FLAG(bool, no_layer_pipelining, false,
+          "prefill: send all layers after the forward pass instead of as each layer finishes");
+ABSL_FLAG(int, max_running, 64, "decode: most requests in the running batch");
+ABSL_FLAG(std::string, address_file, "",
+          "write this process's bound address here once it serves (for launchers)");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "coordinator: silence that declares a node dead");
+
+namespace duet::cli {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) { g_stop.store(true); }
+
+void InstallSignalHandlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+void WaitForStop() {
+  while (!g_stop.load()) absl::SleepFor(absl::Milliseconds(100));
+}
+
+int Fail(const char* cmd, const absl::Status& s) {
+  std::fprintf(stderr, "duet %s: %s\n", cmd, std::string(s.message()).c_str());
+  return 1;
+}
+
+void WriteAddress(const std::string& address) {
+  const std::string path = absl::GetFlag(FLAGS_address_file);
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  { std::ofstream(tmp) << address << "\n"; }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+bool NoExtraArgs(const char* cmd, const std::vector<char*>& args) {
+  if (args.size() > 1) {
+    std::fprintf(stderr, "duet %s: unexpected argument '%s'\n", cmd, args[1]);
+    return false;
+  }
+  return true;
+}
+
+std::string NodeId(const char* kind) {
+  std::string id = absl::GetFlag(FLAGS_node_id);
+  return id.empty() ? std::string(kind) + "-0" : id;
+}
+
+}  // namespace
+
+int RunCoordinator(const std::vector<char*>& args) {
+  if (!NoExtraArgs("coordinator", args)) return 2;
+  InstallSignalHandlers();
+  coordinator::CoordinatorOptions opt;
+  opt.listen_address = absl::GetFlag(FLAGS_listen);
+  opt.model_dir = absl::GetFlag(FLAGS_model);
+  opt.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  auto server = coordinator::CoordinatorServer::Start(opt);
+  if (!server.ok()) return Fail("coordinator", server.status());
+  std::printf("coordinator serving on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+  WriteAddress((*server)->address());
+  WaitForStop();
+  (*server)->Shutdown();
+  return 0;
+}
+
+int RunPrefill(const std::vector<char*>& args) {
+  if (!NoExtraArgs("prefill", args)) return 2;
+  InstallSignalHandlers();
+  prefill::PrefillNodeOptions opt;
+  opt.node_id = NodeId("prefill");
+  opt.listen_address = absl::GetFlag(FLAGS_listen);
+  opt.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  opt.model_dir = absl::GetFlag(FLAGS_model);
+  opt.transport = absl::GetFlag(FLAGS_transport);
+  opt.block_size = absl::GetFlag(FLAGS_block_size);
+  opt.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  opt.device = absl::GetFlag(FLAGS_device);
+  opt.threads = absl::GetFlag(FLAGS_threads);
+  opt.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  opt.no_layer_pipelining = absl::GetFlag(FLAGS_no_layer_pipelining);
+  auto node = prefill::PrefillNode::Start(opt);
+  if (!node.ok()) return Fail("prefill", node.status());
+  std::printf("prefill node %s serving on %s\n", opt.node_id.c_str(), (*node)->address().c_str());
+  std::fflush(stdout);
+  WriteAddress((*node)->address());
+  WaitForStop();
+  (*node)->Shutdown();
+  return 0;
+}
+
+int RunDecode(const std::vector<char*>& args) {
+  if (!NoExtraArgs("decode", args)) return 2;
+  InstallSignalHandlers();
+  decode::DecodeNodeOptions opt;
+  opt.node_id = NodeId("decode");
+  opt.listen_address = absl::GetFlag(FLAGS_listen);
+  opt.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  opt.model_dir = absl::GetFlag(FLAGS_model);
+  opt.transport = absl::GetFlag(FLAGS_transport);
+  opt.block_size = absl::GetFlag(FLAGS_block_size);
+  opt.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  opt.device = absl::GetFlag(FLAGS_device);
+  opt.threads = absl::GetFlag(FLAGS_threads);
+  opt.max_running = absl::GetFlag(FLAGS_max_running);
+  auto node = decode::DecodeNode::Start(opt);
+  if (!node.ok()) return Fail("decode", node.status());
+  std::printf("decode node %s serving on %s\n", opt.node_id.c_str(), (*node)->address().c_str());
+  std::fflush(stdout);
+  WriteAddress((*node)->address());
+  WaitForStop();
+  (*node)->Shutdown();
+  return 0;
+}
+
+}  // namespace duet::cli

@@ -1,0 +1,250 @@
+// `duet serve --loopback`: starts a coordinator, N prefill and M decode nodes as child processes
+// on 127.0.0.1, waits until every node is registered, prints "ready <client address>", and stops
+// them all on SIGINT/SIGTERM. Children die with the launcher (PR_SET_PDEATHSIG), so no orphans.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cli/commands.h"
+#include "duet/v1/client.grpc.pb.h"
+#include "proto/channel.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(int, block_size);
+ABSL_DECLARE_FLAG(std::string, transport);
+ABSL_DECLARE_FLAG(int64_t, kv_cache_bytes);
+ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
+ABSL_DECLARE_FLAG(bool, no_layer_pipelining);
+ABSL_DECLARE_FLAG(int, max_running);
+ABSL_DECLARE_FLAG(int64_t, heartbeat_timeout_ms);
+
+ABSL_FLAG(bool, loopback, false, "serve: run every process on this machine, on 127.0.0.1");
+ABSL_FLAG(int, prefill, 1, "serve: number of prefill nodes");
+ABSL_FLAG(int, decode, 1, "serve: number of decode nodes");
+ABSL_FLAG(int, port, 0, "serve: the coordinator's client port (0: any free port)");
+ABSL_FLAG(int, ready_timeout_s, 120, "serve: how long to wait for every node to register");
+
+namespace duet::cli {
+namespace {
+
+std::atomic<bool> g_serve_stop{false};
+void OnServeSignal(int) { g_serve_stop.store(true); }
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+};
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  // Child: die with the launcher, log to a file, exec ourselves with the subcommand.
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) _exit(1);
+  if (!log_path.empty()) {
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+  }
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv("/proc/self/exe", args.data());
+  _exit(127);
+}
+
+std::string ReadFirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+void StopAll(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (c.pid > 0) kill(c.pid, SIGTERM);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (Child& c : children) {
+    while (c.pid > 0) {
+      int st;
+      const pid_t r = waitpid(c.pid, &st, WNOHANG);
+      if (r == c.pid || r < 0) {
+        c.pid = -1;
+      } else if (absl::Now() > deadline) {
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, &st, 0);
+        c.pid = -1;
+      } else {
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int RunServe(const std::vector<char*>& args) {
+  if (args.size() > 1) {
+    std::fprintf(stderr, "duet serve: unexpected argument '%s'\n", args[1]);
+    return 2;
+  }
+  if (!absl::GetFlag(FLAGS_loopback)) {
+    std::fprintf(stderr,
+                 "duet serve: only --loopback is supported by this command; on a cluster start "
+                 "`duet coordinator`, `duet prefill` and `duet decode` on each host\n");
+    return 2;
+  }
+  const std::string model = absl::GetFlag(FLAGS_model);
+  const int num_prefill = absl::GetFlag(FLAGS_prefill);
+  const int num_decode = absl::GetFlag(FLAGS_decode);
+  if (model.empty() || num_prefill < 1 || num_decode < 1) {
+    std::fprintf(stderr, "duet serve: need --model DIR, --prefill >= 1 and --decode >= 1\n");
+    return 2;
+  }
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport != "shm" && transport != "tcp") {
+    std::fprintf(stderr, "duet serve: --transport must be shm or tcp, got '%s'\n",
+                 transport.c_str());
+    return 2;
+  }
+  struct sigaction sa = {};
+  sa.sa_handler = OnServeSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  const std::filesystem::path run_dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("duet-serve-", getpid());
+  std::filesystem::create_directories(run_dir);
+  std::vector<Child> children;
+  auto common = [&](std::vector<std::string> a) {
+    a.push_back("--model=" + model);
+    a.push_back("--device=" + absl::GetFlag(FLAGS_device));
+    a.push_back(absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)));
+    a.push_back(absl::StrCat("--block_size=", absl::GetFlag(FLAGS_block_size)));
+    return a;
+  };
+  // Coordinator first: its address is what the nodes need.
+  const std::string coord_file = (run_dir / "coordinator.addr").string();
+  children.push_back(
+      {"coordinator",
+       Spawn(common({"duet", "coordinator",
+                     absl::StrCat("--listen=127.0.0.1:", absl::GetFlag(FLAGS_port)),
+                     "--address_file=" + coord_file,
+                     absl::StrCat("--heartbeat_timeout_ms=",
+                                  absl::GetFlag(FLAGS_heartbeat_timeout_ms))}),
+             (run_dir / "coordinator.log").string())});
+  std::string coord_addr;
+  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
+  while (coord_addr.empty() && absl::Now() < deadline && !g_serve_stop.load()) {
+    coord_addr = ReadFirstLine(coord_file);
+    int st;
+    if (coord_addr.empty() && waitpid(children[0].pid, &st, WNOHANG) == children[0].pid) {
+      children[0].pid = -1;
+      std::fprintf(stderr, "duet serve: the coordinator exited; see %s\n",
+                   (run_dir / "coordinator.log").c_str());
+      StopAll(children);
+      return 1;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (coord_addr.empty()) {
+    std::fprintf(stderr, "duet serve: the coordinator did not start in time\n");
+    StopAll(children);
+    return 1;
+  }
+  for (int i = 0; i < num_prefill + num_decode; ++i) {
+    const bool is_prefill = i < num_prefill;
+    const std::string name =
+        is_prefill ? absl::StrCat("prefill-", i) : absl::StrCat("decode-", i - num_prefill);
+    std::vector<std::string> a = common({"duet", is_prefill ? "prefill" : "decode",
+                                         "--listen=127.0.0.1:0", "--coordinator=" + coord_addr,
+                                         "--node_id=" + name, "--transport=" + transport,
+                                         absl::StrCat("--kv_cache_bytes=",
+                                                      absl::GetFlag(FLAGS_kv_cache_bytes))});
+    if (is_prefill) {
+      a.push_back(absl::StrCat("--max_batch_tokens=", absl::GetFlag(FLAGS_max_batch_tokens)));
+      if (absl::GetFlag(FLAGS_no_layer_pipelining)) a.push_back("--no_layer_pipelining");
+    } else {
+      a.push_back(absl::StrCat("--max_running=", absl::GetFlag(FLAGS_max_running)));
+    }
+    children.push_back({name, Spawn(a, (run_dir / (name + ".log")).string())});
+  }
+  for (const Child& c : children) std::printf("node %s pid %d\n", c.name.c_str(), c.pid);
+  std::fflush(stdout);
+
+  // Ready when the coordinator reports every node registered.
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(coord_addr));
+  bool ready = false;
+  while (!ready && absl::Now() < deadline && !g_serve_stop.load()) {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, absl::Seconds(1));
+    v1::HealthResponse h;
+    if (stub->Health(&ctx, v1::HealthRequest(), &h).ok() && h.prefill_nodes() == num_prefill &&
+        h.decode_nodes() == num_decode) {
+      ready = true;
+      break;
+    }
+    for (Child& c : children) {
+      int st;
+      if (c.pid > 0 && waitpid(c.pid, &st, WNOHANG) == c.pid) {
+        c.pid = -1;
+        std::fprintf(stderr, "duet serve: %s exited during start-up; see %s\n", c.name.c_str(),
+                     (run_dir / (c.name + ".log")).c_str());
+        StopAll(children);
+        return 1;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  if (!ready) {
+    std::fprintf(stderr, "duet serve: nodes did not register in time; logs in %s\n",
+                 run_dir.c_str());
+    StopAll(children);
+    return 1;
+  }
+  std::printf("ready %s (logs in %s)\n", coord_addr.c_str(), run_dir.c_str());
+  std::fflush(stdout);
+
+  // Supervise: report children that die; stop everything on a signal or if the coordinator dies.
+  while (!g_serve_stop.load()) {
+    for (Child& c : children) {
+      int st;
+      if (c.pid > 0 && waitpid(c.pid, &st, WNOHANG) == c.pid) {
+        std::printf("node %s exited (%s %d)\n", c.name.c_str(),
+                    WIFSIGNALED(st) ? "signal" : "status",
+                    WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+        std::fflush(stdout);
+        c.pid = -1;
+        if (c.name == "coordinator") g_serve_stop.store(true);
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  StopAll(children);
+  std::printf("stopped\n");
+  return 0;
+}
+
+}  // namespace duet::cli

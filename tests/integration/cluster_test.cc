@@ -1,0 +1,372 @@
+// Loopback cluster tests: `duet serve --loopback` starts a coordinator, prefill and decode
+// nodes as real processes; these tests talk to it over gRPC and check DESIGN.md's invariants:
+// token-exact against the in-process engine (1), no leaks (3), deadlines (5), layouts (6).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/model/local_engine.h"
+#include "common/model/synthetic_model.h"
+#include "duet/v1/client.grpc.pb.h"
+#include "proto/channel.h"
+
+#ifndef DUET_BIN
+#error "DUET_BIN must point at the duet binary"
+#endif
+
+namespace duet {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A `duet serve --loopback` process with its stdout on a pipe; stopped (and its children with
+// it) when destroyed, even when a test fails.
+class Cluster {
+ public:
+  Cluster(const std::string& model_dir, const std::string& transport, int prefill, int decode,
+          std::vector<std::string> extra = {}) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    std::vector<std::string> argv = {DUET_BIN,
+                                     "serve",
+                                     "--loopback",
+                                     absl::StrCat("--prefill=", prefill),
+                                     absl::StrCat("--decode=", decode),
+                                     "--model=" + model_dir,
+                                     "--transport=" + transport,
+                                     "--threads=1",
+                                     "--kv_cache_bytes=16777216",
+                                     "--heartbeat_timeout_ms=1500"};
+    for (auto& e : extra) argv.push_back(e);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      setpgid(0, 0);  // its own group: the test can kill the whole tree
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(DUET_BIN, args.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    char line[1024];
+    while (absl::Now() < deadline && std::fgets(line, sizeof(line), out_) != nullptr) {
+      std::string l(line);
+      int pid;
+      char name[64];
+      if (std::sscanf(line, "node %63s pid %d", name, &pid) == 2) pids_[name] = pid;
+      if (l.rfind("ready ", 0) == 0) {
+        std::istringstream in(l.substr(6));
+        in >> address_;
+        break;
+      }
+    }
+  }
+  ~Cluster() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    int st;
+    while (waitpid(pid_, &st, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(-pid_, SIGKILL);
+        waitpid(pid_, &st, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (out_) std::fclose(out_);
+  }
+  bool ready() const { return !address_.empty(); }
+  const std::string& address() const { return address_; }
+  int pid_of(const std::string& node) const {
+    auto it = pids_.find(node);
+    return it == pids_.end() ? -1 : it->second;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+  std::string address_;
+  std::map<std::string, int> pids_;
+};
+
+struct Result {
+  absl::Status status;
+  std::vector<int32_t> ids;
+  v1::RequestTimings timings;
+};
+
+Result Generate(v1::Generation::Stub& stub, const std::vector<int32_t>& prompt,
+                const v1::SamplingParams& sampling, absl::Duration timeout = absl::Seconds(60),
+                std::function<void(grpc::ClientContext&, int)> on_token = nullptr) {
+  v1::GenerateRequest req;
+  req.mutable_token_ids()->mutable_ids()->Assign(prompt.begin(), prompt.end());
+  *req.mutable_sampling() = sampling;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(ctx, timeout);
+  auto reader = stub.Generate(&ctx, req);
+  v1::GenerateResponse r;
+  Result out;
+  while (reader->Read(&r)) {
+    if (r.has_token()) out.ids.push_back(r.token_id());
+    if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) out.timings = r.timings();
+    if (on_token && r.has_token()) on_token(ctx, static_cast<int>(out.ids.size()));
+  }
+  grpc::Status s = reader->Finish();
+  out.status = s.ok() ? absl::OkStatus()
+                      : absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                                     s.error_message());
+  return out;
+}
+
+v1::HealthResponse Health(v1::Generation::Stub& stub) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(ctx, absl::Seconds(2));
+  v1::HealthResponse h;
+  (void)stub.Health(&ctx, v1::HealthRequest(), &h);
+  return h;
+}
+
+// Waits (bounded) until no request is tracked, the directory is empty and every decode node's
+// heartbeat reports all blocks free.
+::testing::AssertionResult EverythingFree(v1::Generation::Stub& stub) {
+  v1::HealthResponse h;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    h = Health(stub);
+    bool free = h.running_requests() == 0 && h.directory_entries() == 0;
+    for (const v1::NodeStatus& n : h.nodes()) {
+      free = free && n.load().free_blocks() == n.load().total_blocks();
+    }
+    if (free) return ::testing::AssertionSuccess();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return ::testing::AssertionFailure() << "not everything was freed: " << h.DebugString();
+}
+
+class ClusterTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    model_dir_ = (fs::temp_directory_path() / absl::StrCat("duet_cluster_test_", getpid())).string();
+    ASSERT_TRUE(model::WriteSyntheticModel("tiny", 3, model_dir_).ok());
+  }
+  static void TearDownTestSuite() { fs::remove_all(model_dir_); }
+
+  std::vector<int32_t> Prompt(int n, int salt) {
+    std::vector<int32_t> p(n);
+    for (int i = 0; i < n; ++i) p[i] = (i * 31 + salt * 17 + 3) % 256;
+    return p;
+  }
+  std::vector<int32_t> Reference(const std::vector<int32_t>& prompt,
+                                 const model::SamplingParams& params) {
+    if (!engine_) {
+      auto e = model::LocalEngine::Load(model_dir_, {.device = "cpu", .num_threads = 1,
+                                                     .kv_cache_bytes = 64 << 20});
+      EXPECT_TRUE(e.ok()) << e.status();
+      engine_ = std::move(*e);
+    }
+    auto r = engine_->Generate(prompt, params);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->generated_ids : std::vector<int32_t>();
+  }
+
+  static std::string model_dir_;
+  std::unique_ptr<model::LocalEngine> engine_;
+};
+std::string ClusterTest::model_dir_;
+
+// Invariant 1: greedy and seeded tokens from a 2-prefill/2-decode cluster equal the in-process
+// engine's, for prompt lengths crossing block boundaries, with requests running concurrently.
+TEST_P(ClusterTest, TokenExactAgainstOneProcess) {
+  Cluster cluster(model_dir_, GetParam(), 2, 2);
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  const std::vector<int> lengths = {1, 15, 16, 17, 100, 700, 2000};
+  std::vector<std::thread> threads;
+  std::vector<Result> results(lengths.size() * 2);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    for (int seeded = 0; seeded < 2; ++seeded) {
+      threads.emplace_back([&, i, seeded] {
+        v1::SamplingParams s;
+        s.set_max_tokens(12);
+        s.set_ignore_eos(true);
+        if (seeded) {
+          s.set_temperature(0.8f);
+          s.set_top_p(0.9f);
+          s.set_seed(1234 + i);
+        }
+        results[i * 2 + seeded] = Generate(*stub, Prompt(lengths[i], i), s);
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    for (int seeded = 0; seeded < 2; ++seeded) {
+      const Result& r = results[i * 2 + seeded];
+      ASSERT_TRUE(r.status.ok()) << "length " << lengths[i] << ": " << r.status;
+      model::SamplingParams p{.max_tokens = 12, .ignore_eos = true};
+      if (seeded) {
+        p.temperature = 0.8f;
+        p.top_p = 0.9f;
+        p.seed = 1234 + i;
+      }
+      EXPECT_EQ(r.ids, Reference(Prompt(lengths[i], i), p))
+          << "length " << lengths[i] << (seeded ? " seeded" : " greedy");
+    }
+  }
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// 64 concurrent requests of mixed lengths all complete; afterwards nothing is held anywhere.
+TEST_P(ClusterTest, SixtyFourConcurrentRequestsLeaveNothingBehind) {
+  Cluster cluster(model_dir_, GetParam(), 2, 2);
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  std::vector<std::thread> threads;
+  std::vector<Result> results(64);
+  for (int i = 0; i < 64; ++i) {
+    threads.emplace_back([&, i] {
+      v1::SamplingParams s;
+      s.set_max_tokens(4 + i % 9);
+      s.set_ignore_eos(true);
+      results[i] = Generate(*stub, Prompt(1 + (i * 37) % 300, i), s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << "request " << i << ": " << results[i].status;
+    EXPECT_EQ(results[i].ids.size(), static_cast<size_t>(4 + i % 9));
+  }
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// A client cancel mid-stream frees every block it held.
+TEST_P(ClusterTest, ClientCancelFreesEverything) {
+  Cluster cluster(model_dir_, GetParam(), 1, 1);
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  v1::SamplingParams s;
+  s.set_max_tokens(3000);
+  s.set_ignore_eos(true);
+  Result r = Generate(*stub, Prompt(200, 1), s, absl::Seconds(60),
+                      [](grpc::ClientContext& ctx, int n) {
+                        if (n == 5) ctx.TryCancel();
+                      });
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ClusterTest, ::testing::Values("shm", "tcp"));
+
+class ClusterFailureTest : public ClusterTest {};
+
+// Kill a decode node mid-stream: its requests end with a clear error within the deadline, the
+// others finish, and nothing leaks on the survivors.
+TEST_F(ClusterFailureTest, KilledDecodeNodeFailsOnlyItsRequests) {
+  Cluster cluster(model_dir_, "shm", 1, 2);
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  std::atomic<int> streaming{0};
+  std::vector<std::thread> threads;
+  std::vector<Result> results(6);
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      v1::SamplingParams s;
+      s.set_max_tokens(i % 2 ? 400 : 40);
+      s.set_ignore_eos(true);
+      results[i] = Generate(*stub, Prompt(50, i), s, absl::Seconds(60),
+                            [&](grpc::ClientContext&, int n) {
+                              if (n == 2) streaming++;
+                            });
+    });
+  }
+  while (streaming.load() < 6 && absl::Now() - start < absl::Seconds(30)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GT(cluster.pid_of("decode-0"), 0);
+  kill(cluster.pid_of("decode-0"), SIGKILL);
+  for (auto& t : threads) t.join();
+  int failed = 0;
+  for (const Result& r : results) {
+    if (!r.status.ok()) {
+      ++failed;
+      EXPECT_NE(r.status.message().find("decode"), std::string::npos) << r.status;
+    }
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "requests did not end within the deadline";
+  EXPECT_LT(failed, 6) << "requests on the surviving decode node must finish";
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// Kill a prefill node: a request routed to it is retried once on the other and finishes.
+TEST_F(ClusterFailureTest, KilledPrefillNodeIsRetriedElsewhere) {
+  Cluster cluster(model_dir_, "shm", 2, 1);
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  kill(cluster.pid_of("prefill-0"), SIGKILL);
+  v1::SamplingParams s;
+  s.set_max_tokens(6);
+  s.set_ignore_eos(true);
+  for (int i = 0; i < 4; ++i) {
+    Result r = Generate(*stub, Prompt(64, i), s);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.ids, Reference(Prompt(64, i), {.max_tokens = 6, .ignore_eos = true}));
+  }
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// A decode node whose KV layout differs from the cluster's is refused at registration, and the
+// message names both layouts.
+TEST_F(ClusterFailureTest, MismatchedLayoutIsRefusedAtRegistration) {
+  Cluster cluster(model_dir_, "shm", 1, 1);
+  ASSERT_TRUE(cluster.ready());
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], STDERR_FILENO);
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    execl(DUET_BIN, DUET_BIN, "decode", ("--coordinator=" + cluster.address()).c_str(),
+          ("--model=" + model_dir_).c_str(), "--node_id=decode-odd", "--block_size=32",
+          "--threads=1", "--kv_cache_bytes=8388608", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fds[0]);
+  int st;
+  waitpid(pid, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) != 0) << out;
+  EXPECT_NE(out.find("block=16"), std::string::npos) << out;
+  EXPECT_NE(out.find("block=32"), std::string::npos) << out;
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  EXPECT_EQ(Health(*stub).decode_nodes(), 1);
+}
+
+}  // namespace
+}  // namespace duet
