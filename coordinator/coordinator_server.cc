@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/model/gguf_model.h"
 #include "coordinator/coordinator_impl.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
@@ -92,8 +93,7 @@ absl::Status CoordinatorServer::Impl::Init() {
   if (options_.model_dir.empty()) {
     return absl::InvalidArgumentError("coordinator: --model is required (tokenizer and config)");
   }
-  DUET_ASSIGN_OR_RETURN(model_config_,
-                        model::ModelConfig::FromJsonFile(options_.model_dir + "/config.json"));
+  DUET_ASSIGN_OR_RETURN(model_config_, model::LoadModelConfig(options_.model_dir));
   DUET_ASSIGN_OR_RETURN(tokenizer_, model::LoadTokenizer(options_.model_dir));
   DUET_ASSIGN_OR_RETURN(auto decode_policy,
                         MakeNodePolicy(options_.decode_policy, NodeKind::kDecode));

@@ -6,7 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/logging.h"
 #include "common/base/status.h"
+#include "transfer/kv_stream/kv_stream_sender.h"
 #include "proto/kv_layout_convert.h"
 #include "proto/sampling_convert.h"
 #include "proto/status_util.h"
@@ -79,10 +81,28 @@ absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(const v1::PrefillR
   job.peer_name = decode_name;
   job.remote_blocks.assign(dest.block_ids().begin(), dest.block_ids().end());
   job.deadline = deadline;
-  // Refuse a bad request before touching the data path.
-  DUET_RETURN_IF_ERROR(scheduler_->Validate(job));
+  // D quarantines the reserved blocks until we confirm that nothing will be written: a request
+  // refused before its stream began must still say so (the scheduler does it for the others).
+  const absl::Status valid = scheduler_->Validate(job);
   DUET_ASSIGN_OR_RETURN(job.peer, ConnectPeer(dest.transfer_address(), decode_name, deadline));
-  DUET_ASSIGN_OR_RETURN(PrefillResult r, scheduler_->Run(std::move(job), std::move(caller_gone)));
+  const transfer::PeerId peer = job.peer;
+  const uint64_t transfer_id = job.transfer_id;
+  auto tell_decode = [&](const absl::Status& why) {
+    absl::Status s = transfer::SendAbortNotice(transport_, peer, transfer_id,
+                                               std::string(why.message()),
+                                               absl::Now() + absl::Seconds(2));
+    if (!s.ok()) DUET_LOG(WARNING) << what << ": abort notice to " << decode_name << ": " << s;
+  };
+  if (!valid.ok()) {
+    tell_decode(valid);
+    return valid;
+  }
+  absl::StatusOr<PrefillResult> run = scheduler_->Run(std::move(job), std::move(caller_gone));
+  if (!run.ok()) {
+    tell_decode(run.status());  // a second kAborted after the scheduler's own is harmless
+    return run.status();
+  }
+  PrefillResult& r = *run;
 
   v1::PrefillResponse resp;
   resp.set_request_id(request.request_id());

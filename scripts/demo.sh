@@ -9,19 +9,50 @@ BUILD="${DUET_BUILD_DIR:-$ROOT/build}"
 "$ROOT/scripts/install_deps.sh"
 "$ROOT/scripts/build.sh" duet duet-make-model
 if GGUF="$("$ROOT/scripts/get_model.sh" smollm2)"; then
-  echo "== duet generate ($(basename "$GGUF"), greedy) =="
-  "$BUILD/cli/duet" generate --model "$GGUF" --prompt "The three primary colors are" \
-    --max-tokens 40
-  echo "== duet generate --chat ($(basename "$GGUF"), greedy) =="
+  MODEL="$GGUF"
+  echo "== duet generate, one process ($(basename "$GGUF"), greedy) =="
   "$BUILD/cli/duet" generate --model "$GGUF" --chat \
-    --prompt "Write one sentence about the sea." --max-tokens 60
-  exit 0
+    --prompt "Write one sentence about the sea." --max-tokens 40
+else
+  echo "demo: could not fetch the SmolLM2 model (scripts/get_model.sh smollm2 failed);" \
+    "falling back to the tiny synthetic model (random weights: its text is not meaningful)" >&2
+  MODEL="$ROOT/models/tiny"
+  if [ ! -f "$MODEL/config.json" ]; then
+    "$BUILD/cli/duet-make-model" --preset tiny --seed 1 --out "$MODEL"
+  fi
 fi
-echo "demo: could not fetch the SmolLM2 model (scripts/get_model.sh smollm2 failed);" \
-  "falling back to the tiny synthetic model (random weights: its text is not meaningful)" >&2
-MODEL="$ROOT/models/tiny"
-if [ ! -f "$MODEL/config.json" ]; then
-  "$BUILD/cli/duet-make-model" --preset tiny --seed 1 --out "$MODEL"
-fi
-echo "== duet generate (tiny synthetic model, greedy) =="
-"$BUILD/cli/duet" generate --model "$MODEL" --prompt "Hello, duet" --max-tokens 24 --json
+
+# The disaggregated cluster on this machine: coordinator + 1 prefill + 1 decode node, KV
+# streamed layer by layer over UCX shared memory.
+echo "== duet serve --loopback (1 prefill, 1 decode, KV over UCX shm) =="
+LOG="$(mktemp)"
+"$BUILD/cli/duet" serve --loopback --prefill 1 --decode 1 --model "$MODEL" --transport shm \
+  > "$LOG" 2>&1 &
+SERVE=$!
+trap 'kill "$SERVE" 2>/dev/null || true; wait "$SERVE" 2>/dev/null || true; rm -f "$LOG"' EXIT
+ADDR=""
+for _ in $(seq 1 600); do
+  ADDR="$(awk '/^ready /{print $2}' "$LOG")"
+  [ -n "$ADDR" ] && break
+  if ! kill -0 "$SERVE" 2>/dev/null; then cat "$LOG" >&2; echo "demo: the cluster failed" >&2; exit 1; fi
+  sleep 0.2
+done
+[ -n "$ADDR" ] || { cat "$LOG" >&2; echo "demo: the cluster did not become ready" >&2; exit 1; }
+echo "cluster ready at $ADDR"
+for PROMPT in "The three primary colors are" "The capital of France is" "Once upon a time"; do
+  "$BUILD/cli/duet" generate --server "$ADDR" --prompt "$PROMPT" --max-tokens 24 --json |
+    python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+t = r["timings"]
+print("prompt: %r" % sys.argv[1])
+print("  text: %r" % r["text"])
+print("  TTFT %.1f ms (server: prefill %.1f ms, queue %.1f ms); KV transfer tail after the last layer %.2f ms"
+      % (r["timings"]["ttft_ms"], t["server_prefill_compute_us"] / 1e3, t["server_queue_us"] / 1e3,
+         t["server_transfer_tail_us"] / 1e3))
+lt = t["layer_transfer_us"]
+if lt:
+    print("  per-layer transfer (layer computed -> landed on decode), ms: " +
+          " ".join("%.2f" % (x / 1e3) for x in lt))
+' "$PROMPT"
+done

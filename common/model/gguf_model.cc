@@ -258,4 +258,12 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
   return w;
 }
 
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_path) {
+  if (std::optional<std::string> gguf_path = FindGgufModel(model_path)) {
+    DUET_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(*gguf_path));
+    return ConfigFromGguf(*gguf);
+  }
+  return ModelConfig::FromJsonFile(model_path + "/config.json");
+}
+
 }  // namespace duet::model

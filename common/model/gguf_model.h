@@ -29,6 +29,10 @@ std::optional<std::string> FindGgufModel(const std::string& model_path);
 // rope_freqs) are Unimplemented naming the key.
 absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf);
 
+// The config of any model duet loads: a .gguf file (or a directory holding one), else
+// `model_path`/config.json. Reads no weights (the coordinator needs only this and the tokenizer).
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_path);
+
 // The GGUF name of an HF tensor name ("model.layers.3.self_attn.q_proj.weight" ->
 // "blk.3.attn_q.weight"); empty for a name with no GGUF counterpart.
 std::string GgufTensorName(const std::string& hf_name);

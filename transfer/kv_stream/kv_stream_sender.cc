@@ -142,12 +142,17 @@ absl::Status KvStreamSender::Abort(uint64_t request_id, absl::Time deadline,
     absl::MutexLock lock(&mu_);
     active_.erase(request_id);
   }
-  if (!transport_->PeerStatus(peer).ok()) return absl::OkStatus();  // endpoint gone: nothing to tell
+  return SendAbortNotice(transport_, peer, request_id, reason, deadline);
+}
+
+absl::Status SendAbortNotice(Transport* transport, PeerId peer, uint64_t request_id,
+                             const std::string& reason, absl::Time deadline) {
+  if (!transport->PeerStatus(peer).ok()) return absl::OkStatus();  // endpoint gone: nothing to tell
   DUET_ASSIGN_OR_RETURN(TransferHandle h,
-                        transport_->PostWrite(peer, {},
-                                              EncodeKvNotice({.kind = KvNoticeKind::kAborted,
-                                                              .request_id = request_id,
-                                                              .payload = reason})));
+                        transport->PostWrite(peer, {},
+                                             EncodeKvNotice({.kind = KvNoticeKind::kAborted,
+                                                             .request_id = request_id,
+                                                             .payload = reason})));
   return h.Wait(deadline);
 }
 
