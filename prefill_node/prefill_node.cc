@@ -11,6 +11,7 @@
 #include "common/compute/compute_backend.h"
 #include "common/model/model_config.h"
 #include "common/model/model_runner.h"
+#include "common/model/gguf_model.h"
 #include "common/model/weights.h"
 #include "coordinator/membership_client.h"
 #include "prefill_node/prefill_scheduler.h"
@@ -49,9 +50,9 @@ absl::Status PrefillNode::Init() {
   const PrefillNodeOptions& o = options_;
   if (o.model_dir.empty()) return absl::InvalidArgumentError("no model directory");
   // Model.
-  DUET_ASSIGN_OR_RETURN(model::ModelConfig config,
-                        model::ModelConfig::FromJsonFile(o.model_dir + "/config.json"));
-  DUET_ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadWeights(o.model_dir, config));
+  DUET_ASSIGN_OR_RETURN(model::ModelFiles files, model::LoadModelFiles(o.model_dir));
+  model::ModelConfig config = files.config;
+  model::ModelWeights weights = std::move(files.weights);
   DUET_ASSIGN_OR_RETURN(backend_, compute::CreateBackend(o.device, {.num_threads = o.threads}));
   DUET_ASSIGN_OR_RETURN(runner_,
                         model::ModelRunner::Create(config, std::move(weights), backend_.get()));

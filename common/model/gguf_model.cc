@@ -266,4 +266,17 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_path) {
   return ModelConfig::FromJsonFile(model_path + "/config.json");
 }
 
+absl::StatusOr<ModelFiles> LoadModelFiles(const std::string& model_path) {
+  ModelFiles files;
+  if (std::optional<std::string> gguf_path = FindGgufModel(model_path)) {
+    DUET_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(*gguf_path));
+    DUET_ASSIGN_OR_RETURN(files.config, ConfigFromGguf(*gguf));
+    DUET_ASSIGN_OR_RETURN(files.weights, LoadGgufWeights(*gguf, files.config));
+    return files;
+  }
+  DUET_ASSIGN_OR_RETURN(files.config, ModelConfig::FromJsonFile(model_path + "/config.json"));
+  DUET_ASSIGN_OR_RETURN(files.weights, LoadWeights(model_path, files.config));
+  return files;
+}
+
 }  // namespace duet::model

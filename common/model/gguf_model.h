@@ -33,6 +33,13 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf);
 // `model_path`/config.json. Reads no weights (the coordinator needs only this and the tokenizer).
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_path);
 
+// Config and float32 weights of any model duet loads (GGUF or safetensors), as above.
+struct ModelFiles {
+  ModelConfig config;
+  ModelWeights weights;
+};
+absl::StatusOr<ModelFiles> LoadModelFiles(const std::string& model_path);
+
 // The GGUF name of an HF tensor name ("model.layers.3.self_attn.q_proj.weight" ->
 // "blk.3.attn_q.weight"); empty for a name with no GGUF counterpart.
 std::string GgufTensorName(const std::string& hf_name);

@@ -16,18 +16,9 @@ namespace duet::model {
 
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string& model_dir,
                                                                const EngineOptions& options) {
-  if (std::optional<std::string> gguf_path = FindGgufModel(model_dir)) {
-    DUET_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(*gguf_path));
-    DUET_ASSIGN_OR_RETURN(ModelConfig config, ConfigFromGguf(*gguf));
-    DUET_ASSIGN_OR_RETURN(ModelWeights weights, LoadGgufWeights(*gguf, config));
-    DUET_ASSIGN_OR_RETURN(std::unique_ptr<BpeTokenizer> tokenizer, BpeTokenizer::FromGguf(*gguf));
-    return Create(config, std::move(weights), std::move(tokenizer), options);
-  }
-  DUET_ASSIGN_OR_RETURN(ModelConfig config,
-                        ModelConfig::FromJsonFile(model_dir + "/config.json"));
-  DUET_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(model_dir, config));
+  DUET_ASSIGN_OR_RETURN(ModelFiles files, LoadModelFiles(model_dir));
   DUET_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(model_dir));
-  return Create(config, std::move(weights), std::move(tokenizer), options);
+  return Create(files.config, std::move(files.weights), std::move(tokenizer), options);
 }
 
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
