@@ -109,7 +109,7 @@ struct DecodeSchedulerOptions {
   std::string name = "decode";  // names this node in errors
   int max_running = 64;         // running + pending admission
   std::vector<int32_t> eos_ids;
-  absl::Duration connect_timeout = absl::Seconds(5);
+  absl::Duration connect_timeout = absl::Seconds(2);  // below the coordinator's reserve timeout
   absl::Duration default_kv_deadline = absl::Seconds(60);
   // How long the events of a finished request nobody subscribed to are kept.
   absl::Duration finished_linger = absl::Seconds(60);
