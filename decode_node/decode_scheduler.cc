@@ -12,9 +12,8 @@
 #include "transfer/kv_stream/kv_notice.h"
 
 namespace duet::decode {
-namespace {
 
-FinishReason FromStop(model::StopReason stop) {
+FinishReason FinishReasonFromStop(model::StopReason stop) {
   switch (stop) {
     case model::StopReason::kEos:
       return FinishReason::kEos;
@@ -27,6 +26,8 @@ FinishReason FromStop(model::StopReason stop) {
   }
   return FinishReason::kNone;
 }
+
+namespace {
 
 // A random high half, so transfer ids of different decode nodes (and incarnations) do not
 // collide in a prefill node that streams to several of them.
@@ -466,7 +467,7 @@ void DecodeScheduler::Admit(Landed landed) {
     stop = model::StopReason::kMaxTokens;
   }
   if (stop != model::StopReason::kNone) {
-    ev.finish = FromStop(stop);
+    ev.finish = FinishReasonFromStop(stop);
     Finish(r, std::move(ev));
     return;
   }
@@ -543,7 +544,7 @@ void DecodeScheduler::Step() {
       stop = model::StopReason::kMaxTokens;  // the context is full
     }
     if (stop != model::StopReason::kNone) {
-      ev.finish = FromStop(stop);
+      ev.finish = FinishReasonFromStop(stop);
       Finish(rp, std::move(ev));
       continue;
     }

@@ -44,6 +44,8 @@ namespace duet::decode {
 
 enum class FinishReason { kNone, kEos, kMaxTokens, kStopToken, kCancelled, kError };
 const char* FinishReasonName(FinishReason r);
+// How a request that the sampler's stop rules ended (model::CheckStop) finishes.
+FinishReason FinishReasonFromStop(model::StopReason stop);
 
 // One event of a request's token stream (mirrors duet.v1.TokenEvent).
 struct DecodeEvent {

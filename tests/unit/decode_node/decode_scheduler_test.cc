@@ -18,7 +18,6 @@ namespace {
 
 using testing::DecodeHarness;
 using testing::DrainStream;
-using testing::FinishOf;
 using testing::Tokens;
 
 // Polls `pred` until true or `timeout`.
@@ -99,7 +98,7 @@ TEST_F(DecodeSchedulerTest, TokensEqualLocalEngineForConcurrentRequests) {
     auto ref = h_.Reference(h_.Encode(cases[i].text), cases[i].params);
     ASSERT_TRUE(ref.ok()) << ref.status();
     EXPECT_EQ(Tokens(firsts[i], events), ref->generated_ids);
-    EXPECT_EQ(events.back().finish, FinishOf(ref->stop));
+    EXPECT_EQ(events.back().finish, FinishReasonFromStop(ref->stop));
     size_t t = 1;  // reference token index
     for (const DecodeEvent& e : events) {
       if (!e.has_token || t >= ref->tokens.size()) continue;
@@ -174,7 +173,7 @@ TEST(DecodeSchedulerLoad, SixtyFourConcurrentRequestsOfMixedLengths) {
     auto ref = h.Reference(prompts[i], params[i]);
     ASSERT_TRUE(ref.ok());
     EXPECT_EQ(Tokens(firsts[i], events), ref->generated_ids);
-    EXPECT_EQ(events.back().finish, FinishOf(ref->stop));
+    EXPECT_EQ(events.back().finish, FinishReasonFromStop(ref->stop));
   }
   EXPECT_TRUE(Eventually([&] { return AllFree(h); }));
 }

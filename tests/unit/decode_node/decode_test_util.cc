@@ -167,18 +167,5 @@ std::vector<int32_t> Tokens(int32_t first, const std::vector<DecodeEvent>& event
   return out;
 }
 
-FinishReason FinishOf(model::StopReason stop) {
-  switch (stop) {
-    case model::StopReason::kEos:
-      return FinishReason::kEos;
-    case model::StopReason::kStopToken:
-      return FinishReason::kStopToken;
-    case model::StopReason::kMaxTokens:
-      return FinishReason::kMaxTokens;
-    case model::StopReason::kNone:
-      break;
-  }
-  return FinishReason::kNone;
-}
 
 }  // namespace duet::decode::testing

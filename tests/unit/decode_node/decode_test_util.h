@@ -118,6 +118,5 @@ class DecodeHarness {
 std::vector<DecodeEvent> DrainStream(TokenStream& stream, absl::Duration timeout);
 // The token ids in `events` (by index), after `first`.
 std::vector<int32_t> Tokens(int32_t first, const std::vector<DecodeEvent>& events);
-FinishReason FinishOf(model::StopReason stop);
 
 }  // namespace duet::decode::testing
