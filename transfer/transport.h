@@ -154,6 +154,43 @@ class MemoryRegion {
   virtual size_t bytes() const = 0;
 };
 
+// Counters of one transport, for tests and metrics; read from any thread.
+struct TransportStats {
+  uint64_t bytes_posted = 0;      // bytes of the writes PostWrite accepted
+  uint64_t writes_done = 0;       // PostWrites that completed OK
+  uint64_t writes_failed = 0;     // ... that ended in an error
+  uint64_t writes_cancelled = 0;  // ... that were cancelled
+  uint64_t notices_received = 0;  // notices handed to DrainNotices
+  // Receive-side records of writes whose data or notice is still on the way (ucx "am" lane).
+  // 0 when the link is quiet: a record left behind is a leak.
+  int64_t pending_arrivals = 0;
+};
+
+namespace internal {
+// The atomics behind a backend's Stats().
+class StatsCounters {
+ public:
+  void Posted(uint64_t bytes) { bytes_posted_.fetch_add(bytes, std::memory_order_relaxed); }
+  void Ended(TransferState s) {
+    auto& c = s == TransferState::kDone     ? done_
+              : s == TransferState::kFailed ? failed_
+                                            : cancelled_;
+    c.fetch_add(1, std::memory_order_relaxed);
+  }
+  void NoticesReceived(uint64_t n) { notices_.fetch_add(n, std::memory_order_relaxed); }
+  void SetPendingArrivals(int64_t n) { pending_.store(n, std::memory_order_relaxed); }
+  TransportStats Snapshot() const {
+    return {bytes_posted_.load(std::memory_order_relaxed), done_.load(std::memory_order_relaxed),
+            failed_.load(std::memory_order_relaxed), cancelled_.load(std::memory_order_relaxed),
+            notices_.load(std::memory_order_relaxed), pending_.load(std::memory_order_relaxed)};
+  }
+
+ private:
+  std::atomic<uint64_t> bytes_posted_{0}, done_{0}, failed_{0}, cancelled_{0}, notices_{0};
+  std::atomic<int64_t> pending_{0};
+};
+}  // namespace internal
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -188,6 +225,8 @@ class Transport {
   virtual std::vector<Notice> DrainNotices() = 0;
   // Blocks until a notice is available or `deadline`; true if one is.
   virtual bool WaitForNotices(absl::Time deadline) = 0;
+
+  virtual TransportStats Stats() const = 0;
 };
 
 // Registry of backends by name. "inproc" and "ucx" are built in.

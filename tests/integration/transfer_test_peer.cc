@@ -121,13 +121,15 @@ int Run(int argc, char** argv) {
   }
   const size_t bb = layout.BlockBytes();
   if (mode == "abort") {
-    // Handle-level cancel: one large write (no notice) into blocks that no request uses,
-    // cancelled at once; it must end (cancelled, or done if it was faster) well before the
-    // deadline, and leave the endpoint usable for the stream below.
+    // Handle-level cancel: one large write into blocks that no request uses, cancelled at
+    // once; it must end (cancelled, or done if it was faster) well before the deadline, leave
+    // the endpoint usable for the stream below, and leave no receive record behind (its notice
+    // is never delivered; the receiver checks the transport's pending arrivals).
     const uint64_t span = layout.BlockOffset(0, num_blocks / 2, num_blocks);
     auto h = transport.PostWrite(*peer, {{span, span, layout.RegionBytes(num_blocks) - span}},
-                                 std::nullopt);
+                                 std::string("cancelled-write"));
     if (!h.ok()) return Fail(dir, h.status());
+    absl::SleepFor(absl::Milliseconds(2));  // let some chunks go out first
     h->Cancel();
     absl::Status s = h->Wait(DeadlineIn(absl::Seconds(10)));
     if (!s.ok() && !absl::IsCancelled(s)) return Fail(dir, s);

@@ -332,6 +332,15 @@ TEST_P(TwoProcessTest, AbortMidStreamReturnsEveryBlock) {
   }
   EXPECT_EQ(tracker_->quarantined_blocks(), 0);
   EXPECT_EQ(pool_->Stats().free, 1024);
+  // While the sender is still connected (its exit clears its records anyway): the cancelled
+  // and aborted writes left no receive-side record (the "am" lane counts landed bytes per
+  // write until its notice, or the sender's discard notice, settles them).
+  const absl::Time quiet = DeadlineIn(absl::Seconds(5));
+  while (transport_->Stats().pending_arrivals > 0 && absl::Now() < quiet) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(transport_->Stats().pending_arrivals, 0);
+  EXPECT_GT(transport_->Stats().notices_received, 0u);
   WriteFileAtomic(dir_ + "/recv.done", "");
   EXPECT_EQ(WaitPeer(DeadlineIn(absl::Seconds(10))), 0) << PeerError();
   // Closing the endpoint to a (now exited) peer ends cleanly; the peer id is then closed.

@@ -182,6 +182,7 @@ class InprocTransport : public Transport {
     DUET_RETURN_IF_ERROR(ValidateOps(ops, local_bytes, ep->bytes));
     for (const WriteOp& op : ops) {
       std::memmove(ep->base + op.remote_offset, local + op.local_offset, op.length);
+      stats_.Posted(op.length);
     }
     if (notice.has_value()) {
       auto it = ep->peer_by_instance.find(instance_);
@@ -189,6 +190,7 @@ class InprocTransport : public Transport {
           Notice{it == ep->peer_by_instance.end() ? 0 : it->second, instance_, std::move(*notice)});
     }
     rec->Complete(absl::OkStatus());
+    stats_.Ended(TransferState::kDone);
     return TransferHandle(rec);
   }
 
@@ -197,8 +199,11 @@ class InprocTransport : public Transport {
     std::vector<Notice> out(std::make_move_iterator(self_->notices.begin()),
                             std::make_move_iterator(self_->notices.end()));
     self_->notices.clear();
+    stats_.NoticesReceived(out.size());
     return out;
   }
+
+  TransportStats Stats() const override { return stats_.Snapshot(); }
 
   bool WaitForNotices(absl::Time deadline) override {
     absl::MutexLock lock(&self_->mu);
@@ -235,6 +240,7 @@ class InprocTransport : public Transport {
   absl::Mutex mu_;
   std::map<PeerId, Peer> peers_ ABSL_GUARDED_BY(mu_);
   PeerId next_peer_ ABSL_GUARDED_BY(mu_) = 1;
+  internal::StatsCounters stats_;
 };
 
 }  // namespace

@@ -399,6 +399,7 @@ absl::StatusOr<TransferHandle> UcxTransport::PostWrite(PeerId peer, std::vector<
   }
   if (local_base == nullptr) return absl::FailedPreconditionError("ucx: no registered region");
   DUET_RETURN_IF_ERROR(ValidateOps(ops, local_bytes, remote_bytes));
+  for (const WriteOp& op : ops) stats_.Posted(op.length);
 
   auto t = std::make_unique<ActiveTransfer>();
   t->ops = std::move(ops);
@@ -418,10 +419,11 @@ absl::StatusOr<TransferHandle> UcxTransport::PostWrite(PeerId peer, std::vector<
     if (it == conns_.end() || it->second->failed || it->second->closing) {
       t->rec->Complete(
           absl::UnavailableError(absl::StrCat("peer '", peer_name, "' is closed or lost")));
+      stats_.Ended(TransferState::kFailed);
       return;
     }
     t->peer = it->second.get();
-    t->notice_header = NoticeHeader{instance_, next_xfer_++, 0};
+    t->notice_header = NoticeHeader{instance_, next_xfer_++, 0, 0};
     // Chunk per lane: ~1 MiB puts are the sweet spot over shm; rendezvous messages over tcp
     // amortise their handshake better with larger chunks.
     const uint64_t chunk =
@@ -454,6 +456,7 @@ std::vector<Notice> UcxTransport::DrainNotices() {
   std::vector<Notice> out(std::make_move_iterator(notices_.begin()),
                           std::make_move_iterator(notices_.end()));
   notices_.clear();
+  stats_.NoticesReceived(out.size());
   return out;
 }
 

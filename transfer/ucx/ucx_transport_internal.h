@@ -35,7 +35,10 @@ struct NoticeHeader {
   uint64_t sender;
   uint64_t xfer;
   uint64_t data_bytes;  // "am" lane: bytes that must land before the notice is delivered
+  uint64_t flags;
 };
+// The transfer was cancelled: once `data_bytes` landed, drop the receive record silently.
+constexpr uint64_t kNoticeDiscard = 1;
 
 struct ContextHolder {
   ucx::ContextPtr context;
@@ -129,6 +132,7 @@ struct ActiveTransfer {
   absl::Status error;
   bool completed = false;  // rec completed; only waiting for UCX requests to drain
   bool cancel_flushed = false;
+  bool discard_sent = false;
 };
 
 // Per (sender, transfer) bytes landed over the "am" lane, and the notice waiting for them.
@@ -136,6 +140,7 @@ struct Arrival {
   uint64_t landed = 0;
   std::optional<uint64_t> expected;
   std::string payload;
+  bool discard = false;
 };
 
 struct RecvCtx {
@@ -173,6 +178,7 @@ class UcxTransport : public Transport {
                                            std::optional<std::string> notice) override;
   std::vector<Notice> DrainNotices() override;
   bool WaitForNotices(absl::Time deadline) override;
+  TransportStats Stats() const override { return stats_.Snapshot(); }
 
  private:
   explicit UcxTransport(const TransportOptions& options);
@@ -194,6 +200,9 @@ class UcxTransport : public Transport {
   void Shutdown();
   absl::Status ConnectOnWorker(const PeerAddress& a, PeerId id, absl::Time deadline);
   void Landed(uint64_t sender, uint64_t xfer, uint64_t bytes);
+  // Delivers (or, for a discard, drops) a complete arrival record; keeps stats in step.
+  void SettleArrival(std::map<std::pair<uint64_t, uint64_t>, Arrival>::iterator it);
+  void SendDiscardNotice(ActiveTransfer& t);
   void Deliver(uint64_t sender, std::string payload);
   static ucs_status_t OnData(void* arg, const void* header, size_t header_length, void* data,
                              size_t length, const ucp_am_recv_param_t* param);
@@ -232,6 +241,8 @@ class UcxTransport : public Transport {
   std::list<std::unique_ptr<ActiveTransfer>> active_;
   std::map<std::pair<uint64_t, uint64_t>, Arrival> arrivals_;
   uint64_t next_xfer_ = 1;
+
+  internal::StatsCounters stats_;
 };
 
 }  // namespace duet::transfer::ucx_internal

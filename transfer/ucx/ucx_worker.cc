@@ -144,6 +144,7 @@ bool UcxTransport::AdvanceAll() {
     ActiveTransfer& t = **it;
     if (!t.completed) Advance(t);
     if (t.completed && t.inflight == 0) {
+      stats_.Ended(t.rec->state());
       it = active_.erase(it);
       continue;
     }
@@ -168,6 +169,11 @@ void UcxTransport::Advance(ActiveTransfer& t) {
     // Nothing new is posted; once posted writes are done, one flush makes them remotely
     // complete, and only then is the transfer reported cancelled.
     if (t.inflight > 0) return;
+    if (!t.discard_sent) {
+      t.discard_sent = true;
+      SendDiscardNotice(t);
+      if (!t.error.ok()) return;
+    }
     if (!t.cancel_flushed) {
       t.cancel_flushed = true;
       ucp_request_param_t p = SendParam(&t);
@@ -238,6 +244,25 @@ void UcxTransport::Advance(ActiveTransfer& t) {
   t.completed = true;
 }
 
+void UcxTransport::SendDiscardNotice(ActiveTransfer& t) {
+  // Only the "am" lane keeps receive records (bytes landed per transfer, waiting for a notice),
+  // and only for transfers that carry a notice. Tell the receiver how many bytes were posted so
+  // that it drops the record once they landed, instead of keeping it for ever.
+  if (t.peer->use_put || t.peer->mapped_base != nullptr || !t.notice.has_value() || t.next == 0) {
+    return;
+  }
+  t.notice_header.data_bytes = 0;
+  for (size_t i = 0; i < t.next; ++i) t.notice_header.data_bytes += t.chunks[i].length;
+  t.notice_header.flags = kNoticeDiscard;
+  ucp_request_param_t p = SendParam(&t);
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_AM_SEND_FLAG_EAGER;
+  Track(t,
+        ucp_am_send_nbx(t.peer->ep.get(), kAmNotice, &t.notice_header, sizeof(NoticeHeader),
+                        nullptr, 0, &p),
+        "ucp_am_send_nbx(discard notice)");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Failure detection.
 
@@ -271,6 +296,7 @@ void UcxTransport::CloseFailedEndpoints() {
     for (auto it = arrivals_.begin(); it != arrivals_.end();) {
       it = it->first.first == instance ? arrivals_.erase(it) : std::next(it);
     }
+    stats_.SetPendingArrivals(static_cast<int64_t>(arrivals_.size()));
   }
 }
 
@@ -299,14 +325,22 @@ void UcxTransport::Deliver(uint64_t sender, std::string payload) {
   notices_.push_back(Notice{peer, sender, std::move(payload)});
 }
 
+void UcxTransport::SettleArrival(std::map<std::pair<uint64_t, uint64_t>, Arrival>::iterator it) {
+  const uint64_t sender = it->first.first;
+  const bool discard = it->second.discard;
+  std::string payload = std::move(it->second.payload);
+  arrivals_.erase(it);
+  stats_.SetPendingArrivals(static_cast<int64_t>(arrivals_.size()));
+  if (!discard) Deliver(sender, std::move(payload));
+}
+
 void UcxTransport::Landed(uint64_t sender, uint64_t xfer, uint64_t bytes) {
-  auto key = std::make_pair(sender, xfer);
-  Arrival& a = arrivals_[key];
-  a.landed += bytes;
-  if (a.expected.has_value() && a.landed >= *a.expected) {
-    std::string payload = std::move(a.payload);
-    arrivals_.erase(key);
-    Deliver(sender, std::move(payload));
+  auto it = arrivals_.try_emplace(std::make_pair(sender, xfer)).first;
+  it->second.landed += bytes;
+  if (it->second.expected.has_value() && it->second.landed >= *it->second.expected) {
+    SettleArrival(it);
+  } else {
+    stats_.SetPendingArrivals(static_cast<int64_t>(arrivals_.size()));
   }
 }
 
@@ -377,17 +411,17 @@ ucs_status_t UcxTransport::OnNotice(void* arg, const void* header, size_t header
   std::memcpy(&h, header, sizeof(h));
   std::string payload(static_cast<const char*>(data), length);
   if (h.data_bytes == 0) {
-    self->Deliver(h.sender, std::move(payload));
+    if ((h.flags & kNoticeDiscard) == 0) self->Deliver(h.sender, std::move(payload));
     return UCS_OK;
   }
-  auto key = std::make_pair(h.sender, h.xfer);
-  Arrival& a = self->arrivals_[key];
-  if (a.landed >= h.data_bytes) {
-    self->arrivals_.erase(key);
-    self->Deliver(h.sender, std::move(payload));
+  auto it = self->arrivals_.try_emplace(std::make_pair(h.sender, h.xfer)).first;
+  it->second.expected = h.data_bytes;
+  it->second.payload = std::move(payload);
+  it->second.discard = (h.flags & kNoticeDiscard) != 0;
+  if (it->second.landed >= h.data_bytes) {
+    self->SettleArrival(it);
   } else {
-    a.expected = h.data_bytes;
-    a.payload = std::move(payload);
+    self->stats_.SetPendingArrivals(static_cast<int64_t>(self->arrivals_.size()));
   }
   return UCS_OK;
 }
