@@ -25,6 +25,8 @@ constexpr char kUsage[] =
     "               --transport shm|tcp --max_running N]\n"
     "  serve        --loopback [--prefill N --decode M] --model DIR [--port P]\n"
     "               [--transport shm|tcp]: the whole cluster on this machine\n"
+    "  serve        --colocated --model DIR [--port P --max_batch_tokens N --max_running M]:\n"
+    "               prefill and decode in one process, the same client API\n"
     "  generate --server ADDR ...: the same generate, served by a cluster\n"
     "run `duet <command> --help` for every flag.\n";
 

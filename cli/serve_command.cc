@@ -109,10 +109,12 @@ int RunServe(const std::vector<char*>& args) {
     std::fprintf(stderr, "duet serve: unexpected argument '%s'\n", args[1]);
     return 2;
   }
+  if (ServeColocated()) return RunServeColocated(args);
   if (!absl::GetFlag(FLAGS_loopback)) {
     std::fprintf(stderr,
-                 "duet serve: only --loopback is supported by this command; on a cluster start "
-                 "`duet coordinator`, `duet prefill` and `duet decode` on each host\n");
+                 "duet serve: give --loopback (the cluster on this machine) or --colocated (one "
+                 "process); on a cluster start `duet coordinator`, `duet prefill` and `duet "
+                 "decode` on each host\n");
     return 2;
   }
   const std::string model = absl::GetFlag(FLAGS_model);

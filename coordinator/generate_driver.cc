@@ -8,6 +8,7 @@
 #include "common/base/status.h"
 #include "coordinator/coordinator_impl.h"
 #include "proto/channel.h"
+#include "proto/generate_request.h"
 #include "proto/kv_layout_convert.h"
 #include "proto/sampling_convert.h"
 #include "proto/status_util.h"
@@ -37,26 +38,9 @@ absl::Status CoordinatorServer::Impl::Generate(grpc::ServerContext* ctx,
                                                grpc::ServerWriter<v1::GenerateResponse>* writer) {
   if (stopping_.load()) return absl::UnavailableError("the coordinator is shutting down");
   // ---- Validate the request before it takes any resource.
-  std::vector<int32_t> ids;
-  if (req.has_token_ids()) {
-    ids.assign(req.token_ids().ids().begin(), req.token_ids().ids().end());
-  } else if (req.has_text()) {
-    DUET_ASSIGN_OR_RETURN(ids, tokenizer_->Encode(req.text(), /*add_bos=*/true));
-  }
-  if (ids.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
-  for (int32_t id : ids) {
-    if (id < 0 || id >= model_config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("Generate: token id ", id,
-                                                     " is outside the vocabulary [0, ",
-                                                     model_config_.vocab_size, ")"));
-    }
-  }
-  if (static_cast<int64_t>(ids.size()) >= model_config_.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("Generate: prompt of ", ids.size(),
-                                                   " tokens does not fit the context of ",
-                                                   model_config_.max_position_embeddings));
-  }
-  DUET_RETURN_IF_ERROR(rpc::FromProto(req.sampling()).Validate(model_config_.vocab_size));
+  DUET_ASSIGN_OR_RETURN(rpc::ClientPrompt prompt,
+                        rpc::ParseGenerateRequest(req, *tokenizer_, model_config_));
+  const std::vector<int32_t>& ids = prompt.ids;
 
   auto ar = std::make_shared<ActiveRequest>();
   ar->id = req.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
