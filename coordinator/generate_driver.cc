@@ -36,6 +36,37 @@ void CopyTop(const google::protobuf::RepeatedPtrField<v1::TopLogprob>& from,
 absl::Status CoordinatorServer::Impl::Generate(grpc::ServerContext* ctx,
                                                const v1::GenerateRequest& req,
                                                grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  return GenerateTo(req, http::GenerateSink{
+                             .write = [writer](const v1::GenerateResponse& r) {
+                               return writer->Write(r);
+                             },
+                             .cancelled = [ctx] { return ctx->IsCancelled(); }});
+}
+
+absl::Status CoordinatorServer::Impl::GenerateTo(const v1::GenerateRequest& req,
+                                                 const http::GenerateSink& sink) {
+  // Times the first token and the rest as the client sees them.
+  const absl::Time start = absl::Now();
+  absl::Time first = absl::InfinitePast(), last = absl::InfinitePast();
+  int64_t tokens = 0;
+  http::GenerateSink timed{.write =
+                               [&](const v1::GenerateResponse& r) {
+                                 if (r.has_token()) {
+                                   last = absl::Now();
+                                   if (tokens++ == 0) first = last;
+                                 }
+                                 return sink.write(r);
+                               },
+                           .cancelled = sink.cancelled};
+  metrics_.active.Add(1);
+  absl::Status s = GenerateUnmetered(req, timed);
+  metrics_.active.Add(-1);
+  metrics_.RecordRequest(s, start, first, last, tokens);
+  return s;
+}
+
+absl::Status CoordinatorServer::Impl::GenerateUnmetered(const v1::GenerateRequest& req,
+                                                        const http::GenerateSink& sink) {
   if (stopping_.load()) return absl::UnavailableError("the coordinator is shutting down");
   // ---- Validate the request before it takes any resource.
   DUET_ASSIGN_OR_RETURN(rpc::ClientPrompt prompt,
@@ -50,7 +81,7 @@ absl::Status CoordinatorServer::Impl::Generate(grpc::ServerContext* ctx,
     absl::MutexLock lock(&mu_);
     active_[ar->id] = ar;
   }
-  absl::Status status = Drive(ctx, *ar, ids, req.sampling(), req.return_text(), writer);
+  absl::Status status = Drive(sink, *ar, ids, req.sampling(), req.return_text());
   // Stop this request's helper threads: both calls end once their contexts are cancelled.
   {
     std::lock_guard<std::mutex> lock(ar->mu);
@@ -222,10 +253,10 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
   return absl::OkStatus();
 }
 
-absl::Status CoordinatorServer::Impl::Drive(grpc::ServerContext* ctx, ActiveRequest& ar,
+absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, ActiveRequest& ar,
                                             const std::vector<int32_t>& ids,
-                                            const v1::SamplingParams& sampling, bool return_text,
-                                            grpc::ServerWriter<v1::GenerateResponse>* writer) {
+                                            const v1::SamplingParams& sampling,
+                                            bool return_text) {
   const absl::Time start = absl::Now();
   NodeInfo p, d;
   DUET_RETURN_IF_ERROR(StartAttempt(ar, ids, sampling, &p, &d));
@@ -258,7 +289,7 @@ absl::Status CoordinatorServer::Impl::Drive(grpc::ServerContext* ctx, ActiveRequ
       *r.mutable_timings() = timings;
       r.set_prompt_tokens(static_cast<int32_t>(ids.size()));
     }
-    return writer->Write(r);
+    return sink.write(r);
   };
 
   while (true) {
@@ -284,7 +315,7 @@ absl::Status CoordinatorServer::Impl::Drive(grpc::ServerContext* ctx, ActiveRequ
       }
       if (ar.events.empty()) {
         lock.unlock();
-        if (ctx->IsCancelled()) {
+        if (sink.cancelled()) {
           absl::StatusOr<Effects> fx = tracker_.Cancel(ar.id, absl::Now());
           if (fx.ok()) Apply(*std::move(fx));
           return absl::CancelledError(absl::StrCat("request ", ar.id, " cancelled by the client"));
