@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/kv/kv_layout.h"
 
@@ -58,6 +59,19 @@ struct RopeParams {
   std::vector<float> inv_freq;
 };
 
+// A point in a backend's queued work (on cuda: an event recorded on the compute stream). The
+// layer-done hook gets one per layer when ModelRunner::set_async_layer_hook(true): the KV
+// sender waits on it (or stages the layer's blocks behind it) instead of the compute thread
+// synchronising the device after every layer.
+class WorkMarker {
+ public:
+  virtual ~WorkMarker() = default;
+  // True once all work queued before the marker has finished.
+  virtual bool Done() = 0;
+  // Returns once Done(), or DeadlineExceeded at `deadline`.
+  virtual absl::Status Wait(absl::Time deadline) = 0;
+};
+
 struct BackendOptions {
   int num_threads = 0;         // 0: all hardware threads
   std::string cpu_gemm = "invariant";  // cpu: "invariant" (own packed kernel) or "openblas"
@@ -84,6 +98,8 @@ class ComputeBackend {
   }
   // Waits for all queued work (no-op on cpu).
   virtual void Synchronize() {}
+  // Marks the work queued so far. Synchronous backends (cpu) return a marker that is done.
+  virtual std::shared_ptr<WorkMarker> MarkQueuedWork();
   // The first error a kernel hit since the backend was created (kernels return void; a device
   // backend records launch and runtime errors here). OK on cpu, whose kernels DUET_CHECK.
   virtual absl::Status status() const { return absl::OkStatus(); }

@@ -325,7 +325,12 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
     b.WriteKv(kv, li, w.k, w.v, slots.data(), rows);
     // K/V of this layer are in the pool: transfer may start while the layer finishes.
     if (on_layer_done) {
-      b.Synchronize();
+      if (async_layer_hook_) {
+        std::shared_ptr<compute::WorkMarker> ready = b.MarkQueuedWork();
+        for (LayerSpan& span : spans) span.ready = ready;
+      } else {
+        b.Synchronize();
+      }
       on_layer_done(li, spans);
     }
     b.PagedAttention(kv, li, w.q, seqs, attn, w.attn);

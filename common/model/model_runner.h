@@ -41,6 +41,9 @@ struct LayerSpan {
   int32_t start_pos = 0;
   int32_t num_tokens = 0;
   const std::vector<kv::BlockId>* blocks = nullptr;  // the sequence's whole block table
+  // With set_async_layer_hook(true): the layer's K/V are in the pool once this is Done() (the
+  // device may still be computing when the hook runs). Otherwise null: already in the pool.
+  std::shared_ptr<compute::WorkMarker> ready;
 };
 
 using LayerDoneHook = std::function<void(int layer, absl::Span<const LayerSpan> spans)>;
@@ -75,6 +78,10 @@ class ModelRunner {
   // f16/bf16 KV caches halve KV memory and traffic; only backends other than cpu store them
   // (InvalidArgument on cpu). Call before the first Forward; pools must use MakeKvLayout.
   absl::Status SetKvDtype(kv::KvDtype dtype);
+  // false (default): the device is synchronised before each layer-done hook call. true: the hook
+  // runs as soon as the layer's work is queued and each LayerSpan::ready marks its completion;
+  // the hook's consumer must wait on it (or order its copies behind it) before reading the KV.
+  void set_async_layer_hook(bool async) { async_layer_hook_ = async; }
   kv::KvDtype kv_dtype() const { return kv_dtype_; }
   const ModelConfig& config() const { return config_; }
   compute::ComputeBackend* backend() const { return backend_; }
@@ -98,6 +105,7 @@ class ModelRunner {
   compute::ComputeBackend* const backend_;
   compute::RopeParams rope_;
   kv::KvDtype kv_dtype_ = kv::KvDtype::kF32;
+  bool async_layer_hook_ = false;
   std::vector<float> host_embed_;  // kept alive: the backend may alias host vectors
   std::vector<std::vector<float>> host_vectors_;
   const float* embed_ = nullptr;

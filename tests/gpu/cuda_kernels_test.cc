@@ -3,6 +3,7 @@
 // kernel never wrote fails. Tolerances are normalised errors ||cuda - cpu|| / ||cpu||.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -324,6 +325,52 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{8, 8, 128, 16, 0, kv::KvDtype::kF16, P{{60, 64}, {300, 1}}, 1e-5},
         AttnCase{4, 4, 256, 16, 0, kv::KvDtype::kBF16, P{{0, 40}, {290, 1}}, 1e-5}),
     AttnName);
+
+}  // namespace
+}  // namespace duet::compute
+
+namespace duet::compute {
+namespace {
+
+// The staging path: a layer's blocks copied to pinned host memory behind a compute-stream marker
+// equal the pool's bytes, in the order asked (runs of consecutive ids become one copy).
+TEST(CudaStagingTest, StagedBlocksEqualThePool) {
+  DUET_CUDA_OR_SKIP(cuda, "f32");
+  const kv::KvLayout layout{.model_id = "t", .num_layers = 3, .num_kv_heads = 8, .head_dim = 128,
+                            .block_size = 16, .dtype = kv::KvDtype::kBF16};
+  const int64_t num_blocks = 12;
+  auto region = cuda->AllocateKvRegion(layout.RegionBytes(num_blocks));
+  ASSERT_TRUE(region.ok()) << region.status();
+  const kv::KvCacheView view{layout, region->get(), num_blocks};
+  const int layer = 2, te = 8 * 128, n = int(num_blocks) * 16;
+  std::vector<int64_t> slots(n);
+  for (int i = 0; i < n; ++i) slots[i] = i;
+  gpu_testing::DeviceVec k(cuda.get(), testing::RandomVector(size_t(n) * te, 31));
+  gpu_testing::DeviceVec v(cuda.get(), testing::RandomVector(size_t(n) * te, 32));
+  cuda->WriteKv(view, layer, k.get(), v.get(), slots.data(), n);
+  std::shared_ptr<WorkMarker> written = cuda->MarkQueuedWork();
+  const std::vector<kv::BlockId> blocks = {5, 6, 7, 2, 3, 11};
+  auto pinned = cuda::PinnedBuffer::Create(blocks.size() * layout.BlockBytes());
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  std::memset(pinned->get(), 0xAB, pinned->bytes());
+  auto staged = cuda->StageBlocksToHost(view, layer, blocks, pinned->get(), written.get());
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  ASSERT_TRUE((*staged)->Wait(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE((*staged)->Done());
+  EXPECT_TRUE(written->Done());
+  std::vector<uint8_t> want(layout.BlockBytes());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_EQ(cudaMemcpy(want.data(), view.BlockPtr(layer, blocks[i]), want.size(),
+                         cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(pinned->get()) + i * want.size(), want.data(),
+                          want.size()), 0)
+        << "block " << blocks[i];
+  }
+  EXPECT_EQ(cuda->StageBlocksToHost(view, layer, {kv::BlockId{12}}, pinned->get(), nullptr)
+                .status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(cuda->status().ok()) << cuda->status();
+}
 
 }  // namespace
 }  // namespace duet::compute

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -220,6 +221,69 @@ TEST(CudaRandomModelTest, DeviceGeneratedWeightsMatchCpu) {
     EXPECT_LT(RelErr(got.first_logits[i], want.first_logits[i]), 1e-4) << "sequence " << i;
     EXPECT_EQ(got.tokens[i], want.tokens[i]) << "sequence " << i;
   }
+}
+
+// The layer-done hook with per-layer CUDA events: the compute thread never synchronises; the hook
+// stages each layer's blocks to pinned memory behind that layer's event, and what lands on the
+// host equals the pool after the pass. Logits equal those of the synchronising hook.
+TEST(CudaLayerHookTest, AsyncHookStagesEachLayerBehindItsEvent) {
+  if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
+  Engine e = MakeEngine("cuda", "bf16", {.num_layers = 4});
+  auto* cuda = static_cast<compute::cuda::CudaBackend*>(e.backend.get());
+  const kv::KvLayout layout = e.pool->layout();
+  std::vector<int32_t> prompt(100);
+  for (int i = 0; i < 100; ++i) prompt[i] = (i * 13 + 1) % e.runner->config().vocab_size;
+
+  auto run = [&](bool async, std::vector<compute::cuda::PinnedBuffer>* staged,
+                 std::vector<kv::BlockId>* blocks_out) -> std::vector<float> {
+    e.runner->set_async_layer_hook(async);
+    kv::BlockTable table(e.pool.get());
+    std::vector<SequenceInput> b = {
+        {.seq_id = 7, .tokens = prompt, .start_pos = 0, .table = &table, .want_logits = true}};
+    std::vector<std::shared_ptr<compute::WorkMarker>> copies;
+    int calls = 0;
+    auto hook = [&](int layer, absl::Span<const LayerSpan> spans) {
+      ++calls;
+      ASSERT_EQ(spans.size(), 1u);
+      EXPECT_EQ(spans[0].ready != nullptr, async);
+      if (!async) return;
+      const std::vector<kv::BlockId>& blocks = *spans[0].blocks;
+      *blocks_out = blocks;
+      auto buf = compute::cuda::PinnedBuffer::Create(blocks.size() * layout.BlockBytes());
+      ASSERT_TRUE(buf.ok()) << buf.status();
+      auto done = cuda->StageBlocksToHost(e.pool->View(), layer, blocks, buf->get(),
+                                          spans[0].ready.get());
+      ASSERT_TRUE(done.ok()) << done.status();
+      copies.push_back(*done);
+      staged->push_back(std::move(buf).value());
+    };
+    auto out = e.runner->Forward(absl::MakeSpan(b), e.pool->View(), hook);
+    EXPECT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(calls, 4);
+    for (auto& c : copies) EXPECT_TRUE(c->Wait(absl::Now() + absl::Seconds(10)).ok());
+    std::vector<float> logits = out.ok() ? out->logits : std::vector<float>();
+    if (async) {
+      for (int layer = 0; layer < 4; ++layer) {
+        std::vector<uint8_t> want(layout.BlockBytes());
+        for (size_t i = 0; i < blocks_out->size(); ++i) {
+          cudaMemcpy(want.data(), e.pool->View().BlockPtr(layer, (*blocks_out)[i]), want.size(),
+                     cudaMemcpyDeviceToHost);
+          EXPECT_EQ(std::memcmp(static_cast<uint8_t*>((*staged)[layer].get()) + i * want.size(),
+                                want.data(), want.size()),
+                    0)
+              << "layer " << layer << " block " << i;
+        }
+      }
+    }
+    EXPECT_TRUE(table.Release().ok());
+    return logits;
+  };
+  std::vector<compute::cuda::PinnedBuffer> staged;
+  std::vector<kv::BlockId> blocks;
+  const std::vector<float> sync_logits = run(false, &staged, &blocks);
+  const std::vector<float> async_logits = run(true, &staged, &blocks);
+  EXPECT_EQ(staged.size(), 4u);
+  EXPECT_EQ(async_logits, sync_logits);
 }
 
 }  // namespace

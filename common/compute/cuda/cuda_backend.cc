@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/backend_registry.h"
@@ -69,6 +70,33 @@ class DeviceMatrix : public PreparedMatrix {
   DeviceBuffer data_;
 };
 
+// An event on one of the backend's streams.
+class CudaWorkMarker : public WorkMarker {
+ public:
+  CudaWorkMarker(int device, Event event) : device_(device), event_(std::move(event)) {}
+  cudaEvent_t event() const { return event_.get(); }
+  bool Done() override {
+    cudaSetDevice(device_);
+    return cudaEventQuery(event_.get()) == cudaSuccess;
+  }
+  absl::Status Wait(absl::Time deadline) override {
+    cudaSetDevice(device_);
+    while (true) {
+      const cudaError_t err = cudaEventQuery(event_.get());
+      if (err == cudaSuccess) return absl::OkStatus();
+      if (err != cudaErrorNotReady) return CudaCallStatus(err, "cudaEventQuery", __FILE__, __LINE__);
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError("CUDA work marker not reached before the deadline");
+      }
+      absl::SleepFor(absl::Microseconds(20));
+    }
+  }
+
+ private:
+  int device_;
+  Event event_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
@@ -87,6 +115,7 @@ CudaBackend::CudaBackend(int device, ElemType gemm_dtype) : device_(device), gem
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
+  cudaStreamSynchronize(copy_stream_.get());
   cudaStreamSynchronize(stream_.get());  // members free their memory after queued work ends
 }
 
@@ -102,6 +131,7 @@ absl::Status CudaBackend::Init() {
                      ": duet's CUDA backend needs compute capability 8.0 or newer"));
   }
   DUET_ASSIGN_OR_RETURN(stream_, Stream::Create());
+  DUET_ASSIGN_OR_RETURN(copy_stream_, Stream::Create());
   DUET_ASSIGN_OR_RETURN(cublas_, CublasHandle::Create());
   DUET_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_.get()));
   // Pure fp32 for f32 GEMMs (no TF32); bf16/f16 GEMMs use tensor cores regardless.
@@ -492,6 +522,55 @@ void CudaBackend::PagedAttention(const kv::KvCacheView& cache, int layer, const 
     return;
   }
   CheckLaunch("PagedAttention");
+}
+
+std::shared_ptr<WorkMarker> CudaBackend::MarkQueuedWork() {
+  auto lock = Enter();
+  absl::StatusOr<Event> ev = Event::Create(/*timing=*/false);
+  if (!ev.ok()) {
+    Record(ev.status());
+    Record(DUET_CUDA_STATUS(cudaStreamSynchronize(stream_.get())));
+    return ComputeBackend::MarkQueuedWork();  // synchronised: already done
+  }
+  Record(DUET_CUDA_STATUS(cudaEventRecord(ev->get(), stream_.get())));
+  return std::make_shared<CudaWorkMarker>(device_, std::move(ev).value());
+}
+
+absl::StatusOr<std::shared_ptr<WorkMarker>> CudaBackend::StageBlocksToHost(
+    const kv::KvCacheView& cache, int layer, absl::Span<const kv::BlockId> blocks,
+    void* host_dst, const WorkMarker* after) {
+  auto lock = Enter();
+  if (layer < 0 || layer >= cache.layout.num_layers || host_dst == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("StageBlocksToHost: layer ", layer,
+                                                   host_dst == nullptr ? ", null destination" : ""));
+  }
+  for (kv::BlockId b : blocks) {
+    if (b < 0 || b >= cache.num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("StageBlocksToHost: block ", b, " outside ",
+                                                     cache.num_blocks));
+    }
+  }
+  if (after != nullptr) {
+    const auto* marker = dynamic_cast<const CudaWorkMarker*>(after);
+    if (marker != nullptr) {
+      DUET_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_.get(), marker->event(), 0));
+    } else if (!const_cast<WorkMarker*>(after)->Done()) {
+      return absl::InvalidArgumentError("StageBlocksToHost: marker from another backend");
+    }
+  }
+  const size_t block_bytes = cache.layout.BlockBytes();
+  size_t i = 0;
+  while (i < blocks.size()) {
+    size_t run = 1;
+    while (i + run < blocks.size() && blocks[i + run] == blocks[i] + static_cast<int>(run)) ++run;
+    DUET_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(host_dst) + i * block_bytes,
+                                    cache.BlockPtr(layer, blocks[i]), run * block_bytes,
+                                    cudaMemcpyDeviceToHost, copy_stream_.get()));
+    i += run;
+  }
+  DUET_ASSIGN_OR_RETURN(Event done, Event::Create(/*timing=*/false));
+  DUET_CUDA_CHECK(cudaEventRecord(done.get(), copy_stream_.get()));
+  return std::shared_ptr<WorkMarker>(std::make_shared<CudaWorkMarker>(device_, std::move(done)));
 }
 
 absl::StatusOr<std::vector<int32_t>> CudaBackend::ArgMax(const float* logits, int rows, int vocab) {

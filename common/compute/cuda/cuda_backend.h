@@ -81,6 +81,19 @@ class CudaBackend : public ComputeBackend {
                       absl::Span<const AttentionSeq> seqs, const AttentionParams& params,
                       float* out) override;
 
+  // An event recorded on the compute stream (per layer from ModelRunner's async hook).
+  std::shared_ptr<WorkMarker> MarkQueuedWork() override;
+
+  // The staging path of a KV transfer for transports that cannot read device memory: copies
+  // `layer`'s K/V of `blocks` (in order, one copy per run of consecutive ids) from the device
+  // pool into host memory at `host_dst` (BlockBytes() per block; pinned memory makes it
+  // asynchronous) on a separate copy stream that first waits for `after` (a marker from this
+  // backend, e.g. LayerSpan::ready; null: no wait). Returns a marker that is Done() once the
+  // bytes are on the host; the compute stream is not blocked.
+  absl::StatusOr<std::shared_ptr<WorkMarker>> StageBlocksToHost(
+      const kv::KvCacheView& cache, int layer, absl::Span<const kv::BlockId> blocks,
+      void* host_dst, const WorkMarker* after);
+
   // Greedy sampling on the device: out[r] = argmax of logits row r (device memory), copied to
   // the host.
   absl::StatusOr<std::vector<int32_t>> ArgMax(const float* logits, int rows, int vocab);
@@ -109,6 +122,7 @@ class CudaBackend : public ComputeBackend {
   const ElemType gemm_dtype_;
   std::string device_name_;
   Stream stream_;
+  Stream copy_stream_;  // staging copies, ordered behind compute-stream events
   CublasHandle cublas_;
   DeviceBuffer cublas_workspace_;
   DeviceBuffer gemm_input_;  // x converted to the GEMM dtype

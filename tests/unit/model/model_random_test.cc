@@ -62,6 +62,31 @@ TEST(ModelRandomTest, CpuRefusesHalfPrecisionKv) {
   EXPECT_TRUE((*runner)->SetKvDtype(kv::KvDtype::kF32).ok());
 }
 
+TEST(ModelRandomTest, AsyncLayerHookOnCpuGetsDoneMarkers) {
+  auto config = SyntheticConfig("tiny", {});
+  auto backend = compute::CreateBackend("cpu", {.num_threads = 1});
+  auto runner = ModelRunner::CreateRandom(*config, 2, backend->get());
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  auto pool = kv::BlockPool::Create((*runner)->MakeKvLayout(16), 8);
+  for (bool async : {false, true}) {
+    (*runner)->set_async_layer_hook(async);
+    kv::BlockTable table(pool->get());
+    std::vector<SequenceInput> b = {
+        {.seq_id = 1, .tokens = {3, 4, 5}, .start_pos = 0, .table = &table, .want_logits = true}};
+    int calls = 0;
+    auto out = (*runner)->Forward(absl::MakeSpan(b), (*pool)->View(),
+                                  [&](int, absl::Span<const LayerSpan> spans) {
+                                    ++calls;
+                                    ASSERT_EQ(spans.size(), 1u);
+                                    ASSERT_EQ(spans[0].ready != nullptr, async);
+                                    if (async) EXPECT_TRUE(spans[0].ready->Done());
+                                  });
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(calls, config->num_hidden_layers);
+    EXPECT_TRUE(table.Release().ok());
+  }
+}
+
 TEST(ModelRandomTest, FillUniformHostIsInRangeAndSeeded) {
   std::vector<float> a(10000), b(10000), c(10000);
   compute::FillUniformHost(a.data(), 10000, 7, 0.25f);
