@@ -20,9 +20,8 @@ absl::StatusOr<ClientPrompt> ParseGenerateRequest(const v1::GenerateRequest& req
   if (out.ids.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
   for (int32_t id : out.ids) {
     if (id < 0 || id >= config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("Generate: token id ", id,
-                                                     " is outside the vocabulary [0, ",
-                                                     config.vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Generate: token id ", id, " is outside the vocabulary [0, ", config.vocab_size, ")"));
     }
   }
   if (static_cast<int64_t>(out.ids.size()) >= config.max_position_embeddings) {

@@ -56,7 +56,8 @@ struct ColocatedScheduler::Request {
   absl::Time prefilled_at;
   bool joined_decode = false;
   int32_t last_token = -1;
-  int generated = 0;  // output tokens so far
+  int generated = 0;    // output tokens so far
+  int preemptions = 0;  // times its prefill was given up for a growing decode
 };
 
 struct ColocatedScheduler::Item {
@@ -79,20 +80,19 @@ absl::StatusOr<std::unique_ptr<ColocatedScheduler>> ColocatedScheduler::Create(
     return absl::InvalidArgumentError("ColocatedScheduler: runner and pool are required");
   }
   if (options.max_running < 1 || options.max_batch_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ColocatedScheduler: max_running (", options.max_running,
-                     ") and max_batch_tokens (", options.max_batch_tokens, ") must be >= 1"));
+    return absl::InvalidArgumentError(absl::StrCat("ColocatedScheduler: max_running (",
+                                                   options.max_running, ") and max_batch_tokens (",
+                                                   options.max_batch_tokens, ") must be >= 1"));
   }
   if (options.max_batch_tokens < options.max_running) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ColocatedScheduler: max_batch_tokens (", options.max_batch_tokens,
-        ") must be >= max_running (", options.max_running,
-        "): every running decode takes one token of each step's budget"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ColocatedScheduler: max_batch_tokens (", options.max_batch_tokens,
+                     ") must be >= max_running (", options.max_running,
+                     "): every running decode takes one token of each step's budget"));
   }
   DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(runner->MakeKvLayout(pool->layout().block_size),
                                              pool->layout(), "model", "KV pool"));
-  std::unique_ptr<ColocatedScheduler> s(
-      new ColocatedScheduler(std::move(options), runner, pool));
+  std::unique_ptr<ColocatedScheduler> s(new ColocatedScheduler(std::move(options), runner, pool));
   {
     absl::MutexLock lock(&s->join_mu_);
     s->thread_ = std::thread([p = s.get()] { p->Loop(); });
@@ -121,21 +121,21 @@ absl::StatusOr<std::shared_ptr<ColocatedStream>> ColocatedScheduler::Submit(Subm
   DUET_RETURN_IF_ERROR(Annotate(args.sampling.Validate(c.vocab_size), what));
   const int64_t need = pool_->layout().BlocksForTokens(n + 1);
   if (need > pool_->num_blocks()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": a prompt of ", n, " tokens needs ", need, " KV blocks but the pool holds ",
-        pool_->num_blocks()));
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": a prompt of ", n, " tokens needs ",
+                                                     need, " KV blocks but the pool holds ",
+                                                     pool_->num_blocks()));
   }
   auto r = std::make_shared<Request>();
   r->id = std::move(args.request_id);
   r->prompt = std::move(args.prompt);
   r->params = std::move(args.sampling);
   r->submitted = absl::Now();
-  r->deadline = args.deadline == absl::InfiniteFuture()
-                    ? r->submitted + options_.default_deadline
-                    : args.deadline;
+  r->deadline = args.deadline == absl::InfiniteFuture() ? r->submitted + options_.default_deadline
+                                                        : args.deadline;
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError(absl::StrCat(options_.name, " is shutting down"));
-  if (by_id_.count(r->id)) return absl::AlreadyExistsError(absl::StrCat(what, ": already in flight"));
+  if (by_id_.count(r->id))
+    return absl::AlreadyExistsError(absl::StrCat(what, ": already in flight"));
   r->seq_id = next_seq_id_++;
   by_id_[r->id] = r;
   incoming_.push_back(r);
@@ -170,7 +170,8 @@ void ColocatedScheduler::Shutdown() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();  // after its current step
-  const absl::Status error = absl::UnavailableError(absl::StrCat(options_.name, " is shutting down"));
+  const absl::Status error =
+      absl::UnavailableError(absl::StrCat(options_.name, " is shutting down"));
   {
     absl::MutexLock lock(&mu_);
     for (auto& r : incoming_) waiting_.push_back(std::move(r));
@@ -222,8 +223,8 @@ void ColocatedScheduler::Reap(absl::Time now) {
       Finish(r, ColocatedEvent{.finish = FinishReason::kCancelled});
     } else if (now >= r.deadline) {
       Fail(r, absl::DeadlineExceededError(absl::StrCat(
-                  options_.name, ": request ", r.id, " passed its deadline (",
-                  r.generated, " tokens generated, prompt of ", r.prompt.size(), ")")));
+                  options_.name, ": request ", r.id, " passed its deadline (", r.generated,
+                  " tokens generated, prompt of ", r.prompt.size(), ")")));
     } else if (r.phase == Phase::kWaiting && now - r.submitted >= options_.admission_timeout) {
       Fail(r, absl::ResourceExhaustedError(absl::StrCat(
                   options_.name, ": request ", r.id, " found no batch slot and KV room for ",
@@ -261,13 +262,17 @@ std::vector<ColocatedScheduler::Item> ColocatedScheduler::BuildStep() {
   for (auto& rp : active_) {
     Request& r = *rp;
     if (r.done || r.phase != Phase::kDecoding || budget <= 0) continue;
-    if (absl::Status s = r.table->Reserve(r.table->num_tokens() + 1); !s.ok()) {
-      Fail(r, Annotate(s, absl::StrCat(options_.name, ": growing the KV of request ", r.id,
-                                       " to ", r.table->num_tokens() + 1, " tokens")));
+    absl::Status s = r.table->Reserve(r.table->num_tokens() + 1);
+    // Out of blocks: take them from the newest request still prefilling (it has produced no
+    // token, so prefilling it again later changes nothing it will generate).
+    while (!s.ok() && PreemptNewestPrefill()) s = r.table->Reserve(r.table->num_tokens() + 1);
+    if (!s.ok()) {
+      Fail(r, Annotate(s, absl::StrCat(options_.name, ": growing the KV of request ", r.id, " to ",
+                                       r.table->num_tokens() + 1, " tokens")));
       continue;
     }
-    items.push_back(Item{.request = &r, .start = r.table->num_tokens(), .tokens = 1,
-                         .decode = true, .final = true});
+    items.push_back(Item{
+        .request = &r, .start = r.table->num_tokens(), .tokens = 1, .decode = true, .final = true});
     --budget;
   }
   // Then prompt chunks, oldest admitted first.
@@ -277,10 +282,42 @@ std::vector<ColocatedScheduler::Item> ColocatedScheduler::BuildStep() {
     const int64_t remaining = static_cast<int64_t>(r.prompt.size()) - r.prefilled_tokens;
     const int64_t n = std::min(remaining, budget);
     budget -= n;
-    items.push_back(Item{.request = &r, .start = r.prefilled_tokens, .tokens = n,
-                         .decode = false, .final = n == remaining});
+    items.push_back(Item{.request = &r,
+                         .start = r.prefilled_tokens,
+                         .tokens = n,
+                         .decode = false,
+                         .final = n == remaining});
+  }
+  // Preempted requests go back to the head of the queue, in their order.
+  std::vector<std::shared_ptr<Request>> kept, preempted;
+  for (auto& rp : active_) (rp->phase == Phase::kWaiting ? preempted : kept).push_back(rp);
+  if (!preempted.empty()) {
+    active_ = std::move(kept);
+    waiting_.insert(waiting_.begin(), preempted.begin(), preempted.end());
   }
   return items;
+}
+
+bool ColocatedScheduler::PreemptNewestPrefill() {
+  for (auto it = active_.rbegin(); it != active_.rend(); ++it) {
+    Request& r = **it;
+    if (r.done || r.phase != Phase::kPrefilling) continue;
+    if (absl::Status s = r.table->Release(); !s.ok()) {
+      DUET_LOG(ERROR) << options_.name << ": request " << r.id << ": freeing its blocks: " << s;
+    }
+    r.table.reset();
+    r.phase = Phase::kWaiting;
+    r.prefilled_tokens = 0;
+    r.first_pass = absl::InfiniteFuture();
+    r.compute_us = 0;
+    r.chunks = 0;
+    ++r.preemptions;
+    DUET_LOG(INFO) << options_.name << ": request " << r.id
+                   << " preempted while prefilling (KV pool full, " << r.preemptions
+                   << " times so far); it will start again";
+    return true;
+  }
+  return false;
 }
 
 void ColocatedScheduler::RunStep(std::vector<Item>& items) {
@@ -333,8 +370,10 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
     }
     auto row = rows.find(r.seq_id);
     if (row == rows.end()) {
-      Fail(r, absl::InternalError(absl::StrCat(options_.name, ": the forward step returned no "
-                                               "logits for request ", r.id)));
+      Fail(r, absl::InternalError(absl::StrCat(options_.name,
+                                               ": the forward step returned no "
+                                               "logits for request ",
+                                               r.id)));
       continue;
     }
     const int step = r.generated;  // index of this output token

@@ -10,8 +10,10 @@
 // Admission is FIFO: a waiting request joins when fewer than max_running requests hold KV and
 // the pool has room for its whole prompt (plus one block of headroom per running request); it
 // waits otherwise, up to admission_timeout, and a prompt the whole pool cannot hold is refused
-// at once (ResourceExhausted). Finished, cancelled, failed and timed-out requests give every
-// block back before their last event is pushed.
+// at once (ResourceExhausted). A decode the pool cannot grow takes the blocks of the newest
+// request still prefilling (which goes back to the head of the queue and starts over: it has
+// sampled nothing yet, so its tokens do not change); with none to take, it fails alone. Finished,
+// cancelled, failed and timed-out requests give every block back before their last event is pushed.
 //
 //   ColocatedSchedulerOptions o{.max_batch_tokens = 512, .eos_ids = tokenizer.eos_ids()};
 //   DUET_ASSIGN_OR_RETURN(auto sched, ColocatedScheduler::Create(o, &runner, &pool));
@@ -90,7 +92,7 @@ struct StepInfo {
 };
 
 struct ColocatedSchedulerOptions {
-  std::string name = "colocated";  // names this server in errors
+  std::string name = "colocated";   // names this server in errors
   int64_t max_batch_tokens = 2048;  // token budget of one step (decodes + prefill chunks)
   int max_running = 64;             // requests holding KV (prefilling or decoding)
   std::vector<int32_t> eos_ids;
@@ -153,7 +155,10 @@ class ColocatedScheduler {
   // Moves new requests in and ends cancelled and timed-out ones.
   void Reap(absl::Time now);
   void Admit();
+  // Fails decodes the pool cannot grow, unless a prefilling request can give its blocks back.
   std::vector<Item> BuildStep();
+  // Frees the newest prefilling request's blocks and marks it waiting (BuildStep requeues it).
+  bool PreemptNewestPrefill();
   void RunStep(std::vector<Item>& items);
   // Frees the request's blocks, forgets it and pushes `last` (finish set by the caller).
   void Finish(Request& r, ColocatedEvent last);

@@ -23,12 +23,12 @@ absl::Status ColocatedServer::Init() {
   if (o.block_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("block size must be >= 1, got ", o.block_size));
   }
-  DUET_ASSIGN_OR_RETURN(engine_, model::LocalEngine::Load(o.model_dir,
-                                                          {.device = o.device,
-                                                           .num_threads = o.threads,
-                                                           .cpu_gemm = o.cpu_gemm,
-                                                           .block_size = o.block_size,
-                                                           .kv_cache_bytes = o.kv_cache_bytes}));
+  DUET_ASSIGN_OR_RETURN(
+      engine_, model::LocalEngine::Load(o.model_dir, {.device = o.device,
+                                                      .num_threads = o.threads,
+                                                      .cpu_gemm = o.cpu_gemm,
+                                                      .block_size = o.block_size,
+                                                      .kv_cache_bytes = o.kv_cache_bytes}));
   DUET_ASSIGN_OR_RETURN(scheduler_,
                         ColocatedScheduler::Create({.name = o.node_id,
                                                     .max_batch_tokens = o.max_batch_tokens,

@@ -30,8 +30,7 @@ absl::Time ClientDeadline(const grpc::ServerContext& ctx) {
 
 }  // namespace
 
-ColocatedService::ColocatedService(ColocatedScheduler* scheduler,
-                                   const model::Tokenizer* tokenizer,
+ColocatedService::ColocatedService(ColocatedScheduler* scheduler, const model::Tokenizer* tokenizer,
                                    const model::ModelConfig& config,
                                    ColocatedServiceIdentity identity)
     : scheduler_(scheduler),
@@ -45,8 +44,7 @@ grpc::Status ColocatedService::Generate(grpc::ServerContext* ctx,
   return rpc::ToGrpcStatus(DoGenerate(ctx, *request, writer));
 }
 
-absl::Status ColocatedService::DoGenerate(grpc::ServerContext* ctx,
-                                          const v1::GenerateRequest& req,
+absl::Status ColocatedService::DoGenerate(grpc::ServerContext* ctx, const v1::GenerateRequest& req,
                                           grpc::ServerWriter<v1::GenerateResponse>* writer) {
   if (shutting_down_.load()) {
     return absl::UnavailableError(absl::StrCat(identity_.node_id, " is shutting down"));
@@ -55,9 +53,8 @@ absl::Status ColocatedService::DoGenerate(grpc::ServerContext* ctx,
   DUET_ASSIGN_OR_RETURN(rpc::ClientPrompt prompt,
                         rpc::ParseGenerateRequest(req, *tokenizer_, config_));
   const int32_t prompt_tokens = static_cast<int32_t>(prompt.ids.size());
-  const std::string id = req.request_id().empty()
-                             ? absl::StrCat("req-", next_request_.fetch_add(1))
-                             : req.request_id();
+  const std::string id = req.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
+                                                  : req.request_id();
   DUET_ASSIGN_OR_RETURN(std::shared_ptr<ColocatedStream> stream,
                         scheduler_->Submit({.request_id = id,
                                             .prompt = std::move(prompt.ids),
@@ -89,9 +86,8 @@ absl::Status ColocatedService::DoGenerate(grpc::ServerContext* ctx,
     }
     r.set_finish_reason(decode::ToProto(ev.finish));
     if (ev.finished()) {
-      timings.set_decode_us(first_token_at == absl::InfinitePast()
-                                ? 0
-                                : Micros(absl::Now() - first_token_at));
+      timings.set_decode_us(
+          first_token_at == absl::InfinitePast() ? 0 : Micros(absl::Now() - first_token_at));
       *r.mutable_timings() = timings;
       r.set_prompt_tokens(prompt_tokens);
     }

@@ -2,9 +2,8 @@
 // in-process engine and as a disaggregated loopback cluster (invariant 1), the same errors as
 // the coordinator for bad input, RequestTimings filled, and a cancel (client or Cancel RPC)
 // mid-stream gives every KV block back (invariant 3, seen through Health).
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
@@ -55,9 +54,9 @@ Result Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req,
     if (on_token && r.has_token()) on_token(ctx, static_cast<int>(out.ids.size()));
   }
   grpc::Status s = reader->Finish();
-  out.status = s.ok() ? absl::OkStatus()
-                      : absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                                     s.error_message());
+  out.status = s.ok()
+                   ? absl::OkStatus()
+                   : absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   return out;
 }
 
@@ -86,8 +85,8 @@ v1::HealthResponse Health(v1::Generation::Stub& stub) {
     h = Health(stub);
     bool free = h.ready() && h.running_requests() == 0 && h.nodes_size() > 0;
     for (const v1::NodeStatus& n : h.nodes()) {
-      free = free && n.load().total_blocks() > 0 &&
-             n.load().free_blocks() == n.load().total_blocks();
+      free =
+          free && n.load().total_blocks() > 0 && n.load().free_blocks() == n.load().total_blocks();
     }
     if (free) return ::testing::AssertionSuccess();
     absl::SleepFor(absl::Milliseconds(50));
@@ -105,12 +104,18 @@ class ColocatedServeTest : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(model_dir_); }
 
   static std::vector<std::string> ColocatedFlags() {
-    return {"--colocated", "--model=" + model_dir_, "--threads=1", "--kv_cache_bytes=16777216",
+    return {"--colocated",           "--model=" + model_dir_,
+            "--threads=1",           "--kv_cache_bytes=16777216",
             "--max_batch_tokens=64", "--max_running=16"};
   }
   static std::vector<std::string> ClusterFlags() {
-    return {"--loopback", "--prefill=1", "--decode=1", "--model=" + model_dir_,
-            "--transport=shm", "--threads=1", "--kv_cache_bytes=16777216"};
+    return {"--loopback",
+            "--prefill=1",
+            "--decode=1",
+            "--model=" + model_dir_,
+            "--transport=shm",
+            "--threads=1",
+            "--kv_cache_bytes=16777216"};
   }
   std::vector<int32_t> Prompt(int n, int salt) {
     std::vector<int32_t> p(n);
@@ -120,8 +125,8 @@ class ColocatedServeTest : public ::testing::Test {
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt,
                                  const model::SamplingParams& params) {
     if (!engine_) {
-      auto e = model::LocalEngine::Load(model_dir_, {.device = "cpu", .num_threads = 1,
-                                                     .kv_cache_bytes = 64 << 20});
+      auto e = model::LocalEngine::Load(
+          model_dir_, {.device = "cpu", .num_threads = 1, .kv_cache_bytes = 64 << 20});
       EXPECT_TRUE(e.ok()) << e.status();
       engine_ = std::move(*e);
     }
@@ -258,8 +263,8 @@ TEST_F(ColocatedServeTest, CancelMidStreamFreesEveryBlock) {
   Result r = Generate(*stub, Request(Prompt(200, 1), s), [&](grpc::ClientContext& ctx, int n) {
     if (n == 3) {
       v1::HealthResponse h = Health(*stub);
-      saw_blocks_held = h.nodes_size() == 1 &&
-                        h.nodes(0).load().free_blocks() < h.nodes(0).load().total_blocks();
+      saw_blocks_held =
+          h.nodes_size() == 1 && h.nodes(0).load().free_blocks() < h.nodes(0).load().total_blocks();
     }
     if (n == 5) ctx.TryCancel();
   });

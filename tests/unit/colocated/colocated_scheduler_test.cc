@@ -66,10 +66,8 @@ class ColocatedSchedulerTest : public ::testing::Test {
  protected:
   // A scheduler over its own engine's runner and a pool of `num_blocks` blocks of 4 tokens.
   void Start(ColocatedSchedulerOptions options, int64_t num_blocks = 512) {
-    auto e = model::LocalEngine::Load(TinyModelDir(), {.device = "cpu",
-                                                       .num_threads = 1,
-                                                       .block_size = 4,
-                                                       .kv_cache_bytes = 1});
+    auto e = model::LocalEngine::Load(
+        TinyModelDir(), {.device = "cpu", .num_threads = 1, .block_size = 4, .kv_cache_bytes = 1});
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
     auto pool = kv::BlockPool::Create(engine_->runner().MakeKvLayout(4), num_blocks);
@@ -95,10 +93,9 @@ class ColocatedSchedulerTest : public ::testing::Test {
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt,
                                  const model::SamplingParams& params) {
     if (!ref_) {
-      auto e = model::LocalEngine::Load(TinyModelDir(), {.device = "cpu",
-                                                         .num_threads = 1,
-                                                         .block_size = 4,
-                                                         .kv_cache_bytes = 16 << 20});
+      auto e = model::LocalEngine::Load(
+          TinyModelDir(),
+          {.device = "cpu", .num_threads = 1, .block_size = 4, .kv_cache_bytes = 16 << 20});
       EXPECT_TRUE(e.ok()) << e.status();
       ref_ = std::move(*e);
     }
@@ -109,8 +106,10 @@ class ColocatedSchedulerTest : public ::testing::Test {
   std::shared_ptr<ColocatedStream> Submit(const std::string& id, std::vector<int32_t> prompt,
                                           model::SamplingParams params,
                                           absl::Time deadline = absl::InfiniteFuture()) {
-    auto s = sched_->Submit({.request_id = id, .prompt = std::move(prompt),
-                             .sampling = std::move(params), .deadline = deadline});
+    auto s = sched_->Submit({.request_id = id,
+                             .prompt = std::move(prompt),
+                             .sampling = std::move(params),
+                             .deadline = deadline});
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *s : nullptr;
   }
@@ -122,6 +121,22 @@ class ColocatedSchedulerTest : public ::testing::Test {
   void SetHook(std::function<void(const StepInfo&)> hook) {
     absl::MutexLock lock(&mu_);
     hook_ = std::move(hook);
+  }
+  // Submits `id` from the scheduler thread at the first step in which a request decodes, and
+  // returns its stream once it is submitted.
+  std::shared_ptr<ColocatedStream> SubmitWhenDecoding(const std::string& id,
+                                                      std::vector<int32_t> prompt,
+                                                      model::SamplingParams params) {
+    auto stream = std::make_shared<std::shared_ptr<ColocatedStream>>();
+    auto submitted = std::make_shared<std::atomic<bool>>(false);
+    SetHook([=, this](const StepInfo& s) {
+      if (s.decode_tokens == 0 || submitted->load()) return;
+      *stream = Submit(id, prompt, params);
+      submitted->store(true);
+    });
+    const absl::Time deadline = DeadlineIn(absl::Seconds(30));
+    while (!submitted->load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    return *stream;
   }
   void SlowSteps(absl::Duration d) {
     SetHook([d](const StepInfo&) { absl::SleepFor(d); });
@@ -181,17 +196,12 @@ TEST_F(ColocatedSchedulerTest, MixesPrefillChunksWithRunningDecodes) {
   constexpr int64_t kBudget = 16;
   Start({.max_batch_tokens = kBudget, .max_running = 4});
   const model::SamplingParams pa{.max_tokens = 200, .ignore_eos = true};
-  auto a = Submit("a", Prompt(3, 1), pa);
-  ASSERT_NE(a, nullptr);
-  // Wait until "a" decodes.
-  std::vector<ColocatedEvent> first = a->Pop(DeadlineIn(absl::Seconds(30)));
-  ASSERT_FALSE(first.empty());
   const model::SamplingParams pb{.max_tokens = 5, .ignore_eos = true};
-  auto b = Submit("b", Prompt(100, 2), pb);
+  auto a = Submit("a", Prompt(3, 1), pa);
+  auto b = SubmitWhenDecoding("b", Prompt(100, 2), pb);
   ASSERT_NE(b, nullptr);
   Outcome ob = Drain(*b);
   Outcome oa = Drain(*a);
-  for (auto it = first.rbegin(); it != first.rend(); ++it) oa.ids.insert(oa.ids.begin(), it->token.id);
   EXPECT_EQ(oa.ids, Reference(Prompt(3, 1), pa));
   EXPECT_EQ(ob.ids, Reference(Prompt(100, 2), pb));
 
@@ -244,8 +254,8 @@ TEST_F(ColocatedSchedulerTest, CancelInEveryPhaseFreesBlocks) {
   });
   auto dec = Submit("decoding", Prompt(5, 1), lng);
   ASSERT_FALSE(dec->Pop(DeadlineIn(absl::Seconds(30))).empty());  // it decodes
-  auto pre = Submit("prefilling", Prompt(240, 2), lng);             // chunks of 7 tokens
-  auto wait = Submit("waiting", Prompt(10, 3), lng);                // max_running is 2
+  auto pre = Submit("prefilling", Prompt(240, 2), lng);           // chunks of 7 tokens
+  auto wait = Submit("waiting", Prompt(10, 3), lng);              // max_running is 2
   all_submitted = true;
   EXPECT_FALSE(sched_->Cancel("never-submitted"));
   Outcome ow = Drain(*wait, absl::Seconds(30));
@@ -299,14 +309,41 @@ TEST_F(ColocatedSchedulerTest, FullPoolMakesAdmissionWait) {
   EXPECT_TRUE(AllFree());
 }
 
+// A decode the pool cannot grow takes the blocks of the request still prefilling, which starts
+// over once there is room again; both produce the reference tokens.
+TEST_F(ColocatedSchedulerTest, GrowingDecodePreemptsAPrefill) {
+  // 16 blocks of 4 tokens. "a" ends at 59 tokens (15 blocks). "b" (40 tokens, 10 blocks) is
+  // admitted early but, with a budget of 2, prefills one token per step while "a" grows.
+  Start({.max_batch_tokens = 2, .max_running = 2}, /*num_blocks=*/16);
+  const model::SamplingParams pa{.max_tokens = 56, .ignore_eos = true};
+  const model::SamplingParams pb{.max_tokens = 4, .ignore_eos = true};
+  auto a = Submit("a", Prompt(4, 1), pa);
+  auto b = SubmitWhenDecoding("b", Prompt(40, 2), pb);
+  ASSERT_NE(b, nullptr);
+  Outcome oa = Drain(*a);
+  Outcome ob = Drain(*b);
+  EXPECT_EQ(oa.finish, FinishReason::kMaxTokens) << oa.error;
+  EXPECT_EQ(ob.finish, FinishReason::kMaxTokens) << ob.error;
+  EXPECT_EQ(oa.ids, Reference(Prompt(4, 1), pa));
+  EXPECT_EQ(ob.ids, Reference(Prompt(40, 2), pb));
+  int64_t b_prefilled = 0;
+  for (const StepInfo& s : Steps()) {
+    for (size_t i = 0; i < s.request_ids.size(); ++i) {
+      if (s.request_ids[i] == "b" && !s.is_decode[i]) b_prefilled += s.tokens[i];
+    }
+  }
+  EXPECT_GT(b_prefilled, 40) << "b should have been preempted and prefilled again";
+  EXPECT_TRUE(AllFree());
+}
+
 // A prompt the whole pool cannot hold is refused at once; one that never finds room within the
 // admission timeout is refused then; nothing is left held.
 TEST_F(ColocatedSchedulerTest, FullPoolRefusesCleanly) {
   Start({.max_batch_tokens = 64, .max_running = 4, .admission_timeout = absl::Milliseconds(300)},
         /*num_blocks=*/40);
   SlowSteps(absl::Milliseconds(10));
-  auto too_big = sched_->Submit({.request_id = "huge", .prompt = Prompt(200, 1),
-                                 .sampling = {.max_tokens = 1}});
+  auto too_big = sched_->Submit(
+      {.request_id = "huge", .prompt = Prompt(200, 1), .sampling = {.max_tokens = 1}});
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted) << too_big.status();
   EXPECT_NE(too_big.status().message().find("needs 51 KV blocks"), std::string::npos)
       << too_big.status();
@@ -361,11 +398,12 @@ TEST_F(ColocatedSchedulerTest, RefusesBadInput) {
 }
 
 TEST(ColocatedSchedulerCreateTest, RefusesABudgetBelowTheBatch) {
-  auto e = model::LocalEngine::Load(TinyModelDir(), {.device = "cpu", .num_threads = 1,
-                                                     .block_size = 4, .kv_cache_bytes = 1 << 20});
+  auto e = model::LocalEngine::Load(
+      TinyModelDir(),
+      {.device = "cpu", .num_threads = 1, .block_size = 4, .kv_cache_bytes = 1 << 20});
   ASSERT_TRUE(e.ok()) << e.status();
-  auto s = ColocatedScheduler::Create({.max_batch_tokens = 8, .max_running = 16},
-                                      &(*e)->runner(), &(*e)->pool());
+  auto s = ColocatedScheduler::Create({.max_batch_tokens = 8, .max_running = 16}, &(*e)->runner(),
+                                      &(*e)->pool());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("max_running"), std::string::npos) << s.status();
 }
