@@ -64,6 +64,7 @@ grep -E '\(Failed\)|\(Skipped\)|\(Timeout\)' "$OUT/gpu_tests.log" | head -20 | t
 budget=$(left)
 if [[ $budget -gt 60 ]]; then
   timeout $((budget - 30)) "$BUILD/bench/gpu/gpu_engine_bench" --preset llama3-8b \
+    --prefill_attention simt,tensor \
     --prefill 512,2048,8192 --decode_batch 1,32,128 --context 1024 --reps 5 \
     --json "$OUT/engine.json" --table "$OUT/engine.md" > "$OUT/bench.log" 2>&1
   say "bench rc=$?"
