@@ -43,9 +43,11 @@ export LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CMAKE_POLICY_VERSION_MINIMUM=3.5
 BUILD=${BUILD_DIR:-build-gpu}
 
+# -include cstdint: Abseil 20220623's headers predate GCC 13's leaner includes (harmless here).
 timeout 120 cmake -G Ninja -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDUET_ENGINE_ONLY=ON \
   -DDUET_CUDA_ARCHS=90 -Dabsl_DIR="$LIBDIR/cmake/absl" -DGTest_DIR="$LIBDIR/cmake/GTest" \
-  -Dnlohmann_json_DIR="$CARRY/usr/share/cmake/nlohmann_json" > "$OUT/configure.log" 2>&1
+  -Dnlohmann_json_DIR="$CARRY/usr/share/cmake/nlohmann_json" \
+  -DCMAKE_CXX_FLAGS="-include cstdint" > "$OUT/configure.log" 2>&1
 rc=$?
 say "configure rc=$rc"
 if [[ $rc -ne 0 ]]; then tail -30 "$OUT/configure.log"; exit 3; fi
