@@ -57,6 +57,10 @@ timeout 240 ninja -C "$BUILD" -j"$(nproc)" cuda_kernels_test cuda_model_test gpu
 rc=$?
 say "build rc=$rc ($(grep -c 'Building' "$OUT/build.log") compile steps)"
 if [[ $rc -ne 0 ]]; then grep -E 'error|FAILED' "$OUT/build.log" | head -40; exit 4; fi
+if command -v cuobjdump > /dev/null; then
+  say "SASS: $(cuobjdump --dump-sass "$BUILD/common/compute/cuda/libduet_compute_cuda.a" 2>/dev/null |
+    grep -cE 'HMMA') HMMA instructions in the CUDA backend (tensor-core prefill, expected > 0)"
+fi
 
 (cd "$BUILD" && timeout 150 ctest -L gpu --output-on-failure --timeout 120) > "$OUT/gpu_tests.log" 2>&1
 rc=$?
