@@ -4,8 +4,10 @@
 # long prompts (512-1024 tokens) running against background decodes. Writes one JSON report per
 # (setup, rate), a summary (JSON + Markdown table) and PNG plots (gnuplot).
 #
-#   scripts/bench_compare.sh --quick                 # ~5 min: 2 rates, 40 s each
-#   scripts/bench_compare.sh --out bench/results     # ~13 min: 3 rates, 60 s each
+#   scripts/bench_compare.sh --quick                 # ~4 min: 1 rate, 45 s
+#   scripts/bench_compare.sh --out bench/results     # ~13 min: 2 rates, 100 s each
+# (A 512-1024-token prefill takes 10-20 s on one core of the 2-core development machine, so the
+# rates are low; raise --rates on a bigger machine.)
 #   options: --model PATH (default: synthetic smollm2-135m preset, made if missing)
 #            --rates "0.1 0.2" --duration S --transport shm|tcp --out DIR --build DIR
 #
@@ -18,13 +20,13 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${DUET_BUILD_DIR:-$ROOT/build}"
 OUT="$ROOT/bench/results"
 MODEL=""
-RATES="0.1 0.2 0.3"
-DURATION=60
+RATES="0.03 0.06"
+DURATION=100
 TRANSPORT=shm
 QUICK=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) QUICK=1; RATES="0.1 0.25"; DURATION=40 ;;
+    --quick) QUICK=1; RATES="0.05"; DURATION=45 ;;
     --model) MODEL="$2"; shift ;;
     --rates) RATES="$2"; shift ;;
     --duration) DURATION="$2"; shift ;;
@@ -52,7 +54,7 @@ mkdir -p "$RAW"
 # The workload: long prompts at the swept rate (class "main"), and 2 background requests with
 # short prompts and long outputs decoding all the time (class "background").
 WORKLOAD=(--input_len 512-1024 --output_len 16 --background_concurrency 2
-          --background_input_len 32 --background_output_len 96 --seed 1
+          --background_input_len 32 --background_output_len 64 --seed 1
           --slo_ttft_ms 15000 --slo_tpot_ms 250 --timeout_s 240)
 
 SERVE_PID=""

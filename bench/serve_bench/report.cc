@@ -40,7 +40,15 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
   std::map<std::string, std::pair<std::string, int>> errors;  // pattern -> (example, count)
   for (const RequestRecord* r : records) {
     if (r->cut_at_end) {
+      // Still streaming when the run ended (a long background decode): its tokens so far are
+      // real measurements of the latencies, though the request counts in no throughput.
       ++cut;
+      if (!r->token_ns.empty()) ttft.push_back(r->TtftMs());
+      if (r->HasTpot()) {
+        tpot.push_back(r->TpotMs());
+        gap.push_back(r->FirstToSecondGapMs());
+        for (double x : r->ItlMs()) itl.push_back(x);
+      }
       continue;
     }
     if (!r->ok()) {

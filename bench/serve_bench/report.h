@@ -2,6 +2,8 @@
 // "background", and "all") the TTFT, TPOT, inter-token latency, end-to-end time and the
 // first-to-second-token gap (p50/p90/p99/mean), the server-side breakdown of the time to the
 // second token, request and token throughput, goodput under SLOs, and every error counted.
+// Requests cut at the end of the run count in no throughput, but the tokens they streamed count
+// in the TTFT, gap, TPOT and ITL statistics.
 //
 //   ReportOptions ro{.slo = {.ttft_ms = 2000, .tpot_ms = 100}};
 //   nlohmann::json j = BuildReport(result, ro);

@@ -87,6 +87,11 @@ TEST(ReportTest, CountsGoodputThroughputAndErrors) {
   const auto& b = j["classes"]["background"];
   EXPECT_EQ(b["requests"]["completed"], 1);
   EXPECT_EQ(b["requests"]["cut_at_end"], 1);
+  // The cut request's two tokens count in the latencies (not in throughput).
+  EXPECT_EQ(b["latency_ms"]["tpot"]["count"], 2);
+  EXPECT_DOUBLE_EQ(b["latency_ms"]["tpot"]["min"].get<double>(), 10);
+  EXPECT_EQ(b["latency_ms"]["e2e"]["count"], 1);
+  EXPECT_DOUBLE_EQ(b["throughput"]["output_tokens_per_s"].get<double>(), 0.2);
   EXPECT_DOUBLE_EQ(b["server_ms"]["transfer_tail"]["mean"].get<double>(), 5);
   EXPECT_DOUBLE_EQ(b["server_ms"]["prefill_compute"]["mean"].get<double>(), 990);
   EXPECT_DOUBLE_EQ(b["transfer_tail_pct_of_ttft"]["p50"].get<double>(), 0.5);
