@@ -352,8 +352,10 @@ class HttpFront::Handlers {
          ended](size_t, httplib::DataSink& sink) mutable {
           bool first_chunk = true;
           size_t text_offset = 0;
+          auto last_write = std::chrono::steady_clock::now();
           auto send = [&](const json& j) {
             const std::string event = "data: " + Dump(j) + "\n\n";
+            last_write = std::chrono::steady_clock::now();
             return sink.write(event.data(), event.size());
           };
           auto gone = [&] {
@@ -384,8 +386,10 @@ class HttpFront::Handlers {
               run->Cancel();
               return false;
             }
-            // An idle stream still finds out that its client has gone.
-            if (batch.empty() && !ended) {
+            // A stream without new text (idle, or tokens that hold no text yet) still finds
+            // out that its client has gone.
+            if (!ended && std::chrono::steady_clock::now() - last_write > std::chrono::seconds(1)) {
+              last_write = std::chrono::steady_clock::now();
               static constexpr char kPing[] = ": ping\n\n";
               if (!sink.is_writable() || !sink.write(kPing, sizeof(kPing) - 1)) return gone();
             }
