@@ -106,7 +106,7 @@ def plot(rows, out):
             m = r["server_mean_ms"]
             f.write(f"\"{r['setup'].replace('disagg-', '')}\\n{r['rate']:g}/s\" " +
                     " ".join(f"{m[k]:.3f}" for k in BREAKDOWN) + "\n")
-    term = "set terminal pngcairo size 720,420 font ',10'\nset key top left\nset grid\n"
+    term = "set terminal pngcairo noenhanced size 720,420 font ',10'\nset key top left\nset grid\n"
     lines = lambda cols: ", ".join(
         f"'{tmp}/{s}.dat' using 1:{c} with linespoints title '{s} {t}'"
         for s in setups for c, t in cols)
