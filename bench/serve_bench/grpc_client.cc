@@ -11,12 +11,18 @@ namespace {
 
 const char* FinishName(v1::FinishReason r) {
   switch (r) {
-    case v1::FINISH_REASON_EOS: return "eos";
-    case v1::FINISH_REASON_MAX_TOKENS: return "length";
-    case v1::FINISH_REASON_STOP_TOKEN: return "stop";
-    case v1::FINISH_REASON_CANCELLED: return "cancelled";
-    case v1::FINISH_REASON_ERROR: return "error";
-    default: return "none";
+    case v1::FINISH_REASON_EOS:
+      return "eos";
+    case v1::FINISH_REASON_MAX_TOKENS:
+      return "length";
+    case v1::FINISH_REASON_STOP_TOKEN:
+      return "stop";
+    case v1::FINISH_REASON_CANCELLED:
+      return "cancelled";
+    case v1::FINISH_REASON_ERROR:
+      return "error";
+    default:
+      return "none";
   }
 }
 
@@ -25,8 +31,7 @@ class GrpcClient : public Client {
   explicit GrpcClient(const std::string& address)
       : address_(address), stub_(v1::Generation::NewStub(rpc::MakeChannel(address))) {}
 
-  RequestRecord Send(const RequestSpec& spec, absl::Duration timeout,
-                     CancelScope* scope) override {
+  RequestRecord Send(const RequestSpec& spec, absl::Duration timeout, CancelScope* scope) override {
     RequestRecord rec;
     rec.cls = spec.cls;
     rec.max_tokens = spec.max_tokens;
@@ -87,8 +92,8 @@ class GrpcClient : public Client {
       rec.status = absl::Status(static_cast<absl::StatusCode>(st.error_code()),
                                 absl::StrCat("grpc ", address_, ": ", st.error_message()));
     } else if (rec.finish_reason == "error" || rec.finish_reason == "cancelled") {
-      rec.status = absl::InternalError(
-          absl::StrCat("stream ended with finish_reason ", rec.finish_reason));
+      rec.status =
+          absl::InternalError(absl::StrCat("stream ended with finish_reason ", rec.finish_reason));
     } else if (rec.token_ns.empty()) {
       rec.status = absl::InternalError("stream ended without a token");
     }

@@ -109,12 +109,10 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
                   {"slo_ttft_ms", options.slo.ttft_ms},
                   {"slo_tpot_ms", options.slo.tpot_ms},
                   {"slo_e2e_ms", options.slo.e2e_ms}};
-  j["latency_ms"] = {{"ttft", SummaryJson(Summarize(ttft))},
-                     {"first_to_second_gap", SummaryJson(Summarize(gap))},
-                     {"tpot", SummaryJson(Summarize(tpot))},
-                     {"itl", SummaryJson(Summarize(itl))},
-                     {"e2e", SummaryJson(Summarize(e2e))},
-                     {"schedule_lag", SummaryJson(Summarize(lag))}};
+  j["latency_ms"] = {
+      {"ttft", SummaryJson(Summarize(ttft))}, {"first_to_second_gap", SummaryJson(Summarize(gap))},
+      {"tpot", SummaryJson(Summarize(tpot))}, {"itl", SummaryJson(Summarize(itl))},
+      {"e2e", SummaryJson(Summarize(e2e))},   {"schedule_lag", SummaryJson(Summarize(lag))}};
   j["server_ms"] = {{"queue", SummaryJson(Summarize(queue))},
                     {"reserve", SummaryJson(Summarize(reserve))},
                     {"prefill_compute", SummaryJson(Summarize(prefill))},
@@ -181,20 +179,19 @@ std::string FormatTable(const nlohmann::json& report) {
     if (cls == "all" && report["classes"].size() == 2) continue;  // same as the one class
     const auto& rq = c["requests"];
     absl::StrAppendFormat(
-        &out, "\n[%s] completed %d  failed %d  cut at end %d  |  %.3f req/s  %.1f out tok/s  "
-              "goodput %.3f req/s (%.0f%%)\n",
+        &out,
+        "\n[%s] completed %d  failed %d  cut at end %d  |  %.3f req/s  %.1f out tok/s  "
+        "goodput %.3f req/s (%.0f%%)\n",
         cls, rq["completed"].get<int>(), rq["failed"].get<int>(), rq["cut_at_end"].get<int>(),
         c["throughput"]["requests_per_s"].get<double>(),
         c["throughput"]["output_tokens_per_s"].get<double>(),
-        c["goodput"]["requests_per_s"].get<double>(),
-        100 * c["goodput"]["fraction"].get<double>());
+        c["goodput"]["requests_per_s"].get<double>(), 100 * c["goodput"]["fraction"].get<double>());
     absl::StrAppendFormat(&out, "  %-28s %10s %10s %10s %10s %6s\n", "ms", "p50", "p90", "p99",
                           "mean", "n");
     auto row = [&](const std::string& name, const nlohmann::json& s) {
       absl::StrAppendFormat(&out, "  %-28s %10.2f %10.2f %10.2f %10.2f %6d\n", name,
-                            s["p50"].get<double>(), s["p90"].get<double>(),
-                            s["p99"].get<double>(), s["mean"].get<double>(),
-                            s["count"].get<int>());
+                            s["p50"].get<double>(), s["p90"].get<double>(), s["p99"].get<double>(),
+                            s["mean"].get<double>(), s["count"].get<int>());
     };
     const auto& l = c["latency_ms"];
     row("TTFT", l["ttft"]);

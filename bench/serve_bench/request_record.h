@@ -27,16 +27,16 @@ struct ServerTimings {
 
 struct RequestRecord {
   std::string cls;
-  absl::Status status;             // OK, or why the request failed
-  bool cut_at_end = false;         // cancelled by the runner when the measured run ended
-  int64_t send_ns = 0;             // steady clock when the request was sent
-  int64_t end_ns = 0;              // steady clock when the stream finished
-  double schedule_lag_ms = 0;      // sent this long after its scheduled arrival (open loop)
-  std::vector<int64_t> token_ns;   // steady clock at each streamed token
-  int prompt_tokens = 0;           // as the server counted them (0 if not reported)
-  int requested_prompt_tokens = 0; // token ids sent (0 for text prompts)
+  absl::Status status;              // OK, or why the request failed
+  bool cut_at_end = false;          // cancelled by the runner when the measured run ended
+  int64_t send_ns = 0;              // steady clock when the request was sent
+  int64_t end_ns = 0;               // steady clock when the stream finished
+  double schedule_lag_ms = 0;       // sent this long after its scheduled arrival (open loop)
+  std::vector<int64_t> token_ns;    // steady clock at each streamed token
+  int prompt_tokens = 0;            // as the server counted them (0 if not reported)
+  int requested_prompt_tokens = 0;  // token ids sent (0 for text prompts)
   int max_tokens = 0;
-  std::string finish_reason;       // eos, length, stop, cancelled, error, none
+  std::string finish_reason;  // eos, length, stop, cancelled, error, none
   bool has_server_timings = false;
   ServerTimings server;
 
@@ -54,7 +54,8 @@ struct RequestRecord {
   double FirstToSecondGapMs() const { return (token_ns[1] - token_ns[0]) / 1e6; }
   std::vector<double> ItlMs() const {
     std::vector<double> out;
-    for (size_t i = 1; i < token_ns.size(); ++i) out.push_back((token_ns[i] - token_ns[i - 1]) / 1e6);
+    for (size_t i = 1; i < token_ns.size(); ++i)
+      out.push_back((token_ns[i] - token_ns[i - 1]) / 1e6);
     return out;
   }
 };

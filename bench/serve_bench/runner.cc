@@ -49,8 +49,8 @@ RunResult RunBenchmark(Client& client, const RunOptions& options, RequestSource&
     for (int i = 0; i < options.background_concurrency; ++i) {
       background_threads.emplace_back([&] {
         while (!background_scope.cancelled()) {
-          RequestRecord r = client.Send(background->Next(), options.request_timeout,
-                                        &background_scope);
+          RequestRecord r =
+              client.Send(background->Next(), options.request_timeout, &background_scope);
           const bool failed = !r.ok() && !r.cut_at_end;
           if (!(r.cut_at_end && r.token_ns.empty() && r.send_ns == 0)) sink.Add(std::move(r));
           // A failing endpoint must not turn the background into a busy loop of errors.

@@ -19,14 +19,14 @@
 namespace duet::bench {
 
 struct RunOptions {
-  double request_rate = 0;    // > 0: Poisson arrivals per second; 0: closed loop
-  int concurrency = 1;        // closed loop: requests in flight
-  int max_concurrency = 0;    // open loop: cap on requests in flight (0: none); arrivals wait
-  int num_requests = 0;       // measured requests (0: until duration_s)
-  double duration_s = 0;      // stop issuing after this long (0: until num_requests)
-  int warmup_requests = 0;    // sent one at a time before the measured run, not reported
+  double request_rate = 0;  // > 0: Poisson arrivals per second; 0: closed loop
+  int concurrency = 1;      // closed loop: requests in flight
+  int max_concurrency = 0;  // open loop: cap on requests in flight (0: none); arrivals wait
+  int num_requests = 0;     // measured requests (0: until duration_s)
+  double duration_s = 0;    // stop issuing after this long (0: until num_requests)
+  int warmup_requests = 0;  // sent one at a time before the measured run, not reported
   int background_concurrency = 0;
-  uint64_t seed = 0;          // arrivals
+  uint64_t seed = 0;  // arrivals
   absl::Duration request_timeout = absl::Minutes(5);
 };
 

@@ -27,9 +27,7 @@ absl::StatusOr<LengthRange> ParseLengthRange(absl::string_view spec) {
   return r;
 }
 
-double Rng::Uniform01() {
-  return static_cast<double>(engine_() >> 11) * 0x1.0p-53;
-}
+double Rng::Uniform01() { return static_cast<double>(engine_() >> 11) * 0x1.0p-53; }
 
 int64_t Rng::UniformInt(int64_t lo, int64_t hi) {
   if (hi <= lo) return lo;

@@ -36,7 +36,7 @@ absl::StatusOr<LengthRange> ParseLengthRange(absl::string_view spec);
 class Rng {
  public:
   explicit Rng(uint64_t seed) : engine_(seed) {}
-  double Uniform01();                  // [0, 1)
+  double Uniform01();                          // [0, 1)
   int64_t UniformInt(int64_t lo, int64_t hi);  // [lo, hi]
   int Draw(const LengthRange& r) { return static_cast<int>(UniformInt(r.min, r.max)); }
 
@@ -58,7 +58,7 @@ class PoissonArrivals {
 
 // One request to send.
 struct RequestSpec {
-  std::string cls;               // workload class ("main", "background", "warmup")
+  std::string cls;                 // workload class ("main", "background", "warmup")
   std::vector<int32_t> token_ids;  // the prompt as token ids (exact length) ...
   std::string text;                // ... or as text (dataset prompts)
   int max_tokens = 0;
@@ -105,7 +105,9 @@ class DatasetSource : public RequestSource {
  public:
   DatasetSource(std::vector<DatasetEntry> entries, LengthRange default_output, uint64_t seed,
                 std::string cls)
-      : entries_(std::move(entries)), default_output_(default_output), rng_(seed),
+      : entries_(std::move(entries)),
+        default_output_(default_output),
+        rng_(seed),
         cls_(std::move(cls)) {}
   RequestSpec Next() override;
 

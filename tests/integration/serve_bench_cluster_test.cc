@@ -1,11 +1,10 @@
 // `duet bench serve` against a real `duet serve --loopback` (tiny synthetic model, 127.0.0.1):
 // every request completes, and the JSON report has the expected fields with sane values.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -176,8 +175,8 @@ TEST(ServeBenchTest, MeasuresEveryRequestAgainstALoopbackCluster) {
 }
 
 TEST(ServeBenchTest, AnUnreachableServerIsAnErrorNotAHang) {
-  Process bench({DUET_BIN, "bench", "serve", "--server=127.0.0.1:1", "--num_requests=1",
-                 "--wait_ready_s=1"});
+  Process bench(
+      {DUET_BIN, "bench", "serve", "--server=127.0.0.1:1", "--num_requests=1", "--wait_ready_s=1"});
   const std::string out = bench.ReadAll();
   EXPECT_EQ(bench.Wait(absl::Seconds(30)), 1) << out;
 }

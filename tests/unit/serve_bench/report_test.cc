@@ -33,11 +33,11 @@ TEST(RecordTest, DerivedLatencies) {
 TEST(ReportTest, CountsGoodputThroughputAndErrors) {
   RunResult run;
   run.start_ns = 0;
-  run.end_ns = 10000 * kMs;  // 10 s
-  run.records.push_back(Done("main", 0, {100, 120, 140}));     // TTFT 100, TPOT 20: good
-  run.records.push_back(Done("main", 0, {300, 310, 320}));     // TTFT 300: misses TTFT SLO
-  run.records.push_back(Done("main", 0, {50, 150, 250}));      // TPOT 100: misses TPOT SLO
-  run.records.push_back(Done("main", 0, {80}, /*max=*/4));     // one token (ended early): good
+  run.end_ns = 10000 * kMs;                                 // 10 s
+  run.records.push_back(Done("main", 0, {100, 120, 140}));  // TTFT 100, TPOT 20: good
+  run.records.push_back(Done("main", 0, {300, 310, 320}));  // TTFT 300: misses TTFT SLO
+  run.records.push_back(Done("main", 0, {50, 150, 250}));   // TPOT 100: misses TPOT SLO
+  run.records.push_back(Done("main", 0, {80}, /*max=*/4));  // one token (ended early): good
   RequestRecord failed;
   failed.cls = "main";
   failed.status = absl::UnavailableError("node gone");
@@ -54,8 +54,8 @@ TEST(ReportTest, CountsGoodputThroughputAndErrors) {
   run.records.push_back(cut);
   RequestRecord with_server = Done("background", 0, {1000, 1200});
   with_server.has_server_timings = true;
-  with_server.server = {.queue_us = 5000, .prefill_compute_us = 990000,
-                        .transfer_tail_us = 5000, .ttft_us = 1000000};
+  with_server.server = {
+      .queue_us = 5000, .prefill_compute_us = 990000, .transfer_tail_us = 5000, .ttft_us = 1000000};
   run.records.push_back(with_server);
 
   const nlohmann::json j = BuildReport(run, {.slo = {.ttft_ms = 200, .tpot_ms = 50}});

@@ -15,8 +15,7 @@ namespace {
 class FakeClient : public Client {
  public:
   explicit FakeClient(int token_ms) : token_ms_(token_ms) {}
-  RequestRecord Send(const RequestSpec& spec, absl::Duration timeout,
-                     CancelScope* scope) override {
+  RequestRecord Send(const RequestSpec& spec, absl::Duration timeout, CancelScope* scope) override {
     RequestRecord r;
     r.cls = spec.cls;
     r.max_tokens = spec.max_tokens;
@@ -24,7 +23,9 @@ class FakeClient : public Client {
     absl::Notification cancelled;
     int64_t key = -1;
     if (scope != nullptr) {
-      key = scope->Add([&] { if (!cancelled.HasBeenNotified()) cancelled.Notify(); });
+      key = scope->Add([&] {
+        if (!cancelled.HasBeenNotified()) cancelled.Notify();
+      });
       if (key < 0) {
         r.cut_at_end = true;
         return r;
@@ -67,8 +68,7 @@ TEST(RunnerTest, ClosedLoopKeepsConcurrencyAndSendsExactlyN) {
   FakeClient client(2);
   SyntheticSource main(Short(), 1, "main"), warmup(Short(), 2, "warmup");
   const RunResult r = RunBenchmark(
-      client, {.concurrency = 3, .num_requests = 10, .warmup_requests = 2}, main, nullptr,
-      &warmup);
+      client, {.concurrency = 3, .num_requests = 10, .warmup_requests = 2}, main, nullptr, &warmup);
   EXPECT_EQ(client.sent_, 12);  // 2 warm-up + 10
   ASSERT_EQ(r.records.size(), 10u);
   for (const RequestRecord& rec : r.records) {
@@ -84,9 +84,8 @@ TEST(RunnerTest, OpenLoopFollowsTheRate) {
   FakeClient client(1);
   SyntheticSource main(Short(), 1, "main");
   const int64_t t0 = MonotonicNanos();
-  const RunResult r =
-      RunBenchmark(client, {.request_rate = 100, .num_requests = 30, .seed = 5}, main, nullptr,
-                   nullptr);
+  const RunResult r = RunBenchmark(client, {.request_rate = 100, .num_requests = 30, .seed = 5},
+                                   main, nullptr, nullptr);
   const double elapsed = (MonotonicNanos() - t0) / 1e9;
   ASSERT_EQ(r.records.size(), 30u);
   // 30 arrivals at 100/s: the seeded schedule ends where PoissonArrivals says.
@@ -101,8 +100,8 @@ TEST(RunnerTest, OpenLoopFollowsTheRate) {
 TEST(RunnerTest, DurationStopsIssuing) {
   FakeClient client(5);
   SyntheticSource main(Short(), 1, "main");
-  const RunResult r = RunBenchmark(client, {.concurrency = 1, .duration_s = 0.2}, main, nullptr,
-                                   nullptr);
+  const RunResult r =
+      RunBenchmark(client, {.concurrency = 1, .duration_s = 0.2}, main, nullptr, nullptr);
   // Each request takes ~15 ms: about 13 fit in 0.2 s.
   EXPECT_GT(r.records.size(), 3u);
   EXPECT_LT(r.records.size(), 30u);
@@ -112,9 +111,9 @@ TEST(RunnerTest, BackgroundRunsAlongsideAndIsCutAtTheEnd) {
   FakeClient client(2);
   SyntheticSource main(Short(), 1, "main"), bg(Short(), 3, "background");
   const int64_t t0 = MonotonicNanos();
-  const RunResult r = RunBenchmark(
-      client, {.concurrency = 1, .num_requests = 5, .background_concurrency = 2}, main, &bg,
-      nullptr);
+  const RunResult r =
+      RunBenchmark(client, {.concurrency = 1, .num_requests = 5, .background_concurrency = 2}, main,
+                   &bg, nullptr);
   EXPECT_LT((MonotonicNanos() - t0) / 1e9, 5.0);  // background streams are endless: cut
   int main_n = 0, cut = 0;
   for (const RequestRecord& rec : r.records) {
@@ -133,12 +132,12 @@ TEST(RunnerTest, BackgroundRunsAlongsideAndIsCutAtTheEnd) {
 TEST(RunnerTest, FailuresAreRecordedNotDropped) {
   FakeClient client(1);
   // Ids drawn from [0, 0]: every prompt starts with 0, so every request fails.
-  SyntheticSource main({.input = {2, 2}, .output = {2, 2}, .min_token_id = 0, .max_token_id = 0},
-                       1, "main");
-  SyntheticSource warmup({.input = {2, 2}, .output = {2, 2}, .min_token_id = 0,
-                          .max_token_id = 0}, 1, "warmup");
-  const RunResult r = RunBenchmark(client, {.concurrency = 2, .num_requests = 4,
-                                            .warmup_requests = 1}, main, nullptr, &warmup);
+  SyntheticSource main({.input = {2, 2}, .output = {2, 2}, .min_token_id = 0, .max_token_id = 0}, 1,
+                       "main");
+  SyntheticSource warmup({.input = {2, 2}, .output = {2, 2}, .min_token_id = 0, .max_token_id = 0},
+                         1, "warmup");
+  const RunResult r = RunBenchmark(
+      client, {.concurrency = 2, .num_requests = 4, .warmup_requests = 1}, main, nullptr, &warmup);
   EXPECT_EQ(r.warmup_failures, 1);
   ASSERT_EQ(r.records.size(), 4u);
   for (const RequestRecord& rec : r.records) EXPECT_FALSE(rec.ok());

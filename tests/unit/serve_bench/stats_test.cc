@@ -10,7 +10,7 @@ TEST(PercentileTest, InterpolatesBetweenClosestRanks) {
   EXPECT_DOUBLE_EQ(Percentile(v, 0), 1);
   EXPECT_DOUBLE_EQ(Percentile(v, 100), 10);
   EXPECT_DOUBLE_EQ(Percentile(v, 50), 5.5);
-  EXPECT_DOUBLE_EQ(Percentile(v, 90), 9.1);   // rank 8.1
+  EXPECT_DOUBLE_EQ(Percentile(v, 90), 9.1);     // rank 8.1
   EXPECT_NEAR(Percentile(v, 99), 9.91, 1e-12);  // rank 8.91
   EXPECT_DOUBLE_EQ(Percentile({7}, 99), 7);
   EXPECT_DOUBLE_EQ(Percentile({}, 50), 0);
@@ -35,10 +35,10 @@ TEST(SloTest, EachLimitIsCheckedOnlyWhenSet) {
   const Slo none;
   EXPECT_TRUE(MeetsSlo(none, 1e9, 1e9, true, 1e9));
   const Slo slo{.ttft_ms = 100, .tpot_ms = 20};
-  EXPECT_TRUE(MeetsSlo(slo, 100, 20, true, 5000));   // limits are inclusive
+  EXPECT_TRUE(MeetsSlo(slo, 100, 20, true, 5000));  // limits are inclusive
   EXPECT_FALSE(MeetsSlo(slo, 100.1, 10, true, 0));
   EXPECT_FALSE(MeetsSlo(slo, 50, 20.5, true, 0));
-  EXPECT_TRUE(MeetsSlo(slo, 50, 999, false, 0));     // one token: no TPOT to check
+  EXPECT_TRUE(MeetsSlo(slo, 50, 999, false, 0));  // one token: no TPOT to check
   EXPECT_FALSE(MeetsSlo({.e2e_ms = 10}, 1, 1, true, 11));
 }
 

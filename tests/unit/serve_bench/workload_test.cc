@@ -1,12 +1,12 @@
 #include "bench/serve_bench/workload.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
-#include <unistd.h>
 
 namespace duet::bench {
 namespace {
@@ -62,8 +62,8 @@ TEST(RngTest, UniformIntStaysInRangeAndCoversIt) {
 }
 
 TEST(SyntheticSourceTest, ExactLengthsIdsInRangeAndRepeatable) {
-  const SyntheticOptions o{.input = {5, 9}, .output = {3, 3}, .min_token_id = 20,
-                           .max_token_id = 30};
+  const SyntheticOptions o{
+      .input = {5, 9}, .output = {3, 3}, .min_token_id = 20, .max_token_id = 30};
   SyntheticSource a(o, 1, "main"), b(o, 1, "main"), c(o, 2, "main");
   bool differs = false;
   for (int i = 0; i < 50; ++i) {
@@ -96,8 +96,9 @@ class DatasetTest : public ::testing::Test {
 };
 
 TEST_F(DatasetTest, ReadsPromptsAndCyclesWithDefaultOutput) {
-  auto e = LoadJsonlDataset(Write("{\"prompt\": \"hello\", \"max_tokens\": 4}\n\n"
-                                  "{\"prompt\": \"world\"}\n"));
+  auto e =
+      LoadJsonlDataset(Write("{\"prompt\": \"hello\", \"max_tokens\": 4}\n\n"
+                             "{\"prompt\": \"world\"}\n"));
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_EQ(e->size(), 2u);
   DatasetSource src(*e, {7, 7}, 1, "main");
