@@ -5,11 +5,12 @@
 # (setup, rate), a summary (JSON + Markdown table) and PNG plots (gnuplot).
 #
 #   scripts/bench_compare.sh --quick                 # ~4 min: 1 rate, 45 s
-#   scripts/bench_compare.sh --out bench/results     # ~13 min: 2 rates, 100 s each
+#   scripts/bench_compare.sh --out bench/results     # ~10 min: 2 rates, 100 s each
 # (A 512-1024-token prefill takes 10-20 s on one core of the 2-core development machine, so the
 # rates are low; raise --rates on a bigger machine.)
 #   options: --model PATH (default: synthetic smollm2-135m preset, made if missing)
 #            --rates "0.1 0.2" --duration S --transport shm|tcp --out DIR --build DIR
+#            --setups "colocated pipelined bulk" (a subset runs fewer arms)
 #
 # CPU pinning (each side gets the same cores, printed with the results): colocated runs on cores
 # 0-1 with 2 threads; disaggregated puts the prefill node on core 0 and the decode node on core
@@ -24,16 +25,18 @@ RATES="0.03 0.06"
 DURATION=100
 TRANSPORT=shm
 QUICK=0
+SETUPS="colocated pipelined bulk"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; RATES="0.05"; DURATION=45 ;;
     --model) MODEL="$2"; shift ;;
     --rates) RATES="$2"; shift ;;
+    --setups) SETUPS="$2"; shift ;;
     --duration) DURATION="$2"; shift ;;
     --transport) TRANSPORT="$2"; shift ;;
     --out) OUT="$2"; shift ;;
     --build) BUILD="$2"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "bench_compare.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -107,7 +110,9 @@ COMMON=(--model "$MODEL" --kv_cache_bytes 1073741824)
 START=$(date +%s)
 
 SERVE_FLAGS="$("$DUET" serve --helpfull 2>&1 || true)"
-if grep -q -- '-colocated' <<< "$SERVE_FLAGS"; then
+if [[ " $SETUPS " != *" colocated "* ]]; then
+  :
+elif grep -q -- '-colocated' <<< "$SERVE_FLAGS"; then
   start_server 0-1 --colocated --threads 2 "${COMMON[@]}"
   run_arm colocated "colocated: one process on cores 0-1, 2 threads"
   stop_server
@@ -116,6 +121,7 @@ else
 fi
 
 for arm in pipelined bulk; do
+  [[ " $SETUPS " == *" $arm "* ]] || continue
   extra=()
   [ $arm = bulk ] && extra=(--no_layer_pipelining)
   start_server 0-1 --loopback --prefill 1 --decode 1 --threads 1 --transport "$TRANSPORT" \

@@ -1,5 +1,7 @@
 #include "bench/serve_bench/grpc_client.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
@@ -78,6 +80,12 @@ class GrpcClient : public Client {
                         .ttft_us = t.time_to_first_token_us(),
                         .decode_us = t.decode_us(),
                         .prefill_attempts = t.prefill_attempts()};
+          for (int64_t us : t.layer_transfer_us()) {
+            rec.server.max_layer_transfer_us = std::max(rec.server.max_layer_transfer_us, us);
+          }
+          if (t.layer_transfer_us_size() > 0) {
+            rec.server.last_layer_transfer_us = t.layer_transfer_us(t.layer_transfer_us_size() - 1);
+          }
         }
       }
     }

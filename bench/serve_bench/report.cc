@@ -35,6 +35,7 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
                               const ReportOptions& options) {
   std::vector<double> ttft, tpot, itl, e2e, gap, lag, prompt, output;
   std::vector<double> queue, reserve, prefill, tail, admission, server_ttft, tail_share;
+  std::vector<double> last_layer, max_layer;
   int completed = 0, failed = 0, cut = 0, good = 0, retried = 0, short_output = 0;
   int64_t out_tokens = 0, in_tokens = 0;
   std::map<std::string, std::pair<std::string, int>> errors;  // pattern -> (example, count)
@@ -86,6 +87,8 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
       admission.push_back(s.decode_admission_us / 1e3);
       server_ttft.push_back(s.ttft_us / 1e3);
       if (s.ttft_us > 0) tail_share.push_back(100.0 * s.transfer_tail_us / s.ttft_us);
+      if (s.last_layer_transfer_us >= 0) last_layer.push_back(s.last_layer_transfer_us / 1e3);
+      if (s.max_layer_transfer_us >= 0) max_layer.push_back(s.max_layer_transfer_us / 1e3);
       if (s.prefill_attempts > 1) ++retried;
     }
   }
@@ -118,7 +121,9 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
                     {"prefill_compute", SummaryJson(Summarize(prefill))},
                     {"transfer_tail", SummaryJson(Summarize(tail))},
                     {"decode_admission", SummaryJson(Summarize(admission))},
-                    {"ttft", SummaryJson(Summarize(server_ttft))}};
+                    {"ttft", SummaryJson(Summarize(server_ttft))},
+                    {"last_layer_transfer", SummaryJson(Summarize(last_layer))},
+                    {"slowest_layer_transfer", SummaryJson(Summarize(max_layer))}};
   j["transfer_tail_pct_of_ttft"] = SummaryJson(Summarize(tail_share));
   j["prompt_tokens"] = SummaryJson(Summarize(prompt));
   j["output_tokens"] = SummaryJson(Summarize(output));
@@ -205,6 +210,10 @@ std::string FormatTable(const nlohmann::json& report) {
     row("server: prefill compute", s["prefill_compute"]);
     row("server: transfer tail", s["transfer_tail"]);
     row("server: decode admission", s["decode_admission"]);
+    if (s["last_layer_transfer"]["count"].get<int>() > 0) {
+      row("server: last layer transfer", s["last_layer_transfer"]);
+      row("server: slowest layer transfer", s["slowest_layer_transfer"]);
+    }
     row("transfer tail % of TTFT", c["transfer_tail_pct_of_ttft"]);
     for (const auto& e : c["errors"]) {
       absl::StrAppendFormat(&out, "  error x%d: %s\n", e["count"].get<int>(),

@@ -23,6 +23,10 @@ struct ServerTimings {
   int64_t ttft_us = 0;              // server's time to first token
   int64_t decode_us = 0;            // first token -> finish
   int prefill_attempts = 0;
+  // Per layer, compute done on the prefill node -> landed on the decode node: the last layer's
+  // and the slowest layer's (-1 when the nodes did not report per-layer times).
+  int64_t last_layer_transfer_us = -1;
+  int64_t max_layer_transfer_us = -1;
 };
 
 struct RequestRecord {

@@ -54,8 +54,12 @@ TEST(ReportTest, CountsGoodputThroughputAndErrors) {
   run.records.push_back(cut);
   RequestRecord with_server = Done("background", 0, {1000, 1200});
   with_server.has_server_timings = true;
-  with_server.server = {
-      .queue_us = 5000, .prefill_compute_us = 990000, .transfer_tail_us = 5000, .ttft_us = 1000000};
+  with_server.server = {.queue_us = 5000,
+                        .prefill_compute_us = 990000,
+                        .transfer_tail_us = 5000,
+                        .ttft_us = 1000000,
+                        .last_layer_transfer_us = 3000,
+                        .max_layer_transfer_us = 4000};
   run.records.push_back(with_server);
 
   const nlohmann::json j = BuildReport(run, {.slo = {.ttft_ms = 200, .tpot_ms = 50}});
@@ -95,6 +99,9 @@ TEST(ReportTest, CountsGoodputThroughputAndErrors) {
   EXPECT_DOUBLE_EQ(b["server_ms"]["transfer_tail"]["mean"].get<double>(), 5);
   EXPECT_DOUBLE_EQ(b["server_ms"]["prefill_compute"]["mean"].get<double>(), 990);
   EXPECT_DOUBLE_EQ(b["transfer_tail_pct_of_ttft"]["p50"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(b["server_ms"]["last_layer_transfer"]["p50"].get<double>(), 3);
+  EXPECT_DOUBLE_EQ(b["server_ms"]["slowest_layer_transfer"]["p50"].get<double>(), 4);
+  EXPECT_EQ(m["server_ms"]["last_layer_transfer"]["count"], 0);  // not reported
 
   EXPECT_EQ(j["classes"]["all"]["requests"]["completed"], 5);
   EXPECT_EQ(j["classes"]["all"]["requests"]["failed"], 4);
