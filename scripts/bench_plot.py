@@ -46,6 +46,11 @@ def load(raw):
             "req_per_s": main["throughput"]["requests_per_s"],
             "goodput_fraction": main["goodput"]["fraction"],
             "server_mean_ms": {k: srv[k]["mean"] for k in BREAKDOWN},
+            "tail_ms_p50": srv["transfer_tail"]["p50"],
+            "last_layer_ms_p50": srv.get("last_layer_transfer", {}).get("p50", 0),
+            "last_layer_ms_max": srv.get("last_layer_transfer", {}).get("max", 0),
+            "last_layer_pct_max": 100 * srv.get("last_layer_transfer", {}).get("max", 0) /
+                                  max(1e-9, srv["ttft"]["min"]),
             "prompt_tokens_mean": main["prompt_tokens"]["mean"],
         }
         if bg:
@@ -78,6 +83,18 @@ def markdown(rows, machine):
             f"{r['tail_pct_p50']:.2f} ({r['tail_pct_max']:.2f}) | {r['tpot_p99']:.1f} | "
             f"{r.get('bg_tpot_p50', 0):.1f} / {r.get('bg_tpot_p99', 0):.1f} | "
             f"{r.get('bg_itl_p99', 0):.0f} | {r.get('out_tok_per_s', 0):.1f} |")
+    out += ["", "Exposed tail of the long prompts: all of it (the nodes' transfer_tail: last layer"
+            " computed -> request ready on the decode node, which includes sampling the first"
+            " token and the completion notice) and the KV bytes alone (the last layer's KV landed"
+            " after its compute):", "",
+            "| setup | rate | tail p50 ms | last layer landed after p50 / max ms |"
+            " max as % of the shortest TTFT |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r["setup"] == "colocated":
+            continue
+        out.append(f"| {r['setup']} | {r['rate']:g} | {r['tail_ms_p50']:.1f} | "
+                   f"{r['last_layer_ms_p50']:.2f} / {r['last_layer_ms_max']:.2f} | "
+                   f"{r['last_layer_pct_max']:.3f} |")
     out += ["", "Server-side breakdown of the time to the second token (long prompts, mean ms):", "",
             "| setup | rate | queue | reserve | prefill compute | transfer tail | decode admission |",
             "|---|---|---|---|---|---|---|"]
