@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
+#include "common/base/stream_copy.h"
 #include "transfer/peer_address.h"
 #include "transfer/ucx/ucx_transport_internal.h"
 
@@ -192,8 +193,8 @@ void UcxTransport::Advance(ActiveTransfer& t) {
           const WriteOp& c = t.chunks[t.next];
           ucp_request_param_t p = SendParam(&t);
           if (peer.mapped_base != nullptr) {
-            std::memcpy(peer.mapped_base + c.remote_offset, t.local_base + c.local_offset,
-                        c.length);
+            StreamingCopy(peer.mapped_base + c.remote_offset, t.local_base + c.local_offset,
+                          c.length);
           } else if (peer.use_put) {
             Track(t,
                   ucp_put_nbx(peer.ep.get(), t.local_base + c.local_offset, c.length,
