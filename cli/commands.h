@@ -16,5 +16,8 @@ int RunCoordinator(const std::vector<char*>& args);
 int RunPrefill(const std::vector<char*>& args);
 int RunDecode(const std::vector<char*>& args);
 int RunServe(const std::vector<char*>& args);
+// serve --colocated: prefill and decode in this process (serve_colocated.cc).
+bool ServeColocated();
+int RunServeColocated(const std::vector<char*>& args);
 
 }  // namespace duet::cli

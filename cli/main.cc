@@ -18,13 +18,16 @@ constexpr char kUsage[] =
     "  generate   run the model in this process: --model DIR (--prompt TEXT | --prompt-ids 1,2)\n"
     "             [--max-tokens N --temperature T --top-p P --top-k K --seed S --logprobs K\n"
     "              --json --device auto|cpu|cuda --threads N]\n"
-    "  coordinator  run the coordinator: --model DIR [--listen HOST:PORT]\n"
+    "  coordinator  run the coordinator: --model DIR [--listen HOST:PORT --http-port P\n"
+    "               --http-host H --api-key KEY --max-body-bytes N --max-concurrent-streams N]\n"
     "  prefill      run a prefill node: --coordinator ADDR --model DIR [--node_id ID\n"
     "               --transport shm|tcp --max_batch_tokens N --no_layer_pipelining]\n"
     "  decode       run a decode node: --coordinator ADDR --model DIR [--node_id ID\n"
     "               --transport shm|tcp --max_running N]\n"
     "  serve        --loopback [--prefill N --decode M] --model DIR [--port P]\n"
     "               [--transport shm|tcp]: the whole cluster on this machine\n"
+    "  serve        --colocated --model DIR [--port P --max_batch_tokens N --max_running M]:\n"
+    "               prefill and decode in one process, the same client API\n"
     "  generate --server ADDR ...: the same generate, served by a cluster\n"
     "run `duet <command> --help` for every flag.\n";
 

@@ -1,5 +1,6 @@
 // `duet coordinator`, `duet prefill`, `duet decode`: run one cluster process until SIGINT or
 // SIGTERM (or until the parent dies, when started by `duet serve`).
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -20,6 +21,7 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(int, block_size);
+ABSL_DECLARE_FLAG(std::string, ucx_net_devices);  // transfer/transport_flags.cc
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve gRPC on (port 0: any free)");
 ABSL_FLAG(std::string, coordinator, "", "coordinator address (host:port), for nodes");
@@ -33,6 +35,17 @@ ABSL_FLAG(int, max_running, 64, "decode: most requests in the running batch");
 ABSL_FLAG(std::string, address_file, "",
           "write this process's bound address here once it serves (for launchers)");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "coordinator: silence that declares a node dead");
+ABSL_FLAG(int, http_port, -1,
+          "coordinator: port of the OpenAI-compatible HTTP API and /metrics (-1: off, 0: any)");
+ABSL_FLAG(std::string, http_host, "127.0.0.1", "coordinator: address the HTTP API binds");
+ABSL_FLAG(std::string, api_key, "",
+          "coordinator: require 'Authorization: Bearer KEY' on the HTTP API's /v1/ routes");
+ABSL_FLAG(int64_t, max_body_bytes, 1 << 20, "coordinator: largest HTTP request body accepted");
+ABSL_FLAG(int, max_concurrent_streams, 64,
+          "coordinator: HTTP generation requests in flight; more get 429 with Retry-After");
+ABSL_FLAG(int, metrics_port, 0,
+          "prefill/decode: serve GET /metrics on this port (0: off, -1: any free port)");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "prefill/decode: address /metrics binds");
 
 namespace duet::cli {
 namespace {
@@ -59,11 +72,16 @@ int Fail(const char* cmd, const absl::Status& s) {
   return 1;
 }
 
-void WriteAddress(const std::string& address) {
+// The first line is the gRPC address; a second, when given, the HTTP (or metrics) address.
+void WriteAddress(const std::string& address, const std::string& http_address = "") {
   const std::string path = absl::GetFlag(FLAGS_address_file);
   if (path.empty()) return;
   const std::string tmp = path + ".tmp";
-  { std::ofstream(tmp) << address << "\n"; }
+  {
+    std::ofstream out(tmp);
+    out << address << "\n";
+    if (!http_address.empty()) out << http_address << "\n";
+  }
   std::rename(tmp.c_str(), path.c_str());
 }
 
@@ -89,11 +107,21 @@ int RunCoordinator(const std::vector<char*>& args) {
   opt.listen_address = absl::GetFlag(FLAGS_listen);
   opt.model_dir = absl::GetFlag(FLAGS_model);
   opt.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  opt.http_port = absl::GetFlag(FLAGS_http_port);
+  opt.http_host = absl::GetFlag(FLAGS_http_host);
+  opt.api_key = absl::GetFlag(FLAGS_api_key);
+  opt.max_body_bytes = static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_body_bytes)));
+  opt.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   auto server = coordinator::CoordinatorServer::Start(opt);
   if (!server.ok()) return Fail("coordinator", server.status());
   std::printf("coordinator serving on %s\n", (*server)->address().c_str());
+  std::string http;
+  if ((*server)->http_port() > 0) {
+    http = opt.http_host + ":" + std::to_string((*server)->http_port());
+    std::printf("coordinator HTTP API on http://%s\n", http.c_str());
+  }
   std::fflush(stdout);
-  WriteAddress((*server)->address());
+  WriteAddress((*server)->address(), http);
   WaitForStop();
   (*server)->Shutdown();
   return 0;
@@ -114,11 +142,20 @@ int RunPrefill(const std::vector<char*>& args) {
   opt.threads = absl::GetFlag(FLAGS_threads);
   opt.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   opt.no_layer_pipelining = absl::GetFlag(FLAGS_no_layer_pipelining);
+  opt.ucx_net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
+  opt.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  opt.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   auto node = prefill::PrefillNode::Start(opt);
   if (!node.ok()) return Fail("prefill", node.status());
   std::printf("prefill node %s serving on %s\n", opt.node_id.c_str(), (*node)->address().c_str());
+  std::string metrics;
+  if ((*node)->metrics_port() > 0) {
+    metrics = opt.metrics_host + ":" + std::to_string((*node)->metrics_port());
+    std::printf("prefill node %s metrics on http://%s/metrics\n", opt.node_id.c_str(),
+                metrics.c_str());
+  }
   std::fflush(stdout);
-  WriteAddress((*node)->address());
+  WriteAddress((*node)->address(), metrics);
   WaitForStop();
   (*node)->Shutdown();
   return 0;
@@ -138,11 +175,20 @@ int RunDecode(const std::vector<char*>& args) {
   opt.device = absl::GetFlag(FLAGS_device);
   opt.threads = absl::GetFlag(FLAGS_threads);
   opt.max_running = absl::GetFlag(FLAGS_max_running);
+  opt.ucx_net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
+  opt.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  opt.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   auto node = decode::DecodeNode::Start(opt);
   if (!node.ok()) return Fail("decode", node.status());
   std::printf("decode node %s serving on %s\n", opt.node_id.c_str(), (*node)->address().c_str());
+  std::string metrics;
+  if ((*node)->metrics_port() > 0) {
+    metrics = opt.metrics_host + ":" + std::to_string((*node)->metrics_port());
+    std::printf("decode node %s metrics on http://%s/metrics\n", opt.node_id.c_str(),
+                metrics.c_str());
+  }
   std::fflush(stdout);
-  WriteAddress((*node)->address());
+  WriteAddress((*node)->address(), metrics);
   WaitForStop();
   (*node)->Shutdown();
   return 0;

@@ -33,12 +33,16 @@ ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
 ABSL_DECLARE_FLAG(bool, no_layer_pipelining);
 ABSL_DECLARE_FLAG(int, max_running);
 ABSL_DECLARE_FLAG(int64_t, heartbeat_timeout_ms);
+ABSL_DECLARE_FLAG(int, http_port);
+ABSL_DECLARE_FLAG(std::string, api_key);
 
 ABSL_FLAG(bool, loopback, false, "serve: run every process on this machine, on 127.0.0.1");
 ABSL_FLAG(int, prefill, 1, "serve: number of prefill nodes");
 ABSL_FLAG(int, decode, 1, "serve: number of decode nodes");
 ABSL_FLAG(int, port, 0, "serve: the coordinator's client port (0: any free port)");
 ABSL_FLAG(int, ready_timeout_s, 120, "serve: how long to wait for every node to register");
+ABSL_FLAG(bool, node_metrics, false,
+          "serve: every node serves GET /metrics on a free 127.0.0.1 port (printed when ready)");
 
 namespace duet::cli {
 namespace {
@@ -102,6 +106,21 @@ void StopAll(std::vector<Child>& children) {
   }
 }
 
+// "http ADDR" for the coordinator's HTTP API and "metrics NODE ADDR" per node, from the second
+// line of their address files.
+void PrintHttpAddresses(const std::filesystem::path& run_dir, const std::vector<Child>& children) {
+  for (const Child& c : children) {
+    std::ifstream in(run_dir / (c.name + ".addr"));
+    std::string grpc_addr, http_addr;
+    if (!std::getline(in, grpc_addr) || !std::getline(in, http_addr) || http_addr.empty()) continue;
+    if (c.name == "coordinator") {
+      std::printf("http http://%s\n", http_addr.c_str());
+    } else {
+      std::printf("metrics %s http://%s/metrics\n", c.name.c_str(), http_addr.c_str());
+    }
+  }
+}
+
 }  // namespace
 
 int RunServe(const std::vector<char*>& args) {
@@ -109,10 +128,12 @@ int RunServe(const std::vector<char*>& args) {
     std::fprintf(stderr, "duet serve: unexpected argument '%s'\n", args[1]);
     return 2;
   }
+  if (ServeColocated()) return RunServeColocated(args);
   if (!absl::GetFlag(FLAGS_loopback)) {
     std::fprintf(stderr,
-                 "duet serve: only --loopback is supported by this command; on a cluster start "
-                 "`duet coordinator`, `duet prefill` and `duet decode` on each host\n");
+                 "duet serve: give --loopback (the cluster on this machine) or --colocated (one "
+                 "process); on a cluster start `duet coordinator`, `duet prefill` and `duet "
+                 "decode` on each host\n");
     return 2;
   }
   const std::string model = absl::GetFlag(FLAGS_model);
@@ -153,7 +174,9 @@ int RunServe(const std::vector<char*>& args) {
                      absl::StrCat("--listen=127.0.0.1:", absl::GetFlag(FLAGS_port)),
                      "--address_file=" + coord_file,
                      absl::StrCat("--heartbeat_timeout_ms=",
-                                  absl::GetFlag(FLAGS_heartbeat_timeout_ms))}),
+                                  absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+                     absl::StrCat("--http_port=", absl::GetFlag(FLAGS_http_port)),
+                     "--api_key=" + absl::GetFlag(FLAGS_api_key)}),
              (run_dir / "coordinator.log").string())});
   std::string coord_addr;
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
@@ -183,6 +206,10 @@ int RunServe(const std::vector<char*>& args) {
                                          "--node_id=" + name, "--transport=" + transport,
                                          absl::StrCat("--kv_cache_bytes=",
                                                       absl::GetFlag(FLAGS_kv_cache_bytes))});
+    if (absl::GetFlag(FLAGS_node_metrics)) {
+      a.push_back("--metrics_port=-1");
+      a.push_back("--address_file=" + (run_dir / (name + ".addr")).string());
+    }
     if (is_prefill) {
       a.push_back(absl::StrCat("--max_batch_tokens=", absl::GetFlag(FLAGS_max_batch_tokens)));
       if (absl::GetFlag(FLAGS_no_layer_pipelining)) a.push_back("--no_layer_pipelining");
@@ -224,6 +251,7 @@ int RunServe(const std::vector<char*>& args) {
     StopAll(children);
     return 1;
   }
+  PrintHttpAddresses(run_dir, children);
   std::printf("ready %s (logs in %s)\n", coord_addr.c_str(), run_dir.c_str());
   std::fflush(stdout);
 

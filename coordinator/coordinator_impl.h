@@ -19,7 +19,9 @@
 #include "common/model/tokenizer.h"
 #include "coordinator/background_calls.h"
 #include "coordinator/cache_directory.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_server.h"
+#include "coordinator/http/http_front.h"
 #include "coordinator/node_registry.h"
 #include "coordinator/request_tracker.h"
 #include "coordinator/router.h"
@@ -69,7 +71,7 @@ struct ActiveRequest {
   }
 };
 
-class CoordinatorServer::Impl {
+class CoordinatorServer::Impl : public http::GenerationBackend {
  public:
   explicit Impl(const CoordinatorOptions& options);
   ~Impl();
@@ -82,10 +84,13 @@ class CoordinatorServer::Impl {
   // Generation
   absl::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest& req,
                         grpc::ServerWriter<v1::GenerateResponse>* writer);
+  // The request path shared by gRPC Generate and the HTTP front; records request metrics.
+  absl::Status GenerateTo(const v1::GenerateRequest& req, const http::GenerateSink& sink) override;
   bool Cancel(const std::string& request_id);
-  v1::HealthResponse Health();
+  v1::HealthResponse Health() override;
 
   void Apply(Effects fx);
+  void InstallNodeGauges();
   void TimerLoop();
   void Shutdown();
 
@@ -102,6 +107,8 @@ class CoordinatorServer::Impl {
   std::unique_ptr<grpc::Service> generation_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  CoordinatorMetrics metrics_;
+  std::unique_ptr<http::HttpFront> http_;  // when options_.http_port >= 0
 
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_request_{1};
@@ -119,9 +126,10 @@ class CoordinatorServer::Impl {
 
  private:
   // The request driver (generate_driver.cc).
-  absl::Status Drive(grpc::ServerContext* ctx, ActiveRequest& ar, const std::vector<int32_t>& ids,
-                     const v1::SamplingParams& sampling, bool return_text,
-                     grpc::ServerWriter<v1::GenerateResponse>* writer);
+  absl::Status GenerateUnmetered(const v1::GenerateRequest& req, const http::GenerateSink& sink);
+  absl::Status Drive(const http::GenerateSink& sink, ActiveRequest& ar,
+                     const std::vector<int32_t>& ids, const v1::SamplingParams& sampling,
+                     bool return_text);
   absl::Status StartAttempt(ActiveRequest& ar, const std::vector<int32_t>& ids,
                             const v1::SamplingParams& sampling, NodeInfo* prefill_out,
                             NodeInfo* decode_out);

@@ -107,7 +107,73 @@ absl::Status CoordinatorServer::Impl::Init() {
                                                    generation_service_.get()},
                                                   &port_));
   timer_ = std::thread([this] { TimerLoop(); });
+  InstallNodeGauges();
+  if (options_.http_port >= 0) {
+    std::string name = options_.model_dir;
+    while (!name.empty() && name.back() == '/') name.pop_back();
+    name = name.substr(name.rfind('/') + 1);
+    http::HttpFrontOptions ho{.host = options_.http_host,
+                              .port = options_.http_port,
+                              .api_key = options_.api_key,
+                              .max_body_bytes = options_.max_body_bytes,
+                              .max_concurrent_streams = options_.max_concurrent_streams,
+                              .model_name = name,
+                              .context_length = model_config_.max_position_embeddings};
+    DUET_ASSIGN_OR_RETURN(http_, http::HttpFront::Start(ho, this, tokenizer_.get(),
+                                                        &metrics_.registry));
+  }
   return absl::OkStatus();
+}
+
+void CoordinatorServer::Impl::InstallNodeGauges() {
+  metrics::Registry& r = metrics_.registry;
+  r.AddGaugeCallback("duet_coordinator_nodes", "Live nodes by kind", {"kind"}, [this] {
+    return std::vector<metrics::Sample>{
+        {{"prefill"}, static_cast<double>(registry_.LiveNodes(NodeKind::kPrefill).size())},
+        {{"decode"}, static_cast<double>(registry_.LiveNodes(NodeKind::kDecode).size())}};
+  });
+  r.AddGaugeCallback(
+      "duet_coordinator_node_kv_blocks",
+      "KV blocks per decode node as of its last heartbeat (state: free, used)",
+      {"node", "state"}, [this] {
+        std::vector<metrics::Sample> out;
+        for (const NodeInfo& n : registry_.LiveNodes(NodeKind::kDecode)) {
+          out.push_back({{n.node.node_id, "free"}, static_cast<double>(n.load.free_blocks)});
+          out.push_back({{n.node.node_id, "used"},
+                         static_cast<double>(n.load.total_blocks - n.load.free_blocks)});
+        }
+        return out;
+      });
+  r.AddGaugeCallback("duet_coordinator_node_queued_tokens",
+                     "Prompt tokens queued per prefill node as of its last heartbeat", {"node"},
+                     [this] {
+                       std::vector<metrics::Sample> out;
+                       for (const NodeInfo& n : registry_.LiveNodes(NodeKind::kPrefill)) {
+                         out.push_back({{n.node.node_id},
+                                        static_cast<double>(n.load.queued_tokens)});
+                       }
+                       return out;
+                     });
+  r.AddGaugeCallback("duet_coordinator_node_running_requests",
+                     "Requests running per decode node as of its last heartbeat", {"node"},
+                     [this] {
+                       std::vector<metrics::Sample> out;
+                       for (const NodeInfo& n : registry_.LiveNodes(NodeKind::kDecode)) {
+                         out.push_back({{n.node.node_id},
+                                        static_cast<double>(n.load.running_requests)});
+                       }
+                       return out;
+                     });
+  r.AddGaugeCallback("duet_coordinator_tracked_requests",
+                     "Requests the coordinator's tracker holds", {}, [this] {
+                       return std::vector<metrics::Sample>{
+                           {{}, static_cast<double>(tracker_.size())}};
+                     });
+  r.AddGaugeCallback("duet_coordinator_directory_entries",
+                     "KV entries in the coordinator's cache directory", {}, [this] {
+                       return std::vector<metrics::Sample>{
+                           {{}, static_cast<double>(directory_.size())}};
+                     });
 }
 
 std::shared_ptr<NodeStubs> CoordinatorServer::Impl::StubsFor(const std::string& address) {
@@ -161,6 +227,7 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
 }
 
 absl::Status CoordinatorServer::Impl::Heartbeat(const v1::HeartbeatRequest& req) {
+  metrics_.heartbeats.WithLabels({req.node().node_id()}).Increment();
   return registry_.Heartbeat(NodeIncarnation{req.node().node_id(), req.node().epoch()},
                              LoadFromProto(req.load()), absl::Now());
 }
@@ -169,6 +236,7 @@ absl::Status CoordinatorServer::Impl::Deregister(const v1::DeregisterRequest& re
   const NodeIncarnation node{req.node().node_id(), req.node().epoch()};
   DUET_RETURN_IF_ERROR(registry_.Deregister(node));
   Apply(tracker_.OnNodeDead(node, absl::Now()));
+  metrics_.node_deaths.Increment();
   DUET_LOG(INFO) << "node " << node.ToString() << " left";
   return absl::OkStatus();
 }
@@ -228,6 +296,7 @@ void CoordinatorServer::Impl::TimerLoop() {
     const absl::Time now = absl::Now();
     for (const NodeIncarnation& dead : registry_.ExpireDead(now)) {
       DUET_LOG(WARNING) << "node " << dead.ToString() << " missed its heartbeat deadline: dead";
+      metrics_.node_deaths.Increment();
       Apply(tracker_.OnNodeDead(dead, now));
     }
     Apply(tracker_.ExpireDeadlines(now));
@@ -261,6 +330,7 @@ v1::HealthResponse CoordinatorServer::Impl::Health() {
 void CoordinatorServer::Impl::Shutdown() {
   if (stopping_.exchange(true)) return;
   timer_cv_.notify_all();
+  if (http_) http_->Stop();  // cancels its open streams; their requests end below
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, ar] : active_) {
@@ -287,6 +357,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 }
 
 int CoordinatorServer::port() const { return impl_->port_; }
+
+int CoordinatorServer::http_port() const { return impl_->http_ ? impl_->http_->port() : -1; }
 
 std::string CoordinatorServer::address() const {
   const std::string& listen = impl_->options_.listen_address;

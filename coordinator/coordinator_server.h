@@ -8,6 +8,7 @@
 //
 //   DUET_ASSIGN_OR_RETURN(auto coord, CoordinatorServer::Start({.model_dir = "models/tiny"}));
 //   std::string addr = coord->address();   // "127.0.0.1:PORT" for nodes and clients
+//   int http = coord->http_port();         // with options.http_port >= 0: the OpenAI API
 //   coord->Shutdown();
 #pragma once
 
@@ -28,6 +29,13 @@ struct CoordinatorOptions {
   TrackerOptions tracker;
   std::string decode_policy = "least_loaded";
   std::string prefill_policy = "least_queued";
+  // The OpenAI-compatible HTTP API and /metrics (coordinator/http/http_front.h); -1: off,
+  // 0: any free port.
+  int http_port = -1;
+  std::string http_host = "127.0.0.1";
+  std::string api_key;  // non-empty: the HTTP API requires "Authorization: Bearer <key>"
+  size_t max_body_bytes = 1 << 20;
+  int max_concurrent_streams = 64;
 };
 
 class CoordinatorServer {
@@ -39,6 +47,7 @@ class CoordinatorServer {
 
   int port() const;
   std::string address() const;
+  int http_port() const;  // -1 when the HTTP API is off
   // Stops serving: ends every request stream, stops the timer. Idempotent.
   void Shutdown();
   // Blocks until Shutdown (from another thread or a signal handler's flag poller).

@@ -8,6 +8,7 @@
 #include "common/base/status.h"
 #include "coordinator/coordinator_impl.h"
 #include "proto/channel.h"
+#include "proto/generate_request.h"
 #include "proto/kv_layout_convert.h"
 #include "proto/sampling_convert.h"
 #include "proto/status_util.h"
@@ -35,28 +36,42 @@ void CopyTop(const google::protobuf::RepeatedPtrField<v1::TopLogprob>& from,
 absl::Status CoordinatorServer::Impl::Generate(grpc::ServerContext* ctx,
                                                const v1::GenerateRequest& req,
                                                grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  return GenerateTo(req, http::GenerateSink{
+                             .write = [writer](const v1::GenerateResponse& r) {
+                               return writer->Write(r);
+                             },
+                             .cancelled = [ctx] { return ctx->IsCancelled(); }});
+}
+
+absl::Status CoordinatorServer::Impl::GenerateTo(const v1::GenerateRequest& req,
+                                                 const http::GenerateSink& sink) {
+  // Times the first token and the rest as the client sees them.
+  const absl::Time start = absl::Now();
+  absl::Time first = absl::InfinitePast(), last = absl::InfinitePast();
+  int64_t tokens = 0;
+  http::GenerateSink timed{.write =
+                               [&](const v1::GenerateResponse& r) {
+                                 if (r.has_token()) {
+                                   last = absl::Now();
+                                   if (tokens++ == 0) first = last;
+                                 }
+                                 return sink.write(r);
+                               },
+                           .cancelled = sink.cancelled};
+  metrics_.active.Add(1);
+  absl::Status s = GenerateUnmetered(req, timed);
+  metrics_.active.Add(-1);
+  metrics_.RecordRequest(s, start, first, last, tokens);
+  return s;
+}
+
+absl::Status CoordinatorServer::Impl::GenerateUnmetered(const v1::GenerateRequest& req,
+                                                        const http::GenerateSink& sink) {
   if (stopping_.load()) return absl::UnavailableError("the coordinator is shutting down");
   // ---- Validate the request before it takes any resource.
-  std::vector<int32_t> ids;
-  if (req.has_token_ids()) {
-    ids.assign(req.token_ids().ids().begin(), req.token_ids().ids().end());
-  } else if (req.has_text()) {
-    DUET_ASSIGN_OR_RETURN(ids, tokenizer_->Encode(req.text(), /*add_bos=*/true));
-  }
-  if (ids.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
-  for (int32_t id : ids) {
-    if (id < 0 || id >= model_config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("Generate: token id ", id,
-                                                     " is outside the vocabulary [0, ",
-                                                     model_config_.vocab_size, ")"));
-    }
-  }
-  if (static_cast<int64_t>(ids.size()) >= model_config_.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("Generate: prompt of ", ids.size(),
-                                                   " tokens does not fit the context of ",
-                                                   model_config_.max_position_embeddings));
-  }
-  DUET_RETURN_IF_ERROR(rpc::FromProto(req.sampling()).Validate(model_config_.vocab_size));
+  DUET_ASSIGN_OR_RETURN(rpc::ClientPrompt prompt,
+                        rpc::ParseGenerateRequest(req, *tokenizer_, model_config_));
+  const std::vector<int32_t>& ids = prompt.ids;
 
   auto ar = std::make_shared<ActiveRequest>();
   ar->id = req.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
@@ -66,7 +81,7 @@ absl::Status CoordinatorServer::Impl::Generate(grpc::ServerContext* ctx,
     absl::MutexLock lock(&mu_);
     active_[ar->id] = ar;
   }
-  absl::Status status = Drive(ctx, *ar, ids, req.sampling(), req.return_text(), writer);
+  absl::Status status = Drive(sink, *ar, ids, req.sampling(), req.return_text());
   // Stop this request's helper threads: both calls end once their contexts are cancelled.
   {
     std::lock_guard<std::mutex> lock(ar->mu);
@@ -238,10 +253,10 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
   return absl::OkStatus();
 }
 
-absl::Status CoordinatorServer::Impl::Drive(grpc::ServerContext* ctx, ActiveRequest& ar,
+absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, ActiveRequest& ar,
                                             const std::vector<int32_t>& ids,
-                                            const v1::SamplingParams& sampling, bool return_text,
-                                            grpc::ServerWriter<v1::GenerateResponse>* writer) {
+                                            const v1::SamplingParams& sampling,
+                                            bool return_text) {
   const absl::Time start = absl::Now();
   NodeInfo p, d;
   DUET_RETURN_IF_ERROR(StartAttempt(ar, ids, sampling, &p, &d));
@@ -274,7 +289,7 @@ absl::Status CoordinatorServer::Impl::Drive(grpc::ServerContext* ctx, ActiveRequ
       *r.mutable_timings() = timings;
       r.set_prompt_tokens(static_cast<int32_t>(ids.size()));
     }
-    return writer->Write(r);
+    return sink.write(r);
   };
 
   while (true) {
@@ -300,7 +315,7 @@ absl::Status CoordinatorServer::Impl::Drive(grpc::ServerContext* ctx, ActiveRequ
       }
       if (ar.events.empty()) {
         lock.unlock();
-        if (ctx->IsCancelled()) {
+        if (sink.cancelled()) {
           absl::StatusOr<Effects> fx = tracker_.Cancel(ar.id, absl::Now());
           if (fx.ok()) Apply(*std::move(fx));
           return absl::CancelledError(absl::StrCat("request ", ar.id, " cancelled by the client"));

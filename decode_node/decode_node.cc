@@ -1,5 +1,7 @@
 #include "decode_node/decode_node.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -57,7 +59,9 @@ absl::Status DecodeNode::Init() {
                         transfer::CreateTransport("ucx", {.name = o.node_id,
                                                           .layout = layout,
                                                           .tls = profile.tls,
-                                                          .net_devices = profile.net_devices}));
+                                                          .net_devices = o.ucx_net_devices.empty()
+                                                                             ? profile.net_devices
+                                                                             : o.ucx_net_devices}));
   const size_t region_bytes = layout.RegionBytes(num_blocks);
   if (transport_->Has(transfer::kCapAllocateRegion)) {
     DUET_ASSIGN_OR_RETURN(region_, transport_->AllocateRegion(region_bytes));
@@ -78,9 +82,20 @@ absl::Status DecodeNode::Init() {
       scheduler_.get(),
       DecodeServiceIdentity{.node_id = o.node_id,
                             .epoch = [this] { return epoch_.load(); },
-                            .transfer_address = transfer_address_},
+                            .transfer_address = transfer_address_,
+                            .metrics = &metrics_},
       &engine_->tokenizer());
   DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(o.listen_address, {service_.get()}, &port_));
+  {
+    kv::BlockPool* pool = pool_.get();
+    DecodeScheduler* sched = scheduler_.get();
+    metrics_.AddNodeGauges([pool] { return pool->Stats(); }, [sched] { return sched->Load(); });
+  }
+  if (o.metrics_port != 0) {
+    DUET_ASSIGN_OR_RETURN(metrics_exporter_,
+                          metrics::MetricsExporter::Start(&metrics_registry_, o.metrics_host,
+                                                          std::max(0, o.metrics_port)));
+  }
   DUET_LOG(INFO) << o.node_id << ": serving on " << address() << ", " << num_blocks
                  << " KV blocks of " << o.block_size << " tokens (" << region_bytes
                  << " bytes) over ucx/" << o.transport;
@@ -130,6 +145,7 @@ void DecodeNode::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
+  if (metrics_exporter_) metrics_exporter_->Stop();  // its gauges read the pool and scheduler
   member_.reset();  // deregisters: the coordinator stops routing here
   if (service_ != nullptr) service_->Shutdown();
   if (scheduler_ != nullptr) scheduler_->Shutdown();  // every stream gets its final event

@@ -22,8 +22,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/kv/block_pool.h"
+#include "common/metrics/http_exporter.h"
+#include "common/metrics/metrics.h"
 #include "common/model/local_engine.h"
 #include "coordinator/membership_client.h"
+#include "decode_node/decode_metrics.h"
 #include "decode_node/decode_scheduler.h"
 #include "decode_node/decode_service.h"
 #include "grpcpp/grpcpp.h"
@@ -44,6 +47,9 @@ struct DecodeNodeOptions {
   int max_running = 64;                // running + pending admission
   std::string cpu_gemm = "invariant";  // must match the prefill nodes' for token-exact output
   absl::Duration register_timeout = absl::Seconds(60);
+  std::string ucx_net_devices;  // overrides the profile's (tcp pins lo; across hosts: eth0)
+  int metrics_port = 0;  // GET /metrics: 0 off, -1 any free port
+  std::string metrics_host = "127.0.0.1";
 };
 
 class DecodeNode {
@@ -66,12 +72,15 @@ class DecodeNode {
   const kv::KvLayout& layout() const { return pool_->layout(); }
   const std::string& transfer_address() const { return transfer_address_; }
   uint64_t epoch() const { return epoch_.load(); }  // 0 when not registered
+  int metrics_port() const { return metrics_exporter_ ? metrics_exporter_->port() : -1; }
 
  private:
   explicit DecodeNode(const DecodeNodeOptions& options) : options_(options) {}
   absl::Status Init();
 
   const DecodeNodeOptions options_;
+  metrics::Registry metrics_registry_;
+  DecodeMetrics metrics_{&metrics_registry_};
   // Declared in creation order.
   std::unique_ptr<model::LocalEngine> engine_;  // model, tokenizer, backend (its pool unused)
   std::unique_ptr<transfer::Transport> transport_;
@@ -84,6 +93,7 @@ class DecodeNode {
   int port_ = 0;
   std::unique_ptr<coordinator::MembershipClient> member_;
   std::atomic<uint64_t> epoch_{0};
+  std::unique_ptr<metrics::MetricsExporter> metrics_exporter_;
 
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

@@ -162,6 +162,7 @@ grpc::Status DecodeService::StreamTokens(grpc::ServerContext* ctx,
   if (!stream.ok()) return rpc::ToGrpcStatus(stream.status());
   while (true) {
     if (ctx->IsCancelled()) {
+      if (identity_.metrics != nullptr) identity_.metrics->OnStreamDropped();
       scheduler_->Release(id);
       return rpc::ToGrpcStatus(absl::CancelledError(
           absl::StrCat(identity_.node_id, ": the token stream of ", id, " was cancelled")));
@@ -173,7 +174,9 @@ grpc::Status DecodeService::StreamTokens(grpc::ServerContext* ctx,
           absl::UnavailableError(absl::StrCat(identity_.node_id, " is shutting down")));
     }
     for (const DecodeEvent& ev : events) {
+      if (identity_.metrics != nullptr) identity_.metrics->OnEvent(ev);
       if (!writer->Write(ToProto(id, ev, tokenizer_))) {
+        if (identity_.metrics != nullptr) identity_.metrics->OnStreamDropped();
         scheduler_->Release(id);  // the client is gone: nobody reads the rest
         return rpc::ToGrpcStatus(absl::CancelledError(
             absl::StrCat(identity_.node_id, ": the client of ", id, "'s token stream left")));

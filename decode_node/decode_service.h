@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/tokenizer.h"
+#include "decode_node/decode_metrics.h"
 #include "decode_node/decode_scheduler.h"
 #include "duet/v1/decode.grpc.pb.h"
 
@@ -29,6 +30,7 @@ struct DecodeServiceIdentity {
   std::string node_id = "decode-0";
   std::function<uint64_t()> epoch;  // this incarnation's epoch (0 when not registered)
   std::string transfer_address;     // the transport's LocalAddress()
+  DecodeMetrics* metrics = nullptr;  // optional; must outlive the service
 };
 
 // Converts one scheduler event to its wire form.

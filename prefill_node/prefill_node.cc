@@ -14,6 +14,7 @@
 #include "common/model/gguf_model.h"
 #include "common/model/weights.h"
 #include "coordinator/membership_client.h"
+#include "prefill_node/prefill_metrics.h"
 #include "prefill_node/prefill_scheduler.h"
 #include "prefill_node/prefill_service.h"
 #include "proto/channel.h"
@@ -67,7 +68,7 @@ absl::Status PrefillNode::Init() {
   } else {
     DUET_ASSIGN_OR_RETURN(transfer::UcxProfile profile, transfer::UcxProfileByName(o.transport));
     topt.tls = profile.tls;
-    topt.net_devices = profile.net_devices;
+    topt.net_devices = o.ucx_net_devices.empty() ? profile.net_devices : o.ucx_net_devices;
   }
   DUET_ASSIGN_OR_RETURN(transport_, transfer::CreateTransport(backend_name, topt));
   const int64_t num_blocks =
@@ -83,15 +84,31 @@ absl::Status PrefillNode::Init() {
                                         runner_.get(), pool_.get(), transport_.get(), sender_.get(),
                                         {.max_batch_tokens = o.max_batch_tokens,
                                          .no_layer_pipelining = o.no_layer_pipelining}));
+  metrics_ = std::make_unique<PrefillMetrics>(&metrics_registry_, layout_);
+  {
+    PrefillScheduler* sched = scheduler_.get();
+    kv::BlockPool* pool = pool_.get();
+    metrics_->AddNodeGauges([pool] { return pool->Stats(); },
+                            [sched] {
+                              const PrefillLoad l = sched->Load();
+                              return std::make_pair(l.queued_tokens, l.running_requests);
+                            });
+  }
   service_ = std::make_unique<PrefillService>(
-      PrefillServiceOptions{.node_id = o.node_id, .layout = layout_}, transport_.get(),
-      scheduler_.get());
+      PrefillServiceOptions{.node_id = o.node_id, .layout = layout_, .metrics = metrics_.get()},
+      transport_.get(), scheduler_.get());
   DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(o.listen_address, {service_.get()}, &port_));
   address_ = AdvertisedAddress(o.listen_address, port_);
   DUET_LOG(INFO) << o.node_id << ": prefill node on " << address_ << " (" << o.transport << "), "
                  << layout_.Describe() << ", " << num_blocks << " blocks, budget "
                  << o.max_batch_tokens << " tokens"
                  << (o.no_layer_pipelining ? ", no layer pipelining" : "");
+
+  if (o.metrics_port != 0) {
+    DUET_ASSIGN_OR_RETURN(metrics_exporter_,
+                          metrics::MetricsExporter::Start(&metrics_registry_, o.metrics_host,
+                                                          std::max(0, o.metrics_port)));
+  }
 
   // Membership.
   if (!o.coordinator_address.empty()) {
@@ -122,10 +139,15 @@ absl::Status PrefillNode::Init() {
   return absl::OkStatus();
 }
 
+int PrefillNode::metrics_port() const {
+  return metrics_exporter_ ? metrics_exporter_->port() : -1;
+}
+
 void PrefillNode::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
+  if (metrics_exporter_) metrics_exporter_->Stop();
   membership_.reset();                     // deregisters: the coordinator stops routing here
   if (scheduler_) scheduler_->Shutdown();  // fails requests in flight; their calls return
   if (server_) {

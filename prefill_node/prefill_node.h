@@ -11,6 +11,9 @@
 //   ...  node->Shutdown();   // or let the destructor do it
 #pragma once
 
+#include "common/metrics/http_exporter.h"
+#include "common/metrics/metrics.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,6 +44,7 @@ class MembershipClient;
 
 namespace duet::prefill {
 
+class PrefillMetrics;
 class PrefillScheduler;
 class PrefillService;
 
@@ -56,6 +60,9 @@ struct PrefillNodeOptions {
   int threads = 0;                     // compute threads; 0: all cores
   int64_t max_batch_tokens = 2048;     // token budget of one forward pass
   bool no_layer_pipelining = false;    // post all layers after the forward pass (benchmarks)
+  std::string ucx_net_devices;          // overrides the profile's (tcp pins lo; across hosts: eth0)
+  int metrics_port = 0;                 // GET /metrics: 0 off, -1 any free port
+  std::string metrics_host = "127.0.0.1";
 };
 
 class PrefillNode {
@@ -69,6 +76,7 @@ class PrefillNode {
   std::string address() const { return address_; }  // host:port of the gRPC service
   const kv::KvLayout& layout() const { return layout_; }
   const std::string& transfer_address() const { return transfer_address_; }
+  int metrics_port() const;  // -1 when /metrics is off
   // Deregisters, fails requests in flight, stops the server. Idempotent.
   void Shutdown();
   kv::BlockPoolStats PoolStats() const;
@@ -78,6 +86,8 @@ class PrefillNode {
   absl::Status Init();
 
   const PrefillNodeOptions options_;
+  metrics::Registry metrics_registry_;
+  std::unique_ptr<PrefillMetrics> metrics_;
   // In creation order; destroyed in reverse.
   std::unique_ptr<compute::ComputeBackend> backend_;
   std::unique_ptr<model::ModelRunner> runner_;
@@ -93,6 +103,7 @@ class PrefillNode {
   int port_ = 0;
   std::string address_;
   std::unique_ptr<coordinator::MembershipClient> membership_;
+  std::unique_ptr<metrics::MetricsExporter> metrics_exporter_;
 
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

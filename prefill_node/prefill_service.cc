@@ -1,5 +1,7 @@
 #include "prefill_node/prefill_service.h"
 
+#include "prefill_node/prefill_metrics.h"
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -24,6 +26,10 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* ctx, const v1::Prefill
   const absl::Time deadline = absl::FromChrono(ctx->deadline());
   absl::StatusOr<v1::PrefillResponse> r =
       DoPrefill(*request, deadline, [ctx] { return ctx->IsCancelled(); });
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordPrefill(r.status(), request->prompt_token_ids_size(),
+                                    request->destination().block_ids_size(), r.ok() ? &*r : nullptr);
+  }
   if (!r.ok()) return rpc::ToGrpcStatus(r.status());
   *response = std::move(*r);
   return grpc::Status::OK;

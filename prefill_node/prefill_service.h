@@ -24,12 +24,15 @@
 
 namespace duet::prefill {
 
+class PrefillMetrics;
+
 struct PrefillServiceOptions {
   std::string node_id = "prefill-0";
   kv::KvLayout layout;  // this node's KV layout
   // Used when a request carries no deadline_ms.
   absl::Duration default_deadline = absl::Seconds(120);
   absl::Duration connect_timeout = absl::Seconds(10);
+  PrefillMetrics* metrics = nullptr;  // optional; must outlive the service
 };
 
 class PrefillService final : public v1::PrefillNode::Service {

@@ -1,22 +1,142 @@
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/compute/backend_registry.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_backend.h"
+#include "common/compute/uniform_hash.h"
 
 namespace duet::compute {
+namespace {
+
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::map<std::string, BackendFactory>& Registry() {
+  static auto* registry = new std::map<std::string, BackendFactory>();
+  return *registry;
+}
+
+bool FindFactory(const std::string& name, BackendFactory* out) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto it = Registry().find(name);
+  if (it == Registry().end()) return false;
+  *out = it->second;
+  return true;
+}
+
+}  // namespace
+
+bool RegisterBackendFactory(const std::string& name, BackendFactory factory) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  Registry()[name] = std::move(factory);
+  return true;
+}
+
+void UnregisterBackendFactory(const std::string& name) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  Registry().erase(name);
+}
+
+bool IsBackendRegistered(const std::string& name) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  return Registry().count(name) > 0;
+}
+
+absl::StatusOr<std::string> ResolveBackendName(const std::string& name, std::string* why) {
+  std::string reason;
+  auto done = [&](std::string picked) -> absl::StatusOr<std::string> {
+    if (why != nullptr) *why = reason;
+    return picked;
+  };
+  if (name == "cpu") {
+    reason = "requested";
+    return done("cpu");
+  }
+  if (name != "cuda" && name != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown compute backend '", name, "': valid names are 'auto', 'cpu', 'cuda'"));
+  }
+  BackendFactory cuda;
+  if (!FindFactory("cuda", &cuda)) {
+    if (name == "cuda") {
+      return absl::UnimplementedError(
+          "compute backend 'cuda': the CUDA backend is not built into this binary (built only "
+          "when nvcc is found at configure time; use 'cpu' or 'auto')");
+    }
+    reason = "the CUDA backend is not built into this binary";
+    return done("cpu");
+  }
+  absl::StatusOr<int> devices = cuda.device_count ? cuda.device_count() : absl::StatusOr<int>(0);
+  if (!devices.ok() || *devices <= 0) {
+    const std::string detail =
+        devices.ok() ? std::string("no CUDA device found") : std::string(devices.status().message());
+    if (name == "cuda") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("compute backend 'cuda' requested but no GPU is usable: ", detail));
+    }
+    reason = absl::StrCat("no usable GPU (", detail, ")");
+    return done("cpu");
+  }
+  reason = absl::StrCat(*devices, " CUDA device(s) usable");
+  return done("cuda");
+}
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const std::string& name,
                                                               const BackendOptions& options) {
-  if (name == "cpu" || name == "auto") {
+  std::string why;
+  absl::StatusOr<std::string> picked = ResolveBackendName(name, &why);
+  if (!picked.ok()) return picked.status();
+  if (name == "auto") DUET_LOG(INFO) << "compute backend: auto picked " << *picked << " (" << why << ")";
+  if (*picked == "cpu") {
     auto backend = CpuBackend::Create(options);
     if (!backend.ok()) return backend.status();
     return std::unique_ptr<ComputeBackend>(std::move(backend).value());
   }
-  if (name == "cuda") {
-    return absl::UnimplementedError(
-        "compute backend 'cuda': the CUDA backend is not built yet (use 'cpu' or 'auto')");
+  BackendFactory factory;
+  if (!FindFactory(*picked, &factory) || !factory.create) {
+    return absl::InternalError(absl::StrCat("compute backend '", *picked, "' has no factory"));
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown compute backend '", name,
-                                                 "': valid names are 'auto', 'cpu', 'cuda'"));
+  return factory.create(options);
+}
+
+void FillUniformHost(float* out, int64_t count, uint64_t seed, float scale) {
+  for (int64_t i = 0; i < count; ++i) out[i] = UniformFromHash(seed, static_cast<uint64_t>(i), scale);
+}
+
+absl::StatusOr<std::unique_ptr<PreparedMatrix>> ComputeBackend::PrepareRandomMatrix(
+    int rows, int cols, uint64_t seed, float scale) {
+  if (rows <= 0 || cols <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PrepareRandomMatrix: bad shape ", rows, "x", cols));
+  }
+  std::vector<float> w(static_cast<size_t>(rows) * cols);
+  FillUniformHost(w.data(), static_cast<int64_t>(w.size()), seed, scale);
+  return PrepareMatrix(w.data(), rows, cols);
+}
+
+namespace {
+class DoneMarker : public WorkMarker {
+ public:
+  bool Done() override { return true; }
+  absl::Status Wait(absl::Time) override { return absl::OkStatus(); }
+};
+}  // namespace
+
+std::shared_ptr<WorkMarker> ComputeBackend::MarkQueuedWork() {
+  static const auto done = std::make_shared<DoneMarker>();
+  return done;
+}
+
+void ComputeBackend::FillRandom(float* p, int64_t count, uint64_t seed, float scale) {
+  std::vector<float> host(static_cast<size_t>(count));
+  FillUniformHost(host.data(), count, seed, scale);
+  CopyToDevice(p, host.data(), count);
 }
 
 }  // namespace duet::compute

@@ -1,10 +1,14 @@
 // ComputeBackend: the kernels a Llama-family forward pass needs, behind one interface so that
-// ModelRunner runs unchanged on the CPU (cpu/, always built) and on CUDA (cuda/, later).
-// Activations are float32 row-major [rows, features] in buffers the backend allocates.
+// ModelRunner runs unchanged on the CPU (cpu/, always built) and on CUDA (cuda/, built when nvcc
+// is found and linked only into binaries that ask for it; see backend_registry.h).
+// Activations are float32 row-major [rows, features] in buffers the backend allocates; index
+// arrays (ids, positions, slots, block tables) are always host memory.
 //
-// Every kernel is batch-invariant: a row's result depends only on that row (and, for attention,
-// on its own sequence's KV), never on which other rows share the call or on the thread count.
-// Disaggregated token-exactness (DESIGN.md invariant 1) rests on this.
+// The CPU backend's kernels are batch-invariant: a row's result depends only on that row (and,
+// for attention, on its own sequence's KV), never on which other rows share the call or on the
+// thread count. Disaggregated token-exactness (DESIGN.md invariant 1) rests on this. On CUDA,
+// attention and the elementwise kernels are per-row too, but cuBLAS picks its GEMM algorithm by
+// shape, so a row's last bits may depend on the batch size (see cuda/cuda_backend.h).
 //
 //   DUET_ASSIGN_OR_RETURN(auto backend, compute::CreateBackend("cpu", {}));
 //   DUET_ASSIGN_OR_RETURN(auto wq, backend->PrepareMatrix(q_proj.data(), rows, cols));
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/kv/kv_layout.h"
 
@@ -54,9 +59,25 @@ struct RopeParams {
   std::vector<float> inv_freq;
 };
 
+// A point in a backend's queued work (on cuda: an event recorded on the compute stream). The
+// layer-done hook gets one per layer when ModelRunner::set_async_layer_hook(true): the KV
+// sender waits on it (or stages the layer's blocks behind it) instead of the compute thread
+// synchronising the device after every layer.
+class WorkMarker {
+ public:
+  virtual ~WorkMarker() = default;
+  // True once all work queued before the marker has finished.
+  virtual bool Done() = 0;
+  // Returns once Done(), or DeadlineExceeded at `deadline`.
+  virtual absl::Status Wait(absl::Time deadline) = 0;
+};
+
 struct BackendOptions {
   int num_threads = 0;         // 0: all hardware threads
   std::string cpu_gemm = "invariant";  // cpu: "invariant" (own packed kernel) or "openblas"
+  int cuda_device = 0;                 // cuda: device ordinal
+  std::string cuda_gemm_dtype = "bf16";  // cuda: weights and GEMM inputs in "bf16", "f16" or
+                                         // "f32" (fp32 accumulation and activations always)
 };
 
 class ComputeBackend {
@@ -77,6 +98,11 @@ class ComputeBackend {
   }
   // Waits for all queued work (no-op on cpu).
   virtual void Synchronize() {}
+  // Marks the work queued so far. Synchronous backends (cpu) return a marker that is done.
+  virtual std::shared_ptr<WorkMarker> MarkQueuedWork();
+  // The first error a kernel hit since the backend was created (kernels return void; a device
+  // backend records launch and runtime errors here). OK on cpu, whose kernels DUET_CHECK.
+  virtual absl::Status status() const { return absl::OkStatus(); }
 
   // w: host float32 [rows, cols], row-major.
   virtual absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(const float* w, int rows,
@@ -88,9 +114,26 @@ class ComputeBackend {
   // y[m, w.rows] = x[m, w.cols] * w^T (+ bias[w.rows] if bias != nullptr).
   virtual void MatMul(const float* x, int m, const PreparedMatrix& w, const float* bias,
                       float* y) = 0;
+  // Synthetic weights for benchmarks, generated where the backend keeps its weights (device
+  // memory on cuda, so an 8B-parameter model needs no host copy): uniform in [-scale, scale]
+  // from a counter hash of (seed, index). The default generates on the host (FillUniformHost)
+  // and calls PrepareMatrix.
+  virtual absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareRandomMatrix(int rows, int cols,
+                                                                               uint64_t seed,
+                                                                               float scale);
+  // Fills activation memory with the same values as FillUniformHost(seed, scale).
+  virtual void FillRandom(float* p, int64_t count, uint64_t seed, float scale);
+
   // y = x / rms(x) * weight, per row of `dim`; y may alias x.
   virtual void RmsNorm(const float* x, const float* weight, int rows, int dim, float eps,
                        float* y) = 0;
+  // x += residual, then y = RmsNorm(x) (one pass on cuda). The default calls Add then RmsNorm,
+  // so the cpu backend's results are unchanged.
+  virtual void AddRmsNorm(float* x, const float* residual, const float* weight, int rows, int dim,
+                          float eps, float* y) {
+    Add(x, residual, static_cast<int64_t>(rows) * dim);
+    RmsNorm(x, weight, rows, dim, eps, y);
+  }
   // y += x, elementwise.
   virtual void Add(float* y, const float* x, int64_t n) = 0;
   // In-place rotary embedding of x [rows, num_heads * head_dim]; positions[rows].
@@ -112,8 +155,15 @@ class ComputeBackend {
                               float* out) = 0;
 };
 
-// Creates a backend by name: "cpu" (always available) or "cuda" (when built and a GPU exists).
+// Creates a backend by name: "cpu" (always available), "cuda" (when the CUDA backend is linked
+// into this binary and a device is usable), or "auto" (cuda when both hold, else cpu; logs which
+// it picked and why).
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const std::string& name,
                                                               const BackendOptions& options);
+
+// out[i] = uniform in [-scale, scale] from a hash of (seed, i); bit-identical to the CUDA
+// backend's generator (integer hash, one float multiply-add), so a synthetic model is the same
+// model on every backend.
+void FillUniformHost(float* out, int64_t count, uint64_t seed, float scale);
 
 }  // namespace duet::compute

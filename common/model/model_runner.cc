@@ -51,7 +51,10 @@ ModelRunner::ModelRunner(const ModelConfig& config, compute::ComputeBackend* bac
   ws_->backend = backend;
 }
 
-ModelRunner::~ModelRunner() = default;
+ModelRunner::~ModelRunner() {
+  ws_.reset();
+  if (owned_embed_ != nullptr) backend_->FreeActivations(owned_embed_);
+}
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelConfig& config,
                                                                  ModelWeights weights,
@@ -117,13 +120,80 @@ absl::Status ModelRunner::Prepare(ModelWeights weights) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::CreateRandom(
+    const ModelConfig& config, uint64_t seed, compute::ComputeBackend* backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("ModelRunner: backend is null");
+  DUET_RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<ModelRunner> runner(new ModelRunner(config, backend));
+  DUET_RETURN_IF_ERROR(runner->PrepareRandom(seed));
+  return runner;
+}
+
+absl::Status ModelRunner::PrepareRandom(uint64_t seed) {
+  const ModelConfig& c = config_;
+  const int hidden = c.hidden_size;
+  const int qd = c.num_attention_heads * c.head_dim;
+  const int kvd = c.num_key_value_heads * c.head_dim;
+  rope_.inv_freq = RopeInvFreq(c);
+  uint64_t stream = seed * 1000003ull;
+  auto vec = [&](int64_t n, bool ones) -> const float* {
+    std::vector<float> v(static_cast<size_t>(n), 1.0f);
+    if (!ones) compute::FillUniformHost(v.data(), n, ++stream, 0.1f);
+    host_vectors_.push_back(std::move(v));
+    return backend_->UploadVector(host_vectors_.back().data(), n);
+  };
+  auto mat = [&](int rows, int cols, std::unique_ptr<compute::PreparedMatrix>* out) -> absl::Status {
+    const float scale = std::sqrt(3.0f / static_cast<float>(cols));
+    DUET_ASSIGN_OR_RETURN(*out, backend_->PrepareRandomMatrix(rows, cols, ++stream, scale));
+    return absl::OkStatus();
+  };
+  layers_.resize(c.num_hidden_layers);
+  for (Layer& l : layers_) {
+    l.input_norm = vec(hidden, true);
+    l.post_norm = vec(hidden, true);
+    if (c.attention_bias) {
+      l.q_bias = vec(qd, false);
+      l.k_bias = vec(kvd, false);
+      l.v_bias = vec(kvd, false);
+    }
+    DUET_RETURN_IF_ERROR(mat(qd, hidden, &l.q));
+    DUET_RETURN_IF_ERROR(mat(kvd, hidden, &l.k));
+    DUET_RETURN_IF_ERROR(mat(kvd, hidden, &l.v));
+    DUET_RETURN_IF_ERROR(mat(hidden, qd, &l.o));
+    DUET_RETURN_IF_ERROR(mat(c.intermediate_size, hidden, &l.gate));
+    DUET_RETURN_IF_ERROR(mat(c.intermediate_size, hidden, &l.up));
+    DUET_RETURN_IF_ERROR(mat(hidden, c.intermediate_size, &l.down));
+  }
+  final_norm_ = vec(hidden, true);
+  DUET_RETURN_IF_ERROR(mat(c.vocab_size, hidden, &lm_head_));
+  const int64_t embed_count = int64_t{c.vocab_size} * hidden;
+  owned_embed_ = backend_->AllocateActivations(embed_count);
+  if (owned_embed_ == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("ModelRunner: no memory for a ", c.vocab_size,
+                                                     "x", hidden, " embedding table"));
+  }
+  backend_->FillRandom(owned_embed_, embed_count, ++stream, 1.0f);
+  embed_ = owned_embed_;
+  backend_->Synchronize();
+  return backend_->status();
+}
+
 kv::KvLayout ModelRunner::MakeKvLayout(int block_size) const {
   return kv::KvLayout{.model_id = config_.ModelId(),
                       .num_layers = config_.num_hidden_layers,
                       .num_kv_heads = config_.num_key_value_heads,
                       .head_dim = config_.head_dim,
                       .block_size = block_size,
-                      .dtype = kv::KvDtype::kF32};
+                      .dtype = kv_dtype_};
+}
+
+absl::Status ModelRunner::SetKvDtype(kv::KvDtype dtype) {
+  if (dtype != kv::KvDtype::kF32 && backend_->name() == "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("KV dtype ", kv::KvDtypeName(dtype),
+                                                   ": the cpu backend stores only f32 KV"));
+  }
+  kv_dtype_ = dtype;
+  return absl::OkStatus();
 }
 
 void ModelRunner::EnsureWorkspace(int64_t rows) {
@@ -243,9 +313,10 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
   Workspace& w = *ws_;
 
   b.Embed(embed_, hidden, ids.data(), rows, w.x);
+  b.RmsNorm(w.x, layers_[0].input_norm, rows, hidden, c.rms_norm_eps, w.h);
   for (int li = 0; li < c.num_hidden_layers; ++li) {
     const Layer& l = layers_[li];
-    b.RmsNorm(w.x, l.input_norm, rows, hidden, c.rms_norm_eps, w.h);
+    // w.h holds RmsNorm(x) with this layer's input norm (fused into the previous residual add).
     b.MatMul(w.h, rows, *l.q, l.q_bias, w.q);
     b.MatMul(w.h, rows, *l.k, l.k_bias, w.k);
     b.MatMul(w.h, rows, *l.v, l.v_bias, w.v);
@@ -254,18 +325,26 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
     b.WriteKv(kv, li, w.k, w.v, slots.data(), rows);
     // K/V of this layer are in the pool: transfer may start while the layer finishes.
     if (on_layer_done) {
-      b.Synchronize();
+      if (async_layer_hook_) {
+        std::shared_ptr<compute::WorkMarker> ready = b.MarkQueuedWork();
+        for (LayerSpan& span : spans) span.ready = ready;
+      } else {
+        b.Synchronize();
+      }
       on_layer_done(li, spans);
     }
     b.PagedAttention(kv, li, w.q, seqs, attn, w.attn);
     b.MatMul(w.attn, rows, *l.o, nullptr, w.o);
-    b.Add(w.x, w.o, int64_t{rows} * hidden);
-    b.RmsNorm(w.x, l.post_norm, rows, hidden, c.rms_norm_eps, w.h);
+    b.AddRmsNorm(w.x, w.o, l.post_norm, rows, hidden, c.rms_norm_eps, w.h);
     b.MatMul(w.h, rows, *l.gate, nullptr, w.gate);
     b.MatMul(w.h, rows, *l.up, nullptr, w.up);
     b.SwiGlu(w.gate, w.up, int64_t{rows} * c.intermediate_size, w.gate);
     b.MatMul(w.gate, rows, *l.down, nullptr, w.o);
-    b.Add(w.x, w.o, int64_t{rows} * hidden);
+    if (li + 1 < c.num_hidden_layers) {
+      b.AddRmsNorm(w.x, w.o, layers_[li + 1].input_norm, rows, hidden, c.rms_norm_eps, w.h);
+    } else {
+      b.Add(w.x, w.o, int64_t{rows} * hidden);
+    }
   }
 
   // Only the last token of each sequence that wants logits goes through the LM head.
@@ -285,6 +364,7 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
     b.CopyToHost(out.logits.data(), w.logits, int64_t{nl} * c.vocab_size);
   }
   b.Synchronize();
+  DUET_RETURN_IF_ERROR(b.status());
   for (SequenceInput& s : batch) s.table->Append(static_cast<int64_t>(s.tokens.size()));
   return out;
 }

@@ -1,6 +1,8 @@
 #include "common/compute/cpu/cpu_backend.h"
 
+#if defined(DUET_HAVE_OPENBLAS)
 #include <cblas.h>
+#endif
 
 #include <cstring>
 #include <vector>
@@ -54,13 +56,20 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const BackendOpti
   if (options.cpu_gemm == "invariant" || options.cpu_gemm.empty()) {
     kind = GemmKind::kInvariant;
   } else if (options.cpu_gemm == "openblas") {
+#if defined(DUET_HAVE_OPENBLAS)
     kind = GemmKind::kOpenBlas;
+#else
+    return absl::InvalidArgumentError(
+        "cpu_gemm 'openblas': this build has no OpenBLAS (use 'invariant')");
+#endif
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown cpu_gemm '", options.cpu_gemm, "': valid values are 'invariant', 'openblas'"));
   }
   auto backend = std::unique_ptr<CpuBackend>(new CpuBackend(options.num_threads, kind));
+#if defined(DUET_HAVE_OPENBLAS)
   if (kind == GemmKind::kOpenBlas) openblas_set_num_threads(backend->num_threads());
+#endif
   return backend;
 }
 
@@ -110,6 +119,7 @@ const float* CpuBackend::UploadVector(const float* host, int64_t count) { return
 void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const float* bias,
                         float* y) {
   std::lock_guard<std::mutex> lock(mu_);
+#if defined(DUET_HAVE_OPENBLAS)
   if (gemm_kind_ == GemmKind::kOpenBlas) {
     const auto& bw = dynamic_cast<const BlasMatrix&>(w);
     const int n = bw.rows();
@@ -124,6 +134,7 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
     }
     return;
   }
+#endif
   const auto& pw = dynamic_cast<const PackedMatrix&>(w);
   cpu::InvariantGemm(&pool_, x, m, pw.packed(), bias, y);
 }

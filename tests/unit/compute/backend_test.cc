@@ -2,6 +2,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/compute/backend_registry.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
@@ -22,6 +23,71 @@ TEST(BackendFactoryTest, CudaIsUnimplemented) {
   auto backend = CreateBackend("cuda", BackendOptions{});
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(backend.status().message().find("not built"), absl::string_view::npos);
+}
+
+// A stand-in for the CUDA backend's registration (this binary does not link it): the registry
+// logic behind --device=auto|cpu|cuda, testable without a GPU.
+class FakeCudaRegistration {
+ public:
+  explicit FakeCudaRegistration(absl::StatusOr<int> devices) {
+    RegisterBackendFactory(
+        "cuda", {.device_count = [devices] { return devices; },
+                 .create = [this](const BackendOptions& o)
+                     -> absl::StatusOr<std::unique_ptr<ComputeBackend>> {
+                   ++creates_;
+                   auto b = CpuBackend::Create(o);
+                   if (!b.ok()) return b.status();
+                   return std::unique_ptr<ComputeBackend>(std::move(b).value());
+                 }});
+  }
+  ~FakeCudaRegistration() { UnregisterBackendFactory("cuda"); }
+  int creates() const { return creates_; }
+
+ private:
+  int creates_ = 0;
+};
+
+TEST(BackendFactoryTest, AutoPicksCudaWhenRegisteredAndADeviceIsUsable) {
+  FakeCudaRegistration fake(2);
+  std::string why;
+  auto picked = ResolveBackendName("auto", &why);
+  ASSERT_TRUE(picked.ok()) << picked.status();
+  EXPECT_EQ(*picked, "cuda");
+  EXPECT_NE(why.find("2 CUDA device"), std::string::npos) << why;
+  ASSERT_TRUE(CreateBackend("auto", {}).ok());
+  ASSERT_TRUE(CreateBackend("cuda", {}).ok());
+  EXPECT_EQ(fake.creates(), 2);
+  EXPECT_EQ(*ResolveBackendName("cpu"), "cpu");
+}
+
+TEST(BackendFactoryTest, AutoFallsBackToCpuWithoutDevicesAndCudaIsAClearError) {
+  for (absl::StatusOr<int> devices :
+       {absl::StatusOr<int>(0), absl::StatusOr<int>(absl::UnavailableError("no driver (35)"))}) {
+    FakeCudaRegistration fake(devices);
+    std::string why;
+    auto picked = ResolveBackendName("auto", &why);
+    ASSERT_TRUE(picked.ok()) << picked.status();
+    EXPECT_EQ(*picked, "cpu");
+    EXPECT_NE(why.find("no usable GPU"), std::string::npos) << why;
+    auto backend = CreateBackend("auto", {});
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    EXPECT_EQ((*backend)->name(), "cpu");
+    auto cuda = CreateBackend("cuda", {});
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+    if (!devices.ok()) {
+      EXPECT_NE(cuda.status().message().find("no driver (35)"), absl::string_view::npos)
+          << cuda.status();
+    }
+    EXPECT_EQ(fake.creates(), 0);
+  }
+  EXPECT_FALSE(IsBackendRegistered("cuda"));
+}
+
+TEST(BackendFactoryTest, AutoWithoutCudaBuiltPicksCpu) {
+  ASSERT_FALSE(IsBackendRegistered("cuda")) << "this binary must not link the CUDA backend";
+  std::string why;
+  EXPECT_EQ(*ResolveBackendName("auto", &why), "cpu");
+  EXPECT_NE(why.find("not built"), std::string::npos) << why;
 }
 
 TEST(BackendFactoryTest, UnknownNameListsValidNames) {

@@ -1,0 +1,87 @@
+// `duet serve --colocated`: the same engine in ONE process doing prefill and decode with
+// continuous batching, behind the same client API as a cluster's coordinator (the baseline of
+// the disaggregation benchmark). Prints "ready <client address> (...)" like `serve --loopback`
+// and serves until SIGINT/SIGTERM.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cli/commands.h"
+#include "decode_node/colocated/colocated_server.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(std::string, cpu_gemm);
+ABSL_DECLARE_FLAG(int, block_size);
+ABSL_DECLARE_FLAG(int64_t, kv_cache_bytes);
+ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
+ABSL_DECLARE_FLAG(int, max_running);
+ABSL_DECLARE_FLAG(int, port);
+
+ABSL_FLAG(bool, colocated, false,
+          "serve: prefill and decode in this one process (continuous batching under "
+          "--max_batch_tokens and --max_running), behind the same client API");
+
+namespace duet::cli {
+namespace {
+
+std::atomic<bool> g_colocated_stop{false};
+void OnColocatedSignal(int) { g_colocated_stop.store(true); }
+
+}  // namespace
+
+bool ServeColocated() { return absl::GetFlag(FLAGS_colocated); }
+
+int RunServeColocated(const std::vector<char*>& args) {
+  if (args.size() > 1) {
+    std::fprintf(stderr, "duet serve: unexpected argument '%s'\n", args[1]);
+    return 2;
+  }
+  colocated::ColocatedServerOptions o;
+  o.listen_address = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_port));
+  o.model_dir = absl::GetFlag(FLAGS_model);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.cpu_gemm = absl::GetFlag(FLAGS_cpu_gemm);
+  o.block_size = absl::GetFlag(FLAGS_block_size);
+  o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  o.max_running = absl::GetFlag(FLAGS_max_running);
+  if (o.model_dir.empty()) {
+    std::fprintf(stderr, "duet serve --colocated: need --model DIR\n");
+    return 2;
+  }
+  struct sigaction sa = {};
+  sa.sa_handler = OnColocatedSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto server = colocated::ColocatedServer::Start(o);
+  if (!server.ok()) {
+    std::fprintf(stderr, "duet serve --colocated: %s\n",
+                 std::string(server.status().message()).c_str());
+    return 1;
+  }
+  std::printf("node colocated-0 pid %d\n", static_cast<int>(getpid()));
+  std::printf("ready %s (colocated: %lld KV blocks, max_batch_tokens %lld, max_running %d)\n",
+              (*server)->address().c_str(), static_cast<long long>((*server)->num_blocks()),
+              static_cast<long long>(o.max_batch_tokens), o.max_running);
+  std::fflush(stdout);
+  while (!g_colocated_stop.load()) absl::SleepFor(absl::Milliseconds(100));
+  (*server)->Shutdown();
+  std::printf("stopped\n");
+  return 0;
+}
+
+}  // namespace duet::cli

@@ -1,0 +1,97 @@
+// Launchers for duet's CUDA kernels (compiled by nvcc in *.cu; callable from host C++). All take
+// device pointers and a stream and only enqueue work; launch errors surface through
+// cudaGetLastError(), which CudaBackend checks after each call. Layouts follow
+// ComputeBackend: activations float32 row-major, KV cache per kv::KvLayout.
+//
+//   LaunchRmsNorm(x, w, rows, dim, 1e-5f, y, stream);
+//   LaunchPagedAttention(cache_args, q, meta, out, partials, stream);
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace duet::compute::cuda {
+
+enum class ElemType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// ---- elementwise (elementwise_kernels.cu)
+void LaunchEmbed(const float* table, int dim, const int32_t* ids, int n, float* out,
+                 cudaStream_t s);
+void LaunchRmsNorm(const float* x, const float* weight, int rows, int dim, float eps, float* y,
+                   cudaStream_t s);
+// x += residual; y = RmsNorm(x).
+void LaunchAddRmsNorm(float* x, const float* residual, const float* weight, int rows, int dim,
+                      float eps, float* y, cudaStream_t s);
+void LaunchAdd(float* y, const float* x, int64_t n, cudaStream_t s);
+// y[r, j] += bias[j] for r < rows, j < cols.
+void LaunchAddBias(float* y, const float* bias, int rows, int cols, cudaStream_t s);
+void LaunchRope(float* x, int rows, int num_heads, int head_dim, const int32_t* positions,
+                const float* inv_freq, int num_freq, cudaStream_t s);
+void LaunchSwiGlu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
+// dst (f16/bf16/f32) = src (f32), n elements.
+void LaunchConvertFromF32(const float* src, void* dst, ElemType dst_type, int64_t n,
+                          cudaStream_t s);
+// dst = UniformFromHash(seed, i, scale) for i < n (see uniform_hash.h).
+void LaunchFillUniform(void* dst, ElemType type, int64_t n, uint64_t seed, float scale,
+                       cudaStream_t s);
+// out[r] = argmax_j logits[r, j] (lowest index on ties).
+void LaunchArgMax(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s);
+
+// ---- KV cache and attention (attention_kernels.cu)
+struct KvCacheArgs {
+  void* base = nullptr;      // the pool's region (device memory)
+  ElemType dtype = ElemType::kF32;
+  int64_t num_blocks = 0;    // blocks per layer
+  int layer = 0;
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// k, v: [n, kv_heads * head_dim] f32; slots[n] = block * block_size + offset.
+void LaunchWriteKv(const KvCacheArgs& cache, const float* k, const float* v, const int64_t* slots,
+                   int n, cudaStream_t s);
+
+// Per-sequence metadata of one attention call (device copy of AttentionSeq).
+struct DevSeq {
+  int32_t q_start;
+  int32_t q_len;
+  int32_t context_len;
+  int32_t table_offset;  // into the flattened block tables
+};
+
+// One attention call's metadata, device pointers into one uploaded buffer.
+struct AttentionMeta {
+  const DevSeq* seqs = nullptr;
+  const int32_t* tables = nullptr;      // flattened block tables
+  // Prefill path: tiles of up to kPrefillTileRows query rows of one sequence: (seq, first row).
+  const int2* prefill_tiles = nullptr;
+  int num_prefill_tiles = 0;
+  // Decode path: one query row each: (seq, row in seq, splits, unused).
+  const int4* decode_rows = nullptr;
+  int num_decode_rows = 0;
+  int max_splits = 1;                   // max over decode rows of their split count
+  int num_q_heads = 0;
+  float scale = 0.f;
+  int sliding_window = 0;
+};
+
+inline constexpr int kPrefillTileRows = 32;
+// Keys per decode split: a row's split count is ceil(keys / kDecodeSplitKeys), a function of
+// its own context only, so its result never depends on the batch.
+inline constexpr int kDecodeSplitKeys = 256;
+// Sequences with q_len <= this go row by row through the decode (split-K) kernel.
+inline constexpr int kDecodePathMaxQLen = 4;
+
+// Floats of decode partials the call needs: rows * q_heads * max_splits * (head_dim + 2).
+int64_t DecodePartialFloats(const AttentionMeta& meta, int head_dim);
+// Largest supported head_dim.
+inline constexpr int kMaxHeadDim = 256;
+
+// q, out: [rows, num_q_heads * head_dim]. partials: DecodePartialFloats floats (or null when
+// there are no decode rows). Returns false for an unsupported head_dim.
+bool LaunchPagedAttention(const KvCacheArgs& cache, const float* q, const AttentionMeta& meta,
+                          float* out, float* partials, cudaStream_t s);
+
+}  // namespace duet::compute::cuda

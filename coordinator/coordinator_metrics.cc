@@ -1,0 +1,60 @@
+#include "coordinator/coordinator_metrics.h"
+
+#include "absl/strings/ascii.h"
+
+namespace duet::coordinator {
+
+CoordinatorMetrics::CoordinatorMetrics()
+    : requests(registry.AddCounter("duet_coordinator_requests_total",
+                                   "Generation requests by outcome", {"outcome"})),
+      ttft(registry
+               .AddHistogram("duet_coordinator_ttft_seconds",
+                             "Time from request arrival to the first token sent", {},
+                             metrics::LatencyBuckets())
+               .WithLabels({})),
+      tpot(registry
+               .AddHistogram("duet_coordinator_tpot_seconds",
+                             "Mean time per output token after the first, per request", {},
+                             metrics::LatencyBuckets())
+               .WithLabels({})),
+      e2e(registry
+              .AddHistogram("duet_coordinator_e2e_seconds",
+                            "Time from request arrival to its end", {}, metrics::LatencyBuckets())
+              .WithLabels({})),
+      generated_tokens(registry
+                           .AddCounter("duet_coordinator_generated_tokens_total",
+                                       "Tokens sent to clients", {})
+                           .WithLabels({})),
+      active(registry
+                 .AddGauge("duet_coordinator_active_requests",
+                           "Generation requests in flight (queued, prefilling or decoding)", {})
+                 .WithLabels({})),
+      heartbeats(registry.AddCounter("duet_coordinator_node_heartbeats_total",
+                                     "Heartbeats received per node", {"node"})),
+      node_deaths(registry
+                      .AddCounter("duet_coordinator_node_deaths_total",
+                                  "Nodes declared dead (missed heartbeats) or deregistered", {})
+                      .WithLabels({})) {
+  // Outcomes that exist before the first request, so rates start from zero.
+  for (const char* o : {"ok", "cancelled"}) requests.WithLabels({o});
+}
+
+std::string CoordinatorMetrics::Outcome(const absl::Status& s) {
+  if (s.ok()) return "ok";
+  if (s.code() == absl::StatusCode::kCancelled) return "cancelled";
+  return absl::AsciiStrToLower(absl::StatusCodeToString(s.code()));
+}
+
+void CoordinatorMetrics::RecordRequest(const absl::Status& s, absl::Time start, absl::Time first,
+                                       absl::Time last, int64_t tokens) {
+  requests.WithLabels({Outcome(s)}).Increment();
+  const absl::Time now = absl::Now();
+  e2e.Observe(absl::ToDoubleSeconds(now - start));
+  generated_tokens.Increment(static_cast<double>(tokens));
+  if (first != absl::InfinitePast()) ttft.Observe(absl::ToDoubleSeconds(first - start));
+  if (tokens > 1) {
+    tpot.Observe(absl::ToDoubleSeconds(last - first) / static_cast<double>(tokens - 1));
+  }
+}
+
+}  // namespace duet::coordinator

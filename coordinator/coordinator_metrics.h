@@ -1,0 +1,39 @@
+// The coordinator's metrics (Prometheus names duet_coordinator_*): requests by outcome, TTFT,
+// TPOT and end-to-end latency histograms, requests in flight, node heartbeats and deaths. The
+// node-load gauges are callbacks the server registers over its NodeRegistry.
+//
+//   CoordinatorMetrics m;
+//   m.RecordRequest(status, start, first_token_at, last_token_at, tokens);
+//   std::string text = m.registry.Render();
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/metrics/metrics.h"
+
+namespace duet::coordinator {
+
+struct CoordinatorMetrics {
+  CoordinatorMetrics();
+
+  // Outcome label: ok, cancelled, or the lower-case status code (resource_exhausted, ...).
+  static std::string Outcome(const absl::Status& s);
+  // first/last are InfinitePast when no token was sent.
+  void RecordRequest(const absl::Status& s, absl::Time start, absl::Time first, absl::Time last,
+                     int64_t tokens);
+
+  metrics::Registry registry;
+  metrics::Family<metrics::Counter>& requests;
+  metrics::Histogram& ttft;
+  metrics::Histogram& tpot;
+  metrics::Histogram& e2e;
+  metrics::Counter& generated_tokens;
+  metrics::Gauge& active;
+  metrics::Family<metrics::Counter>& heartbeats;
+  metrics::Counter& node_deaths;
+};
+
+}  // namespace duet::coordinator

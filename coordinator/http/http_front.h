@@ -1,0 +1,83 @@
+// HttpFront: the coordinator's OpenAI-compatible HTTP API (cpp-httplib).
+//   POST /v1/completions, POST /v1/chat/completions (stream: true -> server-sent events),
+//   GET /v1/models, GET /health (200 only when a prefill and a decode node are registered),
+//   GET /metrics (Prometheus text from the coordinator's registry).
+// It runs each request in-process through a GenerationBackend (the coordinator's own request
+// path), maps failures to OpenAI-shaped errors (429/503 with Retry-After when there is no
+// capacity), and cancels a request whose client disconnects mid-stream.
+//
+//   HttpFrontOptions o{.host = "127.0.0.1", .port = 8000, .model_name = "smollm2"};
+//   DUET_ASSIGN_OR_RETURN(auto front, HttpFront::Start(o, backend, tokenizer, context, &registry));
+//   // curl http://127.0.0.1:8000/v1/completions -d '{"prompt": "Hi", "max_tokens": 8}'
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/metrics/metrics.h"
+#include "common/model/tokenizer.h"
+#include "duet/v1/client.pb.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace duet::coordinator::http {
+
+// Where one request's responses go.
+struct GenerateSink {
+  std::function<bool(const v1::GenerateResponse&)> write;  // false: stop, the client is gone
+  std::function<bool()> cancelled;                          // polled while waiting for tokens
+};
+
+// The request path the front drives (the coordinator implements it).
+class GenerationBackend {
+ public:
+  virtual ~GenerationBackend() = default;
+  // Runs one request to its end; returns the terminal status.
+  virtual absl::Status GenerateTo(const v1::GenerateRequest& req, const GenerateSink& sink) = 0;
+  virtual v1::HealthResponse Health() = 0;
+};
+
+struct HttpFrontOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: any free port
+  std::string api_key;  // non-empty: require "Authorization: Bearer <api_key>"
+  size_t max_body_bytes = 1 << 20;
+  int max_concurrent_streams = 64;  // generation requests in flight (streamed or not)
+  std::string model_name = "duet";
+  int64_t context_length = 2048;
+};
+
+class HttpFront {
+ public:
+  // backend, tokenizer and registry must outlive the front.
+  static absl::StatusOr<std::unique_ptr<HttpFront>> Start(const HttpFrontOptions& options,
+                                                          GenerationBackend* backend,
+                                                          const model::Tokenizer* tokenizer,
+                                                          metrics::Registry* registry);
+  ~HttpFront();
+  HttpFront(const HttpFront&) = delete;
+  HttpFront& operator=(const HttpFront&) = delete;
+
+  int port() const { return port_; }
+  // Stops accepting and ends open streams (their requests are cancelled). Idempotent.
+  void Stop();
+
+  class Handlers;  // http_front.cc
+
+ private:
+  HttpFront() = default;
+  std::unique_ptr<Handlers> handlers_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+}  // namespace duet::coordinator::http

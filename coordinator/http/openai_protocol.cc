@@ -1,0 +1,531 @@
+#include "coordinator/http/openai_protocol.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace duet::coordinator::http {
+namespace {
+
+using nlohmann::json;
+
+ApiError Invalid(std::string message, std::string param = "", std::string code = "") {
+  ApiError e;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+std::string TypeName(const json& j) {
+  switch (j.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "integer";
+    case json::value_t::number_float: return "number";
+    case json::value_t::string: return "string";
+    case json::value_t::array: return "array";
+    case json::value_t::object: return "object";
+    default: return "value";
+  }
+}
+
+ApiError WrongType(const std::string& field, const std::string& want, const json& got) {
+  return Invalid(absl::StrCat("'", field, "' must be ", want, ", got ", TypeName(got)), field,
+                 "invalid_type");
+}
+
+// Reads an optional number field into *out; null counts as absent.
+std::optional<ApiError> GetNumber(const json& body, const char* field, double lo, double hi,
+                                  double* out, bool* present = nullptr) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return WrongType(field, "a number", *it);
+  const double v = it->get<double>();
+  if (!(v >= lo && v <= hi)) {
+    return Invalid(absl::StrCat("'", field, "' must be in [", lo, ", ", hi, "], got ", v), field,
+                   "invalid_value");
+  }
+  *out = v;
+  if (present) *present = true;
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetInt(const json& body, const char* field, int64_t lo, int64_t hi,
+                               int64_t* out, bool* present = nullptr) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer() && !it->is_number_unsigned()) {
+    return WrongType(field, "an integer", *it);
+  }
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    return Invalid(absl::StrCat("'", field, "' must be in [", lo, ", ", hi, "]"), field,
+                   "invalid_value");
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi) {
+    return Invalid(absl::StrCat("'", field, "' must be in [", lo, ", ", hi, "], got ", v), field,
+                   "invalid_value");
+  }
+  *out = v;
+  if (present) *present = true;
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetBool(const json& body, const char* field, bool* out) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return WrongType(field, "a boolean", *it);
+  *out = it->get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetContent(const json& m, size_t index, std::string* out) {
+  const std::string field = absl::StrCat("messages[", index, "].content");
+  auto it = m.find("content");
+  if (it == m.end() || it->is_null()) {
+    *out = "";
+    return std::nullopt;
+  }
+  if (it->is_string()) {
+    *out = it->get<std::string>();
+    return std::nullopt;
+  }
+  if (!it->is_array()) return WrongType(field, "a string or an array of parts", *it);
+  out->clear();
+  for (const json& part : *it) {
+    if (!part.is_object()) return WrongType(field + "[]", "an object", part);
+    auto type = part.find("type");
+    auto text = part.find("text");
+    if (type == part.end() || !type->is_string() || type->get<std::string>() != "text" ||
+        text == part.end() || !text->is_string()) {
+      return Invalid(absl::StrCat("only text parts ({\"type\": \"text\", \"text\": ...}) are "
+                                  "supported in ",
+                                  field),
+                     field, "invalid_value");
+    }
+    *out += text->get<std::string>();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string ErrorBody(const ApiError& e) {
+  json err = {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  return Dump(json{{"error", err}});
+}
+
+ApiError ErrorFromStatus(const absl::Status& s) {
+  ApiError e;
+  e.message = std::string(s.message());
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      e.http_status = 400;
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      e.http_status = 429;
+      e.type = "rate_limit_error";
+      e.code = "no_capacity";
+      e.retry_after_s = 1;
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.http_status = 503;
+      e.type = "server_error";
+      e.code = "unavailable";
+      e.retry_after_s = 1;
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      e.http_status = 504;
+      e.type = "server_error";
+      e.code = "timeout";
+      break;
+    case absl::StatusCode::kCancelled:
+      e.http_status = 499;
+      e.type = "server_error";
+      e.code = "cancelled";
+      break;
+    case absl::StatusCode::kUnimplemented:
+      e.http_status = 400;
+      e.code = "unsupported";
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+      break;
+  }
+  return e;
+}
+
+std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
+                                     ParsedRequest* out) {
+  *out = ParsedRequest();
+  out->endpoint = endpoint;
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return Invalid("the request body is not valid JSON", "", "invalid_json");
+  }
+  if (!j.is_object()) return Invalid("the request body must be a JSON object", "", "invalid_json");
+
+  if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return WrongType("model", "a string", *it);
+    out->model = it->get<std::string>();
+  }
+  int64_t n = 1;
+  if (auto e = GetInt(j, "n", 1, 128, &n)) return e;
+  if (n != 1) return Invalid("only n = 1 is supported", "n", "invalid_value");
+  int64_t best_of = 1;
+  if (auto e = GetInt(j, "best_of", 1, 128, &best_of)) return e;
+  if (best_of != 1) return Invalid("only best_of = 1 is supported", "best_of", "invalid_value");
+  bool echo = false;
+  if (auto e = GetBool(j, "echo", &echo)) return e;
+  if (echo) return Invalid("echo is not supported", "echo", "invalid_value");
+
+  if (endpoint == Endpoint::kCompletions) {
+    auto it = j.find("prompt");
+    if (it == j.end() || it->is_null()) return Invalid("'prompt' is required", "prompt");
+    const json* p = &*it;
+    // A list of one prompt is the same as the prompt; batches are not supported.
+    if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+      p = &(*p)[0];
+    }
+    if (p->is_string()) {
+      out->prompt = p->get<std::string>();
+    } else if (p->is_array()) {
+      if (p->empty()) return Invalid("'prompt' is empty", "prompt", "invalid_value");
+      for (const json& t : *p) {
+        if (t.is_string()) {
+          return Invalid("only one prompt per request is supported", "prompt", "invalid_value");
+        }
+        if (!t.is_number_integer() && !t.is_number_unsigned()) {
+          return WrongType("prompt[]", "an integer token id", t);
+        }
+        const int64_t id = t.get<int64_t>();
+        if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+          return Invalid(absl::StrCat("token id ", id, " is out of range"), "prompt",
+                         "invalid_value");
+        }
+        out->prompt_ids.push_back(static_cast<int32_t>(id));
+      }
+      out->prompt_is_ids = true;
+    } else {
+      return WrongType("prompt", "a string or an array of token ids", *p);
+    }
+    if (!out->prompt_is_ids && out->prompt.empty()) {
+      return Invalid("'prompt' is empty", "prompt", "invalid_value");
+    }
+    // logprobs: an integer count of alternatives (0..20).
+    int64_t lp = 0;
+    bool has_lp = false;
+    if (auto e = GetInt(j, "logprobs", 0, 20, &lp, &has_lp)) return e;
+    out->logprobs = has_lp;
+    out->top_logprobs = static_cast<int>(lp);
+  } else {
+    auto it = j.find("messages");
+    if (it == j.end() || it->is_null()) return Invalid("'messages' is required", "messages");
+    if (!it->is_array()) return WrongType("messages", "an array", *it);
+    if (it->empty()) return Invalid("'messages' is empty", "messages", "invalid_value");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& m = (*it)[i];
+      if (!m.is_object()) return WrongType(absl::StrCat("messages[", i, "]"), "an object", m);
+      auto role = m.find("role");
+      if (role == m.end() || !role->is_string()) {
+        return Invalid(absl::StrCat("messages[", i, "].role must be a string"),
+                       absl::StrCat("messages[", i, "].role"), "invalid_type");
+      }
+      ChatMessage msg{.role = role->get<std::string>()};
+      if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
+          msg.role != "developer") {
+        return Invalid(absl::StrCat("messages[", i, "].role '", msg.role,
+                                    "' is not one of system, developer, user, assistant"),
+                       absl::StrCat("messages[", i, "].role"), "invalid_value");
+      }
+      if (msg.role == "developer") msg.role = "system";
+      if (auto e = GetContent(m, i, &msg.content)) return e;
+      out->messages.push_back(std::move(msg));
+    }
+    if (auto e = GetBool(j, "logprobs", &out->logprobs)) return e;
+    int64_t top = 0;
+    bool has_top = false;
+    if (auto e = GetInt(j, "top_logprobs", 0, 20, &top, &has_top)) return e;
+    if (has_top && !out->logprobs) {
+      return Invalid("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value");
+    }
+    out->top_logprobs = static_cast<int>(top);
+  }
+
+  // max_tokens (chat also accepts max_completion_tokens); the upper bound is the context,
+  // checked once the prompt is tokenized.
+  bool has_max = false;
+  int64_t max_tokens = -1;
+  if (auto e = GetInt(j, "max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens,
+                      &has_max)) {
+    return e;
+  }
+  if (!has_max && endpoint == Endpoint::kChat) {
+    if (auto e = GetInt(j, "max_completion_tokens", 1, std::numeric_limits<int32_t>::max(),
+                        &max_tokens, &has_max)) {
+      return e;
+    }
+  }
+  out->max_tokens = has_max ? max_tokens : -1;
+  double temperature = 1.0, top_p = 1.0;
+  if (auto e = GetNumber(j, "temperature", 0, 2, &temperature)) return e;
+  if (auto e = GetNumber(j, "top_p", 0, 1, &top_p)) return e;
+  if (top_p == 0) top_p = 1e-6;  // OpenAI accepts 0: the most likely token only
+  out->temperature = static_cast<float>(temperature);
+  out->top_p = static_cast<float>(top_p);
+  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
+    if (it->is_number_unsigned()) {
+      out->seed = it->get<uint64_t>();
+    } else if (it->is_number_integer()) {
+      out->seed = static_cast<uint64_t>(it->get<int64_t>());  // negative seeds wrap
+    } else {
+      return WrongType("seed", "an integer", *it);
+    }
+  }
+  for (const char* zero_only : {"presence_penalty", "frequency_penalty"}) {
+    double v = 0;
+    if (auto e = GetNumber(j, zero_only, -2, 2, &v)) return e;
+    if (v != 0) {
+      return Invalid(absl::StrCat("'", zero_only, "' is not supported (must be 0)"), zero_only,
+                     "invalid_value");
+    }
+  }
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (it->is_string()) {
+      out->stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      if (it->size() > 4) return Invalid("'stop' holds at most 4 strings", "stop", "invalid_value");
+      for (const json& s : *it) {
+        if (!s.is_string()) return WrongType("stop[]", "a string", s);
+        out->stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return WrongType("stop", "a string or an array of strings", *it);
+    }
+    for (const std::string& s : out->stop) {
+      if (s.empty()) return Invalid("'stop' strings must not be empty", "stop", "invalid_value");
+    }
+  }
+  if (auto e = GetBool(j, "stream", &out->stream)) return e;
+  if (auto e = GetBool(j, "ignore_eos", &out->ignore_eos)) return e;
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return WrongType("stream_options", "an object", *it);
+    if (auto e = GetBool(*it, "include_usage", &out->include_usage)) return e;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::string> RenderChat(const std::string& tmpl,
+                                       const std::vector<ChatMessage>& messages) {
+  const bool has_system =
+      std::any_of(messages.begin(), messages.end(),
+                  [](const ChatMessage& m) { return m.role == "system"; });
+  std::string out;
+  if (tmpl.empty()) {
+    for (const ChatMessage& m : messages) out += m.role + ": " + m.content + "\n";
+    return out + "assistant:";
+  }
+  if (tmpl.find("<|im_start|>") == std::string::npos ||
+      tmpl.find("<|im_end|>") == std::string::npos) {
+    return absl::UnimplementedError(
+        absl::StrCat("the model's chat template is not ChatML ('", tmpl.substr(0, 60),
+                     "...'); only ChatML templates are supported"));
+  }
+  if (!has_system) {
+    // The template's default system turn, when it writes one literally (SmolLM2, Qwen2).
+    const std::string sys = "<|im_start|>system\n";
+    const size_t s = tmpl.find(sys);
+    if (s != std::string::npos) {
+      const size_t e = tmpl.find("<|im_end|>", s);
+      if (e != std::string::npos) out = tmpl.substr(s, e - s) + "<|im_end|>\n";
+    }
+  }
+  for (const ChatMessage& m : messages) {
+    out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+  }
+  return out + "<|im_start|>assistant\n";
+}
+
+std::optional<ApiError> CheckLengths(ParsedRequest* req, int64_t prompt_tokens,
+                                     int64_t context_length) {
+  if (prompt_tokens >= context_length) {
+    return Invalid(absl::StrCat("This model's maximum context length is ", context_length,
+                                " tokens; the prompt has ", prompt_tokens,
+                                " tokens, leaving no room to generate"),
+                   req->endpoint == Endpoint::kChat ? "messages" : "prompt",
+                   "context_length_exceeded");
+  }
+  const int64_t room = context_length - prompt_tokens;
+  if (req->max_tokens < 0) {
+    req->max_tokens = req->endpoint == Endpoint::kCompletions ? std::min<int64_t>(16, room) : room;
+  }
+  if (req->max_tokens > room) {
+    return Invalid(absl::StrCat("max_tokens is ", req->max_tokens, " but the context of ",
+                                context_length, " tokens leaves ", room,
+                                " after the prompt's ", prompt_tokens),
+                   "max_tokens", "context_length_exceeded");
+  }
+  return std::nullopt;
+}
+
+v1::SamplingParams ToSampling(const ParsedRequest& req) {
+  v1::SamplingParams p;
+  p.set_temperature(req.temperature);
+  p.set_top_p(req.top_p >= 1.0f ? 0.0f : req.top_p);
+  if (req.seed) p.set_seed(*req.seed);
+  p.set_max_tokens(static_cast<int32_t>(req.max_tokens));
+  p.set_logprobs(req.top_logprobs);
+  p.set_ignore_eos(req.ignore_eos);
+  return p;
+}
+
+const char* FinishReasonText(v1::FinishReason r) {
+  switch (r) {
+    case v1::FINISH_REASON_MAX_TOKENS: return "length";
+    case v1::FINISH_REASON_EOS:
+    case v1::FINISH_REASON_STOP_TOKEN: return "stop";
+    default: return "";
+  }
+}
+
+size_t Utf8SafePrefix(const std::string& s, size_t limit) {
+  limit = std::min(limit, s.size());
+  // Look back at most 3 bytes for the lead byte of a sequence that runs past `limit`.
+  for (size_t back = 1; back <= 3 && back <= limit; ++back) {
+    const unsigned char c = static_cast<unsigned char>(s[limit - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking
+    size_t len = 1;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+    }
+    return len > back ? limit - back : limit;
+  }
+  return limit;
+}
+
+TextAssembler::TextAssembler(std::vector<std::string> stops) : stops_(std::move(stops)) {
+  for (const std::string& s : stops_) max_stop_ = std::max(max_stop_, s.size());
+}
+
+std::string TextAssembler::Add(const std::string& bytes) {
+  if (stopped_) return "";
+  pending_ += bytes;
+  size_t first = std::string::npos;
+  for (const std::string& s : stops_) first = std::min(first, pending_.find(s));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  const size_t hold = max_stop_ > 0 ? max_stop_ - 1 : 0;
+  if (pending_.size() <= hold) return "";
+  const size_t n = Utf8SafePrefix(pending_, pending_.size() - hold);
+  std::string out = pending_.substr(0, n);
+  pending_.erase(0, n);
+  return out;
+}
+
+std::string TextAssembler::Finish() {
+  std::string out;
+  out.swap(pending_);
+  return stopped_ ? "" : out;
+}
+
+nlohmann::json UsageJson(const Usage& u) {
+  return json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& tokens,
+                            size_t text_offset) {
+  if (endpoint == Endpoint::kChat) {
+    json content = json::array();
+    for (const TokenOut& t : tokens) {
+      json top = json::array();
+      for (const auto& [text, lp] : t.top) {
+        top.push_back({{"token", text},
+                       {"logprob", lp},
+                       {"bytes", std::vector<int>(text.begin(), text.end())}});
+      }
+      std::vector<int> bytes;
+      for (unsigned char c : t.text) bytes.push_back(c);
+      content.push_back({{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes},
+                         {"top_logprobs", top}});
+    }
+    return json{{"content", content}};
+  }
+  json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  for (const TokenOut& t : tokens) {
+    toks.push_back(t.text);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [text, lp] : t.top) top[text] = lp;
+    tops.push_back(top);
+    offs.push_back(text_offset);
+    text_offset += t.text.size();
+  }
+  return json{{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops},
+              {"text_offset", offs}};
+}
+
+nlohmann::json ChunkJson(Endpoint endpoint, const std::string& id, int64_t created,
+                         const std::string& model, const std::string& text, bool first,
+                         const nlohmann::json& logprobs, const std::string& finish_reason,
+                         const std::optional<Usage>& usage) {
+  json choice = {{"index", 0},
+                 {"logprobs", logprobs},
+                 {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
+  json out = {{"id", id}, {"created", created}, {"model", model}};
+  if (endpoint == Endpoint::kChat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || first) delta["content"] = text;
+    choice["delta"] = delta;
+    out["object"] = "chat.completion.chunk";
+  } else {
+    choice["text"] = text;
+    out["object"] = "text_completion";
+  }
+  out["choices"] = json::array({choice});
+  if (usage) out["usage"] = UsageJson(*usage);
+  return out;
+}
+
+nlohmann::json ResponseJson(Endpoint endpoint, const std::string& id, int64_t created,
+                            const std::string& model, const std::string& text,
+                            const nlohmann::json& logprobs, const std::string& finish_reason,
+                            const Usage& usage) {
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
+  json out = {{"id", id}, {"created", created}, {"model", model}};
+  if (endpoint == Endpoint::kChat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    out["object"] = "chat.completion";
+  } else {
+    choice["text"] = text;
+    out["object"] = "text_completion";
+  }
+  out["choices"] = json::array({choice});
+  out["usage"] = UsageJson(usage);
+  return out;
+}
+
+std::string Dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace duet::coordinator::http

@@ -1,0 +1,147 @@
+// The OpenAI-compatible wire format of the coordinator's HTTP front, without any server:
+// request JSON -> ParsedRequest (types, ranges, n == 1), the context/max_tokens checks once the
+// prompt is tokenized, chat messages -> prompt text, streamed text assembly (UTF-8 boundaries
+// and `stop` strings), and the JSON of responses, chunks and errors.
+//
+//   ParsedRequest req;
+//   if (std::optional<ApiError> e = ParseRequest(Endpoint::kChat, body, &req)) reply(*e);
+//   DUET_ASSIGN_OR_RETURN(std::string prompt, RenderChat(tokenizer->chat_template(), req.messages));
+//   std::optional<ApiError> e = CheckLengths(&req, prompt_tokens, context_length);
+//   v1::SamplingParams sp = ToSampling(req);
+//   TextAssembler text(req.stop);  std::string piece = text.Add(token_bytes);
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "duet/v1/common.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace duet::coordinator::http {
+
+enum class Endpoint { kCompletions, kChat };
+
+// An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int http_status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+  int retry_after_s = 0;  // > 0: send Retry-After
+};
+std::string ErrorBody(const ApiError& e);
+// The status of a failed Generate as the HTTP error a client expects: InvalidArgument 400,
+// ResourceExhausted 429, Unavailable 503 (both with Retry-After), DeadlineExceeded 504,
+// Cancelled 499, others 500.
+ApiError ErrorFromStatus(const absl::Status& s);
+
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;
+  std::string prompt;               // completions: the text prompt
+  std::vector<int32_t> prompt_ids;  // completions: a prompt given as token ids
+  bool prompt_is_ids = false;
+  std::vector<ChatMessage> messages;  // chat
+  int64_t max_tokens = -1;           // -1: not given
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool logprobs = false;  // completions: logprobs given; chat: logprobs true
+  int top_logprobs = 0;   // alternatives per token
+  bool stream = false;
+  bool include_usage = true;
+  bool ignore_eos = false;  // extension (as vLLM): keep generating past EOS, for benchmarks
+};
+
+// Parses and checks the body: malformed JSON, a known field of the wrong type, values out of
+// range, n != 1 and missing prompt/messages are errors; unknown fields are ignored.
+std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
+                                     ParsedRequest* out);
+
+// ChatML (<|im_start|>role\n...<|im_end|>\n, then the assistant header) when the template is a
+// ChatML one, adding the template's default system turn if the messages have none. A model
+// without a template gets "role: content\n" lines and "assistant:". Other templates:
+// Unimplemented.
+absl::StatusOr<std::string> RenderChat(const std::string& chat_template,
+                                       const std::vector<ChatMessage>& messages);
+
+// After tokenizing: the prompt must leave room in the context, and max_tokens (default 16 for
+// completions, the rest of the context for chat) must be in [1, context - prompt].
+std::optional<ApiError> CheckLengths(ParsedRequest* req, int64_t prompt_tokens,
+                                     int64_t context_length);
+
+v1::SamplingParams ToSampling(const ParsedRequest& req);
+
+// "stop", "length" (or null while running) from duet's finish reason.
+const char* FinishReasonText(v1::FinishReason r);
+
+// Turns token byte pieces into text that is safe to send: never splits a UTF-8 character,
+// holds back text that could be the start of a stop string, and ends at the first stop string
+// (which is not emitted).
+class TextAssembler {
+ public:
+  explicit TextAssembler(std::vector<std::string> stops);
+  // Returns the text that can be sent now.
+  std::string Add(const std::string& bytes);
+  // Returns what is still held back (at the end of generation).
+  std::string Finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  size_t max_stop_ = 0;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+// Length of the longest prefix of s[0, limit) that does not end inside a UTF-8 sequence.
+size_t Utf8SafePrefix(const std::string& s, size_t limit);
+
+// One generated token as the front reports it.
+struct TokenOut {
+  int32_t id = 0;
+  std::string text;  // this token's (raw) text
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;  // alternatives, best first
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+nlohmann::json UsageJson(const Usage& u);
+
+// The logprobs object of one choice: completions {tokens, token_logprobs, top_logprobs,
+// text_offset}; chat {content: [{token, logprob, bytes, top_logprobs}]}.
+nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& tokens,
+                            size_t text_offset);
+
+// One streamed chunk ("text_completion" / "chat.completion.chunk"). finish_reason null when
+// empty; usage only on the final chunk; role only on the first chat chunk.
+nlohmann::json ChunkJson(Endpoint endpoint, const std::string& id, int64_t created,
+                         const std::string& model, const std::string& text, bool first,
+                         const nlohmann::json& logprobs, const std::string& finish_reason,
+                         const std::optional<Usage>& usage);
+
+// The whole response of a non-streamed request.
+nlohmann::json ResponseJson(Endpoint endpoint, const std::string& id, int64_t created,
+                            const std::string& model, const std::string& text,
+                            const nlohmann::json& logprobs, const std::string& finish_reason,
+                            const Usage& usage);
+
+// Serialises JSON for the wire; invalid UTF-8 becomes U+FFFD instead of throwing.
+std::string Dump(const nlohmann::json& j);
+
+}  // namespace duet::coordinator::http

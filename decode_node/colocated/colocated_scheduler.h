@@ -1,0 +1,189 @@
+// ColocatedScheduler: prefill and decode in ONE process over one model and one KV BlockPool,
+// the baseline that disaggregation is measured against (`duet serve --colocated`). One
+// scheduler thread runs continuous batching in the vLLM/SGLang style: each step fills a token
+// budget (max_batch_tokens) with one token for every running decode first, then with chunks of
+// prompts being prefilled (oldest first, a long prompt over several steps), and runs them as ONE
+// ModelRunner::Forward. The kernels are batch-invariant and sampling is decode::'s sampler with
+// the same per-step seeding, so greedy (and seeded) tokens equal LocalEngine::Generate's and the
+// disaggregated cluster's.
+//
+// Admission is FIFO: a waiting request joins when fewer than max_running requests hold KV and
+// the pool has room for its whole prompt (plus one block of headroom per running request); it
+// waits otherwise, up to admission_timeout, and a prompt the whole pool cannot hold is refused
+// at once (ResourceExhausted). A decode the pool cannot grow takes the blocks of the newest
+// request still prefilling (which goes back to the head of the queue and starts over: it has
+// sampled nothing yet, so its tokens do not change); with none to take, it fails alone. Finished,
+// cancelled, failed and timed-out requests give every block back before their last event is pushed.
+//
+//   ColocatedSchedulerOptions o{.max_batch_tokens = 512, .eos_ids = tokenizer.eos_ids()};
+//   DUET_ASSIGN_OR_RETURN(auto sched, ColocatedScheduler::Create(o, &runner, &pool));
+//   DUET_ASSIGN_OR_RETURN(auto stream, sched->Submit({.request_id = "r1", .prompt = ids,
+//                                                     .sampling = {.max_tokens = 8}}));
+//   for (bool done = false; !done;)
+//     for (ColocatedEvent& e : stream->Pop(DeadlineIn(absl::Seconds(1)))) done = e.finished();
+//   // from another thread: sched->Cancel("r1");
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/kv/block_pool.h"
+#include "common/kv/block_table.h"
+#include "common/model/model_runner.h"
+#include "common/model/sampler.h"
+#include "decode_node/decode_scheduler.h"
+
+namespace duet::colocated {
+
+using decode::FinishReason;
+
+// One event of a request's stream.
+struct ColocatedEvent {
+  // Set on the event of the first token (index 0): the prompt is prefilled.
+  bool prefilled = false;
+  int64_t queue_us = 0;            // submitted -> first forward pass holding the prompt
+  int64_t prefill_compute_us = 0;  // wall time of the passes holding the prompt
+  int prefill_chunks = 0;          // passes the prompt took
+  // Set on the event of the first decoded token (index 1).
+  bool joined_decode = false;
+  int64_t decode_admission_us = 0;  // prompt prefilled -> its first decode step started
+  // A sampled token.
+  bool has_token = false;
+  model::SampledToken token;
+  int index = 0;
+  // Set on the last event of the stream.
+  FinishReason finish = FinishReason::kNone;
+  absl::Status error;  // kError: why
+  bool finished() const { return finish != FinishReason::kNone; }
+};
+
+// The events of one request, in order; single consumer. Thread-safe.
+class ColocatedStream {
+ public:
+  void Push(ColocatedEvent event);
+  // Every queued event, waiting until there is one or `deadline` (then empty).
+  std::vector<ColocatedEvent> Pop(absl::Time deadline);
+
+ private:
+  absl::Mutex mu_;
+  std::deque<ColocatedEvent> events_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// What one step ran (for tests and tracing). Decodes come first in batch order.
+struct StepInfo {
+  int64_t decode_tokens = 0;
+  int64_t prefill_tokens = 0;
+  std::vector<std::string> request_ids;  // batch order
+  std::vector<int64_t> tokens;           // per request: new tokens this step
+  std::vector<bool> is_decode;           // per request
+  std::vector<bool> final_chunk;         // per request: holds the prompt's last token
+};
+
+struct ColocatedSchedulerOptions {
+  std::string name = "colocated";   // names this server in errors
+  int64_t max_batch_tokens = 2048;  // token budget of one step (decodes + prefill chunks)
+  int max_running = 64;             // requests holding KV (prefilling or decoding)
+  std::vector<int32_t> eos_ids;
+  // Longest a request waits for a batch slot and KV room before it is refused.
+  absl::Duration admission_timeout = absl::Seconds(60);
+  // Deadline of a request submitted without one.
+  absl::Duration default_deadline = absl::Minutes(10);
+  // How long an idle scheduler thread sleeps between checks.
+  absl::Duration idle_wait = absl::Milliseconds(20);
+  std::function<void(const StepInfo&)> on_step;  // called on the scheduler thread
+};
+
+struct SubmitArgs {
+  std::string request_id;
+  std::vector<int32_t> prompt;
+  model::SamplingParams sampling;
+  absl::Time deadline = absl::InfiniteFuture();  // infinite: default_deadline from now
+};
+
+struct ColocatedLoad {
+  int64_t free_blocks = 0;
+  int64_t total_blocks = 0;
+  int64_t queued_tokens = 0;     // prompt tokens not yet prefilled
+  int32_t waiting_requests = 0;  // not yet admitted
+  int32_t running_requests = 0;  // admitted (prefilling or decoding)
+};
+
+class ColocatedScheduler {
+ public:
+  // `runner` and `pool` must outlive the scheduler. Starts the scheduler thread.
+  // InvalidArgument when max_batch_tokens < max_running (every running decode takes one token
+  // of each step's budget) or a limit is < 1, or the pool's layout is not the model's.
+  static absl::StatusOr<std::unique_ptr<ColocatedScheduler>> Create(
+      ColocatedSchedulerOptions options, model::ModelRunner* runner, kv::BlockPool* pool);
+  ~ColocatedScheduler();
+  ColocatedScheduler(const ColocatedScheduler&) = delete;
+  ColocatedScheduler& operator=(const ColocatedScheduler&) = delete;
+
+  // Queues a request. InvalidArgument (empty prompt, id outside the vocabulary, prompt not
+  // shorter than the context, bad sampling), ResourceExhausted (the whole pool cannot hold the
+  // prompt), AlreadyExists (id in flight), Unavailable (after Shutdown).
+  absl::StatusOr<std::shared_ptr<ColocatedStream>> Submit(SubmitArgs args);
+  // Ends the request in any phase (its stream ends with kCancelled and its blocks are freed at
+  // the scheduler's next step). False when no such request is in flight.
+  bool Cancel(const std::string& request_id);
+  // Ends every request with Unavailable, stops the thread. Idempotent.
+  void Shutdown();
+
+  ColocatedLoad Load() const;
+  kv::BlockPoolStats PoolStats() const { return pool_->Stats(); }
+
+ private:
+  enum class Phase { kWaiting, kPrefilling, kDecoding };
+  struct Request;
+  struct Item;  // one request's share of a step
+
+  ColocatedScheduler(ColocatedSchedulerOptions options, model::ModelRunner* runner,
+                     kv::BlockPool* pool);
+  void Loop();
+  // Moves new requests in and ends cancelled and timed-out ones.
+  void Reap(absl::Time now);
+  void Admit();
+  // Fails decodes the pool cannot grow, unless a prefilling request can give its blocks back.
+  std::vector<Item> BuildStep();
+  // Frees the newest prefilling request's blocks and marks it waiting (BuildStep requeues it).
+  bool PreemptNewestPrefill();
+  void RunStep(std::vector<Item>& items);
+  // Frees the request's blocks, forgets it and pushes `last` (finish set by the caller).
+  void Finish(Request& r, ColocatedEvent last);
+  void Fail(Request& r, absl::Status error);
+  void RemoveDone();
+  void PublishLoad();
+
+  const ColocatedSchedulerOptions options_;
+  model::ModelRunner* const runner_;
+  kv::BlockPool* const pool_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;  // a submit or cancel since the thread last looked
+  int64_t next_seq_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<std::shared_ptr<Request>> incoming_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Request>> by_id_ ABSL_GUARDED_BY(mu_);  // in flight
+  ColocatedLoad load_ ABSL_GUARDED_BY(mu_);  // counts, refreshed by the thread
+
+  // Scheduler thread only (and Shutdown once it stopped).
+  std::deque<std::shared_ptr<Request>> waiting_;  // FIFO
+  std::vector<std::shared_ptr<Request>> active_;  // admitted, in admission order
+
+  absl::Mutex join_mu_;  // serialises Shutdown
+  std::thread thread_;
+};
+
+}  // namespace duet::colocated

@@ -1,0 +1,165 @@
+#include "decode_node/colocated/colocated_service.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
+#include "common/base/logging.h"
+#include "common/base/status.h"
+#include "decode_node/decode_service.h"
+#include "proto/generate_request.h"
+#include "proto/status_util.h"
+
+namespace duet::colocated {
+namespace {
+
+// How often a stream with nothing to send checks for a gone client or a shutdown.
+constexpr absl::Duration kStreamPoll = absl::Milliseconds(20);
+
+int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
+
+// The request's deadline as the client set it (infinite when it set none).
+absl::Time ClientDeadline(const grpc::ServerContext& ctx) {
+  const auto d = ctx.deadline();
+  if (d >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(d);
+}
+
+}  // namespace
+
+ColocatedService::ColocatedService(ColocatedScheduler* scheduler, const model::Tokenizer* tokenizer,
+                                   const model::ModelConfig& config,
+                                   ColocatedServiceIdentity identity)
+    : scheduler_(scheduler),
+      tokenizer_(tokenizer),
+      config_(config),
+      identity_(std::move(identity)) {}
+
+grpc::Status ColocatedService::Generate(grpc::ServerContext* ctx,
+                                        const v1::GenerateRequest* request,
+                                        grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  return rpc::ToGrpcStatus(DoGenerate(ctx, *request, writer));
+}
+
+absl::Status ColocatedService::DoGenerate(grpc::ServerContext* ctx, const v1::GenerateRequest& req,
+                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (shutting_down_.load()) {
+    return absl::UnavailableError(absl::StrCat(identity_.node_id, " is shutting down"));
+  }
+  const absl::Time start = absl::Now();
+  DUET_ASSIGN_OR_RETURN(rpc::ClientPrompt prompt,
+                        rpc::ParseGenerateRequest(req, *tokenizer_, config_));
+  const int32_t prompt_tokens = static_cast<int32_t>(prompt.ids.size());
+  const std::string id = req.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
+                                                  : req.request_id();
+  DUET_ASSIGN_OR_RETURN(std::shared_ptr<ColocatedStream> stream,
+                        scheduler_->Submit({.request_id = id,
+                                            .prompt = std::move(prompt.ids),
+                                            .sampling = std::move(prompt.sampling),
+                                            .deadline = ClientDeadline(*ctx)}));
+  const bool text = req.return_text();
+  v1::RequestTimings timings;
+  absl::Time first_token_at = absl::InfinitePast();
+
+  auto piece = [&](int32_t token) -> std::string {
+    absl::StatusOr<std::string> s = tokenizer_->Decode({token});
+    return s.ok() ? *s : std::string();
+  };
+  auto write = [&](const ColocatedEvent& ev) {
+    v1::GenerateResponse r;
+    r.set_request_id(id);
+    r.set_has_token(ev.has_token);
+    if (ev.has_token) {
+      r.set_token_id(ev.token.id);
+      r.set_logprob(ev.token.logprob);
+      r.set_index(ev.index);
+      for (const auto& [tid, logprob] : ev.token.top_logprobs) {
+        v1::TopLogprob* top = r.add_top_logprobs();
+        top->set_token_id(tid);
+        top->set_logprob(logprob);
+        if (text) top->set_text(piece(tid));
+      }
+      if (text) r.set_text(piece(ev.token.id));
+    }
+    r.set_finish_reason(decode::ToProto(ev.finish));
+    if (ev.finished()) {
+      timings.set_decode_us(
+          first_token_at == absl::InfinitePast() ? 0 : Micros(absl::Now() - first_token_at));
+      *r.mutable_timings() = timings;
+      r.set_prompt_tokens(prompt_tokens);
+    }
+    return writer->Write(r);
+  };
+
+  while (true) {
+    std::vector<ColocatedEvent> events = stream->Pop(DeadlineIn(kStreamPoll));
+    if (events.empty()) {
+      if (ctx->IsCancelled()) {
+        scheduler_->Cancel(id);
+        return absl::CancelledError(absl::StrCat("request ", id, " cancelled by the client"));
+      }
+      if (shutting_down_.load()) {
+        scheduler_->Cancel(id);
+        return absl::UnavailableError(absl::StrCat(identity_.node_id, " is shutting down"));
+      }
+      continue;
+    }
+    for (ColocatedEvent& ev : events) {
+      if (ev.prefilled) {
+        first_token_at = absl::Now();
+        timings.set_queue_us(ev.queue_us);
+        timings.set_prefill_compute_us(ev.prefill_compute_us);
+        timings.set_time_to_first_token_us(Micros(first_token_at - start));
+        timings.set_prefill_attempts(1);
+      }
+      if (ev.joined_decode) timings.set_decode_admission_us(ev.decode_admission_us);
+      if (ev.finish == FinishReason::kError) {
+        return ev.error.ok() ? absl::InternalError(absl::StrCat("request ", id, " failed"))
+                             : ev.error;
+      }
+      if (ev.finish == FinishReason::kCancelled) {
+        return absl::CancelledError(absl::StrCat("request ", id, " cancelled"));
+      }
+      if (!write(ev)) {
+        scheduler_->Cancel(id);  // nobody reads the rest
+        return absl::CancelledError("the client went away");
+      }
+      if (ev.finished()) return absl::OkStatus();
+    }
+  }
+}
+
+grpc::Status ColocatedService::Cancel(grpc::ServerContext* ctx, const v1::CancelRequest* request,
+                                      v1::CancelResponse* response) {
+  response->set_found(scheduler_->Cancel(request->request_id()));
+  return grpc::Status::OK;
+}
+
+grpc::Status ColocatedService::Health(grpc::ServerContext* ctx, const v1::HealthRequest* request,
+                                      v1::HealthResponse* response) {
+  const ColocatedLoad load = scheduler_->Load();
+  // One process plays both roles: it counts as one prefill and one decode node, and lists
+  // itself once with its KV pool's load.
+  const bool up = !shutting_down_.load();
+  response->set_ready(up);
+  response->set_prefill_nodes(up ? 1 : 0);
+  response->set_decode_nodes(up ? 1 : 0);
+  response->set_running_requests(load.running_requests + load.waiting_requests);
+  response->set_directory_entries(0);
+  v1::NodeStatus* n = response->add_nodes();
+  n->set_node_id(identity_.node_id);
+  n->set_epoch(1);
+  n->set_kind(v1::NODE_KIND_DECODE);
+  if (identity_.address) n->set_address(identity_.address());
+  v1::NodeLoad* l = n->mutable_load();
+  l->set_free_blocks(load.free_blocks);
+  l->set_total_blocks(load.total_blocks);
+  l->set_queued_tokens(load.queued_tokens);
+  l->set_running_requests(load.running_requests);
+  return grpc::Status::OK;
+}
+
+}  // namespace duet::colocated

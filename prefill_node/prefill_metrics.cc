@@ -1,0 +1,91 @@
+#include "prefill_node/prefill_metrics.h"
+
+#include <vector>
+
+#include "absl/strings/ascii.h"
+
+namespace duet::prefill {
+
+PrefillMetrics::PrefillMetrics(metrics::Registry* registry, const kv::KvLayout& layout)
+    : registry_(registry),
+      layout_(layout),
+      requests_(registry->AddCounter("duet_prefill_requests_total",
+                                     "Prefill calls by outcome", {"outcome"})),
+      prompt_tokens_(registry
+                         ->AddCounter("duet_prefill_prompt_tokens_total",
+                                      "Prompt tokens prefilled (successful calls)", {})
+                         .WithLabels({})),
+      kv_bytes_(registry
+                    ->AddCounter("duet_prefill_kv_transfer_bytes_total",
+                                 "KV bytes written into decode nodes' blocks", {})
+                    .WithLabels({})),
+      transfer_errors_(registry
+                           ->AddCounter("duet_prefill_transfer_errors_total",
+                                        "Prefill calls that failed on the KV transfer or its "
+                                        "peer (unavailable, aborted, deadline)",
+                                        {})
+                           .WithLabels({})),
+      layer_transfer_(registry
+                          ->AddHistogram("duet_prefill_layer_transfer_seconds",
+                                         "Per layer: K/V computed -> its write landed on D", {},
+                                         metrics::FastLatencyBuckets())
+                          .WithLabels({})),
+      transfer_tail_(registry
+                         ->AddHistogram("duet_prefill_transfer_tail_seconds",
+                                        "Last layer computed -> every write landed", {},
+                                        metrics::FastLatencyBuckets())
+                         .WithLabels({})),
+      compute_(registry
+                   ->AddHistogram("duet_prefill_compute_seconds",
+                                  "Forward-pass time holding the prompt", {},
+                                  metrics::LatencyBuckets())
+                   .WithLabels({})) {
+  requests_.WithLabels({"ok"});
+}
+
+void PrefillMetrics::AddNodeGauges(
+    std::function<kv::BlockPoolStats()> pool,
+    std::function<std::pair<int64_t, int32_t>()> queued_tokens_and_running) {
+  registry_->AddGaugeCallback("duet_prefill_kv_blocks", "The prefill node's KV pool by state",
+                              {"state"}, [pool] {
+                                const kv::BlockPoolStats s = pool();
+                                return std::vector<metrics::Sample>{
+                                    {{"free"}, static_cast<double>(s.free)},
+                                    {{"used"}, static_cast<double>(s.used)},
+                                    {{"quarantined"}, static_cast<double>(s.quarantined)},
+                                    {{"total"}, static_cast<double>(s.total)}};
+                              });
+  registry_->AddGaugeCallback("duet_prefill_queue", "Queued prompt tokens and running requests",
+                              {"what"}, [queued_tokens_and_running] {
+                                const auto [tokens, running] = queued_tokens_and_running();
+                                return std::vector<metrics::Sample>{
+                                    {{"queued_tokens"}, static_cast<double>(tokens)},
+                                    {{"running_requests"}, static_cast<double>(running)}};
+                              });
+}
+
+void PrefillMetrics::RecordPrefill(const absl::Status& status, int64_t prompt_tokens,
+                                   int64_t remote_blocks, const v1::PrefillResponse* response) {
+  if (status.ok()) {
+    requests_.WithLabels({"ok"}).Increment();
+  } else if (status.code() == absl::StatusCode::kCancelled) {
+    requests_.WithLabels({"cancelled"}).Increment();
+  } else {
+    requests_.WithLabels({absl::AsciiStrToLower(absl::StatusCodeToString(status.code()))})
+        .Increment();
+  }
+  if (status.code() == absl::StatusCode::kUnavailable ||
+      status.code() == absl::StatusCode::kAborted ||
+      status.code() == absl::StatusCode::kDeadlineExceeded) {
+    transfer_errors_.Increment();
+  }
+  if (!status.ok() || response == nullptr) return;
+  prompt_tokens_.Increment(static_cast<double>(prompt_tokens));
+  kv_bytes_.Increment(static_cast<double>(remote_blocks) * layout_.num_layers *
+                      static_cast<double>(layout_.BlockBytes()));
+  for (int64_t us : response->layer_transfer_us()) layer_transfer_.Observe(us * 1e-6);
+  transfer_tail_.Observe(response->transfer_tail_us() * 1e-6);
+  compute_.Observe(response->prefill_compute_us() * 1e-6);
+}
+
+}  // namespace duet::prefill

@@ -1,0 +1,37 @@
+#include "proto/generate_request.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status.h"
+#include "proto/sampling_convert.h"
+
+namespace duet::rpc {
+
+absl::StatusOr<ClientPrompt> ParseGenerateRequest(const v1::GenerateRequest& req,
+                                                  const model::Tokenizer& tokenizer,
+                                                  const model::ModelConfig& config) {
+  ClientPrompt out;
+  if (req.has_token_ids()) {
+    out.ids.assign(req.token_ids().ids().begin(), req.token_ids().ids().end());
+  } else if (req.has_text()) {
+    DUET_ASSIGN_OR_RETURN(out.ids, tokenizer.Encode(req.text(), /*add_bos=*/true));
+  }
+  if (out.ids.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
+  for (int32_t id : out.ids) {
+    if (id < 0 || id >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Generate: token id ", id, " is outside the vocabulary [0, ", config.vocab_size, ")"));
+    }
+  }
+  if (static_cast<int64_t>(out.ids.size()) >= config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("Generate: prompt of ", out.ids.size(),
+                                                   " tokens does not fit the context of ",
+                                                   config.max_position_embeddings));
+  }
+  out.sampling = FromProto(req.sampling());
+  DUET_RETURN_IF_ERROR(out.sampling.Validate(config.vocab_size));
+  return out;
+}
+
+}  // namespace duet::rpc

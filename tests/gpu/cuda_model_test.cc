@@ -1,0 +1,290 @@
+// Whole-model parity of the CUDA backend with the CPU backend on small synthetic Llama models
+// (label gpu; skipped with a message without a GPU), plus the --device=auto|cpu|cuda choice of
+// a binary that links the CUDA backend (these run, and pass, with or without a GPU).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/compute/backend_registry.h"
+#include "common/compute/cuda/cuda_backend.h"
+#include "common/kv/block_pool.h"
+#include "common/kv/block_table.h"
+#include "common/model/model_runner.h"
+#include "common/model/synthetic_model.h"
+#include "common/model/weights.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace duet::model {
+namespace {
+
+namespace fs = std::filesystem;
+using compute::gpu_testing::RelErr;
+
+bool GpuUsable() {
+  auto n = compute::cuda::CudaDeviceCount();
+  return n.ok() && *n > 0;
+}
+
+TEST(CudaDeviceChoiceTest, AutoPicksCudaExactlyWhenAGpuIsUsable) {
+  ASSERT_TRUE(compute::IsBackendRegistered("cuda")) << "this binary links the CUDA backend";
+  std::string why;
+  auto picked = compute::ResolveBackendName("auto", &why);
+  ASSERT_TRUE(picked.ok()) << picked.status();
+  EXPECT_EQ(*picked, GpuUsable() ? "cuda" : "cpu") << why;
+  EXPECT_FALSE(why.empty());
+  auto backend = compute::CreateBackend("auto", {});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->name(), *picked);
+}
+
+TEST(CudaDeviceChoiceTest, CudaWithoutGpuIsAClearError) {
+  auto backend = compute::CreateBackend("cuda", {});
+  if (GpuUsable()) {
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    EXPECT_EQ((*backend)->name(), "cuda");
+    return;
+  }
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(backend.status().message().find("no GPU is usable"), absl::string_view::npos)
+      << backend.status();
+}
+
+TEST(CudaDeviceChoiceTest, BadGemmDtypeRejected) {
+  if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
+  auto backend = compute::CreateBackend("cuda", {.cuda_gemm_dtype = "int4"});
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A runner on `backend` with its KV pool in that backend's memory.
+struct Engine {
+  std::unique_ptr<compute::ComputeBackend> backend;
+  std::unique_ptr<ModelRunner> runner;
+  compute::cuda::DeviceBuffer region;  // device pool memory (cuda only)
+  std::unique_ptr<kv::BlockPool> pool;
+};
+
+void MakePool(Engine& e, int64_t blocks) {
+  const kv::KvLayout layout = e.runner->MakeKvLayout(16);
+  if (e.backend->name() == "cuda") {
+    auto* cuda = static_cast<compute::cuda::CudaBackend*>(e.backend.get());
+    auto region = cuda->AllocateKvRegion(layout.RegionBytes(blocks));
+    ASSERT_TRUE(region.ok()) << region.status();
+    e.region = std::move(region).value();
+    auto pool = kv::BlockPool::CreateOver(layout, blocks, e.region.get(), e.region.bytes());
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    e.pool = std::move(pool).value();
+  } else {
+    e.pool = *kv::BlockPool::Create(layout, blocks);
+  }
+}
+
+Engine MakeEngine(const std::string& device, const std::string& gemm_dtype,
+                  const SyntheticOverrides& o) {
+  static int counter = 0;
+  const fs::path dir = fs::temp_directory_path() / ("duet_gpu_model_" + std::to_string(getpid()) +
+                                                    "_" + std::to_string(counter++));
+  Engine e;
+  EXPECT_TRUE(WriteSyntheticModel("tiny", 5, dir.string(), o).ok());
+  auto config = ModelConfig::FromJsonFile((dir / "config.json").string());
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto weights = LoadWeights(dir.string(), *config);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  fs::remove_all(dir);
+  auto backend = compute::CreateBackend(device, {.num_threads = 2, .cuda_gemm_dtype = gemm_dtype});
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  e.backend = std::move(backend).value();
+  auto runner = ModelRunner::Create(*config, std::move(*weights), e.backend.get());
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  e.runner = std::move(runner).value();
+  MakePool(e, 512);
+  return e;
+}
+
+struct Trace {
+  std::vector<std::vector<int32_t>> tokens;  // per sequence: greedy continuation
+  std::vector<std::vector<float>> first_logits;  // per sequence: logits after the prompt
+};
+
+int32_t Argmax(const float* row, int vocab) { return int32_t(std::max_element(row, row + vocab) - row); }
+
+// Prefills every prompt in one batch, then decodes them together for `steps` greedy steps.
+Trace RunGreedy(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int steps) {
+  Trace t;
+  std::vector<std::unique_ptr<kv::BlockTable>> tables;
+  std::vector<SequenceInput> batch;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    tables.push_back(std::make_unique<kv::BlockTable>(e.pool.get()));
+    batch.push_back({.seq_id = int64_t(i), .tokens = prompts[i], .start_pos = 0,
+                     .table = tables.back().get(), .want_logits = true});
+  }
+  t.tokens.resize(prompts.size());
+  for (int step = 0; step <= steps; ++step) {
+    auto out = e.runner->Forward(absl::MakeSpan(batch), e.pool->View());
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) return t;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (step == 0) t.first_logits.emplace_back(out->Row(i), out->Row(i) + out->vocab);
+      const int32_t next = Argmax(out->Row(i), out->vocab);
+      t.tokens[i].push_back(next);
+      batch[i].start_pos += int32_t(batch[i].tokens.size());
+      batch[i].tokens = {next};
+    }
+  }
+  return t;
+}
+
+std::vector<std::vector<int32_t>> Prompts(int vocab) {
+  std::vector<std::vector<int32_t>> p;
+  for (int len : {1, 7, 45, 130}) {
+    std::vector<int32_t> t(len);
+    for (int i = 0; i < len; ++i) t[i] = (i * 53 + len * 17 + 3) % vocab;
+    p.push_back(t);
+  }
+  return p;
+}
+
+struct ModelCase {
+  const char* name;
+  SyntheticOverrides o;
+};
+
+class CudaModelParityTest : public ::testing::TestWithParam<ModelCase> {};
+
+TEST_P(CudaModelParityTest, Fp32GreedyTokensEqualCpu) {
+  if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
+  Engine cpu = MakeEngine("cpu", "f32", GetParam().o);
+  Engine gpu = MakeEngine("cuda", "f32", GetParam().o);
+  const auto prompts = Prompts(cpu.runner->config().vocab_size);
+  const Trace want = RunGreedy(cpu, prompts, 24);
+  const Trace got = RunGreedy(gpu, prompts, 24);
+  ASSERT_EQ(got.tokens.size(), want.tokens.size());
+  for (size_t i = 0; i < want.tokens.size(); ++i) {
+    EXPECT_EQ(got.tokens[i], want.tokens[i]) << "sequence " << i;
+    EXPECT_LT(RelErr(got.first_logits[i], want.first_logits[i]), 1e-4) << "sequence " << i;
+  }
+  EXPECT_TRUE(gpu.backend->status().ok()) << gpu.backend->status();
+}
+
+TEST_P(CudaModelParityTest, Bf16LogitsWithinTolerance) {
+  if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
+  Engine cpu = MakeEngine("cpu", "f32", GetParam().o);
+  Engine gpu = MakeEngine("cuda", "bf16", GetParam().o);
+  const auto prompts = Prompts(cpu.runner->config().vocab_size);
+  const Trace want = RunGreedy(cpu, prompts, 0);
+  const Trace got = RunGreedy(gpu, prompts, 0);
+  ASSERT_EQ(got.first_logits.size(), want.first_logits.size());
+  for (size_t i = 0; i < want.first_logits.size(); ++i) {
+    EXPECT_LT(RelErr(got.first_logits[i], want.first_logits[i]), 3e-2) << "sequence " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaModelParityTest,
+    ::testing::Values(
+        ModelCase{"tiny", {}},
+        ModelCase{"gqa_d64", {.num_layers = 3, .num_heads = 8, .num_kv_heads = 2, .head_dim = 64,
+                              .hidden = 256, .intermediate = 512, .vocab = 1000}},
+        ModelCase{"mistral_window", {.num_layers = 2, .num_heads = 4, .num_kv_heads = 1,
+                                     .head_dim = 32, .hidden = 128, .intermediate = 256,
+                                     .sliding_window = 48, .architecture = "MistralForCausalLM"}},
+        ModelCase{"qwen2_bias", {.num_layers = 2, .architecture = "Qwen2ForCausalLM"}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// The device-generated random model equals the host-generated one (same seed).
+TEST(CudaRandomModelTest, DeviceGeneratedWeightsMatchCpu) {
+  if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
+  auto config = SyntheticConfig("tiny", {.num_layers = 2, .num_heads = 8, .num_kv_heads = 2,
+                                         .head_dim = 64, .hidden = 256, .intermediate = 512,
+                                         .vocab = 2000});
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::vector<Engine> engines(2);
+  for (int i = 0; i < 2; ++i) {
+    auto b = compute::CreateBackend(i == 0 ? "cpu" : "cuda", {.num_threads = 2, .cuda_gemm_dtype = "f32"});
+    ASSERT_TRUE(b.ok()) << b.status();
+    engines[i].backend = std::move(b).value();
+    auto r = ModelRunner::CreateRandom(*config, 9, engines[i].backend.get());
+    ASSERT_TRUE(r.ok()) << r.status();
+    engines[i].runner = std::move(r).value();
+    MakePool(engines[i], 64);
+  }
+  const auto prompts = Prompts(config->vocab_size);
+  const Trace want = RunGreedy(engines[0], prompts, 4);
+  const Trace got = RunGreedy(engines[1], prompts, 4);
+  for (size_t i = 0; i < want.tokens.size(); ++i) {
+    EXPECT_LT(RelErr(got.first_logits[i], want.first_logits[i]), 1e-4) << "sequence " << i;
+    EXPECT_EQ(got.tokens[i], want.tokens[i]) << "sequence " << i;
+  }
+}
+
+// The layer-done hook with per-layer CUDA events: the compute thread never synchronises; the hook
+// stages each layer's blocks to pinned memory behind that layer's event, and what lands on the
+// host equals the pool after the pass. Logits equal those of the synchronising hook.
+TEST(CudaLayerHookTest, AsyncHookStagesEachLayerBehindItsEvent) {
+  if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
+  Engine e = MakeEngine("cuda", "bf16", {.num_layers = 4});
+  auto* cuda = static_cast<compute::cuda::CudaBackend*>(e.backend.get());
+  const kv::KvLayout layout = e.pool->layout();
+  std::vector<int32_t> prompt(100);
+  for (int i = 0; i < 100; ++i) prompt[i] = (i * 13 + 1) % e.runner->config().vocab_size;
+
+  auto run = [&](bool async, std::vector<compute::cuda::PinnedBuffer>* staged,
+                 std::vector<kv::BlockId>* blocks_out) -> std::vector<float> {
+    e.runner->set_async_layer_hook(async);
+    kv::BlockTable table(e.pool.get());
+    std::vector<SequenceInput> b = {
+        {.seq_id = 7, .tokens = prompt, .start_pos = 0, .table = &table, .want_logits = true}};
+    std::vector<std::shared_ptr<compute::WorkMarker>> copies;
+    int calls = 0;
+    auto hook = [&](int layer, absl::Span<const LayerSpan> spans) {
+      ++calls;
+      ASSERT_EQ(spans.size(), 1u);
+      EXPECT_EQ(spans[0].ready != nullptr, async);
+      if (!async) return;
+      const std::vector<kv::BlockId>& blocks = *spans[0].blocks;
+      *blocks_out = blocks;
+      auto buf = compute::cuda::PinnedBuffer::Create(blocks.size() * layout.BlockBytes());
+      ASSERT_TRUE(buf.ok()) << buf.status();
+      auto done = cuda->StageBlocksToHost(e.pool->View(), layer, blocks, buf->get(),
+                                          spans[0].ready.get());
+      ASSERT_TRUE(done.ok()) << done.status();
+      copies.push_back(*done);
+      staged->push_back(std::move(buf).value());
+    };
+    auto out = e.runner->Forward(absl::MakeSpan(b), e.pool->View(), hook);
+    EXPECT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(calls, 4);
+    for (auto& c : copies) EXPECT_TRUE(c->Wait(absl::Now() + absl::Seconds(10)).ok());
+    std::vector<float> logits = out.ok() ? out->logits : std::vector<float>();
+    if (async) {
+      for (int layer = 0; layer < 4; ++layer) {
+        std::vector<uint8_t> want(layout.BlockBytes());
+        for (size_t i = 0; i < blocks_out->size(); ++i) {
+          cudaMemcpy(want.data(), e.pool->View().BlockPtr(layer, (*blocks_out)[i]), want.size(),
+                     cudaMemcpyDeviceToHost);
+          EXPECT_EQ(std::memcmp(static_cast<uint8_t*>((*staged)[layer].get()) + i * want.size(),
+                                want.data(), want.size()),
+                    0)
+              << "layer " << layer << " block " << i;
+        }
+      }
+    }
+    EXPECT_TRUE(table.Release().ok());
+    return logits;
+  };
+  std::vector<compute::cuda::PinnedBuffer> staged;
+  std::vector<kv::BlockId> blocks;
+  const std::vector<float> sync_logits = run(false, &staged, &blocks);
+  const std::vector<float> async_logits = run(true, &staged, &blocks);
+  EXPECT_EQ(staged.size(), 4u);
+  EXPECT_EQ(async_logits, sync_logits);
+}
+
+}  // namespace
+}  // namespace duet::model

@@ -1,0 +1,84 @@
+// Helpers for the gpu-labelled tests: a CUDA backend or a GTEST_SKIP saying why there is none,
+// device copies of host vectors, and the normalised error used for tolerances.
+//
+//   auto cuda = MakeCudaBackendOrSkip("f32");
+//   if (cuda == nullptr) return;  // skipped with a message
+//   DeviceVec x(cuda.get(), host);
+//   EXPECT_LT(RelErr(x.ToHost(), want), 1e-6);
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/compute/backend_registry.h"
+#include "common/compute/cuda/cuda_backend.h"
+#include "gtest/gtest.h"
+
+namespace duet::compute::gpu_testing {
+
+// Null (and the test marked skipped) when no CUDA device is usable. Call through
+// DUET_CUDA_OR_SKIP so the skip returns from the test body.
+inline std::unique_ptr<cuda::CudaBackend> MakeCudaBackend(const std::string& gemm_dtype,
+                                                          std::string* why) {
+  absl::StatusOr<int> count = cuda::CudaDeviceCount();
+  if (!count.ok() || *count <= 0) {
+    *why = "no usable GPU: " + (count.ok() ? std::string("0 CUDA devices")
+                                            : std::string(count.status().message()));
+    return nullptr;
+  }
+  BackendOptions options;
+  options.cuda_gemm_dtype = gemm_dtype;
+  auto backend = cuda::CudaBackend::Create(options);
+  if (!backend.ok()) {
+    ADD_FAILURE() << "a GPU is present but the CUDA backend failed: " << backend.status();
+    *why = "backend creation failed";
+    return nullptr;
+  }
+  return std::move(backend).value();
+}
+
+#define DUET_CUDA_OR_SKIP(var, dtype)                                           \
+  std::string var##_why;                                                        \
+  auto var = ::duet::compute::gpu_testing::MakeCudaBackend(dtype, &var##_why); \
+  if (var == nullptr) GTEST_SKIP() << var##_why
+
+// Activation memory of a backend holding a copy of a host vector.
+class DeviceVec {
+ public:
+  DeviceVec(ComputeBackend* b, const std::vector<float>& host) : b_(b), n_(host.size()) {
+    p_ = b_->AllocateActivations(static_cast<int64_t>(std::max<size_t>(n_, 1)));
+    b_->CopyToDevice(p_, host.data(), static_cast<int64_t>(n_));
+  }
+  DeviceVec(ComputeBackend* b, size_t n, float fill) : DeviceVec(b, std::vector<float>(n, fill)) {}
+  ~DeviceVec() { b_->FreeActivations(p_); }
+  DeviceVec(const DeviceVec&) = delete;
+  DeviceVec& operator=(const DeviceVec&) = delete;
+  float* get() const { return p_; }
+  std::vector<float> ToHost() const {
+    std::vector<float> h(n_);
+    b_->CopyToHost(h.data(), p_, static_cast<int64_t>(n_));
+    return h;
+  }
+
+ private:
+  ComputeBackend* b_;
+  size_t n_;
+  float* p_ = nullptr;
+};
+
+// ||a - b|| / ||b|| (infinite when a holds a NaN or the sizes differ).
+inline double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i])) return INFINITY;
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+}  // namespace duet::compute::gpu_testing

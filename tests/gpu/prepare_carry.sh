@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Prepares .gpu_carry/ (git-ignored through .git/info/exclude) for tests/gpu/run_device_checks.sh:
+# the GPU machine has CUDA, CMake and ninja but no Abseil, GoogleTest or nlohmann-json and
+# reaches no registry, so their Debian 12 packages are downloaded here and unpacked (dpkg -x)
+# into .gpu_carry/prefix, never into /. Run once on the development machine, then name
+# .gpu_carry in the run tool's carry list. Idempotent; about 5 MB.
+set -euo pipefail
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
+dest=.gpu_carry
+pkgs=(libabsl-dev libabsl20220623 libgtest-dev nlohmann-json3-dev)
+
+if ! grep -qx '/.gpu_carry/' .git/info/exclude 2>/dev/null; then
+  echo '/.gpu_carry/' >> .git/info/exclude
+fi
+rm -rf "$dest.tmp"
+mkdir -p "$dest.tmp/debs"
+(cd "$dest.tmp/debs" && apt-get download "${pkgs[@]}")
+for deb in "$dest.tmp"/debs/*.deb; do dpkg -x "$deb" "$dest.tmp/prefix"; done
+# Only what a build needs: headers, libraries, CMake configs.
+rm -rf "$dest.tmp/debs" "$dest.tmp/prefix/usr/share/doc" "$dest.tmp/prefix/usr/src"
+rm -rf "$dest"
+mv "$dest.tmp" "$dest"
+du -sh "$dest"
+echo "carry: $dest (absl_DIR=$dest/prefix/usr/lib/x86_64-linux-gnu/cmake/absl)"

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The GPU check, in one call on a lent GPU machine (CUDA, CMake and ninja there; no Abseil,
+# GoogleTest, gRPC or UCX; no network). From the repository root, after
+# tests/gpu/prepare_carry.sh ran on the development machine and .gpu_carry travelled:
+#
+#   tests/gpu/run_device_checks.sh            # writes under $OUT (or /tmp/duet-gpu-out)
+#
+# 1. builds the engine only (-DDUET_ENGINE_ONLY=ON: common/ + the CUDA backend, sm_90) against
+#    the carried Abseil/GoogleTest/nlohmann-json;
+# 2. runs the gpu-labelled tests (kernels vs the CPU backend, whole-model parity);
+# 3. times prefill (512/2048/8192 tokens) and decode (batch 1/32/128) on a random Llama-3-8B
+#    geometry model plus the staged (pinned host) copy bandwidth: engine.md and engine.json;
+# 4. if time is left, runs the kernel tests under compute-sanitizer memcheck.
+# Stays under 8 minutes: every step has its own timeout. Files in $OUT (at most 8):
+# summary.txt env.txt configure.log build.log gpu_tests.log bench.log engine.md engine.json
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-${1:-/tmp/duet-gpu-out}}
+mkdir -p "$OUT"
+T0=$(date +%s)
+say() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$OUT/summary.txt"; }
+left() { echo $((420 - ($(date +%s) - T0))); }  # seconds left of a 7-minute plan
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  nvcc --version | tail -2
+  cmake --version | head -1
+  ninja --version
+  c++ --version | head -1
+  ldd --version | head -1
+  nproc
+} > "$OUT/env.txt" 2>&1
+say "env: $(grep -m1 -i 'h[0-9]\|nvidia' "$OUT/env.txt" | head -1)"
+
+CARRY=$PWD/.gpu_carry/prefix
+if [[ ! -d $CARRY ]]; then
+  say "FAIL: .gpu_carry/prefix missing: run tests/gpu/prepare_carry.sh here first and carry .gpu_carry"
+  exit 2
+fi
+LIBDIR=$CARRY/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export CMAKE_POLICY_VERSION_MINIMUM=3.5
+BUILD=${BUILD_DIR:-build-gpu}
+
+timeout 120 cmake -G Ninja -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDUET_ENGINE_ONLY=ON \
+  -DDUET_CUDA_ARCHS=90 -Dabsl_DIR="$LIBDIR/cmake/absl" -DGTest_DIR="$LIBDIR/cmake/GTest" \
+  -Dnlohmann_json_DIR="$CARRY/usr/share/cmake/nlohmann_json" > "$OUT/configure.log" 2>&1
+rc=$?
+say "configure rc=$rc"
+if [[ $rc -ne 0 ]]; then tail -30 "$OUT/configure.log"; exit 3; fi
+
+timeout 240 ninja -C "$BUILD" -j"$(nproc)" cuda_kernels_test cuda_model_test gpu_engine_bench \
+  > "$OUT/build.log" 2>&1
+rc=$?
+say "build rc=$rc ($(grep -c 'Building' "$OUT/build.log") compile steps)"
+if [[ $rc -ne 0 ]]; then grep -E 'error|FAILED' "$OUT/build.log" | head -40; exit 4; fi
+
+(cd "$BUILD" && timeout 150 ctest -L gpu --output-on-failure --timeout 120) > "$OUT/gpu_tests.log" 2>&1
+rc=$?
+say "gpu tests rc=$rc: $(grep -E 'tests passed|tests failed' "$OUT/gpu_tests.log" | tail -1)"
+grep -E '\(Failed\)|\(Skipped\)|\(Timeout\)' "$OUT/gpu_tests.log" | head -20 | tee -a "$OUT/summary.txt"
+
+budget=$(left)
+if [[ $budget -gt 60 ]]; then
+  timeout $((budget - 30)) "$BUILD/bench/gpu/gpu_engine_bench" --preset llama3-8b \
+    --prefill 512,2048,8192 --decode_batch 1,32,128 --context 1024 --reps 5 \
+    --json "$OUT/engine.json" --table "$OUT/engine.md" > "$OUT/bench.log" 2>&1
+  say "bench rc=$?"
+else
+  say "bench skipped: ${budget}s left"
+fi
+
+budget=$(left)
+if [[ $budget -gt 60 ]] && command -v compute-sanitizer > /dev/null; then
+  timeout $((budget - 20)) compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$BUILD/tests/gpu/cuda_kernels_test" --gtest_brief=1 >> "$OUT/gpu_tests.log" 2>&1
+  say "memcheck of cuda_kernels_test rc=$? (9: memory errors, 124: out of time)"
+fi
+
+echo; cat "$OUT/summary.txt"; echo; cat "$OUT/bench.log" 2>/dev/null | tail -30

@@ -1,0 +1,304 @@
+// `duet serve --colocated` as a real process, over the client API: the same tokens as the
+// in-process engine and as a disaggregated loopback cluster (invariant 1), the same errors as
+// the coordinator for bad input, RequestTimings filled, and a cancel (client or Cancel RPC)
+// mid-stream gives every KV block back (invariant 3, seen through Health).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/model/local_engine.h"
+#include "common/model/synthetic_model.h"
+#include "duet/v1/client.grpc.pb.h"
+#include "proto/channel.h"
+#include "tests/integration/serve_process.h"
+
+#ifndef DUET_BIN
+#error "DUET_BIN must point at the duet binary"
+#endif
+
+namespace duet {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::ServeProcess;
+
+struct Result {
+  absl::Status status;
+  std::vector<int32_t> ids;
+  v1::RequestTimings timings;
+  int32_t prompt_tokens = 0;
+};
+
+Result Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req,
+                std::function<void(grpc::ClientContext&, int)> on_token = nullptr) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(ctx, absl::Seconds(120));
+  auto reader = stub.Generate(&ctx, req);
+  v1::GenerateResponse r;
+  Result out;
+  while (reader->Read(&r)) {
+    if (r.has_token()) out.ids.push_back(r.token_id());
+    if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      out.timings = r.timings();
+      out.prompt_tokens = r.prompt_tokens();
+    }
+    if (on_token && r.has_token()) on_token(ctx, static_cast<int>(out.ids.size()));
+  }
+  grpc::Status s = reader->Finish();
+  out.status = s.ok()
+                   ? absl::OkStatus()
+                   : absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return out;
+}
+
+v1::GenerateRequest Request(const std::vector<int32_t>& prompt, const v1::SamplingParams& s,
+                            const std::string& id = "") {
+  v1::GenerateRequest req;
+  req.set_request_id(id);
+  req.mutable_token_ids()->mutable_ids()->Assign(prompt.begin(), prompt.end());
+  *req.mutable_sampling() = s;
+  return req;
+}
+
+v1::HealthResponse Health(v1::Generation::Stub& stub) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(ctx, absl::Seconds(2));
+  v1::HealthResponse h;
+  (void)stub.Health(&ctx, v1::HealthRequest(), &h);
+  return h;
+}
+
+// Waits (bounded) until Health reports no request and every block free.
+::testing::AssertionResult EverythingFree(v1::Generation::Stub& stub) {
+  v1::HealthResponse h;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    h = Health(stub);
+    bool free = h.ready() && h.running_requests() == 0 && h.nodes_size() > 0;
+    for (const v1::NodeStatus& n : h.nodes()) {
+      free =
+          free && n.load().total_blocks() > 0 && n.load().free_blocks() == n.load().total_blocks();
+    }
+    if (free) return ::testing::AssertionSuccess();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return ::testing::AssertionFailure() << "not everything was freed: " << h.DebugString();
+}
+
+class ColocatedServeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_dir_ =
+        (fs::temp_directory_path() / absl::StrCat("duet_colocated_test_", getpid())).string();
+    ASSERT_TRUE(model::WriteSyntheticModel("tiny", 3, model_dir_).ok());
+  }
+  static void TearDownTestSuite() { fs::remove_all(model_dir_); }
+
+  static std::vector<std::string> ColocatedFlags() {
+    return {"--colocated",           "--model=" + model_dir_,
+            "--threads=1",           "--kv_cache_bytes=16777216",
+            "--max_batch_tokens=64", "--max_running=16"};
+  }
+  static std::vector<std::string> ClusterFlags() {
+    return {"--loopback",
+            "--prefill=1",
+            "--decode=1",
+            "--model=" + model_dir_,
+            "--transport=shm",
+            "--threads=1",
+            "--kv_cache_bytes=16777216"};
+  }
+  std::vector<int32_t> Prompt(int n, int salt) {
+    std::vector<int32_t> p(n);
+    for (int i = 0; i < n; ++i) p[i] = (i * 31 + salt * 17 + 3) % 256;
+    return p;
+  }
+  std::vector<int32_t> Reference(const std::vector<int32_t>& prompt,
+                                 const model::SamplingParams& params) {
+    if (!engine_) {
+      auto e = model::LocalEngine::Load(
+          model_dir_, {.device = "cpu", .num_threads = 1, .kv_cache_bytes = 64 << 20});
+      EXPECT_TRUE(e.ok()) << e.status();
+      engine_ = std::move(*e);
+    }
+    auto r = engine_->Generate(prompt, params);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->generated_ids : std::vector<int32_t>();
+  }
+
+  static std::string model_dir_;
+  std::unique_ptr<model::LocalEngine> engine_;
+};
+std::string ColocatedServeTest::model_dir_;
+
+// Invariant 1: concurrent greedy and seeded requests (prompts chunked under a 64-token budget,
+// sharing steps with running decodes) give the in-process engine's tokens and the
+// disaggregated cluster's.
+TEST_F(ColocatedServeTest, TokenExactAgainstOneProcessAndTheCluster) {
+  ServeProcess colocated(DUET_BIN, ColocatedFlags());
+  ASSERT_TRUE(colocated.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+  const std::vector<int> lengths = {1, 15, 16, 17, 100, 700};
+  std::vector<v1::SamplingParams> sampling;
+  std::vector<model::SamplingParams> params;
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    for (int seeded = 0; seeded < 2; ++seeded) {
+      v1::SamplingParams s;
+      s.set_max_tokens(12);
+      s.set_ignore_eos(true);
+      model::SamplingParams p{.max_tokens = 12, .ignore_eos = true};
+      if (seeded) {
+        s.set_temperature(0.8f);
+        s.set_top_p(0.9f);
+        s.set_seed(1234 + i);
+        p.temperature = 0.8f;
+        p.top_p = 0.9f;
+        p.seed = 1234 + i;
+      }
+      sampling.push_back(s);
+      params.push_back(p);
+      prompts.push_back(Prompt(lengths[i], static_cast<int>(i)));
+    }
+  }
+  auto run_all = [&](v1::Generation::Stub& s) {
+    std::vector<Result> results(prompts.size());
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < prompts.size(); ++k) {
+      threads.emplace_back([&, k] { results[k] = Generate(s, Request(prompts[k], sampling[k])); });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  };
+  std::vector<Result> local = run_all(*stub);
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    ASSERT_TRUE(local[k].status.ok()) << "request " << k << ": " << local[k].status;
+    EXPECT_EQ(local[k].ids, Reference(prompts[k], params[k])) << "request " << k;
+    EXPECT_EQ(local[k].prompt_tokens, static_cast<int32_t>(prompts[k].size()));
+  }
+  EXPECT_TRUE(EverythingFree(*stub));
+
+  ServeProcess cluster(DUET_BIN, ClusterFlags());
+  ASSERT_TRUE(cluster.ready());
+  auto cstub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  std::vector<Result> disaggregated = run_all(*cstub);
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    ASSERT_TRUE(disaggregated[k].status.ok()) << disaggregated[k].status;
+    EXPECT_EQ(local[k].ids, disaggregated[k].ids) << "request " << k;
+  }
+}
+
+// The final message carries the phases: no transfer, a decode admission, a TTFT that covers
+// queueing and prefill.
+TEST_F(ColocatedServeTest, FillsRequestTimings) {
+  ServeProcess colocated(DUET_BIN, ColocatedFlags());
+  ASSERT_TRUE(colocated.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+  v1::SamplingParams s;
+  s.set_max_tokens(6);
+  s.set_ignore_eos(true);
+  Result r = Generate(*stub, Request(Prompt(300, 1), s));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  const v1::RequestTimings& t = r.timings;
+  EXPECT_GT(t.prefill_compute_us(), 0);
+  EXPECT_GE(t.time_to_first_token_us(), t.prefill_compute_us() + t.queue_us());
+  EXPECT_EQ(t.transfer_tail_us(), 0);
+  EXPECT_EQ(t.reserve_us(), 0);
+  EXPECT_GT(t.decode_admission_us(), 0);
+  EXPECT_GT(t.decode_us(), 0);
+  EXPECT_EQ(t.prefill_attempts(), 1);
+}
+
+// Bad input gets the coordinator's status, code and message alike.
+TEST_F(ColocatedServeTest, BadInputGetsTheCoordinatorsErrors) {
+  ServeProcess colocated(DUET_BIN, ColocatedFlags());
+  ServeProcess cluster(DUET_BIN, ClusterFlags());
+  ASSERT_TRUE(colocated.ready());
+  ASSERT_TRUE(cluster.ready());
+  auto a = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+  auto b = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  v1::SamplingParams ok;
+  ok.set_max_tokens(2);
+  std::vector<v1::GenerateRequest> bad;
+  bad.push_back(Request({}, ok));
+  bad.push_back(Request({1, 2, 400}, ok));
+  bad.push_back(Request(Prompt(4096, 1), ok));
+  v1::SamplingParams neg = ok;
+  neg.set_temperature(-1.f);
+  bad.push_back(Request({1, 2}, neg));
+  v1::SamplingParams many = ok;
+  many.set_logprobs(50);
+  bad.push_back(Request({1, 2}, many));
+  v1::SamplingParams stop = ok;
+  stop.add_stop_token_ids(100000);
+  bad.push_back(Request({1, 2}, stop));
+  for (size_t i = 0; i < bad.size(); ++i) {
+    Result ra = Generate(*a, bad[i]);
+    Result rb = Generate(*b, bad[i]);
+    EXPECT_EQ(ra.status.code(), absl::StatusCode::kInvalidArgument) << i << ": " << ra.status;
+    EXPECT_EQ(ra.status, rb.status) << "request " << i;
+  }
+  EXPECT_TRUE(EverythingFree(*a));
+}
+
+// A client that cancels mid-stream, and a Cancel RPC mid-stream, both end the request and
+// return every block; Cancel of a finished request finds nothing.
+TEST_F(ColocatedServeTest, CancelMidStreamFreesEveryBlock) {
+  ServeProcess colocated(DUET_BIN, ColocatedFlags());
+  ASSERT_TRUE(colocated.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+  v1::SamplingParams s;
+  s.set_max_tokens(3000);
+  s.set_ignore_eos(true);
+  bool saw_blocks_held = false;
+  Result r = Generate(*stub, Request(Prompt(200, 1), s), [&](grpc::ClientContext& ctx, int n) {
+    if (n == 3) {
+      v1::HealthResponse h = Health(*stub);
+      saw_blocks_held =
+          h.nodes_size() == 1 && h.nodes(0).load().free_blocks() < h.nodes(0).load().total_blocks();
+    }
+    if (n == 5) ctx.TryCancel();
+  });
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
+  EXPECT_TRUE(saw_blocks_held);
+  EXPECT_TRUE(EverythingFree(*stub));
+
+  std::atomic<int> tokens{0};
+  std::thread streamer([&] {
+    r = Generate(*stub, Request(Prompt(300, 2), s, "to-cancel"),
+                 [&](grpc::ClientContext&, int n) { tokens = n; });
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (tokens.load() < 3 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  v1::CancelRequest creq;
+  creq.set_request_id("to-cancel");
+  v1::CancelResponse cresp;
+  {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, absl::Seconds(5));
+    ASSERT_TRUE(stub->Cancel(&ctx, creq, &cresp).ok());
+  }
+  EXPECT_TRUE(cresp.found());
+  streamer.join();
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
+  EXPECT_LT(r.ids.size(), 3000u);
+  EXPECT_TRUE(EverythingFree(*stub));
+  {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, absl::Seconds(5));
+    ASSERT_TRUE(stub->Cancel(&ctx, creq, &cresp).ok());
+  }
+  EXPECT_FALSE(cresp.found());
+}
+
+}  // namespace
+}  // namespace duet

@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""Integration test of the coordinator's OpenAI-compatible HTTP API and /metrics.
+
+Starts `duet serve --loopback` (1 prefill + 1 decode node, tiny synthetic model, 127.0.0.1
+only) with the HTTP API and node metrics on, then:
+  - the official `openai` client (installed into a venv under the build dir) streams a
+    completion and a chat completion; the completion is token-exact against `duet generate`;
+  - malformed bodies get OpenAI-shaped errors with the documented status codes;
+  - /metrics (coordinator and nodes) parses with prometheus_client and its counters move;
+  - a client that disconnects mid-stream cancels its request and every KV block comes back.
+Exit 77 (ctest SKIP) when the venv cannot be created or the packages cannot be installed.
+
+  http_api_test.py --duet build/cli/duet --make-model build/cli/duet-make-model --work DIR
+"""
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+SKIP = 77
+
+
+def log(*a):
+    print("[http_api_test]", *a, flush=True)
+
+
+def ensure_venv(work):
+    venv = os.path.join(work, "venv")
+    py = os.path.join(venv, "bin", "python")
+    marker = os.path.join(venv, ".duet-ok")
+    if os.path.exists(marker):
+        return py
+    try:
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", "openai", "prometheus_client"],
+                       check=True, timeout=600)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+        log("SKIP: cannot create the venv or install openai/prometheus_client:", e)
+        sys.exit(SKIP)
+    open(marker, "w").close()
+    return py
+
+
+class Cluster:
+    """`duet serve --loopback` in its own process group; killed on exit even on failure."""
+
+    def __init__(self, duet, model, extra=()):
+        args = [duet, "serve", "--loopback", "--prefill=1", "--decode=1", "--model=" + model,
+                "--transport=shm", "--threads=1", "--kv_cache_bytes=16777216",
+                "--http_port=0", "--node_metrics"] + list(extra)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        self.http = None
+        self.metrics = {}
+        self.grpc = None
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            line = line.strip()
+            if line.startswith("http "):
+                self.http = line.split()[1]
+            elif line.startswith("metrics "):
+                _, node, url = line.split()
+                self.metrics[node] = url
+            elif line.startswith("ready "):
+                self.grpc = line.split()[1]
+                break
+        if not self.grpc or not self.http:
+            self.stop()
+            raise RuntimeError("the cluster did not start (http=%s)" % self.http)
+        hostport = self.http[len("http://"):]
+        self.host, port = hostport.split(":")
+        self.port = int(port)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=15)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        conn.request(method, path, body=data, headers=h)
+        resp = conn.getresponse()
+        payload = resp.read().decode("utf-8", "replace")
+        conn.close()
+        return resp.status, dict(resp.getheaders()), payload
+
+
+def fetch(url):
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+def samples(text):
+    """{(name, frozenset(labels)): value} via prometheus_client's text-format parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(smp, name, **labels):
+    return smp.get((name, frozenset(labels.items())), 0.0)
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    log("ok:", what)
+
+
+def run_child(args):
+    """Runs the openai-client part in the venv's python (this file, --client mode)."""
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    sys.stdout.write(r.stdout)
+    sys.stderr.write(r.stderr)
+    if r.returncode != 0:
+        raise AssertionError("openai client part failed (%d)" % r.returncode)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def client_main(base_url, prompt_ids, max_tokens):
+    """Runs inside the venv: the official openai client against the cluster."""
+    import openai
+    c = openai.OpenAI(base_url=base_url + "/v1", api_key="unused")
+    models = c.models.list()
+    model = models.data[0].id
+    # A streamed completion (greedy), prompt given as token ids.
+    text, usage, finish = "", None, None
+    for chunk in c.completions.create(model=model, prompt=prompt_ids, max_tokens=max_tokens,
+                                      temperature=0, stream=True):
+        if chunk.choices:
+            text += chunk.choices[0].text or ""
+            finish = chunk.choices[0].finish_reason or finish
+        if getattr(chunk, "usage", None):
+            usage = chunk.usage
+    assert usage is not None, "no usage in the final chunk"
+    # The same completion, not streamed.
+    whole = c.completions.create(model=model, prompt=prompt_ids, max_tokens=max_tokens,
+                                 temperature=0)
+    # A streamed chat completion.
+    chat, chat_finish, chat_usage, roles = "", None, None, []
+    for chunk in c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hello there"}], max_tokens=8,
+            temperature=0, stream=True, stream_options={"include_usage": True}):
+        if chunk.choices:
+            d = chunk.choices[0].delta
+            if d.role:
+                roles.append(d.role)
+            chat += d.content or ""
+            chat_finish = chunk.choices[0].finish_reason or chat_finish
+        if getattr(chunk, "usage", None):
+            chat_usage = chunk.usage
+    chat_whole = c.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hello there"}], max_tokens=8,
+        temperature=0)
+    # An error through the client: max_tokens beyond the context.
+    try:
+        c.completions.create(model=model, prompt="hi", max_tokens=10**6)
+        err = None
+    except openai.BadRequestError as e:
+        err = e.status_code
+    print(json.dumps({
+        "model": model, "text": text, "finish": finish,
+        "usage": [usage.prompt_tokens, usage.completion_tokens, usage.total_tokens],
+        "whole_text": whole.choices[0].text, "whole_finish": whole.choices[0].finish_reason,
+        "chat": chat, "chat_finish": chat_finish, "roles": roles,
+        "chat_usage": [chat_usage.prompt_tokens, chat_usage.completion_tokens]
+        if chat_usage else None,
+        "chat_whole": chat_whole.choices[0].message.content,
+        "bad_request_status": err,
+    }))
+
+
+def disconnect_mid_stream(cl, prompt_ids):
+    """Opens a long stream, reads two events, closes the socket; returns events read."""
+    body = json.dumps({"prompt": prompt_ids, "max_tokens": 400, "temperature": 0,
+                       "stream": True, "ignore_eos": True}).encode()
+    s = socket.create_connection((cl.host, cl.port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    buf = b""
+    while buf.count(b"data: ") < 3:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        buf += chunk
+    s.close()
+    return buf.count(b"data: ")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--duet")
+    ap.add_argument("--make-model")
+    ap.add_argument("--work")
+    ap.add_argument("--client", help=argparse.SUPPRESS)
+    ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
+    ap.add_argument("--max-tokens", type=int, default=12)
+    a = ap.parse_args()
+    if a.client:
+        client_main(a.client, [int(x) for x in a.prompt_ids.split(",")], a.max_tokens)
+        return 0
+
+    os.makedirs(a.work, exist_ok=True)
+    py = ensure_venv(a.work)
+    sys.path.insert(0, next(os.path.join(a.work, "venv", "lib", d, "site-packages")
+                            for d in os.listdir(os.path.join(a.work, "venv", "lib"))))
+    model = os.path.join(a.work, "tiny")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        subprocess.run([a.make_model, "--preset", "tiny", "--seed", "3", "--out", model],
+                       check=True)
+    # The reference: the same greedy generation in one process.
+    ref = json.loads(subprocess.run(
+        [a.duet, "generate", "--model", model, "--prompt", "Hello, duet", "--max-tokens",
+         str(a.max_tokens), "--temperature", "0", "--threads", "1", "--json"],
+        check=True, capture_output=True, text=True).stdout)
+    prompt_ids = ref["prompt_ids"]
+
+    cl = Cluster(a.duet, model)
+    try:
+        base = "http://%s:%d" % (cl.host, cl.port)
+        st, _, body = cl.request("GET", "/health")
+        check(st == 200 and json.loads(body)["status"] == "ok", "GET /health is 200 when ready")
+        before = samples(fetch(base + "/metrics"))
+
+        # ---- The official openai client.
+        out = run_child([py, os.path.abspath(__file__), "--client", base, "--prompt-ids",
+                         ",".join(map(str, prompt_ids)), "--max-tokens", str(a.max_tokens)])
+        check(out["text"] == ref["text"],
+              "streamed completion is token-exact vs duet generate (%r)" % out["text"])
+        check(out["whole_text"] == ref["text"], "non-streamed completion matches too")
+        check(out["usage"][0] == len(prompt_ids) and
+              out["usage"][1] == len(ref["generated_ids"]) and
+              out["usage"][2] == out["usage"][0] + out["usage"][1],
+              "usage in the final chunk: %s" % out["usage"])
+        check(out["finish"] in ("length", "stop"), "finish_reason %s" % out["finish"])
+        check(out["roles"] == ["assistant"], "chat stream: one role delta")
+        check(out["chat_finish"] in ("length", "stop") and out["chat_usage"] and
+              0 < out["chat_usage"][1] <= 8, "chat stream finished with usage %s" %
+              out["chat_usage"])
+        check(out["chat"] == out["chat_whole"], "chat: streamed == non-streamed (greedy)")
+        check(out["bad_request_status"] == 400, "openai.BadRequestError for max_tokens")
+
+        # ---- Malformed requests get OpenAI errors.
+        def expect_error(path, status, raw=None, body=None, param=None, code=None, headers=None):
+            st, hdrs, payload = cl.request("POST", path, body=body, raw=raw, headers=headers)
+            err = json.loads(payload)["error"]
+            ok = st == status and err["message"] and err["type"]
+            if param is not None:
+                ok = ok and err["param"] == param
+            if code is not None:
+                ok = ok and err["code"] == code
+            check(ok, "%s %s -> %d %s (%s)" % (path, (raw or json.dumps(body))[:60], st,
+                                              err.get("code"), err["message"][:60]))
+            return hdrs
+        expect_error("/v1/completions", 400, raw="{\"prompt\": ", code="invalid_json")
+        expect_error("/v1/completions", 400, raw="[]", code="invalid_json")
+        expect_error("/v1/completions", 400, body={"prompt": "hi", "max_tokens": "lots"},
+                     param="max_tokens", code="invalid_type")
+        expect_error("/v1/completions", 400, body={"prompt": "hi", "temperature": [1]},
+                     param="temperature")
+        expect_error("/v1/completions", 400, body={"prompt": "hi", "max_tokens": 0},
+                     param="max_tokens")
+        expect_error("/v1/completions", 400, body={"prompt": "hi", "n": 3}, param="n")
+        expect_error("/v1/completions", 400, body={"max_tokens": 3}, param="prompt")
+        expect_error("/v1/chat/completions", 400, body={"messages": "hi"}, param="messages")
+        st, _, models = cl.request("GET", "/v1/models")
+        ctx = json.loads(models)["data"][0]["max_model_len"]
+        expect_error("/v1/completions", 400, body={"prompt": [5] * ctx, "max_tokens": 1},
+                     code="context_length_exceeded")
+        expect_error("/v1/completions", 400, body={"prompt": [5, 6], "max_tokens": ctx},
+                     param="max_tokens", code="context_length_exceeded")
+        expect_error("/v1/completions", 413, raw="{\"prompt\": \"" + "a" * (2 << 20) + "\"}")
+        st, _, payload = cl.request("GET", "/v1/nothing")
+        check(st == 404 and "error" in json.loads(payload), "unknown route -> 404 error body")
+
+        # ---- Metrics moved as expected.
+        after = samples(fetch(base + "/metrics"))
+        ok_delta = (value(after, "duet_coordinator_requests_total", outcome="ok") -
+                    value(before, "duet_coordinator_requests_total", outcome="ok"))
+        check(ok_delta == 4, "coordinator requests_total{outcome=ok} moved by 4 (%s)" % ok_delta)
+        ttft = (value(after, "duet_coordinator_ttft_seconds_count") -
+                value(before, "duet_coordinator_ttft_seconds_count"))
+        check(ttft == 4, "TTFT histogram counted 4 requests")
+        check(value(after, "duet_http_requests_total", path="/v1/completions", code="400") >= 8,
+              "HTTP 400s counted by path")
+        check(value(after, "duet_coordinator_nodes", kind="decode") == 1, "node gauge: 1 decode")
+        check(value(after, "duet_coordinator_node_heartbeats_total", node="decode-0") > 0,
+              "heartbeats counted")
+        dec = samples(fetch(cl.metrics["decode-0"]))
+        pre = samples(fetch(cl.metrics["prefill-0"]))
+        check(value(dec, "duet_decode_requests_admitted_total") >= 4, "decode admitted >= 4")
+        check(value(dec, "duet_decode_layer_transfer_seconds_count") > 0,
+              "per-layer transfer latency histogram on the decode node")
+        check(value(pre, "duet_prefill_kv_transfer_bytes_total") > 0, "prefill KV bytes counted")
+        check(value(pre, "duet_prefill_requests_total", outcome="ok") >= 4, "prefill ok >= 4")
+        total = value(dec, "duet_decode_kv_blocks", state="total")
+        check(total > 0 and value(dec, "duet_decode_kv_blocks", state="free") == total,
+              "every decode KV block free at rest (%s)" % total)
+
+        # ---- A client that disconnects mid-stream frees every block.
+        base_cancel = value(after, "duet_coordinator_requests_total", outcome="cancelled")
+        base_tokens = value(dec, "duet_decode_generated_tokens_total")
+        got = disconnect_mid_stream(cl, prompt_ids)
+        check(got >= 1, "read %d events before disconnecting" % got)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            m = samples(fetch(base + "/metrics"))
+            d = samples(fetch(cl.metrics["decode-0"]))
+            if (value(m, "duet_coordinator_requests_total", outcome="cancelled") > base_cancel
+                    and value(d, "duet_decode_kv_blocks", state="free") == total
+                    and value(m, "duet_coordinator_active_requests") == 0):
+                break
+            time.sleep(0.2)
+        check(value(m, "duet_coordinator_requests_total", outcome="cancelled") == base_cancel + 1,
+              "the disconnected request was cancelled")
+        check(value(m, "duet_http_client_disconnects_total") >= 1, "disconnect counted")
+        check(value(d, "duet_decode_kv_blocks", state="free") == total and
+              value(d, "duet_decode_kv_blocks", state="quarantined") == 0,
+              "every decode KV block came back after the disconnect")
+        generated = value(d, "duet_decode_generated_tokens_total") - base_tokens
+        check(generated < 399, "the cancelled request stopped early (%d of 400 tokens)"
+              % generated)
+        st, _, _ = cl.request("GET", "/health")
+        check(st == 200, "still healthy")
+    finally:
+        cl.stop()
+    log("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+// HttpFront over a scripted GenerationBackend, on 127.0.0.1: status codes and OpenAI error
+// bodies (429/503 with Retry-After, 401, 413), server-sent events, the concurrency limit, stop
+// strings, and a client disconnect mid-stream reaching the backend as a cancellation.
+#include "coordinator/http/http_front.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/model/byte_tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace duet::coordinator::http {
+namespace {
+
+using nlohmann::json;
+
+// Emits `text` one byte-token at a time (every `gap`), then finishes with max_tokens, unless
+// told to fail first. Records what the front did to it.
+class FakeBackend : public GenerationBackend {
+ public:
+  absl::Status GenerateTo(const v1::GenerateRequest& req, const GenerateSink& sink) override {
+    ++calls;
+    last_request = req;
+    if (!fail.ok()) return fail;
+    if (block_until != nullptr) block_until->WaitForNotification();
+    for (size_t i = 0; i < text.size(); ++i) {
+      v1::GenerateResponse r;
+      r.set_has_token(true);
+      r.set_token_id(static_cast<unsigned char>(text[i]));
+      r.set_index(static_cast<int>(i));
+      r.set_logprob(-0.5f);
+      if (i + 1 == text.size()) {
+        r.set_finish_reason(v1::FINISH_REASON_MAX_TOKENS);
+        r.set_prompt_tokens(req.token_ids().ids_size());
+      }
+      if (sink.cancelled() || !sink.write(r)) {
+        cancelled = true;
+        return absl::CancelledError("the client went away");
+      }
+      absl::SleepFor(gap);
+    }
+    return absl::OkStatus();
+  }
+  v1::HealthResponse Health() override {
+    v1::HealthResponse h;
+    h.set_ready(ready);
+    return h;
+  }
+
+  std::string text = "Hello";
+  absl::Duration gap = absl::ZeroDuration();
+  absl::Status fail;
+  bool ready = true;
+  absl::Notification* block_until = nullptr;
+  std::atomic<int> calls{0};
+  std::atomic<bool> cancelled{false};
+  v1::GenerateRequest last_request;
+};
+
+struct Reply {
+  int status = 0;
+  std::string head;
+  std::string body;  // de-chunked
+};
+
+// A raw HTTP/1.1 exchange (Connection: close); reads until the server closes.
+Reply Exchange(int port, const std::string& method, const std::string& path,
+               const std::string& body, const std::string& extra_headers = "") {
+  Reply r;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return r;
+  }
+  const std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: x\r\n",
+                                       "Connection: close\r\nContent-Type: application/json\r\n",
+                                       extra_headers, "Content-Length: ", body.size(), "\r\n\r\n",
+                                       body);
+  (void)!write(fd, req.data(), req.size());
+  std::string all;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) all.append(buf, n);
+  close(fd);
+  const size_t end = all.find("\r\n\r\n");
+  if (end == std::string::npos) return r;
+  r.head = all.substr(0, end);
+  std::string raw = all.substr(end + 4);
+  sscanf(r.head.c_str(), "HTTP/1.1 %d", &r.status);
+  if (r.head.find("Transfer-Encoding: chunked") != std::string::npos) {
+    size_t pos = 0;
+    while (pos < raw.size()) {
+      const size_t eol = raw.find("\r\n", pos);
+      if (eol == std::string::npos) break;
+      const size_t len = std::stoul(raw.substr(pos, eol - pos), nullptr, 16);
+      if (len == 0) break;
+      r.body += raw.substr(eol + 2, len);
+      pos = eol + 2 + len + 2;
+    }
+  } else {
+    r.body = raw;
+  }
+  return r;
+}
+
+class HttpFrontTest : public ::testing::Test {
+ protected:
+  void StartFront(HttpFrontOptions o = {}) {
+    tokenizer_ = *model::ByteTokenizer::Create(320);
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.context_length = 64;
+    auto f = HttpFront::Start(o, &backend_, tokenizer_.get(), &registry_);
+    ASSERT_TRUE(f.ok()) << f.status();
+    front_ = *std::move(f);
+  }
+  Reply Post(const std::string& path, const json& body, const std::string& headers = "") {
+    return Exchange(front_->port(), "POST", path, body.dump(), headers);
+  }
+  static json Error(const Reply& r) { return json::parse(r.body)["error"]; }
+
+  FakeBackend backend_;
+  std::unique_ptr<model::ByteTokenizer> tokenizer_;
+  metrics::Registry registry_;
+  std::unique_ptr<HttpFront> front_;
+};
+
+TEST_F(HttpFrontTest, CompletionNotStreamed) {
+  StartFront();
+  Reply r = Post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 5}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"], "Hello");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);  // <|bos|> H i
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  // The prompt reached the backend as token ids, with the sampling parameters.
+  EXPECT_EQ(backend_.last_request.token_ids().ids_size(), 3);
+  EXPECT_EQ(backend_.last_request.sampling().max_tokens(), 5);
+}
+
+TEST_F(HttpFrontTest, ChatStreamedAsServerSentEvents) {
+  StartFront();
+  Reply r = Post("/v1/chat/completions",
+                 {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"stream", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.head.find("text/event-stream"), std::string::npos);
+  std::string text;
+  int events = 0;
+  bool done = false, usage = false;
+  std::string finish;
+  size_t pos = 0;
+  while ((pos = r.body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = r.body.find("\n\n", pos);
+    const std::string data = r.body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    json c = json::parse(data);
+    ++events;
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    if (events == 1) EXPECT_EQ(c["choices"][0]["delta"]["role"], "assistant");
+    text += c["choices"][0]["delta"].value("content", "");
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+    if (c.contains("usage")) usage = c["usage"]["completion_tokens"] == 5;
+  }
+  EXPECT_EQ(text, "Hello");
+  EXPECT_EQ(finish, "length");
+  EXPECT_TRUE(usage);
+  EXPECT_TRUE(done);
+}
+
+TEST_F(HttpFrontTest, NoCapacityIs429Or503WithRetryAfter) {
+  StartFront();
+  backend_.fail = absl::ResourceExhaustedError("no free KV blocks");
+  Reply r = Post("/v1/completions", {{"prompt", "Hi"}, {"stream", true}});
+  EXPECT_EQ(r.status, 429);
+  EXPECT_NE(r.head.find("Retry-After: 1"), std::string::npos) << r.head;
+  EXPECT_EQ(Error(r)["message"], "no free KV blocks");
+  backend_.fail = absl::UnavailableError("no decode node");
+  r = Post("/v1/completions", {{"prompt", "Hi"}});
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(r.head.find("Retry-After"), std::string::npos);
+  EXPECT_EQ(Error(r)["type"], "server_error");
+}
+
+TEST_F(HttpFrontTest, ValidationErrorsNeverReachTheBackend) {
+  StartFront();
+  EXPECT_EQ(Exchange(front_->port(), "POST", "/v1/completions", "{nope").status, 400);
+  Reply r = Post("/v1/completions", {{"prompt", std::string(80, 'a')}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Error(r)["code"], "context_length_exceeded");
+  r = Post("/v1/completions", {{"prompt", {1, 2, 999}}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Error(r)["param"], "prompt");
+  EXPECT_EQ(backend_.calls.load(), 0);
+}
+
+TEST_F(HttpFrontTest, BearerTokenAndBodyLimit) {
+  StartFront({.api_key = "sekret", .max_body_bytes = 1000});
+  Reply r = Post("/v1/completions", {{"prompt", "Hi"}});
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(Error(r)["type"], "authentication_error");
+  r = Post("/v1/completions", {{"prompt", "Hi"}}, "Authorization: Bearer wrong\r\n");
+  EXPECT_EQ(r.status, 401);
+  r = Post("/v1/completions", {{"prompt", "Hi"}}, "Authorization: Bearer sekret\r\n");
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = Post("/v1/completions", {{"prompt", std::string(5000, 'a')}},
+           "Authorization: Bearer sekret\r\n");
+  EXPECT_EQ(r.status, 413);
+  EXPECT_EQ(Error(r)["code"], "body_too_large");
+  // Health and metrics stay open for load balancers and scrapers.
+  EXPECT_EQ(Exchange(front_->port(), "GET", "/health", "").status, 200);
+  EXPECT_EQ(Exchange(front_->port(), "GET", "/metrics", "").status, 200);
+}
+
+TEST_F(HttpFrontTest, HealthFollowsReadiness) {
+  StartFront();
+  backend_.ready = false;
+  Reply r = Exchange(front_->port(), "GET", "/health", "");
+  EXPECT_EQ(r.status, 503);
+  backend_.ready = true;
+  EXPECT_EQ(Exchange(front_->port(), "GET", "/health", "").status, 200);
+}
+
+TEST_F(HttpFrontTest, ConcurrencyLimitAnswers429) {
+  StartFront({.max_concurrent_streams = 1});
+  absl::Notification release;
+  backend_.block_until = &release;
+  Reply first;
+  std::thread t([&] { first = Post("/v1/completions", {{"prompt", "Hi"}}); });
+  while (backend_.calls.load() == 0) absl::SleepFor(absl::Milliseconds(5));
+  Reply second = Post("/v1/completions", {{"prompt", "Hi"}});
+  EXPECT_EQ(second.status, 429);
+  EXPECT_EQ(Error(second)["code"], "too_many_requests");
+  release.Notify();
+  t.join();
+  EXPECT_EQ(first.status, 200);
+  // The slot is back.
+  backend_.block_until = nullptr;
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", "Hi"}}).status, 200);
+}
+
+TEST_F(HttpFrontTest, StopStringEndsTheRequest) {
+  StartFront();
+  backend_.text = "ab\ncdefghijklmnopqrstuvwxyz";
+  backend_.gap = absl::Milliseconds(20);
+  Reply r = Post("/v1/completions", {{"prompt", "Hi"}, {"stop", "\n"}});
+  ASSERT_EQ(r.status, 200);
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"], "ab");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(backend_.cancelled.load());  // the rest was not generated
+}
+
+TEST_F(HttpFrontTest, DisconnectMidStreamCancelsTheRequest) {
+  StartFront();
+  backend_.text = std::string(2000, 'x');
+  backend_.gap = absl::Milliseconds(5);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(front_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string body = R"({"prompt": "Hi", "stream": true, "max_tokens": 60})";
+  const std::string req = absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                       "Content-Length: ", body.size(), "\r\n\r\n", body);
+  ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  char buf[4096];
+  ASSERT_GT(read(fd, buf, sizeof(buf)), 0);
+  close(fd);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!backend_.cancelled.load() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(backend_.cancelled.load());
+  const std::string m = registry_.Render();
+  EXPECT_NE(m.find("duet_http_client_disconnects_total 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("duet_http_active_generations 0"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace duet::coordinator::http

@@ -1,0 +1,412 @@
+// ColocatedScheduler: token-exact against LocalEngine::Generate, steps that mix decodes and
+// prefill chunks under the token budget (decodes first), cancel in every phase frees the
+// blocks, a full pool makes admission wait (or refuses cleanly), deadlines, bad input.
+#include "decode_node/colocated/colocated_scheduler.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/base/clock.h"
+#include "common/model/local_engine.h"
+#include "common/model/synthetic_model.h"
+
+namespace duet::colocated {
+namespace {
+
+const std::string& TinyModelDir() {
+  static const std::string* dir = [] {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    auto* d = new std::string(
+        absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/duet_colocated_tiny_", getpid()));
+    if (!model::WriteSyntheticModel("tiny", /*seed=*/5, *d).ok()) std::abort();
+    return d;
+  }();
+  return *dir;
+}
+
+std::vector<int32_t> Prompt(int n, int salt) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = (i * 29 + salt * 13 + 5) % 256;
+  return p;
+}
+
+struct Outcome {
+  std::vector<int32_t> ids;
+  std::vector<ColocatedEvent> events;
+  FinishReason finish = FinishReason::kNone;
+  absl::Status error;
+};
+
+Outcome Drain(ColocatedStream& stream, absl::Duration timeout = absl::Seconds(60)) {
+  Outcome o;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (o.finish == FinishReason::kNone && absl::Now() < deadline) {
+    for (ColocatedEvent& e : stream.Pop(std::min(deadline, DeadlineIn(absl::Milliseconds(50))))) {
+      if (e.has_token) o.ids.push_back(e.token.id);
+      if (e.finished()) {
+        o.finish = e.finish;
+        o.error = e.error;
+      }
+      o.events.push_back(std::move(e));
+    }
+  }
+  return o;
+}
+
+class ColocatedSchedulerTest : public ::testing::Test {
+ protected:
+  // A scheduler over its own engine's runner and a pool of `num_blocks` blocks of 4 tokens.
+  void Start(ColocatedSchedulerOptions options, int64_t num_blocks = 512) {
+    auto e = model::LocalEngine::Load(
+        TinyModelDir(), {.device = "cpu", .num_threads = 1, .block_size = 4, .kv_cache_bytes = 1});
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+    auto pool = kv::BlockPool::Create(engine_->runner().MakeKvLayout(4), num_blocks);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+    options.on_step = [this](const StepInfo& s) {
+      std::function<void(const StepInfo&)> hook;
+      {
+        absl::MutexLock lock(&mu_);
+        steps_.push_back(s);
+        hook = hook_;
+      }
+      if (hook) hook(s);
+    };
+    auto s = ColocatedScheduler::Create(std::move(options), &engine_->runner(), pool_.get());
+    ASSERT_TRUE(s.ok()) << s.status();
+    sched_ = std::move(*s);
+  }
+  void TearDown() override {
+    if (sched_) sched_->Shutdown();
+  }
+
+  std::vector<int32_t> Reference(const std::vector<int32_t>& prompt,
+                                 const model::SamplingParams& params) {
+    if (!ref_) {
+      auto e = model::LocalEngine::Load(
+          TinyModelDir(),
+          {.device = "cpu", .num_threads = 1, .block_size = 4, .kv_cache_bytes = 16 << 20});
+      EXPECT_TRUE(e.ok()) << e.status();
+      ref_ = std::move(*e);
+    }
+    auto r = ref_->Generate(prompt, params);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->generated_ids : std::vector<int32_t>();
+  }
+  std::shared_ptr<ColocatedStream> Submit(const std::string& id, std::vector<int32_t> prompt,
+                                          model::SamplingParams params,
+                                          absl::Time deadline = absl::InfiniteFuture()) {
+    auto s = sched_->Submit({.request_id = id,
+                             .prompt = std::move(prompt),
+                             .sampling = std::move(params),
+                             .deadline = deadline});
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : nullptr;
+  }
+  bool AllFree() const {
+    const kv::BlockPoolStats s = pool_->Stats();
+    return s.free == s.total && s.used == 0;
+  }
+  // Runs on the scheduler thread before each step's forward pass.
+  void SetHook(std::function<void(const StepInfo&)> hook) {
+    absl::MutexLock lock(&mu_);
+    hook_ = std::move(hook);
+  }
+  // Submits `id` from the scheduler thread at the first step in which a request decodes, and
+  // returns its stream once it is submitted.
+  std::shared_ptr<ColocatedStream> SubmitWhenDecoding(const std::string& id,
+                                                      std::vector<int32_t> prompt,
+                                                      model::SamplingParams params) {
+    auto stream = std::make_shared<std::shared_ptr<ColocatedStream>>();
+    auto submitted = std::make_shared<std::atomic<bool>>(false);
+    SetHook([=, this](const StepInfo& s) {
+      if (s.decode_tokens == 0 || submitted->load()) return;
+      *stream = Submit(id, prompt, params);
+      submitted->store(true);
+    });
+    const absl::Time deadline = DeadlineIn(absl::Seconds(30));
+    while (!submitted->load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    return *stream;
+  }
+  void SlowSteps(absl::Duration d) {
+    SetHook([d](const StepInfo&) { absl::SleepFor(d); });
+  }
+  std::vector<StepInfo> Steps() {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
+
+  std::unique_ptr<model::LocalEngine> engine_;
+  std::unique_ptr<kv::BlockPool> pool_;
+  std::unique_ptr<ColocatedScheduler> sched_;
+  std::unique_ptr<model::LocalEngine> ref_;
+  absl::Mutex mu_;
+  std::vector<StepInfo> steps_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const StepInfo&)> hook_ ABSL_GUARDED_BY(mu_);
+};
+
+// Invariant 1: concurrent greedy and seeded requests of lengths across block and chunk
+// boundaries produce LocalEngine::Generate's tokens, whatever shares their steps.
+TEST_F(ColocatedSchedulerTest, TokenExactAgainstLocalEngine) {
+  Start({.max_batch_tokens = 32, .max_running = 8});
+  const std::vector<int> lengths = {1, 3, 4, 5, 17, 40, 100, 250, 33, 64};
+  std::vector<std::shared_ptr<ColocatedStream>> streams;
+  std::vector<model::SamplingParams> params;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    model::SamplingParams p{.max_tokens = 10, .ignore_eos = true, .logprobs = 2};
+    if (i % 2) {
+      p.temperature = 0.9f;
+      p.top_p = 0.9f;
+      p.seed = 77 + i;
+    }
+    params.push_back(p);
+    streams.push_back(Submit(absl::StrCat("r", i), Prompt(lengths[i], i), p));
+  }
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    ASSERT_NE(streams[i], nullptr);
+    Outcome o = Drain(*streams[i]);
+    EXPECT_EQ(o.finish, FinishReason::kMaxTokens) << o.error;
+    EXPECT_EQ(o.ids, Reference(Prompt(lengths[i], i), params[i])) << "length " << lengths[i];
+    ASSERT_FALSE(o.events.empty());
+    EXPECT_TRUE(o.events[0].prefilled);
+    EXPECT_GE(o.events[0].prefill_chunks, (lengths[i] + 31) / 32);
+    for (size_t k = 0; k < o.events.size(); ++k) {
+      EXPECT_EQ(o.events[k].index, static_cast<int>(k));
+      EXPECT_EQ(o.events[k].token.top_logprobs.size(), 2u);
+    }
+    EXPECT_TRUE(o.events[1].joined_decode);
+  }
+  EXPECT_TRUE(AllFree());
+  for (const StepInfo& s : Steps()) EXPECT_LE(s.decode_tokens + s.prefill_tokens, 32);
+}
+
+// A long prompt arriving while another request decodes is prefilled in chunks that share each
+// step with the decode: decodes first, the chunk fills the rest of the budget.
+TEST_F(ColocatedSchedulerTest, MixesPrefillChunksWithRunningDecodes) {
+  constexpr int64_t kBudget = 16;
+  Start({.max_batch_tokens = kBudget, .max_running = 4});
+  const model::SamplingParams pa{.max_tokens = 200, .ignore_eos = true};
+  const model::SamplingParams pb{.max_tokens = 5, .ignore_eos = true};
+  auto a = Submit("a", Prompt(3, 1), pa);
+  auto b = SubmitWhenDecoding("b", Prompt(100, 2), pb);
+  ASSERT_NE(b, nullptr);
+  Outcome ob = Drain(*b);
+  Outcome oa = Drain(*a);
+  EXPECT_EQ(oa.ids, Reference(Prompt(3, 1), pa));
+  EXPECT_EQ(ob.ids, Reference(Prompt(100, 2), pb));
+
+  int mixed = 0;
+  int64_t b_prefilled = 0;
+  for (const StepInfo& s : Steps()) {
+    EXPECT_LE(s.decode_tokens + s.prefill_tokens, kBudget);
+    bool seen_prefill = false;
+    for (size_t i = 0; i < s.request_ids.size(); ++i) {
+      if (!s.is_decode[i]) seen_prefill = true;
+      EXPECT_FALSE(s.is_decode[i] && seen_prefill) << "a decode after a prefill chunk";
+      if (s.request_ids[i] == "b" && !s.is_decode[i]) {
+        b_prefilled += s.tokens[i];
+        if (!s.final_chunk[i]) {
+          // A non-final chunk takes all the budget the decodes left.
+          EXPECT_EQ(s.tokens[i] + s.decode_tokens, kBudget);
+        }
+      }
+    }
+    if (s.decode_tokens > 0 && s.prefill_tokens > 0) ++mixed;
+  }
+  EXPECT_EQ(b_prefilled, 100);
+  EXPECT_GE(mixed, 100 / kBudget) << "b's chunks should have run alongside a's decodes";
+  ASSERT_FALSE(ob.events.empty());
+  EXPECT_GE(ob.events[0].prefill_chunks, 100 / kBudget);
+  EXPECT_GT(ob.events[0].prefill_compute_us, 0);
+  EXPECT_TRUE(AllFree());
+}
+
+// Cancel while waiting for room, while prefilling and while decoding: each stream ends with
+// kCancelled and every block is free again.
+TEST_F(ColocatedSchedulerTest, CancelInEveryPhaseFreesBlocks) {
+  Start({.max_batch_tokens = 8, .max_running = 2}, /*num_blocks=*/80);
+  const model::SamplingParams lng{.max_tokens = 2000, .ignore_eos = true};
+  // When the long prompt's first chunk is about to run, "decoding" decodes in the same step and
+  // "waiting" waits for a batch slot: cancel all three there, on the scheduler thread.
+  std::atomic<int> cancels{0};
+  std::atomic<bool> all_submitted{false};
+  SetHook([&](const StepInfo& s) {
+    absl::SleepFor(absl::Milliseconds(2));
+    for (size_t i = 0; i < s.request_ids.size(); ++i) {
+      if (s.request_ids[i] == "prefilling" && !s.final_chunk[i] && all_submitted.load() &&
+          cancels.load() == 0) {
+        EXPECT_GT(pool_->Stats().used, 0);
+        cancels += sched_->Cancel("waiting");
+        cancels += sched_->Cancel("prefilling");
+        cancels += sched_->Cancel("decoding");
+      }
+    }
+  });
+  auto dec = Submit("decoding", Prompt(5, 1), lng);
+  ASSERT_FALSE(dec->Pop(DeadlineIn(absl::Seconds(30))).empty());  // it decodes
+  auto pre = Submit("prefilling", Prompt(240, 2), lng);           // chunks of 7 tokens
+  auto wait = Submit("waiting", Prompt(10, 3), lng);              // max_running is 2
+  all_submitted = true;
+  EXPECT_FALSE(sched_->Cancel("never-submitted"));
+  Outcome ow = Drain(*wait, absl::Seconds(30));
+  Outcome op = Drain(*pre, absl::Seconds(30));
+  Outcome od = Drain(*dec, absl::Seconds(30));
+  EXPECT_EQ(cancels.load(), 3);
+  for (const Outcome* o : {&ow, &op, &od}) EXPECT_EQ(o->finish, FinishReason::kCancelled);
+  EXPECT_TRUE(ow.ids.empty());
+  EXPECT_TRUE(op.ids.empty()) << "cancelled before its prompt was prefilled";
+  EXPECT_TRUE(AllFree()) << pool_->Stats().used;
+  EXPECT_FALSE(sched_->Cancel("decoding")) << "a finished request is gone";
+  // The thread refreshes the counts after its step.
+  ColocatedLoad load = sched_->Load();
+  for (const absl::Time end = DeadlineIn(absl::Seconds(5));
+       load.running_requests + load.waiting_requests > 0 && absl::Now() < end;
+       load = sched_->Load()) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(load.running_requests + load.waiting_requests, 0);
+  EXPECT_EQ(load.free_blocks, load.total_blocks);
+  for (const StepInfo& s : Steps()) {
+    for (const std::string& id : s.request_ids) EXPECT_NE(id, "waiting");
+  }
+}
+
+// With the pool full, a new request waits (FIFO) until blocks come back, then runs exactly.
+TEST_F(ColocatedSchedulerTest, FullPoolMakesAdmissionWait) {
+  // 12 blocks of 4 tokens: "a" takes 8 for its prompt and grows to 10; "b" needs 5 + headroom.
+  Start({.max_batch_tokens = 64, .max_running = 4}, /*num_blocks=*/12);
+  const model::SamplingParams pa{.max_tokens = 8, .ignore_eos = true};
+  const model::SamplingParams pb{.max_tokens = 4, .ignore_eos = true};
+  auto a = Submit("a", Prompt(30, 1), pa);
+  auto b = Submit("b", Prompt(20, 2), pb);
+  Outcome oa = Drain(*a);
+  Outcome ob = Drain(*b);
+  EXPECT_EQ(oa.ids, Reference(Prompt(30, 1), pa));
+  EXPECT_EQ(ob.ids, Reference(Prompt(20, 2), pb));
+  // "b" ran only once "a" was gone.
+  bool a_done = false;
+  for (const StepInfo& s : Steps()) {
+    bool has_a = false, has_b = false;
+    for (const std::string& id : s.request_ids) {
+      has_a = has_a || id == "a";
+      has_b = has_b || id == "b";
+    }
+    EXPECT_FALSE(has_a && has_b);
+    if (has_b) a_done = true;
+    EXPECT_FALSE(a_done && has_a);
+  }
+  EXPECT_TRUE(a_done);
+  EXPECT_TRUE(AllFree());
+}
+
+// A decode the pool cannot grow takes the blocks of the request still prefilling, which starts
+// over once there is room again; both produce the reference tokens.
+TEST_F(ColocatedSchedulerTest, GrowingDecodePreemptsAPrefill) {
+  // 16 blocks of 4 tokens. "a" ends at 59 tokens (15 blocks). "b" (40 tokens, 10 blocks) is
+  // admitted early but, with a budget of 2, prefills one token per step while "a" grows.
+  Start({.max_batch_tokens = 2, .max_running = 2}, /*num_blocks=*/16);
+  const model::SamplingParams pa{.max_tokens = 56, .ignore_eos = true};
+  const model::SamplingParams pb{.max_tokens = 4, .ignore_eos = true};
+  auto a = Submit("a", Prompt(4, 1), pa);
+  auto b = SubmitWhenDecoding("b", Prompt(40, 2), pb);
+  ASSERT_NE(b, nullptr);
+  Outcome oa = Drain(*a);
+  Outcome ob = Drain(*b);
+  EXPECT_EQ(oa.finish, FinishReason::kMaxTokens) << oa.error;
+  EXPECT_EQ(ob.finish, FinishReason::kMaxTokens) << ob.error;
+  EXPECT_EQ(oa.ids, Reference(Prompt(4, 1), pa));
+  EXPECT_EQ(ob.ids, Reference(Prompt(40, 2), pb));
+  int64_t b_prefilled = 0;
+  for (const StepInfo& s : Steps()) {
+    for (size_t i = 0; i < s.request_ids.size(); ++i) {
+      if (s.request_ids[i] == "b" && !s.is_decode[i]) b_prefilled += s.tokens[i];
+    }
+  }
+  EXPECT_GT(b_prefilled, 40) << "b should have been preempted and prefilled again";
+  EXPECT_TRUE(AllFree());
+}
+
+// A prompt the whole pool cannot hold is refused at once; one that never finds room within the
+// admission timeout is refused then; nothing is left held.
+TEST_F(ColocatedSchedulerTest, FullPoolRefusesCleanly) {
+  Start({.max_batch_tokens = 64, .max_running = 4, .admission_timeout = absl::Milliseconds(300)},
+        /*num_blocks=*/40);
+  SlowSteps(absl::Milliseconds(10));
+  auto too_big = sched_->Submit(
+      {.request_id = "huge", .prompt = Prompt(200, 1), .sampling = {.max_tokens = 1}});
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted) << too_big.status();
+  EXPECT_NE(too_big.status().message().find("needs 51 KV blocks"), std::string::npos)
+      << too_big.status();
+  // "hog" holds 25 of 40 blocks (and grows by one every 4 steps of 10 ms); "late" needs 20.
+  auto hog = Submit("hog", Prompt(100, 2), {.max_tokens = 4000, .ignore_eos = true});
+  ASSERT_FALSE(hog->Pop(DeadlineIn(absl::Seconds(30))).empty());
+  auto late = Submit("late", Prompt(80, 3), {.max_tokens = 2});
+  Outcome o = Drain(*late, absl::Seconds(30));
+  EXPECT_EQ(o.finish, FinishReason::kError);
+  EXPECT_EQ(o.error.code(), absl::StatusCode::kResourceExhausted) << o.error;
+  EXPECT_TRUE(sched_->Cancel("hog"));
+  EXPECT_EQ(Drain(*hog).finish, FinishReason::kCancelled);
+  EXPECT_TRUE(AllFree());
+}
+
+TEST_F(ColocatedSchedulerTest, DeadlineEndsTheRequestAndFreesBlocks) {
+  Start({.max_batch_tokens = 64, .max_running = 4});
+  SlowSteps(absl::Milliseconds(5));
+  auto s = Submit("slow", Prompt(10, 1), {.max_tokens = 4000, .ignore_eos = true},
+                  DeadlineIn(absl::Milliseconds(300)));
+  Outcome o = Drain(*s, absl::Seconds(30));
+  EXPECT_EQ(o.finish, FinishReason::kError);
+  EXPECT_EQ(o.error.code(), absl::StatusCode::kDeadlineExceeded) << o.error;
+  EXPECT_LT(o.ids.size(), 4000u);
+  EXPECT_TRUE(AllFree());
+}
+
+TEST_F(ColocatedSchedulerTest, RefusesBadInput) {
+  Start({.max_batch_tokens = 64, .max_running = 4});
+  SlowSteps(absl::Milliseconds(5));
+  auto code = [&](std::vector<int32_t> prompt, model::SamplingParams p) {
+    return sched_->Submit({.request_id = "x", .prompt = std::move(prompt), .sampling = p})
+        .status()
+        .code();
+  };
+  EXPECT_EQ(code({}, {}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({1, 320}, {}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({1, -1}, {}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(Prompt(4096, 0), {}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({1}, {.temperature = -1.f}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({1}, {.max_tokens = 0}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({1}, {.stop_token_ids = {999}}), absl::StatusCode::kInvalidArgument);
+  auto dup = Submit("dup", {1, 2}, {.max_tokens = 3000, .ignore_eos = true});
+  EXPECT_EQ(code({1}, {}), absl::StatusCode::kOk) << "x is free again";
+  EXPECT_EQ(sched_->Submit({.request_id = "dup", .prompt = {1}}).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  sched_->Shutdown();
+  EXPECT_EQ(Drain(*dup).error.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(sched_->Submit({.request_id = "after", .prompt = {1}}).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(AllFree());
+}
+
+TEST(ColocatedSchedulerCreateTest, RefusesABudgetBelowTheBatch) {
+  auto e = model::LocalEngine::Load(
+      TinyModelDir(),
+      {.device = "cpu", .num_threads = 1, .block_size = 4, .kv_cache_bytes = 1 << 20});
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto s = ColocatedScheduler::Create({.max_batch_tokens = 8, .max_running = 16}, &(*e)->runner(),
+                                      &(*e)->pool());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("max_running"), std::string::npos) << s.status();
+}
+
+}  // namespace
+}  // namespace duet::colocated
