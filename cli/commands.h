@@ -16,6 +16,8 @@ int RunCoordinator(const std::vector<char*>& args);
 int RunPrefill(const std::vector<char*>& args);
 int RunDecode(const std::vector<char*>& args);
 int RunServe(const std::vector<char*>& args);
+// bench serve: the serving load generator (bench_command.cc).
+int RunBench(const std::vector<char*>& args);
 // serve --colocated: prefill and decode in this process (serve_colocated.cc).
 bool ServeColocated();
 int RunServeColocated(const std::vector<char*>& args);

@@ -29,6 +29,9 @@ constexpr char kUsage[] =
     "  serve        --colocated --model DIR [--port P --max_batch_tokens N --max_running M]:\n"
     "               prefill and decode in one process, the same client API\n"
     "  generate --server ADDR ...: the same generate, served by a cluster\n"
+    "  bench serve  --server ADDR (--request_rate R | --concurrency C) (--num_requests N |\n"
+    "               --duration_s S) [--input_len A-B --output_len A-B --dataset FILE.jsonl\n"
+    "               --slo_ttft_ms X --slo_tpot_ms Y --json_out FILE]: TTFT/TPOT load generator\n"
     "run `duet <command> --help` for every flag.\n";
 
 // absl flags are spelled with underscores; accept the dashed spelling users expect
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
   if (command == "prefill") return duet::cli::RunPrefill(args);
   if (command == "decode") return duet::cli::RunDecode(args);
   if (command == "serve") return duet::cli::RunServe(args);
+  if (command == "bench") return duet::cli::RunBench(args);
   std::fprintf(stderr, "duet: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

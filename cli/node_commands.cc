@@ -110,7 +110,8 @@ int RunCoordinator(const std::vector<char*>& args) {
   opt.http_port = absl::GetFlag(FLAGS_http_port);
   opt.http_host = absl::GetFlag(FLAGS_http_host);
   opt.api_key = absl::GetFlag(FLAGS_api_key);
-  opt.max_body_bytes = static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_body_bytes)));
+  opt.max_body_bytes =
+      static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_body_bytes)));
   opt.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   auto server = coordinator::CoordinatorServer::Start(opt);
   if (!server.ok()) return Fail("coordinator", server.status());

@@ -18,13 +18,13 @@ CoordinatorMetrics::CoordinatorMetrics()
                              metrics::LatencyBuckets())
                .WithLabels({})),
       e2e(registry
-              .AddHistogram("duet_coordinator_e2e_seconds",
-                            "Time from request arrival to its end", {}, metrics::LatencyBuckets())
+              .AddHistogram("duet_coordinator_e2e_seconds", "Time from request arrival to its end",
+                            {}, metrics::LatencyBuckets())
               .WithLabels({})),
-      generated_tokens(registry
-                           .AddCounter("duet_coordinator_generated_tokens_total",
-                                       "Tokens sent to clients", {})
-                           .WithLabels({})),
+      generated_tokens(
+          registry
+              .AddCounter("duet_coordinator_generated_tokens_total", "Tokens sent to clients", {})
+              .WithLabels({})),
       active(registry
                  .AddGauge("duet_coordinator_active_requests",
                            "Generation requests in flight (queued, prefilling or decoding)", {})

@@ -7,12 +7,18 @@ namespace {
 
 const char* ReasonLabel(FinishReason r) {
   switch (r) {
-    case FinishReason::kEos: return "eos";
-    case FinishReason::kMaxTokens: return "max_tokens";
-    case FinishReason::kStopToken: return "stop_token";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
-    default: return "other";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kMaxTokens:
+      return "max_tokens";
+    case FinishReason::kStopToken:
+      return "stop_token";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+    default:
+      return "other";
   }
 }
 
@@ -53,24 +59,23 @@ DecodeMetrics::DecodeMetrics(metrics::Registry* registry)
 
 void DecodeMetrics::AddNodeGauges(std::function<kv::BlockPoolStats()> pool,
                                   std::function<SchedulerLoad()> load) {
-  registry_->AddGaugeCallback("duet_decode_kv_blocks", "The decode node's KV pool by state",
-                              {"state"}, [pool] {
-                                const kv::BlockPoolStats s = pool();
-                                return std::vector<metrics::Sample>{
-                                    {{"free"}, static_cast<double>(s.free)},
-                                    {{"used"}, static_cast<double>(s.used)},
-                                    {{"quarantined"}, static_cast<double>(s.quarantined)},
-                                    {{"total"}, static_cast<double>(s.total)}};
-                              });
   registry_->AddGaugeCallback(
-      "duet_decode_queue", "Running requests, requests pending admission, queued tokens",
-      {"what"}, [load] {
-        const SchedulerLoad l = load();
-        return std::vector<metrics::Sample>{
-            {{"running_requests"}, static_cast<double>(l.running_requests)},
-            {{"pending_requests"}, static_cast<double>(l.pending_requests)},
-            {{"queued_tokens"}, static_cast<double>(l.queued_tokens)}};
+      "duet_decode_kv_blocks", "The decode node's KV pool by state", {"state"}, [pool] {
+        const kv::BlockPoolStats s = pool();
+        return std::vector<metrics::Sample>{{{"free"}, static_cast<double>(s.free)},
+                                            {{"used"}, static_cast<double>(s.used)},
+                                            {{"quarantined"}, static_cast<double>(s.quarantined)},
+                                            {{"total"}, static_cast<double>(s.total)}};
       });
+  registry_->AddGaugeCallback("duet_decode_queue",
+                              "Running requests, requests pending admission, queued tokens",
+                              {"what"}, [load] {
+                                const SchedulerLoad l = load();
+                                return std::vector<metrics::Sample>{
+                                    {{"running_requests"}, static_cast<double>(l.running_requests)},
+                                    {{"pending_requests"}, static_cast<double>(l.pending_requests)},
+                                    {{"queued_tokens"}, static_cast<double>(l.queued_tokens)}};
+                              });
 }
 
 void DecodeMetrics::OnEvent(const DecodeEvent& ev) {

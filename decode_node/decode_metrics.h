@@ -19,8 +19,7 @@ namespace duet::decode {
 class DecodeMetrics {
  public:
   explicit DecodeMetrics(metrics::Registry* registry);
-  void AddNodeGauges(std::function<kv::BlockPoolStats()> pool,
-                     std::function<SchedulerLoad()> load);
+  void AddNodeGauges(std::function<kv::BlockPoolStats()> pool, std::function<SchedulerLoad()> load);
   void OnEvent(const DecodeEvent& ev);
   // A token stream that ended without a finishing event (client gone, shutdown).
   void OnStreamDropped() { dropped_.Increment(); }

@@ -9,8 +9,8 @@ namespace duet::prefill {
 PrefillMetrics::PrefillMetrics(metrics::Registry* registry, const kv::KvLayout& layout)
     : registry_(registry),
       layout_(layout),
-      requests_(registry->AddCounter("duet_prefill_requests_total",
-                                     "Prefill calls by outcome", {"outcome"})),
+      requests_(registry->AddCounter("duet_prefill_requests_total", "Prefill calls by outcome",
+                                     {"outcome"})),
       prompt_tokens_(registry
                          ->AddCounter("duet_prefill_prompt_tokens_total",
                                       "Prompt tokens prefilled (successful calls)", {})
@@ -46,15 +46,14 @@ PrefillMetrics::PrefillMetrics(metrics::Registry* registry, const kv::KvLayout& 
 void PrefillMetrics::AddNodeGauges(
     std::function<kv::BlockPoolStats()> pool,
     std::function<std::pair<int64_t, int32_t>()> queued_tokens_and_running) {
-  registry_->AddGaugeCallback("duet_prefill_kv_blocks", "The prefill node's KV pool by state",
-                              {"state"}, [pool] {
-                                const kv::BlockPoolStats s = pool();
-                                return std::vector<metrics::Sample>{
-                                    {{"free"}, static_cast<double>(s.free)},
-                                    {{"used"}, static_cast<double>(s.used)},
-                                    {{"quarantined"}, static_cast<double>(s.quarantined)},
-                                    {{"total"}, static_cast<double>(s.total)}};
-                              });
+  registry_->AddGaugeCallback(
+      "duet_prefill_kv_blocks", "The prefill node's KV pool by state", {"state"}, [pool] {
+        const kv::BlockPoolStats s = pool();
+        return std::vector<metrics::Sample>{{{"free"}, static_cast<double>(s.free)},
+                                            {{"used"}, static_cast<double>(s.used)},
+                                            {{"quarantined"}, static_cast<double>(s.quarantined)},
+                                            {{"total"}, static_cast<double>(s.total)}};
+      });
   registry_->AddGaugeCallback("duet_prefill_queue", "Queued prompt tokens and running requests",
                               {"what"}, [queued_tokens_and_running] {
                                 const auto [tokens, running] = queued_tokens_and_running();

@@ -10,6 +10,7 @@ PACKAGES=(
   libucx-dev ucx-utils
   clang libclang-rt-14-dev
   libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libxxhash-dev
+  iproute2 curl python3-venv
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 

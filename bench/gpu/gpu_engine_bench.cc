@@ -43,6 +43,8 @@ ABSL_FLAG(std::string, decode_batch, "1,32,128", "decode batch sizes");
 ABSL_FLAG(int, context, 1024, "cached tokens per sequence in the decode benchmark");
 ABSL_FLAG(std::string, dtype, "bf16", "weights/GEMM dtype: bf16, f16, f32");
 ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache dtype: bf16, f16, f32");
+ABSL_FLAG(std::string, prefill_attention, "simt,tensor",
+          "prefill attention kernels to time (the first also runs decode)");
 ABSL_FLAG(int, reps, 5, "timed repetitions (median reported) after one warm-up");
 ABSL_FLAG(double, datasheet_tflops, 989.0, "datasheet dense bf16 TFLOP/s (H100/H200 SXM)");
 ABSL_FLAG(std::string, json, "", "write results as JSON to this file");
@@ -195,6 +197,9 @@ int main(int argc, char** argv) {
                                    "config");
   duet::compute::BackendOptions bo;
   bo.cuda_gemm_dtype = absl::GetFlag(FLAGS_dtype);
+  const std::vector<std::string> prefill_variants =
+      absl::StrSplit(absl::GetFlag(FLAGS_prefill_attention), ',', absl::SkipWhitespace());
+  if (!prefill_variants.empty()) bo.cuda_prefill_attention = prefill_variants[0];
   auto backend = OrDie(CudaBackend::Create(bo), "cuda backend");
   const double elem_bytes = bo.cuda_gemm_dtype == "f32" ? 4 : 2;
   const Geometry geo = Measure(config, elem_bytes);
@@ -241,13 +246,15 @@ int main(int argc, char** argv) {
       "| phase | size | ms (median) | tokens/s | model TFLOP/s | % of measured bf16 peak | "
       "floor ms | step / floor |\n|---|---|---|---|---|---|---|---|\n";
 
-  // ---- Prefill: one prompt per pass.
+  // ---- Prefill: one prompt per pass, for each prefill attention kernel.
+  auto run_prefill = [&](ModelRunner* runner, duet::kv::BlockPool* pool, CudaBackend* backend,
+                         const std::string& variant) {
   for (int len : prefill) {
     std::vector<int32_t> tokens(len);
     for (int i = 0; i < len; ++i) tokens[i] = (i * 7919 + 13) % config.vocab_size;
     std::vector<double> ms;
     for (int rep = 0; rep <= reps; ++rep) {
-      duet::kv::BlockTable table(pool.get());
+      duet::kv::BlockTable table(pool);
       std::vector<SequenceInput> batch = {
           {.seq_id = 1, .tokens = tokens, .start_pos = 0, .table = &table, .want_logits = true}};
       backend->Synchronize();
@@ -263,11 +270,11 @@ int main(int argc, char** argv) {
     const double flops = 2.0 * geo.matmul_params * len + 2.0 * geo.lm_head_params + attn_flops;
     const double tflops = flops / (med * 1e-3) / 1e12;
     const double pct = 100.0 * tflops / peak_tflops;
-    std::printf("prefill %6d tokens: %9.2f ms  %10.0f tok/s  %6.1f TFLOP/s  %5.1f%% of measured "
+    std::printf("prefill %-6s %6d tokens: %9.2f ms  %10.0f tok/s  %6.1f TFLOP/s  %5.1f%% of measured "
                 "peak (%.1f%% of datasheet)  attention %.0f%% of FLOPs\n",
-                len, med, len / (med * 1e-3), tflops, pct,
+                variant.c_str(), len, med, len / (med * 1e-3), tflops, pct,
                 100.0 * tflops / absl::GetFlag(FLAGS_datasheet_tflops), 100.0 * attn_flops / flops);
-    table += absl::StrCat("| prefill | ", len, " | ", absl::StrFormat("%.2f", med), " | ",
+    table += absl::StrCat("| prefill (", variant, " attention) | ", len, " | ", absl::StrFormat("%.2f", med), " | ",
                           absl::StrFormat("%.0f", len / (med * 1e-3)), " | ",
                           absl::StrFormat("%.1f", tflops), " | ", absl::StrFormat("%.1f", pct),
                           " | - | - |\n");
@@ -275,8 +282,14 @@ int main(int argc, char** argv) {
                        {"tokens_per_s", len / (med * 1e-3)}, {"model_tflops", tflops},
                        {"attention_flop_share", attn_flops / flops},
                        {"pct_measured_bf16_peak", pct},
-                       {"pct_datasheet", 100.0 * tflops / absl::GetFlag(FLAGS_datasheet_tflops)}});
+                       {"pct_datasheet", 100.0 * tflops / absl::GetFlag(FLAGS_datasheet_tflops)},
+                       {"prefill_attention", variant}});
   }
+  };
+  const std::vector<std::string> variants =
+      absl::StrSplit(absl::GetFlag(FLAGS_prefill_attention), ',', absl::SkipWhitespace());
+  if (variants.empty()) Die("--prefill_attention is empty");
+  run_prefill(runner.get(), pool.get(), backend.get(), variants[0]);
 
   // ---- Decode: one step over `b` sequences of `context` cached tokens (contents random).
   for (int b : batches) {
@@ -320,6 +333,25 @@ int main(int argc, char** argv) {
                        {"ms_all", ms}, {"tokens_per_s", b / (med * 1e-3)},
                        {"weight_bytes", geo.weight_bytes}, {"kv_bytes", kv_bytes},
                        {"floor_ms", floor_ms}, {"step_over_floor", med / floor_ms}});
+  }
+
+  // ---- The other prefill attention kernels: a second backend and the same random model.
+  for (size_t vi = 1; vi < variants.size(); ++vi) {
+    duet::compute::BackendOptions vo = bo;
+    vo.cuda_prefill_attention = variants[vi];
+    auto vb = OrDie(CudaBackend::Create(vo), "cuda backend (prefill variant)");
+    auto vr = OrDie(ModelRunner::CreateRandom(config, 1234, vb.get()), "random model (variant)");
+    OrDie(vr->SetKvDtype(layout.dtype), "kv dtype");
+    int64_t max_prefill = 0;
+    for (int p : prefill) max_prefill = std::max<int64_t>(max_prefill, p + block_size);
+    const int64_t vblocks = layout.BlocksForTokens(max_prefill) + 8;
+    DeviceBuffer vregion = OrDie(vb->AllocateKvRegion(layout.RegionBytes(vblocks)), "KV pool");
+    auto vpool = OrDie(duet::kv::BlockPool::CreateOver(layout, vblocks, vregion.get(),
+                                                       vregion.bytes()),
+                       "block pool");
+    run_prefill(vr.get(), vpool.get(), vb.get(), variants[vi]);
+    OrDie(vb->status(), "backend (prefill variant)");
+    vr.reset();
   }
 
   // ---- Staging path of a KV transfer: device -> pinned host -> device, per layer of a 2048-token

@@ -67,8 +67,9 @@ absl::StatusOr<std::string> ResolveBackendName(const std::string& name, std::str
   if (!FindFactory("cuda", &cuda)) {
     if (name == "cuda") {
       return absl::UnimplementedError(
-          "compute backend 'cuda': the CUDA backend is not built into this binary (built only "
-          "when nvcc is found at configure time; use 'cpu' or 'auto')");
+          "compute backend 'cuda': the CUDA backend is not built into this binary (only "
+          "binaries that link duet_cuda_backend have it, and only when nvcc was found at "
+          "configure time; use 'cpu' or 'auto')");
     }
     reason = "the CUDA backend is not built into this binary";
     return done("cpu");

@@ -78,6 +78,8 @@ struct BackendOptions {
   int cuda_device = 0;                 // cuda: device ordinal
   std::string cuda_gemm_dtype = "bf16";  // cuda: weights and GEMM inputs in "bf16", "f16" or
                                          // "f32" (fp32 accumulation and activations always)
+  std::string cuda_prefill_attention = "simt";  // cuda: "simt" (fp32 FMA) or "tensor" (bf16
+                                                // tensor cores; head_dim 64/128, else simt)
 };
 
 class ComputeBackend {

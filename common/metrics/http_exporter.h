@@ -26,8 +26,7 @@ class MetricsExporter {
  public:
   // port 0 picks a free port. The registry must outlive the exporter.
   static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(const Registry* registry,
-                                                                const std::string& host,
-                                                                int port);
+                                                                const std::string& host, int port);
   ~MetricsExporter();
   MetricsExporter(const MetricsExporter&) = delete;
   MetricsExporter& operator=(const MetricsExporter&) = delete;

@@ -155,13 +155,12 @@ std::string Registry::Render() const {
     out += "# TYPE " + name + " " + e.type + "\n";
     if (e.counter) {
       e.counter->ForEach([&](const LabelValues& values, const Counter& c) {
-        out += name + Labels(e.counter->label_names(), values) + " " + FormatValue(c.value()) +
-               "\n";
+        out +=
+            name + Labels(e.counter->label_names(), values) + " " + FormatValue(c.value()) + "\n";
       });
     } else if (e.gauge) {
       e.gauge->ForEach([&](const LabelValues& values, const Gauge& g) {
-        out +=
-            name + Labels(e.gauge->label_names(), values) + " " + FormatValue(g.value()) + "\n";
+        out += name + Labels(e.gauge->label_names(), values) + " " + FormatValue(g.value()) + "\n";
       });
     } else if (e.histogram) {
       e.histogram->ForEach([&](const LabelValues& values, const Histogram& h) {

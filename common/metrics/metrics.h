@@ -117,8 +117,7 @@ class Registry {
   Family<Gauge>& AddGauge(const std::string& name, const std::string& help,
                           std::vector<std::string> label_names);
   Family<Histogram>& AddHistogram(const std::string& name, const std::string& help,
-                                  std::vector<std::string> label_names,
-                                  std::vector<double> bounds);
+                                  std::vector<std::string> label_names, std::vector<double> bounds);
   // A gauge read at render time (pool occupancy, queue lengths held elsewhere).
   void AddGaugeCallback(const std::string& name, const std::string& help,
                         std::vector<std::string> label_names,

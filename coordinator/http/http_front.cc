@@ -152,11 +152,13 @@ class HttpFront::Handlers {
         http_requests_(registry->AddCounter("duet_http_requests_total",
                                             "HTTP API requests by path and status code",
                                             {"path", "code"})),
-        streams_(registry->AddGauge("duet_http_active_generations",
-                                    "Generation requests in flight on the HTTP API", {})
+        streams_(registry
+                     ->AddGauge("duet_http_active_generations",
+                                "Generation requests in flight on the HTTP API", {})
                      .WithLabels({})),
-        disconnects_(registry->AddCounter("duet_http_client_disconnects_total",
-                                          "Streams whose client went away before the end", {})
+        disconnects_(registry
+                         ->AddCounter("duet_http_client_disconnects_total",
+                                      "Streams whose client went away before the end", {})
                          .WithLabels({})) {
     std::random_device rd;
     id_prefix_ = absl::StrCat(absl::Hex(rd() & 0xffffff));
@@ -200,8 +202,11 @@ class HttpFront::Handlers {
       Generate(Endpoint::kChat, req, res);
     });
     s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      json m = {{"id", options_.model_name}, {"object", "model"}, {"created", created_},
-                {"owned_by", "duet"}, {"max_model_len", options_.context_length}};
+      json m = {{"id", options_.model_name},
+                {"object", "model"},
+                {"created", created_},
+                {"owned_by", "duet"},
+                {"max_model_len", options_.context_length}};
       res.set_content(Dump(json{{"object", "list"}, {"data", json::array({m})}}), kJson);
     });
     s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -223,8 +228,8 @@ class HttpFront::Handlers {
 
  private:
   static std::string PathLabel(const std::string& path) {
-    for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                          "/metrics"}) {
+    for (const char* p :
+         {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}) {
       if (path == p) return p;
     }
     return "other";
@@ -276,8 +281,8 @@ class HttpFront::Handlers {
       if (!enc.ok()) return Reply(res, ErrorFromStatus(enc.status()));
       ids = *std::move(enc);
     }
-    if (std::optional<ApiError> e = CheckLengths(parsed.get(), static_cast<int64_t>(ids.size()),
-                                                 options_.context_length)) {
+    if (std::optional<ApiError> e =
+            CheckLengths(parsed.get(), static_cast<int64_t>(ids.size()), options_.context_length)) {
       return Reply(res, *e);
     }
     // ---- Admission: a bounded number of generations in flight.
@@ -335,10 +340,10 @@ class HttpFront::Handlers {
         return Reply(res, ErrorFromStatus(s));
       }
       json logprobs = parsed->logprobs ? LogprobsJson(endpoint, lp, 0) : json(nullptr);
-      res.set_content(Dump(ResponseJson(endpoint, id, created, options_.model_name,
-                                        builder->full_text(), logprobs,
-                                        builder->finish_reason(), builder->usage(prompt_tokens))),
-                      kJson);
+      res.set_content(
+          Dump(ResponseJson(endpoint, id, created, options_.model_name, builder->full_text(),
+                            logprobs, builder->finish_reason(), builder->usage(prompt_tokens))),
+          kJson);
       return;
     }
 
@@ -347,13 +352,14 @@ class HttpFront::Handlers {
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Request-Id", id);
     res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, run, slot, parsed, builder, pending, id, created, prompt_tokens, endpoint,
-         ended](size_t, httplib::DataSink& sink) mutable {
+        "text/event-stream", [this, run, slot, parsed, builder, pending, id, created, prompt_tokens,
+                              endpoint, ended](size_t, httplib::DataSink& sink) mutable {
           bool first_chunk = true;
           size_t text_offset = 0;
+          auto last_write = std::chrono::steady_clock::now();
           auto send = [&](const json& j) {
             const std::string event = "data: " + Dump(j) + "\n\n";
+            last_write = std::chrono::steady_clock::now();
             return sink.write(event.data(), event.size());
           };
           auto gone = [&] {
@@ -384,8 +390,10 @@ class HttpFront::Handlers {
               run->Cancel();
               return false;
             }
-            // An idle stream still finds out that its client has gone.
-            if (batch.empty() && !ended) {
+            // A stream without new text (idle, or tokens that hold no text yet) still finds
+            // out that its client has gone.
+            if (!ended && std::chrono::steady_clock::now() - last_write > std::chrono::seconds(1)) {
+              last_write = std::chrono::steady_clock::now();
               static constexpr char kPing[] = ": ping\n\n";
               if (!sink.is_writable() || !sink.write(kPing, sizeof(kPing) - 1)) return gone();
             }
@@ -399,8 +407,8 @@ class HttpFront::Handlers {
           } else {
             std::optional<Usage> usage;
             if (parsed->include_usage) usage = builder->usage(prompt_tokens);
-            json logprobs = parsed->logprobs ? LogprobsJson(endpoint, {}, text_offset)
-                                             : json(nullptr);
+            json logprobs =
+                parsed->logprobs ? LogprobsJson(endpoint, {}, text_offset) : json(nullptr);
             if (!send(ChunkJson(endpoint, id, created, options_.model_name, rest, first_chunk,
                                 logprobs, builder->finish_reason(), usage))) {
               return gone();

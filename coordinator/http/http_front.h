@@ -33,7 +33,7 @@ namespace duet::coordinator::http {
 // Where one request's responses go.
 struct GenerateSink {
   std::function<bool(const v1::GenerateResponse&)> write;  // false: stop, the client is gone
-  std::function<bool()> cancelled;                          // polled while waiting for tokens
+  std::function<bool()> cancelled;                         // polled while waiting for tokens
 };
 
 // The request path the front drives (the coordinator implements it).
@@ -47,7 +47,7 @@ class GenerationBackend {
 
 struct HttpFrontOptions {
   std::string host = "127.0.0.1";
-  int port = 0;  // 0: any free port
+  int port = 0;         // 0: any free port
   std::string api_key;  // non-empty: require "Authorization: Bearer <api_key>"
   size_t max_body_bytes = 1 << 20;
   int max_concurrent_streams = 64;  // generation requests in flight (streamed or not)

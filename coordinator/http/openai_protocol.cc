@@ -21,15 +21,23 @@ ApiError Invalid(std::string message, std::string param = "", std::string code =
 
 std::string TypeName(const json& j) {
   switch (j.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "boolean";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "boolean";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "integer";
-    case json::value_t::number_float: return "number";
-    case json::value_t::string: return "string";
-    case json::value_t::array: return "array";
-    case json::value_t::object: return "object";
-    default: return "value";
+    case json::value_t::number_unsigned:
+      return "integer";
+    case json::value_t::number_float:
+      return "number";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::object:
+      return "object";
+    default:
+      return "value";
   }
 }
 
@@ -265,8 +273,8 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
   // checked once the prompt is tokenized.
   bool has_max = false;
   int64_t max_tokens = -1;
-  if (auto e = GetInt(j, "max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens,
-                      &has_max)) {
+  if (auto e =
+          GetInt(j, "max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens, &has_max)) {
     return e;
   }
   if (!has_max && endpoint == Endpoint::kChat) {
@@ -326,9 +334,8 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
 
 absl::StatusOr<std::string> RenderChat(const std::string& tmpl,
                                        const std::vector<ChatMessage>& messages) {
-  const bool has_system =
-      std::any_of(messages.begin(), messages.end(),
-                  [](const ChatMessage& m) { return m.role == "system"; });
+  const bool has_system = std::any_of(messages.begin(), messages.end(),
+                                      [](const ChatMessage& m) { return m.role == "system"; });
   std::string out;
   if (tmpl.empty()) {
     for (const ChatMessage& m : messages) out += m.role + ": " + m.content + "\n";
@@ -336,9 +343,9 @@ absl::StatusOr<std::string> RenderChat(const std::string& tmpl,
   }
   if (tmpl.find("<|im_start|>") == std::string::npos ||
       tmpl.find("<|im_end|>") == std::string::npos) {
-    return absl::UnimplementedError(
-        absl::StrCat("the model's chat template is not ChatML ('", tmpl.substr(0, 60),
-                     "...'); only ChatML templates are supported"));
+    return absl::UnimplementedError(absl::StrCat("the model's chat template is not ChatML ('",
+                                                 tmpl.substr(0, 60),
+                                                 "...'); only ChatML templates are supported"));
   }
   if (!has_system) {
     // The template's default system turn, when it writes one literally (SmolLM2, Qwen2).
@@ -369,10 +376,10 @@ std::optional<ApiError> CheckLengths(ParsedRequest* req, int64_t prompt_tokens,
     req->max_tokens = req->endpoint == Endpoint::kCompletions ? std::min<int64_t>(16, room) : room;
   }
   if (req->max_tokens > room) {
-    return Invalid(absl::StrCat("max_tokens is ", req->max_tokens, " but the context of ",
-                                context_length, " tokens leaves ", room,
-                                " after the prompt's ", prompt_tokens),
-                   "max_tokens", "context_length_exceeded");
+    return Invalid(
+        absl::StrCat("max_tokens is ", req->max_tokens, " but the context of ", context_length,
+                     " tokens leaves ", room, " after the prompt's ", prompt_tokens),
+        "max_tokens", "context_length_exceeded");
   }
   return std::nullopt;
 }
@@ -390,10 +397,13 @@ v1::SamplingParams ToSampling(const ParsedRequest& req) {
 
 const char* FinishReasonText(v1::FinishReason r) {
   switch (r) {
-    case v1::FINISH_REASON_MAX_TOKENS: return "length";
+    case v1::FINISH_REASON_MAX_TOKENS:
+      return "length";
     case v1::FINISH_REASON_EOS:
-    case v1::FINISH_REASON_STOP_TOKEN: return "stop";
-    default: return "";
+    case v1::FINISH_REASON_STOP_TOKEN:
+      return "stop";
+    default:
+      return "";
   }
 }
 
@@ -464,8 +474,8 @@ nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& toke
       }
       std::vector<int> bytes;
       for (unsigned char c : t.text) bytes.push_back(c);
-      content.push_back({{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes},
-                         {"top_logprobs", top}});
+      content.push_back(
+          {{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes}, {"top_logprobs", top}});
     }
     return json{{"content", content}};
   }
@@ -479,8 +489,8 @@ nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& toke
     offs.push_back(text_offset);
     text_offset += t.text.size();
   }
-  return json{{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops},
-              {"text_offset", offs}};
+  return json{
+      {"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
 }
 
 nlohmann::json ChunkJson(Endpoint endpoint, const std::string& id, int64_t created,

@@ -5,8 +5,8 @@
 //
 //   ParsedRequest req;
 //   if (std::optional<ApiError> e = ParseRequest(Endpoint::kChat, body, &req)) reply(*e);
-//   DUET_ASSIGN_OR_RETURN(std::string prompt, RenderChat(tokenizer->chat_template(), req.messages));
-//   std::optional<ApiError> e = CheckLengths(&req, prompt_tokens, context_length);
+//   DUET_ASSIGN_OR_RETURN(std::string prompt, RenderChat(tokenizer->chat_template(),
+//   req.messages)); std::optional<ApiError> e = CheckLengths(&req, prompt_tokens, context_length);
 //   v1::SamplingParams sp = ToSampling(req);
 //   TextAssembler text(req.stop);  std::string piece = text.Add(token_bytes);
 #pragma once
@@ -31,8 +31,8 @@ struct ApiError {
   int http_status = 400;
   std::string type = "invalid_request_error";
   std::string message;
-  std::string param;  // empty: null
-  std::string code;   // empty: null
+  std::string param;      // empty: null
+  std::string code;       // empty: null
   int retry_after_s = 0;  // > 0: send Retry-After
 };
 std::string ErrorBody(const ApiError& e);
@@ -53,7 +53,7 @@ struct ParsedRequest {
   std::vector<int32_t> prompt_ids;  // completions: a prompt given as token ids
   bool prompt_is_ids = false;
   std::vector<ChatMessage> messages;  // chat
-  int64_t max_tokens = -1;           // -1: not given
+  int64_t max_tokens = -1;            // -1: not given
   float temperature = 1.0f;
   float top_p = 1.0f;
   std::optional<uint64_t> seed;

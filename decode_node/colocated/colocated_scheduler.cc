@@ -242,7 +242,7 @@ void ColocatedScheduler::Admit() {
     Request& r = *waiting_.front();
     const int64_t n = static_cast<int64_t>(r.prompt.size());
     // Room for the prompt, and a block of headroom per running request so that decodes can
-    // grow (a request the pool cannot grow fails).
+    // grow without preempting the prompt just admitted.
     const int64_t need = pool_->layout().BlocksForTokens(n);
     const int64_t headroom = static_cast<int64_t>(active_.size());
     if (!active_.empty() && pool_->num_free() < need + headroom) return;  // wait (FIFO)

@@ -190,6 +190,7 @@ struct AttnCase {
   kv::KvDtype dtype;
   std::vector<std::pair<int, int>> seqs;  // (cached tokens before, new tokens)
   double tol;
+  bool tensor_prefill = false;  // the bf16 tensor-core prefill kernel
 };
 
 std::string AttnName(const ::testing::TestParamInfo<AttnCase>& info) {
@@ -198,7 +199,7 @@ std::string AttnName(const ::testing::TestParamInfo<AttnCase>& info) {
                   std::to_string(c.head_dim) + "b" + std::to_string(c.block_size) + "w" +
                   std::to_string(c.window) + "_" + kv::KvDtypeName(c.dtype) + "_";
   for (auto [past, now] : c.seqs) s += std::to_string(past) + "p" + std::to_string(now) + "_";
-  return s + std::to_string(info.index);
+  return s + (c.tensor_prefill ? "tc_" : "") + std::to_string(info.index);
 }
 
 // Rounds to what a KV cache of `dtype` stores.
@@ -211,8 +212,8 @@ float RoundTo(kv::KvDtype dtype, float v) {
 class CudaAttentionTest : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(CudaAttentionTest, MatchesCpu) {
-  DUET_CUDA_OR_SKIP(cuda, "f32");
   const AttnCase& c = GetParam();
+  DUET_CUDA_OR_SKIP_PREFILL(cuda, "f32", c.tensor_prefill ? "tensor" : "simt");
   auto cpu = MakeCpuBackend(2);
   const int layers = 2, layer = 1;
   int64_t total_blocks = 0;
@@ -324,6 +325,19 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{32, 8, 128, 16, 0, kv::KvDtype::kBF16, P{{0, 130}, {900, 1}}, 1e-5},
         AttnCase{8, 8, 128, 16, 0, kv::KvDtype::kF16, P{{60, 64}, {300, 1}}, 1e-5},
         AttnCase{4, 4, 256, 16, 0, kv::KvDtype::kBF16, P{{0, 40}, {290, 1}}, 1e-5}),
+    AttnName);
+
+// The tensor-core prefill kernel: Q, K, V and P in bf16, so bf16-level tolerances. Shapes cover
+// partial 64-row tiles, chunked prefill on a cached prefix, GQA, sliding window, every KV dtype,
+// and decode rows in the same call (those take the split-K kernel, exact as above).
+INSTANTIATE_TEST_SUITE_P(
+    TensorPrefill, CudaAttentionTest,
+    ::testing::Values(
+        AttnCase{4, 4, 64, 16, 0, kv::KvDtype::kF32, P{{0, 77}}, 1.5e-2, true},
+        AttnCase{32, 8, 128, 16, 0, kv::KvDtype::kBF16, P{{0, 300}, {1000, 1}}, 1.5e-2, true},
+        AttnCase{8, 2, 128, 16, 0, kv::KvDtype::kF32, P{{100, 40}, {37, 1}, {500, 130}}, 1.5e-2, true},
+        AttnCase{8, 2, 64, 16, 64, kv::KvDtype::kF16, P{{0, 200}, {90, 35}, {700, 1}}, 1.5e-2, true},
+        AttnCase{4, 2, 128, 32, 0, kv::KvDtype::kBF16, P{{0, 1}, {0, 5}, {0, 64}, {64, 65}}, 1.5e-2, true}),
     AttnName);
 
 }  // namespace

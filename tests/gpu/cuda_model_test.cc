@@ -86,7 +86,7 @@ void MakePool(Engine& e, int64_t blocks) {
 }
 
 Engine MakeEngine(const std::string& device, const std::string& gemm_dtype,
-                  const SyntheticOverrides& o) {
+                  const SyntheticOverrides& o, const std::string& prefill = "simt") {
   static int counter = 0;
   const fs::path dir = fs::temp_directory_path() / ("duet_gpu_model_" + std::to_string(getpid()) +
                                                     "_" + std::to_string(counter++));
@@ -97,7 +97,8 @@ Engine MakeEngine(const std::string& device, const std::string& gemm_dtype,
   auto weights = LoadWeights(dir.string(), *config);
   EXPECT_TRUE(weights.ok()) << weights.status();
   fs::remove_all(dir);
-  auto backend = compute::CreateBackend(device, {.num_threads = 2, .cuda_gemm_dtype = gemm_dtype});
+  auto backend = compute::CreateBackend(
+      device, {.num_threads = 2, .cuda_gemm_dtype = gemm_dtype, .cuda_prefill_attention = prefill});
   EXPECT_TRUE(backend.ok()) << backend.status();
   e.backend = std::move(backend).value();
   auto runner = ModelRunner::Create(*config, std::move(*weights), e.backend.get());
@@ -182,6 +183,19 @@ TEST_P(CudaModelParityTest, Bf16LogitsWithinTolerance) {
   ASSERT_EQ(got.first_logits.size(), want.first_logits.size());
   for (size_t i = 0; i < want.first_logits.size(); ++i) {
     EXPECT_LT(RelErr(got.first_logits[i], want.first_logits[i]), 3e-2) << "sequence " << i;
+  }
+}
+
+TEST_P(CudaModelParityTest, Bf16TensorPrefillLogitsWithinTolerance) {
+  if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
+  Engine cpu = MakeEngine("cpu", "f32", GetParam().o);
+  Engine gpu = MakeEngine("cuda", "bf16", GetParam().o, "tensor");
+  const auto prompts = Prompts(cpu.runner->config().vocab_size);
+  const Trace want = RunGreedy(cpu, prompts, 0);
+  const Trace got = RunGreedy(gpu, prompts, 0);
+  ASSERT_EQ(got.first_logits.size(), want.first_logits.size());
+  for (size_t i = 0; i < want.first_logits.size(); ++i) {
+    EXPECT_LT(RelErr(got.first_logits[i], want.first_logits[i]), 4e-2) << "sequence " << i;
   }
 }
 
@@ -284,6 +298,103 @@ TEST(CudaLayerHookTest, AsyncHookStagesEachLayerBehindItsEvent) {
   const std::vector<float> async_logits = run(true, &staged, &blocks);
   EXPECT_EQ(staged.size(), 4u);
   EXPECT_EQ(async_logits, sync_logits);
+}
+
+// Disaggregation on one GPU through the staging path: a "prefill" engine computes the prompt with
+// the async layer hook and stages each layer's blocks to pinned host memory behind that layer's
+// event; a separate "decode" engine (its own backend and device pool, other block ids) receives
+// the bytes into its pool and decodes greedily. Its tokens equal the colocated run's (prefill and
+// decode in one engine), with bf16 weights and a bf16 KV cache.
+TEST(CudaDisaggregationTest, StagedKvGivesTheColocatedTokens) {
+  if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
+  const SyntheticOverrides o{.num_layers = 3, .num_heads = 8, .num_kv_heads = 2, .head_dim = 64,
+                             .hidden = 256, .intermediate = 512, .vocab = 1000};
+  Engine p = MakeEngine("cuda", "bf16", o);
+  Engine d = MakeEngine("cuda", "bf16", o);
+  for (Engine* e : {&p, &d}) {
+    ASSERT_TRUE(e->runner->SetKvDtype(kv::KvDtype::kBF16).ok());
+    MakePool(*e, 64);
+  }
+  auto* pcuda = static_cast<compute::cuda::CudaBackend*>(p.backend.get());
+  const kv::KvLayout layout = p.pool->layout();
+  const int vocab = p.runner->config().vocab_size;
+  std::vector<int32_t> prompt(75);
+  for (int i = 0; i < 75; ++i) prompt[i] = (i * 29 + 3) % vocab;
+  const int steps = 12;
+
+  auto decode = [&](Engine& e, kv::BlockTable* table, int32_t first) {
+    std::vector<int32_t> out = {first};
+    for (int s = 0; s < steps; ++s) {
+      std::vector<SequenceInput> b = {{.seq_id = 1, .tokens = {out.back()},
+                                       .start_pos = int32_t(table->num_tokens()), .table = table,
+                                       .want_logits = true}};
+      auto r = e.runner->Forward(absl::MakeSpan(b), e.pool->View());
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) break;
+      out.push_back(Argmax(r->Row(0), r->vocab));
+    }
+    return out;
+  };
+
+  // Colocated: prefill and decode in one engine.
+  std::vector<int32_t> colocated;
+  {
+    kv::BlockTable table(p.pool.get());
+    std::vector<SequenceInput> b = {
+        {.seq_id = 1, .tokens = prompt, .start_pos = 0, .table = &table, .want_logits = true}};
+    auto r = p.runner->Forward(absl::MakeSpan(b), p.pool->View());
+    ASSERT_TRUE(r.ok()) << r.status();
+    colocated = decode(p, &table, Argmax(r->Row(0), r->vocab));
+    ASSERT_TRUE(table.Release().ok());
+  }
+
+  // Disaggregated: prefill on P with per-layer staging.
+  p.runner->set_async_layer_hook(true);
+  std::vector<compute::cuda::PinnedBuffer> staged(layout.num_layers);
+  std::vector<std::shared_ptr<compute::WorkMarker>> copies;
+  std::vector<kv::BlockId> p_blocks;
+  int32_t first = -1;
+  {
+    kv::BlockTable table(p.pool.get());
+    std::vector<SequenceInput> b = {
+        {.seq_id = 1, .tokens = prompt, .start_pos = 0, .table = &table, .want_logits = true}};
+    auto r = p.runner->Forward(
+        absl::MakeSpan(b), p.pool->View(), [&](int layer, absl::Span<const LayerSpan> spans) {
+          p_blocks = *spans[0].blocks;
+          auto buf = compute::cuda::PinnedBuffer::Create(p_blocks.size() * layout.BlockBytes());
+          ASSERT_TRUE(buf.ok()) << buf.status();
+          auto done = pcuda->StageBlocksToHost(p.pool->View(), layer, p_blocks, buf->get(),
+                                               spans[0].ready.get());
+          ASSERT_TRUE(done.ok()) << done.status();
+          copies.push_back(*done);
+          staged[layer] = std::move(buf).value();
+        });
+    ASSERT_TRUE(r.ok()) << r.status();
+    first = Argmax(r->Row(0), r->vocab);
+    ASSERT_TRUE(table.Release().ok());
+  }
+  ASSERT_EQ(copies.size(), size_t(layout.num_layers));
+  for (auto& c : copies) ASSERT_TRUE(c->Wait(absl::Now() + absl::Seconds(10)).ok());
+
+  // D: other block ids (a few taken first), the staged bytes landed into them, then decode.
+  auto taken = d.pool->Allocate(3);
+  ASSERT_TRUE(taken.ok());
+  kv::BlockTable table(d.pool.get());
+  ASSERT_TRUE(table.Reserve(int64_t(prompt.size())).ok());
+  ASSERT_EQ(table.blocks().size(), p_blocks.size());
+  for (int layer = 0; layer < layout.num_layers; ++layer) {
+    for (size_t i = 0; i < p_blocks.size(); ++i) {
+      ASSERT_EQ(cudaMemcpy(d.pool->View().BlockPtr(layer, table.blocks()[i]),
+                           static_cast<uint8_t*>(staged[layer].get()) + i * layout.BlockBytes(),
+                           layout.BlockBytes(), cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+  }
+  table.Append(int64_t(prompt.size()));
+  const std::vector<int32_t> disaggregated = decode(d, &table, first);
+  EXPECT_EQ(disaggregated, colocated);
+  EXPECT_TRUE(table.Release().ok());
+  EXPECT_TRUE(d.pool->Free(*taken).ok());
 }
 
 }  // namespace

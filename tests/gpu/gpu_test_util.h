@@ -22,7 +22,8 @@ namespace duet::compute::gpu_testing {
 // Null (and the test marked skipped) when no CUDA device is usable. Call through
 // DUET_CUDA_OR_SKIP so the skip returns from the test body.
 inline std::unique_ptr<cuda::CudaBackend> MakeCudaBackend(const std::string& gemm_dtype,
-                                                          std::string* why) {
+                                                          std::string* why,
+                                                          const std::string& prefill = "simt") {
   absl::StatusOr<int> count = cuda::CudaDeviceCount();
   if (!count.ok() || *count <= 0) {
     *why = "no usable GPU: " + (count.ok() ? std::string("0 CUDA devices")
@@ -31,6 +32,7 @@ inline std::unique_ptr<cuda::CudaBackend> MakeCudaBackend(const std::string& gem
   }
   BackendOptions options;
   options.cuda_gemm_dtype = gemm_dtype;
+  options.cuda_prefill_attention = prefill;
   auto backend = cuda::CudaBackend::Create(options);
   if (!backend.ok()) {
     ADD_FAILURE() << "a GPU is present but the CUDA backend failed: " << backend.status();
@@ -40,9 +42,10 @@ inline std::unique_ptr<cuda::CudaBackend> MakeCudaBackend(const std::string& gem
   return std::move(backend).value();
 }
 
-#define DUET_CUDA_OR_SKIP(var, dtype)                                           \
-  std::string var##_why;                                                        \
-  auto var = ::duet::compute::gpu_testing::MakeCudaBackend(dtype, &var##_why); \
+#define DUET_CUDA_OR_SKIP(var, dtype) DUET_CUDA_OR_SKIP_PREFILL(var, dtype, "simt")
+#define DUET_CUDA_OR_SKIP_PREFILL(var, dtype, prefill)                                       \
+  std::string var##_why;                                                                     \
+  auto var = ::duet::compute::gpu_testing::MakeCudaBackend(dtype, &var##_why, prefill);     \
   if (var == nullptr) GTEST_SKIP() << var##_why
 
 // Activation memory of a backend holding a copy of a host vector.

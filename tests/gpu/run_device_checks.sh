@@ -43,9 +43,11 @@ export LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CMAKE_POLICY_VERSION_MINIMUM=3.5
 BUILD=${BUILD_DIR:-build-gpu}
 
+# -include cstdint: Abseil 20220623's headers predate GCC 13's leaner includes (harmless here).
 timeout 120 cmake -G Ninja -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDUET_ENGINE_ONLY=ON \
   -DDUET_CUDA_ARCHS=90 -Dabsl_DIR="$LIBDIR/cmake/absl" -DGTest_DIR="$LIBDIR/cmake/GTest" \
-  -Dnlohmann_json_DIR="$CARRY/usr/share/cmake/nlohmann_json" > "$OUT/configure.log" 2>&1
+  -Dnlohmann_json_DIR="$CARRY/usr/share/cmake/nlohmann_json" \
+  -DCMAKE_CXX_FLAGS="-include cstdint" > "$OUT/configure.log" 2>&1
 rc=$?
 say "configure rc=$rc"
 if [[ $rc -ne 0 ]]; then tail -30 "$OUT/configure.log"; exit 3; fi
@@ -55,6 +57,10 @@ timeout 240 ninja -C "$BUILD" -j"$(nproc)" cuda_kernels_test cuda_model_test gpu
 rc=$?
 say "build rc=$rc ($(grep -c 'Building' "$OUT/build.log") compile steps)"
 if [[ $rc -ne 0 ]]; then grep -E 'error|FAILED' "$OUT/build.log" | head -40; exit 4; fi
+if command -v cuobjdump > /dev/null; then
+  say "SASS: $(cuobjdump --dump-sass "$BUILD/common/compute/cuda/libduet_compute_cuda.a" 2>/dev/null |
+    grep -cE 'HMMA') HMMA instructions in the CUDA backend (tensor-core prefill, expected > 0)"
+fi
 
 (cd "$BUILD" && timeout 150 ctest -L gpu --output-on-failure --timeout 120) > "$OUT/gpu_tests.log" 2>&1
 rc=$?
@@ -64,6 +70,7 @@ grep -E '\(Failed\)|\(Skipped\)|\(Timeout\)' "$OUT/gpu_tests.log" | head -20 | t
 budget=$(left)
 if [[ $budget -gt 60 ]]; then
   timeout $((budget - 30)) "$BUILD/bench/gpu/gpu_engine_bench" --preset llama3-8b \
+    --prefill_attention simt,tensor \
     --prefill 512,2048,8192 --decode_batch 1,32,128 --context 1024 --reps 5 \
     --json "$OUT/engine.json" --table "$OUT/engine.md" > "$OUT/bench.log" 2>&1
   say "bench rc=$?"

@@ -197,6 +197,41 @@ TEST_F(ColocatedServeTest, TokenExactAgainstOneProcessAndTheCluster) {
   }
 }
 
+// 48 concurrent requests (about 500 blocks of prompts) on a pool of 128 blocks: admission waits
+// for room (and a growing decode may preempt a prefill), yet every request gets the engine's
+// tokens and nothing is left held.
+TEST_F(ColocatedServeTest, SmallPoolUnderLoadIsTokenExactAndLeavesNothing) {
+  std::vector<std::string> flags = ColocatedFlags();
+  flags.push_back("--kv_cache_bytes=1048576");  // the last value of a flag wins
+  flags.push_back("--max_batch_tokens=16");     // long prompts take many steps
+  ServeProcess colocated(DUET_BIN, flags);
+  ASSERT_TRUE(colocated.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+  const v1::HealthResponse h = Health(*stub);
+  ASSERT_EQ(h.nodes_size(), 1);
+  EXPECT_EQ(h.nodes(0).load().total_blocks(), 128);
+  constexpr int kRequests = 48;
+  std::vector<Result> results(kRequests);
+  std::vector<std::thread> threads;
+  auto prompt_of = [&](int i) { return Prompt(1 + (i * 37) % 300, i); };
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      v1::SamplingParams s;
+      s.set_max_tokens(4 + i % 9);
+      s.set_ignore_eos(true);
+      results[i] = Generate(*stub, Request(prompt_of(i), s));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << "request " << i << ": " << results[i].status;
+    EXPECT_EQ(results[i].ids,
+              Reference(prompt_of(i), {.max_tokens = 4 + i % 9, .ignore_eos = true}))
+        << "request " << i;
+  }
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
 // The final message carries the phases: no transfer, a decode admission, a TTFT that covers
 // queueing and prefill.
 TEST_F(ColocatedServeTest, FillsRequestTimings) {

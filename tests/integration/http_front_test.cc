@@ -4,11 +4,10 @@
 #include "coordinator/http/http_front.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <string>
@@ -87,10 +86,10 @@ Reply Exchange(int port, const std::string& method, const std::string& path,
     close(fd);
     return r;
   }
-  const std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: x\r\n",
-                                       "Connection: close\r\nContent-Type: application/json\r\n",
-                                       extra_headers, "Content-Length: ", body.size(), "\r\n\r\n",
-                                       body);
+  const std::string req =
+      absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: x\r\n",
+                   "Connection: close\r\nContent-Type: application/json\r\n", extra_headers,
+                   "Content-Length: ", body.size(), "\r\n\r\n", body);
   (void)!write(fd, req.data(), req.size());
   std::string all;
   char buf[65536];

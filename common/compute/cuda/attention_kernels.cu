@@ -331,7 +331,9 @@ void LaunchAttentionTyped(const KvCacheArgs& cache, const float* q, const Attent
   const LayerAddr addr = MakeLayerAddr(cache);
   const T* base = static_cast<const T*>(cache.base);
   const int group = meta.num_q_heads / cache.num_kv_heads;
-  if (meta.num_prefill_tiles > 0) {
+  if (meta.num_prefill_tiles > 0 && meta.tensor_core_prefill) {
+    LaunchTensorPrefill(cache, q, meta, out, s);
+  } else if (meta.num_prefill_tiles > 0) {
     constexpr int smem = PrefillSmemBytes<kD>();
     // Above 48 KiB a block needs the opt-in (cheap; done per launch so every device has it).
     cudaFuncSetAttribute(PrefillAttentionKernel<T, kD>,

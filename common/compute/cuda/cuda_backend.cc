@@ -101,17 +101,23 @@ class CudaWorkMarker : public WorkMarker {
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
   DUET_ASSIGN_OR_RETURN(ElemType dtype, ParseGemmDtype(options.cuda_gemm_dtype));
+  const std::string& attn = options.cuda_prefill_attention;
+  if (!attn.empty() && attn != "simt" && attn != "tensor") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown cuda_prefill_attention '", attn,
+                                                   "': valid values are 'simt', 'tensor'"));
+  }
   DUET_ASSIGN_OR_RETURN(int count, CudaDeviceCount());
   if (options.cuda_device < 0 || options.cuda_device >= count) {
     return absl::InvalidArgumentError(absl::StrCat("cuda_device ", options.cuda_device,
                                                    " out of range: ", count, " device(s)"));
   }
-  std::unique_ptr<CudaBackend> b(new CudaBackend(options.cuda_device, dtype));
+  std::unique_ptr<CudaBackend> b(new CudaBackend(options.cuda_device, dtype, attn == "tensor"));
   DUET_RETURN_IF_ERROR(b->Init());
   return b;
 }
 
-CudaBackend::CudaBackend(int device, ElemType gemm_dtype) : device_(device), gemm_dtype_(gemm_dtype) {}
+CudaBackend::CudaBackend(int device, ElemType gemm_dtype, bool tensor_prefill)
+    : device_(device), gemm_dtype_(gemm_dtype), tensor_prefill_(tensor_prefill) {}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
@@ -141,7 +147,8 @@ absl::Status CudaBackend::Init() {
       cublasSetWorkspace(cublas_.get(), cublas_workspace_.get(), cublas_workspace_.bytes()));
   DUET_LOG(INFO) << "cuda backend on device " << device_ << ": " << device_name_ << ", GEMM "
                  << (gemm_dtype_ == ElemType::kBF16 ? "bf16"
-                     : gemm_dtype_ == ElemType::kF16 ? "f16" : "f32");
+                     : gemm_dtype_ == ElemType::kF16 ? "f16" : "f32")
+                 << ", prefill attention " << (tensor_prefill_ ? "tensor" : "simt");
   return absl::OkStatus();
 }
 
@@ -455,6 +462,8 @@ void CudaBackend::PagedAttention(const kv::KvCacheView& cache, int layer, const 
   std::vector<int2> tiles;
   std::vector<int4> rows;
   int max_splits = 1;
+  const bool tensor = tensor_prefill_ && TensorPrefillSupports(lay.head_dim);
+  const int tile_rows = tensor ? kTensorPrefillTileRows : kPrefillTileRows;
   for (size_t si = 0; si < seqs.size(); ++si) {
     const AttentionSeq& s = seqs[si];
     if (s.q_len < 0 || s.q_len > s.context_len ||
@@ -483,7 +492,7 @@ void CudaBackend::PagedAttention(const kv::KvCacheView& cache, int layer, const 
         max_splits = std::max(max_splits, splits);
       }
     } else {
-      for (int r = 0; r < s.q_len; r += kPrefillTileRows) tiles.push_back(make_int2(static_cast<int>(si), r));
+      for (int r = 0; r < s.q_len; r += tile_rows) tiles.push_back(make_int2(static_cast<int>(si), r));
     }
   }
   auto align16 = [](size_t b) { return (b + 15) / 16 * 16; };
@@ -507,6 +516,7 @@ void CudaBackend::PagedAttention(const kv::KvCacheView& cache, int layer, const 
   meta.decode_rows = reinterpret_cast<const int4*>(dev + seq_bytes + table_bytes + tile_bytes);
   meta.num_decode_rows = static_cast<int>(rows.size());
   meta.max_splits = max_splits;
+  meta.tensor_core_prefill = tensor;
   meta.num_q_heads = params.num_q_heads;
   meta.scale = params.scale;
   meta.sliding_window = params.sliding_window;

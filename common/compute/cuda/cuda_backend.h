@@ -41,6 +41,7 @@ class CudaBackend : public ComputeBackend {
 
   std::string name() const override { return "cuda"; }
   ElemType gemm_dtype() const { return gemm_dtype_; }
+  bool tensor_prefill() const { return tensor_prefill_; }
   int device() const { return device_; }
   const std::string& device_name() const { return device_name_; }
   cudaStream_t stream() const { return stream_.get(); }
@@ -106,7 +107,7 @@ class CudaBackend : public ComputeBackend {
   };
   enum SlotKind { kIds = 0, kPositions, kSlots, kAttention, kInvFreq, kNumSlots };
 
-  CudaBackend(int device, ElemType gemm_dtype);
+  CudaBackend(int device, ElemType gemm_dtype, bool tensor_prefill);
   absl::Status Init();
   // Locks mu_ and makes device_ current on the calling thread.
   std::unique_lock<std::mutex> Enter();
@@ -120,6 +121,7 @@ class CudaBackend : public ComputeBackend {
 
   const int device_;
   const ElemType gemm_dtype_;
+  const bool tensor_prefill_;
   std::string device_name_;
   Stream stream_;
   Stream copy_stream_;  // staging copies, ordered behind compute-stream events

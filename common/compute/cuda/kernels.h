@@ -38,7 +38,7 @@ void LaunchFillUniform(void* dst, ElemType type, int64_t n, uint64_t seed, float
 // out[r] = argmax_j logits[r, j] (lowest index on ties).
 void LaunchArgMax(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s);
 
-// ---- KV cache and attention (attention_kernels.cu)
+// ---- KV cache and attention (attention_kernels.cu, prefill_tensor_kernels.cu)
 struct KvCacheArgs {
   void* base = nullptr;      // the pool's region (device memory)
   ElemType dtype = ElemType::kF32;
@@ -72,12 +72,17 @@ struct AttentionMeta {
   const int4* decode_rows = nullptr;
   int num_decode_rows = 0;
   int max_splits = 1;                   // max over decode rows of their split count
+  bool tensor_core_prefill = false;     // prefill tiles of kTensorPrefillTileRows (see below)
   int num_q_heads = 0;
   float scale = 0.f;
   int sliding_window = 0;
 };
 
 inline constexpr int kPrefillTileRows = 32;
+// The tensor-core prefill kernel (bf16 mma.sync through WMMA, fp32 accumulators) takes tiles of
+// 64 query rows and head_dim 64 or 128; the host picks it with BackendOptions::cuda_attention.
+inline constexpr int kTensorPrefillTileRows = 64;
+bool TensorPrefillSupports(int head_dim);
 // Keys per decode split: a row's split count is ceil(keys / kDecodeSplitKeys), a function of
 // its own context only, so its result never depends on the batch.
 inline constexpr int kDecodeSplitKeys = 256;
@@ -93,5 +98,9 @@ inline constexpr int kMaxHeadDim = 256;
 // there are no decode rows). Returns false for an unsupported head_dim.
 bool LaunchPagedAttention(const KvCacheArgs& cache, const float* q, const AttentionMeta& meta,
                           float* out, float* partials, cudaStream_t s);
+// The tensor-core prefill kernel alone (called by LaunchPagedAttention when
+// meta.tensor_core_prefill); false for an unsupported head_dim.
+bool LaunchTensorPrefill(const KvCacheArgs& cache, const float* q, const AttentionMeta& meta,
+                         float* out, cudaStream_t s);
 
 }  // namespace duet::compute::cuda

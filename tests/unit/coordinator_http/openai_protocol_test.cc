@@ -45,8 +45,7 @@ TEST(OpenAiParseTest, KnownFieldsWithWrongTypesNameTheField) {
       {Endpoint::kCompletions, R"({"prompt": "hi", "logprobs": true})", "logprobs"},
       {Endpoint::kChat, R"({"messages": "hello"})", "messages"},
       {Endpoint::kChat, R"({"messages": [{"role": 1, "content": "x"}]})", "messages[0].role"},
-      {Endpoint::kChat, R"({"messages": [{"role": "user", "content": 5}]})",
-       "messages[0].content"},
+      {Endpoint::kChat, R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
       {Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 2})",
        "logprobs"},
       {Endpoint::kChat,
@@ -62,20 +61,13 @@ TEST(OpenAiParseTest, KnownFieldsWithWrongTypesNameTheField) {
 }
 
 TEST(OpenAiParseTest, ValuesOutOfRange) {
-  for (const char* body : {R"({"prompt": "hi", "max_tokens": 0})",
-                           R"({"prompt": "hi", "max_tokens": -3})",
-                           R"({"prompt": "hi", "temperature": 2.5})",
-                           R"({"prompt": "hi", "top_p": 1.5})",
-                           R"({"prompt": "hi", "n": 2})",
-                           R"({"prompt": "hi", "logprobs": 21})",
-                           R"({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})",
-                           R"({"prompt": "hi", "stop": ""})",
-                           R"({"prompt": "hi", "frequency_penalty": 0.5})",
-                           R"({"prompt": "hi", "echo": true})",
-                           R"({"prompt": ""})",
-                           R"({"prompt": []})",
-                           R"({"prompt": [-1]})",
-                           R"({"max_tokens": 4})"}) {
+  for (const char* body :
+       {R"({"prompt": "hi", "max_tokens": 0})", R"({"prompt": "hi", "max_tokens": -3})",
+        R"({"prompt": "hi", "temperature": 2.5})", R"({"prompt": "hi", "top_p": 1.5})",
+        R"({"prompt": "hi", "n": 2})", R"({"prompt": "hi", "logprobs": 21})",
+        R"({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})", R"({"prompt": "hi", "stop": ""})",
+        R"({"prompt": "hi", "frequency_penalty": 0.5})", R"({"prompt": "hi", "echo": true})",
+        R"({"prompt": ""})", R"({"prompt": []})", R"({"prompt": [-1]})", R"({"max_tokens": 4})"}) {
     auto e = Parse(Endpoint::kCompletions, body);
     ASSERT_TRUE(e) << body;
     EXPECT_EQ(e->http_status, 400) << body;
@@ -189,8 +181,8 @@ TEST(OpenAiChatTest, RendersChatMlWithTheTemplatesDefaultSystemTurn) {
   EXPECT_EQ(*out,
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM<|im_end|>\n"
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-  out = RenderChat(tmpl, {{"system", "Terse."}, {"user", "Hi"}, {"assistant", "Yo"},
-                          {"user", "Again"}});
+  out = RenderChat(tmpl,
+                   {{"system", "Terse."}, {"user", "Hi"}, {"assistant", "Yo"}, {"user", "Again"}});
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(*out,
             "<|im_start|>system\nTerse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
@@ -209,9 +201,9 @@ TEST(OpenAiChatTest, NoTemplateAndUnsupportedTemplate) {
 
 TEST(OpenAiTextTest, NeverSplitsUtf8) {
   EXPECT_EQ(Utf8SafePrefix("ab", 2), 2u);
-  EXPECT_EQ(Utf8SafePrefix("a\xC3", 2), 1u);          // first byte of é
-  EXPECT_EQ(Utf8SafePrefix("a\xC3\xA9", 3), 3u);      // é complete
-  EXPECT_EQ(Utf8SafePrefix("\xF0\x9F\x98", 3), 0u);   // 3 of an emoji's 4 bytes
+  EXPECT_EQ(Utf8SafePrefix("a\xC3", 2), 1u);         // first byte of é
+  EXPECT_EQ(Utf8SafePrefix("a\xC3\xA9", 3), 3u);     // é complete
+  EXPECT_EQ(Utf8SafePrefix("\xF0\x9F\x98", 3), 0u);  // 3 of an emoji's 4 bytes
   EXPECT_EQ(Utf8SafePrefix("\xF0\x9F\x98\x80", 4), 4u);
   TextAssembler t({});
   EXPECT_EQ(t.Add("caf"), "caf");
@@ -282,9 +274,9 @@ TEST(OpenAiResponseTest, ChunksAndResponses) {
 }
 
 TEST(OpenAiResponseTest, LogprobsShapes) {
-  std::vector<TokenOut> toks = {{.id = 1, .text = "He", .logprob = -0.5f,
-                                 .top = {{"He", -0.5f}, {"Hi", -1.5f}}},
-                                {.id = 2, .text = "llo", .logprob = -0.25f, .top = {}}};
+  std::vector<TokenOut> toks = {
+      {.id = 1, .text = "He", .logprob = -0.5f, .top = {{"He", -0.5f}, {"Hi", -1.5f}}},
+      {.id = 2, .text = "llo", .logprob = -0.25f, .top = {}}};
   json c = LogprobsJson(Endpoint::kCompletions, toks, 10);
   EXPECT_EQ(c["tokens"], json({"He", "llo"}));
   EXPECT_EQ(c["text_offset"], json({10, 12}));

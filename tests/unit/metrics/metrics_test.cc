@@ -37,8 +37,8 @@ TEST(MetricsTest, SameNameReturnsSameFamily) {
 
 TEST(MetricsTest, HistogramBucketsAreCumulativeWithInf) {
   Registry reg;
-  Histogram& h = reg.AddHistogram("lat_seconds", "Latency", {"node"}, {0.1, 1.0})
-                     .WithLabels({"d0"});
+  Histogram& h =
+      reg.AddHistogram("lat_seconds", "Latency", {"node"}, {0.1, 1.0}).WithLabels({"d0"});
   h.Observe(0.05);
   h.Observe(0.1);  // on the bound: le is inclusive
   h.Observe(0.5);
