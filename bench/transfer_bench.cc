@@ -4,7 +4,10 @@
 // ratio to ucx_perftest (best of put/tag/am at the same message size and transport, run in the
 // same invocation) and to a single-thread memcpy, and the pipelined case: with a simulated
 // per-layer compute time equal to one layer's transfer time, the time from the last layer
-// computed to the request ready on the receiver, pipelined vs bulk after the last layer.
+// computed to the request ready on the receiver, pipelined vs bulk after the last layer. The
+// pipelined run posts each layer where the engine's layer-done hook fires (after the QKV
+// projection, before attention and the MLP: `hook_fraction` of the layer's FLOPs), and again at
+// the layer's end, to show what that placement hides.
 //
 //   transfer_bench --quick --json /tmp/transfer.json        # a subset, < 30 s
 //   transfer_bench --transports=shm --geometries=llama3-8b  # one slice of the full sweep
@@ -32,6 +35,7 @@
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/base/stream_copy.h"
 #include "common/kv/block_pool.h"
 #include "transfer/kv_stream/kv_notice.h"
 #include "transfer/kv_stream/kv_stream_sender.h"
@@ -69,11 +73,23 @@ struct Geometry {
   std::string name;
   int layers, heads, dim;
   kv::KvDtype dtype;
+  int hidden, q_heads, intermediate;  // the model around the KV, for the hook's position
+
+  // Share of a layer's weight FLOPs spent before the engine's layer-done hook fires: the hook
+  // runs right after the layer's K/V are written, i.e. after the QKV projection and before
+  // attention, the output projection and the MLP (ModelRunner). Attention FLOPs, which grow
+  // with the prompt, are left out, so this overstates the share (conservative).
+  double HookFraction() const {
+    const double qkv = double(hidden) * (q_heads + 2 * heads) * dim;
+    const double o = double(hidden) * q_heads * dim;
+    const double mlp = 3.0 * hidden * intermediate;
+    return qkv / (qkv + o + mlp);
+  }
 };
 const Geometry kGeometries[] = {
-    {"tiny", 2, 2, 16, kv::KvDtype::kF32},
-    {"llama3-8b", 32, 8, 128, kv::KvDtype::kBF16},
-    {"llama3-70b", 80, 8, 128, kv::KvDtype::kBF16},
+    {"tiny", 2, 2, 16, kv::KvDtype::kF32, 64, 4, 128},
+    {"llama3-8b", 32, 8, 128, kv::KvDtype::kBF16, 4096, 32, 14336},
+    {"llama3-70b", 80, 8, 128, kv::KvDtype::kBF16, 8192, 64, 28672},
 };
 
 std::string EncodeLayout(const kv::KvLayout& l) {
@@ -182,6 +198,30 @@ double MemcpyGBps(size_t bytes) {
     std::memcpy(b.data(), a.data(), bytes);
   }
   return static_cast<double>(bytes) * reps / sw.ElapsedSeconds() / 1e9;
+}
+
+// What one thread can move through memory for a whole request's KV: `bytes` copied 1 MiB at a
+// time from one buffer to another (the best of memcpy and StreamingCopy, two passes each). At
+// 8B/70B sizes both buffers are far larger than the caches, as the stream's pools are, unlike
+// ucx_perftest, which re-sends one cache-resident buffer.
+double WholeKvCopyGBps(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 4096);
+  std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
+  constexpr size_t kChunk = 1 << 20;
+  double best = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    Stopwatch sw;
+    for (size_t o = 0; o < bytes; o += kChunk) {
+      const size_t n = std::min(kChunk, bytes - o);
+      if (pass % 2 == 0) {
+        std::memcpy(b.data() + o, a.data() + o, n);
+      } else {
+        StreamingCopy(b.data() + o, a.data() + o, n);
+      }
+    }
+    best = std::max(best, static_cast<double>(bytes) / sw.ElapsedSeconds() / 1e9);
+  }
+  return best;
 }
 
 // ucx_perftest's overall bandwidth (GB/s; it prints MiB/s) for `test` at `size` bytes, or -1.
@@ -335,8 +375,9 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
       if (!t->WaitForNotices(deadline)) return absl::DeadlineExceededError("no ack from receiver");
     }
   };
-  // mode: 0 bulk (no compute), 1 pipelined with `compute` per layer, 2 compute all then bulk.
-  auto run = [&](int mode, absl::Duration compute) -> absl::StatusOr<uint64_t> {
+  // mode: 0 bulk (no compute); 1 pipelined with `compute` per layer, the layer's writes posted
+  // `hook` of the way through it (1.0: at its end); 2 compute all layers, then bulk.
+  auto run = [&](int mode, absl::Duration compute, double hook) -> absl::StatusOr<uint64_t> {
     const uint64_t id = next_id++;
     DUET_RETURN_IF_ERROR(sender->Begin({id, peer, blocks, blocks}));
     std::vector<int64_t>& posts = post_ns[id];
@@ -344,21 +385,22 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
     start_ns[id] = MonotonicNanos();
     if (mode == 2) absl::SleepFor(compute * L);
     for (int l = 0; l < L; ++l) {
-      if (mode == 1) absl::SleepFor(compute);
+      if (mode == 1) absl::SleepFor(compute * hook);
       posts[l] = MonotonicNanos();
       const uint64_t ids[] = {id};
       DUET_RETURN_IF_ERROR(sender->OnLayerDone(l, ids));
+      if (mode == 1 && hook < 1.0) absl::SleepFor(compute * (1.0 - hook));
     }
-    last_compute_ns[id] = mode == 0 ? start_ns[id] : (mode == 1 ? posts[L - 1] : posts[0]);
+    last_compute_ns[id] = mode == 0 ? start_ns[id] : (mode == 1 ? MonotonicNanos() : posts[0]);
     DUET_RETURN_IF_ERROR(sender->Finish(id, "tok"));
     DUET_RETURN_IF_ERROR(wait_ack(id));
     return id;
   };
 
-  DUET_RETURN_IF_ERROR(run(0, absl::ZeroDuration()).status());  // warm-up
-  std::vector<uint64_t> bulk_ids, pipe_ids, after_ids;
+  DUET_RETURN_IF_ERROR(run(0, absl::ZeroDuration(), 1.0).status());  // warm-up
+  std::vector<uint64_t> bulk_ids, pipe_ids, end_ids, after_ids;
   for (int i = 0; i < iters; ++i) {
-    DUET_ASSIGN_OR_RETURN(uint64_t id, run(0, absl::ZeroDuration()));
+    DUET_ASSIGN_OR_RETURN(uint64_t id, run(0, absl::ZeroDuration(), 1.0));
     bulk_ids.push_back(id);
   }
   // Arrival times of every notice, from the receiver's log (read once, at the end).
@@ -389,24 +431,30 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
   // Compute time per layer = one layer's transfer time, estimated from a sender-side timed bulk
   // run (the ack adds one small message).
   Stopwatch est;
-  DUET_ASSIGN_OR_RETURN(uint64_t est_id, run(0, absl::ZeroDuration()));
+  DUET_ASSIGN_OR_RETURN(uint64_t est_id, run(0, absl::ZeroDuration(), 1.0));
   (void)est_id;
   const absl::Duration compute = absl::Nanoseconds(est.ElapsedNanos() / L);
+  const double hook = c.geometry.HookFraction();
   for (int i = 0; i < std::max(2, iters / 2); ++i) {
-    DUET_ASSIGN_OR_RETURN(uint64_t p, run(1, compute));
+    DUET_ASSIGN_OR_RETURN(uint64_t p, run(1, compute, hook));
     pipe_ids.push_back(p);
-    DUET_ASSIGN_OR_RETURN(uint64_t a, run(2, compute));
+    DUET_ASSIGN_OR_RETURN(uint64_t e, run(1, compute, 1.0));
+    end_ids.push_back(e);
+    DUET_ASSIGN_OR_RETURN(uint64_t a, run(2, compute, 1.0));
     after_ids.push_back(a);
   }
   DUET_ASSIGN_OR_RETURN(auto arrivals, read_log());
 
-  std::vector<double> bulk_ms, layer_lat_us, pipe_tail_ms, after_tail_ms;
+  std::vector<double> bulk_ms, layer_lat_us, pipe_tail_ms, end_tail_ms, after_tail_ms;
   for (uint64_t id : bulk_ids) bulk_ms.push_back((ready_ns(arrivals[id]) - start_ns[id]) / 1e6);
   for (uint64_t id : pipe_ids) {
     for (int l = 0; l < L; ++l) {
       layer_lat_us.push_back((arrivals[id].first[l] - post_ns[id][l]) / 1e3);
     }
     pipe_tail_ms.push_back((ready_ns(arrivals[id]) - last_compute_ns[id]) / 1e6);
+  }
+  for (uint64_t id : end_ids) {
+    end_tail_ms.push_back((ready_ns(arrivals[id]) - last_compute_ns[id]) / 1e6);
   }
   for (uint64_t id : after_ids) {
     after_tail_ms.push_back((ready_ns(arrivals[id]) - last_compute_ns[id]) / 1e6);
@@ -420,6 +468,7 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
   PerftestBest ref;
   if (absl::GetFlag(FLAGS_perftest)) ref = BestPerftest(c.transport, msg);
   const double memcpy_gbps = MemcpyGBps(layer_bytes);
+  const double whole_copy_gbps = WholeKvCopyGBps(total_bytes);
   const double one_layer_ms = total_ms / L;
   json row = {
       {"geometry", c.geometry.name},
@@ -440,11 +489,16 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
       {"ratio_to_perftest", ref.gbps > 0 ? gbps / ref.gbps : -1},
       {"memcpy_gbps", memcpy_gbps},
       {"ratio_to_memcpy", gbps / memcpy_gbps},
+      {"whole_kv_copy_gbps", whole_copy_gbps},
+      {"ratio_to_whole_kv_copy", gbps / whole_copy_gbps},
       {"compute_per_layer_ms", absl::ToDoubleMilliseconds(compute)},
       {"one_layer_transfer_ms", one_layer_ms},
+      {"hook_fraction", hook},
       {"pipelined_tail_ms", Median(pipe_tail_ms)},
+      {"pipelined_tail_hook_at_layer_end_ms", Median(end_tail_ms)},
       {"bulk_after_tail_ms", Median(after_tail_ms)},
       {"pipelined_tail_in_layers", Median(pipe_tail_ms) / one_layer_ms},
+      {"pipelined_tail_hook_at_layer_end_in_layers", Median(end_tail_ms) / one_layer_ms},
   };
   return row;
 }
@@ -473,10 +527,11 @@ int RunSweep() {
   }
   const int iters = quick ? 3 : absl::GetFlag(FLAGS_iters);
   json rows = json::array();
-  std::printf("%-11s %-4s %-4s %6s %3s %9s %9s %7s %9s %9s %8s %6s %7s %6s %9s %9s %6s\n",
-              "geometry", "tr", "lane", "prompt", "bs", "layer_KiB", "total_ms", "GB/s",
-              "lat_p50us", "lat_p99us", "pt_GB/s", "x_pt", "mc_GB/s", "x_mc", "pipe_tail",
-              "bulk_tail", "tail_L");
+  std::printf(
+      "%-11s %-4s %-6s %6s %3s %9s %9s %7s %9s %9s %8s %6s %7s %6s %7s %6s %9s %9s %6s %9s\n",
+      "geometry", "tr", "lane", "prompt", "bs", "layer_KiB", "total_ms", "GB/s", "lat_p50us",
+      "lat_p99us", "pt_GB/s", "x_pt", "mc_GB/s", "x_mc", "kv_GB/s", "x_kv", "pipe_tail",
+      "bulk_tail", "tail_L", "end_tail_L");
   for (const Config& c : configs) {
     const kv::KvLayout l{.model_id = c.geometry.name,
                          .num_layers = c.geometry.layers,
@@ -494,15 +549,17 @@ int RunSweep() {
     }
     const json& r = *row;
     std::printf(
-        "%-11s %-4s %-4s %6d %3d %9.0f %9.2f %7.2f %9.0f %9.0f %8.2f %6.2f %7.2f %6.2f %9.2f %9.2f "
-        "%6.2f\n",
+        "%-11s %-4s %-6s %6d %3d %9.0f %9.2f %7.2f %9.0f %9.0f %8.2f %6.2f %7.2f %6.2f %7.2f %6.2f "
+        "%9.2f %9.2f %6.2f %9.2f\n",
         c.geometry.name.c_str(), c.transport.c_str(), r["lane"].get<std::string>().c_str(),
         c.prompt, c.block, r["layer_bytes"].get<double>() / 1024, r["total_ms"].get<double>(),
         r["gbps"].get<double>(), r["layer_latency_p50_us"].get<double>(),
         r["layer_latency_p99_us"].get<double>(), r["perftest_gbps"].get<double>(),
         r["ratio_to_perftest"].get<double>(), r["memcpy_gbps"].get<double>(),
-        r["ratio_to_memcpy"].get<double>(), r["pipelined_tail_ms"].get<double>(),
-        r["bulk_after_tail_ms"].get<double>(), r["pipelined_tail_in_layers"].get<double>());
+        r["ratio_to_memcpy"].get<double>(), r["whole_kv_copy_gbps"].get<double>(),
+        r["ratio_to_whole_kv_copy"].get<double>(), r["pipelined_tail_ms"].get<double>(),
+        r["bulk_after_tail_ms"].get<double>(), r["pipelined_tail_in_layers"].get<double>(),
+        r["pipelined_tail_hook_at_layer_end_in_layers"].get<double>());
     std::fflush(stdout);
     rows.push_back(r);
   }

@@ -27,6 +27,13 @@ FinishReason FinishReasonFromStop(model::StopReason stop) {
   return FinishReason::kNone;
 }
 
+int64_t ExposedTransferTailUs(int64_t forward_done_us, int64_t last_layer_done_us,
+                              int64_t ready_us) {
+  const int64_t compute_end_us = forward_done_us > 0 ? forward_done_us : last_layer_done_us;
+  if (compute_end_us <= 0) return 0;
+  return std::max<int64_t>(0, ready_us - compute_end_us);
+}
+
 namespace {
 
 // A random high half, so transfer ids of different decode nodes (and incarnations) do not
@@ -444,9 +451,8 @@ void DecodeScheduler::Admit(Landed landed) {
     int64_t ready_us = r->final_landed_us;
     for (int64_t t : r->layer_landed_us) ready_us = std::max(ready_us, t);
     if (ready_us == 0) ready_us = joined_us;  // the notices were applied elsewhere
-    if (completion.last_layer_done_unix_us() > 0) {
-      ev.transfer_tail_us = std::max<int64_t>(0, ready_us - completion.last_layer_done_unix_us());
-    }
+    ev.transfer_tail_us = ExposedTransferTailUs(completion.forward_done_unix_us(),
+                                                completion.last_layer_done_unix_us(), ready_us);
     ev.decode_admission_us = std::max<int64_t>(0, joined_us - ready_us);
     if (completion.layer_done_unix_us_size() == static_cast<int>(r->layer_landed_us.size())) {
       for (size_t l = 0; l < r->layer_landed_us.size(); ++l) {

@@ -46,12 +46,18 @@ enum class FinishReason { kNone, kEos, kMaxTokens, kStopToken, kCancelled, kErro
 const char* FinishReasonName(FinishReason r);
 // How a request that the sampler's stop rules ended (model::CheckStop) finishes.
 FinishReason FinishReasonFromStop(model::StopReason stop);
+// The exposed transfer tail: how long after P's forward pass ended (the first token sampled)
+// the last of a request's KV and its final notice landed here (`ready_us`). Senders that do not
+// report `forward_done_us` (0) are measured from their last layer's K/V write. 0 when neither
+// is known; never negative (wall clocks of two hosts).
+int64_t ExposedTransferTailUs(int64_t forward_done_us, int64_t last_layer_done_us,
+                              int64_t ready_us);
 
 // One event of a request's token stream (mirrors duet.v1.TokenEvent).
 struct DecodeEvent {
   // Set once, when the KV landed and the request joined the running batch.
   bool admitted = false;
-  int64_t transfer_tail_us = 0;            // last layer computed on P -> all of it landed here
+  int64_t transfer_tail_us = 0;            // P's forward pass done -> all of it landed here
   int64_t decode_admission_us = 0;         // landed -> joined the batch
   std::vector<int64_t> layer_transfer_us;  // per layer: computed on P -> landed here
   // A sampled token (index >= 1: index 0 is the first token, sampled by the prefill node).

@@ -45,6 +45,7 @@ struct PrefillScheduler::Entry {
   absl::Time first_pass = absl::InfiniteFuture();
   int64_t compute_us = 0;
   std::vector<int64_t> layer_done_us;
+  int64_t forward_done_us = 0;  // the first token sampled
   model::SampledToken first_token;
   // Written by the Run thread only: when each layer's write was seen complete.
   std::vector<int64_t> landed_us;
@@ -380,7 +381,7 @@ PrefillResult PrefillScheduler::MakeResult(const Entry& e, const std::vector<int
     r.layer_transfer_us.push_back(std::max<int64_t>(0, landed_us[l] - e.layer_done_us[l]));
     last_landed = std::max(last_landed, landed_us[l]);
   }
-  r.transfer_tail_us = std::max<int64_t>(0, last_landed - e.layer_done_us.back());
+  r.transfer_tail_us = std::max<int64_t>(0, last_landed - e.forward_done_us);
   return r;
 }
 
@@ -536,6 +537,7 @@ absl::Status PrefillScheduler::Complete(BatchItem& item, const model::ForwardOut
     if (!e.stop.ok() || !e.error.ok()) return e.error;
   }
   model::SampledToken tok = model::Sample(out.Row(row), out.vocab, e.job.sampling, /*step=*/0);
+  const int64_t forward_done_us = NowUnixMicros();
   if (options_.no_layer_pipelining) {
     for (int l = 0; l < num_layers_; ++l) {
       absl::Status s = sender_->OnLayerDone(l, absl::MakeConstSpan(&tid, 1));
@@ -558,6 +560,8 @@ absl::Status PrefillScheduler::Complete(BatchItem& item, const model::ForwardOut
     done.set_prefill_compute_us(e.compute_us + pass_us);
     done.set_last_layer_done_unix_us(e.layer_done_us.back());
     for (int64_t us : e.layer_done_us) done.add_layer_done_unix_us(us);
+    done.set_forward_done_unix_us(forward_done_us);
+    e.forward_done_us = forward_done_us;
     e.first_token = tok;
   }
   return PeerFailure(e, sender_->Finish(tid, done.SerializeAsString()));

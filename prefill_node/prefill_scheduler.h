@@ -83,7 +83,7 @@ struct PrefillResult {
   model::SampledToken first_token;
   int64_t queue_us = 0;                     // admitted -> first forward pass started
   int64_t prefill_compute_us = 0;           // wall time of the forward passes holding the prompt
-  int64_t transfer_tail_us = 0;             // last layer computed -> last layer's write completed
+  int64_t transfer_tail_us = 0;             // forward pass done -> last layer's write completed
   std::vector<int64_t> layer_transfer_us;   // per layer: computed -> its write completed
   std::vector<int64_t> layer_done_unix_us;  // per layer: wall clock when its K/V were written
   int chunks = 0;                           // forward passes the prompt took

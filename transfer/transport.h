@@ -79,8 +79,8 @@ struct TransportOptions {
   // ucx only. Empty strings keep UCX's own configuration (its UCX_* environment).
   std::string tls;          // e.g. "posix,sysv,cma,self" or "tcp,self"
   std::string net_devices;  // e.g. "lo"
-  // ucx: auto (put where the endpoint has a native RMA lane or the peer's region is mapped
-  // here, else am), or put, am, memcpy (copy into the mapped peer region; see ucx_transport.h).
+  // ucx: auto (memcpy where the peer's region is mapped here, else put where the endpoint has
+  // a native RMA lane, else am), or force put, am or memcpy (falls back like auto if unmapped).
   std::string write_mode = "auto";
   uint64_t chunk_bytes = 1 << 20;          // "put" lane: large runs are split into chunks this size
   uint64_t am_chunk_bytes = 4 << 20;       // "am" lane (rendezvous messages): chunk size

@@ -201,10 +201,10 @@ TEST_P(TwoProcessTest, RandomMapsArriveByteExact) {
     std::mt19937_64 rng(seed * 7919);
     Geometry g{.layers = 1 + static_cast<int>(rng() % 6)};
     StartReceiver(g, 1024);
-    // shm: the second run copies straight into the mapped peer region (write_mode memcpy)
-    // instead of ucp_put_nbx. tcp: rendezvous messages either way.
+    // shm: the first run forces ucp_put_nbx (cma); the second, the default, copies straight
+    // into the peer region that UCX mapped here. tcp: rendezvous messages either way.
     const bool direct = GetParam() == "shm" && seed == 12;
-    SpawnPeer("stream", seed, "test", 0, direct ? "memcpy" : "auto");
+    SpawnPeer("stream", seed, "test", 0, GetParam() == "shm" && !direct ? "put" : "auto");
     const PeerId sender = ConnectBack();
     ASSERT_NE(sender, 0u);
     std::vector<PlannedRequest> plan = MakePlan(rng, 64, 8, /*big_blocks=*/160);  // 2.5 MiB/layer
@@ -250,7 +250,7 @@ TEST_P(TwoProcessTest, RandomMapsArriveByteExact) {
     auto lane = WaitForFile(dir_ + "/send.done", absl::Now());
     ASSERT_TRUE(lane.ok());
     RecordProperty(absl::StrCat("lane_seed_", seed), *lane);
-    // shm: a native RMA lane (cma) or the mapped region; tcp has no native RMA lane: am.
+    // shm: the forced put lane, or by default the mapped region; tcp has no RMA lane: am.
     EXPECT_EQ(*lane, GetParam() == "tcp" ? "am" : (direct ? "memcpy" : "put"));
     EXPECT_EQ(pool_->Stats().free, 1024);
     TearDown();

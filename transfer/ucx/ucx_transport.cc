@@ -267,13 +267,14 @@ absl::Status UcxTransport::ConnectOnWorker(const PeerAddress& a, PeerId id, absl
     conn->use_put = true;
   } else if (options_.write_mode == "am") {
     conn->use_put = false;
-  } else if (options_.write_mode == "memcpy" && is_mapped) {
-    // The peer's region is mapped here (UCX-allocated shm): copy straight into it instead of
-    // going through a UCX lane (cma: process_vm_writev). Opt-in: no measurable gain here yet.
+  } else if ((options_.write_mode == "auto" || options_.write_mode == "memcpy") && is_mapped) {
+    // The peer's region is mapped here (UCX-allocated shm): copy straight into it with
+    // streaming stores instead of a UCX lane (cma: process_vm_writev), 1.3-1.8x faster here
+    // (transfer/README.md).
     conn->use_put = true;
     conn->mapped_base = static_cast<uint8_t*>(mapped);
   } else if (options_.write_mode == "auto" || options_.write_mode == "memcpy") {
-    conn->use_put = has_rma_lane || is_mapped;
+    conn->use_put = has_rma_lane;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown write_mode '", options_.write_mode, "'"));

@@ -132,6 +132,7 @@ struct ActiveTransfer {
   absl::Status error;
   bool completed = false;  // rec completed; only waiting for UCX requests to drain
   bool cancel_flushed = false;
+  bool notice_sent = false;
   bool discard_sent = false;
 };
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
+#include "common/base/stream_copy.h"
 #include "transfer/peer_address.h"
 #include "transfer/ucx/ucx_transport_internal.h"
 
@@ -165,9 +166,10 @@ void UcxTransport::Advance(ActiveTransfer& t) {
     t.completed = true;
     return;
   }
-  if (t.rec->cancel_requested()) {
+  if (t.rec->cancel_requested() && !t.notice_sent) {
     // Nothing new is posted; once posted writes are done, one flush makes them remotely
-    // complete, and only then is the transfer reported cancelled.
+    // complete, and only then is the transfer reported cancelled. (A cancel that comes after
+    // the notice went out cannot stop it: the transfer then ends as done.)
     if (t.inflight > 0) return;
     if (!t.discard_sent) {
       t.discard_sent = true;
@@ -192,8 +194,8 @@ void UcxTransport::Advance(ActiveTransfer& t) {
           const WriteOp& c = t.chunks[t.next];
           ucp_request_param_t p = SendParam(&t);
           if (peer.mapped_base != nullptr) {
-            std::memcpy(peer.mapped_base + c.remote_offset, t.local_base + c.local_offset,
-                        c.length);
+            StreamingCopy(peer.mapped_base + c.remote_offset, t.local_base + c.local_offset,
+                          c.length);
           } else if (peer.use_put) {
             Track(t,
                   ucp_put_nbx(peer.ep.get(), t.local_base + c.local_offset, c.length,
@@ -234,6 +236,7 @@ void UcxTransport::Advance(ActiveTransfer& t) {
                 ucp_am_send_nbx(peer.ep.get(), kAmNotice, &t.notice_header, sizeof(NoticeHeader),
                                 t.notice->data(), t.notice->size(), &p),
                 "ucp_am_send_nbx(notice)");
+          t.notice_sent = true;
         }
         break;
     }
@@ -247,8 +250,10 @@ void UcxTransport::Advance(ActiveTransfer& t) {
 void UcxTransport::SendDiscardNotice(ActiveTransfer& t) {
   // Only the "am" lane keeps receive records (bytes landed per transfer, waiting for a notice),
   // and only for transfers that carry a notice. Tell the receiver how many bytes were posted so
-  // that it drops the record once they landed, instead of keeping it for ever.
-  if (t.peer->use_put || t.peer->mapped_base != nullptr || !t.notice.has_value() || t.next == 0) {
+  // that it drops the record once they landed, instead of keeping it for ever. Once the notice
+  // itself went out (cancel came after every chunk was posted), it settles the record.
+  if (t.peer->use_put || t.peer->mapped_base != nullptr || !t.notice.has_value() || t.next == 0 ||
+      t.notice_sent) {
     return;
   }
   t.notice_header.data_bytes = 0;

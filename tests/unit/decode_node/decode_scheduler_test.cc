@@ -16,6 +16,16 @@
 namespace duet::decode {
 namespace {
 
+TEST(ExposedTransferTail, MeasuredFromTheEndOfTheForwardPass) {
+  // The forward pass ended at 1000 (its last layer's K/V at 900); ready here at 1500.
+  EXPECT_EQ(ExposedTransferTailUs(1000, 900, 1500), 500);
+  // An older sender without forward_done: from its last layer.
+  EXPECT_EQ(ExposedTransferTailUs(0, 900, 1500), 600);
+  // Everything landed before P's clock says the pass ended (another host's clock): no tail.
+  EXPECT_EQ(ExposedTransferTailUs(1000, 900, 950), 0);
+  EXPECT_EQ(ExposedTransferTailUs(0, 0, 1500), 0);
+}
+
 using testing::DecodeHarness;
 using testing::DrainStream;
 using testing::Tokens;

@@ -89,6 +89,7 @@ absl::StatusOr<model::SampledToken> PrefillSide::Prefill(const std::vector<int32
   completion.set_prompt_tokens(static_cast<int32_t>(prompt.size()));
   completion.set_last_layer_done_unix_us(layer_done_us.back());
   for (int64_t us : layer_done_us) completion.add_layer_done_unix_us(us);
+  completion.set_forward_done_unix_us(absl::ToUnixMicros(absl::Now()));
   if (deferred_final != nullptr) {
     *deferred_final = completion.SerializeAsString();
     return first;
