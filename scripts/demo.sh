@@ -47,7 +47,7 @@ r = json.load(sys.stdin)
 t = r["timings"]
 print("prompt: %r" % sys.argv[1])
 print("  text: %r" % r["text"])
-print("  TTFT %.1f ms (server: prefill %.1f ms, queue %.1f ms); KV transfer tail after the last layer %.2f ms"
+print("  TTFT %.1f ms (server: prefill %.1f ms, queue %.1f ms); exposed KV transfer tail (forward pass done on P -> ready on D) %.2f ms"
       % (r["timings"]["ttft_ms"], t["server_prefill_compute_us"] / 1e3, t["server_queue_us"] / 1e3,
          t["server_transfer_tail_us"] / 1e3))
 lt = t["layer_transfer_us"]
