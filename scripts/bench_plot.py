@@ -128,9 +128,10 @@ def plot(rows, out):
         f"'{tmp}/{s}.dat' using 1:{c} with linespoints title '{s} {t}'"
         for s in setups for c, t in cols)
     script = term + f"""
+set logscale y
 set output '{out}/ttft.png'
 set title 'TTFT of long prompts (512-1024 tokens)'
-set xlabel 'request rate (req/s)'; set ylabel 'ms'
+set xlabel 'request rate (req/s)'; set ylabel 'ms (log scale)'
 plot {lines([(2, 'p50'), (3, 'p99')])}
 set output '{out}/gap.png'
 set title 'First-to-second-token gap (long prompts): where the KV transfer shows'
@@ -138,6 +139,7 @@ plot {lines([(4, 'p50'), (5, 'p99')])}
 set output '{out}/tpot.png'
 set title 'TPOT p99: long prompts and the running decodes'
 plot {lines([(6, 'long'), (7, 'running decodes')])}
+unset logscale y
 set output '{out}/breakdown.png'
 set title 'Server-side time to the second token (long prompts, mean)'
 set style data histograms; set style histogram rowstacked; set style fill solid 0.8 border -1
