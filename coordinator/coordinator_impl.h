@@ -61,6 +61,7 @@ struct ActiveRequest {
   std::shared_ptr<grpc::ClientContext> prefill_ctx;  // P's Prefill call of the current attempt
   std::vector<std::thread> threads;
   std::vector<std::string> unreachable_prefill;  // D could not connect to these writers
+  std::vector<LoadAdjustment> load_adjustments;   // of the current attempt's routing
 
   void Push(RequestEvent e) {
     {

@@ -90,6 +90,11 @@ absl::Status CoordinatorServer::Impl::GenerateUnmetered(const v1::GenerateReques
   }
   for (std::thread& t : ar->threads) t.join();
   {
+    absl::MutexLock lock(&route_mu_);
+    for (const LoadAdjustment& a : ar->load_adjustments) registry_.UndoLoad(a);
+    ar->load_adjustments.clear();
+  }
+  {
     absl::MutexLock lock(&mu_);
     active_.erase(ar->id);
   }
@@ -125,8 +130,13 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
     if (!d.ok()) return fail(d.status());
     p = router_->PickPrefill(registry_.LiveNodes(NodeKind::kPrefill), route);
     if (!p.ok()) return fail(p.status());
-    (void)registry_.AdjustLoad(d->node, -route.blocks_needed, 1, 0);
-    (void)registry_.AdjustLoad(p->node, 0, 0, route.prompt_tokens);
+    // A retry's new picks replace the previous attempt's.
+    for (const LoadAdjustment& a : ar.load_adjustments) registry_.UndoLoad(a);
+    ar.load_adjustments.clear();
+    for (auto adj : {registry_.AdjustLoad(d->node, -route.blocks_needed, 1, 0),
+                     registry_.AdjustLoad(p->node, 0, 0, route.prompt_tokens)}) {
+      if (adj.ok()) ar.load_adjustments.push_back(*adj);
+    }
   }
 
   // ---- Reserve on D, naming P as the writer.

@@ -99,6 +99,7 @@ absl::Status NodeRegistry::Heartbeat(const NodeIncarnation& node, const NodeLoad
   DUET_RETURN_IF_ERROR(CheckCurrent(nodes_, node, "Heartbeat"));
   NodeInfo& info = nodes_[node.node_id];
   info.load = load;
+  ++info.heartbeats;
   if (now > info.last_heartbeat) info.last_heartbeat = now;
   return absl::OkStatus();
 }
@@ -127,16 +128,34 @@ std::vector<NodeIncarnation> NodeRegistry::ExpireDead(absl::Time now) {
   return dead;
 }
 
-absl::Status NodeRegistry::AdjustLoad(const NodeIncarnation& node, int64_t delta_free_blocks,
-                                      int32_t delta_running, int64_t delta_queued_tokens) {
-  absl::MutexLock lock(&mu_);
-  DUET_RETURN_IF_ERROR(CheckCurrent(nodes_, node, "AdjustLoad"));
-  NodeLoad& load = nodes_[node.node_id].load;
+namespace {
+void ApplyDelta(NodeLoad& load, int64_t delta_free_blocks, int32_t delta_running,
+                int64_t delta_queued_tokens) {
   load.free_blocks = std::max<int64_t>(0, load.free_blocks + delta_free_blocks);
   if (load.total_blocks > 0) load.free_blocks = std::min(load.free_blocks, load.total_blocks);
   load.running_requests = std::max<int32_t>(0, load.running_requests + delta_running);
   load.queued_tokens = std::max<int64_t>(0, load.queued_tokens + delta_queued_tokens);
-  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<LoadAdjustment> NodeRegistry::AdjustLoad(const NodeIncarnation& node,
+                                                        int64_t delta_free_blocks,
+                                                        int32_t delta_running,
+                                                        int64_t delta_queued_tokens) {
+  absl::MutexLock lock(&mu_);
+  DUET_RETURN_IF_ERROR(CheckCurrent(nodes_, node, "AdjustLoad"));
+  NodeInfo& info = nodes_[node.node_id];
+  ApplyDelta(info.load, delta_free_blocks, delta_running, delta_queued_tokens);
+  return LoadAdjustment{node, info.heartbeats, delta_free_blocks, delta_running,
+                        delta_queued_tokens};
+}
+
+void NodeRegistry::UndoLoad(const LoadAdjustment& a) {
+  absl::MutexLock lock(&mu_);
+  if (!CheckCurrent(nodes_, a.node, "UndoLoad").ok()) return;
+  NodeInfo& info = nodes_[a.node.node_id];
+  if (info.heartbeats != a.heartbeat_seq) return;
+  ApplyDelta(info.load, -a.delta_free_blocks, -a.delta_running, -a.delta_queued_tokens);
 }
 
 std::vector<NodeInfo> NodeRegistry::LiveNodes(NodeKind kind) const {

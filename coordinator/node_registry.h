@@ -57,8 +57,18 @@ struct NodeInfo {
   NodeLoad load;
   absl::Time registered_at;
   absl::Time last_heartbeat;
+  uint64_t heartbeats = 0;  // load reports received from this incarnation
   bool alive = true;
   absl::Time died_at = absl::InfinitePast();  // when ExpireDead declared it dead
+};
+
+// One optimistic load change, to take back with NodeRegistry::UndoLoad.
+struct LoadAdjustment {
+  NodeIncarnation node;
+  uint64_t heartbeat_seq = 0;  // the node's heartbeat count when it was applied
+  int64_t delta_free_blocks = 0;
+  int32_t delta_running = 0;
+  int64_t delta_queued_tokens = 0;
 };
 
 struct RegisterOutcome {
@@ -86,8 +96,13 @@ class NodeRegistry {
   std::vector<NodeIncarnation> ExpireDead(absl::Time now);
   // Optimistic load change between heartbeats (after a Reserve, Release, or Prefill was sent);
   // the next heartbeat overwrites it. NOT_FOUND unless `node` is current and alive.
-  absl::Status AdjustLoad(const NodeIncarnation& node, int64_t delta_free_blocks,
-                          int32_t delta_running, int64_t delta_queued_tokens);
+  absl::StatusOr<LoadAdjustment> AdjustLoad(const NodeIncarnation& node,
+                                            int64_t delta_free_blocks, int32_t delta_running,
+                                            int64_t delta_queued_tokens);
+  // Takes an adjustment back when its request ended, unless a heartbeat came since: that
+  // report replaced the load (with or without the request) and the next one will be exact.
+  // Without this, requests shorter than a heartbeat interval would pile up as "running".
+  void UndoLoad(const LoadAdjustment& adjustment);
 
   // Live nodes of `kind`, sorted by node id (the order the router breaks ties in).
   std::vector<NodeInfo> LiveNodes(NodeKind kind) const;

@@ -166,8 +166,43 @@ TEST(NodeRegistryTest, HeartbeatCarriesLoadAndAdjustLoadIsOverwritten) {
   EXPECT_EQ(reg.Find("d0")->load.queued_tokens, 0);
   ASSERT_TRUE(reg.Heartbeat({"d0", 1}, load, kT0 + absl::Seconds(2)).ok());
   EXPECT_EQ(reg.Find("d0")->load, load);
-  EXPECT_EQ(reg.AdjustLoad({"d0", 2}, 1, 0, 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reg.AdjustLoad({"d0", 2}, 1, 0, 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(reg.Heartbeat({"nope", 1}, load, kT0).code(), absl::StatusCode::kNotFound);
+}
+
+// Requests that start and end between two heartbeats leave no trace; once a heartbeat came,
+// its report stands and an undo changes nothing.
+TEST(NodeRegistryTest, UndoLoadTakesBackOnlyWhatNoHeartbeatReplaced) {
+  NodeRegistry reg({});
+  ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
+  const NodeLoad load{.free_blocks = 100, .total_blocks = 100, .running_requests = 0};
+  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, load, kT0 + absl::Seconds(1)).ok());
+  for (int i = 0; i < 200; ++i) {  // far more than any running limit
+    auto adj = reg.AdjustLoad({"d0", 1}, -3, +1, 0);
+    ASSERT_TRUE(adj.ok());
+    EXPECT_EQ(reg.Find("d0")->load.running_requests, 1);
+    reg.UndoLoad(*adj);
+  }
+  EXPECT_EQ(reg.Find("d0")->load, load);
+
+  auto a = reg.AdjustLoad({"d0", 1}, -3, +1, 0);
+  auto b = reg.AdjustLoad({"d0", 1}, -5, +1, 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  reg.UndoLoad(*a);
+  EXPECT_EQ(reg.Find("d0")->load.running_requests, 1);
+  EXPECT_EQ(reg.Find("d0")->load.free_blocks, 95);
+  const NodeLoad reported{.free_blocks = 90, .total_blocks = 100, .running_requests = 2};
+  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, reported, kT0 + absl::Seconds(2)).ok());
+  reg.UndoLoad(*b);  // the report already says what D holds
+  EXPECT_EQ(reg.Find("d0")->load, reported);
+
+  // An adjustment of a replaced incarnation is ignored.
+  auto old = reg.AdjustLoad({"d0", 1}, -1, +1, 0);
+  ASSERT_TRUE(old.ok());
+  ASSERT_TRUE(reg.Register(Reg("d0", 2), kT0 + absl::Seconds(3)).ok());
+  const NodeLoad fresh = reg.Find("d0")->load;
+  reg.UndoLoad(*old);
+  EXPECT_EQ(reg.Find("d0")->load, fresh);
 }
 
 TEST(NodeRegistryTest, DeregisterRemovesOnlyTheCurrentIncarnation) {
