@@ -83,10 +83,11 @@ def markdown(rows, machine):
             f"{r['tail_pct_p50']:.2f} ({r['tail_pct_max']:.2f}) | {r['tpot_p99']:.1f} | "
             f"{r.get('bg_tpot_p50', 0):.1f} / {r.get('bg_tpot_p99', 0):.1f} | "
             f"{r.get('bg_itl_p99', 0):.0f} | {r.get('out_tok_per_s', 0):.1f} |")
-    out += ["", "Exposed tail of the long prompts: all of it (the nodes' transfer_tail: last layer"
-            " computed -> request ready on the decode node, which includes sampling the first"
-            " token and the completion notice) and the KV bytes alone (the last layer's KV landed"
-            " after its compute):", "",
+    out += ["", "Exposed tail of the long prompts (the nodes' transfer_tail: the prefill node's"
+            " forward pass done, first token sampled -> the request ready on the decode node: the"
+            " completion notice and any KV still in flight), and when the last layer's KV landed,"
+            " counted from that layer's K/V write (which comes before its attention, MLP, the LM"
+            " head and sampling):", "",
             "| setup | rate | tail p50 ms | last layer landed after p50 / max ms |"
             " max as % of the shortest TTFT |", "|---|---|---|---|---|"]
     for r in rows:
