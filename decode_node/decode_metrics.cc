@@ -3,26 +3,6 @@
 #include <vector>
 
 namespace duet::decode {
-namespace {
-
-const char* ReasonLabel(FinishReason r) {
-  switch (r) {
-    case FinishReason::kEos:
-      return "eos";
-    case FinishReason::kMaxTokens:
-      return "max_tokens";
-    case FinishReason::kStopToken:
-      return "stop_token";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kError:
-      return "error";
-    default:
-      return "other";
-  }
-}
-
-}  // namespace
 
 DecodeMetrics::DecodeMetrics(metrics::Registry* registry)
     : registry_(registry),
@@ -86,7 +66,7 @@ void DecodeMetrics::OnEvent(const DecodeEvent& ev) {
     admission_.Observe(ev.decode_admission_us * 1e-6);
   }
   if (ev.has_token) tokens_.Increment();
-  if (ev.finished()) finished_.WithLabels({ReasonLabel(ev.finish)}).Increment();
+  if (ev.finished()) finished_.WithLabels({FinishReasonName(ev.finish)}).Increment();
 }
 
 }  // namespace duet::decode
