@@ -12,9 +12,11 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/serve_bench/grpc_client.h"
+#include "bench/serve_bench/http_client.h"
 #include "bench/serve_bench/report.h"
 #include "bench/serve_bench/runner.h"
 #include "bench/serve_bench/workload.h"
@@ -23,6 +25,7 @@
 ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(int, timeout_s);
+ABSL_DECLARE_FLAG(std::string, api_key);
 
 ABSL_FLAG(double, request_rate, 0, "bench serve: Poisson arrivals per second (0: closed loop)");
 ABSL_FLAG(int, concurrency, 1, "bench serve: requests in flight in closed loop");
@@ -63,10 +66,10 @@ int Fail(const std::string& msg) {
 
 int RunBench(const std::vector<char*>& args) {
   if (args.size() != 2 || std::string(args[1]) != "serve") {
-    return Fail("usage: duet bench serve --server ADDR [flags] (see --help)");
+    return Fail("usage: duet bench serve --server HOST:PORT|http://HOST:PORT [flags] (see --help)");
   }
   const std::string server = absl::GetFlag(FLAGS_server);
-  if (server.empty()) return Fail("need --server HOST:PORT");
+  if (server.empty()) return Fail("need --server HOST:PORT (gRPC) or http://HOST:PORT (HTTP API)");
   bench::RunOptions run;
   run.request_rate = absl::GetFlag(FLAGS_request_rate);
   run.concurrency = absl::GetFlag(FLAGS_concurrency);
@@ -115,7 +118,11 @@ int RunBench(const std::vector<char*>& args) {
         bench::SyntheticOptions{*bg_input, *bg_output, min_id, max_id}, seed + 2, "background");
   }
 
-  std::unique_ptr<bench::Client> client = bench::MakeGrpcClient(server);
+  // http://HOST:PORT: the OpenAI-compatible HTTP API; HOST:PORT: the Generation gRPC API.
+  std::unique_ptr<bench::Client> client =
+      absl::StartsWith(server, "http://")
+          ? bench::MakeHttpClient(server, absl::GetFlag(FLAGS_api_key))
+          : bench::MakeGrpcClient(server);
   if (absl::Status st = client->WaitReady(absl::Seconds(absl::GetFlag(FLAGS_wait_ready_s)));
       !st.ok()) {
     std::fprintf(stderr, "duet bench serve: %s\n", std::string(st.message()).c_str());

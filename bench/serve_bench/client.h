@@ -1,7 +1,7 @@
 // The serving benchmark's view of an endpoint: send one request, stream its tokens, timestamp
 // each. CancelScope lets the runner cut requests still in flight when the measured run ends.
 //
-//   std::unique_ptr<Client> c = MakeGrpcClient("127.0.0.1:7000");
+//   std::unique_ptr<Client> c = MakeGrpcClient("127.0.0.1:7000");   // or MakeHttpClient(url, key)
 //   CancelScope scope;
 //   RequestRecord r = c->Send(spec, absl::Seconds(300), &scope);   // blocks; thread-safe
 //   scope.CancelAll();   // from another thread: in-flight Sends end with cut_at_end

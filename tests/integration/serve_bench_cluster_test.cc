@@ -174,6 +174,52 @@ TEST(ServeBenchTest, MeasuresEveryRequestAgainstALoopbackCluster) {
   fs::remove_all(dir);
 }
 
+// The same load generator over the OpenAI-compatible HTTP API (server-sent events): every
+// request completes with its exact length and prompt, each token timestamped on its own.
+TEST(ServeBenchTest, MeasuresOverTheHttpApi) {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("duet_serve_bench_http_", getpid());
+  fs::create_directories(dir);
+  const std::string model = (dir / "tiny").string();
+  ASSERT_TRUE(model::WriteSyntheticModel("tiny", 3, model).ok());
+  {
+    Process cluster({DUET_BIN, "serve", "--loopback", "--prefill=1", "--decode=1",
+                     "--model=" + model, "--transport=shm", "--threads=1",
+                     "--kv_cache_bytes=16777216", "--http_port=0"});
+    std::string http, address;
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (address.empty() && absl::Now() < deadline) {
+      const std::string l = cluster.ReadLine();
+      if (l.empty()) break;
+      if (l.rfind("http ", 0) == 0) http = l.substr(5);
+      if (l.rfind("ready ", 0) == 0) std::istringstream(l.substr(6)) >> address;
+    }
+    ASSERT_FALSE(address.empty()) << "the cluster did not start";
+    ASSERT_EQ(http.rfind("http://127.0.0.1:", 0), 0u) << http;
+
+    const std::string json_path = (dir / "report.json").string();
+    Process bench({DUET_BIN, "bench", "serve", "--server=" + http, "--concurrency=2",
+                   "--num_requests=12", "--input_len=8-40", "--output_len=6", "--seed=7",
+                   "--max_token_id=250", "--json_out=" + json_path});
+    const std::string table = bench.ReadAll();
+    ASSERT_EQ(bench.Wait(absl::Seconds(120)), 0) << table;
+    std::ifstream in(json_path);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << "report is not JSON";
+    const nlohmann::json& m = j["classes"]["main"];
+    EXPECT_EQ(m["requests"]["completed"], 12) << m["errors"].dump();
+    EXPECT_EQ(m["requests"]["failed"], 0) << m["errors"].dump();
+    EXPECT_DOUBLE_EQ(m["output_tokens"]["min"].get<double>(), 6);
+    EXPECT_DOUBLE_EQ(m["output_tokens"]["max"].get<double>(), 6);
+    EXPECT_GE(m["prompt_tokens"]["min"].get<double>(), 8);  // from the final chunk's usage
+    EXPECT_LE(m["prompt_tokens"]["max"].get<double>(), 40);
+    const nlohmann::json& l = m["latency_ms"];
+    EXPECT_GT(l["ttft"]["min"].get<double>(), 0);
+    EXPECT_EQ(l["itl"]["count"], 12 * 5);
+    EXPECT_EQ(m["server_ms"]["prefill_compute"]["count"], 0) << "the HTTP API reports no breakdown";
+  }
+  fs::remove_all(dir);
+}
+
 TEST(ServeBenchTest, AnUnreachableServerIsAnErrorNotAHang) {
   Process bench(
       {DUET_BIN, "bench", "serve", "--server=127.0.0.1:1", "--num_requests=1", "--wait_ready_s=1"});
