@@ -66,30 +66,6 @@ const char* FinishReasonName(FinishReason r) {
   return "?";
 }
 
-// ---- TokenStream
-
-void TokenStream::Push(DecodeEvent event) {
-  absl::MutexLock lock(&mu_);
-  if (finished_) return;  // nothing follows the finishing event
-  finished_ = event.finished();
-  events_.push_back(std::move(event));
-}
-
-std::vector<DecodeEvent> TokenStream::Pop(absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto has_events = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
-  mu_.AwaitWithDeadline(absl::Condition(&has_events), deadline);
-  std::vector<DecodeEvent> out(std::make_move_iterator(events_.begin()),
-                               std::make_move_iterator(events_.end()));
-  events_.clear();
-  return out;
-}
-
-bool TokenStream::finished() const {
-  absl::MutexLock lock(&mu_);
-  return finished_;
-}
-
 // ---- DecodeScheduler: construction, Reserve, Release, Subscribe
 
 DecodeScheduler::DecodeScheduler(DecodeSchedulerOptions options, model::ModelRunner* runner,

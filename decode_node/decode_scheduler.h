@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/base/event_stream.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
 #include "common/kv/kv_layout.h"
@@ -71,19 +72,7 @@ struct DecodeEvent {
 };
 
 // The events of one request, in order; single consumer. Thread-safe.
-class TokenStream {
- public:
-  void Push(DecodeEvent event);
-  // Every queued event, waiting until there is at least one or `deadline` (then empty).
-  std::vector<DecodeEvent> Pop(absl::Time deadline);
-  // Whether the finishing event has been pushed.
-  bool finished() const;
-
- private:
-  mutable absl::Mutex mu_;
-  std::deque<DecodeEvent> events_ ABSL_GUARDED_BY(mu_);
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-};
+using TokenStream = EventStream<DecodeEvent>;
 
 struct ReserveArgs {
   std::string request_id;

@@ -14,25 +14,6 @@ int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
 
 }  // namespace
 
-// ---- ColocatedStream
-
-void ColocatedStream::Push(ColocatedEvent event) {
-  absl::MutexLock lock(&mu_);
-  if (finished_) return;  // nothing follows the finishing event
-  finished_ = event.finished();
-  events_.push_back(std::move(event));
-}
-
-std::vector<ColocatedEvent> ColocatedStream::Pop(absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto has_events = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
-  mu_.AwaitWithDeadline(absl::Condition(&has_events), deadline);
-  std::vector<ColocatedEvent> out(std::make_move_iterator(events_.begin()),
-                                  std::make_move_iterator(events_.end()));
-  events_.clear();
-  return out;
-}
-
 // ---- Requests
 
 struct ColocatedScheduler::Request {

@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/event_stream.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
 #include "common/model/model_runner.h"
@@ -69,17 +70,7 @@ struct ColocatedEvent {
 };
 
 // The events of one request, in order; single consumer. Thread-safe.
-class ColocatedStream {
- public:
-  void Push(ColocatedEvent event);
-  // Every queued event, waiting until there is one or `deadline` (then empty).
-  std::vector<ColocatedEvent> Pop(absl::Time deadline);
-
- private:
-  absl::Mutex mu_;
-  std::deque<ColocatedEvent> events_ ABSL_GUARDED_BY(mu_);
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-};
+using ColocatedStream = EventStream<ColocatedEvent>;
 
 // What one step ran (for tests and tracing). Decodes come first in batch order.
 struct StepInfo {
