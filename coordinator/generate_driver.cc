@@ -130,8 +130,15 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
     if (!d.ok()) return fail(d.status());
     p = router_->PickPrefill(registry_.LiveNodes(NodeKind::kPrefill), route);
     if (!p.ok()) return fail(p.status());
-    // A retry's new picks replace the previous attempt's.
-    for (const LoadAdjustment& a : ar.load_adjustments) registry_.UndoLoad(a);
+    // A retry's new picks replace the previous attempt's, except on a prefill node that failed
+    // it: that one keeps looking busy until its next heartbeat (if any), which steers other
+    // requests away from it while it is likely dead.
+    for (const LoadAdjustment& a : ar.load_adjustments) {
+      if (std::find(route.excluded_prefill.begin(), route.excluded_prefill.end(),
+                    a.node.node_id) == route.excluded_prefill.end()) {
+        registry_.UndoLoad(a);
+      }
+    }
     ar.load_adjustments.clear();
     for (auto adj : {registry_.AdjustLoad(d->node, -route.blocks_needed, 1, 0),
                      registry_.AdjustLoad(p->node, 0, 0, route.prompt_tokens)}) {
