@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -75,6 +76,18 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
   args.push_back(nullptr);
   execv("/proc/self/exe", args.data());
   _exit(127);
+}
+
+// Copies the last `max_lines` lines of a child's log to stderr, so that a start-up failure says
+// why without a second look (CI keeps no run directories).
+void PrintLogTail(const std::filesystem::path& path, size_t max_lines) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    lines.push_back(std::move(line));
+    if (lines.size() > max_lines) lines.erase(lines.begin());
+  }
+  for (const std::string& l : lines) std::fprintf(stderr, "  | %s\n", l.c_str());
 }
 
 std::string ReadFirstLine(const std::string& path) {
@@ -155,9 +168,18 @@ int RunServe(const std::vector<char*>& args) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
-  const std::filesystem::path run_dir =
-      std::filesystem::temp_directory_path() / absl::StrCat("duet-serve-", getpid());
-  std::filesystem::create_directories(run_dir);
+  // A fresh directory per run (mkdtemp): a name from our pid alone could be a directory left by
+  // an earlier run whose pid was the same, and its stale coordinator.addr would send the nodes
+  // to a coordinator that is long gone.
+  std::string run_dir_template =
+      (std::filesystem::temp_directory_path() / absl::StrCat("duet-serve-", getpid(), "-XXXXXX"))
+          .string();
+  if (mkdtemp(run_dir_template.data()) == nullptr) {
+    std::fprintf(stderr, "duet serve: cannot create a run directory %s: %s\n",
+                 run_dir_template.c_str(), std::strerror(errno));
+    return 1;
+  }
+  const std::filesystem::path run_dir = run_dir_template;
   std::vector<Child> children;
   auto common = [&](std::vector<std::string> a) {
     a.push_back("--model=" + model);
@@ -187,6 +209,7 @@ int RunServe(const std::vector<char*>& args) {
       children[0].pid = -1;
       std::fprintf(stderr, "duet serve: the coordinator exited; see %s\n",
                    (run_dir / "coordinator.log").c_str());
+      PrintLogTail(run_dir / "coordinator.log", 20);
       StopAll(children);
       return 1;
     }
@@ -237,8 +260,12 @@ int RunServe(const std::vector<char*>& args) {
       int st;
       if (c.pid > 0 && waitpid(c.pid, &st, WNOHANG) == c.pid) {
         c.pid = -1;
-        std::fprintf(stderr, "duet serve: %s exited during start-up; see %s\n", c.name.c_str(),
+        std::fprintf(stderr, "duet serve: %s exited during start-up (%s %d); see %s\n",
+                     c.name.c_str(), WIFSIGNALED(st) ? "signal" : "status",
+                     WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st),
                      (run_dir / (c.name + ".log")).c_str());
+        PrintLogTail(run_dir / (c.name + ".log"), 20);
+        PrintLogTail(run_dir / "coordinator.log", 10);
         StopAll(children);
         return 1;
       }
