@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
@@ -392,6 +393,74 @@ TEST_P(TwoProcessTest, KilledReceiverFailsPendingWrites) {
   RecordProperty("failed_writes", failed);
   EXPECT_GT(failed, 0) << "the kill did not interrupt any write";
   EXPECT_TRUE(transport_->Disconnect(*peer, DeadlineIn(absl::Seconds(2))).ok());
+}
+
+// A peer that does not answer (here: stopped with SIGSTOP) must not stall the worker: while
+// our connect to it waits for its deadline, a connect to a live peer and a write to it finish.
+// (The worker used to spin on the silent peer's flush and then on a graceful close, ~4 s in
+// all, and every other connect queued behind it timed out.)
+TEST_P(TwoProcessTest, SilentPeerDoesNotStallOtherConnects) {
+  const Geometry g;
+  StartReceiver(g, 64);
+  SpawnPeer("receiver", 61);
+  ASSERT_TRUE(WriteFileAtomic(dir_ + "/send.addr.test", *transport_->LocalAddress()));
+  ASSERT_TRUE(WaitForFile(dir_ + "/recv.ready", DeadlineIn(absl::Seconds(20))).ok())
+      << PeerError();
+  auto silent_addr = WaitForFile(dir_ + "/recv.addr", DeadlineIn(absl::Seconds(1)));
+  ASSERT_TRUE(silent_addr.ok());
+  ASSERT_EQ(::kill(pid_, SIGSTOP), 0);
+
+  // A live peer in this process, on its own transport.
+  auto profile = UcxProfileByName(GetParam());
+  ASSERT_TRUE(profile.ok());
+  auto live = CreateTransport("ucx", {.name = "live-peer",
+                                      .layout = g.Layout(),
+                                      .tls = profile->tls,
+                                      .net_devices = profile->net_devices});
+  ASSERT_TRUE(live.ok()) << live.status();
+  auto live_region = (*live)->AllocateRegion(g.Layout().RegionBytes(64));
+  ASSERT_TRUE(live_region.ok()) << live_region.status();
+
+  absl::StatusOr<PeerId> silent = absl::UnknownError("not run");
+  Stopwatch silent_sw;
+  double silent_s = 0;
+  std::thread t([&] {
+    silent = transport_->Connect(*silent_addr, DeadlineIn(absl::Seconds(3)));
+    silent_s = silent_sw.ElapsedSeconds();
+  });
+  absl::SleepFor(absl::Milliseconds(200));  // the silent connect is now on the worker
+  Stopwatch live_sw;
+  auto peer = transport_->Connect(*(*live)->LocalAddress(), DeadlineIn(absl::Seconds(1)));
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto h = transport_->PostWrite(*peer, {{0, 0, 4096}}, "n");
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(h->Wait(DeadlineIn(absl::Seconds(1))).ok());
+  const double live_s = live_sw.ElapsedSeconds();
+  t.join();
+  RecordProperty("silent_connect_ms", static_cast<int>(silent_s * 1000));
+  RecordProperty("live_connect_and_write_ms", static_cast<int>(live_s * 1000));
+  EXPECT_LT(live_s, 1.0);
+  // The silent connect ended by its own deadline (an error, or OK if this UCX build needs no
+  // answer to wire up), never much later.
+  EXPECT_LT(silent_s, 3.5) << silent.status();
+  ::kill(pid_, SIGCONT);
+}
+
+// Connecting to a peer on this host whose process has exited fails at once, naming it.
+TEST_P(TwoProcessTest, ConnectToExitedPeerFailsAtOnce) {
+  StartReceiver(Geometry{}, 64);
+  SpawnPeer("receiver", 71);
+  ASSERT_TRUE(WriteFileAtomic(dir_ + "/send.addr.test", *transport_->LocalAddress()));
+  ASSERT_TRUE(WaitForFile(dir_ + "/recv.ready", DeadlineIn(absl::Seconds(20))).ok())
+      << PeerError();
+  auto addr = WaitForFile(dir_ + "/recv.addr", DeadlineIn(absl::Seconds(1)));
+  ASSERT_TRUE(addr.ok());
+  KillPeer();
+  Stopwatch sw;
+  auto peer = transport_->Connect(*addr, DeadlineIn(absl::Seconds(5)));
+  EXPECT_EQ(peer.status().code(), absl::StatusCode::kUnavailable) << peer.status();
+  EXPECT_NE(peer.status().message().find("has exited"), std::string::npos) << peer.status();
+  EXPECT_LT(sw.ElapsedSeconds(), 0.5);
 }
 
 // A peer with another model's layout is refused at connect, on both sides, naming both.

@@ -191,8 +191,18 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& blob, absl::Time
     }
     id = next_peer_++;
   }
-  absl::Status s =
-      RunOnWorker([this, a, id, deadline] { return ConnectOnWorker(a, id, deadline); }, deadline);
+  // A peer on this host whose process is gone cannot answer: say so now rather than at the
+  // deadline.
+  if (!PeerProcessAlive(a)) {
+    return absl::UnavailableError(absl::StrCat("ucx transport '", options_.name,
+                                               "' connecting to '", a.name, "': its process (pid ",
+                                               a.pid, ") has exited"));
+  }
+  absl::Status s = RunOnWorkerAsync(
+      [this, a, id, deadline](std::function<void(absl::Status)> done) {
+        BeginConnect(a, id, deadline, std::move(done));
+      },
+      deadline);
   if (!s.ok()) {
     return Annotate(
         s, absl::StrCat("ucx transport '", options_.name, "' connecting to '", a.name, "'"));
@@ -200,8 +210,26 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& blob, absl::Time
   return id;
 }
 
-absl::Status UcxTransport::ConnectOnWorker(const PeerAddress& a, PeerId id, absl::Time deadline) {
-  auto conn = std::make_unique<PeerConn>();
+void UcxTransport::BeginConnect(const PeerAddress& a, PeerId id, absl::Time deadline,
+                                std::function<void(absl::Status)> done) {
+  PendingConnect pc{.deadline = deadline, .done = std::move(done)};
+  absl::Status s = StartConnect(pc, a, id);
+  if (!s.ok()) {
+    if (pc.conn != nullptr && pc.conn->ep != nullptr) pc.conn->ep.get_deleter().force = true;
+    pc.conn.reset();
+    pc.done(std::move(s));
+    return;
+  }
+  if (pc.flush == nullptr) {
+    pc.done(FinishConnect(std::move(pc.conn)));
+    return;
+  }
+  connecting_.push_back(std::move(pc));
+}
+
+absl::Status UcxTransport::StartConnect(PendingConnect& pc, const PeerAddress& a, PeerId id) {
+  pc.conn = std::make_unique<PeerConn>();
+  PeerConn* conn = pc.conn.get();
   conn->owner = this;
   conn->id = id;
   conn->meta = std::make_shared<PeerMeta>();
@@ -223,7 +251,7 @@ absl::Status UcxTransport::ConnectOnWorker(const PeerAddress& a, PeerId id, absl
     ep_params.address = reinterpret_cast<const ucp_address_t*>(a.worker_address.data());
     ep_params.err_mode = peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     ep_params.err_handler.cb = &UcxTransport::OnEpError;
-    ep_params.err_handler.arg = conn.get();
+    ep_params.err_handler.arg = conn;
     create_status = ucp_ep_create(worker_.get(), &ep_params, &ep);
     if (create_status == UCS_OK) {
       conn->peer_err_mode = peer_mode;
@@ -236,20 +264,52 @@ absl::Status UcxTransport::ConnectOnWorker(const PeerAddress& a, PeerId id, absl
   DUET_UCX_RETURN_IF_ERROR(ucp_ep_rkey_unpack(ep, a.region_key.data(), &rkey));
   conn->rkey.reset(rkey);
 
-  // Flush: completes wireup (so the lane table is final) and proves the peer reachable.
+  // Flush: completes wireup (so the lane table is final) and proves the peer reachable. The
+  // progress loop waits for it (AdvanceConnects), never this call.
   ucp_request_param_t fp{};
   ucs_status_ptr_t req = ucp_ep_flush_nbx(ep, &fp);
   if (UCS_PTR_IS_ERR(req)) DUET_UCX_RETURN_IF_ERROR(UCS_PTR_STATUS(req));
-  if (req != nullptr) {
-    ucs_status_t st;
-    while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS && absl::Now() < deadline) {
-      ucp_worker_progress(worker_.get());
-    }
-    ucp_request_free(req);
-    if (st == UCS_INPROGRESS) return absl::DeadlineExceededError("endpoint flush did not finish");
-    DUET_UCX_RETURN_IF_ERROR(st);
-  }
+  pc.flush = req;
+  return absl::OkStatus();
+}
 
+bool UcxTransport::AdvanceConnects() {
+  const absl::Time now = absl::Now();
+  for (auto it = connecting_.begin(); it != connecting_.end();) {
+    PendingConnect& pc = *it;
+    const ucs_status_t st = ucp_request_check_status(pc.flush);
+    if (st == UCS_INPROGRESS && now < pc.deadline) {
+      ++it;
+      continue;
+    }
+    // Freed now if complete, else by UCX once the force-close below cancels it.
+    ucp_request_free(pc.flush);
+    absl::Status result;
+    if (st == UCS_INPROGRESS) {
+      result = absl::DeadlineExceededError(absl::StrCat(
+          "peer '", pc.conn->meta->address.name, "' did not answer the endpoint flush in time"));
+    } else if (st != UCS_OK) {
+      result = ucx::UcxError(st, "ucp_ep_flush_nbx (connect)", __FILE__, __LINE__);
+    }
+    if (result.ok()) {
+      result = FinishConnect(std::move(pc.conn));
+    } else {
+      // Unreachable or silent: nothing was sent on it, so close without a graceful flush.
+      pc.conn->ep.get_deleter().force = true;
+      pc.conn.reset();
+    }
+    std::function<void(absl::Status)> done = std::move(pc.done);
+    it = connecting_.erase(it);
+    done(std::move(result));
+  }
+  return !connecting_.empty();
+}
+
+absl::Status UcxTransport::FinishConnect(std::unique_ptr<PeerConn> conn) {
+  const PeerAddress& a = conn->meta->address;
+  const PeerId id = conn->id;
+  ucp_ep_h ep = conn->ep.get();
+  ucp_rkey_h rkey = conn->rkey.get();
   // Lane: put where the endpoint has a native RMA lane or the remote region is mapped here.
   char* info = nullptr;
   size_t info_len = 0;

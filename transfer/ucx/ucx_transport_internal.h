@@ -112,6 +112,15 @@ struct PeerConn {
   ucx::RkeyPtr rkey;
 };
 
+// A Connect waiting on the worker for its endpoint's first flush (wireup), which proves the peer
+// reachable. Advanced by the progress loop so that a dead or slow peer never stalls other work.
+struct PendingConnect {
+  std::unique_ptr<PeerConn> conn;
+  ucs_status_ptr_t flush = nullptr;  // in progress
+  absl::Time deadline;
+  std::function<void(absl::Status)> done;
+};
+
 enum class Step { kData, kWaitIdle, kFlush, kNotice };
 
 // Worker-thread state of one PostWrite.
@@ -190,6 +199,10 @@ class UcxTransport : public Transport {
   void Loop();
   void Enqueue(std::function<void()> fn);
   absl::Status RunOnWorker(std::function<absl::Status()> fn, absl::Time deadline);
+  // Like RunOnWorker, for work that finishes later on the worker: `start` runs there and must
+  // call the completion it gets exactly once (then or from a later loop iteration).
+  absl::Status RunOnWorkerAsync(std::function<void(std::function<void(absl::Status)>)> start,
+                                absl::Time deadline);
   bool RunQueued();
   bool AdvanceAll();
   void Advance(ActiveTransfer& t);
@@ -199,7 +212,15 @@ class UcxTransport : public Transport {
   void CloseFailedEndpoints();
   void Watchdog();
   void Shutdown();
-  absl::Status ConnectOnWorker(const PeerAddress& a, PeerId id, absl::Time deadline);
+  // Creates the endpoint and posts its wireup flush; `done` runs once the peer answered, failed
+  // or `deadline` passed (then the endpoint is force-closed).
+  void BeginConnect(const PeerAddress& a, PeerId id, absl::Time deadline,
+                    std::function<void(absl::Status)> done);
+  absl::Status StartConnect(PendingConnect& pc, const PeerAddress& a, PeerId id);
+  // Picks the lane and publishes the peer once its flush completed.
+  absl::Status FinishConnect(std::unique_ptr<PeerConn> conn);
+  // Advances pending connects; true while any is waiting.
+  bool AdvanceConnects();
   void Landed(uint64_t sender, uint64_t xfer, uint64_t bytes);
   // Delivers (or, for a discard, drops) a complete arrival record; keeps stats in step.
   void SettleArrival(std::map<std::pair<uint64_t, uint64_t>, Arrival>::iterator it);
@@ -240,6 +261,7 @@ class UcxTransport : public Transport {
   // Worker thread only.
   std::map<PeerId, std::unique_ptr<PeerConn>> conns_;
   std::list<std::unique_ptr<ActiveTransfer>> active_;
+  std::list<PendingConnect> connecting_;
   std::map<std::pair<uint64_t, uint64_t>, Arrival> arrivals_;
   uint64_t next_xfer_ = 1;
 

@@ -20,19 +20,31 @@ void UcxTransport::Enqueue(std::function<void()> fn) {
 }
 
 absl::Status UcxTransport::RunOnWorker(std::function<absl::Status()> fn, absl::Time deadline) {
-  if (std::this_thread::get_id() == worker_tid_) return fn();
+  return RunOnWorkerAsync(
+      [fn = std::move(fn)](std::function<void(absl::Status)> done) { done(fn()); }, deadline);
+}
+
+absl::Status UcxTransport::RunOnWorkerAsync(
+    std::function<void(std::function<void(absl::Status)>)> start, absl::Time deadline) {
   struct CallState {
     absl::Mutex mu;
     bool done ABSL_GUARDED_BY(mu) = false;
     absl::Status status ABSL_GUARDED_BY(mu);
   };
   auto state = std::make_shared<CallState>();
-  Enqueue([fn = std::move(fn), state] {
-    absl::Status s = fn();
+  auto complete = [state](absl::Status s) {
     absl::MutexLock lock(&state->mu);
     state->done = true;
     state->status = std::move(s);
-  });
+  };
+  if (std::this_thread::get_id() == worker_tid_) {
+    // On the worker itself nothing can wait for a later loop iteration.
+    start(complete);
+    absl::MutexLock lock(&state->mu);
+    return state->done ? state->status
+                       : absl::InternalError("ucx: an asynchronous call made on the worker thread");
+  }
+  Enqueue([start = std::move(start), complete] { start(complete); });
   absl::MutexLock lock(&state->mu);
   auto done = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) { return state->done; };
   if (!state->mu.AwaitWithDeadline(absl::Condition(&done), deadline)) {
@@ -58,7 +70,8 @@ void UcxTransport::Loop() {
   while (true) {
     bool did = RunQueued();
     while (ucp_worker_progress(w) != 0) did = true;
-    const bool busy = AdvanceAll();
+    bool busy = AdvanceAll();
+    busy |= AdvanceConnects();
     CloseFailedEndpoints();
     if (absl::Now() >= next_watchdog) {
       Watchdog();
@@ -89,6 +102,14 @@ void UcxTransport::Loop() {
 }
 
 void UcxTransport::Shutdown() {
+  for (PendingConnect& pc : connecting_) {
+    ucp_request_free(pc.flush);
+    pc.conn->ep.get_deleter().force = true;
+    pc.conn.reset();
+    pc.done(absl::AbortedError(
+        absl::StrCat("ucx transport '", options_.name, "' shut down while connecting")));
+  }
+  connecting_.clear();
   for (auto& t : active_) {
     if (!t->completed) {
       t->rec->Complete(absl::AbortedError(
