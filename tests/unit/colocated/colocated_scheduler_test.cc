@@ -123,10 +123,13 @@ class ColocatedSchedulerTest : public ::testing::Test {
     hook_ = std::move(hook);
   }
   // Submits `id` from the scheduler thread at the first step in which a request decodes, and
-  // returns its stream once it is submitted.
+  // returns its stream once it is submitted. `start` (which submits the request that will
+  // decode) runs after the hook is in place, so that a slow test thread cannot miss the first
+  // decode step (the hook used to be set after the first request was already running).
   std::shared_ptr<ColocatedStream> SubmitWhenDecoding(const std::string& id,
                                                       std::vector<int32_t> prompt,
-                                                      model::SamplingParams params) {
+                                                      model::SamplingParams params,
+                                                      const std::function<void()>& start) {
     auto stream = std::make_shared<std::shared_ptr<ColocatedStream>>();
     auto submitted = std::make_shared<std::atomic<bool>>(false);
     SetHook([=, this](const StepInfo& s) {
@@ -134,6 +137,7 @@ class ColocatedSchedulerTest : public ::testing::Test {
       *stream = Submit(id, prompt, params);
       submitted->store(true);
     });
+    start();
     const absl::Time deadline = DeadlineIn(absl::Seconds(30));
     while (!submitted->load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
     return *stream;
@@ -197,8 +201,8 @@ TEST_F(ColocatedSchedulerTest, MixesPrefillChunksWithRunningDecodes) {
   Start({.max_batch_tokens = kBudget, .max_running = 4});
   const model::SamplingParams pa{.max_tokens = 200, .ignore_eos = true};
   const model::SamplingParams pb{.max_tokens = 5, .ignore_eos = true};
-  auto a = Submit("a", Prompt(3, 1), pa);
-  auto b = SubmitWhenDecoding("b", Prompt(100, 2), pb);
+  std::shared_ptr<ColocatedStream> a;
+  auto b = SubmitWhenDecoding("b", Prompt(100, 2), pb, [&] { a = Submit("a", Prompt(3, 1), pa); });
   ASSERT_NE(b, nullptr);
   Outcome ob = Drain(*b);
   Outcome oa = Drain(*a);
@@ -317,8 +321,8 @@ TEST_F(ColocatedSchedulerTest, GrowingDecodePreemptsAPrefill) {
   Start({.max_batch_tokens = 2, .max_running = 2}, /*num_blocks=*/16);
   const model::SamplingParams pa{.max_tokens = 56, .ignore_eos = true};
   const model::SamplingParams pb{.max_tokens = 4, .ignore_eos = true};
-  auto a = Submit("a", Prompt(4, 1), pa);
-  auto b = SubmitWhenDecoding("b", Prompt(40, 2), pb);
+  std::shared_ptr<ColocatedStream> a;
+  auto b = SubmitWhenDecoding("b", Prompt(40, 2), pb, [&] { a = Submit("a", Prompt(4, 1), pa); });
   ASSERT_NE(b, nullptr);
   Outcome oa = Drain(*a);
   Outcome ob = Drain(*b);
