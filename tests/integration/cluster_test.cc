@@ -232,6 +232,9 @@ TEST_P(ClusterTest, TokenExactAgainstOneProcess) {
       }
       EXPECT_EQ(r.ids, Reference(Prompt(lengths[i], i), p))
           << "length " << lengths[i] << (seeded ? " seeded" : " greedy");
+      // The coordinator timed a real Reserve RPC to D (microseconds even on loopback).
+      EXPECT_GT(r.timings.reserve_us(), 0) << r.timings.DebugString();
+      EXPECT_GE(r.timings.queue_us(), r.timings.reserve_us()) << r.timings.DebugString();
     }
   }
   EXPECT_TRUE(EverythingFree(*stub));

@@ -161,6 +161,8 @@ TEST(ServeBenchTest, MeasuresEveryRequestAgainstALoopbackCluster) {
     EXPECT_GT(s["prefill_compute"]["min"].get<double>(), 0);
     EXPECT_GE(s["transfer_tail"]["min"].get<double>(), 0);
     EXPECT_GE(s["queue"]["min"].get<double>(), 0);
+    EXPECT_EQ(s["reserve"]["count"], completed);
+    EXPECT_GT(s["reserve"]["min"].get<double>(), 0) << "the coordinator times its Reserve to D";
     EXPECT_GE(s["decode_admission"]["min"].get<double>(), 0);
     EXPECT_EQ(m["goodput"]["requests_per_s"], m["throughput"]["requests_per_s"]);
     EXPECT_GT(m["throughput"]["output_tokens_per_s"].get<double>(), 0);
