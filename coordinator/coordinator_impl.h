@@ -62,6 +62,7 @@ struct ActiveRequest {
   std::vector<std::thread> threads;
   std::vector<std::string> unreachable_prefill;  // D could not connect to these writers
   std::vector<LoadAdjustment> load_adjustments;   // of the current attempt's routing
+  int64_t reserve_us = 0;  // the current attempt's successful Reserve round trip to D
 
   void Push(RequestEvent e) {
     {

@@ -7,26 +7,13 @@
 #include "common/base/status.h"
 #include "common/model/gguf_model.h"
 #include "coordinator/coordinator_impl.h"
+#include "coordinator/node_load_convert.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
 #include "proto/status_util.h"
 
 namespace duet::coordinator {
 namespace {
-
-NodeLoad LoadFromProto(const v1::NodeLoad& p) {
-  return NodeLoad{.free_blocks = p.free_blocks(), .total_blocks = p.total_blocks(),
-                  .queued_tokens = p.queued_tokens(), .running_requests = p.running_requests()};
-}
-
-v1::NodeLoad LoadToProto(const NodeLoad& l) {
-  v1::NodeLoad p;
-  p.set_free_blocks(l.free_blocks);
-  p.set_total_blocks(l.total_blocks);
-  p.set_queued_tokens(l.queued_tokens);
-  p.set_running_requests(l.running_requests);
-  return p;
-}
 
 absl::StatusOr<NodeKind> KindFromProto(v1::NodeKind k) {
   switch (k) {

@@ -162,8 +162,10 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
   {
     grpc::ClientContext rctx;
     rpc::SetDeadline(rctx, options_.tracker.reserve_timeout);
+    const absl::Time reserve_sent = absl::Now();
     absl::Status s = rpc::FromGrpcStatus(dstubs->decode->Reserve(&rctx, rreq, &rresp),
                                          absl::StrCat("Reserve on ", d->node.ToString()));
+    ar.reserve_us = Micros(absl::Now() - reserve_sent);
     if (!s.ok() && (absl::StrContains(s.message(), "connecting to sender") ||
                     s.code() == absl::StatusCode::kDeadlineExceeded) &&
         ar.unreachable_prefill.size() < 2) {
@@ -356,6 +358,7 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
         first_token_at = now;
         const v1::PrefillResponse& pr = ev.prefill;
         timings.set_queue_us(Micros(prefill_started - start) + pr.queue_us());
+        timings.set_reserve_us(ar.reserve_us);
         timings.set_prefill_compute_us(pr.prefill_compute_us());
         timings.set_time_to_first_token_us(Micros(now - start));
         if (timings.prefill_attempts() == 0) timings.set_prefill_attempts(1);

@@ -8,6 +8,7 @@
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "coordinator/node_load_convert.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
 #include "transfer/ucx/ucx_transport.h"
@@ -16,12 +17,10 @@ namespace duet::decode {
 namespace {
 
 v1::NodeLoad ToProto(const SchedulerLoad& load) {
-  v1::NodeLoad l;
-  l.set_free_blocks(load.free_blocks);
-  l.set_total_blocks(load.total_blocks);
-  l.set_queued_tokens(load.queued_tokens);
-  l.set_running_requests(load.running_requests);
-  return l;
+  return coordinator::LoadToProto({.free_blocks = load.free_blocks,
+                                   .total_blocks = load.total_blocks,
+                                   .queued_tokens = load.queued_tokens,
+                                   .running_requests = load.running_requests});
 }
 
 }  // namespace

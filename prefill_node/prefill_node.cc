@@ -14,6 +14,7 @@
 #include "common/model/gguf_model.h"
 #include "common/model/weights.h"
 #include "coordinator/membership_client.h"
+#include "coordinator/node_load_convert.h"
 #include "prefill_node/prefill_metrics.h"
 #include "prefill_node/prefill_scheduler.h"
 #include "prefill_node/prefill_service.h"
@@ -128,12 +129,11 @@ absl::Status PrefillNode::Init() {
                                             .load = [sched, pool] {
                                               const PrefillLoad l = sched->Load();
                                               const kv::BlockPoolStats s = pool->Stats();
-                                              v1::NodeLoad load;
-                                              load.set_free_blocks(s.free);
-                                              load.set_total_blocks(s.total);
-                                              load.set_queued_tokens(l.queued_tokens);
-                                              load.set_running_requests(l.running_requests);
-                                              return load;
+                                              return coordinator::LoadToProto(
+                                                  {.free_blocks = s.free,
+                                                   .total_blocks = s.total,
+                                                   .queued_tokens = l.queued_tokens,
+                                                   .running_requests = l.running_requests});
                                             }}));
   }
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "coordinator/node_load_convert.h"
 #include "decode_node/decode_service.h"
 #include "proto/generate_request.h"
 #include "proto/status_util.h"
@@ -154,11 +155,10 @@ grpc::Status ColocatedService::Health(grpc::ServerContext* ctx, const v1::Health
   n->set_epoch(1);
   n->set_kind(v1::NODE_KIND_DECODE);
   if (identity_.address) n->set_address(identity_.address());
-  v1::NodeLoad* l = n->mutable_load();
-  l->set_free_blocks(load.free_blocks);
-  l->set_total_blocks(load.total_blocks);
-  l->set_queued_tokens(load.queued_tokens);
-  l->set_running_requests(load.running_requests);
+  *n->mutable_load() = coordinator::LoadToProto({.free_blocks = load.free_blocks,
+                                                 .total_blocks = load.total_blocks,
+                                                 .queued_tokens = load.queued_tokens,
+                                                 .running_requests = load.running_requests});
   return grpc::Status::OK;
 }
 

@@ -1,19 +1,14 @@
 // Loopback cluster tests: `duet serve --loopback` starts a coordinator, prefill and decode
 // nodes as real processes; these tests talk to it over gRPC and check DESIGN.md's invariants:
 // token-exact against the in-process engine (1), no leaks (3), deadlines (5), layouts (6).
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdio>
 #include <filesystem>
-#include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +19,8 @@
 #include "common/model/synthetic_model.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "proto/channel.h"
+#include "tests/integration/child_process.h"
+#include "tests/integration/serve_process.h"
 
 #ifndef DUET_BIN
 #error "DUET_BIN must point at the duet binary"
@@ -33,82 +30,21 @@ namespace duet {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ChildProcess;
+using testing::ServeProcess;
 
-// A `duet serve --loopback` process with its stdout on a pipe; stopped (and its children with
-// it) when destroyed, even when a test fails.
-class Cluster {
- public:
-  Cluster(const std::string& model_dir, const std::string& transport, int prefill, int decode,
-          std::vector<std::string> extra = {}) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    std::vector<std::string> argv = {DUET_BIN,
-                                     "serve",
-                                     "--loopback",
-                                     absl::StrCat("--prefill=", prefill),
-                                     absl::StrCat("--decode=", decode),
-                                     "--model=" + model_dir,
-                                     "--transport=" + transport,
-                                     "--threads=1",
-                                     "--kv_cache_bytes=16777216",
-                                     "--heartbeat_timeout_ms=1500"};
-    for (auto& e : extra) argv.push_back(e);
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-      setpgid(0, 0);  // its own group: the test can kill the whole tree
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(DUET_BIN, args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-    const absl::Time deadline = absl::Now() + absl::Seconds(120);
-    char line[1024];
-    while (absl::Now() < deadline && std::fgets(line, sizeof(line), out_) != nullptr) {
-      std::string l(line);
-      int pid;
-      char name[64];
-      if (std::sscanf(line, "node %63s pid %d", name, &pid) == 2) pids_[name] = pid;
-      if (l.rfind("ready ", 0) == 0) {
-        std::istringstream in(l.substr(6));
-        in >> address_;
-        break;
-      }
-    }
-  }
-  ~Cluster() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    const absl::Time deadline = absl::Now() + absl::Seconds(15);
-    int st;
-    while (waitpid(pid_, &st, WNOHANG) == 0) {
-      if (absl::Now() > deadline) {
-        kill(-pid_, SIGKILL);
-        waitpid(pid_, &st, 0);
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    if (out_) std::fclose(out_);
-  }
-  bool ready() const { return !address_.empty(); }
-  const std::string& address() const { return address_; }
-  int pid_of(const std::string& node) const {
-    auto it = pids_.find(node);
-    return it == pids_.end() ? -1 : it->second;
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-  std::string address_;
-  std::map<std::string, int> pids_;
-};
+// `duet serve --loopback` flags for a cluster of `prefill` and `decode` nodes on `transport`.
+std::vector<std::string> ClusterFlags(const std::string& model_dir, const std::string& transport,
+                                      int prefill, int decode) {
+  return {"--loopback",
+          absl::StrCat("--prefill=", prefill),
+          absl::StrCat("--decode=", decode),
+          "--model=" + model_dir,
+          "--transport=" + transport,
+          "--threads=1",
+          "--kv_cache_bytes=16777216",
+          "--heartbeat_timeout_ms=1500"};
+}
 
 struct Result {
   absl::Status status;
@@ -198,7 +134,7 @@ std::string ClusterTest::model_dir_;
 // Invariant 1: greedy and seeded tokens from a 2-prefill/2-decode cluster equal the in-process
 // engine's, for prompt lengths crossing block boundaries, with requests running concurrently.
 TEST_P(ClusterTest, TokenExactAgainstOneProcess) {
-  Cluster cluster(model_dir_, GetParam(), 2, 2);
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, GetParam(), 2, 2));
   ASSERT_TRUE(cluster.ready());
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
   const std::vector<int> lengths = {1, 15, 16, 17, 100, 700, 2000};
@@ -232,6 +168,9 @@ TEST_P(ClusterTest, TokenExactAgainstOneProcess) {
       }
       EXPECT_EQ(r.ids, Reference(Prompt(lengths[i], i), p))
           << "length " << lengths[i] << (seeded ? " seeded" : " greedy");
+      // The coordinator timed a real Reserve RPC to D (microseconds even on loopback).
+      EXPECT_GT(r.timings.reserve_us(), 0) << r.timings.DebugString();
+      EXPECT_GE(r.timings.queue_us(), r.timings.reserve_us()) << r.timings.DebugString();
     }
   }
   EXPECT_TRUE(EverythingFree(*stub));
@@ -239,7 +178,7 @@ TEST_P(ClusterTest, TokenExactAgainstOneProcess) {
 
 // 64 concurrent requests of mixed lengths all complete; afterwards nothing is held anywhere.
 TEST_P(ClusterTest, SixtyFourConcurrentRequestsLeaveNothingBehind) {
-  Cluster cluster(model_dir_, GetParam(), 2, 2);
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, GetParam(), 2, 2));
   ASSERT_TRUE(cluster.ready());
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
   std::vector<std::thread> threads;
@@ -262,7 +201,7 @@ TEST_P(ClusterTest, SixtyFourConcurrentRequestsLeaveNothingBehind) {
 
 // A client cancel mid-stream frees every block it held.
 TEST_P(ClusterTest, ClientCancelFreesEverything) {
-  Cluster cluster(model_dir_, GetParam(), 1, 1);
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, GetParam(), 1, 1));
   ASSERT_TRUE(cluster.ready());
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
   v1::SamplingParams s;
@@ -283,7 +222,7 @@ class ClusterFailureTest : public ClusterTest {};
 // Kill a decode node mid-stream: its requests end with a clear error within the deadline, the
 // others finish, and nothing leaks on the survivors.
 TEST_F(ClusterFailureTest, KilledDecodeNodeFailsOnlyItsRequests) {
-  Cluster cluster(model_dir_, "shm", 1, 2);
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 1, 2));
   ASSERT_TRUE(cluster.ready());
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
   std::atomic<int> streaming{0};
@@ -321,7 +260,7 @@ TEST_F(ClusterFailureTest, KilledDecodeNodeFailsOnlyItsRequests) {
 
 // Kill a prefill node: a request routed to it is retried once on the other and finishes.
 TEST_F(ClusterFailureTest, KilledPrefillNodeIsRetriedElsewhere) {
-  Cluster cluster(model_dir_, "shm", 2, 1);
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 2, 1));
   ASSERT_TRUE(cluster.ready());
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
   kill(cluster.pid_of("prefill-0"), SIGKILL);
@@ -339,29 +278,14 @@ TEST_F(ClusterFailureTest, KilledPrefillNodeIsRetriedElsewhere) {
 // A decode node whose KV layout differs from the cluster's is refused at registration, and the
 // message names both layouts.
 TEST_F(ClusterFailureTest, MismatchedLayoutIsRefusedAtRegistration) {
-  Cluster cluster(model_dir_, "shm", 1, 1);
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 1, 1));
   ASSERT_TRUE(cluster.ready());
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], STDERR_FILENO);
-    dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
-    execl(DUET_BIN, DUET_BIN, "decode", ("--coordinator=" + cluster.address()).c_str(),
-          ("--model=" + model_dir_).c_str(), "--node_id=decode-odd", "--block_size=32",
-          "--threads=1", "--kv_cache_bytes=8388608", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(fds[1]);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, n);
-  close(fds[0]);
-  int st;
-  waitpid(pid, &st, 0);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) != 0) << out;
+  ChildProcess decode({DUET_BIN, "decode", "--coordinator=" + cluster.address(),
+                       "--model=" + model_dir_, "--node_id=decode-odd", "--block_size=32",
+                       "--threads=1", "--kv_cache_bytes=8388608"},
+                      {.merge_stderr = true});
+  const std::string out = decode.ReadAll(absl::Now() + absl::Seconds(60));
+  EXPECT_GT(decode.Wait(absl::Seconds(10)), 0) << out;
   EXPECT_NE(out.find("block=16"), std::string::npos) << out;
   EXPECT_NE(out.find("block=32"), std::string::npos) << out;
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));

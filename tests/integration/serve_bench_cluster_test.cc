@@ -1,15 +1,10 @@
 // `duet bench serve` against a real `duet serve --loopback` (tiny synthetic model, 127.0.0.1):
 // every request completes, and the JSON report has the expected fields with sane values.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +12,8 @@
 #include "absl/time/clock.h"
 #include "common/model/synthetic_model.h"
 #include "nlohmann/json.hpp"
+#include "tests/integration/child_process.h"
+#include "tests/integration/serve_process.h"
 
 #ifndef DUET_BIN
 #error "DUET_BIN must point at the duet binary"
@@ -26,78 +23,8 @@ namespace duet {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Runs argv in its own process group with stdout on a pipe; the group is killed on destruction,
-// even when a test fails.
-class Process {
- public:
-  explicit Process(std::vector<std::string> argv) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-      setpgid(0, 0);
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-  }
-  ~Process() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      const absl::Time deadline = absl::Now() + absl::Seconds(15);
-      int st;
-      while (waitpid(pid_, &st, WNOHANG) == 0) {
-        if (absl::Now() > deadline) {
-          kill(-pid_, SIGKILL);
-          waitpid(pid_, &st, 0);
-          break;
-        }
-        absl::SleepFor(absl::Milliseconds(20));
-      }
-    }
-    if (out_ != nullptr) std::fclose(out_);
-  }
-  // The next stdout line (without the newline), or "" at EOF.
-  std::string ReadLine() {
-    char line[4096];
-    if (out_ == nullptr || std::fgets(line, sizeof(line), out_) == nullptr) return "";
-    std::string l(line);
-    if (!l.empty() && l.back() == '\n') l.pop_back();
-    return l;
-  }
-  std::string ReadAll() {
-    std::string all, l;
-    char buf[4096];
-    size_t n;
-    while (out_ != nullptr && (n = std::fread(buf, 1, sizeof(buf), out_)) > 0) all.append(buf, n);
-    return all;
-  }
-  // Waits (bounded) for the exit status; -1 on timeout or signal.
-  int Wait(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    int st;
-    while (absl::Now() < deadline) {
-      if (waitpid(pid_, &st, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-};
+using testing::ChildProcess;
+using testing::ServeProcess;
 
 TEST(ServeBenchTest, MeasuresEveryRequestAgainstALoopbackCluster) {
   const fs::path dir = fs::temp_directory_path() / absl::StrCat("duet_serve_bench_", getpid());
@@ -105,27 +32,20 @@ TEST(ServeBenchTest, MeasuresEveryRequestAgainstALoopbackCluster) {
   const std::string model = (dir / "tiny").string();
   ASSERT_TRUE(model::WriteSyntheticModel("tiny", 3, model).ok());
 
-  std::string address;
   {
-    Process cluster({DUET_BIN, "serve", "--loopback", "--prefill=1", "--decode=1",
-                     "--model=" + model, "--transport=shm", "--threads=1",
-                     "--kv_cache_bytes=16777216"});
-    const absl::Time deadline = absl::Now() + absl::Seconds(120);
-    while (address.empty() && absl::Now() < deadline) {
-      const std::string l = cluster.ReadLine();
-      if (l.empty()) break;
-      if (l.rfind("ready ", 0) == 0) std::istringstream(l.substr(6)) >> address;
-    }
-    ASSERT_FALSE(address.empty()) << "the cluster did not start";
+    ServeProcess cluster(DUET_BIN, {"--loopback", "--prefill=1", "--decode=1", "--model=" + model,
+                                    "--transport=shm", "--threads=1", "--kv_cache_bytes=16777216"});
+    ASSERT_TRUE(cluster.ready()) << "the cluster did not start";
+    const std::string& address = cluster.address();
 
     const std::string json_path = (dir / "report.json").string();
-    Process bench({DUET_BIN, "bench", "serve", "--server=" + address, "--request_rate=4",
+    ChildProcess bench({DUET_BIN, "bench", "serve", "--server=" + address, "--request_rate=4",
                    "--duration_s=3", "--input_len=8-40", "--output_len=6",
                    "--background_concurrency=1", "--background_input_len=4",
                    "--background_output_len=2000", "--warmup_requests=1", "--seed=7",
                    "--max_token_id=250", "--slo_ttft_ms=60000", "--slo_tpot_ms=60000",
                    "--per_request", "--bench_label=it", "--json_out=" + json_path});
-    const std::string table = bench.ReadAll();
+    const std::string table = bench.ReadAll(absl::Now() + absl::Seconds(120));
     ASSERT_EQ(bench.Wait(absl::Seconds(120)), 0) << table;
     EXPECT_NE(table.find("TTFT"), std::string::npos) << table;
 
@@ -161,6 +81,8 @@ TEST(ServeBenchTest, MeasuresEveryRequestAgainstALoopbackCluster) {
     EXPECT_GT(s["prefill_compute"]["min"].get<double>(), 0);
     EXPECT_GE(s["transfer_tail"]["min"].get<double>(), 0);
     EXPECT_GE(s["queue"]["min"].get<double>(), 0);
+    EXPECT_EQ(s["reserve"]["count"], completed);
+    EXPECT_GT(s["reserve"]["min"].get<double>(), 0) << "the coordinator times its Reserve to D";
     EXPECT_GE(s["decode_admission"]["min"].get<double>(), 0);
     EXPECT_EQ(m["goodput"]["requests_per_s"], m["throughput"]["requests_per_s"]);
     EXPECT_GT(m["throughput"]["output_tokens_per_s"].get<double>(), 0);
@@ -182,25 +104,18 @@ TEST(ServeBenchTest, MeasuresOverTheHttpApi) {
   const std::string model = (dir / "tiny").string();
   ASSERT_TRUE(model::WriteSyntheticModel("tiny", 3, model).ok());
   {
-    Process cluster({DUET_BIN, "serve", "--loopback", "--prefill=1", "--decode=1",
-                     "--model=" + model, "--transport=shm", "--threads=1",
-                     "--kv_cache_bytes=16777216", "--http_port=0"});
-    std::string http, address;
-    const absl::Time deadline = absl::Now() + absl::Seconds(120);
-    while (address.empty() && absl::Now() < deadline) {
-      const std::string l = cluster.ReadLine();
-      if (l.empty()) break;
-      if (l.rfind("http ", 0) == 0) http = l.substr(5);
-      if (l.rfind("ready ", 0) == 0) std::istringstream(l.substr(6)) >> address;
-    }
-    ASSERT_FALSE(address.empty()) << "the cluster did not start";
+    ServeProcess cluster(DUET_BIN, {"--loopback", "--prefill=1", "--decode=1", "--model=" + model,
+                                    "--transport=shm", "--threads=1", "--kv_cache_bytes=16777216",
+                                    "--http_port=0"});
+    ASSERT_TRUE(cluster.ready()) << "the cluster did not start";
+    const std::string& http = cluster.http_url();
     ASSERT_EQ(http.rfind("http://127.0.0.1:", 0), 0u) << http;
 
     const std::string json_path = (dir / "report.json").string();
-    Process bench({DUET_BIN, "bench", "serve", "--server=" + http, "--concurrency=2",
+    ChildProcess bench({DUET_BIN, "bench", "serve", "--server=" + http, "--concurrency=2",
                    "--num_requests=12", "--input_len=8-40", "--output_len=6", "--seed=7",
                    "--max_token_id=250", "--json_out=" + json_path});
-    const std::string table = bench.ReadAll();
+    const std::string table = bench.ReadAll(absl::Now() + absl::Seconds(120));
     ASSERT_EQ(bench.Wait(absl::Seconds(120)), 0) << table;
     std::ifstream in(json_path);
     const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
@@ -221,9 +136,9 @@ TEST(ServeBenchTest, MeasuresOverTheHttpApi) {
 }
 
 TEST(ServeBenchTest, AnUnreachableServerIsAnErrorNotAHang) {
-  Process bench(
+  ChildProcess bench(
       {DUET_BIN, "bench", "serve", "--server=127.0.0.1:1", "--num_requests=1", "--wait_ready_s=1"});
-  const std::string out = bench.ReadAll();
+  const std::string out = bench.ReadAll(absl::Now() + absl::Seconds(30));
   EXPECT_EQ(bench.Wait(absl::Seconds(30)), 1) << out;
 }
 

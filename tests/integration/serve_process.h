@@ -1,84 +1,42 @@
-// A `duet serve ...` process (--loopback or --colocated) for integration tests: started with
-// its stdout on a pipe, ready once it printed "ready ADDR", stopped with its whole process
-// group when destroyed, even when a test fails.
+// ServeProcess: a `duet serve ...` process (--loopback or --colocated) for integration tests, as
+// a ChildProcess (stopped with its whole process group when destroyed, even when a test fails).
+// Ready once it printed "ready ADDR" before the deadline; the "node NAME pid N" and "http URL"
+// lines printed before that are kept.
 //
-//   ServeProcess s(DUET_BIN, {"--colocated", "--model=" + dir, "--threads=1"});
+//   ServeProcess s(DUET_BIN, {"--loopback", "--prefill=1", "--decode=1", "--model=" + dir});
 //   ASSERT_TRUE(s.ready());
 //   auto stub = v1::Generation::NewStub(rpc::MakeChannel(s.address()));
+//   kill(s.pid_of("decode-0"), SIGKILL);
 #pragma once
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include <sys/types.h>
 
-#include <cstdio>
-#include <sstream>
+#include <map>
 #include <string>
 #include <vector>
 
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "tests/integration/child_process.h"
 
 namespace duet::testing {
 
 class ServeProcess {
  public:
+  // Runs `bin serve flags...` and reads its output until "ready ADDR", EOF or `ready_timeout`.
   ServeProcess(const std::string& bin, const std::vector<std::string>& flags,
-               absl::Duration ready_timeout = absl::Seconds(120)) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    std::vector<std::string> argv = {bin, "serve"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-      setpgid(0, 0);  // its own group: the test can kill the whole tree
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(bin.c_str(), args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-    const absl::Time deadline = absl::Now() + ready_timeout;
-    char line[1024];
-    while (absl::Now() < deadline && std::fgets(line, sizeof(line), out_) != nullptr) {
-      const std::string l(line);
-      if (l.rfind("ready ", 0) == 0) {
-        std::istringstream in(l.substr(6));
-        in >> address_;
-        break;
-      }
-    }
-  }
-  ~ServeProcess() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    const absl::Time deadline = absl::Now() + absl::Seconds(15);
-    int st;
-    while (waitpid(pid_, &st, WNOHANG) == 0) {
-      if (absl::Now() > deadline) {
-        kill(-pid_, SIGKILL);
-        waitpid(pid_, &st, 0);
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    if (out_) std::fclose(out_);
-  }
-  ServeProcess(const ServeProcess&) = delete;
-  ServeProcess& operator=(const ServeProcess&) = delete;
+               absl::Duration ready_timeout = absl::Seconds(120));
 
   bool ready() const { return !address_.empty(); }
-  const std::string& address() const { return address_; }
+  const std::string& address() const { return address_; }  // the client (gRPC) address
+  const std::string& http_url() const { return http_url_; }  // "" without --http_port
+  // A node's pid from its "node NAME pid N" line; -1 if it printed none.
+  pid_t pid_of(const std::string& node) const;
 
  private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
+  ChildProcess process_;
   std::string address_;
+  std::string http_url_;
+  std::map<std::string, pid_t> pids_;
 };
 
 }  // namespace duet::testing

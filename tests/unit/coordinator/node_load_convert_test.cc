@@ -1,0 +1,22 @@
+// NodeLoad survives the trip through duet.v1.NodeLoad that every heartbeat makes.
+#include "coordinator/node_load_convert.h"
+
+#include "gtest/gtest.h"
+
+namespace duet::coordinator {
+namespace {
+
+TEST(NodeLoadConvert, RoundTripsEveryField) {
+  const NodeLoad load{.free_blocks = 40, .total_blocks = 100, .queued_tokens = 7,
+                      .running_requests = 3};
+  const v1::NodeLoad p = LoadToProto(load);
+  EXPECT_EQ(p.free_blocks(), 40);
+  EXPECT_EQ(p.total_blocks(), 100);
+  EXPECT_EQ(p.queued_tokens(), 7);
+  EXPECT_EQ(p.running_requests(), 3);
+  EXPECT_EQ(LoadFromProto(p), load);
+  EXPECT_EQ(LoadFromProto(v1::NodeLoad()), NodeLoad{});
+}
+
+}  // namespace
+}  // namespace duet::coordinator
