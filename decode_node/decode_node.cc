@@ -127,9 +127,7 @@ absl::Status DecodeNode::Init() {
 }
 
 std::string DecodeNode::address() const {
-  std::string host = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
-  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") host = "127.0.0.1";
-  return absl::StrCat(host, ":", port_);
+  return rpc::AdvertisedAddress(options_.listen_address, port_);
 }
 
 kv::BlockPoolStats DecodeNode::PoolStats() const {

@@ -1,7 +1,5 @@
 #include "prefill_node/prefill_node.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <utility>
 
@@ -25,20 +23,6 @@
 #include "transfer/ucx/ucx_transport.h"
 
 namespace duet::prefill {
-namespace {
-
-// host:port others reach the service at: the listen host with the bound port (a wildcard
-// host is replaced by this machine's name).
-std::string AdvertisedAddress(const std::string& listen, int port) {
-  std::string host = listen.substr(0, listen.rfind(':'));
-  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
-    char name[256] = {0};
-    host = gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : "127.0.0.1";
-  }
-  return absl::StrCat(host, ":", port);
-}
-
-}  // namespace
 
 PrefillNode::PrefillNode(const PrefillNodeOptions& options) : options_(options) {}
 
@@ -99,7 +83,7 @@ absl::Status PrefillNode::Init() {
       PrefillServiceOptions{.node_id = o.node_id, .layout = layout_, .metrics = metrics_.get()},
       transport_.get(), scheduler_.get());
   DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(o.listen_address, {service_.get()}, &port_));
-  address_ = AdvertisedAddress(o.listen_address, port_);
+  address_ = rpc::AdvertisedAddress(o.listen_address, port_);
   DUET_LOG(INFO) << o.node_id << ": prefill node on " << address_ << " (" << o.transport << "), "
                  << layout_.Describe() << ", " << num_blocks << " blocks, budget "
                  << o.max_batch_tokens << " tokens"

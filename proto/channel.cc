@@ -1,5 +1,7 @@
 #include "proto/channel.h"
 
+#include <unistd.h>
+
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,16 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetMaxReceiveMessageSize(64 << 20);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+std::string AdvertisedAddress(const std::string& listen_address, int bound_port) {
+  std::string host = listen_address.substr(0, listen_address.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+    char name[256] = {0};
+    host = gethostname(name, sizeof(name) - 1) == 0 && name[0] != 0 ? std::string(name)
+                                                                      : "127.0.0.1";
+  }
+  return absl::StrCat(host, ":", bound_port);
 }
 
 void SetDeadline(grpc::ClientContext& ctx, absl::Duration timeout) {

@@ -19,6 +19,11 @@ namespace duet::rpc {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 
+// "host:port" that other machines reach a server at: the host of its listen address with the
+// port it bound; a wildcard host (empty, 0.0.0.0, ::) becomes this machine's host name, so a
+// node listening on every interface never advertises 127.0.0.1 to a remote coordinator.
+std::string AdvertisedAddress(const std::string& listen_address, int bound_port);
+
 // Sets ctx's deadline to now + timeout.
 void SetDeadline(grpc::ClientContext& ctx, absl::Duration timeout);
 

@@ -48,9 +48,7 @@ absl::Status ColocatedServer::Init() {
 }
 
 std::string ColocatedServer::address() const {
-  std::string host = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
-  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") host = "127.0.0.1";
-  return absl::StrCat(host, ":", port_);
+  return rpc::AdvertisedAddress(options_.listen_address, port_);
 }
 
 void ColocatedServer::Shutdown() {
