@@ -278,6 +278,17 @@ int RunServe(const std::vector<char*>& args) {
     StopAll(children);
     return 1;
   }
+  // A node registers before it writes its address file: wait for those files (bounded) so that
+  // every "metrics" line is printed.
+  if (absl::GetFlag(FLAGS_node_metrics)) {
+    for (const Child& c : children) {
+      const std::filesystem::path f = run_dir / (c.name + ".addr");
+      while (c.name != "coordinator" && !std::filesystem::exists(f) && absl::Now() < deadline &&
+             !g_serve_stop.load()) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    }
+  }
   PrintHttpAddresses(run_dir, children);
   std::printf("ready %s (logs in %s)\n", coord_addr.c_str(), run_dir.c_str());
   std::fflush(stdout);
