@@ -7,9 +7,11 @@
 #
 # 1. builds the engine only (-DDUET_ENGINE_ONLY=ON: common/ + the CUDA backend, sm_90) against
 #    the carried Abseil/GoogleTest/nlohmann-json;
-# 2. runs the gpu-labelled tests (kernels vs the CPU backend, whole-model parity);
+# 2. runs the gpu-labelled tests (kernels vs the CPU backend, whole-model parity, KV staging
+#    pool <-> pinned host mirror through ComputeBackend::CopyKvToHost/CopyKvFromHost);
 # 3. times prefill (512/2048/8192 tokens) and decode (batch 1/32/128) on a random Llama-3-8B
-#    geometry model plus the staged (pinned host) copy bandwidth: engine.md and engine.json;
+#    geometry model plus the staged copy bandwidth through CopyKvToHost/CopyKvFromHost (device
+#    pool <-> pinned host mirror, the nodes' --kv_staging path): engine.md and engine.json;
 # 4. if time is left, runs the kernel tests under compute-sanitizer memcheck.
 # Stays under 8 minutes: every step has its own timeout. Files in $OUT (at most 8):
 # summary.txt env.txt configure.log build.log gpu_tests.log bench.log engine.md engine.json

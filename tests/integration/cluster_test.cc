@@ -190,15 +190,18 @@ class ClusterTest : public ::testing::TestWithParam<std::string> {
     return r.ok() ? r->generated_ids : std::vector<int32_t>();
   }
 
+  void ExpectTokenExactAndEverythingFree(const std::vector<std::string>& extra = {});
+
   static std::string model_dir_;
   std::unique_ptr<model::LocalEngine> engine_;
 };
 std::string ClusterTest::model_dir_;
 
 // Invariant 1: greedy and seeded tokens from a 2-prefill/2-decode cluster equal the in-process
-// engine's, for prompt lengths crossing block boundaries, with requests running concurrently.
-TEST_P(ClusterTest, TokenExactAgainstOneProcess) {
-  Cluster cluster(model_dir_, GetParam(), 2, 2);
+// engine's, for prompt lengths crossing block boundaries, with requests running concurrently;
+// afterwards nothing is held anywhere.
+void ClusterTest::ExpectTokenExactAndEverythingFree(const std::vector<std::string>& extra) {
+  Cluster cluster(model_dir_, GetParam(), 2, 2, extra);
   ASSERT_TRUE(cluster.ready());
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
   const std::vector<int> lengths = {1, 15, 16, 17, 100, 700, 2000};
@@ -235,6 +238,20 @@ TEST_P(ClusterTest, TokenExactAgainstOneProcess) {
     }
   }
   EXPECT_TRUE(EverythingFree(*stub));
+}
+
+TEST_P(ClusterTest, TokenExactAgainstOneProcess) { ExpectTokenExactAndEverythingFree(); }
+
+// The same through the staging path (what a GPU pool needs), forced on cpu: prefill nodes copy
+// each layer into a host mirror the transport exports and post it once the copy is done; decode
+// nodes receive into a host mirror and copy it into the pool at admission.
+TEST_P(ClusterTest, StagedKvIsTokenExactAndFreesEverything) {
+  ExpectTokenExactAndEverythingFree({"--kv_staging=always"});
+}
+
+// Staging with all layers posted after the forward pass.
+TEST_P(ClusterTest, StagedKvWithoutLayerPipeliningIsTokenExact) {
+  ExpectTokenExactAndEverythingFree({"--kv_staging=always", "--no_layer_pipelining"});
 }
 
 // 64 concurrent requests of mixed lengths all complete; afterwards nothing is held anywhere.
