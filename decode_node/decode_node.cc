@@ -179,11 +179,11 @@ void DecodeNode::Shutdown() {
   server_.reset();
   service_.reset();
   scheduler_.reset();
-  if (pool_ != nullptr && region_ != nullptr && pool_->region() != region_->base()) {
-    region_.reset();  // registered heap memory: unregister before the pool frees it
-  }
-  pool_.reset();
-  region_.reset();
+  pool_.reset();        // bookkeeping only: the memory is pool_memory_'s or region_'s
+  mirror_pin_.reset();  // unpin before the mirror goes
+  region_.reset();      // unregister (UCX-allocated: free) before our memory is freed
+  host_mirror_.reset();
+  pool_memory_.reset();
   transport_.reset();
   engine_.reset();
 }

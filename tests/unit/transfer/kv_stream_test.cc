@@ -25,6 +25,30 @@ kv::KvLayout Layout() {
                       .dtype = kv::KvDtype::kF32};
 }
 
+// Staging as a prefill node on a GPU does it: a copy fills the exported region (here the test,
+// when it "completes" a layer's copy), and the sender must not post a layer before then.
+class Staging {
+ public:
+  // The wait the sender gets; OK once Complete() ran, `error_` once Fail() ran.
+  StagedWait Wait() {
+    return [this](absl::Time deadline) {
+      if (!done_.WaitForNotificationWithDeadline(deadline)) {
+        return absl::DeadlineExceededError("staging copy not done");
+      }
+      return error_;
+    };
+  }
+  void Complete() { done_.Notify(); }
+  void Fail(absl::Status error) {
+    error_ = std::move(error);
+    done_.Notify();
+  }
+
+ private:
+  absl::Notification done_;
+  absl::Status error_;
+};
+
 // A prefill side (P) and a decode side (D) over inproc, connected both ways.
 class KvStreamTest : public ::testing::Test {
  protected:
@@ -45,6 +69,19 @@ class KvStreamTest : public ::testing::Test {
     for (size_t i = 0; i < blocks.size(); ++i) {
       std::memset(p_pool_->BlockAddress(layer, blocks[i]), seed + static_cast<int>(i),
                   Layout().BlockBytes());
+    }
+  }
+
+  // Request `id` over `n` blocks each side, expected by D, begun by P, every layer staged behind
+  // `staging[layer]`.
+  void BeginStaged(uint64_t id, int n, Staging* staging, std::vector<kv::BlockId>* local,
+                   std::vector<kv::BlockId>* remote) {
+    *local = *p_pool_->Allocate(n);
+    *remote = *d_pool_->Allocate(n);
+    ASSERT_TRUE(tracker_->Expect(id, to_p_, *remote, DeadlineIn(absl::Seconds(5))).ok());
+    ASSERT_TRUE(sender_->Begin({id, to_d_, *local, *remote}).ok());
+    for (int l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(sender_->OnLayerStaged(l, id, staging[l].Wait()).ok());
     }
   }
 
@@ -175,37 +212,10 @@ TEST_F(KvStreamTest, BeginRejectsBadMaps) {
   EXPECT_FALSE(sender_->Finish(7, "").ok());  // layers missing
 }
 
-// Staging as a prefill node on a GPU does it: a copy fills the exported region (here the test,
-// when it "completes" a layer's copy), and the sender must not post a layer before then.
-class Staging {
- public:
-  // The wait the sender gets; OK once Complete() ran, `error_` once Fail() ran.
-  StagedWait Wait() {
-    return [this](absl::Time deadline) {
-      if (!done_.WaitForNotificationWithDeadline(deadline)) {
-        return absl::DeadlineExceededError("staging copy not done");
-      }
-      return error_;
-    };
-  }
-  void Complete() { done_.Notify(); }
-  void Fail(absl::Status error) {
-    error_ = std::move(error);
-    done_.Notify();
-  }
-
- private:
-  absl::Notification done_;
-  absl::Status error_;
-};
-
 TEST_F(KvStreamTest, StagedLayersArePostedOnlyOnceTheirCopyIsDoneInLayerOrder) {
-  auto local = *p_pool_->Allocate(3);
-  auto remote = *d_pool_->Allocate(3);
-  ASSERT_TRUE(tracker_->Expect(8, to_p_, remote, DeadlineIn(absl::Seconds(5))).ok());
-  ASSERT_TRUE(sender_->Begin({8, to_d_, local, remote}).ok());
+  std::vector<kv::BlockId> local, remote;
   Staging staging[kLayers];
-  for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(sender_->OnLayerStaged(l, 8, staging[l].Wait()).ok());
+  ASSERT_NO_FATAL_FAILURE(BeginStaged(8, 3, staging, &local, &remote));
   EXPECT_FALSE(sender_->OnLayerStaged(0, 8, staging[0].Wait()).ok());  // a layer is staged once
   EXPECT_FALSE(sender_->OnLayerDone(1, {8}).ok());                     // ... and not also posted
   ASSERT_TRUE(sender_->Finish(8, "tok=7").ok());  // held until the staged layers are posted
@@ -252,12 +262,9 @@ TEST_F(KvStreamTest, StagedLayersArePostedOnlyOnceTheirCopyIsDoneInLayerOrder) {
 }
 
 TEST_F(KvStreamTest, FailedStagingFailsPostAndAbortDropsTheRest) {
-  auto local = *p_pool_->Allocate(1);
-  auto remote = *d_pool_->Allocate(1);
-  ASSERT_TRUE(tracker_->Expect(9, to_p_, remote, DeadlineIn(absl::Seconds(5))).ok());
-  ASSERT_TRUE(sender_->Begin({9, to_d_, local, remote}).ok());
+  std::vector<kv::BlockId> local, remote;
   Staging staging[kLayers];
-  for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(sender_->OnLayerStaged(l, 9, staging[l].Wait()).ok());
+  ASSERT_NO_FATAL_FAILURE(BeginStaged(9, 1, staging, &local, &remote));
   staging[0].Fail(absl::InternalError("copy engine fault"));
   auto posted = sender_->PostStaged(9, absl::InfinitePast());
   EXPECT_EQ(posted.status().code(), absl::StatusCode::kInternal);
