@@ -32,6 +32,10 @@ ABSL_FLAG(int64_t, max_batch_tokens, 2048, "prefill: token budget of one forward
 ABSL_FLAG(bool, no_layer_pipelining, false,
           "prefill: send all layers after the forward pass instead of as each layer finishes");
 ABSL_FLAG(int, max_running, 64, "decode: most requests in the running batch");
+ABSL_FLAG(std::string, kv_staging, "auto",
+          "prefill/decode: stage KV through a host mirror of the pool that the transport exports: "
+          "auto (iff the compute backend's KV pool is device memory), always (also on cpu), "
+          "never (refuses a device pool)");
 ABSL_FLAG(std::string, address_file, "",
           "write this process's bound address here once it serves (for launchers)");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "coordinator: silence that declares a node dead");
@@ -143,6 +147,7 @@ int RunPrefill(const std::vector<char*>& args) {
   opt.threads = absl::GetFlag(FLAGS_threads);
   opt.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   opt.no_layer_pipelining = absl::GetFlag(FLAGS_no_layer_pipelining);
+  opt.kv_staging = absl::GetFlag(FLAGS_kv_staging);
   opt.ucx_net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
   opt.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   opt.metrics_host = absl::GetFlag(FLAGS_metrics_host);
@@ -176,6 +181,7 @@ int RunDecode(const std::vector<char*>& args) {
   opt.device = absl::GetFlag(FLAGS_device);
   opt.threads = absl::GetFlag(FLAGS_threads);
   opt.max_running = absl::GetFlag(FLAGS_max_running);
+  opt.kv_staging = absl::GetFlag(FLAGS_kv_staging);
   opt.ucx_net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
   opt.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   opt.metrics_host = absl::GetFlag(FLAGS_metrics_host);

@@ -32,6 +32,7 @@ ABSL_DECLARE_FLAG(std::string, transport);
 ABSL_DECLARE_FLAG(int64_t, kv_cache_bytes);
 ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
 ABSL_DECLARE_FLAG(bool, no_layer_pipelining);
+ABSL_DECLARE_FLAG(std::string, kv_staging);
 ABSL_DECLARE_FLAG(int, max_running);
 ABSL_DECLARE_FLAG(int64_t, heartbeat_timeout_ms);
 ABSL_DECLARE_FLAG(int, http_port);
@@ -228,7 +229,8 @@ int RunServe(const std::vector<char*>& args) {
                                          "--listen=127.0.0.1:0", "--coordinator=" + coord_addr,
                                          "--node_id=" + name, "--transport=" + transport,
                                          absl::StrCat("--kv_cache_bytes=",
-                                                      absl::GetFlag(FLAGS_kv_cache_bytes))});
+                                                      absl::GetFlag(FLAGS_kv_cache_bytes)),
+                                         "--kv_staging=" + absl::GetFlag(FLAGS_kv_staging)});
     if (absl::GetFlag(FLAGS_node_metrics)) {
       a.push_back("--metrics_port=-1");
       a.push_back("--address_file=" + (run_dir / (name + ".addr")).string());

@@ -8,6 +8,7 @@
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/compute/kv_memory.h"
 #include "coordinator/node_load_convert.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
@@ -62,20 +63,44 @@ absl::Status DecodeNode::Init() {
                                                                              ? profile.net_devices
                                                                              : o.ucx_net_devices}));
   const size_t region_bytes = layout.RegionBytes(num_blocks);
+  compute::ComputeBackend& backend = engine_->backend();
+  DUET_ASSIGN_OR_RETURN(const bool staging,
+                        compute::ResolveKvStaging(o.kv_staging, backend.kv_memory_is_host()));
+  // The region the transport exports: UCX-allocated shared memory where it can (the shm lane's
+  // single memcpy), else our own host memory. Without staging it is the pool itself (host
+  // memory the backend reads); with staging it is the pool's host mirror, copied into the pool
+  // (the backend's memory) when a request is admitted.
+  if (staging) {
+    DUET_ASSIGN_OR_RETURN(pool_memory_, backend.AllocateKvMemory(region_bytes));
+  } else if (!transport_->Has(transfer::kCapAllocateRegion)) {
+    DUET_ASSIGN_OR_RETURN(pool_memory_, backend.AllocateKvMemory(region_bytes));
+  }
   if (transport_->Has(transfer::kCapAllocateRegion)) {
     DUET_ASSIGN_OR_RETURN(region_, transport_->AllocateRegion(region_bytes));
-    DUET_ASSIGN_OR_RETURN(
-        pool_, kv::BlockPool::CreateOver(layout, num_blocks, region_->base(), region_->bytes()));
   } else {
-    DUET_ASSIGN_OR_RETURN(pool_, kv::BlockPool::Create(layout, num_blocks));
-    DUET_ASSIGN_OR_RETURN(region_, transport_->Register(pool_->region(), pool_->region_bytes()));
+    if (staging) {
+      DUET_ASSIGN_OR_RETURN(host_mirror_, backend.AllocateHostMirror(region_bytes));
+    }
+    void* exported = staging ? host_mirror_->data() : pool_memory_->data();
+    DUET_ASSIGN_OR_RETURN(region_, transport_->Register(exported, region_bytes));
   }
+  kv::KvCacheView mirror_view;
+  void* pool_base = pool_memory_ ? pool_memory_->data() : region_->base();
+  if (staging) {
+    if (!host_mirror_) {  // ours is pinned already; UCX's is page-locked now
+      DUET_ASSIGN_OR_RETURN(mirror_pin_, backend.PinHostMemory(region_->base(), region_bytes));
+    }
+    mirror_view = kv::KvCacheView{layout, region_->base(), num_blocks};
+  }
+  DUET_ASSIGN_OR_RETURN(pool_,
+                        kv::BlockPool::CreateOver(layout, num_blocks, pool_base, region_bytes));
   DUET_ASSIGN_OR_RETURN(transfer_address_, transport_->LocalAddress());
 
   DUET_ASSIGN_OR_RETURN(scheduler_,
                         DecodeScheduler::Create({.name = o.node_id,
                                                  .max_running = o.max_running,
-                                                 .eos_ids = engine_->tokenizer().eos_ids()},
+                                                 .eos_ids = engine_->tokenizer().eos_ids(),
+                                                 .host_mirror = mirror_view},
                                                 &engine_->runner(), pool_.get(), transport_.get()));
   service_ = std::make_unique<DecodeService>(
       scheduler_.get(),
@@ -97,7 +122,8 @@ absl::Status DecodeNode::Init() {
   }
   DUET_LOG(INFO) << o.node_id << ": serving on " << address() << ", " << num_blocks
                  << " KV blocks of " << o.block_size << " tokens (" << region_bytes
-                 << " bytes) over ucx/" << o.transport;
+                 << " bytes) over ucx/" << o.transport
+                 << (staging ? ", KV staged through a host mirror" : "");
 
   if (o.coordinator_address.empty()) return absl::OkStatus();
   v1::RegisterRequest reg;
@@ -150,11 +176,11 @@ void DecodeNode::Shutdown() {
   server_.reset();
   service_.reset();
   scheduler_.reset();
-  if (pool_ != nullptr && region_ != nullptr && pool_->region() != region_->base()) {
-    region_.reset();  // registered heap memory: unregister before the pool frees it
-  }
-  pool_.reset();
-  region_.reset();
+  pool_.reset();        // bookkeeping only: the memory is pool_memory_'s or region_'s
+  mirror_pin_.reset();  // unpin before the mirror goes
+  region_.reset();      // unregister (UCX-allocated: free) before our memory is freed
+  host_mirror_.reset();
+  pool_memory_.reset();
   transport_.reset();
   engine_.reset();
 }

@@ -46,6 +46,10 @@ struct DecodeNodeOptions {
   int threads = 0;                     // compute threads (0: all cores)
   int max_running = 64;                // running + pending admission
   std::string cpu_gemm = "invariant";  // must match the prefill nodes' for token-exact output
+  // auto: KV lands in a host mirror and is copied into the pool at admission iff the backend's
+  // KV memory is not host memory (cuda); always: stage anyway (tests the path on cpu); never:
+  // refuse a device pool.
+  std::string kv_staging = "auto";
   absl::Duration register_timeout = absl::Seconds(60);
   std::string ucx_net_devices;  // overrides the profile's (tcp pins lo; across hosts: eth0)
   int metrics_port = 0;  // GET /metrics: 0 off, -1 any free port
@@ -84,7 +88,10 @@ class DecodeNode {
   // Declared in creation order.
   std::unique_ptr<model::LocalEngine> engine_;  // model, tokenizer, backend (its pool unused)
   std::unique_ptr<transfer::Transport> transport_;
-  std::unique_ptr<transfer::MemoryRegion> region_;
+  std::unique_ptr<compute::KvMemory> pool_memory_;  // backend memory, unless the pool is region_
+  std::unique_ptr<compute::KvMemory> host_mirror_;  // staging, when ucx cannot allocate region_
+  std::unique_ptr<transfer::MemoryRegion> region_;  // what the transport exports: pool or mirror
+  std::unique_ptr<compute::HostPinning> mirror_pin_;  // staging: region_ page-locked
   std::unique_ptr<kv::BlockPool> pool_;
   std::string transfer_address_;
   std::unique_ptr<DecodeScheduler> scheduler_;

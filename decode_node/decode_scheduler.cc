@@ -8,6 +8,7 @@
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/compute/kv_memory.h"
 #include "duet/v1/decode.pb.h"
 #include "transfer/kv_stream/kv_notice.h"
 
@@ -89,6 +90,10 @@ absl::StatusOr<std::unique_ptr<DecodeScheduler>> DecodeScheduler::Create(
   }
   DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(runner->MakeKvLayout(pool->layout().block_size),
                                              pool->layout(), "model", "KV pool"));
+  if (options.host_mirror.base != nullptr) {
+    DUET_RETURN_IF_ERROR(
+        compute::CheckHostMirror(pool->View(), options.host_mirror, "DecodeScheduler"));
+  }
   std::unique_ptr<DecodeScheduler> s(
       new DecodeScheduler(std::move(options), runner, pool, transport));
   s->thread_ = std::thread([p = s.get()] { p->Loop(); });
@@ -411,6 +416,10 @@ void DecodeScheduler::Admit(Landed landed) {
   // From here on the table owns the blocks.
   r->table = std::make_unique<kv::BlockTable>(pool_, std::move(r->blocks), r->num_tokens);
   r->blocks.clear();
+  if (bad.ok() && options_.host_mirror.base != nullptr) {
+    bad = Annotate(CopyMirrorToPool(r->table->blocks()),
+                   absl::StrCat(options_.name, ": request ", r->id, ": copying its KV into the pool"));
+  }
   if (!bad.ok()) {
     Fail(r, bad);
     return;
@@ -455,6 +464,17 @@ void DecodeScheduler::Admit(Landed landed) {
   }
   r->stream->Push(std::move(ev));
   running_.push_back(r);
+}
+
+absl::Status DecodeScheduler::CopyMirrorToPool(absl::Span<const kv::BlockId> blocks) {
+  compute::ComputeBackend* backend = runner_->backend();
+  std::shared_ptr<compute::WorkMarker> copied;
+  for (int layer = 0; layer < pool_->layout().num_layers; ++layer) {
+    // One copy stream: the last layer's marker covers them all.
+    DUET_ASSIGN_OR_RETURN(copied, backend->CopyKvFromHost(options_.host_mirror, layer, blocks,
+                                                          pool_->View(), nullptr));
+  }
+  return copied ? copied->Wait(DeadlineIn(options_.staging_timeout)) : absl::OkStatus();
 }
 
 void DecodeScheduler::Step() {

@@ -6,6 +6,11 @@
 // once (blocks a late write may still reach stay quarantined until the sender confirms,
 // DESIGN.md invariant 4).
 //
+// Staging (options.host_mirror set): the transport exports a host mirror of the pool, the KV
+// lands there, and admission copies the request's blocks (all layers) mirror -> pool
+// (ComputeBackend::CopyKvFromHost) before it joins the batch. Block ids, and so quarantine and
+// freeing, are shared by pool and mirror.
+//
 //   DecodeSchedulerOptions o{.name = "decode-0", .eos_ids = tokenizer->eos_ids()};
 //   DUET_ASSIGN_OR_RETURN(auto sched, DecodeScheduler::Create(o, runner, pool, transport));
 //   DUET_ASSIGN_OR_RETURN(Reservation r, sched->Reserve({.request_id = "r1", .num_tokens = 40,
@@ -114,12 +119,17 @@ struct DecodeSchedulerOptions {
   absl::Duration idle_wait = absl::Milliseconds(5);
   // How long Release waits for the scheduler thread to take a running request out.
   absl::Duration release_wait = absl::Seconds(5);
+  // The host mirror the transport exports (same layout and block count as the pool); base
+  // unset: the pool is the exported region.
+  kv::KvCacheView host_mirror;
+  // How long admission may wait for a request's mirror -> pool copy.
+  absl::Duration staging_timeout = absl::Seconds(30);
 };
 
 class DecodeScheduler {
  public:
-  // `runner`, `pool` and `transport` must outlive the scheduler; the pool must be the region
-  // `transport` exports. Starts the scheduler thread.
+  // `runner`, `pool` and `transport` must outlive the scheduler; the pool (or, when staging,
+  // options.host_mirror) must be the region `transport` exports. Starts the scheduler thread.
   static absl::StatusOr<std::unique_ptr<DecodeScheduler>> Create(DecodeSchedulerOptions options,
                                                                  model::ModelRunner* runner,
                                                                  kv::BlockPool* pool,
@@ -185,6 +195,8 @@ class DecodeScheduler {
   void PumpArrivals();
   void AdmitReady();
   void Admit(Landed landed);
+  // Staging: copies every layer of `blocks` from the host mirror into the pool and waits.
+  absl::Status CopyMirrorToPool(absl::Span<const kv::BlockId> blocks);
   void Step();
   // Frees the request's table, marks it done and pushes `last` (finish set by the caller).
   void Finish(const std::shared_ptr<Request>& r, DecodeEvent last);

@@ -7,6 +7,7 @@
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/compute_backend.h"
+#include "common/compute/kv_memory.h"
 #include "common/model/model_config.h"
 #include "common/model/model_runner.h"
 #include "common/model/gguf_model.h"
@@ -58,8 +59,22 @@ absl::Status PrefillNode::Init() {
   DUET_ASSIGN_OR_RETURN(transport_, transfer::CreateTransport(backend_name, topt));
   const int64_t num_blocks =
       std::max<int64_t>(1, o.kv_cache_bytes / static_cast<int64_t>(layout_.RegionBytes(1)));
-  DUET_ASSIGN_OR_RETURN(pool_, kv::BlockPool::Create(layout_, num_blocks));
-  DUET_ASSIGN_OR_RETURN(region_, transport_->Register(pool_->region(), pool_->region_bytes()));
+  DUET_ASSIGN_OR_RETURN(const bool staging,
+                        compute::ResolveKvStaging(o.kv_staging, backend_->kv_memory_is_host()));
+  const size_t region_bytes = layout_.RegionBytes(num_blocks);
+  DUET_ASSIGN_OR_RETURN(pool_memory_, backend_->AllocateKvMemory(region_bytes));
+  DUET_ASSIGN_OR_RETURN(pool_, kv::BlockPool::CreateOver(layout_, num_blocks, pool_memory_->data(),
+                                                         pool_memory_->bytes()));
+  kv::KvCacheView mirror_view;
+  if (staging) {
+    // The transport reads the host mirror; each layer is copied there behind its compute.
+    DUET_ASSIGN_OR_RETURN(host_mirror_, backend_->AllocateHostMirror(region_bytes));
+    mirror_view = kv::KvCacheView{layout_, host_mirror_->data(), num_blocks};
+    runner_->set_async_layer_hook(true);  // the copy, not the compute thread, waits
+    DUET_ASSIGN_OR_RETURN(region_, transport_->Register(host_mirror_->data(), region_bytes));
+  } else {
+    DUET_ASSIGN_OR_RETURN(region_, transport_->Register(pool_->region(), pool_->region_bytes()));
+  }
   DUET_ASSIGN_OR_RETURN(transfer_address_, transport_->LocalAddress());
   DUET_ASSIGN_OR_RETURN(sender_,
                         transfer::KvStreamSender::Create(transport_.get(), layout_, num_blocks));
@@ -68,7 +83,8 @@ absl::Status PrefillNode::Init() {
   DUET_ASSIGN_OR_RETURN(scheduler_, PrefillScheduler::Create(
                                         runner_.get(), pool_.get(), transport_.get(), sender_.get(),
                                         {.max_batch_tokens = o.max_batch_tokens,
-                                         .no_layer_pipelining = o.no_layer_pipelining}));
+                                         .no_layer_pipelining = o.no_layer_pipelining,
+                                         .host_mirror = mirror_view}));
   metrics_ = std::make_unique<PrefillMetrics>(&metrics_registry_, layout_);
   {
     PrefillScheduler* sched = scheduler_.get();
@@ -87,7 +103,8 @@ absl::Status PrefillNode::Init() {
   DUET_LOG(INFO) << o.node_id << ": prefill node on " << address_ << " (" << o.transport << "), "
                  << layout_.Describe() << ", " << num_blocks << " blocks, budget "
                  << o.max_batch_tokens << " tokens"
-                 << (o.no_layer_pipelining ? ", no layer pipelining" : "");
+                 << (o.no_layer_pipelining ? ", no layer pipelining" : "")
+                 << (staging ? ", KV staged through a host mirror" : "");
 
   if (o.metrics_port != 0) {
     DUET_ASSIGN_OR_RETURN(metrics_exporter_,

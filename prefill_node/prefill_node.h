@@ -1,6 +1,7 @@
 // PrefillNode: one prefill worker process's parts, wired. Loads the model (config, weights,
-// compute backend), builds P's KV pool and registers it once with the transport (ucx with the
-// "shm" or "tcp" profile), starts the prefill scheduler and the duet.v1.PrefillNode gRPC server,
+// compute backend), builds P's KV pool in the backend's KV memory and registers it once with the
+// transport (ucx with the "shm" or "tcp" profile) or, when staging (--kv_staging; always for a
+// GPU pool), registers a host mirror of it that each layer is copied into before it is sent, starts the prefill scheduler and the duet.v1.PrefillNode gRPC server,
 // and registers with the coordinator (kind PREFILL, with the transport's address so decode
 // nodes can connect back), heartbeating queued tokens, running requests and pool usage.
 // `duet prefill` is a thin main around it.
@@ -29,6 +30,7 @@ class Server;
 }
 namespace duet::compute {
 class ComputeBackend;
+class KvMemory;
 }
 namespace duet::model {
 class ModelRunner;
@@ -60,6 +62,9 @@ struct PrefillNodeOptions {
   int threads = 0;                     // compute threads; 0: all cores
   int64_t max_batch_tokens = 2048;     // token budget of one forward pass
   bool no_layer_pipelining = false;    // post all layers after the forward pass (benchmarks)
+  // auto: stage through a host mirror iff the backend's KV memory is not host memory (cuda);
+  // always: stage anyway (tests the path on cpu); never: refuse a device pool.
+  std::string kv_staging = "auto";
   std::string ucx_net_devices;          // overrides the profile's (tcp pins lo; across hosts: eth0)
   int metrics_port = 0;                 // GET /metrics: 0 off, -1 any free port
   std::string metrics_host = "127.0.0.1";
@@ -93,7 +98,9 @@ class PrefillNode {
   std::unique_ptr<model::ModelRunner> runner_;
   kv::KvLayout layout_;
   std::unique_ptr<transfer::Transport> transport_;
+  std::unique_ptr<compute::KvMemory> pool_memory_;  // the backend's (device memory on cuda)
   std::unique_ptr<kv::BlockPool> pool_;
+  std::unique_ptr<compute::KvMemory> host_mirror_;  // staging only: what the transport exports
   std::unique_ptr<transfer::MemoryRegion> region_;
   std::string transfer_address_;
   std::unique_ptr<transfer::KvStreamSender> sender_;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/compute/kv_memory.h"
 #include "common/kv/block_table.h"
 #include "duet/v1/decode.pb.h"
 
@@ -74,11 +75,16 @@ absl::StatusOr<std::unique_ptr<PrefillScheduler>> PrefillScheduler::Create(
   }
   DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(runner->MakeKvLayout(pool->layout().block_size),
                                              pool->layout(), "model", "prefill KV pool"));
+  if (options.host_mirror.base != nullptr) {
+    DUET_RETURN_IF_ERROR(
+        compute::CheckHostMirror(pool->View(), options.host_mirror, "PrefillScheduler"));
+  }
   std::unique_ptr<PrefillScheduler> s(
       new PrefillScheduler(runner, pool, transport, sender, std::move(options)));
   {
     absl::MutexLock lock(&s->join_mu_);
     s->thread_ = std::thread([p = s.get()] { p->Loop(); });
+    if (s->staging()) s->poster_ = std::thread([p = s.get()] { p->PostLoop(); });
   }
   return s;
 }
@@ -105,6 +111,7 @@ void PrefillScheduler::Shutdown() {
   }
   absl::MutexLock join_lock(&join_mu_);
   if (thread_.joinable()) thread_.join();  // the loop ends after its current pass
+  if (poster_.joinable()) poster_.join();  // ends after its current post (one poll interval)
   absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_runs_ == 0; };
   if (!mu_.AwaitWithDeadline(absl::Condition(&idle),
@@ -445,7 +452,8 @@ std::vector<PrefillScheduler::BatchItem> PrefillScheduler::NextBatch() {
   return batch;
 }
 
-void PrefillScheduler::OnLayer(std::vector<BatchItem>& batch, int layer) {
+void PrefillScheduler::OnLayer(std::vector<BatchItem>& batch, int layer,
+                               absl::Span<const model::LayerSpan> spans) {
   const int64_t now_us = NowUnixMicros();
   for (BatchItem& it : batch) {
     if (!it.final) continue;
@@ -457,17 +465,79 @@ void PrefillScheduler::OnLayer(std::vector<BatchItem>& batch, int layer) {
       post = !options_.no_layer_pipelining && e.stop.ok() && e.error.ok();
     }
     if (!post) continue;
-    const uint64_t tid = e.job.transfer_id;
-    absl::Status s = sender_->OnLayerDone(layer, absl::MakeConstSpan(&tid, 1));
-    absl::Status failure = s.ok() ? s : PeerFailure(e, s);
-    absl::MutexLock lock(&mu_);
-    if (failure.ok()) {
-      e.layers_posted = layer + 1;
-    } else if (e.error.ok()) {
-      e.error = failure;
+    const compute::WorkMarker* ready = nullptr;
+    for (const model::LayerSpan& span : spans) {
+      if (span.seq_id == e.seq_id) ready = span.ready.get();
+    }
+    absl::Status failure = HandOverLayer(it.entry, layer, ready);
+    if (!failure.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (e.error.ok()) e.error = failure;
     }
   }
   if (options_.on_layer_done) options_.on_layer_done(layer);
+}
+
+absl::Status PrefillScheduler::HandOverLayer(const std::shared_ptr<Entry>& e, int layer,
+                                             const compute::WorkMarker* ready) {
+  const uint64_t tid = e->job.transfer_id;
+  if (!staging()) {
+    DUET_RETURN_IF_ERROR(PeerFailure(*e, sender_->OnLayerDone(layer, absl::MakeConstSpan(&tid, 1))));
+    absl::MutexLock lock(&mu_);
+    e->layers_posted = layer + 1;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::shared_ptr<compute::WorkMarker>> copied = runner_->backend()->CopyKvToHost(
+      pool_->View(), layer, e->local_blocks, options_.host_mirror, ready);
+  if (!copied.ok()) {
+    return Annotate(copied.status(), absl::StrCat("prefill of request ", e->job.request_id,
+                                                  ": staging layer ", layer, " to host memory"));
+  }
+  DUET_RETURN_IF_ERROR(PeerFailure(
+      *e, sender_->OnLayerStaged(layer, tid, [m = *std::move(copied)](absl::Time deadline) {
+        return m->Wait(deadline);
+      })));
+  absl::MutexLock lock(&mu_);
+  staged_.push_back({.entry = e, .layer = layer});
+  return absl::OkStatus();
+}
+
+void PrefillScheduler::PostLoop() {
+  while (true) {
+    StagedLayer item;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !staged_.empty();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stopping_) return;  // requests in flight fail; their aborts drop what is staged
+      if (staged_.empty()) continue;
+      item = staged_.front();
+      if (!item.entry->stop.ok() || !item.entry->error.ok()) {
+        staged_.pop_front();  // the request is ending: its abort drops the staged layers
+        continue;
+      }
+    }
+    Entry& e = *item.entry;
+    // Copies finish in the order they were queued (one copy stream), so waiting on the oldest
+    // one first never holds back a layer that is ready.
+    absl::StatusOr<int> posted = sender_->PostStaged(
+        e.job.transfer_id, std::min(e.job.deadline, absl::Now() + options_.poll_interval));
+    const absl::Status failure = posted.ok() ? absl::OkStatus() : PeerFailure(e, posted.status());
+    absl::MutexLock lock(&mu_);
+    if (!failure.ok()) {
+      if (e.error.ok() && e.stop.ok()) e.error = failure;
+    } else {
+      e.layers_posted = std::max(e.layers_posted, *posted);
+      // Not yet copied: keep it first in line (its request's Run sees the deadline).
+      if (*posted <= item.layer && absl::Now() < e.job.deadline) continue;
+    }
+    if (!staged_.empty() && staged_.front().entry == item.entry &&
+        staged_.front().layer == item.layer) {
+      staged_.pop_front();
+    }
+  }
 }
 
 void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
@@ -485,7 +555,9 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
   const absl::Time t0 = absl::Now();
   absl::StatusOr<model::ForwardOutput> out = runner_->Forward(
       absl::MakeSpan(inputs), pool_->View(),
-      [this, &batch](int layer, absl::Span<const model::LayerSpan>) { OnLayer(batch, layer); });
+      [this, &batch](int layer, absl::Span<const model::LayerSpan> spans) {
+        OnLayer(batch, layer, spans);
+      });
   const int64_t pass_us = absl::ToInt64Microseconds(absl::Now() - t0);
 
   std::vector<absl::Status> results(batch.size());
@@ -539,11 +611,9 @@ absl::Status PrefillScheduler::Complete(BatchItem& item, const model::ForwardOut
   model::SampledToken tok = model::Sample(out.Row(row), out.vocab, e.job.sampling, /*step=*/0);
   const int64_t forward_done_us = NowUnixMicros();
   if (options_.no_layer_pipelining) {
+    const std::shared_ptr<compute::WorkMarker> computed = runner_->backend()->MarkQueuedWork();
     for (int l = 0; l < num_layers_; ++l) {
-      absl::Status s = sender_->OnLayerDone(l, absl::MakeConstSpan(&tid, 1));
-      if (!s.ok()) return PeerFailure(e, s);
-      absl::MutexLock lock(&mu_);
-      e.layers_posted = l + 1;
+      DUET_RETURN_IF_ERROR(HandOverLayer(item.entry, l, computed.get()));
     }
   }
   v1::KvCompletion done;

@@ -6,6 +6,13 @@
 // KV travels to the decode node while layer l+1 computes (layer pipelining). After that pass the
 // first token is sampled and the final notice (a serialized duet.v1.KvCompletion) is sent.
 //
+// Staging (options.host_mirror set: the transport exports a host mirror of the pool, e.g.
+// because the pool is GPU memory): the hook instead queues a copy of layer l's blocks into the
+// mirror behind the layer's LayerSpan::ready marker (ComputeBackend::CopyKvToHost) and returns;
+// a poster thread posts each layer (KvStreamSender::PostStaged) once its copy is done, in copy
+// order, so the compute thread never waits for a copy or a post. The final notice follows the
+// last staged layer.
+//
 // Each request is driven by its caller's thread in Run(): it admits the request (validation,
 // P's blocks, KvStreamSender::Begin), waits for it with the request's deadline, times each
 // layer's write, and on any failure, deadline, Cancel() or a lost decode peer aborts the stream
@@ -65,6 +72,9 @@ struct PrefillSchedulerOptions {
   // each layer's KV was handed to the sender (or would have been, without pipelining).
   std::function<void(const BatchInfo&)> on_batch;
   std::function<void(int layer)> on_layer_done;
+  // The host mirror the transport exports (same layout and block count as the pool): when its
+  // base is set, each layer is staged into it and posted from there (see above).
+  kv::KvCacheView host_mirror;
 };
 
 // One request, as the service hands it over (already connected to its decode peer).
@@ -125,6 +135,11 @@ class PrefillScheduler {
  private:
   struct Entry;
   struct BatchItem;
+  // A staged layer of a request, waiting for the poster thread.
+  struct StagedLayer {
+    std::shared_ptr<Entry> entry;
+    int layer = 0;
+  };
   PrefillScheduler(model::ModelRunner* runner, kv::BlockPool* pool, transfer::Transport* transport,
                    transfer::KvStreamSender* sender, PrefillSchedulerOptions options);
 
@@ -140,7 +155,14 @@ class PrefillScheduler {
   void Loop();
   std::vector<BatchItem> NextBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunBatch(std::vector<BatchItem>& batch);
-  void OnLayer(std::vector<BatchItem>& batch, int layer);
+  void OnLayer(std::vector<BatchItem>& batch, int layer, absl::Span<const model::LayerSpan> spans);
+  bool staging() const { return options_.host_mirror.base != nullptr; }
+  // Hands `layer` of the request to the sender: posted now, or (staging) copied into the host
+  // mirror behind `ready` and queued for the poster thread.
+  absl::Status HandOverLayer(const std::shared_ptr<Entry>& e, int layer,
+                             const compute::WorkMarker* ready);
+  // The poster thread (staging only): posts queued layers once their copies are done.
+  void PostLoop();
   absl::Status Complete(BatchItem& item, const model::ForwardOutput& out, size_t row,
                         int64_t pass_us);
   void RemoveFromQueue(const Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -158,8 +180,10 @@ class PrefillScheduler {
   int active_runs_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::shared_ptr<Entry>> queue_ ABSL_GUARDED_BY(mu_);             // FIFO, chunked stay
   std::map<std::string, std::shared_ptr<Entry>> by_id_ ABSL_GUARDED_BY(mu_);  // in flight
+  std::deque<StagedLayer> staged_ ABSL_GUARDED_BY(mu_);  // in copy order
   absl::Mutex join_mu_;  // serializes Shutdown's join
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);
+  std::thread poster_ ABSL_GUARDED_BY(join_mu_);
 };
 
 }  // namespace duet::prefill

@@ -54,7 +54,6 @@ namespace {
 
 using duet::compute::cuda::CudaBackend;
 using duet::compute::cuda::DeviceBuffer;
-using duet::compute::cuda::PinnedBuffer;
 using duet::model::ModelConfig;
 using duet::model::ModelRunner;
 using duet::model::SequenceInput;
@@ -354,23 +353,33 @@ int main(int argc, char** argv) {
     vr.reset();
   }
 
-  // ---- Staging path of a KV transfer: device -> pinned host -> device, per layer of a 2048-token
-  // prompt and larger.
+  // ---- Staging path of a KV transfer through ComputeBackend::CopyKvToHost / CopyKvFromHost
+  // (what a prefill node and a decode node do per layer / per request): one layer of
+  // consecutive blocks, device pool <-> pinned host mirror, about 1 MiB, one layer of a
+  // 2048-token prompt, and 256 MiB.
   nlohmann::json staging = nlohmann::json::array();
   table += "\n| staged copy | bytes | D2H GB/s | H2D GB/s |\n|---|---|---|---|\n";
   const size_t layer_bytes = size_t(layout.BytesForTokens(2048) / config.num_hidden_layers);
-  for (size_t bytes : {size_t{1} << 20, layer_bytes, size_t{256} << 20}) {
-    DeviceBuffer dev = OrDie(DeviceBuffer::Create(bytes), "staging device buffer");
-    PinnedBuffer host = OrDie(PinnedBuffer::Create(bytes), "pinned buffer");
+  duet::kv::KvLayout one_layer = layout;
+  one_layer.num_layers = 1;
+  for (size_t want : {size_t{1} << 20, layer_bytes, size_t{256} << 20}) {
+    const int64_t nblocks = std::max<int64_t>(1, int64_t(want / layout.BlockBytes()));
+    const size_t bytes = one_layer.RegionBytes(nblocks);
+    auto dev = OrDie(backend->AllocateKvMemory(bytes), "staging pool");
+    auto host = OrDie(backend->AllocateHostMirror(bytes), "host mirror");
+    const duet::kv::KvCacheView dv{one_layer, dev->data(), nblocks};
+    const duet::kv::KvCacheView hv{one_layer, host->data(), nblocks};
+    std::vector<duet::kv::BlockId> ids(nblocks);
+    for (int64_t i = 0; i < nblocks; ++i) ids[i] = duet::kv::BlockId(i);
     double d2h = 0, h2d = 0;
     for (int rep = 0; rep < 5; ++rep) {
       backend->Synchronize();
       auto t0 = Clock::now();
-      cudaMemcpyAsync(host.get(), dev.get(), bytes, cudaMemcpyDeviceToHost, backend->stream());
-      backend->Synchronize();
+      auto down = OrDie(backend->CopyKvToHost(dv, 0, ids, hv, nullptr), "CopyKvToHost");
+      OrDie(down->Wait(absl::Now() + absl::Seconds(30)), "staging D2H");
       auto t1 = Clock::now();
-      cudaMemcpyAsync(dev.get(), host.get(), bytes, cudaMemcpyHostToDevice, backend->stream());
-      backend->Synchronize();
+      auto up = OrDie(backend->CopyKvFromHost(hv, 0, ids, dv, nullptr), "CopyKvFromHost");
+      OrDie(up->Wait(absl::Now() + absl::Seconds(30)), "staging H2D");
       auto t2 = Clock::now();
       if (rep == 0) continue;
       d2h = std::max(d2h, bytes / std::chrono::duration<double>(t1 - t0).count() / 1e9);

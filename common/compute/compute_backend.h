@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/compute/kv_memory.h"
 #include "common/kv/kv_layout.h"
 
 namespace duet::compute {
@@ -105,6 +106,34 @@ class ComputeBackend {
   // The first error a kernel hit since the backend was created (kernels return void; a device
   // backend records launch and runtime errors here). OK on cpu, whose kernels DUET_CHECK.
   virtual absl::Status status() const { return absl::OkStatus(); }
+
+  // KV memory (kv_memory.h). The defaults suit backends whose kernels read host memory: zeroed,
+  // 64-byte aligned host memory, and memcpy staging that is done on return.
+  //
+  // A KV pool's region in this backend's memory (host on cpu, device on cuda), zeroed.
+  virtual absl::StatusOr<std::unique_ptr<KvMemory>> AllocateKvMemory(size_t bytes);
+  // Whether AllocateKvMemory gives host-addressable memory (a transport can export it as is).
+  virtual bool kv_memory_is_host() const { return true; }
+  // Host memory for a pool's host mirror, zeroed; on cuda page-locked so that the staging
+  // copies are asynchronous.
+  virtual absl::StatusOr<std::unique_ptr<KvMemory>> AllocateHostMirror(size_t bytes);
+  // Page-locks caller-owned host memory (e.g. a transport-allocated mirror) until the returned
+  // object is destroyed; it must be destroyed before the memory is freed. Nothing to do on cpu.
+  virtual absl::StatusOr<std::unique_ptr<HostPinning>> PinHostMemory(void* p, size_t bytes);
+  // Copies `layer`'s K/V of `blocks` from `pool` to `mirror` (host memory laid out like the
+  // pool: same layout and block count, same offsets), once the work before `after` (a marker of
+  // this backend, e.g. LayerSpan::ready; null: none) is done. Returns a marker that is Done()
+  // once the bytes are in the mirror; the compute stream is not blocked (cuda: copy stream, one
+  // cudaMemcpyAsync per run of consecutive block ids). InvalidArgument for a bad layer or block
+  // id, mismatched views, or a marker of another backend.
+  virtual absl::StatusOr<std::shared_ptr<WorkMarker>> CopyKvToHost(
+      const kv::KvCacheView& pool, int layer, absl::Span<const kv::BlockId> blocks,
+      const kv::KvCacheView& mirror, const WorkMarker* after);
+  // The reverse: `layer` of `blocks` from the host mirror into the pool. The returned marker
+  // must be Done() before kernels read those blocks.
+  virtual absl::StatusOr<std::shared_ptr<WorkMarker>> CopyKvFromHost(
+      const kv::KvCacheView& mirror, int layer, absl::Span<const kv::BlockId> blocks,
+      const kv::KvCacheView& pool, const WorkMarker* after);
 
   // w: host float32 [rows, cols], row-major.
   virtual absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(const float* w, int rows,

@@ -35,7 +35,11 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   const int64_t num_blocks =
       std::max<int64_t>(1, options.kv_cache_bytes /
                                static_cast<int64_t>(layout.RegionBytes(1)));
-  DUET_ASSIGN_OR_RETURN(e->pool_, kv::BlockPool::Create(layout, num_blocks));
+  DUET_ASSIGN_OR_RETURN(e->pool_memory_,
+                        e->backend_->AllocateKvMemory(layout.RegionBytes(num_blocks)));
+  DUET_ASSIGN_OR_RETURN(e->pool_, kv::BlockPool::CreateOver(layout, num_blocks,
+                                                            e->pool_memory_->data(),
+                                                            e->pool_memory_->bytes()));
   return e;
 }
 

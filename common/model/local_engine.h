@@ -28,7 +28,7 @@ struct EngineOptions {
   int num_threads = 0;                 // 0: all cores
   std::string cpu_gemm = "invariant";  // invariant | openblas
   int block_size = 16;
-  int64_t kv_cache_bytes = 512ll << 20;  // size of the KV pool
+  int64_t kv_cache_bytes = 512ll << 20;  // size of the KV pool (in the backend's KV memory)
 };
 
 struct GenerationResult {
@@ -67,6 +67,7 @@ class LocalEngine {
   std::unique_ptr<compute::ComputeBackend> backend_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<compute::KvMemory> pool_memory_;  // in the backend's memory (device on cuda)
   std::unique_ptr<kv::BlockPool> pool_;
 };
 

@@ -346,16 +346,23 @@ INSTANTIATE_TEST_SUITE_P(
 namespace duet::compute {
 namespace {
 
-// The staging path: a layer's blocks copied to pinned host memory behind a compute-stream marker
-// equal the pool's bytes, in the order asked (runs of consecutive ids become one copy).
-TEST(CudaStagingTest, StagedBlocksEqualThePool) {
+// The staging path: a layer's blocks copied into a pinned host mirror behind a compute-stream
+// marker equal the pool's bytes at the same offsets (runs of consecutive ids become one copy),
+// nothing else of the mirror is touched, and copying back into another layer restores them.
+TEST(CudaStagingTest, HostMirrorRoundTripsThePool) {
   DUET_CUDA_OR_SKIP(cuda, "f32");
   const kv::KvLayout layout{.model_id = "t", .num_layers = 3, .num_kv_heads = 8, .head_dim = 128,
                             .block_size = 16, .dtype = kv::KvDtype::kBF16};
   const int64_t num_blocks = 12;
-  auto region = cuda->AllocateKvRegion(layout.RegionBytes(num_blocks));
+  const size_t bytes = layout.RegionBytes(num_blocks);
+  auto region = cuda->AllocateKvMemory(bytes);
   ASSERT_TRUE(region.ok()) << region.status();
-  const kv::KvCacheView view{layout, region->get(), num_blocks};
+  EXPECT_FALSE((*region)->host_addressable());
+  auto mirror_mem = cuda->AllocateHostMirror(bytes);
+  ASSERT_TRUE(mirror_mem.ok()) << mirror_mem.status();
+  EXPECT_TRUE((*mirror_mem)->host_addressable());
+  const kv::KvCacheView view{layout, (*region)->data(), num_blocks};
+  const kv::KvCacheView mirror{layout, (*mirror_mem)->data(), num_blocks};
   const int layer = 2, te = 8 * 128, n = int(num_blocks) * 16;
   std::vector<int64_t> slots(n);
   for (int i = 0; i < n; ++i) slots[i] = i;
@@ -364,25 +371,43 @@ TEST(CudaStagingTest, StagedBlocksEqualThePool) {
   cuda->WriteKv(view, layer, k.get(), v.get(), slots.data(), n);
   std::shared_ptr<WorkMarker> written = cuda->MarkQueuedWork();
   const std::vector<kv::BlockId> blocks = {5, 6, 7, 2, 3, 11};
-  auto pinned = cuda::PinnedBuffer::Create(blocks.size() * layout.BlockBytes());
-  ASSERT_TRUE(pinned.ok()) << pinned.status();
-  std::memset(pinned->get(), 0xAB, pinned->bytes());
-  auto staged = cuda->StageBlocksToHost(view, layer, blocks, pinned->get(), written.get());
+  std::memset(mirror.base, 0xAB, bytes);
+  auto staged = cuda->CopyKvToHost(view, layer, blocks, mirror, written.get());
   ASSERT_TRUE(staged.ok()) << staged.status();
   ASSERT_TRUE((*staged)->Wait(absl::Now() + absl::Seconds(10)).ok());
   EXPECT_TRUE((*staged)->Done());
   EXPECT_TRUE(written->Done());
   std::vector<uint8_t> want(layout.BlockBytes());
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    ASSERT_EQ(cudaMemcpy(want.data(), view.BlockPtr(layer, blocks[i]), want.size(),
+  for (kv::BlockId b = 0; b < num_blocks; ++b) {
+    const bool copied = std::find(blocks.begin(), blocks.end(), b) != blocks.end();
+    ASSERT_EQ(cudaMemcpy(want.data(), view.BlockPtr(layer, b), want.size(),
                          cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(pinned->get()) + i * want.size(), want.data(),
-                          want.size()), 0)
-        << "block " << blocks[i];
+    if (!copied) std::memset(want.data(), 0xAB, want.size());
+    EXPECT_EQ(std::memcmp(mirror.BlockPtr(layer, b), want.data(), want.size()), 0)
+        << "block " << b << (copied ? " (copied)" : " (untouched)");
   }
-  EXPECT_EQ(cuda->StageBlocksToHost(view, layer, {kv::BlockId{12}}, pinned->get(), nullptr)
-                .status().code(),
+  // Back into layer 0 of the pool (the mirror's layer 0 holds what the mirror's layer 2 holds).
+  std::memcpy(mirror.BlockPtr(0, 0), mirror.BlockPtr(layer, 0), num_blocks * layout.BlockBytes());
+  auto back = cuda->CopyKvFromHost(mirror, 0, blocks, view, nullptr);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE((*back)->Wait(absl::Now() + absl::Seconds(10)).ok());
+  std::vector<uint8_t> got(layout.BlockBytes());
+  for (kv::BlockId b : blocks) {
+    ASSERT_EQ(cudaMemcpy(got.data(), view.BlockPtr(0, b), got.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(want.data(), view.BlockPtr(layer, b), want.size(),
+                         cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(got, want) << "block " << b;
+  }
+  EXPECT_EQ(cuda->CopyKvToHost(view, layer, {kv::BlockId{12}}, mirror, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda->CopyKvFromHost(mirror, 3, {kv::BlockId{0}}, view, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A caller-owned host buffer can be pinned for the lifetime of the returned object.
+  std::vector<uint8_t> heap(1 << 20);
+  auto pin = cuda->PinHostMemory(heap.data(), heap.size());
+  ASSERT_TRUE(pin.ok()) << pin.status();
+  pin->reset();
   ASSERT_TRUE(cuda->status().ok()) << cuda->status();
 }
 

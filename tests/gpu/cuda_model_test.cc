@@ -66,23 +66,18 @@ TEST(CudaDeviceChoiceTest, BadGemmDtypeRejected) {
 struct Engine {
   std::unique_ptr<compute::ComputeBackend> backend;
   std::unique_ptr<ModelRunner> runner;
-  compute::cuda::DeviceBuffer region;  // device pool memory (cuda only)
+  std::unique_ptr<compute::KvMemory> region;  // the pool's memory (device memory on cuda)
   std::unique_ptr<kv::BlockPool> pool;
 };
 
 void MakePool(Engine& e, int64_t blocks) {
   const kv::KvLayout layout = e.runner->MakeKvLayout(16);
-  if (e.backend->name() == "cuda") {
-    auto* cuda = static_cast<compute::cuda::CudaBackend*>(e.backend.get());
-    auto region = cuda->AllocateKvRegion(layout.RegionBytes(blocks));
-    ASSERT_TRUE(region.ok()) << region.status();
-    e.region = std::move(region).value();
-    auto pool = kv::BlockPool::CreateOver(layout, blocks, e.region.get(), e.region.bytes());
-    ASSERT_TRUE(pool.ok()) << pool.status();
-    e.pool = std::move(pool).value();
-  } else {
-    e.pool = *kv::BlockPool::Create(layout, blocks);
-  }
+  auto region = e.backend->AllocateKvMemory(layout.RegionBytes(blocks));
+  ASSERT_TRUE(region.ok()) << region.status();
+  e.region = std::move(region).value();
+  auto pool = kv::BlockPool::CreateOver(layout, blocks, e.region->data(), e.region->bytes());
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  e.pool = std::move(pool).value();
 }
 
 Engine MakeEngine(const std::string& device, const std::string& gemm_dtype,
@@ -248,8 +243,10 @@ TEST(CudaLayerHookTest, AsyncHookStagesEachLayerBehindItsEvent) {
   std::vector<int32_t> prompt(100);
   for (int i = 0; i < 100; ++i) prompt[i] = (i * 13 + 1) % e.runner->config().vocab_size;
 
-  auto run = [&](bool async, std::vector<compute::cuda::PinnedBuffer>* staged,
-                 std::vector<kv::BlockId>* blocks_out) -> std::vector<float> {
+  auto mirror_mem = cuda->AllocateHostMirror(e.pool->region_bytes());
+  ASSERT_TRUE(mirror_mem.ok()) << mirror_mem.status();
+  const kv::KvCacheView mirror{layout, (*mirror_mem)->data(), e.pool->num_blocks()};
+  auto run = [&](bool async, int* staged, std::vector<kv::BlockId>* blocks_out) -> std::vector<float> {
     e.runner->set_async_layer_hook(async);
     kv::BlockTable table(e.pool.get());
     std::vector<SequenceInput> b = {
@@ -263,13 +260,10 @@ TEST(CudaLayerHookTest, AsyncHookStagesEachLayerBehindItsEvent) {
       if (!async) return;
       const std::vector<kv::BlockId>& blocks = *spans[0].blocks;
       *blocks_out = blocks;
-      auto buf = compute::cuda::PinnedBuffer::Create(blocks.size() * layout.BlockBytes());
-      ASSERT_TRUE(buf.ok()) << buf.status();
-      auto done = cuda->StageBlocksToHost(e.pool->View(), layer, blocks, buf->get(),
-                                          spans[0].ready.get());
+      auto done = cuda->CopyKvToHost(e.pool->View(), layer, blocks, mirror, spans[0].ready.get());
       ASSERT_TRUE(done.ok()) << done.status();
       copies.push_back(*done);
-      staged->push_back(std::move(buf).value());
+      ++*staged;
     };
     auto out = e.runner->Forward(absl::MakeSpan(b), e.pool->View(), hook);
     EXPECT_TRUE(out.ok()) << out.status();
@@ -282,8 +276,7 @@ TEST(CudaLayerHookTest, AsyncHookStagesEachLayerBehindItsEvent) {
         for (size_t i = 0; i < blocks_out->size(); ++i) {
           cudaMemcpy(want.data(), e.pool->View().BlockPtr(layer, (*blocks_out)[i]), want.size(),
                      cudaMemcpyDeviceToHost);
-          EXPECT_EQ(std::memcmp(static_cast<uint8_t*>((*staged)[layer].get()) + i * want.size(),
-                                want.data(), want.size()),
+          EXPECT_EQ(std::memcmp(mirror.BlockPtr(layer, (*blocks_out)[i]), want.data(), want.size()),
                     0)
               << "layer " << layer << " block " << i;
         }
@@ -292,11 +285,11 @@ TEST(CudaLayerHookTest, AsyncHookStagesEachLayerBehindItsEvent) {
     EXPECT_TRUE(table.Release().ok());
     return logits;
   };
-  std::vector<compute::cuda::PinnedBuffer> staged;
+  int staged = 0;
   std::vector<kv::BlockId> blocks;
   const std::vector<float> sync_logits = run(false, &staged, &blocks);
   const std::vector<float> async_logits = run(true, &staged, &blocks);
-  EXPECT_EQ(staged.size(), 4u);
+  EXPECT_EQ(staged, 4);
   EXPECT_EQ(async_logits, sync_logits);
 }
 
@@ -315,7 +308,8 @@ TEST(CudaDisaggregationTest, StagedKvGivesTheColocatedTokens) {
     ASSERT_TRUE(e->runner->SetKvDtype(kv::KvDtype::kBF16).ok());
     MakePool(*e, 64);
   }
-  auto* pcuda = static_cast<compute::cuda::CudaBackend*>(p.backend.get());
+  compute::ComputeBackend* pcuda = p.backend.get();
+  compute::ComputeBackend* dcuda = d.backend.get();
   const kv::KvLayout layout = p.pool->layout();
   const int vocab = p.runner->config().vocab_size;
   std::vector<int32_t> prompt(75);
@@ -350,7 +344,9 @@ TEST(CudaDisaggregationTest, StagedKvGivesTheColocatedTokens) {
 
   // Disaggregated: prefill on P with per-layer staging.
   p.runner->set_async_layer_hook(true);
-  std::vector<compute::cuda::PinnedBuffer> staged(layout.num_layers);
+  auto p_mirror_mem = pcuda->AllocateHostMirror(p.pool->region_bytes());
+  ASSERT_TRUE(p_mirror_mem.ok()) << p_mirror_mem.status();
+  const kv::KvCacheView p_mirror{layout, (*p_mirror_mem)->data(), p.pool->num_blocks()};
   std::vector<std::shared_ptr<compute::WorkMarker>> copies;
   std::vector<kv::BlockId> p_blocks;
   int32_t first = -1;
@@ -361,13 +357,10 @@ TEST(CudaDisaggregationTest, StagedKvGivesTheColocatedTokens) {
     auto r = p.runner->Forward(
         absl::MakeSpan(b), p.pool->View(), [&](int layer, absl::Span<const LayerSpan> spans) {
           p_blocks = *spans[0].blocks;
-          auto buf = compute::cuda::PinnedBuffer::Create(p_blocks.size() * layout.BlockBytes());
-          ASSERT_TRUE(buf.ok()) << buf.status();
-          auto done = pcuda->StageBlocksToHost(p.pool->View(), layer, p_blocks, buf->get(),
-                                               spans[0].ready.get());
+          auto done = pcuda->CopyKvToHost(p.pool->View(), layer, p_blocks, p_mirror,
+                                          spans[0].ready.get());
           ASSERT_TRUE(done.ok()) << done.status();
           copies.push_back(*done);
-          staged[layer] = std::move(buf).value();
         });
     ASSERT_TRUE(r.ok()) << r.status();
     first = Argmax(r->Row(0), r->vocab);
@@ -376,20 +369,27 @@ TEST(CudaDisaggregationTest, StagedKvGivesTheColocatedTokens) {
   ASSERT_EQ(copies.size(), size_t(layout.num_layers));
   for (auto& c : copies) ASSERT_TRUE(c->Wait(absl::Now() + absl::Seconds(10)).ok());
 
-  // D: other block ids (a few taken first), the staged bytes landed into them, then decode.
+  // D: other block ids (a few taken first); the staged bytes land in D's host mirror (as the
+  // transport writes them), are copied mirror -> pool, then decode.
   auto taken = d.pool->Allocate(3);
   ASSERT_TRUE(taken.ok());
   kv::BlockTable table(d.pool.get());
   ASSERT_TRUE(table.Reserve(int64_t(prompt.size())).ok());
   ASSERT_EQ(table.blocks().size(), p_blocks.size());
+  auto d_mirror_mem = dcuda->AllocateHostMirror(d.pool->region_bytes());
+  ASSERT_TRUE(d_mirror_mem.ok()) << d_mirror_mem.status();
+  const kv::KvCacheView d_mirror{layout, (*d_mirror_mem)->data(), d.pool->num_blocks()};
+  std::shared_ptr<compute::WorkMarker> landed;
   for (int layer = 0; layer < layout.num_layers; ++layer) {
     for (size_t i = 0; i < p_blocks.size(); ++i) {
-      ASSERT_EQ(cudaMemcpy(d.pool->View().BlockPtr(layer, table.blocks()[i]),
-                           static_cast<uint8_t*>(staged[layer].get()) + i * layout.BlockBytes(),
-                           layout.BlockBytes(), cudaMemcpyHostToDevice),
-                cudaSuccess);
+      std::memcpy(d_mirror.BlockPtr(layer, table.blocks()[i]), p_mirror.BlockPtr(layer, p_blocks[i]),
+                  layout.BlockBytes());
     }
+    auto copied = dcuda->CopyKvFromHost(d_mirror, layer, table.blocks(), d.pool->View(), nullptr);
+    ASSERT_TRUE(copied.ok()) << copied.status();
+    landed = *copied;
   }
+  ASSERT_TRUE(landed->Wait(absl::Now() + absl::Seconds(10)).ok());
   table.Append(int64_t(prompt.size()));
   const std::vector<int32_t> disaggregated = decode(d, &table, first);
   EXPECT_EQ(disaggregated, colocated);

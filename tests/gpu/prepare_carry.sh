@@ -9,8 +9,10 @@ cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 dest=.gpu_carry
 pkgs=(libabsl-dev libabsl20220623 libgtest-dev nlohmann-json3-dev)
 
-if ! grep -qx '/.gpu_carry/' .git/info/exclude 2>/dev/null; then
-  echo '/.gpu_carry/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
+mkdir -p "$(dirname "$exclude")"
+if ! grep -qx '/.gpu_carry/' "$exclude" 2>/dev/null; then
+  echo '/.gpu_carry/' >> "$exclude"
 fi
 rm -rf "$dest.tmp"
 mkdir -p "$dest.tmp/debs"

@@ -7,10 +7,15 @@
 #
 # 1. builds the engine only (-DDUET_ENGINE_ONLY=ON: common/ + the CUDA backend, sm_90) against
 #    the carried Abseil/GoogleTest/nlohmann-json;
-# 2. runs the gpu-labelled tests (kernels vs the CPU backend, whole-model parity);
+# 2. runs the gpu-labelled tests (kernels vs the CPU backend, whole-model parity, KV staging
+#    pool <-> pinned host mirror through ComputeBackend::CopyKvToHost/CopyKvFromHost);
 # 3. times prefill (512/2048/8192 tokens) and decode (batch 1/32/128) on a random Llama-3-8B
-#    geometry model plus the staged (pinned host) copy bandwidth: engine.md and engine.json;
-# 4. if time is left, runs the kernel tests under compute-sanitizer memcheck.
+#    geometry model plus the staged copy bandwidth through CopyKvToHost/CopyKvFromHost (device
+#    pool <-> pinned host mirror, the nodes' --kv_staging path): engine.md and engine.json;
+# 4. if .gpu_carry/cluster.tar.xz was carried (tests/gpu/prepare_cluster_carry.sh) and time is
+#    left, runs tests/gpu/run_cluster_check.sh: `duet serve --loopback --device=cuda` with KV
+#    staged through host mirrors against `duet generate --device=cuda` (summary.txt);
+# 5. if time is left, runs the kernel tests under compute-sanitizer memcheck.
 # Stays under 8 minutes: every step has its own timeout. Files in $OUT (at most 8):
 # summary.txt env.txt configure.log build.log gpu_tests.log bench.log engine.md engine.json
 set -uo pipefail
@@ -68,6 +73,8 @@ say "gpu tests rc=$rc: $(grep -E 'tests passed|tests failed' "$OUT/gpu_tests.log
 grep -E '\(Failed\)|\(Skipped\)|\(Timeout\)' "$OUT/gpu_tests.log" | head -20 | tee -a "$OUT/summary.txt"
 
 budget=$(left)
+# Leave the cluster step (below) its 90 s when it was carried.
+[[ -f $PWD/.gpu_carry/cluster.tar.xz ]] && budget=$((budget - 100))
 if [[ $budget -gt 60 ]]; then
   timeout $((budget - 30)) "$BUILD/bench/gpu/gpu_engine_bench" --preset llama3-8b \
     --prefill_attention simt,tensor \
@@ -76,6 +83,20 @@ if [[ $budget -gt 60 ]]; then
   say "bench rc=$?"
 else
   say "bench skipped: ${budget}s left"
+fi
+
+# Optional: the disaggregated cluster with GPU KV pools staged through host mirrors
+# (tests/gpu/prepare_cluster_carry.sh carried a prebuilt duet and its runtime libraries).
+CLUSTER=$PWD/.gpu_carry/cluster.tar.xz
+budget=$(left)
+if [[ -f $CLUSTER && $budget -gt 60 ]]; then
+  cdir=$(mktemp -d)
+  timeout 90 tests/gpu/run_cluster_check.sh "$CLUSTER" "$cdir" cuda auto
+  say "cluster (duet serve --loopback --device=cuda --kv_staging=auto) rc=$? (0: tokens match)"
+  sed 's/^/  /' "$cdir/cluster.log" | head -20 | tee -a "$OUT/summary.txt"
+  rm -rf "$cdir"
+elif [[ -f $CLUSTER ]]; then
+  say "cluster skipped: ${budget}s left"
 fi
 
 budget=$(left)

@@ -1,10 +1,9 @@
 // Loopback cluster tests: `duet serve --loopback` starts a coordinator, prefill and decode
 // nodes as real processes; these tests talk to it over gRPC and check DESIGN.md's invariants:
 // token-exact against the in-process engine (1), no leaks (3), deadlines (5), layouts (6).
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <filesystem>
@@ -35,15 +34,18 @@ using testing::ServeProcess;
 
 // `duet serve --loopback` flags for a cluster of `prefill` and `decode` nodes on `transport`.
 std::vector<std::string> ClusterFlags(const std::string& model_dir, const std::string& transport,
-                                      int prefill, int decode) {
-  return {"--loopback",
-          absl::StrCat("--prefill=", prefill),
-          absl::StrCat("--decode=", decode),
-          "--model=" + model_dir,
-          "--transport=" + transport,
-          "--threads=1",
-          "--kv_cache_bytes=16777216",
-          "--heartbeat_timeout_ms=1500"};
+                                      int prefill, int decode,
+                                      const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> flags = {"--loopback",
+                                    absl::StrCat("--prefill=", prefill),
+                                    absl::StrCat("--decode=", decode),
+                                    "--model=" + model_dir,
+                                    "--transport=" + transport,
+                                    "--threads=1",
+                                    "--kv_cache_bytes=16777216",
+                                    "--heartbeat_timeout_ms=1500"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return flags;
 }
 
 struct Result {
@@ -69,9 +71,9 @@ Result Generate(v1::Generation::Stub& stub, const std::vector<int32_t>& prompt,
     if (on_token && r.has_token()) on_token(ctx, static_cast<int>(out.ids.size()));
   }
   grpc::Status s = reader->Finish();
-  out.status = s.ok() ? absl::OkStatus()
-                      : absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                                     s.error_message());
+  out.status = s.ok()
+                   ? absl::OkStatus()
+                   : absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   return out;
 }
 
@@ -103,7 +105,8 @@ v1::HealthResponse Health(v1::Generation::Stub& stub) {
 class ClusterTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
-    model_dir_ = (fs::temp_directory_path() / absl::StrCat("duet_cluster_test_", getpid())).string();
+    model_dir_ =
+        (fs::temp_directory_path() / absl::StrCat("duet_cluster_test_", getpid())).string();
     ASSERT_TRUE(model::WriteSyntheticModel("tiny", 3, model_dir_).ok());
   }
   static void TearDownTestSuite() { fs::remove_all(model_dir_); }
@@ -116,8 +119,8 @@ class ClusterTest : public ::testing::TestWithParam<std::string> {
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt,
                                  const model::SamplingParams& params) {
     if (!engine_) {
-      auto e = model::LocalEngine::Load(model_dir_, {.device = "cpu", .num_threads = 1,
-                                                     .kv_cache_bytes = 64 << 20});
+      auto e = model::LocalEngine::Load(
+          model_dir_, {.device = "cpu", .num_threads = 1, .kv_cache_bytes = 64 << 20});
       EXPECT_TRUE(e.ok()) << e.status();
       engine_ = std::move(*e);
     }
@@ -126,15 +129,18 @@ class ClusterTest : public ::testing::TestWithParam<std::string> {
     return r.ok() ? r->generated_ids : std::vector<int32_t>();
   }
 
+  void ExpectTokenExactAndEverythingFree(const std::vector<std::string>& extra = {});
+
   static std::string model_dir_;
   std::unique_ptr<model::LocalEngine> engine_;
 };
 std::string ClusterTest::model_dir_;
 
 // Invariant 1: greedy and seeded tokens from a 2-prefill/2-decode cluster equal the in-process
-// engine's, for prompt lengths crossing block boundaries, with requests running concurrently.
-TEST_P(ClusterTest, TokenExactAgainstOneProcess) {
-  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, GetParam(), 2, 2));
+// engine's, for prompt lengths crossing block boundaries, with requests running concurrently;
+// afterwards nothing is held anywhere.
+void ClusterTest::ExpectTokenExactAndEverythingFree(const std::vector<std::string>& extra) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, GetParam(), 2, 2, extra));
   ASSERT_TRUE(cluster.ready());
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
   const std::vector<int> lengths = {1, 15, 16, 17, 100, 700, 2000};
@@ -176,6 +182,20 @@ TEST_P(ClusterTest, TokenExactAgainstOneProcess) {
   EXPECT_TRUE(EverythingFree(*stub));
 }
 
+TEST_P(ClusterTest, TokenExactAgainstOneProcess) { ExpectTokenExactAndEverythingFree(); }
+
+// The same through the staging path (what a GPU pool needs), forced on cpu: prefill nodes copy
+// each layer into a host mirror the transport exports and post it once the copy is done; decode
+// nodes receive into a host mirror and copy it into the pool at admission.
+TEST_P(ClusterTest, StagedKvIsTokenExactAndFreesEverything) {
+  ExpectTokenExactAndEverythingFree({"--kv_staging=always"});
+}
+
+// Staging with all layers posted after the forward pass.
+TEST_P(ClusterTest, StagedKvWithoutLayerPipeliningIsTokenExact) {
+  ExpectTokenExactAndEverythingFree({"--kv_staging=always", "--no_layer_pipelining"});
+}
+
 // 64 concurrent requests of mixed lengths all complete; afterwards nothing is held anywhere.
 TEST_P(ClusterTest, SixtyFourConcurrentRequestsLeaveNothingBehind) {
   ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, GetParam(), 2, 2));
@@ -207,10 +227,10 @@ TEST_P(ClusterTest, ClientCancelFreesEverything) {
   v1::SamplingParams s;
   s.set_max_tokens(3000);
   s.set_ignore_eos(true);
-  Result r = Generate(*stub, Prompt(200, 1), s, absl::Seconds(60),
-                      [](grpc::ClientContext& ctx, int n) {
-                        if (n == 5) ctx.TryCancel();
-                      });
+  Result r =
+      Generate(*stub, Prompt(200, 1), s, absl::Seconds(60), [](grpc::ClientContext& ctx, int n) {
+        if (n == 5) ctx.TryCancel();
+      });
   EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
   EXPECT_TRUE(EverythingFree(*stub));
 }
@@ -234,10 +254,10 @@ TEST_F(ClusterFailureTest, KilledDecodeNodeFailsOnlyItsRequests) {
       v1::SamplingParams s;
       s.set_max_tokens(i % 2 ? 400 : 40);
       s.set_ignore_eos(true);
-      results[i] = Generate(*stub, Prompt(50, i), s, absl::Seconds(60),
-                            [&](grpc::ClientContext&, int n) {
-                              if (n == 2) streaming++;
-                            });
+      results[i] =
+          Generate(*stub, Prompt(50, i), s, absl::Seconds(60), [&](grpc::ClientContext&, int n) {
+            if (n == 2) streaming++;
+          });
     });
   }
   while (streaming.load() < 6 && absl::Now() - start < absl::Seconds(30)) {
@@ -280,10 +300,10 @@ TEST_F(ClusterFailureTest, KilledPrefillNodeIsRetriedElsewhere) {
 TEST_F(ClusterFailureTest, MismatchedLayoutIsRefusedAtRegistration) {
   ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 1, 1));
   ASSERT_TRUE(cluster.ready());
-  ChildProcess decode({DUET_BIN, "decode", "--coordinator=" + cluster.address(),
-                       "--model=" + model_dir_, "--node_id=decode-odd", "--block_size=32",
-                       "--threads=1", "--kv_cache_bytes=8388608"},
-                      {.merge_stderr = true});
+  ChildProcess decode(
+      {DUET_BIN, "decode", "--coordinator=" + cluster.address(), "--model=" + model_dir_,
+       "--node_id=decode-odd", "--block_size=32", "--threads=1", "--kv_cache_bytes=8388608"},
+      {.merge_stderr = true});
   const std::string out = decode.ReadAll(absl::Now() + absl::Seconds(60));
   EXPECT_GT(decode.Wait(absl::Seconds(10)), 0) << out;
   EXPECT_NE(out.find("block=16"), std::string::npos) << out;

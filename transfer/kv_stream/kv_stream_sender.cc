@@ -1,5 +1,7 @@
 #include "transfer/kv_stream/kv_stream_sender.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "transfer/kv_stream/block_ops.h"
@@ -33,7 +35,42 @@ absl::Status KvStreamSender::Begin(const StreamRequest& request) {
   a.remote_num_blocks = remote_blocks;
   a.layer_posted.assign(layout_.num_layers, false);
   a.layer_handle.assign(layout_.num_layers, -1);
+  a.staged.assign(layout_.num_layers, nullptr);
   return absl::OkStatus();
+}
+
+absl::Status KvStreamSender::PostLayerLocked(uint64_t id, Active& a, int layer) {
+  absl::StatusOr<std::vector<WriteOp>> ops =
+      LayerWriteOps(layout_, local_num_blocks_, a.remote_num_blocks, layer,
+                    a.request.local_blocks, a.request.remote_blocks);
+  absl::StatusOr<TransferHandle> h =
+      ops.ok() ? transport_->PostWrite(
+                     a.request.peer, std::move(*ops),
+                     EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = id, .layer = layer}))
+               : absl::StatusOr<TransferHandle>(ops.status());
+  if (!h.ok()) return Annotate(h.status(), absl::StrCat("request ", id, " layer ", layer));
+  a.layer_posted[layer] = true;
+  a.layer_handle[layer] = static_cast<int>(a.handles.size());
+  a.handles.push_back(std::move(*h));
+  return absl::OkStatus();
+}
+
+absl::Status KvStreamSender::PostFinalLocked(uint64_t id, Active& a, std::string payload) {
+  DUET_ASSIGN_OR_RETURN(
+      TransferHandle h,
+      transport_->PostWrite(a.request.peer, {},
+                            EncodeKvNotice({.kind = KvNoticeKind::kFinal,
+                                            .request_id = id,
+                                            .payload = std::move(payload)})));
+  a.handles.push_back(std::move(h));
+  return absl::OkStatus();
+}
+
+bool KvStreamSender::HasStagedLocked(const Active& a) {
+  for (const StagedWait& w : a.staged) {
+    if (w) return true;
+  }
+  return false;
 }
 
 absl::Status KvStreamSender::OnLayerDone(int layer, absl::Span<const uint64_t> request_ids) {
@@ -46,30 +83,75 @@ absl::Status KvStreamSender::OnLayerDone(int layer, absl::Span<const uint64_t> r
       continue;
     }
     Active& a = it->second;
-    if (layer < 0 || layer >= layout_.num_layers || a.layer_posted[layer]) {
+    if (layer < 0 || layer >= layout_.num_layers || a.layer_posted[layer] || a.staged[layer]) {
       if (first_error.ok()) {
         first_error = absl::InvalidArgumentError(
             absl::StrCat("request ", id, ": layer ", layer, " invalid or already posted"));
       }
       continue;
     }
-    absl::StatusOr<std::vector<WriteOp>> ops =
-        LayerWriteOps(layout_, local_num_blocks_, a.remote_num_blocks, layer,
-                      a.request.local_blocks, a.request.remote_blocks);
-    absl::StatusOr<TransferHandle> h =
-        ops.ok() ? transport_->PostWrite(
-                       a.request.peer, std::move(*ops),
-                       EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = id, .layer = layer}))
-                 : absl::StatusOr<TransferHandle>(ops.status());
-    if (!h.ok()) {
-      if (first_error.ok()) first_error = Annotate(h.status(), absl::StrCat("request ", id, " layer ", layer));
-      continue;
-    }
-    a.layer_posted[layer] = true;
-    a.layer_handle[layer] = static_cast<int>(a.handles.size());
-    a.handles.push_back(std::move(*h));
+    absl::Status s = PostLayerLocked(id, a, layer);
+    if (!s.ok() && first_error.ok()) first_error = s;
   }
   return first_error;
+}
+
+absl::Status KvStreamSender::OnLayerStaged(int layer, uint64_t request_id, StagedWait staged) {
+  if (!staged) return absl::InvalidArgumentError("OnLayerStaged: no staging wait");
+  absl::MutexLock lock(&mu_);
+  auto it = active_.find(request_id);
+  if (it == active_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " not streaming"));
+  Active& a = it->second;
+  if (layer < 0 || layer >= layout_.num_layers || a.layer_posted[layer] || a.staged[layer] ||
+      a.finished) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", request_id, ": layer ", layer,
+                                                   " invalid, already posted or finished"));
+  }
+  a.staged[layer] = std::move(staged);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> KvStreamSender::PostStaged(uint64_t request_id, absl::Time deadline) {
+  auto count_posted = [](const Active& a) {
+    return static_cast<int>(std::count(a.layer_posted.begin(), a.layer_posted.end(), true));
+  };
+  bool first = true;
+  while (true) {
+    int layer = -1;
+    StagedWait wait;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = active_.find(request_id);
+      if (it == active_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " not streaming"));
+      Active& a = it->second;
+      for (int l = 0; l < layout_.num_layers && layer < 0; ++l) {
+        if (a.staged[l]) layer = l;
+      }
+      if (layer < 0) {
+        if (a.final_payload.has_value()) {
+          std::string payload = std::move(*a.final_payload);
+          a.final_payload.reset();
+          DUET_RETURN_IF_ERROR(PostFinalLocked(request_id, a, std::move(payload)));
+        }
+        return count_posted(a);
+      }
+      wait = a.staged[layer];
+    }
+    // Outside the lock: the first pending layer may take a while (later ones are only asked).
+    const absl::Status ready = wait(first ? deadline : absl::InfinitePast());
+    first = false;
+    absl::MutexLock lock(&mu_);
+    auto it = active_.find(request_id);
+    if (it == active_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " not streaming"));
+    Active& a = it->second;
+    if (absl::IsDeadlineExceeded(ready)) return count_posted(a);
+    if (!ready.ok()) {
+      return Annotate(ready, absl::StrCat("request ", request_id, ": staging layer ", layer));
+    }
+    if (!a.staged[layer]) continue;  // aborted meanwhile
+    a.staged[layer] = nullptr;
+    DUET_RETURN_IF_ERROR(PostLayerLocked(request_id, a, layer));
+  }
 }
 
 absl::Status KvStreamSender::Finish(uint64_t request_id, std::string payload) {
@@ -78,29 +160,39 @@ absl::Status KvStreamSender::Finish(uint64_t request_id, std::string payload) {
   if (it == active_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " not streaming"));
   Active& a = it->second;
   for (int l = 0; l < layout_.num_layers; ++l) {
-    if (!a.layer_posted[l]) {
+    if (!a.layer_posted[l] && !a.staged[l]) {
       return absl::FailedPreconditionError(
           absl::StrCat("request ", request_id, ": Finish before layer ", l, " was posted"));
     }
   }
   if (a.finished) return absl::FailedPreconditionError("Finish called twice");
-  DUET_ASSIGN_OR_RETURN(
-      TransferHandle h,
-      transport_->PostWrite(a.request.peer, {},
-                            EncodeKvNotice({.kind = KvNoticeKind::kFinal,
-                                            .request_id = request_id,
-                                            .payload = std::move(payload)})));
+  if (HasStagedLocked(a)) {
+    a.final_payload = std::move(payload);  // PostStaged sends it after the last staged layer
+  } else {
+    DUET_RETURN_IF_ERROR(PostFinalLocked(request_id, a, std::move(payload)));
+  }
   a.finished = true;
-  a.handles.push_back(std::move(h));
   return absl::OkStatus();
 }
 
 absl::Status KvStreamSender::Wait(uint64_t request_id, absl::Time deadline) {
   std::vector<TransferHandle> handles;
+  bool staged;
   {
     absl::MutexLock lock(&mu_);
     auto it = active_.find(request_id);
     if (it == active_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " not streaming"));
+    staged = HasStagedLocked(it->second) || it->second.final_payload.has_value();
+  }
+  if (staged) DUET_RETURN_IF_ERROR(PostStaged(request_id, deadline).status());
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = active_.find(request_id);
+    if (it == active_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " not streaming"));
+    if (HasStagedLocked(it->second) || it->second.final_payload.has_value()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("request ", request_id, ": KV staging still in flight at the deadline"));
+    }
     handles = it->second.handles;
   }
   absl::Status first_error;
@@ -130,6 +222,8 @@ absl::Status KvStreamSender::Abort(uint64_t request_id, absl::Time deadline,
     handles = it->second.handles;
     it->second.finished = true;
     it->second.layer_posted.assign(layout_.num_layers, true);  // no further posts
+    it->second.staged.assign(layout_.num_layers, nullptr);
+    it->second.final_payload.reset();
   }
   for (TransferHandle& h : handles) h.Cancel();
   for (const TransferHandle& h : handles) {

@@ -7,13 +7,18 @@
 //   DUET_RETURN_IF_ERROR(sender->Begin({.request_id = 7, .peer = decode_peer,
 //                                       .local_blocks = mine, .remote_blocks = dest.block_ids}));
 //   // layer-done hook:  sender->OnLayerDone(layer, {7});
+//   // or, when the exported region is a host mirror a copy fills (staging, see below):
+//   //   sender->OnLayerStaged(layer, 7, [m](absl::Time d) { return m->Wait(d); });
+//   //   ... and from a thread that may block:  sender->PostStaged(7, deadline);
 //   DUET_RETURN_IF_ERROR(sender->Finish(7, first_token_and_metadata));
 //   DUET_RETURN_IF_ERROR(sender->Wait(7, DeadlineIn(absl::Seconds(10))));
 //   // or, to give up:  sender->Abort(7, deadline);   // receiver may then reuse the blocks
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +45,11 @@ struct StreamRequest {
 absl::Status SendAbortNotice(Transport* transport, PeerId peer, uint64_t request_id,
                              const std::string& reason, absl::Time deadline);
 
+// Whether a staged layer's bytes are in the exported region yet: OK once they are,
+// DeadlineExceeded while they are not at `deadline` (InfinitePast: ask without waiting), any
+// other error when staging failed. (On a GPU node: a wait on the staging copy's marker.)
+using StagedWait = std::function<absl::Status(absl::Time deadline)>;
+
 class KvStreamSender {
  public:
   static absl::StatusOr<std::unique_ptr<KvStreamSender>> Create(Transport* transport,
@@ -52,10 +62,21 @@ class KvStreamSender {
   absl::Status Begin(const StreamRequest& request);
   // Posts `layer` of each listed request (each layer at most once).
   absl::Status OnLayerDone(int layer, absl::Span<const uint64_t> request_ids);
-  // After every layer was posted: the final notice, carrying `payload`.
+  // Staging: `layer` of the request is being copied into the exported region (a host mirror of
+  // the pool, same offsets). It is posted by PostStaged once `staged` reports OK, never before;
+  // this call does not wait. Each layer at most once, staged or not.
+  absl::Status OnLayerStaged(int layer, uint64_t request_id, StagedWait staged);
+  // Posts the request's staged layers in layer order while their staging is done, waiting until
+  // `deadline` for the first pending one (reaching it is not an error); then the final notice if
+  // Finish came while layers were pending. Returns how many of its layers are posted, or the
+  // staging or posting error. Call from a thread that may block (not the compute thread).
+  absl::StatusOr<int> PostStaged(uint64_t request_id, absl::Time deadline);
+  // After every layer was posted or staged: the final notice, carrying `payload` (held until
+  // PostStaged has posted the staged layers).
   absl::Status Finish(uint64_t request_id, std::string payload);
-  // Waits for all of the request's writes; forgets it when they end. The first error (e.g. the
-  // peer was lost), or DeadlineExceeded (the request is kept).
+  // Posts what staging still holds back (PostStaged), then waits for all of the request's
+  // writes; forgets it when they end. The first error (e.g. the peer was lost), or
+  // DeadlineExceeded (the request is kept).
   absl::Status Wait(uint64_t request_id, absl::Time deadline);
   // Cancels the request's writes, waits until none is in flight, then sends kAborted (unless
   // the peer is gone) so the receiver can reuse its blocks; forgets the request.
@@ -71,9 +92,17 @@ class KvStreamSender {
     int64_t remote_num_blocks = 0;
     std::vector<bool> layer_posted;
     std::vector<int> layer_handle;  // index into `handles` of each posted layer's write, or -1
+    std::vector<StagedWait> staged;  // per layer: staged, not yet posted (else empty)
+    std::optional<std::string> final_payload;  // Finish came while staged layers were pending
     bool finished = false;
     std::vector<TransferHandle> handles;
   };
+  // Posts one layer's write / the final notice (the caller checked the layer is unposted).
+  absl::Status PostLayerLocked(uint64_t id, Active& a, int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PostFinalLocked(uint64_t id, Active& a, std::string payload)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool HasStagedLocked(const Active& a);
+
   KvStreamSender(Transport* transport, const kv::KvLayout& layout, int64_t local_num_blocks)
       : transport_(transport), layout_(layout), local_num_blocks_(local_num_blocks) {}
 

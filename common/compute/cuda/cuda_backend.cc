@@ -225,6 +225,57 @@ absl::StatusOr<DeviceBuffer> CudaBackend::AllocateKvRegion(size_t bytes) {
   return buf;
 }
 
+namespace {
+
+// KvMemory over a device buffer or a page-locked host buffer.
+template <typename Buffer>
+class CudaKvMemory : public KvMemory {
+ public:
+  CudaKvMemory(Buffer buf, size_t bytes, bool host) : buf_(std::move(buf)), bytes_(bytes),
+                                                      host_(host) {}
+  void* data() const override { return buf_.get(); }
+  size_t bytes() const override { return bytes_; }
+  bool host_addressable() const override { return host_; }
+
+ private:
+  Buffer buf_;
+  size_t bytes_;
+  bool host_;
+};
+
+class CudaHostPinning : public HostPinning {
+ public:
+  explicit CudaHostPinning(HostRegistration reg) : reg_(std::move(reg)) {}
+
+ private:
+  HostRegistration reg_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvMemory>> CudaBackend::AllocateKvMemory(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("KV memory: zero bytes requested");
+  DUET_ASSIGN_OR_RETURN(DeviceBuffer buf, AllocateKvRegion(bytes));
+  return std::unique_ptr<KvMemory>(new CudaKvMemory<DeviceBuffer>(std::move(buf), bytes, false));
+}
+
+absl::StatusOr<std::unique_ptr<KvMemory>> CudaBackend::AllocateHostMirror(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("host mirror: zero bytes requested");
+  auto lock = Enter();
+  DUET_ASSIGN_OR_RETURN(PinnedBuffer buf, PinnedBuffer::Create(bytes));
+  std::memset(buf.get(), 0, bytes);
+  return std::unique_ptr<KvMemory>(new CudaKvMemory<PinnedBuffer>(std::move(buf), bytes, true));
+}
+
+absl::StatusOr<std::unique_ptr<HostPinning>> CudaBackend::PinHostMemory(void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) {
+    return absl::InvalidArgumentError("PinHostMemory: null or empty range");
+  }
+  auto lock = Enter();
+  DUET_ASSIGN_OR_RETURN(HostRegistration reg, HostRegistration::Create(p, bytes));
+  return std::unique_ptr<HostPinning>(new CudaHostPinning(std::move(reg)));
+}
+
 float* CudaBackend::AllocateActivations(int64_t count) {
   auto lock = Enter();
   void* p = nullptr;
@@ -546,41 +597,41 @@ std::shared_ptr<WorkMarker> CudaBackend::MarkQueuedWork() {
   return std::make_shared<CudaWorkMarker>(device_, std::move(ev).value());
 }
 
-absl::StatusOr<std::shared_ptr<WorkMarker>> CudaBackend::StageBlocksToHost(
-    const kv::KvCacheView& cache, int layer, absl::Span<const kv::BlockId> blocks,
-    void* host_dst, const WorkMarker* after) {
+absl::StatusOr<std::shared_ptr<WorkMarker>> CudaBackend::CopyKvAsync(
+    const kv::KvCacheView& from, const kv::KvCacheView& to, int layer,
+    absl::Span<const kv::BlockId> blocks, const WorkMarker* after, cudaMemcpyKind kind,
+    const char* what) {
+  DUET_ASSIGN_OR_RETURN(std::vector<KvCopyRun> runs, PlanKvCopy(from, to, layer, blocks, what));
   auto lock = Enter();
-  if (layer < 0 || layer >= cache.layout.num_layers || host_dst == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("StageBlocksToHost: layer ", layer,
-                                                   host_dst == nullptr ? ", null destination" : ""));
-  }
-  for (kv::BlockId b : blocks) {
-    if (b < 0 || b >= cache.num_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat("StageBlocksToHost: block ", b, " outside ",
-                                                     cache.num_blocks));
-    }
-  }
   if (after != nullptr) {
     const auto* marker = dynamic_cast<const CudaWorkMarker*>(after);
     if (marker != nullptr) {
       DUET_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_.get(), marker->event(), 0));
     } else if (!const_cast<WorkMarker*>(after)->Done()) {
-      return absl::InvalidArgumentError("StageBlocksToHost: marker from another backend");
+      return absl::InvalidArgumentError(absl::StrCat(what, ": marker from another backend"));
     }
   }
-  const size_t block_bytes = cache.layout.BlockBytes();
-  size_t i = 0;
-  while (i < blocks.size()) {
-    size_t run = 1;
-    while (i + run < blocks.size() && blocks[i + run] == blocks[i] + static_cast<int>(run)) ++run;
-    DUET_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(host_dst) + i * block_bytes,
-                                    cache.BlockPtr(layer, blocks[i]), run * block_bytes,
-                                    cudaMemcpyDeviceToHost, copy_stream_.get()));
-    i += run;
+  for (const KvCopyRun& r : runs) {
+    DUET_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(to.base) + r.offset,
+                                    static_cast<const uint8_t*>(from.base) + r.offset, r.bytes,
+                                    kind, copy_stream_.get()));
   }
   DUET_ASSIGN_OR_RETURN(Event done, Event::Create(/*timing=*/false));
   DUET_CUDA_CHECK(cudaEventRecord(done.get(), copy_stream_.get()));
   return std::shared_ptr<WorkMarker>(std::make_shared<CudaWorkMarker>(device_, std::move(done)));
+}
+
+absl::StatusOr<std::shared_ptr<WorkMarker>> CudaBackend::CopyKvToHost(
+    const kv::KvCacheView& pool, int layer, absl::Span<const kv::BlockId> blocks,
+    const kv::KvCacheView& mirror, const WorkMarker* after) {
+  return CopyKvAsync(pool, mirror, layer, blocks, after, cudaMemcpyDeviceToHost, "CopyKvToHost");
+}
+
+absl::StatusOr<std::shared_ptr<WorkMarker>> CudaBackend::CopyKvFromHost(
+    const kv::KvCacheView& mirror, int layer, absl::Span<const kv::BlockId> blocks,
+    const kv::KvCacheView& pool, const WorkMarker* after) {
+  return CopyKvAsync(mirror, pool, layer, blocks, after, cudaMemcpyHostToDevice,
+                     "CopyKvFromHost");
 }
 
 absl::StatusOr<std::vector<int32_t>> CudaBackend::ArgMax(const float* logits, int rows, int vocab) {

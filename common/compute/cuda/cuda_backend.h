@@ -16,8 +16,8 @@
 // a greedy choice; the parity tests compare against the CPU with tolerances.
 //
 //   DUET_ASSIGN_OR_RETURN(auto backend, CudaBackend::Create({.cuda_gemm_dtype = "bf16"}));
-//   DUET_ASSIGN_OR_RETURN(auto pool_mem, backend->AllocateKvRegion(layout.RegionBytes(n)));
-//   DUET_ASSIGN_OR_RETURN(auto pool, kv::BlockPool::CreateOver(layout, n, pool_mem.get(), ...));
+//   DUET_ASSIGN_OR_RETURN(auto pool_mem, backend->AllocateKvMemory(layout.RegionBytes(n)));
+//   DUET_ASSIGN_OR_RETURN(auto pool, kv::BlockPool::CreateOver(layout, n, pool_mem->data(), ...));
 #pragma once
 
 #include <cstdint>
@@ -46,8 +46,23 @@ class CudaBackend : public ComputeBackend {
   const std::string& device_name() const { return device_name_; }
   cudaStream_t stream() const { return stream_.get(); }
 
-  // Device memory for a KV pool (BlockPool::CreateOver), owned by the caller.
+  // Device memory for a KV pool (BlockPool::CreateOver), owned by the caller, zeroed.
   absl::StatusOr<DeviceBuffer> AllocateKvRegion(size_t bytes);
+  // KV memory (compute_backend.h): the pool in device memory (AllocateKvRegion), host mirrors
+  // page-locked (cudaMallocHost / cudaHostRegister), staging on the copy stream.
+  absl::StatusOr<std::unique_ptr<KvMemory>> AllocateKvMemory(size_t bytes) override;
+  bool kv_memory_is_host() const override { return false; }
+  absl::StatusOr<std::unique_ptr<KvMemory>> AllocateHostMirror(size_t bytes) override;
+  absl::StatusOr<std::unique_ptr<HostPinning>> PinHostMemory(void* p, size_t bytes) override;
+  absl::StatusOr<std::shared_ptr<WorkMarker>> CopyKvToHost(const kv::KvCacheView& pool, int layer,
+                                                           absl::Span<const kv::BlockId> blocks,
+                                                           const kv::KvCacheView& mirror,
+                                                           const WorkMarker* after) override;
+  absl::StatusOr<std::shared_ptr<WorkMarker>> CopyKvFromHost(const kv::KvCacheView& mirror,
+                                                             int layer,
+                                                             absl::Span<const kv::BlockId> blocks,
+                                                             const kv::KvCacheView& pool,
+                                                             const WorkMarker* after) override;
 
   float* AllocateActivations(int64_t count) override;
   void FreeActivations(float* p) override;
@@ -85,16 +100,6 @@ class CudaBackend : public ComputeBackend {
   // An event recorded on the compute stream (per layer from ModelRunner's async hook).
   std::shared_ptr<WorkMarker> MarkQueuedWork() override;
 
-  // The staging path of a KV transfer for transports that cannot read device memory: copies
-  // `layer`'s K/V of `blocks` (in order, one copy per run of consecutive ids) from the device
-  // pool into host memory at `host_dst` (BlockBytes() per block; pinned memory makes it
-  // asynchronous) on a separate copy stream that first waits for `after` (a marker from this
-  // backend, e.g. LayerSpan::ready; null: no wait). Returns a marker that is Done() once the
-  // bytes are on the host; the compute stream is not blocked.
-  absl::StatusOr<std::shared_ptr<WorkMarker>> StageBlocksToHost(
-      const kv::KvCacheView& cache, int layer, absl::Span<const kv::BlockId> blocks,
-      void* host_dst, const WorkMarker* after);
-
   // Greedy sampling on the device: out[r] = argmax of logits row r (device memory), copied to
   // the host.
   absl::StatusOr<std::vector<int32_t>> ArgMax(const float* logits, int rows, int vocab);
@@ -118,13 +123,20 @@ class CudaBackend : public ComputeBackend {
   void Record(const absl::Status& st);
   void CheckLaunch(const char* what);
   bool Failed() const;
+  // CopyKvToHost / CopyKvFromHost: `layer` of `blocks` from `from` to `to` on the copy stream,
+  // behind `after`; `kind` is the cudaMemcpyKind.
+  absl::StatusOr<std::shared_ptr<WorkMarker>> CopyKvAsync(const kv::KvCacheView& from,
+                                                          const kv::KvCacheView& to, int layer,
+                                                          absl::Span<const kv::BlockId> blocks,
+                                                          const WorkMarker* after,
+                                                          cudaMemcpyKind kind, const char* what);
 
   const int device_;
   const ElemType gemm_dtype_;
   const bool tensor_prefill_;
   std::string device_name_;
   Stream stream_;
-  Stream copy_stream_;  // staging copies, ordered behind compute-stream events
+  Stream copy_stream_;  // KV staging copies, ordered behind compute-stream events
   CublasHandle cublas_;
   DeviceBuffer cublas_workspace_;
   DeviceBuffer gemm_input_;  // x converted to the GEMM dtype

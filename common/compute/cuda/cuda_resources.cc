@@ -8,6 +8,7 @@ namespace internal {
 
 void DeviceFree::operator()(void* p) const noexcept { cudaFree(p); }
 void HostFree::operator()(void* p) const noexcept { cudaFreeHost(p); }
+void HostUnregister::operator()(void* p) const noexcept { cudaHostUnregister(p); }
 void StreamDestroy::operator()(CUstream_st* s) const noexcept { cudaStreamDestroy(s); }
 void EventDestroy::operator()(CUevent_st* e) const noexcept { cudaEventDestroy(e); }
 void CublasDestroy::operator()(cublasContext* h) const noexcept { cublasDestroy(h); }
@@ -32,6 +33,14 @@ absl::StatusOr<PinnedBuffer> PinnedBuffer::Create(size_t bytes) {
   b.ptr_.reset(p);
   b.bytes_ = bytes;
   return b;
+}
+
+absl::StatusOr<HostRegistration> HostRegistration::Create(void* p, size_t bytes) {
+  HostRegistration r;
+  if (p == nullptr || bytes == 0) return r;
+  DUET_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+  r.ptr_.reset(p);
+  return r;
 }
 
 absl::StatusOr<Stream> Stream::Create() {

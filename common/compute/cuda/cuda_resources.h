@@ -1,4 +1,5 @@
-// RAII owners of CUDA runtime and cuBLAS handles: device buffers, pinned host buffers, streams,
+// RAII owners of CUDA runtime and cuBLAS handles: device buffers, pinned host buffers, host
+// registrations, streams,
 // events and cuBLAS handles. Each is move-only, created by a Create() that returns a Status
 // naming the failed call, and releases its handle in a noexcept destructor.
 //
@@ -23,6 +24,9 @@ struct DeviceFree {
   void operator()(void* p) const noexcept;
 };
 struct HostFree {
+  void operator()(void* p) const noexcept;
+};
+struct HostUnregister {
   void operator()(void* p) const noexcept;
 };
 struct StreamDestroy {
@@ -65,6 +69,18 @@ class PinnedBuffer {
  private:
   std::unique_ptr<void, internal::HostFree> ptr_;
   size_t bytes_ = 0;
+};
+
+// Caller-owned host memory page-locked by cudaHostRegister until destroyed (cudaHostUnregister);
+// must not outlive the memory.
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  static absl::StatusOr<HostRegistration> Create(void* p, size_t bytes);
+  void* get() const { return ptr_.get(); }
+
+ private:
+  std::unique_ptr<void, internal::HostUnregister> ptr_;
 };
 
 class Stream {

@@ -60,7 +60,7 @@ struct Case {
 // Several requests of different lengths (crossing block boundaries, block size 4), greedy and
 // seeded, decoded in one continuous batch (they join at different steps): every token, logprob
 // and finish reason equals a single-process run.
-TEST_F(DecodeSchedulerTest, TokensEqualLocalEngineForConcurrentRequests) {
+void ExpectTokensEqualLocalEngine(DecodeHarness& h_) {
   std::vector<Case> cases = {
       {"a", {.max_tokens = 20}},
       {"hello", {.max_tokens = 16}},
@@ -121,6 +121,18 @@ TEST_F(DecodeSchedulerTest, TokensEqualLocalEngineForConcurrentRequests) {
   EXPECT_TRUE(Eventually([&] { return AllFree(h_); }));
   EXPECT_EQ(h_.scheduler().Load().running_requests, 0);
   EXPECT_EQ(h_.scheduler().Load().pending_requests, 0);
+}
+
+TEST_F(DecodeSchedulerTest, TokensEqualLocalEngineForConcurrentRequests) {
+  ExpectTokensEqualLocalEngine(h_);
+}
+
+// The same with the KV landing in a host mirror and copied into the pool at admission
+// (--kv_staging): the pool is never the transport's region, so a missed copy decodes garbage.
+TEST(DecodeSchedulerStaging, TokensEqualLocalEngineThroughTheHostMirror) {
+  DecodeHarness h;
+  ASSERT_TRUE(h.Init({.staged = true}).ok());
+  ExpectTokensEqualLocalEngine(h);
 }
 
 // 64 requests of mixed lengths (1..300 tokens) in flight at once, half greedy and half seeded:

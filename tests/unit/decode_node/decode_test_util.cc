@@ -118,9 +118,16 @@ absl::Status DecodeHarness::Init(const HarnessOptions& o) {
   const kv::KvLayout& layout = p_.layout();
   DUET_ASSIGN_OR_RETURN(
       d_, transfer::CreateTransport("inproc", {.name = "decode-0", .layout = layout}));
-  DUET_ASSIGN_OR_RETURN(d_region_, d_->AllocateRegion(layout.RegionBytes(o.d_blocks)));
-  DUET_ASSIGN_OR_RETURN(d_pool_, kv::BlockPool::CreateOver(layout, o.d_blocks, d_region_->base(),
-                                                           d_region_->bytes()));
+  const size_t bytes = layout.RegionBytes(o.d_blocks);
+  DUET_ASSIGN_OR_RETURN(d_region_, d_->AllocateRegion(bytes));
+  kv::KvCacheView mirror;
+  void* pool_base = d_region_->base();
+  if (o.staged) {
+    DUET_ASSIGN_OR_RETURN(d_pool_memory_, d_engine_->backend().AllocateKvMemory(bytes));
+    pool_base = d_pool_memory_->data();
+    mirror = kv::KvCacheView{layout, d_region_->base(), o.d_blocks};
+  }
+  DUET_ASSIGN_OR_RETURN(d_pool_, kv::BlockPool::CreateOver(layout, o.d_blocks, pool_base, bytes));
   DUET_ASSIGN_OR_RETURN(std::string d_address, d_->LocalAddress());
   DUET_RETURN_IF_ERROR(p_.ConnectTo(d_address));
   DUET_ASSIGN_OR_RETURN(scheduler_,
@@ -129,7 +136,8 @@ absl::Status DecodeHarness::Init(const HarnessOptions& o) {
                                                  .eos_ids = d_engine_->tokenizer().eos_ids(),
                                                  .finished_linger = absl::Seconds(30),
                                                  .idle_wait = absl::Milliseconds(2),
-                                                 .release_wait = o.release_wait},
+                                                 .release_wait = o.release_wait,
+                                                 .host_mirror = mirror},
                                                 &d_engine_->runner(), d_pool_.get(), d_.get()));
   return absl::OkStatus();
 }

@@ -32,6 +32,9 @@ struct HarnessOptions {
   int64_t d_blocks = 256;
   int max_running = 64;
   absl::Duration release_wait = absl::Seconds(5);
+  // D's pool in its backend's KV memory and the transport region a host mirror of it that
+  // admission copies from (the --kv_staging path), instead of the pool being the region.
+  bool staged = false;
 };
 
 // The prefill side: a LocalEngine (also the single-process reference) whose KV pool is
@@ -109,6 +112,7 @@ class DecodeHarness {
   PrefillSide p_;
   std::unique_ptr<model::LocalEngine> d_engine_;
   std::unique_ptr<transfer::Transport> d_;
+  std::unique_ptr<compute::KvMemory> d_pool_memory_;  // staged only
   std::unique_ptr<transfer::MemoryRegion> d_region_;
   std::unique_ptr<kv::BlockPool> d_pool_;
   std::unique_ptr<DecodeScheduler> scheduler_;

@@ -44,6 +44,7 @@ struct Rig {
   std::unique_ptr<kv::BlockPool> dpool;
   std::unique_ptr<transfer::Transport> tp;
   std::unique_ptr<transfer::Transport> td;
+  std::unique_ptr<compute::KvMemory> pmirror;  // staged rigs: what tp exports
   std::unique_ptr<transfer::MemoryRegion> pregion;
   std::unique_ptr<transfer::MemoryRegion> dregion;
   transfer::PeerId peer = 0;
@@ -51,8 +52,10 @@ struct Rig {
   std::unique_ptr<PrefillScheduler> sched;
   std::map<uint64_t, Received> got;
 
+  // staged: P's transport exports a host mirror of its pool (as a prefill node with a GPU pool
+  // does), so D only gets what the scheduler staged into the mirror.
   explicit Rig(PrefillSchedulerOptions opts, int64_t p_blocks = 256, int64_t d_blocks = 512,
-               int block_size = 16) {
+               int block_size = 16, bool staged = false) {
     auto config = model::ModelConfig::FromJsonFile(TinyModelDir() + "/config.json");
     EXPECT_TRUE(config.ok()) << config.status();
     auto weights = model::LoadWeights(TinyModelDir(), *config);
@@ -64,7 +67,13 @@ struct Rig {
     dpool = *kv::BlockPool::Create(layout, d_blocks);
     tp = *transfer::CreateTransport("inproc", {.name = "prefill-test", .layout = layout});
     td = *transfer::CreateTransport("inproc", {.name = kPeerName, .layout = layout});
-    pregion = *tp->Register(ppool->region(), ppool->region_bytes());
+    if (staged) {
+      pmirror = *backend->AllocateHostMirror(ppool->region_bytes());
+      opts.host_mirror = kv::KvCacheView{layout, pmirror->data(), p_blocks};
+      pregion = *tp->Register(pmirror->data(), ppool->region_bytes());
+    } else {
+      pregion = *tp->Register(ppool->region(), ppool->region_bytes());
+    }
     dregion = *td->Register(dpool->region(), dpool->region_bytes());
     peer = *tp->Connect(*td->LocalAddress(), DeadlineIn(absl::Seconds(5)));
     sender = *transfer::KvStreamSender::Create(tp.get(), layout, p_blocks);
@@ -312,6 +321,66 @@ TEST_F(PrefillSchedulerTest, LayerPipeliningPostsEachLayerFromTheHook) {
     ExpectCompleteStream(r.got[9], r.layout.num_layers);
     r.ExpectNoLeaks();
   }
+}
+
+// Staging (the path a GPU pool takes), on the cpu: the transport exports only the host mirror,
+// so what lands on D went through CopyKvToHost and the poster thread; pipelined and bulk, single
+// and chunked prompts, batched together: exact KV, the reference first token, every layer once
+// and the final notice last, nothing left behind.
+TEST_F(PrefillSchedulerTest, StagedThroughAHostMirrorLandsExactKv) {
+  for (bool pipelined : {true, false}) {
+    SCOPED_TRACE(pipelined ? "pipelined" : "bulk");
+    Rig r({.max_batch_tokens = 64, .no_layer_pipelining = !pipelined}, 256, 512, 16,
+          /*staged=*/true);
+    Reference ref = Reference::Load(16);
+    const std::vector<int> lengths = {1, 17, 40, 150};  // 150 > budget: chunked
+    std::vector<std::thread> callers;
+    std::vector<absl::StatusOr<PrefillResult>> results(lengths.size());
+    std::vector<std::vector<kv::BlockId>> dests(lengths.size());
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      PrefillJob job = r.Job("s" + std::to_string(i), 500 + i, Prompt(lengths[i], int(i), r.vocab()));
+      dests[i] = job.remote_blocks;
+      callers.emplace_back([&r, &results, i, job = std::move(job)]() mutable {
+        results[i] = r.sched->Run(std::move(job));
+      });
+    }
+    for (auto& t : callers) t.join();
+    r.DrainD();
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const std::vector<int32_t> prompt = Prompt(lengths[i], int(i), r.vocab());
+      ASSERT_TRUE(results[i].ok()) << lengths[i] << ": " << results[i].status();
+      EXPECT_EQ(results[i]->first_token.id, ref.FirstToken(prompt)) << lengths[i] << " tokens";
+      ref.ExpectKvEquals(prompt, *r.dpool, dests[i]);
+      const v1::KvCompletion c = ExpectCompleteStream(r.got[500 + i], r.layout.num_layers);
+      EXPECT_EQ(c.first_token_id(), results[i]->first_token.id);
+    }
+    r.ExpectNoLeaks();
+  }
+}
+
+// A staged request cancelled while queued, and one whose deadline passes, free everything too.
+TEST_F(PrefillSchedulerTest, StagedCancelAndDeadlineFreeEverything) {
+  Gate gate;
+  PrefillSchedulerOptions opts;
+  opts.on_batch = [&](const BatchInfo&) { gate.Block(); };
+  Rig r(std::move(opts), 256, 512, 16, /*staged=*/true);
+  std::thread first([&] { (void)r.sched->Run(r.Job("blocker", 600, Prompt(30, 1, r.vocab()))); });
+  gate.AwaitReached();
+  absl::StatusOr<PrefillResult> cancelled, late;
+  std::thread a([&] { cancelled = r.sched->Run(r.Job("c", 601, Prompt(20, 2, r.vocab()))); });
+  std::thread b([&] {
+    late = r.sched->Run(r.Job("d", 602, Prompt(20, 3, r.vocab()), absl::Milliseconds(50)));
+  });
+  AwaitRunning(*r.sched, 3);
+  EXPECT_TRUE(r.sched->Cancel("c"));
+  absl::SleepFor(absl::Milliseconds(100));
+  gate.Open();
+  first.join();
+  a.join();
+  b.join();
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  r.ExpectNoLeaks();
 }
 
 TEST_F(PrefillSchedulerTest, CancelAndDeadlineWhileQueuedAbortAndFree) {

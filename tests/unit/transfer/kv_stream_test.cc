@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 
 #include "common/base/clock.h"
+#include "absl/synchronization/notification.h"
 #include "common/kv/block_pool.h"
 #include "transfer/kv_stream/kv_arrival_tracker.h"
 #include "transfer/kv_stream/kv_notice.h"
@@ -22,6 +24,30 @@ kv::KvLayout Layout() {
                       .block_size = 2,
                       .dtype = kv::KvDtype::kF32};
 }
+
+// Staging as a prefill node on a GPU does it: a copy fills the exported region (here the test,
+// when it "completes" a layer's copy), and the sender must not post a layer before then.
+class Staging {
+ public:
+  // The wait the sender gets; OK once Complete() ran, `error_` once Fail() ran.
+  StagedWait Wait() {
+    return [this](absl::Time deadline) {
+      if (!done_.WaitForNotificationWithDeadline(deadline)) {
+        return absl::DeadlineExceededError("staging copy not done");
+      }
+      return error_;
+    };
+  }
+  void Complete() { done_.Notify(); }
+  void Fail(absl::Status error) {
+    error_ = std::move(error);
+    done_.Notify();
+  }
+
+ private:
+  absl::Notification done_;
+  absl::Status error_;
+};
 
 // A prefill side (P) and a decode side (D) over inproc, connected both ways.
 class KvStreamTest : public ::testing::Test {
@@ -43,6 +69,19 @@ class KvStreamTest : public ::testing::Test {
     for (size_t i = 0; i < blocks.size(); ++i) {
       std::memset(p_pool_->BlockAddress(layer, blocks[i]), seed + static_cast<int>(i),
                   Layout().BlockBytes());
+    }
+  }
+
+  // Request `id` over `n` blocks each side, expected by D, begun by P, every layer staged behind
+  // `staging[layer]`.
+  void BeginStaged(uint64_t id, int n, Staging* staging, std::vector<kv::BlockId>* local,
+                   std::vector<kv::BlockId>* remote) {
+    *local = *p_pool_->Allocate(n);
+    *remote = *d_pool_->Allocate(n);
+    ASSERT_TRUE(tracker_->Expect(id, to_p_, *remote, DeadlineIn(absl::Seconds(5))).ok());
+    ASSERT_TRUE(sender_->Begin({id, to_d_, *local, *remote}).ok());
+    for (int l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(sender_->OnLayerStaged(l, id, staging[l].Wait()).ok());
     }
   }
 
@@ -171,6 +210,73 @@ TEST_F(KvStreamTest, BeginRejectsBadMaps) {
   EXPECT_TRUE(sender_->Begin({7, to_d_, {0}, {31}}).ok());
   EXPECT_EQ(sender_->Begin({7, to_d_, {0}, {31}}).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_FALSE(sender_->Finish(7, "").ok());  // layers missing
+}
+
+TEST_F(KvStreamTest, StagedLayersArePostedOnlyOnceTheirCopyIsDoneInLayerOrder) {
+  std::vector<kv::BlockId> local, remote;
+  Staging staging[kLayers];
+  ASSERT_NO_FATAL_FAILURE(BeginStaged(8, 3, staging, &local, &remote));
+  EXPECT_FALSE(sender_->OnLayerStaged(0, 8, staging[0].Wait()).ok());  // a layer is staged once
+  EXPECT_FALSE(sender_->OnLayerDone(1, {8}).ok());                     // ... and not also posted
+  ASSERT_TRUE(sender_->Finish(8, "tok=7").ok());  // held until the staged layers are posted
+
+  // Nothing is copied yet: nothing may be posted.
+  EXPECT_EQ(*sender_->PostStaged(8, absl::InfinitePast()), 0);
+  EXPECT_EQ(*sender_->PostStaged(8, DeadlineIn(absl::Milliseconds(20))), 0);
+  EXPECT_EQ(p_->Stats().bytes_posted, 0u);
+  // Layer 1's copy ends first: layer 0 still holds it back (layers go in order).
+  FillLocal(local, 1, 60);
+  staging[1].Complete();
+  EXPECT_EQ(*sender_->PostStaged(8, absl::InfinitePast()), 0);
+  EXPECT_EQ(p_->Stats().bytes_posted, 0u);
+  FillLocal(local, 0, 30);
+  staging[0].Complete();
+  EXPECT_EQ(*sender_->PostStaged(8, absl::InfinitePast()), 2);
+  tracker_->Pump();
+  EXPECT_EQ(tracker_->Query(8)->layers_landed, 2);
+  EXPECT_EQ(tracker_->Query(8)->state, ArrivalState::kWaiting);  // the final waits for layer 2
+  // Wait posts what staging still holds, and gives up at its deadline keeping the request.
+  EXPECT_EQ(sender_->Wait(8, DeadlineIn(absl::Milliseconds(20))).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // The last copy completes on another thread while PostStaged waits for it.
+  std::thread copier([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    FillLocal(local, 2, 90);
+    staging[2].Complete();
+  });
+  EXPECT_EQ(*sender_->PostStaged(8, DeadlineIn(absl::Seconds(5))), kLayers);
+  copier.join();
+  ASSERT_TRUE(sender_->Wait(8, DeadlineIn(absl::Seconds(1))).ok());
+  auto payload = tracker_->WaitReady(8, DeadlineIn(absl::Seconds(1)));
+  ASSERT_TRUE(payload.ok()) << payload.status();
+  EXPECT_EQ(*payload, "tok=7");
+  // Each layer left P after its copy: D holds the bytes written before Complete().
+  for (int l = 0; l < kLayers; ++l) {
+    for (size_t i = 0; i < local.size(); ++i) {
+      EXPECT_EQ(std::memcmp(p_pool_->BlockAddress(l, local[i]),
+                            d_pool_->BlockAddress(l, remote[i]), Layout().BlockBytes()),
+                0)
+          << "layer " << l << " block " << i;
+    }
+  }
+}
+
+TEST_F(KvStreamTest, FailedStagingFailsPostAndAbortDropsTheRest) {
+  std::vector<kv::BlockId> local, remote;
+  Staging staging[kLayers];
+  ASSERT_NO_FATAL_FAILURE(BeginStaged(9, 1, staging, &local, &remote));
+  staging[0].Fail(absl::InternalError("copy engine fault"));
+  auto posted = sender_->PostStaged(9, absl::InfinitePast());
+  EXPECT_EQ(posted.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(posted.status().message().find("staging layer 0"), std::string::npos) << posted.status();
+  ASSERT_TRUE(sender_->Abort(9, DeadlineIn(absl::Seconds(1)), "staging failed").ok());
+  staging[1].Complete();  // too late: the request is gone, nothing more is posted
+  EXPECT_EQ(sender_->PostStaged(9, absl::InfinitePast()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(p_->Stats().bytes_posted, 0u);
+  auto r = tracker_->WaitReady(9, DeadlineIn(absl::Seconds(1)));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_EQ(d_pool_->Stats().free, 32);
 }
 
 }  // namespace
