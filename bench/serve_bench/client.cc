@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace duet::bench {
 
 int64_t CancelScope::Add(std::function<void()> cancel) {
@@ -28,6 +30,20 @@ void CancelScope::CancelAll() {
 bool CancelScope::cancelled() const {
   absl::MutexLock lock(&mu_);
   return cancelled_;
+}
+
+absl::Status PollUntilReady(const std::string& endpoint, absl::Duration timeout,
+                            const std::function<std::optional<std::string>()>& probe) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last = "no answer";
+  while (absl::Now() < deadline) {
+    std::optional<std::string> not_ready = probe();
+    if (!not_ready.has_value()) return absl::OkStatus();
+    last = *std::move(not_ready);
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat(endpoint, " did not report ready in time (", last, ")"));
 }
 
 }  // namespace duet::bench

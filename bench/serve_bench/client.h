@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -46,5 +48,10 @@ class Client {
   // Waits until the endpoint reports ready (or `timeout` passes).
   virtual absl::Status WaitReady(absl::Duration timeout) = 0;
 };
+
+// Calls `probe` every 200 ms until it returns nullopt (ready) or `timeout` passes; then
+// DeadlineExceeded naming `endpoint` and the probe's last reason. For Client::WaitReady.
+absl::Status PollUntilReady(const std::string& endpoint, absl::Duration timeout,
+                            const std::function<std::optional<std::string>()>& probe);
 
 }  // namespace duet::bench

@@ -109,19 +109,14 @@ class GrpcClient : public Client {
   }
 
   absl::Status WaitReady(absl::Duration timeout) override {
-    const absl::Time deadline = absl::Now() + timeout;
-    std::string last = "no answer";
-    while (absl::Now() < deadline) {
+    return PollUntilReady(address_, timeout, [this]() -> std::optional<std::string> {
       grpc::ClientContext ctx;
       rpc::SetDeadline(ctx, absl::Seconds(2));
       v1::HealthResponse h;
       const grpc::Status st = stub_->Health(&ctx, v1::HealthRequest(), &h);
-      if (st.ok() && h.ready()) return absl::OkStatus();
-      last = st.ok() ? "not ready" : st.error_message();
-      absl::SleepFor(absl::Milliseconds(200));
-    }
-    return absl::DeadlineExceededError(
-        absl::StrCat(address_, " did not report ready in time (", last, ")"));
+      if (st.ok() && h.ready()) return std::nullopt;
+      return st.ok() ? std::string("not ready") : st.error_message();
+    });
   }
 
  private:

@@ -23,8 +23,11 @@ class HttpClient : public Client {
     RequestRecord rec;
     rec.cls = spec.cls;
     rec.max_tokens = spec.max_tokens;
-    json body = {{"max_tokens", spec.max_tokens}, {"temperature", 0},   {"ignore_eos", true},
-                 {"stream", true},                {"logprobs", 1},
+    json body = {{"max_tokens", spec.max_tokens},
+                 {"temperature", 0},
+                 {"ignore_eos", true},
+                 {"stream", true},
+                 {"logprobs", 1},
                  {"stream_options", {{"include_usage", true}}}};
     if (!spec.token_ids.empty()) {
       body["prompt"] = spec.token_ids;
@@ -108,9 +111,9 @@ class HttpClient : public Client {
       rec.cut_at_end = true;
       rec.status = absl::CancelledError("cut when the run ended");
     } else if (!sent) {
-      rec.status = absl::UnavailableError(absl::StrCat(
-          "http ", base_url_, ": ", httplib::to_string(err),
-          absl::Now() >= deadline ? " (deadline)" : ""));
+      rec.status =
+          absl::UnavailableError(absl::StrCat("http ", base_url_, ": ", httplib::to_string(err),
+                                              absl::Now() >= deadline ? " (deadline)" : ""));
     } else if (res.status != 200) {
       rec.status = absl::UnknownError(absl::StrCat("http ", base_url_, ": status ", res.status,
                                                    ": ", raw.empty() ? res.body : raw));
@@ -123,21 +126,16 @@ class HttpClient : public Client {
   }
 
   absl::Status WaitReady(absl::Duration timeout) override {
-    const absl::Time deadline = absl::Now() + timeout;
-    std::string last = "no answer";
-    while (absl::Now() < deadline) {
+    return PollUntilReady(base_url_, timeout, [this]() -> std::optional<std::string> {
       httplib::Client cli(base_url_);
       cli.set_connection_timeout(std::chrono::seconds(2));
       cli.set_read_timeout(std::chrono::seconds(2));
       httplib::Headers headers;
       if (!api_key_.empty()) headers.emplace("Authorization", "Bearer " + api_key_);
       auto res = cli.Get("/health", headers);
-      if (res && res->status == 200) return absl::OkStatus();
-      last = res ? absl::StrCat("status ", res->status) : httplib::to_string(res.error());
-      absl::SleepFor(absl::Milliseconds(200));
-    }
-    return absl::DeadlineExceededError(
-        absl::StrCat(base_url_, " did not report ready in time (", last, ")"));
+      if (res && res->status == 200) return std::nullopt;
+      return res ? absl::StrCat("status ", res->status) : httplib::to_string(res.error());
+    });
   }
 
  private:
