@@ -1,8 +1,9 @@
 // `duet bench serve`: the serving load generator (bench/serve_bench) against a duet endpoint.
 // Prints a table and writes JSON; see `duet bench serve --help` and README "Serving benchmarks".
 //
-//   duet bench serve --server 127.0.0.1:7000 --request_rate 0.5 --num_requests 50 \
+//   duet bench serve --server 127.0.0.1:7000 --request_rate 0.5 --num_requests 50
 //       --input_len 512-1024 --output_len 32 --slo_ttft_ms 5000 --slo_tpot_ms 200 --json_out r.json
+//   (one command line)
 #include <cstdio>
 #include <fstream>
 #include <iostream>
