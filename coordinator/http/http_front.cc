@@ -273,7 +273,7 @@ class HttpFront::Handlers {
       std::string text = parsed->prompt;
       if (endpoint == Endpoint::kChat) {
         absl::StatusOr<std::string> chat =
-            RenderChat(tokenizer_->chat_template(), parsed->messages);
+            model::RenderChat(model::ChatTemplateOf(*tokenizer_), parsed->messages);
         if (!chat.ok()) return Reply(res, ErrorFromStatus(chat.status()));
         text = *std::move(chat);
       }

@@ -67,6 +67,29 @@ class FakeBackend : public GenerationBackend {
   v1::GenerateRequest last_request;
 };
 
+// The byte tokenizer with a chat template.
+class TemplatedTokenizer : public model::Tokenizer {
+ public:
+  explicit TemplatedTokenizer(std::string tmpl)
+      : inner_(*model::ByteTokenizer::Create(320)), tmpl_(std::move(tmpl)) {}
+  absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text,
+                                              bool add_bos) const override {
+    return inner_->Encode(text, add_bos);
+  }
+  absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override {
+    return inner_->Decode(ids);
+  }
+  int32_t vocab_size() const override { return inner_->vocab_size(); }
+  int32_t bos_id() const override { return inner_->bos_id(); }
+  std::vector<int32_t> eos_ids() const override { return inner_->eos_ids(); }
+  std::string name() const override { return "templated"; }
+  std::string chat_template() const override { return tmpl_; }
+
+ private:
+  std::unique_ptr<model::ByteTokenizer> inner_;
+  std::string tmpl_;
+};
+
 struct Reply {
   int status = 0;
   std::string head;
@@ -119,8 +142,8 @@ Reply Exchange(int port, const std::string& method, const std::string& path,
 
 class HttpFrontTest : public ::testing::Test {
  protected:
-  void StartFront(HttpFrontOptions o = {}) {
-    tokenizer_ = *model::ByteTokenizer::Create(320);
+  void StartFront(HttpFrontOptions o = {}, const std::string& chat_template = "") {
+    tokenizer_ = std::make_unique<TemplatedTokenizer>(chat_template);
     o.host = "127.0.0.1";
     o.port = 0;
     o.context_length = 64;
@@ -134,7 +157,7 @@ class HttpFrontTest : public ::testing::Test {
   static json Error(const Reply& r) { return json::parse(r.body)["error"]; }
 
   FakeBackend backend_;
-  std::unique_ptr<model::ByteTokenizer> tokenizer_;
+  std::unique_ptr<model::Tokenizer> tokenizer_;
   metrics::Registry registry_;
   std::unique_ptr<HttpFront> front_;
 };
@@ -184,6 +207,27 @@ TEST_F(HttpFrontTest, ChatStreamedAsServerSentEvents) {
   EXPECT_EQ(finish, "length");
   EXPECT_TRUE(usage);
   EXPECT_TRUE(done);
+}
+
+TEST_F(HttpFrontTest, ChatRendersTheTemplateAndRefusesRolesItCannotTake) {
+  StartFront({}, "{{ bos_token }}[INST] {{ m }} [/INST]{{ eos_token }}");
+  Reply r =
+      Post("/v1/chat/completions",
+           {{"messages",
+             {{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "Hi"}}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  // <|bos|> (once, though the rendered text starts with it) "[INST] S\n\nHi [/INST]".
+  const auto& ids = backend_.last_request.token_ids().ids();
+  ASSERT_EQ(ids.size(), 1u + std::string("[INST] S\n\nHi [/INST]").size());
+  EXPECT_EQ(ids[0], model::ByteTokenizer::kBosId);
+  EXPECT_EQ(ids[1], '[');
+  const int calls = backend_.calls.load();
+  r = Post(
+      "/v1/chat/completions",
+      {{"messages", {{{"role", "user"}, {"content", "a"}}, {{"role", "user"}, {"content", "b"}}}}});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(Error(r)["message"].get<std::string>().find("alternat"), std::string::npos) << r.body;
+  EXPECT_EQ(backend_.calls.load(), calls);  // refused before generating
 }
 
 TEST_F(HttpFrontTest, NoCapacityIs429Or503WithRetryAfter) {
