@@ -5,6 +5,7 @@ Starts `duet serve --loopback` (1 prefill + 1 decode node, tiny synthetic model,
 only) with the HTTP API and node metrics on, then:
   - the official `openai` client (installed into a venv under the build dir) streams a
     completion and a chat completion; the completion is token-exact against `duet generate`;
+  - a `stop` string ends a completion early and counts as ok (not cancelled) in /metrics;
   - malformed bodies get OpenAI-shaped errors with the documented status codes;
   - /metrics (coordinator and nodes) parses with prometheus_client and its counters move;
   - a client that disconnects mid-stream cancels its request and every KV block comes back.
@@ -262,6 +263,19 @@ def main():
         check(out["chat"] == out["chat_whole"], "chat: streamed == non-streamed (greedy)")
         check(out["bad_request_status"] == 400, "openai.BadRequestError for max_tokens")
 
+        # ---- A `stop` string ends the request early; it counts as ok, not cancelled.
+        gen = ref["generated_ids"]
+        k = next(i for i in range(2, len(gen))
+                 if 32 < gen[i] < 127 and gen[i] not in gen[:i])
+        st, _, payload = cl.request("POST", "/v1/completions", body={
+            "prompt": prompt_ids, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+            "stop": chr(gen[k])})
+        stopped = json.loads(payload)
+        check(st == 200 and stopped["choices"][0]["finish_reason"] == "stop" and
+              stopped["usage"]["completion_tokens"] <= k + 1,
+              "stop string %r ended the completion after %s tokens" %
+              (chr(gen[k]), stopped.get("usage")))
+
         # ---- Malformed requests get OpenAI errors.
         def expect_error(path, status, raw=None, body=None, param=None, code=None, headers=None):
             st, hdrs, payload = cl.request("POST", path, body=body, raw=raw, headers=headers)
@@ -299,10 +313,17 @@ def main():
         after = samples(fetch(base + "/metrics"))
         ok_delta = (value(after, "duet_coordinator_requests_total", outcome="ok") -
                     value(before, "duet_coordinator_requests_total", outcome="ok"))
-        check(ok_delta == 4, "coordinator requests_total{outcome=ok} moved by 4 (%s)" % ok_delta)
+        check(ok_delta == 5, "coordinator requests_total{outcome=ok} moved by 5, the stop-string "
+              "request included (%s)" % ok_delta)
+        cancelled_delta = (value(after, "duet_coordinator_requests_total", outcome="cancelled") -
+                           value(before, "duet_coordinator_requests_total", outcome="cancelled"))
+        check(cancelled_delta == 0, "no request counted as cancelled (%s)" % cancelled_delta)
         ttft = (value(after, "duet_coordinator_ttft_seconds_count") -
                 value(before, "duet_coordinator_ttft_seconds_count"))
-        check(ttft == 4, "TTFT histogram counted 4 requests")
+        check(ttft == 5, "TTFT histogram counted 5 requests")
+        e2e = (value(after, "duet_coordinator_e2e_seconds_count") -
+               value(before, "duet_coordinator_e2e_seconds_count"))
+        check(e2e == 5, "e2e histogram counted 5 requests")
         check(value(after, "duet_http_requests_total", path="/v1/completions", code="400") >= 8,
               "HTTP 400s counted by path")
         check(value(after, "duet_coordinator_nodes", kind="decode") == 1, "node gauge: 1 decode")

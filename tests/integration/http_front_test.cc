@@ -1,6 +1,7 @@
 // HttpFront over a scripted GenerationBackend, on 127.0.0.1: status codes and OpenAI error
 // bodies (429/503 with Retry-After, 401, 413), server-sent events, the concurrency limit, stop
-// strings, and a client disconnect mid-stream reaching the backend as a cancellation.
+// strings (ending the request as satisfied), chat templates, and a client disconnect
+// mid-stream reaching the backend as a cancellation.
 #include "coordinator/http/http_front.h"
 
 #include <arpa/inet.h>
@@ -45,6 +46,7 @@ class FakeBackend : public GenerationBackend {
       }
       if (sink.cancelled() || !sink.write(r)) {
         cancelled = true;
+        satisfied = sink.satisfied && sink.satisfied();
         return absl::CancelledError("the client went away");
       }
       absl::SleepFor(gap);
@@ -64,6 +66,7 @@ class FakeBackend : public GenerationBackend {
   absl::Notification* block_until = nullptr;
   std::atomic<int> calls{0};
   std::atomic<bool> cancelled{false};
+  std::atomic<bool> satisfied{false};  // the front said why it cancelled: it has what it wants
   v1::GenerateRequest last_request;
 };
 
@@ -311,6 +314,15 @@ TEST_F(HttpFrontTest, StopStringEndsTheRequest) {
   EXPECT_EQ(j["choices"][0]["text"], "ab");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_TRUE(backend_.cancelled.load());  // the rest was not generated
+  EXPECT_TRUE(backend_.satisfied.load());  // ... and the coordinator counts it as finished
+  // Streamed, too.
+  backend_.cancelled = false;
+  backend_.satisfied = false;
+  r = Post("/v1/completions", {{"prompt", "Hi"}, {"stop", "\n"}, {"stream", true}});
+  ASSERT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("\"finish_reason\":\"stop\""), std::string::npos) << r.body;
+  EXPECT_TRUE(backend_.cancelled.load());
+  EXPECT_TRUE(backend_.satisfied.load());
 }
 
 TEST_F(HttpFrontTest, DisconnectMidStreamCancelsTheRequest) {
@@ -335,6 +347,7 @@ TEST_F(HttpFrontTest, DisconnectMidStreamCancelsTheRequest) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_TRUE(backend_.cancelled.load());
+  EXPECT_FALSE(backend_.satisfied.load());  // a disconnect is a real cancellation
   const std::string m = registry_.Render();
   EXPECT_NE(m.find("duet_http_client_disconnects_total 1"), std::string::npos) << m;
   EXPECT_NE(m.find("duet_http_active_generations 0"), std::string::npos) << m;
