@@ -6,7 +6,8 @@ only) with the HTTP API and node metrics on, then:
   - the official `openai` client (installed into a venv under the build dir) streams a
     completion and a chat completion; the completion is token-exact against `duet generate`;
   - a `stop` string ends a completion early and counts as ok (not cancelled) in /metrics;
-  - malformed bodies get OpenAI-shaped errors with the documented status codes;
+  - malformed bodies get OpenAI-shaped errors with the documented status codes, through
+    http.client and through curl (malformed JSON, a wrong-typed field, an oversized body);
   - /metrics (coordinator and nodes) parses with prometheus_client and its counters move;
   - a client that disconnects mid-stream cancels its request and every KV block comes back.
 Exit 77 (ctest SKIP) when the venv cannot be created or the packages cannot be installed.
@@ -17,6 +18,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -102,6 +104,18 @@ class Cluster:
         payload = resp.read().decode("utf-8", "replace")
         conn.close()
         return resp.status, dict(resp.getheaders()), payload
+
+
+def curl_error(url, data):
+    """POSTs `data` (a string, or @FILE) with curl; returns (HTTP status, the "error" object)."""
+    out = subprocess.run(["curl", "-sS", "-X", "POST", "-H", "Content-Type: application/json",
+                          "--data-binary", data, "-w", "\n%{http_code}", url],
+                         capture_output=True, text=True, timeout=60).stdout
+    body, _, status = out.rpartition("\n")
+    try:
+        return int(status), json.loads(body).get("error")
+    except ValueError:
+        return int(status or 0), body[:200]
 
 
 def fetch(url):
@@ -275,6 +289,23 @@ def main():
               stopped["usage"]["completion_tokens"] <= k + 1,
               "stop string %r ended the completion after %s tokens" %
               (chr(gen[k]), stopped.get("usage")))
+
+        # ---- Malformed requests through curl, as a user would meet them.
+        check(shutil.which("curl") is not None, "curl is installed (scripts/install_deps.sh)")
+        big = os.path.join(a.work, "big_body.json")
+        with open(big, "w") as f:
+            f.write("{\"prompt\": \"" + "a" * (2 << 20) + "\"}")
+        for what, data, status, param, code in [
+                ("a malformed JSON body", "{\"prompt\": ", 400, None, "invalid_json"),
+                ("a wrong-typed field", json.dumps({"prompt": "hi", "max_tokens": "lots"}), 400,
+                 "max_tokens", "invalid_type"),
+                ("an oversized body", "@" + big, 413, None, None)]:
+            st, err = curl_error(base + "/v1/completions", data)
+            ok = (st == status and isinstance(err, dict) and
+                  set(err) >= {"message", "type", "param", "code"} and err["message"] and
+                  err["type"] and (param is None or err["param"] == param) and
+                  (code is None or err["code"] == code))
+            check(ok, "curl with %s -> %s %s" % (what, st, err))
 
         # ---- Malformed requests get OpenAI errors.
         def expect_error(path, status, raw=None, body=None, param=None, code=None, headers=None):
