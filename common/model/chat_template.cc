@@ -1,7 +1,9 @@
 #include "common/model/chat_template.h"
 
 #include <algorithm>
+#include <optional>
 #include <string_view>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -32,13 +34,14 @@ std::string Trim(const std::string& s) { return std::string(absl::StripAsciiWhit
 
 std::string Or(const std::string& s, const char* fallback) { return s.empty() ? fallback : s; }
 
-// The messages after an optional leading system message; *system gets its content.
-std::vector<ChatMessage> SplitSystem(const std::vector<ChatMessage>& messages, bool* has_system,
-                                     std::string* system) {
-  *has_system = !messages.empty() && messages[0].role == "system";
-  if (!*has_system) return messages;
-  *system = messages[0].content;
-  return std::vector<ChatMessage>(messages.begin() + 1, messages.end());
+struct Conversation {
+  std::optional<std::string> system;  // a leading system message's content
+  std::vector<ChatMessage> turns;     // the messages after it
+};
+
+Conversation SplitSystem(const std::vector<ChatMessage>& messages) {
+  if (messages.empty() || messages[0].role != "system") return {std::nullopt, messages};
+  return {messages[0].content, std::vector<ChatMessage>(messages.begin() + 1, messages.end())};
 }
 
 // The [INST] and Gemma templates' rule: user, assistant, user, ... (after the system message).
@@ -103,11 +106,10 @@ std::string RenderLlama3(const ChatTemplate& t, const std::vector<ChatMessage>& 
   std::vector<ChatMessage> turns = messages;
   if (Has(t.source, "Cutting Knowledge Date")) {
     // Llama-3.1/3.2: a system turn always, with the knowledge cutoff and date first.
-    bool has_system = false;
-    std::string system;
-    turns = SplitSystem(messages, &has_system, &system);
+    Conversation c = SplitSystem(messages);
+    turns = std::move(c.turns);
     turn("system", absl::StrCat("Cutting Knowledge Date: December 2023\nToday Date: ",
-                                Llama31Date(t.source), "\n\n", Trim(system)));
+                                Llama31Date(t.source), "\n\n", Trim(c.system.value_or(""))));
   }
   for (const ChatMessage& m : turns) turn(m.role, Trim(m.content));
   return out + "<|start_header_id|>assistant<|end_header_id|>\n\n";
@@ -115,16 +117,14 @@ std::string RenderLlama3(const ChatTemplate& t, const std::vector<ChatMessage>& 
 
 absl::StatusOr<std::string> RenderLlama2(const ChatTemplate& t,
                                          const std::vector<ChatMessage>& messages) {
-  bool has_system = false;
-  std::string system;
-  const std::vector<ChatMessage> turns = SplitSystem(messages, &has_system, &system);
+  const auto [system, turns] = SplitSystem(messages);
   DUET_RETURN_IF_ERROR(CheckAlternation(turns, "Llama-2"));
   const std::string bos = Or(t.bos_token, "<s>");
   const std::string eos = Or(t.eos_token, "</s>");
   std::string out;
   for (size_t i = 0; i < turns.size(); ++i) {
     std::string content = turns[i].content;
-    if (i == 0 && has_system) content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
+    if (i == 0 && system) content = "<<SYS>>\n" + *system + "\n<</SYS>>\n\n" + content;
     if (turns[i].role == "user") {
       absl::StrAppend(&out, bos, "[INST] ", Trim(content), " [/INST]");
     } else {
@@ -136,15 +136,13 @@ absl::StatusOr<std::string> RenderLlama2(const ChatTemplate& t,
 
 absl::StatusOr<std::string> RenderMistral(const ChatTemplate& t,
                                           const std::vector<ChatMessage>& messages) {
-  bool has_system = false;
-  std::string system;
-  const std::vector<ChatMessage> turns = SplitSystem(messages, &has_system, &system);
+  const auto [system, turns] = SplitSystem(messages);
   DUET_RETURN_IF_ERROR(CheckAlternation(turns, "Mistral"));
   std::string out = Or(t.bos_token, "<s>");
   const std::string eos = Or(t.eos_token, "</s>");
   for (size_t i = 0; i < turns.size(); ++i) {
     if (turns[i].role == "user") {
-      const std::string prefix = i == 0 && has_system ? system + "\n\n" : "";
+      const std::string prefix = i == 0 && system ? *system + "\n\n" : "";
       absl::StrAppend(&out, "[INST] ", prefix, turns[i].content, " [/INST]");
     } else {
       absl::StrAppend(&out, turns[i].content, eos);
@@ -155,10 +153,8 @@ absl::StatusOr<std::string> RenderMistral(const ChatTemplate& t,
 
 absl::StatusOr<std::string> RenderGemma(const ChatTemplate& t,
                                         const std::vector<ChatMessage>& messages) {
-  bool has_system = false;
-  std::string system;
-  const std::vector<ChatMessage> turns = SplitSystem(messages, &has_system, &system);
-  if (has_system && Has(t.source, "System role not supported")) {
+  const auto [system, turns] = SplitSystem(messages);
+  if (system && Has(t.source, "System role not supported")) {
     return absl::InvalidArgumentError(
         "the model's Gemma chat template does not support a system message");
   }
@@ -166,7 +162,7 @@ absl::StatusOr<std::string> RenderGemma(const ChatTemplate& t,
   std::string out = Or(t.bos_token, "<bos>");
   for (size_t i = 0; i < turns.size(); ++i) {
     const char* role = turns[i].role == "assistant" ? "model" : "user";
-    const std::string prefix = i == 0 && has_system ? system + "\n\n" : "";
+    const std::string prefix = i == 0 && system ? *system + "\n\n" : "";
     absl::StrAppend(&out, "<start_of_turn>", role, "\n", prefix, Trim(turns[i].content),
                     "<end_of_turn>\n");
   }
