@@ -45,8 +45,8 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text, const cha
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     int32_t id;
     if (!absl::SimpleAtoi(part, &id)) {
-      return absl::InvalidArgumentError(
-          std::string("--") + flag + ": '" + std::string(part) + "' is not a token id");
+      return absl::InvalidArgumentError(std::string("--") + flag + ": '" + std::string(part) +
+                                        "' is not a token id");
     }
     ids.push_back(id);
   }
@@ -93,7 +93,7 @@ int RunGenerate(const std::vector<char*>& args) {
   } else {
     std::string prompt = absl::GetFlag(FLAGS_prompt);
     if (absl::GetFlag(FLAGS_chat)) {
-      auto chat = model::ApplyChatTemplate((*engine)->tokenizer().chat_template(), prompt);
+      auto chat = model::RenderChat(model::ChatTemplateOf((*engine)->tokenizer()), prompt);
       if (!chat.ok()) return Fail(chat.status());
       prompt = *chat;
     }

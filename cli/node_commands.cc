@@ -48,8 +48,10 @@ ABSL_FLAG(int64_t, max_body_bytes, 1 << 20, "coordinator: largest HTTP request b
 ABSL_FLAG(int, max_concurrent_streams, 64,
           "coordinator: HTTP generation requests in flight; more get 429 with Retry-After");
 ABSL_FLAG(int, metrics_port, 0,
-          "prefill/decode: serve GET /metrics on this port (0: off, -1: any free port)");
-ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "prefill/decode: address /metrics binds");
+          "prefill/decode/serve --colocated: serve GET /metrics on this port (0: off, -1: any "
+          "free port)");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "prefill/decode/serve --colocated: address /metrics binds");
 
 namespace duet::cli {
 namespace {

@@ -1,7 +1,8 @@
 // `duet serve --colocated`: the same engine in ONE process doing prefill and decode with
 // continuous batching, behind the same client API as a cluster's coordinator (the baseline of
 // the disaggregation benchmark). Prints "ready <client address> (...)" like `serve --loopback`
-// and serves until SIGINT/SIGTERM.
+// (after "metrics colocated-0 URL" with --node_metrics or --metrics_port) and serves until
+// SIGINT/SIGTERM.
 #include <signal.h>
 #include <unistd.h>
 
@@ -26,6 +27,9 @@ ABSL_DECLARE_FLAG(int64_t, kv_cache_bytes);
 ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
 ABSL_DECLARE_FLAG(int, max_running);
 ABSL_DECLARE_FLAG(int, port);
+ABSL_DECLARE_FLAG(bool, node_metrics);
+ABSL_DECLARE_FLAG(int, metrics_port);
+ABSL_DECLARE_FLAG(std::string, metrics_host);
 
 ABSL_FLAG(bool, colocated, false,
           "serve: prefill and decode in this one process (continuous batching under "
@@ -56,6 +60,9 @@ int RunServeColocated(const std::vector<char*>& args) {
   o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   o.max_running = absl::GetFlag(FLAGS_max_running);
+  // --node_metrics: a free port, as `serve --loopback` gives each node; else --metrics_port.
+  o.metrics_port = absl::GetFlag(FLAGS_node_metrics) ? -1 : absl::GetFlag(FLAGS_metrics_port);
+  o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   if (o.model_dir.empty()) {
     std::fprintf(stderr, "duet serve --colocated: need --model DIR\n");
     return 2;
@@ -74,6 +81,10 @@ int RunServeColocated(const std::vector<char*>& args) {
     return 1;
   }
   std::printf("node colocated-0 pid %d\n", static_cast<int>(getpid()));
+  if ((*server)->metrics_port() > 0) {
+    std::printf("metrics colocated-0 http://%s:%d/metrics\n", o.metrics_host.c_str(),
+                (*server)->metrics_port());
+  }
   std::printf("ready %s (colocated: %lld KV blocks, max_batch_tokens %lld, max_running %d)\n",
               (*server)->address().c_str(), static_cast<long long>((*server)->num_blocks()),
               static_cast<long long>(o.max_batch_tokens), o.max_running);

@@ -44,7 +44,8 @@ ABSL_FLAG(int, decode, 1, "serve: number of decode nodes");
 ABSL_FLAG(int, port, 0, "serve: the coordinator's client port (0: any free port)");
 ABSL_FLAG(int, ready_timeout_s, 120, "serve: how long to wait for every node to register");
 ABSL_FLAG(bool, node_metrics, false,
-          "serve: every node serves GET /metrics on a free 127.0.0.1 port (printed when ready)");
+          "serve: every node (or the --colocated server) serves GET /metrics on a free 127.0.0.1 "
+          "port (printed when ready)");
 
 namespace duet::cli {
 namespace {

@@ -1,6 +1,6 @@
 #include "coordinator/coordinator_metrics.h"
 
-#include "absl/strings/ascii.h"
+#include "common/metrics/outcome.h"
 
 namespace duet::coordinator {
 
@@ -39,15 +39,9 @@ CoordinatorMetrics::CoordinatorMetrics()
   for (const char* o : {"ok", "cancelled"}) requests.WithLabels({o});
 }
 
-std::string CoordinatorMetrics::Outcome(const absl::Status& s) {
-  if (s.ok()) return "ok";
-  if (s.code() == absl::StatusCode::kCancelled) return "cancelled";
-  return absl::AsciiStrToLower(absl::StatusCodeToString(s.code()));
-}
-
 void CoordinatorMetrics::RecordRequest(const absl::Status& s, absl::Time start, absl::Time first,
                                        absl::Time last, int64_t tokens) {
-  requests.WithLabels({Outcome(s)}).Increment();
+  requests.WithLabels({metrics::OutcomeLabel(s)}).Increment();
   const absl::Time now = absl::Now();
   e2e.Observe(absl::ToDoubleSeconds(now - start));
   generated_tokens.Increment(static_cast<double>(tokens));

@@ -19,8 +19,6 @@ namespace duet::coordinator {
 struct CoordinatorMetrics {
   CoordinatorMetrics();
 
-  // Outcome label: ok, cancelled, or the lower-case status code (resource_exhausted, ...).
-  static std::string Outcome(const absl::Status& s);
   // first/last are InfinitePast when no token was sent.
   void RecordRequest(const absl::Status& s, absl::Time start, absl::Time first, absl::Time last,
                      int64_t tokens);

@@ -1,6 +1,9 @@
 #include "decode_node/decode_metrics.h"
 
+#include <utility>
 #include <vector>
+
+#include "common/kv/pool_gauges.h"
 
 namespace duet::decode {
 
@@ -39,14 +42,8 @@ DecodeMetrics::DecodeMetrics(metrics::Registry* registry)
 
 void DecodeMetrics::AddNodeGauges(std::function<kv::BlockPoolStats()> pool,
                                   std::function<SchedulerLoad()> load) {
-  registry_->AddGaugeCallback(
-      "duet_decode_kv_blocks", "The decode node's KV pool by state", {"state"}, [pool] {
-        const kv::BlockPoolStats s = pool();
-        return std::vector<metrics::Sample>{{{"free"}, static_cast<double>(s.free)},
-                                            {{"used"}, static_cast<double>(s.used)},
-                                            {{"quarantined"}, static_cast<double>(s.quarantined)},
-                                            {{"total"}, static_cast<double>(s.total)}};
-      });
+  kv::AddBlockPoolGauge(registry_, "duet_decode_kv_blocks", "The decode node's KV pool by state",
+                        std::move(pool));
   registry_->AddGaugeCallback("duet_decode_queue",
                               "Running requests, requests pending admission, queued tokens",
                               {"what"}, [load] {

@@ -1,8 +1,10 @@
 #include "prefill_node/prefill_metrics.h"
 
+#include <utility>
 #include <vector>
 
-#include "absl/strings/ascii.h"
+#include "common/kv/pool_gauges.h"
+#include "common/metrics/outcome.h"
 
 namespace duet::prefill {
 
@@ -46,14 +48,8 @@ PrefillMetrics::PrefillMetrics(metrics::Registry* registry, const kv::KvLayout& 
 void PrefillMetrics::AddNodeGauges(
     std::function<kv::BlockPoolStats()> pool,
     std::function<std::pair<int64_t, int32_t>()> queued_tokens_and_running) {
-  registry_->AddGaugeCallback(
-      "duet_prefill_kv_blocks", "The prefill node's KV pool by state", {"state"}, [pool] {
-        const kv::BlockPoolStats s = pool();
-        return std::vector<metrics::Sample>{{{"free"}, static_cast<double>(s.free)},
-                                            {{"used"}, static_cast<double>(s.used)},
-                                            {{"quarantined"}, static_cast<double>(s.quarantined)},
-                                            {{"total"}, static_cast<double>(s.total)}};
-      });
+  kv::AddBlockPoolGauge(registry_, "duet_prefill_kv_blocks", "The prefill node's KV pool by state",
+                        std::move(pool));
   registry_->AddGaugeCallback("duet_prefill_queue", "Queued prompt tokens and running requests",
                               {"what"}, [queued_tokens_and_running] {
                                 const auto [tokens, running] = queued_tokens_and_running();
@@ -65,14 +61,7 @@ void PrefillMetrics::AddNodeGauges(
 
 void PrefillMetrics::RecordPrefill(const absl::Status& status, int64_t prompt_tokens,
                                    int64_t remote_blocks, const v1::PrefillResponse* response) {
-  if (status.ok()) {
-    requests_.WithLabels({"ok"}).Increment();
-  } else if (status.code() == absl::StatusCode::kCancelled) {
-    requests_.WithLabels({"cancelled"}).Increment();
-  } else {
-    requests_.WithLabels({absl::AsciiStrToLower(absl::StatusCodeToString(status.code()))})
-        .Increment();
-  }
+  requests_.WithLabels({metrics::OutcomeLabel(status)}).Increment();
   if (status.code() == absl::StatusCode::kUnavailable ||
       status.code() == absl::StatusCode::kAborted ||
       status.code() == absl::StatusCode::kDeadlineExceeded) {

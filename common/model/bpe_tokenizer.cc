@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "common/model/chat_template.h"
 #include "common/model/unicode_tables.h"
 
 namespace duet::model {
@@ -100,6 +101,16 @@ absl::Status BpeTokenizer::Init() {
   spec_.eos_ids.erase(std::remove(spec_.eos_ids.begin(), spec_.eos_ids.end(), -1),
                       spec_.eos_ids.end());
   if (spec_.add_bos && spec_.bos_id < 0) spec_.add_bos = false;
+  // The chat family's end-of-turn token ends generation too (Llama-3's <|eot_id|> when the
+  // model names <|end_of_text|> as EOS, Gemma's <end_of_turn>), as the models' generation
+  // configs list it.
+  if (const std::string eot = EndOfTurnToken(spec_.chat_template); !eot.empty()) {
+    auto it = ids_.find(eot);
+    if (it != ids_.end() &&
+        std::find(spec_.eos_ids.begin(), spec_.eos_ids.end(), it->second) == spec_.eos_ids.end()) {
+      spec_.eos_ids.push_back(it->second);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -176,7 +187,6 @@ void BpeTokenizer::EncodeText(std::string_view text, std::vector<int32_t>* out) 
 absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(const std::string& text,
                                                           bool add_bos) const {
   std::vector<int32_t> ids;
-  if (add_bos && spec_.add_bos) ids.push_back(spec_.bos_id);
   std::string first;  // the first plain segment, with a prefix space when the model wants one
   size_t plain_start = 0;
   bool first_segment = true;
@@ -213,6 +223,10 @@ absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(const std::string& tex
     plain_start = pos;
   }
   flush(text.size());
+  // BOS goes first unless the text already starts with it (a rendered chat template).
+  if (add_bos && spec_.add_bos && (ids.empty() || ids.front() != spec_.bos_id)) {
+    ids.insert(ids.begin(), spec_.bos_id);
+  }
   return ids;
 }
 

@@ -51,7 +51,8 @@ absl::StatusOr<std::vector<int32_t>> ByteTokenizer::Encode(const std::string& te
                                                            bool add_bos) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() + 1);
-  if (add_bos) ids.push_back(kBosId);
+  // BOS goes first unless the text already starts with it.
+  if (add_bos && text.rfind(kBosText, 0) != 0) ids.push_back(kBosId);
   for (size_t pos = 0; pos < text.size();) {
     int32_t id;
     if (size_t n = MatchSpecial(text, pos, &id); n > 0) {

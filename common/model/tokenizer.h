@@ -19,7 +19,8 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   // add_bos: prepend BOS when the model's tokenizer does (ByteTokenizer: always; BPE: when
-  // the model says so, e.g. GGUF tokenizer.ggml.add_bos_token).
+  // the model says so, e.g. GGUF tokenizer.ggml.add_bos_token), unless the text already begins
+  // with the BOS token's text (as rendered chat templates do): never two BOS.
   virtual absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text,
                                                       bool add_bos) const = 0;
   // InvalidArgument on an id outside [0, vocab_size()).

@@ -39,6 +39,7 @@ class RunningRequest {
         return true;
       };
       sink.cancelled = [this] { return cancelled_.load(); };
+      sink.satisfied = [this] { return satisfied_.load(); };
       absl::Status s = backend->GenerateTo(req, sink);
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -53,6 +54,11 @@ class RunningRequest {
     thread_.join();
   }
   void Cancel() { cancelled_.store(true); }
+  // Ends the request because the front has what it asked for (a stop string).
+  void EndSatisfied() {
+    satisfied_.store(true);
+    cancelled_.store(true);
+  }
   bool cancelled() const { return cancelled_.load(); }
   // Moves queued responses to *out, waiting up to `timeout` for one; true once the request has
   // ended and everything it produced has been taken.
@@ -77,6 +83,7 @@ class RunningRequest {
   bool ended_ = false;
   absl::Status status_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> satisfied_{false};
   std::thread thread_;  // last: started once the members it uses exist
 };
 
@@ -273,7 +280,7 @@ class HttpFront::Handlers {
       std::string text = parsed->prompt;
       if (endpoint == Endpoint::kChat) {
         absl::StatusOr<std::string> chat =
-            RenderChat(tokenizer_->chat_template(), parsed->messages);
+            model::RenderChat(model::ChatTemplateOf(*tokenizer_), parsed->messages);
         if (!chat.ok()) return Reply(res, ErrorFromStatus(chat.status()));
         text = *std::move(chat);
       }
@@ -327,7 +334,7 @@ class HttpFront::Handlers {
       std::vector<v1::GenerateResponse> batch = std::move(first);
       while (true) {
         for (const v1::GenerateResponse& r : batch) builder->Consume(r, &lp);
-        if (builder->stopped()) run->Cancel();
+        if (builder->stopped()) run->EndSatisfied();
         if (ended || builder->stopped()) break;
         batch.clear();
         ended = run->Next(&batch, std::chrono::milliseconds(100));
@@ -382,7 +389,7 @@ class HttpFront::Handlers {
               }
               first_chunk = false;
             }
-            if (builder->stopped()) run->Cancel();
+            if (builder->stopped()) run->EndSatisfied();
             if (ended || builder->stopped()) break;
             batch.clear();
             ended = run->Next(&batch, std::chrono::milliseconds(500));

@@ -34,6 +34,10 @@ namespace duet::coordinator::http {
 struct GenerateSink {
   std::function<bool(const v1::GenerateResponse&)> write;  // false: stop, the client is gone
   std::function<bool()> cancelled;                         // polled while waiting for tokens
+  // Optional. True when the caller stopped the request because it has all it asked for (a
+  // `stop` string matched): the request ends as a cancelled one does, but it counts, and
+  // returns, as finished (OkStatus).
+  std::function<bool()> satisfied;
 };
 
 // The request path the front drives (the coordinator implements it).

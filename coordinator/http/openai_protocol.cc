@@ -332,36 +332,6 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
   return std::nullopt;
 }
 
-absl::StatusOr<std::string> RenderChat(const std::string& tmpl,
-                                       const std::vector<ChatMessage>& messages) {
-  const bool has_system = std::any_of(messages.begin(), messages.end(),
-                                      [](const ChatMessage& m) { return m.role == "system"; });
-  std::string out;
-  if (tmpl.empty()) {
-    for (const ChatMessage& m : messages) out += m.role + ": " + m.content + "\n";
-    return out + "assistant:";
-  }
-  if (tmpl.find("<|im_start|>") == std::string::npos ||
-      tmpl.find("<|im_end|>") == std::string::npos) {
-    return absl::UnimplementedError(absl::StrCat("the model's chat template is not ChatML ('",
-                                                 tmpl.substr(0, 60),
-                                                 "...'); only ChatML templates are supported"));
-  }
-  if (!has_system) {
-    // The template's default system turn, when it writes one literally (SmolLM2, Qwen2).
-    const std::string sys = "<|im_start|>system\n";
-    const size_t s = tmpl.find(sys);
-    if (s != std::string::npos) {
-      const size_t e = tmpl.find("<|im_end|>", s);
-      if (e != std::string::npos) out = tmpl.substr(s, e - s) + "<|im_end|>\n";
-    }
-  }
-  for (const ChatMessage& m : messages) {
-    out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-  }
-  return out + "<|im_start|>assistant\n";
-}
-
 std::optional<ApiError> CheckLengths(ParsedRequest* req, int64_t prompt_tokens,
                                      int64_t context_length) {
   if (prompt_tokens >= context_length) {

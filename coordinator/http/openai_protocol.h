@@ -1,12 +1,14 @@
 // The OpenAI-compatible wire format of the coordinator's HTTP front, without any server:
 // request JSON -> ParsedRequest (types, ranges, n == 1), the context/max_tokens checks once the
-// prompt is tokenized, chat messages -> prompt text, streamed text assembly (UTF-8 boundaries
-// and `stop` strings), and the JSON of responses, chunks and errors.
+// prompt is tokenized, streamed text assembly (UTF-8 boundaries and `stop` strings), and the
+// JSON of responses, chunks and errors. Chat messages become prompt text in
+// common/model/chat_template.h.
 //
 //   ParsedRequest req;
 //   if (std::optional<ApiError> e = ParseRequest(Endpoint::kChat, body, &req)) reply(*e);
-//   DUET_ASSIGN_OR_RETURN(std::string prompt, RenderChat(tokenizer->chat_template(),
-//   req.messages)); std::optional<ApiError> e = CheckLengths(&req, prompt_tokens, context_length);
+//   DUET_ASSIGN_OR_RETURN(std::string prompt,   // common/model/chat_template.h
+//                         model::RenderChat(model::ChatTemplateOf(*tokenizer), req.messages));
+//   std::optional<ApiError> e = CheckLengths(&req, prompt_tokens, context_length);
 //   v1::SamplingParams sp = ToSampling(req);
 //   TextAssembler text(req.stop);  std::string piece = text.Add(token_bytes);
 #pragma once
@@ -19,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/chat_template.h"
 #include "duet/v1/common.pb.h"
 #include "nlohmann/json.hpp"
 
@@ -41,10 +44,7 @@ std::string ErrorBody(const ApiError& e);
 // Cancelled 499, others 500.
 ApiError ErrorFromStatus(const absl::Status& s);
 
-struct ChatMessage {
-  std::string role;
-  std::string content;
-};
+using model::ChatMessage;
 
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kCompletions;
@@ -69,13 +69,6 @@ struct ParsedRequest {
 // range, n != 1 and missing prompt/messages are errors; unknown fields are ignored.
 std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
                                      ParsedRequest* out);
-
-// ChatML (<|im_start|>role\n...<|im_end|>\n, then the assistant header) when the template is a
-// ChatML one, adding the template's default system turn if the messages have none. A model
-// without a template gets "role: content\n" lines and "assistant:". Other templates:
-// Unimplemented.
-absl::StatusOr<std::string> RenderChat(const std::string& chat_template,
-                                       const std::vector<ChatMessage>& messages);
 
 // After tokenizing: the prompt must leave room in the context, and max_tokens (default 16 for
 // completions, the rest of the context for chat) must be in [1, context - prompt].

@@ -1,5 +1,6 @@
 #include "decode_node/colocated/colocated_server.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -37,8 +38,19 @@ absl::Status ColocatedServer::Init() {
                                                    &engine_->runner(), &engine_->pool()));
   service_ = std::make_unique<ColocatedService>(
       scheduler_.get(), &engine_->tokenizer(), engine_->config(),
-      ColocatedServiceIdentity{.node_id = o.node_id, .address = [this] { return address(); }});
+      ColocatedServiceIdentity{
+          .node_id = o.node_id, .address = [this] { return address(); }, .metrics = &metrics_});
   DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(o.listen_address, {service_.get()}, &port_));
+  {
+    ColocatedScheduler* sched = scheduler_.get();
+    metrics_.AddServerGauges([sched] { return sched->PoolStats(); },
+                             [sched] { return sched->Load(); });
+  }
+  if (o.metrics_port != 0) {
+    DUET_ASSIGN_OR_RETURN(metrics_exporter_,
+                          metrics::MetricsExporter::Start(&metrics_registry_, o.metrics_host,
+                                                          std::max(0, o.metrics_port)));
+  }
   const kv::BlockPool& pool = engine_->pool();
   DUET_LOG(INFO) << o.node_id << ": serving on " << address() << ", " << pool.num_blocks()
                  << " KV blocks of " << o.block_size << " tokens (" << pool.region_bytes()
@@ -55,6 +67,7 @@ void ColocatedServer::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
+  if (metrics_exporter_) metrics_exporter_->Stop();  // its gauges read the pool and scheduler
   if (service_ != nullptr) service_->Shutdown();
   if (scheduler_ != nullptr) scheduler_->Shutdown();  // every stream gets its final event
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(DeadlineIn(absl::Seconds(2))));

@@ -42,7 +42,9 @@ ColocatedService::ColocatedService(ColocatedScheduler* scheduler, const model::T
 grpc::Status ColocatedService::Generate(grpc::ServerContext* ctx,
                                         const v1::GenerateRequest* request,
                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  return rpc::ToGrpcStatus(DoGenerate(ctx, *request, writer));
+  absl::Status s = DoGenerate(ctx, *request, writer);
+  if (identity_.metrics != nullptr) identity_.metrics->RecordRequest(s);
+  return rpc::ToGrpcStatus(s);
 }
 
 absl::Status ColocatedService::DoGenerate(grpc::ServerContext* ctx, const v1::GenerateRequest& req,
@@ -128,6 +130,7 @@ absl::Status ColocatedService::DoGenerate(grpc::ServerContext* ctx, const v1::Ge
         scheduler_->Cancel(id);  // nobody reads the rest
         return absl::CancelledError("the client went away");
       }
+      if (ev.has_token && identity_.metrics != nullptr) identity_.metrics->OnToken();
       if (ev.finished()) return absl::OkStatus();
     }
   }

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "common/model/model_config.h"
 #include "common/model/tokenizer.h"
+#include "decode_node/colocated/colocated_metrics.h"
 #include "decode_node/colocated/colocated_scheduler.h"
 #include "duet/v1/client.grpc.pb.h"
 
@@ -28,6 +29,7 @@ namespace duet::colocated {
 struct ColocatedServiceIdentity {
   std::string node_id = "colocated-0";
   std::function<std::string()> address;  // reported in Health (may be unset)
+  ColocatedMetrics* metrics = nullptr;   // optional: requests and tokens are counted
 };
 
 class ColocatedService final : public v1::Generation::Service {

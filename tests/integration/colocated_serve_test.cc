@@ -1,18 +1,23 @@
 // `duet serve --colocated` as a real process, over the client API: the same tokens as the
 // in-process engine and as a disaggregated loopback cluster (invariant 1), the same errors as
-// the coordinator for bad input, RequestTimings filled, and a cancel (client or Cancel RPC)
-// mid-stream gives every KV block back (invariant 3, seen through Health).
+// the coordinator for bad input, RequestTimings filled, a cancel (client or Cancel RPC)
+// mid-stream gives every KV block back (invariant 3, seen through Health), and /metrics
+// (--node_metrics) moves with requests.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/model/local_engine.h"
@@ -251,6 +256,75 @@ TEST_F(ColocatedServeTest, FillsRequestTimings) {
   EXPECT_GT(t.decode_admission_us(), 0);
   EXPECT_GT(t.decode_us(), 0);
   EXPECT_EQ(t.prefill_attempts(), 1);
+}
+
+// The value of one series ("name{label=\"v\"}") in Prometheus text scraped from `url`
+// (http://HOST:PORT/metrics); -1 when the scrape fails or the series is absent.
+double Scrape(const std::string& url, const std::string& series) {
+  int port = 0;
+  char host[64];
+  if (std::sscanf(url.c_str(), "http://%63[^:]:%d/metrics", host, &port) != 2) return -1;
+  httplib::Client client(host, port);
+  client.set_read_timeout(5, 0);
+  httplib::Result res = client.Get("/metrics");
+  if (!res || res->status != 200) return -1;
+  std::istringstream in(res->body);
+  for (std::string line; std::getline(in, line);) {
+    if (absl::StartsWith(line, series + " ")) return std::stod(line.substr(series.size() + 1));
+  }
+  return -1;
+}
+
+// --node_metrics: "metrics colocated-0 URL" before "ready"; counters move with a request, and
+// the gauges show the pool whole again at rest.
+TEST_F(ColocatedServeTest, ServesMetricsThatMoveWithRequests) {
+  std::vector<std::string> flags = ColocatedFlags();
+  flags.push_back("--node_metrics");
+  ServeProcess colocated(DUET_BIN, flags);
+  ASSERT_TRUE(colocated.ready());
+  const std::string url = colocated.metrics_url("colocated-0");
+  ASSERT_FALSE(url.empty()) << "no \"metrics colocated-0 URL\" line";
+  const std::string ok = "duet_colocated_requests_total{outcome=\"ok\"}";
+  const std::string cancelled = "duet_colocated_requests_total{outcome=\"cancelled\"}";
+  const std::string tokens = "duet_colocated_generated_tokens_total";
+  const std::string total = "duet_colocated_kv_blocks{state=\"total\"}";
+  const std::string free = "duet_colocated_kv_blocks{state=\"free\"}";
+  EXPECT_EQ(Scrape(url, ok), 0);
+  EXPECT_EQ(Scrape(url, tokens), 0);
+  EXPECT_GT(Scrape(url, total), 0);
+  EXPECT_EQ(Scrape(url, free), Scrape(url, total));
+  EXPECT_EQ(Scrape(url, "duet_colocated_queue{what=\"running_requests\"}"), 0);
+  EXPECT_EQ(Scrape(url, "duet_colocated_queue{what=\"waiting_requests\"}"), 0);
+
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+  v1::SamplingParams s;
+  s.set_max_tokens(7);
+  s.set_ignore_eos(true);
+  Result r = Generate(*stub, Request(Prompt(40, 1), s));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_EQ(r.ids.size(), 7u);
+  EXPECT_EQ(Scrape(url, ok), 1);
+  EXPECT_EQ(Scrape(url, tokens), 7);
+  // A request cancelled mid-stream counts as cancelled; its blocks come back.
+  s.set_max_tokens(3000);
+  bool running_seen = false;
+  r = Generate(*stub, Request(Prompt(40, 2), s), [&](grpc::ClientContext& ctx, int n) {
+    if (n == 2) {
+      running_seen = Scrape(url, "duet_colocated_queue{what=\"running_requests\"}") == 1 &&
+                     Scrape(url, free) < Scrape(url, total);
+    }
+    if (n == 3) ctx.TryCancel();
+  });
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
+  EXPECT_TRUE(running_seen);
+  ASSERT_TRUE(EverythingFree(*stub));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Scrape(url, cancelled) != 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(Scrape(url, cancelled), 1);
+  EXPECT_EQ(Scrape(url, ok), 1);
+  EXPECT_EQ(Scrape(url, free), Scrape(url, total));
 }
 
 // Bad input gets the coordinator's status, code and message alike.

@@ -5,7 +5,9 @@ Starts `duet serve --loopback` (1 prefill + 1 decode node, tiny synthetic model,
 only) with the HTTP API and node metrics on, then:
   - the official `openai` client (installed into a venv under the build dir) streams a
     completion and a chat completion; the completion is token-exact against `duet generate`;
-  - malformed bodies get OpenAI-shaped errors with the documented status codes;
+  - a `stop` string ends a completion early and counts as ok (not cancelled) in /metrics;
+  - malformed bodies get OpenAI-shaped errors with the documented status codes, through
+    http.client and through curl (malformed JSON, a wrong-typed field, an oversized body);
   - /metrics (coordinator and nodes) parses with prometheus_client and its counters move;
   - a client that disconnects mid-stream cancels its request and every KV block comes back.
 Exit 77 (ctest SKIP) when the venv cannot be created or the packages cannot be installed.
@@ -16,6 +18,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -101,6 +104,18 @@ class Cluster:
         payload = resp.read().decode("utf-8", "replace")
         conn.close()
         return resp.status, dict(resp.getheaders()), payload
+
+
+def curl_error(url, data):
+    """POSTs `data` (a string, or @FILE) with curl; returns (HTTP status, the "error" object)."""
+    out = subprocess.run(["curl", "-sS", "-X", "POST", "-H", "Content-Type: application/json",
+                          "--data-binary", data, "-w", "\n%{http_code}", url],
+                         capture_output=True, text=True, timeout=60).stdout
+    body, _, status = out.rpartition("\n")
+    try:
+        return int(status), json.loads(body).get("error")
+    except ValueError:
+        return int(status or 0), body[:200]
 
 
 def fetch(url):
@@ -262,6 +277,36 @@ def main():
         check(out["chat"] == out["chat_whole"], "chat: streamed == non-streamed (greedy)")
         check(out["bad_request_status"] == 400, "openai.BadRequestError for max_tokens")
 
+        # ---- A `stop` string ends the request early; it counts as ok, not cancelled.
+        gen = ref["generated_ids"]
+        k = next(i for i in range(2, len(gen))
+                 if 32 < gen[i] < 127 and gen[i] not in gen[:i])
+        st, _, payload = cl.request("POST", "/v1/completions", body={
+            "prompt": prompt_ids, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+            "stop": chr(gen[k])})
+        stopped = json.loads(payload)
+        check(st == 200 and stopped["choices"][0]["finish_reason"] == "stop" and
+              stopped["usage"]["completion_tokens"] <= k + 1,
+              "stop string %r ended the completion after %s tokens" %
+              (chr(gen[k]), stopped.get("usage")))
+
+        # ---- Malformed requests through curl, as a user would meet them.
+        check(shutil.which("curl") is not None, "curl is installed (scripts/install_deps.sh)")
+        big = os.path.join(a.work, "big_body.json")
+        with open(big, "w") as f:
+            f.write("{\"prompt\": \"" + "a" * (2 << 20) + "\"}")
+        for what, data, status, param, code in [
+                ("a malformed JSON body", "{\"prompt\": ", 400, None, "invalid_json"),
+                ("a wrong-typed field", json.dumps({"prompt": "hi", "max_tokens": "lots"}), 400,
+                 "max_tokens", "invalid_type"),
+                ("an oversized body", "@" + big, 413, None, None)]:
+            st, err = curl_error(base + "/v1/completions", data)
+            ok = (st == status and isinstance(err, dict) and
+                  set(err) >= {"message", "type", "param", "code"} and err["message"] and
+                  err["type"] and (param is None or err["param"] == param) and
+                  (code is None or err["code"] == code))
+            check(ok, "curl with %s -> %s %s" % (what, st, err))
+
         # ---- Malformed requests get OpenAI errors.
         def expect_error(path, status, raw=None, body=None, param=None, code=None, headers=None):
             st, hdrs, payload = cl.request("POST", path, body=body, raw=raw, headers=headers)
@@ -299,10 +344,17 @@ def main():
         after = samples(fetch(base + "/metrics"))
         ok_delta = (value(after, "duet_coordinator_requests_total", outcome="ok") -
                     value(before, "duet_coordinator_requests_total", outcome="ok"))
-        check(ok_delta == 4, "coordinator requests_total{outcome=ok} moved by 4 (%s)" % ok_delta)
+        check(ok_delta == 5, "coordinator requests_total{outcome=ok} moved by 5, the stop-string "
+              "request included (%s)" % ok_delta)
+        cancelled_delta = (value(after, "duet_coordinator_requests_total", outcome="cancelled") -
+                           value(before, "duet_coordinator_requests_total", outcome="cancelled"))
+        check(cancelled_delta == 0, "no request counted as cancelled (%s)" % cancelled_delta)
         ttft = (value(after, "duet_coordinator_ttft_seconds_count") -
                 value(before, "duet_coordinator_ttft_seconds_count"))
-        check(ttft == 4, "TTFT histogram counted 4 requests")
+        check(ttft == 5, "TTFT histogram counted 5 requests")
+        e2e = (value(after, "duet_coordinator_e2e_seconds_count") -
+               value(before, "duet_coordinator_e2e_seconds_count"))
+        check(e2e == 5, "e2e histogram counted 5 requests")
         check(value(after, "duet_http_requests_total", path="/v1/completions", code="400") >= 8,
               "HTTP 400s counted by path")
         check(value(after, "duet_coordinator_nodes", kind="decode") == 1, "node gauge: 1 decode")

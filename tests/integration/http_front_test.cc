@@ -1,6 +1,7 @@
 // HttpFront over a scripted GenerationBackend, on 127.0.0.1: status codes and OpenAI error
 // bodies (429/503 with Retry-After, 401, 413), server-sent events, the concurrency limit, stop
-// strings, and a client disconnect mid-stream reaching the backend as a cancellation.
+// strings (ending the request as satisfied), chat templates, and a client disconnect
+// mid-stream reaching the backend as a cancellation.
 #include "coordinator/http/http_front.h"
 
 #include <arpa/inet.h>
@@ -45,6 +46,7 @@ class FakeBackend : public GenerationBackend {
       }
       if (sink.cancelled() || !sink.write(r)) {
         cancelled = true;
+        satisfied = sink.satisfied && sink.satisfied();
         return absl::CancelledError("the client went away");
       }
       absl::SleepFor(gap);
@@ -64,7 +66,31 @@ class FakeBackend : public GenerationBackend {
   absl::Notification* block_until = nullptr;
   std::atomic<int> calls{0};
   std::atomic<bool> cancelled{false};
+  std::atomic<bool> satisfied{false};  // the front said why it cancelled: it has what it wants
   v1::GenerateRequest last_request;
+};
+
+// The byte tokenizer with a chat template.
+class TemplatedTokenizer : public model::Tokenizer {
+ public:
+  explicit TemplatedTokenizer(std::string tmpl)
+      : inner_(*model::ByteTokenizer::Create(320)), tmpl_(std::move(tmpl)) {}
+  absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text,
+                                              bool add_bos) const override {
+    return inner_->Encode(text, add_bos);
+  }
+  absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override {
+    return inner_->Decode(ids);
+  }
+  int32_t vocab_size() const override { return inner_->vocab_size(); }
+  int32_t bos_id() const override { return inner_->bos_id(); }
+  std::vector<int32_t> eos_ids() const override { return inner_->eos_ids(); }
+  std::string name() const override { return "templated"; }
+  std::string chat_template() const override { return tmpl_; }
+
+ private:
+  std::unique_ptr<model::ByteTokenizer> inner_;
+  std::string tmpl_;
 };
 
 struct Reply {
@@ -119,8 +145,8 @@ Reply Exchange(int port, const std::string& method, const std::string& path,
 
 class HttpFrontTest : public ::testing::Test {
  protected:
-  void StartFront(HttpFrontOptions o = {}) {
-    tokenizer_ = *model::ByteTokenizer::Create(320);
+  void StartFront(HttpFrontOptions o = {}, const std::string& chat_template = "") {
+    tokenizer_ = std::make_unique<TemplatedTokenizer>(chat_template);
     o.host = "127.0.0.1";
     o.port = 0;
     o.context_length = 64;
@@ -134,7 +160,7 @@ class HttpFrontTest : public ::testing::Test {
   static json Error(const Reply& r) { return json::parse(r.body)["error"]; }
 
   FakeBackend backend_;
-  std::unique_ptr<model::ByteTokenizer> tokenizer_;
+  std::unique_ptr<model::Tokenizer> tokenizer_;
   metrics::Registry registry_;
   std::unique_ptr<HttpFront> front_;
 };
@@ -184,6 +210,27 @@ TEST_F(HttpFrontTest, ChatStreamedAsServerSentEvents) {
   EXPECT_EQ(finish, "length");
   EXPECT_TRUE(usage);
   EXPECT_TRUE(done);
+}
+
+TEST_F(HttpFrontTest, ChatRendersTheTemplateAndRefusesRolesItCannotTake) {
+  StartFront({}, "{{ bos_token }}[INST] {{ m }} [/INST]{{ eos_token }}");
+  Reply r =
+      Post("/v1/chat/completions",
+           {{"messages",
+             {{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "Hi"}}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  // <|bos|> (once, though the rendered text starts with it) "[INST] S\n\nHi [/INST]".
+  const auto& ids = backend_.last_request.token_ids().ids();
+  ASSERT_EQ(ids.size(), 1u + std::string("[INST] S\n\nHi [/INST]").size());
+  EXPECT_EQ(ids[0], model::ByteTokenizer::kBosId);
+  EXPECT_EQ(ids[1], '[');
+  const int calls = backend_.calls.load();
+  r = Post(
+      "/v1/chat/completions",
+      {{"messages", {{{"role", "user"}, {"content", "a"}}, {{"role", "user"}, {"content", "b"}}}}});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(Error(r)["message"].get<std::string>().find("alternat"), std::string::npos) << r.body;
+  EXPECT_EQ(backend_.calls.load(), calls);  // refused before generating
 }
 
 TEST_F(HttpFrontTest, NoCapacityIs429Or503WithRetryAfter) {
@@ -267,6 +314,15 @@ TEST_F(HttpFrontTest, StopStringEndsTheRequest) {
   EXPECT_EQ(j["choices"][0]["text"], "ab");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_TRUE(backend_.cancelled.load());  // the rest was not generated
+  EXPECT_TRUE(backend_.satisfied.load());  // ... and the coordinator counts it as finished
+  // Streamed, too.
+  backend_.cancelled = false;
+  backend_.satisfied = false;
+  r = Post("/v1/completions", {{"prompt", "Hi"}, {"stop", "\n"}, {"stream", true}});
+  ASSERT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("\"finish_reason\":\"stop\""), std::string::npos) << r.body;
+  EXPECT_TRUE(backend_.cancelled.load());
+  EXPECT_TRUE(backend_.satisfied.load());
 }
 
 TEST_F(HttpFrontTest, DisconnectMidStreamCancelsTheRequest) {
@@ -291,6 +347,7 @@ TEST_F(HttpFrontTest, DisconnectMidStreamCancelsTheRequest) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_TRUE(backend_.cancelled.load());
+  EXPECT_FALSE(backend_.satisfied.load());  // a disconnect is a real cancellation
   const std::string m = registry_.Render();
   EXPECT_NE(m.find("duet_http_client_disconnects_total 1"), std::string::npos) << m;
   EXPECT_NE(m.find("duet_http_active_generations 0"), std::string::npos) << m;

@@ -27,11 +27,18 @@ ServeProcess::ServeProcess(const std::string& bin, const std::vector<std::string
     char name[64];
     if (std::sscanf(line->c_str(), "node %63s pid %d", name, &pid) == 2) pids_[name] = pid;
     if (absl::StartsWith(*line, "http ")) http_url_ = line->substr(5);
+    char url[256];
+    if (std::sscanf(line->c_str(), "metrics %63s %255s", name, url) == 2) metrics_urls_[name] = url;
     if (absl::StartsWith(*line, "ready ")) {
       std::istringstream(line->substr(6)) >> address_;
       break;
     }
   }
+}
+
+std::string ServeProcess::metrics_url(const std::string& node) const {
+  auto it = metrics_urls_.find(node);
+  return it == metrics_urls_.end() ? "" : it->second;
 }
 
 pid_t ServeProcess::pid_of(const std::string& node) const {

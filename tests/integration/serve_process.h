@@ -1,7 +1,7 @@
 // ServeProcess: a `duet serve ...` process (--loopback or --colocated) for integration tests, as
 // a ChildProcess (stopped with its whole process group when destroyed, even when a test fails).
-// Ready once it printed "ready ADDR" before the deadline; the "node NAME pid N" and "http URL"
-// lines printed before that are kept.
+// Ready once it printed "ready ADDR" before the deadline; the "node NAME pid N", "http URL"
+// and "metrics NAME URL" lines printed before that are kept.
 //
 //   ServeProcess s(DUET_BIN, {"--loopback", "--prefill=1", "--decode=1", "--model=" + dir});
 //   ASSERT_TRUE(s.ready());
@@ -27,16 +27,19 @@ class ServeProcess {
                absl::Duration ready_timeout = absl::Seconds(120));
 
   bool ready() const { return !address_.empty(); }
-  const std::string& address() const { return address_; }  // the client (gRPC) address
+  const std::string& address() const { return address_; }    // the client (gRPC) address
   const std::string& http_url() const { return http_url_; }  // "" without --http_port
   // A node's pid from its "node NAME pid N" line; -1 if it printed none.
   pid_t pid_of(const std::string& node) const;
+  // A node's /metrics URL from its "metrics NAME URL" line; "" if it printed none.
+  std::string metrics_url(const std::string& node) const;
 
  private:
   ChildProcess process_;
   std::string address_;
   std::string http_url_;
   std::map<std::string, pid_t> pids_;
+  std::map<std::string, std::string> metrics_urls_;
 };
 
 }  // namespace duet::testing

@@ -170,35 +170,6 @@ TEST(OpenAiLengthsTest, ContextAndMaxTokens) {
   EXPECT_FALSE(CheckLengths(&r, 10, 100));
 }
 
-TEST(OpenAiChatTest, RendersChatMlWithTheTemplatesDefaultSystemTurn) {
-  const std::string tmpl =
-      "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI "
-      "assistant named SmolLM<|im_end|>\n' }}{% endif %}{% for message in messages %}"
-      "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-      "{% endfor %}";
-  auto out = RenderChat(tmpl, {{"user", "Hi"}});
-  ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ(*out,
-            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM<|im_end|>\n"
-            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-  out = RenderChat(tmpl,
-                   {{"system", "Terse."}, {"user", "Hi"}, {"assistant", "Yo"}, {"user", "Again"}});
-  ASSERT_TRUE(out.ok());
-  EXPECT_EQ(*out,
-            "<|im_start|>system\nTerse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-            "<|im_start|>assistant\nYo<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n"
-            "<|im_start|>assistant\n");
-}
-
-TEST(OpenAiChatTest, NoTemplateAndUnsupportedTemplate) {
-  auto out = RenderChat("", {{"user", "Hi"}});
-  ASSERT_TRUE(out.ok());
-  EXPECT_EQ(*out, "user: Hi\nassistant:");
-  out = RenderChat("{{ bos_token }}[INST] {{ message }} [/INST]", {{"user", "Hi"}});
-  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(ErrorFromStatus(out.status()).http_status, 400);
-}
-
 TEST(OpenAiTextTest, NeverSplitsUtf8) {
   EXPECT_EQ(Utf8SafePrefix("ab", 2), 2u);
   EXPECT_EQ(Utf8SafePrefix("a\xC3", 2), 1u);         // first byte of é

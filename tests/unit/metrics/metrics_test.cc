@@ -5,11 +5,36 @@
 #include <thread>
 #include <vector>
 
+#include "common/kv/pool_gauges.h"
+#include "common/metrics/outcome.h"
+
 namespace duet::metrics {
 namespace {
 
 bool Contains(const std::string& text, const std::string& line) {
   return text.find(line + "\n") != std::string::npos;
+}
+
+TEST(MetricsTest, OutcomeLabels) {
+  EXPECT_EQ(OutcomeLabel(absl::OkStatus()), "ok");
+  EXPECT_EQ(OutcomeLabel(absl::CancelledError("gone")), "cancelled");
+  EXPECT_EQ(OutcomeLabel(absl::ResourceExhaustedError("full")), "resource_exhausted");
+  EXPECT_EQ(OutcomeLabel(absl::DeadlineExceededError("slow")), "deadline_exceeded");
+}
+
+TEST(MetricsTest, BlockPoolGaugeIsReadAtEachScrape) {
+  Registry reg;
+  kv::BlockPoolStats stats{.total = 10, .free = 7, .used = 2, .quarantined = 1};
+  kv::AddBlockPoolGauge(&reg, "duet_x_kv_blocks", "pool", [&] { return stats; });
+  std::string text = reg.Render();
+  EXPECT_TRUE(Contains(text, "# TYPE duet_x_kv_blocks gauge")) << text;
+  EXPECT_TRUE(Contains(text, "duet_x_kv_blocks{state=\"free\"} 7")) << text;
+  EXPECT_TRUE(Contains(text, "duet_x_kv_blocks{state=\"used\"} 2")) << text;
+  EXPECT_TRUE(Contains(text, "duet_x_kv_blocks{state=\"quarantined\"} 1")) << text;
+  EXPECT_TRUE(Contains(text, "duet_x_kv_blocks{state=\"total\"} 10")) << text;
+  stats.free = 3;
+  text = reg.Render();
+  EXPECT_TRUE(Contains(text, "duet_x_kv_blocks{state=\"free\"} 3")) << text;
 }
 
 TEST(MetricsTest, CounterAndGaugeRenderWithLabels) {

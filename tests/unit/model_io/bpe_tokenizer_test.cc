@@ -7,10 +7,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "common/model/byte_tokenizer.h"
 #include "common/model/chat_template.h"
 #include "common/model/pre_tokenizer.h"
 #include "common/model/tokenizer.h"
@@ -221,13 +223,64 @@ TEST(PreTokenizerTest, HandWrittenCases) {
   EXPECT_EQ(split(PreTokenizerKind::kGpt2, "\xff\xfe"), (V{"\xff\xfe"}));
 }
 
-TEST(ChatTemplateTest, ChatMlOnly) {
-  auto p = ApplyChatTemplate("{{'<|im_start|>' + m + '<|im_end|>'}}", "hi");
-  ASSERT_TRUE(p.ok());
-  EXPECT_EQ(*p, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
-  auto bad = ApplyChatTemplate("{{ bos_token }}[INST] {{ m }} [/INST]", "hi");
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("[INST]"));
+// A rendered chat template that starts with the BOS text gets one BOS, not two (HF's
+// apply_chat_template does not add special tokens; llama.cpp warns about a double BOS).
+TEST(BpeTokenizerTest, NoSecondBosBeforeARenderedTemplate) {
+  BpeSpec s = TinySpec();
+  s.tokens.push_back("<|begin_of_text|>");
+  s.kinds.push_back(TokenKind::kControl);
+  const int32_t bos = static_cast<int32_t>(s.tokens.size()) - 1;
+  for (const char* t : {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}) {
+    s.tokens.push_back(t);
+    s.kinds.push_back(TokenKind::kControl);
+  }
+  s.bos_id = bos;
+  s.add_bos = true;
+  s.chat_template = "<|start_header_id|> ... <|eot_id|>";
+  auto tok = BpeTokenizer::Create(std::move(s));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto prompt = RenderChat(ChatTemplateOf(**tok), "hello");
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  ASSERT_EQ(prompt->rfind("<|begin_of_text|>", 0), 0u);
+  auto ids = (*tok)->Encode(*prompt, /*add_bos=*/true);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), bos), 1);
+  EXPECT_EQ(ids->front(), bos);
+  // Plain text still gets its BOS; the BOS text later in the text is not the start.
+  EXPECT_EQ(*(*tok)->Encode("hello", true), (std::vector<int32_t>{bos, 259}));
+  EXPECT_EQ(*(*tok)->Encode("hello<|begin_of_text|>", true), (std::vector<int32_t>{bos, 259, bos}));
+  // The byte tokenizer keeps the same rule.
+  auto byte = ByteTokenizer::Create();
+  ASSERT_TRUE(byte.ok());
+  EXPECT_EQ(*(*byte)->Encode("<|bos|>a", true), (std::vector<int32_t>{256, 'a'}));
+  EXPECT_EQ(*(*byte)->Encode("a", true), (std::vector<int32_t>{256, 'a'}));
+}
+
+// The chat family's end-of-turn token ends generation when the vocabulary has it.
+TEST(BpeTokenizerTest, TheTemplatesEndOfTurnTokenIsAnEos) {
+  auto with_template = [](const std::string& tmpl, const std::vector<std::string>& extra) {
+    BpeSpec s = TinySpec();
+    for (const std::string& t : extra) {
+      s.tokens.push_back(t);
+      s.kinds.push_back(TokenKind::kControl);
+    }
+    s.chat_template = tmpl;
+    auto tok = BpeTokenizer::Create(std::move(s));
+    EXPECT_TRUE(tok.ok()) << tok.status();
+    return std::move(*tok);
+  };
+  // Llama-3 with <|end_of_text|> as EOS (here: 263): <|eot_id|> is added.
+  auto llama3 =
+      with_template("<|start_header_id|>{{ x }}<|eot_id|>", {"<|start_header_id|>", "<|eot_id|>"});
+  EXPECT_EQ(llama3->eos_ids(), (std::vector<int32_t>{263, llama3->TokenId("<|eot_id|>")}));
+  auto gemma = with_template("<start_of_turn>{{ x }}<end_of_turn>", {"<end_of_turn>"});
+  EXPECT_EQ(gemma->eos_ids(), (std::vector<int32_t>{263, gemma->TokenId("<end_of_turn>")}));
+  // ChatML's <|im_end|> is already the EOS: not listed twice.
+  auto chatml = with_template("<|im_start|>{{ x }}<|im_end|>", {});
+  EXPECT_EQ(chatml->eos_ids(), (std::vector<int32_t>{263}));
+  // A template whose end-of-turn token the vocabulary lacks adds nothing.
+  auto missing = with_template("<start_of_turn>{{ x }}<end_of_turn>", {});
+  EXPECT_EQ(missing->eos_ids(), (std::vector<int32_t>{263}));
 }
 
 // merges in the newer [["h", "e"]] form, or the older ["h e"].

@@ -130,7 +130,7 @@ TEST_F(RealModelTest, SpecialTokensAndChatTemplate) {
   EXPECT_TRUE(tok.IsControl(0));
   EXPECT_FALSE(tok.IsControl(504));
   EXPECT_NE(tok.chat_template().find("<|im_start|>"), std::string::npos);
-  auto prompt = ApplyChatTemplate(tok.chat_template(), "Hi");
+  auto prompt = RenderChat(ChatTemplateOf(tok), "Hi");
   ASSERT_TRUE(prompt.ok()) << prompt.status();
   EXPECT_EQ(*prompt,
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
@@ -148,7 +148,7 @@ TEST_F(RealModelTest, GreedyContinuationIsStableAndReadable) {
   for (const nlohmann::json& c : ref["cases"]) {
     std::string prompt = c["prompt"];
     if (c["chat"].get<bool>()) {
-      auto chat = ApplyChatTemplate(engine_->tokenizer().chat_template(), prompt);
+      auto chat = RenderChat(ChatTemplateOf(engine_->tokenizer()), prompt);
       ASSERT_TRUE(chat.ok());
       prompt = *chat;
     }

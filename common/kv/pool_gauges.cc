@@ -1,0 +1,19 @@
+#include "common/kv/pool_gauges.h"
+
+#include <utility>
+#include <vector>
+
+namespace duet::kv {
+
+void AddBlockPoolGauge(metrics::Registry* registry, const std::string& name,
+                       const std::string& help, std::function<BlockPoolStats()> stats) {
+  registry->AddGaugeCallback(name, help, {"state"}, [stats = std::move(stats)] {
+    const BlockPoolStats s = stats();
+    return std::vector<metrics::Sample>{{{"free"}, static_cast<double>(s.free)},
+                                        {{"used"}, static_cast<double>(s.used)},
+                                        {{"quarantined"}, static_cast<double>(s.quarantined)},
+                                        {{"total"}, static_cast<double>(s.total)}};
+  });
+}
+
+}  // namespace duet::kv

@@ -1,0 +1,22 @@
+// The Prometheus gauge of a KV BlockPool by state (free, used, quarantined, total), read at
+// each scrape: one definition for the prefill and decode nodes and the colocated server.
+//
+//   kv::AddBlockPoolGauge(&registry, "duet_decode_kv_blocks", "The decode node's KV pool by state",
+//                         [pool] { return pool->Stats(); });
+//   // duet_decode_kv_blocks{state="free"} 1020 ...
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "common/kv/block_pool.h"
+#include "common/metrics/metrics.h"
+
+namespace duet::kv {
+
+// `stats` is called at every scrape (from the exporter's thread): what it reads must outlive
+// the registry's exporter.
+void AddBlockPoolGauge(metrics::Registry* registry, const std::string& name,
+                       const std::string& help, std::function<BlockPoolStats()> stats);
+
+}  // namespace duet::kv
