@@ -2,10 +2,14 @@
 //
 //   engine_bench [--model DIR|FILE.gguf | --preset smollm2-135m] [--prefill 128,512,2048]
 //                [--decode-batch 1,8,32] [--gemm invariant,openblas] [--json FILE]
+//                [--decode_sample logits,host,backend [--temperature T --top_p P]]
 //
 // Prefill: tokens/s of one prompt's forward pass (best of --reps). Decode: tokens/s of one
 // decode step over a batch of sequences, each with --context tokens already cached. Beside
 // the decode figures it prints the memory-bound limit: weight bytes / measured read bandwidth.
+// --decode_sample adds decode steps that also pick each row's token: "host" copies the logits
+// out and samples with model::Sample (the schedulers' old path), "backend" asks Forward for
+// sampled tokens (ComputeBackend::SampleRows, their path now).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +27,7 @@
 #include "common/base/logging.h"
 #include "common/kv/block_table.h"
 #include "common/model/local_engine.h"
+#include "common/model/sampler.h"
 #include "common/model/synthetic_model.h"
 #include "nlohmann/json.hpp"
 
@@ -36,6 +41,12 @@ ABSL_FLAG(std::string, gemm, "invariant,openblas", "CPU GEMMs to compare");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
 ABSL_FLAG(int, reps, 3, "repetitions (best is reported)");
 ABSL_FLAG(std::string, json, "", "write results as JSON to this file");
+ABSL_FLAG(std::string, decode_sample, "logits",
+          "decode step variants, interleaved: logits (the step's logits to the host), host "
+          "(logits + model::Sample per row on the host), backend (SequenceInput::sample: "
+          "sampled by the compute backend)");
+ABSL_FLAG(float, temperature, 0.f, "sampling temperature of the host/backend variants (0: greedy)");
+ABSL_FLAG(float, top_p, 1.f, "top_p of the host/backend variants");
 
 namespace {
 
@@ -109,6 +120,18 @@ int main(int argc, char** argv) {
   const std::vector<int> batches = ParseList(absl::GetFlag(FLAGS_decode_batch));
   const int context = absl::GetFlag(FLAGS_context);
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  std::vector<std::string> modes;
+  for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_decode_sample), ',')) {
+    if (m != "logits" && m != "host" && m != "backend") {
+      std::fprintf(stderr, "engine_bench: unknown --decode_sample variant '%s'\n",
+                   std::string(m).c_str());
+      return 2;
+    }
+    modes.emplace_back(m);
+  }
+  const duet::model::SamplingParams sampling{.temperature = absl::GetFlag(FLAGS_temperature),
+                                             .top_p = absl::GetFlag(FLAGS_top_p),
+                                             .seed = 1};
   std::vector<Row> rows;
   duet::model::ModelConfig config;
 
@@ -167,22 +190,42 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
-      double best = 1e30;
+      // Variants interleaved per repetition, so context growth and noise hit each alike.
+      std::vector<double> best(modes.size(), 1e30);
       for (int r = 0; r < reps; ++r) {
-        for (int s = 0; s < b; ++s) {
-          batch[s] = SequenceInput{.seq_id = s, .tokens = {token(s)},
-                                   .start_pos = static_cast<int32_t>(tables[s]->num_tokens()),
-                                   .table = tables[s].get(), .want_logits = true};
+        for (size_t m = 0; m < modes.size(); ++m) {
+          const bool on_backend = modes[m] == "backend";
+          for (int s = 0; s < b; ++s) {
+            batch[s] = SequenceInput{.seq_id = s,
+                                     .tokens = {token(s)},
+                                     .start_pos = static_cast<int32_t>(tables[s]->num_tokens()),
+                                     .table = tables[s].get(),
+                                     .want_logits = !on_backend,
+                                     .sample = on_backend ? &sampling : nullptr,
+                                     .sample_step = r};
+          }
+          duet::Stopwatch sw;
+          auto out = engine.runner().Forward(absl::MakeSpan(batch), pool.View());
+          if (!out.ok()) {
+            std::fprintf(stderr, "engine_bench: %s\n", std::string(out.status().message()).c_str());
+            return 1;
+          }
+          int64_t checksum = 0;  // keeps the sampling from being optimised away
+          if (modes[m] == "host") {
+            for (int s = 0; s < b; ++s) {
+              checksum += duet::model::Sample(out->Row(s), out->vocab, sampling, r).id;
+            }
+          } else if (on_backend) {
+            for (const duet::model::SampledToken& t : out->tokens) checksum += t.id;
+          }
+          best[m] = std::min(best[m], sw.ElapsedMs());
+          if (checksum < 0) std::fprintf(stderr, "engine_bench: negative token id\n");
         }
-        duet::Stopwatch sw;
-        auto out = engine.runner().Forward(absl::MakeSpan(batch), pool.View());
-        if (!out.ok()) {
-          std::fprintf(stderr, "engine_bench: %s\n", std::string(out.status().message()).c_str());
-          return 1;
-        }
-        best = std::min(best, sw.ElapsedMs());
       }
-      rows.push_back({std::string(gemm), "decode", b, best, b / best * 1e3});
+      for (size_t m = 0; m < modes.size(); ++m) {
+        const std::string phase = modes[m] == "logits" ? "decode" : "decode+" + modes[m];
+        rows.push_back({std::string(gemm), phase, b, best[m], b / best[m] * 1e3});
+      }
     }
   }
 
@@ -194,7 +237,7 @@ int main(int argc, char** argv) {
               wbytes / 1e6);
   std::printf("measured read bandwidth %.1f GB/s -> memory-bound decode limit %.1f steps/s "
               "(x batch tokens/s)\n\n", bw, bound);
-  std::printf("%-10s %-8s %6s %10s %12s %12s\n", "gemm", "phase", "size", "ms", "tokens/s",
+  std::printf("%-10s %-20s %6s %10s %12s %12s\n", "gemm", "phase", "size", "ms", "tokens/s",
               "vs_mem_bound");
   nlohmann::json j;
   j["model"] = model_dir;
@@ -202,10 +245,10 @@ int main(int argc, char** argv) {
   j["weight_bytes"] = wbytes;
   j["decode_bound_steps_per_s"] = bound;
   for (const Row& r : rows) {
-    const double vs = r.phase == "decode" ? (1e3 / r.ms) / bound : 0;
-    std::printf("%-10s %-8s %6d %10.2f %12.1f %12s\n", r.gemm.c_str(), r.phase.c_str(), r.size,
-                r.ms, r.tokens_per_s,
-                r.phase == "decode" ? (std::to_string(vs).substr(0, 5)).c_str() : "-");
+    const bool decode = r.phase.rfind("decode", 0) == 0;
+    const double vs = decode ? (1e3 / r.ms) / bound : 0;
+    std::printf("%-10s %-20s %6d %10.2f %12.1f %12s\n", r.gemm.c_str(), r.phase.c_str(), r.size,
+                r.ms, r.tokens_per_s, decode ? (std::to_string(vs).substr(0, 5)).c_str() : "-");
     j["rows"].push_back({{"gemm", r.gemm}, {"phase", r.phase}, {"size", r.size}, {"ms", r.ms},
                          {"tokens_per_s", r.tokens_per_s},
                          {"decode_steps_vs_memory_bound", vs}});

@@ -509,10 +509,13 @@ void DecodeScheduler::Step() {
                                          .tokens = {r.last_token},
                                          .start_pos = static_cast<int32_t>(r.table->num_tokens()),
                                          .table = r.table.get(),
-                                         .want_logits = true});
+                                         .want_logits = false,
+                                         .sample = &r.params,
+                                         .sample_step = r.generated});
   }
   absl::StatusOr<model::ForwardOutput> out = runner_->Forward(absl::MakeSpan(batch), pool_->View());
-  if (!out.ok() || out->seq_ids.size() != running_.size()) {
+  if (!out.ok() || out->seq_ids.size() != running_.size() ||
+      out->tokens.size() != running_.size()) {
     const absl::Status error =
         out.ok() ? absl::InternalError("forward returned the wrong number of rows") : out.status();
     for (const std::shared_ptr<Request>& r : running_) {
@@ -538,7 +541,7 @@ void DecodeScheduler::Step() {
     }
     const int step = r.generated;  // index of this output token
     DecodeEvent ev{.has_token = true, .index = step};
-    ev.token = model::Sample(out->Row(i), out->vocab, r.params, step);
+    ev.token = std::move(out->tokens[i]);  // sampled on the backend at `step`
     ++r.generated;
     model::StopReason stop = model::CheckStop(r.params, options_.eos_ids, ev.token.id, r.generated);
     if (stop == model::StopReason::kNone &&

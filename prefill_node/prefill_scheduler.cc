@@ -550,7 +550,9 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
         .tokens = std::vector<int32_t>(p.begin() + it.start, p.begin() + it.start + it.tokens),
         .start_pos = static_cast<int32_t>(it.start),
         .table = it.entry->table.get(),
-        .want_logits = it.final});
+        .want_logits = false,
+        .sample = it.final ? &it.entry->job.sampling : nullptr,
+        .sample_step = 0});
   }
   const absl::Time t0 = absl::Now();
   absl::StatusOr<model::ForwardOutput> out = runner_->Forward(
@@ -573,7 +575,7 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
     while (row < out->seq_ids.size() && out->seq_ids[row] != batch[i].entry->seq_id) ++row;
     results[i] = row < out->seq_ids.size()
                      ? Complete(batch[i], *out, row, pass_us)
-                     : absl::InternalError("prefill: the forward pass returned no logits row");
+                     : absl::InternalError("prefill: the forward pass returned no token row");
   }
 
   std::vector<std::shared_ptr<Entry>> orphans;
@@ -608,7 +610,7 @@ absl::Status PrefillScheduler::Complete(BatchItem& item, const model::ForwardOut
     absl::MutexLock lock(&mu_);
     if (!e.stop.ok() || !e.error.ok()) return e.error;
   }
-  model::SampledToken tok = model::Sample(out.Row(row), out.vocab, e.job.sampling, /*step=*/0);
+  const model::SampledToken& tok = out.tokens.at(row);  // sampled on the backend, step 0
   const int64_t forward_done_us = NowUnixMicros();
   if (options_.no_layer_pipelining) {
     const std::shared_ptr<compute::WorkMarker> computed = runner_->backend()->MarkQueuedWork();

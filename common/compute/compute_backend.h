@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/compute/kv_memory.h"
+#include "common/compute/sampling.h"
 #include "common/kv/kv_layout.h"
 
 namespace duet::compute {
@@ -184,6 +185,12 @@ class ComputeBackend {
   virtual void PagedAttention(const kv::KvCacheView& cache, int layer, const float* q,
                               absl::Span<const AttentionSeq> seqs, const AttentionParams& params,
                               float* out) = 0;
+
+  // Samples one token per row of logits [rows, vocab] (activation memory) as sampling.h
+  // defines it, row r with params[r]; only the per-row results reach the host (on cuda the
+  // logits stay on the device). InvalidArgument for bad parameters (ValidateRowSampling).
+  virtual absl::StatusOr<std::vector<SampledToken>> SampleRows(
+      const float* logits, int rows, int vocab, absl::Span<const RowSampling> params) = 0;
 };
 
 // Creates a backend by name: "cpu" (always available), "cuda" (when the CUDA backend is linked

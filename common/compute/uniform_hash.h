@@ -1,7 +1,8 @@
 // Counter-based uniform random numbers shared by the host and the CUDA kernels, so synthetic
-// weights are bit-identical wherever they are generated:
+// weights are bit-identical wherever they are generated, and so is sampling's per-step draw:
 //
 //   float w = duet::compute::UniformFromHash(/*seed=*/7, /*index=*/i, /*scale=*/0.02f);
+//   double u = duet::compute::SamplingUniform(/*seed=*/1, /*step=*/0);  // in [0, 1)
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,13 @@ DUET_HOST_DEVICE inline float UniformFromHash(uint64_t seed, uint64_t index, flo
   const float u = static_cast<float>(static_cast<uint32_t>(h >> 40)) * (1.0f / 16777216.0f);
   const float centred = 2.0f * u - 1.0f;
   return centred * scale;
+}
+
+// Sampling's draw for output token `step` (sampling.h): uniform in [0, 1) with 53 random bits
+// from (seed, step). Integer hashing and one exact scaling: the same double on host and device.
+DUET_HOST_DEVICE inline double SamplingUniform(uint64_t seed, int64_t step) {
+  const uint64_t r = SplitMix64(SplitMix64(seed) ^ static_cast<uint64_t>(step));
+  return static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);
 }
 
 }  // namespace duet::compute

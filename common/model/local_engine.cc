@@ -60,12 +60,17 @@ absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t
 
   Stopwatch sw;
   std::vector<SequenceInput> batch(1);
-  batch[0] = SequenceInput{.seq_id = 0, .tokens = prompt_ids, .start_pos = 0, .table = &table,
-                           .want_logits = true};
+  batch[0] = SequenceInput{.seq_id = 0,
+                           .tokens = prompt_ids,
+                           .start_pos = 0,
+                           .table = &table,
+                           .want_logits = false,
+                           .sample = &params,
+                           .sample_step = 0};
   DUET_ASSIGN_OR_RETURN(ForwardOutput out, runner_->Forward(absl::MakeSpan(batch), pool_->View()));
   while (true) {
     const int step = static_cast<int>(result.generated_ids.size());
-    SampledToken tok = Sample(out.Row(0), out.vocab, params, step);
+    SampledToken tok = std::move(out.tokens.at(0));
     const int32_t id = tok.id;
     result.generated_ids.push_back(id);
     result.tokens.push_back(std::move(tok));
@@ -80,9 +85,13 @@ absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t
     }
     if (result.stop != StopReason::kNone) break;
     sw.Reset();
-    batch[0] = SequenceInput{.seq_id = 0, .tokens = {id},
+    batch[0] = SequenceInput{.seq_id = 0,
+                             .tokens = {id},
                              .start_pos = static_cast<int32_t>(table.num_tokens()),
-                             .table = &table, .want_logits = true};
+                             .table = &table,
+                             .want_logits = false,
+                             .sample = &params,
+                             .sample_step = step + 1};
     DUET_ASSIGN_OR_RETURN(out, runner_->Forward(absl::MakeSpan(batch), pool_->View()));
   }
   return result;

@@ -1,6 +1,7 @@
 #include "common/model/model_runner.h"
 
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -250,6 +251,13 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
                                                        c.vocab_size, ")"));
       }
     }
+    if (s.sample != nullptr) {
+      const compute::RowSampling row = ToRowSampling(*s.sample, s.sample_step);
+      if (absl::Status st = compute::ValidateRowSampling(1, c.vocab_size, {row}); !st.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Forward: sequence ", s.seq_id, ": ", st.message()));
+      }
+    }
     total += static_cast<int64_t>(s.tokens.size());
   }
   // ---- Grow block tables (all or nothing across the batch).
@@ -278,6 +286,8 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
   std::vector<compute::AttentionSeq> seqs;
   std::vector<LayerSpan> spans;
   std::vector<int64_t> last_rows;
+  bool any_logits = false;
+  std::vector<std::optional<compute::RowSampling>> row_sampling;  // per output row
   ForwardOutput out;
   out.vocab = c.vocab_size;
   int32_t row = 0;
@@ -294,9 +304,13 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
         .num_table_blocks = static_cast<int32_t>(s.table->blocks().size())});
     spans.push_back(LayerSpan{.seq_id = s.seq_id, .start_pos = s.start_pos, .num_tokens = n,
                               .blocks = &s.table->blocks()});
-    if (s.want_logits) {
+    if (s.want_logits || s.sample != nullptr) {
       last_rows.push_back(row + n - 1);
       out.seq_ids.push_back(s.seq_id);
+      any_logits = any_logits || s.want_logits;
+      row_sampling.push_back(s.sample == nullptr
+                                 ? std::nullopt
+                                 : std::optional(ToRowSampling(*s.sample, s.sample_step)));
     }
     row += n;
   }
@@ -360,13 +374,41 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
     }
     b.RmsNorm(w.last, final_norm_, nl, hidden, c.rms_norm_eps, w.last);
     b.MatMul(w.last, nl, *lm_head_, nullptr, w.logits);
-    out.logits.resize(int64_t{nl} * c.vocab_size);
-    b.CopyToHost(out.logits.data(), w.logits, int64_t{nl} * c.vocab_size);
+    if (any_logits) {
+      out.logits.resize(int64_t{nl} * c.vocab_size);
+      b.CopyToHost(out.logits.data(), w.logits, int64_t{nl} * c.vocab_size);
+    }
+    DUET_RETURN_IF_ERROR(SampleOutputRows(row_sampling, w.logits, &out));
   }
   b.Synchronize();
   DUET_RETURN_IF_ERROR(b.status());
   for (SequenceInput& s : batch) s.table->Append(static_cast<int64_t>(s.tokens.size()));
   return out;
+}
+
+absl::Status ModelRunner::SampleOutputRows(
+    const std::vector<std::optional<compute::RowSampling>>& row_sampling, const float* logits,
+    ForwardOutput* out) {
+  const int vocab = config_.vocab_size;
+  const size_t rows = row_sampling.size();
+  // One backend call per run of consecutive rows that sample (one run unless the batch mixes
+  // sequences that only want logits with sequences that sample).
+  for (size_t begin = 0; begin < rows;) {
+    if (!row_sampling[begin].has_value()) {
+      ++begin;
+      continue;
+    }
+    size_t end = begin;
+    std::vector<compute::RowSampling> params;
+    while (end < rows && row_sampling[end].has_value()) params.push_back(*row_sampling[end++]);
+    DUET_ASSIGN_OR_RETURN(std::vector<SampledToken> tokens,
+                          backend_->SampleRows(logits + static_cast<int64_t>(begin) * vocab,
+                                               static_cast<int>(end - begin), vocab, params));
+    out->tokens.resize(rows);
+    std::move(tokens.begin(), tokens.end(), out->tokens.begin() + static_cast<int64_t>(begin));
+    begin = end;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace duet::model

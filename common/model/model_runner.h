@@ -3,6 +3,8 @@
 // K/V kept in a paged BlockPool. After each layer's K/V are written into the pool it calls the
 // layer-done hook with the spans written: the only coupling between compute and KV transfer
 // (DESIGN.md §3). The hook runs on the compute thread; it must not block for long.
+// A sequence asks for its last token's logits (want_logits) and/or for the next token sampled
+// on the backend (sample: on cuda only the sampled token reaches the host, not [rows, vocab]).
 //
 //   DUET_ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(config, std::move(weights), backend));
 //   kv::BlockTable table(pool.get());
@@ -11,11 +13,15 @@
 //                                        .table = &table, .want_logits = true}};
 //   DUET_ASSIGN_OR_RETURN(ForwardOutput out, runner->Forward(batch, pool->View()));
 //   // out.logits: [1, vocab]; table.num_tokens() == prompt.size()
+//   batch[0] = {.seq_id = 1, .tokens = {next}, .start_pos = int32_t(prompt.size()),
+//               .table = &table, .want_logits = false, .sample = &params, .sample_step = 1};
+//   // runner->Forward(...)->tokens[0]: Sample(logits of `next`, vocab, params, /*step=*/1)
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,6 +29,7 @@
 #include "common/compute/compute_backend.h"
 #include "common/kv/block_table.h"
 #include "common/model/model_config.h"
+#include "common/model/sampler.h"
 #include "common/model/weights.h"
 
 namespace duet::model {
@@ -33,6 +40,11 @@ struct SequenceInput {
   int32_t start_pos = 0;         // position of tokens[0]; must equal table->num_tokens()
   kv::BlockTable* table = nullptr;  // grown by Forward to hold start_pos + tokens.size() tokens
   bool want_logits = true;       // logits of the last new token
+  // Non-null: the next token is sampled from the last new token's logits on the backend, as
+  // Sample(logits, vocab, *sample, sample_step) would (ForwardOutput::tokens). Must outlive
+  // Forward. sample_step: index of the output token being generated (0 for the first).
+  const SamplingParams* sample = nullptr;
+  int64_t sample_step = 0;
 };
 
 // What one layer wrote for one sequence: positions [start_pos, start_pos + num_tokens).
@@ -48,8 +60,11 @@ struct LayerSpan {
 
 using LayerDoneHook = std::function<void(int layer, absl::Span<const LayerSpan> spans)>;
 
+// One row per sequence with want_logits or a `sample`, in batch order.
 struct ForwardOutput {
-  std::vector<float> logits;     // [rows, vocab], one row per sequence with want_logits
+  std::vector<float> logits;  // [rows, vocab] when some sequence has want_logits, else empty
+  // [rows] when some sequence has a `sample`, else empty; id -1 in rows of sequences without.
+  std::vector<SampledToken> tokens;
   std::vector<int64_t> seq_ids;  // which sequence each row belongs to
   int vocab = 0;
   const float* Row(size_t i) const { return logits.data() + i * vocab; }
@@ -100,6 +115,10 @@ class ModelRunner {
   absl::Status Prepare(ModelWeights weights);
   absl::Status PrepareRandom(uint64_t seed);
   void EnsureWorkspace(int64_t rows);
+  // Fills out->tokens for the output rows that sample (logits: [rows, vocab], backend memory).
+  absl::Status SampleOutputRows(
+      const std::vector<std::optional<compute::RowSampling>>& row_sampling, const float* logits,
+      ForwardOutput* out);
 
   const ModelConfig config_;
   compute::ComputeBackend* const backend_;

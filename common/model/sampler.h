@@ -1,5 +1,7 @@
-// Sampler: turns one row of logits into a token (greedy, temperature, top-k, top-p) and its
-// log-probabilities, plus the stop rules of a request (EOS, stop tokens, max tokens).
+// Sampler: a request's sampling parameters (greedy, temperature, top-k, top-p, logprobs) and
+// stop rules (EOS, stop tokens, max tokens). The sampling itself is the compute backend's
+// (common/compute/sampling.h): ModelRunner::Forward samples on the backend when a sequence
+// carries its parameters, and Sample() here runs the same algorithm on one row of host logits.
 // Sampling is stateless per step: the random draw for output token i depends only on
 // (seed, i), so a request whose first token is sampled on a prefill node and the rest on a
 // decode node draws exactly what a single process would.
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/compute/sampling.h"
 
 namespace duet::model {
 
@@ -31,16 +34,17 @@ struct SamplingParams {
   absl::Status Validate(int vocab_size) const;
 };
 
-struct SampledToken {
-  int32_t id = -1;
-  float logprob = 0.f;  // log-softmax of the raw logits (temperature 1), as OpenAI reports
-  std::vector<std::pair<int32_t, float>> top_logprobs;  // best first
-};
+// {id, logprob, top_logprobs}: see compute/sampling.h.
+using SampledToken = compute::SampledToken;
 
 enum class StopReason { kNone, kEos, kStopToken, kMaxTokens };
 const char* StopReasonName(StopReason r);
 
+// The backend's per-row parameters for generating output token `step` (0 for the first).
+compute::RowSampling ToRowSampling(const SamplingParams& params, int64_t step);
+
 // `step` is the index of the token being generated (0 for the first output token).
+// compute::SampleRowOnHost(logits, vocab, ToRowSampling(params, step)).
 SampledToken Sample(const float* logits, int vocab, const SamplingParams& params, int64_t step);
 
 // Whether generation ends after emitting `token` as the `generated`-th output token.

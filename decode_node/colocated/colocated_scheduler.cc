@@ -46,7 +46,7 @@ struct ColocatedScheduler::Item {
   int64_t start = 0;  // first position of this step's tokens
   int64_t tokens = 0;
   bool decode = false;
-  bool final = false;  // the prompt's last chunk (prefill) or always (decode): wants logits
+  bool final = false;  // the prompt's last chunk (prefill) or always (decode): samples a token
 };
 
 // ---- Construction, Submit, Cancel, Load, Shutdown
@@ -315,7 +315,9 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
                                          .tokens = std::move(tokens),
                                          .start_pos = static_cast<int32_t>(it.start),
                                          .table = r.table.get(),
-                                         .want_logits = it.final});
+                                         .want_logits = false,
+                                         .sample = it.final ? &r.params : nullptr,
+                                         .sample_step = r.generated});
     (it.decode ? info.decode_tokens : info.prefill_tokens) += it.tokens;
     info.request_ids.push_back(r.id);
     info.tokens.push_back(it.tokens);
@@ -353,13 +355,13 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
     if (row == rows.end()) {
       Fail(r, absl::InternalError(absl::StrCat(options_.name,
                                                ": the forward step returned no "
-                                               "logits for request ",
+                                               "token for request ",
                                                r.id)));
       continue;
     }
     const int step = r.generated;  // index of this output token
     ColocatedEvent ev{.has_token = true, .index = step};
-    ev.token = model::Sample(out->Row(row->second), out->vocab, r.params, step);
+    ev.token = std::move(out->tokens.at(row->second));  // sampled on the backend at `step`
     ++r.generated;
     if (it.decode) {
       if (!r.joined_decode) {

@@ -207,6 +207,62 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 // The device-generated random model equals the host-generated one (same seed).
+// Forward with `sample` on cuda: the tokens sampled on the device are those Sample() picks
+// from the same step's logits (want_logits too), except where the draw is within rounding of a
+// cumulative boundary; greedy exactly. Decodes on the sampled tokens for a few steps.
+TEST(CudaSamplingModelTest, DeviceSamplingInForwardMatchesSampleOfTheLogits) {
+  if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
+  Engine gpu = MakeEngine("cuda", "f32", {});
+  const int vocab = gpu.runner->config().vocab_size;
+  const std::vector<SamplingParams> params = {
+      {.logprobs = 4},
+      {.temperature = 0.8f, .seed = 1},
+      {.temperature = 1.2f, .top_k = 30, .seed = 2, .logprobs = 2},
+      {.temperature = 1.f, .top_p = 0.85f, .seed = 3}};
+  const auto prompts = Prompts(vocab);
+  ASSERT_EQ(prompts.size(), params.size());
+  std::vector<std::unique_ptr<kv::BlockTable>> tables;
+  std::vector<SequenceInput> batch;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    tables.push_back(std::make_unique<kv::BlockTable>(gpu.pool.get()));
+    batch.push_back({.seq_id = int64_t(i),
+                     .tokens = prompts[i],
+                     .start_pos = 0,
+                     .table = tables.back().get(),
+                     .want_logits = true,
+                     .sample = &params[i]});
+  }
+  int compared = 0;
+  for (int step = 0; step < 6; ++step) {
+    for (SequenceInput& s : batch) s.sample_step = step;
+    auto out = gpu.runner->Forward(absl::MakeSpan(batch), gpu.pool->View());
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->tokens.size(), batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "sequence " << i << " step " << step);
+      const SampledToken want = Sample(out->Row(i), vocab, params[i], step);
+      const SampledToken& got = out->tokens[i];
+      ASSERT_GE(got.id, 0);
+      ASSERT_LT(got.id, vocab);
+      const compute::gpu_testing::Margins m =
+          compute::gpu_testing::SamplingMargins(out->Row(i), vocab, ToRowSampling(params[i], step));
+      if (!m.Near(compute::gpu_testing::kSamplingBoundaryTol)) {
+        ++compared;
+        EXPECT_EQ(got.id, want.id);
+        EXPECT_NEAR(got.logprob, want.logprob, 1e-4);
+      }
+      ASSERT_EQ(got.top_logprobs.size(), want.top_logprobs.size());
+      for (size_t k = 0; k < want.top_logprobs.size(); ++k) {
+        EXPECT_EQ(got.top_logprobs[k].first, want.top_logprobs[k].first);
+        EXPECT_NEAR(got.top_logprobs[k].second, want.top_logprobs[k].second, 1e-4);
+      }
+      batch[i].start_pos += int32_t(batch[i].tokens.size());
+      batch[i].tokens = {got.id};
+    }
+  }
+  EXPECT_GE(compared, 20);
+}
+
 TEST(CudaRandomModelTest, DeviceGeneratedWeightsMatchCpu) {
   if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
   auto config = SyntheticConfig("tiny", {.num_layers = 2, .num_heads = 8, .num_kv_heads = 2,

@@ -1,5 +1,6 @@
 // Helpers for the gpu-labelled tests: a CUDA backend or a GTEST_SKIP saying why there is none,
-// device copies of host vectors, and the normalised error used for tolerances.
+// device copies of host vectors, the normalised error used for tolerances, and how close a
+// sampled row's draw comes to a boundary (where device and CPU sampling may differ).
 //
 //   auto cuda = MakeCudaBackendOrSkip("f32");
 //   if (cuda == nullptr) return;  // skipped with a message
@@ -10,11 +11,13 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "common/compute/backend_registry.h"
 #include "common/compute/cuda/cuda_backend.h"
+#include "common/compute/sampling.h"
 #include "gtest/gtest.h"
 
 namespace duet::compute::gpu_testing {
@@ -82,6 +85,54 @@ inline double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
     den += double(b[i]) * b[i];
   }
   return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// How close the CPU's decisions for one row come to a boundary: the top-p cut's cumulative
+// probability against top_p, and the draw against each kept cumulative weight (relative to
+// the kept weight). Both infinite for greedy rows.
+struct Margins {
+  double top_p = INFINITY;
+  double draw = INFINITY;
+  // Within `tol` of a boundary: float rounding (sums in another order on the device) may pick
+  // the neighbouring candidate.
+  bool Near(double tol) const { return draw < tol || top_p < tol; }
+};
+// Relative distance below which device and CPU sampling may disagree.
+inline constexpr double kSamplingBoundaryTol = 1e-9;
+
+inline Margins SamplingMargins(const float* logits, int vocab, const RowSampling& p) {
+  Margins m;
+  if (p.temperature <= 0.f) return m;
+  std::vector<int32_t> idx(vocab);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  const int n = p.top_k > 0 ? std::min(p.top_k, vocab) : vocab;
+  const double max_l = logits[idx[0]];
+  std::vector<double> w(n);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) {
+    w[i] = std::exp((logits[idx[i]] - max_l) / static_cast<double>(p.temperature));
+    sum += w[i];
+  }
+  int keep = n;
+  if (p.top_p < 1.f) {
+    double acc = 0;
+    for (int i = 0; i < n; ++i) {
+      acc += w[i] / sum;
+      m.top_p = std::min(m.top_p, std::abs(acc - p.top_p));
+      if (acc >= p.top_p && keep == n) keep = i + 1;
+    }
+  }
+  double kept = 0;
+  for (int i = 0; i < keep; ++i) kept += w[i];
+  const double u = SamplingUniform(p.seed, p.step) * kept;
+  double acc = 0;
+  for (int i = 0; i < keep; ++i) {
+    acc += w[i];
+    m.draw = std::min(m.draw, std::abs(acc - u) / kept);
+  }
+  return m;
 }
 
 }  // namespace duet::compute::gpu_testing

@@ -57,7 +57,7 @@ rc=$?
 say "configure rc=$rc"
 if [[ $rc -ne 0 ]]; then tail -30 "$OUT/configure.log"; exit 3; fi
 
-timeout 240 ninja -C "$BUILD" -j"$(nproc)" cuda_kernels_test cuda_model_test gpu_engine_bench \
+timeout 240 ninja -C "$BUILD" -j"$(nproc)" cuda_kernels_test cuda_sampling_test cuda_model_test gpu_engine_bench \
   > "$OUT/build.log" 2>&1
 rc=$?
 say "build rc=$rc ($(grep -c 'Building' "$OUT/build.log") compile steps)"

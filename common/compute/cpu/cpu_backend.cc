@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/base/status.h"
 #include "common/compute/cpu/aligned.h"
 #include "common/compute/cpu/attention.h"
 #include "common/compute/cpu/elementwise.h"
@@ -177,6 +178,19 @@ void CpuBackend::PagedAttention(const kv::KvCacheView& cache, int layer, const f
                                 const AttentionParams& params, float* out) {
   std::lock_guard<std::mutex> lock(mu_);
   cpu::PagedAttentionF32(&pool_, cache, layer, q, seqs, params, out);
+}
+
+absl::StatusOr<std::vector<SampledToken>> CpuBackend::SampleRows(
+    const float* logits, int rows, int vocab, absl::Span<const RowSampling> params) {
+  DUET_RETURN_IF_ERROR(ValidateRowSampling(rows, vocab, params));
+  std::vector<SampledToken> out(rows);
+  std::lock_guard<std::mutex> lock(mu_);
+  pool_.ParallelFor(rows, /*grain=*/1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      out[r] = SampleRowOnHost(logits + r * vocab, vocab, params[r]);
+    }
+  });
+  return out;
 }
 
 }  // namespace duet::compute

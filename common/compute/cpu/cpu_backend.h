@@ -58,6 +58,9 @@ class CpuBackend : public ComputeBackend {
   void PagedAttention(const kv::KvCacheView& cache, int layer, const float* q,
                       absl::Span<const AttentionSeq> seqs, const AttentionParams& params,
                       float* out) override;
+  // SampleRowOnHost per row, rows spread over the pool (each row alone: thread-invariant).
+  absl::StatusOr<std::vector<SampledToken>> SampleRows(
+      const float* logits, int rows, int vocab, absl::Span<const RowSampling> params) override;
 
  private:
   CpuBackend(int num_threads, GemmKind gemm_kind);

@@ -1,5 +1,7 @@
 #include "common/compute/cuda/cuda_backend.h"
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <utility>
 
@@ -14,6 +16,7 @@ namespace duet::compute::cuda {
 namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+static_assert(kDevMaxTopLogprobs == kMaxTopLogprobs);
 
 size_t ElemBytes(ElemType t) { return t == ElemType::kF32 ? 4 : 2; }
 
@@ -644,6 +647,107 @@ absl::StatusOr<std::vector<int32_t>> CudaBackend::ArgMax(const float* logits, in
   DUET_CUDA_CHECK(cudaMemcpyAsync(out.data(), argmax_out_.get(), rows * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, stream_.get()));
   DUET_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  return out;
+}
+
+absl::StatusOr<std::vector<SampledToken>> CudaBackend::SampleRows(
+    const float* logits, int rows, int vocab, absl::Span<const RowSampling> params) {
+  DUET_RETURN_IF_ERROR(ValidateRowSampling(rows, vocab, params));
+  std::vector<SampledToken> out(rows);
+  if (rows == 0) return out;
+  // Per-row parameters, then the sorted rows' segment offsets (s * vocab, s <= segments) and
+  // their row numbers, uploaded in one copy.
+  std::vector<DevRowSampling> dev(rows);
+  std::vector<int32_t> segment_rows;
+  for (int r = 0; r < rows; ++r) {
+    const RowSampling& p = params[r];
+    dev[r] = DevRowSampling{.seed = p.seed,
+                            .step = p.step,
+                            .temperature = p.temperature,
+                            .top_p = p.top_p,
+                            .top_k = p.top_k,
+                            .num_logprobs = p.num_logprobs,
+                            .sorted_index = -1};
+    if (p.temperature > 0.f || p.num_logprobs > 0) {
+      dev[r].sorted_index = static_cast<int32_t>(segment_rows.size());
+      segment_rows.push_back(r);
+    }
+  }
+  const int segments = static_cast<int>(segment_rows.size());
+  const int64_t candidates = int64_t{segments} * vocab;
+  if (candidates > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("SampleRows: ", segments, " sampled rows of ",
+                                                   vocab, " logits exceed 2^31 candidates"));
+  }
+  std::vector<int32_t> offsets(segments + 1);
+  for (int s = 0; s <= segments; ++s) offsets[s] = s * vocab;
+  const size_t params_bytes = dev.size() * sizeof(DevRowSampling);
+  const size_t offsets_bytes = offsets.size() * sizeof(int32_t);
+  std::vector<uint8_t> meta(params_bytes + offsets_bytes + segment_rows.size() * sizeof(int32_t));
+  std::memcpy(meta.data(), dev.data(), params_bytes);
+  std::memcpy(meta.data() + params_bytes, offsets.data(), offsets_bytes);
+  if (!segment_rows.empty()) {
+    std::memcpy(meta.data() + params_bytes + offsets_bytes, segment_rows.data(),
+                segment_rows.size() * sizeof(int32_t));
+  }
+
+  auto lock = Enter();
+  const auto* dmeta = static_cast<const uint8_t*>(Upload(kSampling, meta.data(), meta.size()));
+  if (dmeta == nullptr) return status();
+  const auto* dparams = reinterpret_cast<const DevRowSampling*>(dmeta);
+  const auto* doffsets = reinterpret_cast<const int32_t*>(dmeta + params_bytes);
+  const auto* dsegment_rows =
+      reinterpret_cast<const int32_t*>(dmeta + params_bytes + offsets_bytes);
+  // Every buffer is reserved before anything is queued: Reserve may synchronise and free.
+  size_t temp_bytes = 0;
+  const size_t result_bytes = static_cast<size_t>(rows) * sizeof(DevSampledRow);
+  if (!Reserve(&sample_results_, result_bytes)) return status();
+  float* keys[2] = {nullptr, nullptr};
+  int32_t* ids[2] = {nullptr, nullptr};
+  if (segments > 0) {
+    const size_t bytes = static_cast<size_t>(candidates) * sizeof(float);
+    static_assert(sizeof(float) == sizeof(int32_t));
+    for (int i = 0; i < 2; ++i) {
+      if (!Reserve(&sort_keys_[i], bytes) || !Reserve(&sort_ids_[i], bytes)) return status();
+      keys[i] = sort_keys_[i].as<float>();
+      ids[i] = sort_ids_[i].as<int32_t>();
+    }
+    int selector = 0;
+    DUET_CUDA_CHECK(SortSegmentsDescending(nullptr, &temp_bytes, keys, ids, &selector, segments,
+                                           vocab, doffsets, stream_.get()));
+    if (!Reserve(&sort_temp_, std::max<size_t>(temp_bytes, 1))) return status();
+    // keys[0] / ids[0] = the sorted rows' logits and ids 0..vocab-1; the sort ping-pongs between
+    // the two buffers and reports which holds the result.
+    LaunchGatherRows(logits, vocab, dsegment_rows, segments, keys[0], ids[0], stream_.get());
+    DUET_CUDA_CHECK(cudaGetLastError());
+    DUET_CUDA_CHECK(SortSegmentsDescending(sort_temp_.get(), &temp_bytes, keys, ids, &selector,
+                                           segments, vocab, doffsets, stream_.get()));
+    if (selector != 0 && selector != 1) {
+      return absl::InternalError("SampleRows: the sort split keys from their ids");
+    }
+    keys[0] = keys[selector];
+    ids[0] = ids[selector];
+  }
+  LaunchSampleRows(logits, rows, vocab, dparams, keys[0], ids[0],
+                   sample_results_.as<DevSampledRow>(), stream_.get());
+  DUET_CUDA_CHECK(cudaGetLastError());
+  std::vector<DevSampledRow> host(rows);
+  // Same stream, after the kernels; the host waits for the copy before reading.
+  DUET_CUDA_CHECK(cudaMemcpyAsync(host.data(), sample_results_.get(), result_bytes,
+                                  cudaMemcpyDeviceToHost, stream_.get()));
+  DUET_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  for (int r = 0; r < rows; ++r) {
+    const DevSampledRow& d = host[r];
+    if (d.id < 0 || d.id >= vocab) {
+      return absl::InternalError(absl::StrCat("SampleRows: row ", r, " sampled token ", d.id,
+                                              " outside the vocabulary of ", vocab));
+    }
+    SampledToken& t = out[r];
+    t.id = d.id;
+    t.logprob = d.logprob;
+    const int num_top = std::min(params[r].num_logprobs, vocab);
+    for (int i = 0; i < num_top; ++i) t.top_logprobs.emplace_back(d.top_ids[i], d.top_logprobs[i]);
+  }
   return out;
 }
 

@@ -100,6 +100,12 @@ class CudaBackend : public ComputeBackend {
   // An event recorded on the compute stream (per layer from ModelRunner's async hook).
   std::shared_ptr<WorkMarker> MarkQueuedWork() override;
 
+  // Sampling on the device (sampling_kernels.cu): argmax for greedy rows, a CUB segmented sort
+  // of the other rows' candidates then a prefix-sum walk; only the per-row results (a few
+  // hundred bytes a row) are copied back. Synchronises the compute stream.
+  absl::StatusOr<std::vector<SampledToken>> SampleRows(
+      const float* logits, int rows, int vocab, absl::Span<const RowSampling> params) override;
+
   // Greedy sampling on the device: out[r] = argmax of logits row r (device memory), copied to
   // the host.
   absl::StatusOr<std::vector<int32_t>> ArgMax(const float* logits, int rows, int vocab);
@@ -110,7 +116,7 @@ class CudaBackend : public ComputeBackend {
     std::vector<uint8_t> shadow;
     DeviceBuffer device;
   };
-  enum SlotKind { kIds = 0, kPositions, kSlots, kAttention, kInvFreq, kNumSlots };
+  enum SlotKind { kIds = 0, kPositions, kSlots, kAttention, kInvFreq, kSampling, kNumSlots };
 
   CudaBackend(int device, ElemType gemm_dtype, bool tensor_prefill);
   absl::Status Init();
@@ -142,6 +148,12 @@ class CudaBackend : public ComputeBackend {
   DeviceBuffer gemm_input_;  // x converted to the GEMM dtype
   DeviceBuffer attn_partials_;
   DeviceBuffer argmax_out_;
+  // SampleRows scratch: the sorted rows' (logit, id) pairs, twice (the sort ping-pongs), CUB's
+  // temporary storage and the per-row results.
+  DeviceBuffer sort_keys_[2];
+  DeviceBuffer sort_ids_[2];
+  DeviceBuffer sort_temp_;
+  DeviceBuffer sample_results_;
   UploadSlot slots_[kNumSlots];
   std::vector<DeviceBuffer> vectors_;  // UploadVector results, alive as long as the backend
 

@@ -1,6 +1,5 @@
 // Elementwise and row-wise kernels: embedding, RMSNorm (+ fused residual add), RoPE, SwiGLU,
-// bias, dtype conversion, uniform fill, argmax.
-#include <cfloat>
+// bias, dtype conversion, uniform fill.
 #include <cstdint>
 
 #include "common/compute/cuda/device_types.cuh"
@@ -115,32 +114,6 @@ __global__ void FillUniformKernel(T* __restrict__ dst, int64_t n, uint64_t seed,
   }
 }
 
-// One block per row: (value, index) max with the lowest index on ties.
-__global__ void ArgMaxKernel(const float* __restrict__ logits, int vocab, int32_t* __restrict__ out) {
-  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  float best = -FLT_MAX;
-  int best_i = 0x7fffffff;
-  for (int j = threadIdx.x; j < vocab; j += kThreads) {
-    const float v = row[j];
-    if (v > best || (v == best && j < best_i)) { best = v; best_i = j; }
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-    if (ov > best || (ov == best && oi < best_i)) { best = ov; best_i = oi; }
-  }
-  __shared__ float vals[kThreads / 32];
-  __shared__ int idxs[kThreads / 32];
-  if (threadIdx.x % 32 == 0) { vals[threadIdx.x / 32] = best; idxs[threadIdx.x / 32] = best_i; }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) {
-      if (vals[w] > best || (vals[w] == best && idxs[w] < best_i)) { best = vals[w]; best_i = idxs[w]; }
-    }
-    out[blockIdx.x] = best_i == 0x7fffffff ? 0 : best_i;
-  }
-}
-
 }  // namespace
 
 void LaunchEmbed(const float* table, int dim, const int32_t* ids, int n, float* out,
@@ -218,11 +191,6 @@ void LaunchFillUniform(void* dst, ElemType type, int64_t n, uint64_t seed, float
           <<<blocks, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst), n, seed, scale);
       break;
   }
-}
-
-void LaunchArgMax(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s) {
-  if (rows <= 0) return;
-  ArgMaxKernel<<<rows, kThreads, 0, s>>>(logits, vocab, out);
 }
 
 }  // namespace duet::compute::cuda

@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace duet::compute::cuda {
@@ -35,8 +36,50 @@ void LaunchConvertFromF32(const float* src, void* dst, ElemType dst_type, int64_
 // dst = UniformFromHash(seed, i, scale) for i < n (see uniform_hash.h).
 void LaunchFillUniform(void* dst, ElemType type, int64_t n, uint64_t seed, float scale,
                        cudaStream_t s);
+
+// ---- sampling (sampling_kernels.cu; the algorithm of common/compute/sampling.h)
 // out[r] = argmax_j logits[r, j] (lowest index on ties).
 void LaunchArgMax(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s);
+
+inline constexpr int kDevMaxTopLogprobs = 20;  // == compute::kMaxTopLogprobs (static_assert'ed)
+
+// One row's sampling parameters (compute::RowSampling) as the kernel reads them.
+struct DevRowSampling {
+  uint64_t seed = 0;
+  int64_t step = 0;
+  float temperature = 0.f;
+  float top_p = 1.f;
+  int32_t top_k = 0;
+  int32_t num_logprobs = 0;
+  // Segment of this row's sorted candidates (LaunchGatherRows + SortSegmentsDescending); -1 for
+  // rows that need none (greedy without logprobs). Required for temperature > 0 or logprobs.
+  int32_t sorted_index = -1;
+  int32_t unused = 0;
+};
+
+struct DevSampledRow {
+  int32_t id;
+  float logprob;
+  int32_t top_ids[kDevMaxTopLogprobs];  // the first min(num_logprobs, vocab) are set
+  float top_logprobs[kDevMaxTopLogprobs];
+};
+
+// keys[s * vocab + j] = logits[segment_rows[s] * vocab + j] and ids[s * vocab + j] = j for
+// s < num_segments (segment_rows in device memory).
+void LaunchGatherRows(const float* logits, int vocab, const int32_t* segment_rows, int num_segments,
+                      float* keys, int32_t* ids, cudaStream_t s);
+// Sorts each segment [offsets[s], offsets[s + 1]) of (keys[0], ids[0]) by key, descending and
+// stable (CUB segmented radix sort), ping-ponging with (keys[1], ids[1]): the result is in
+// (keys[*selector], ids[*selector]). With temp == nullptr only sets *temp_bytes (no work).
+// num_segments * vocab < 2^31; offsets (device memory) has num_segments + 1 entries.
+cudaError_t SortSegmentsDescending(void* temp, size_t* temp_bytes, float* keys[2], int32_t* ids[2],
+                                   int* selector, int num_segments, int vocab,
+                                   const int32_t* offsets, cudaStream_t s);
+// One token per row of logits [rows, vocab]: argmax for greedy rows, else the walk over the
+// row's sorted candidates; logprob and top logprobs from log-softmax of the raw row.
+void LaunchSampleRows(const float* logits, int rows, int vocab, const DevRowSampling* params,
+                      const float* sorted_keys, const int32_t* sorted_ids, DevSampledRow* out,
+                      cudaStream_t s);
 
 // ---- KV cache and attention (attention_kernels.cu, prefill_tensor_kernels.cu)
 struct KvCacheArgs {

@@ -227,6 +227,79 @@ TEST(ModelRunnerTest, BadInputIsRefusedAndChangesNothing) {
   EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Forward with `sample` gives exactly the token Sample() picks from Forward's logits, per
+// sequence (its own parameters and step), in batches that mix sequences that sample, want
+// logits, or both; sampled-only batches bring no logits to the host.
+TEST(ModelRunnerTest, SamplingInForwardEqualsSampleOfTheLogits) {
+  Model m = MakeModel({});
+  const int vocab = m.runner->config().vocab_size;
+  const std::vector<SamplingParams> params = {
+      {.logprobs = 3},
+      {.temperature = 0.9f, .top_k = 20, .seed = 4},
+      {.temperature = 1.3f, .top_p = 0.8f, .seed = 11, .logprobs = 5},
+      {.temperature = 0.7f, .seed = 2}};
+  const int n = static_cast<int>(params.size());
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);  // 0: all sample; 1: all both; 2: mixed
+    std::vector<std::unique_ptr<kv::BlockTable>> ref_tables, tables;
+    for (int i = 0; i < n; ++i) {
+      ref_tables.push_back(std::make_unique<kv::BlockTable>(m.pool.get()));
+      tables.push_back(std::make_unique<kv::BlockTable>(m.pool.get()));
+    }
+    std::vector<std::vector<int32_t>> next(n);
+    for (int i = 0; i < n; ++i) next[i] = Tokens(5 + 3 * i, i, vocab);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<SequenceInput> ref, batch;
+      for (int i = 0; i < n; ++i) {
+        ref.push_back({.seq_id = i,
+                       .tokens = next[i],
+                       .start_pos = static_cast<int32_t>(ref_tables[i]->num_tokens()),
+                       .table = ref_tables[i].get(),
+                       .want_logits = true});
+        const bool sample = variant != 2 || i % 2 == 1;
+        batch.push_back({.seq_id = i,
+                         .tokens = next[i],
+                         .start_pos = static_cast<int32_t>(tables[i]->num_tokens()),
+                         .table = tables[i].get(),
+                         .want_logits = variant != 0 || !sample,
+                         .sample = sample ? &params[i] : nullptr,
+                         .sample_step = step + i});
+      }
+      auto want = m.runner->Forward(absl::MakeSpan(ref), m.pool->View());
+      auto got = m.runner->Forward(absl::MakeSpan(batch), m.pool->View());
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->seq_ids, want->seq_ids);
+      ASSERT_EQ(got->tokens.size(), static_cast<size_t>(n));
+      EXPECT_EQ(got->logits.size(), variant == 0 ? 0u : want->logits.size());
+      for (int i = 0; i < n; ++i) {
+        SCOPED_TRACE(i);
+        const SampledToken& t = got->tokens[i];
+        if (batch[i].sample == nullptr) {
+          EXPECT_EQ(t.id, -1);
+          next[i] = {static_cast<int32_t>(step * 31 + i) % vocab};
+          continue;
+        }
+        const SampledToken expect = Sample(want->Row(i), vocab, params[i], step + i);
+        EXPECT_EQ(t.id, expect.id);
+        EXPECT_EQ(t.logprob, expect.logprob);
+        EXPECT_EQ(t.top_logprobs, expect.top_logprobs);
+        next[i] = {t.id};
+      }
+      if (variant == 2) {  // the logits of the mixed batch are the reference's
+        EXPECT_EQ(got->logits, want->logits);
+      }
+    }
+  }
+  // Bad sampling parameters are refused before anything runs.
+  kv::BlockTable t(m.pool.get());
+  const SamplingParams bad{.temperature = 1.f, .top_p = 0.f};
+  std::vector<SequenceInput> b = {{.tokens = {1, 2}, .table = &t, .sample = &bad}};
+  auto r = m.runner->Forward(absl::MakeSpan(b), m.pool->View());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.num_tokens(), 0);
+}
+
 TEST(LocalEngineTest, GreedyGenerationIsDeterministicAndStops) {
   const fs::path dir = fs::temp_directory_path() / ("duet_engine_test_" + std::to_string(getpid()));
   ASSERT_TRUE(WriteSyntheticModel("tiny", 5, dir.string()).ok());
