@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/base/clock.h"
 
 namespace duet::bench {
@@ -12,9 +13,13 @@ namespace {
 
 // Streams max_tokens tokens, `token_ms` apart; background requests stream until cancelled.
 // Fails every request whose prompt starts with id 0. Tracks the most requests in flight.
+// With wait_for_background > 0, a main request starts streaming only once that many
+// background requests have streamed a token (bounded wait), so tests about overlap do not
+// depend on thread scheduling.
 class FakeClient : public Client {
  public:
-  explicit FakeClient(int token_ms) : token_ms_(token_ms) {}
+  explicit FakeClient(int token_ms, int wait_for_background = 0)
+      : token_ms_(token_ms), wait_for_background_(wait_for_background) {}
   RequestRecord Send(const RequestSpec& spec, absl::Duration timeout, CancelScope* scope) override {
     RequestRecord r;
     r.cls = spec.cls;
@@ -37,7 +42,14 @@ class FakeClient : public Client {
     }
     ++sent_;
     r.send_ns = MonotonicNanos();
-    const int n = spec.cls == "background" ? 1000000 : spec.max_tokens;
+    const bool background = spec.cls == "background";
+    if (!background && wait_for_background_ > 0) {
+      const int64_t deadline = MonotonicNanos() + 5'000'000'000;
+      while (background_streaming_.load() < wait_for_background_ && MonotonicNanos() < deadline) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+    const int n = background ? 1000000 : spec.max_tokens;
     for (int i = 0; i < n; ++i) {
       if (cancelled.WaitForNotificationWithTimeout(absl::Milliseconds(token_ms_))) {
         r.cut_at_end = true;
@@ -45,6 +57,7 @@ class FakeClient : public Client {
         break;
       }
       r.token_ns.push_back(MonotonicNanos());
+      if (background && i == 0) ++background_streaming_;
     }
     r.end_ns = MonotonicNanos();
     if (!spec.token_ids.empty() && spec.token_ids[0] == 0) r.status = absl::InternalError("bad");
@@ -57,9 +70,11 @@ class FakeClient : public Client {
   std::atomic<int> sent_{0};
   std::atomic<int> inflight_{0};
   std::atomic<int> max_inflight_{0};
+  std::atomic<int> background_streaming_{0};
 
  private:
   const int token_ms_;
+  const int wait_for_background_;
 };
 
 SyntheticOptions Short() { return {.input = {4, 4}, .output = {3, 3}, .min_token_id = 1}; }
@@ -108,7 +123,7 @@ TEST(RunnerTest, DurationStopsIssuing) {
 }
 
 TEST(RunnerTest, BackgroundRunsAlongsideAndIsCutAtTheEnd) {
-  FakeClient client(2);
+  FakeClient client(2, /*wait_for_background=*/2);
   SyntheticSource main(Short(), 1, "main"), bg(Short(), 3, "background");
   const int64_t t0 = MonotonicNanos();
   const RunResult r =
