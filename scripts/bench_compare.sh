@@ -5,8 +5,8 @@
 # (setup, rate), a summary (JSON + Markdown table) and PNG plots (gnuplot).
 #
 #   scripts/bench_compare.sh --quick                 # ~4 min: 1 rate, 45 s
-#   scripts/bench_compare.sh --out bench/results     # ~10 min: 2 rates, 100 s each
-# (A 512-1024-token prefill takes 10-20 s on one core of the 2-core development machine, so the
+#   scripts/bench_compare.sh --out bench/results     # ~16 min: 2 rates, 150 s each
+# (A 512-1024-token prefill takes 2.5-5 s on one core of the 2-core development machine, so the
 # rates are low; raise --rates on a bigger machine.)
 #   options: --model PATH (default: synthetic smollm2-135m preset, made if missing)
 #            --rates "0.1 0.2" --duration S --transport shm|tcp --out DIR --build DIR
@@ -21,8 +21,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${DUET_BUILD_DIR:-$ROOT/build}"
 OUT="$ROOT/bench/results"
 MODEL=""
-RATES="0.03 0.06"
-DURATION=100
+RATES="0.06 0.12"
+DURATION=150
 TRANSPORT=shm
 QUICK=0
 SETUPS="colocated pipelined bulk"

@@ -135,7 +135,7 @@ set title 'TTFT of long prompts (512-1024 tokens)'
 set xlabel 'request rate (req/s)'; set ylabel 'ms (log scale)'
 plot {lines([(2, 'p50'), (3, 'p99')])}
 set output '{out}/gap.png'
-set title 'First-to-second-token gap (long prompts): where the KV transfer shows'
+set title 'First-to-second-token gap (long prompts)'
 plot {lines([(4, 'p50'), (5, 'p99')])}
 set output '{out}/tpot.png'
 set title 'TPOT p99: long prompts and the running decodes'
