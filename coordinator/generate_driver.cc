@@ -259,13 +259,26 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
   preq.set_deadline_ms(absl::ToInt64Milliseconds(options_.tracker.prefill_timeout));
   ar.threads.emplace_back([arp, pstubs, prefill_ctx, attempt, preq = std::move(preq),
                            name = p->node.ToString()] {
+    // The first message is the first token (as soon as P sampled it); the last says the KV has
+    // landed on D. The stream's status is the prefill's.
+    auto reader = pstubs->prefill->Prefill(prefill_ctx.get(), preq);
     v1::PrefillResponse presp;
-    absl::Status s = rpc::FromGrpcStatus(pstubs->prefill->Prefill(prefill_ctx.get(), preq, &presp),
-                                         absl::StrCat("Prefill on ", name));
-    if (s.ok()) {
-      arp->Push(RequestEvent{.kind = RequestEvent::kFirstToken, .attempt = attempt,
-                             .prefill = std::move(presp)});
-    } else {
+    bool first = false, landed = false;
+    while (reader->Read(&presp)) {
+      if (!first) {
+        first = true;
+        arp->Push(RequestEvent{.kind = RequestEvent::kFirstToken, .attempt = attempt,
+                               .prefill = presp});
+      }
+      if (presp.kv_landed()) landed = true;
+    }
+    absl::Status s =
+        rpc::FromGrpcStatus(reader->Finish(), absl::StrCat("Prefill on ", name));
+    if (s.ok() && !landed) {
+      s = absl::InternalError(absl::StrCat("Prefill on ", name,
+                                           " ended without saying the KV had landed"));
+    }
+    if (!s.ok()) {
       arp->Push(RequestEvent{.kind = RequestEvent::kPrefillFailed, .attempt = attempt, .status = s});
     }
   });
@@ -285,6 +298,7 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
   absl::Time first_token_at = absl::InfinitePast();
   v1::RequestTimings timings;
   bool first_sent = false;
+  int32_t first_token_id = -1;
   std::vector<RequestEvent> held;  // D's events that overtook P's first token
 
   auto write_token = [&](int32_t token, float logprob,
@@ -357,8 +371,24 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
         if (absl::Status s = tracker_.OnFirstToken(ar.id, p.node, now); !s.ok()) {
           DUET_LOG(WARNING) << "request " << ar.id << ": " << s;
         }
-        first_token_at = now;
         const v1::PrefillResponse& pr = ev.prefill;
+        if (first_sent) {
+          // A retry after the first token went out (the KV did not land): sampling depends only
+          // on (seed, step), so the new prefill node must sample the same token.
+          if (pr.first_token_id() != first_token_id) {
+            absl::Status s = absl::InternalError(absl::StrCat(
+                "request ", ar.id, ": the retried prefill on ", p.node.ToString(),
+                " sampled first token ", pr.first_token_id(), " but ", first_token_id,
+                " was already sent"));
+            absl::StatusOr<Effects> fx = tracker_.Cancel(ar.id, absl::Now());
+            if (fx.ok()) Apply(*std::move(fx));
+            return s;
+          }
+          timings.set_prefill_compute_us(pr.prefill_compute_us());
+          break;
+        }
+        first_token_at = now;
+        first_token_id = pr.first_token_id();
         timings.set_queue_us(Micros(prefill_started - start) + pr.queue_us());
         timings.set_reserve_us(ar.reserve_us);
         timings.set_prefill_compute_us(pr.prefill_compute_us());

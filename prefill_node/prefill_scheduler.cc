@@ -125,7 +125,8 @@ void PrefillScheduler::Shutdown() {
 // The caller's side: admission, waiting, cleanup.
 
 absl::StatusOr<PrefillResult> PrefillScheduler::Run(PrefillJob job,
-                                                    std::function<bool()> caller_gone) {
+                                                    std::function<bool()> caller_gone,
+                                                    FirstTokenCallback on_first_token) {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the prefill node is shutting down");
@@ -137,11 +138,11 @@ absl::StatusOr<PrefillResult> PrefillScheduler::Run(PrefillJob job,
   };
   const std::string id = job.request_id;
   DUET_ASSIGN_OR_RETURN(std::shared_ptr<Entry> e, Admit(std::move(job)));
-  absl::Status status = Drive(*e, caller_gone);
+  absl::Status status = Drive(*e, caller_gone, on_first_token);
   absl::StatusOr<PrefillResult> result;
   if (status.ok()) {
     // Completion times of each layer's write, in posting order (each a bound from above).
-    result = MakeResult(*e, e->landed_us);
+    result = MakeResult(*e, /*kv_landed=*/true);
     Release(*e, absl::OkStatus());
   } else {
     Stop(e, status);
@@ -286,9 +287,11 @@ absl::Status PrefillScheduler::CheckStillWanted(const Entry& e,
   return absl::OkStatus();
 }
 
-absl::Status PrefillScheduler::Drive(Entry& e, const std::function<bool()>& caller_gone) {
+absl::Status PrefillScheduler::Drive(Entry& e, const std::function<bool()>& caller_gone,
+                                     const FirstTokenCallback& on_first_token) {
   const uint64_t tid = e.job.transfer_id;
   int timed = 0;  // layers whose write completion was recorded
+  bool told_first_token = on_first_token == nullptr;
   while (true) {
     const absl::Time wake = std::min(e.job.deadline, absl::Now() + options_.poll_interval);
     bool computed = false;
@@ -310,6 +313,10 @@ absl::Status PrefillScheduler::Drive(Entry& e, const std::function<bool()>& call
       posted = e.layers_posted;
     }
     DUET_RETURN_IF_ERROR(CheckStillWanted(e, caller_gone));
+    if (computed && !told_first_token) {
+      told_first_token = true;
+      on_first_token(MakeResult(e, /*kv_landed=*/false));
+    }
     if (timed < posted) {
       DUET_ASSIGN_OR_RETURN(transfer::TransferHandle h, sender_->LayerHandle(tid, timed));
       absl::Status s = h.Wait(std::min(e.job.deadline, absl::Now() + options_.poll_interval));
@@ -375,7 +382,7 @@ void PrefillScheduler::Release(Entry& e, const absl::Status& reason) {
   }
 }
 
-PrefillResult PrefillScheduler::MakeResult(const Entry& e, const std::vector<int64_t>& landed_us) {
+PrefillResult PrefillScheduler::MakeResult(const Entry& e, bool kv_landed) {
   absl::MutexLock lock(&mu_);
   PrefillResult r;
   r.first_token = e.first_token;
@@ -383,10 +390,11 @@ PrefillResult PrefillScheduler::MakeResult(const Entry& e, const std::vector<int
   r.prefill_compute_us = e.compute_us;
   r.layer_done_unix_us = e.layer_done_us;
   r.chunks = e.chunks;
+  if (!kv_landed) return r;
   int64_t last_landed = 0;
   for (int l = 0; l < num_layers_; ++l) {
-    r.layer_transfer_us.push_back(std::max<int64_t>(0, landed_us[l] - e.layer_done_us[l]));
-    last_landed = std::max(last_landed, landed_us[l]);
+    r.layer_transfer_us.push_back(std::max<int64_t>(0, e.landed_us[l] - e.layer_done_us[l]));
+    last_landed = std::max(last_landed, e.landed_us[l]);
   }
   r.transfer_tail_us = std::max<int64_t>(0, last_landed - e.forward_done_us);
   return r;

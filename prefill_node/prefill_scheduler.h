@@ -120,7 +120,12 @@ class PrefillScheduler {
   // completed. Errors: InvalidArgument (bad prompt, block count, sampling), AlreadyExists (id
   // in flight), ResourceExhausted (P's pool is full), DeadlineExceeded, Cancelled (Cancel or
   // `caller_gone` returned true), Unavailable (decode peer lost, or shutting down).
-  absl::StatusOr<PrefillResult> Run(PrefillJob job, std::function<bool()> caller_gone = nullptr);
+  // `on_first_token`, when set, is called on the caller's thread as soon as the first token is
+  // sampled, before the KV has landed, with the token, queue_us, prefill_compute_us, chunks and
+  // layer_done_unix_us (no transfer timings); Run may still fail after it.
+  using FirstTokenCallback = std::function<void(const PrefillResult&)>;
+  absl::StatusOr<PrefillResult> Run(PrefillJob job, std::function<bool()> caller_gone = nullptr,
+                                    FirstTokenCallback on_first_token = nullptr);
   // The checks Run makes before admitting a job, except its peer and deadline: prompt (token
   // ids in the vocabulary, shorter than the context), sampling, destination block count.
   absl::Status Validate(const PrefillJob& job) const;
@@ -144,13 +149,15 @@ class PrefillScheduler {
                    transfer::KvStreamSender* sender, PrefillSchedulerOptions options);
 
   absl::StatusOr<std::shared_ptr<Entry>> Admit(PrefillJob job);
-  absl::Status Drive(Entry& e, const std::function<bool()>& caller_gone);
+  absl::Status Drive(Entry& e, const std::function<bool()>& caller_gone,
+                     const FirstTokenCallback& on_first_token);
   absl::Status CheckStillWanted(const Entry& e, const std::function<bool()>& caller_gone);
   // `s` as the request's error: Unavailable naming the decode node when it is lost.
   absl::Status PeerFailure(const Entry& e, const absl::Status& s) const;
   void Stop(const std::shared_ptr<Entry>& e, const absl::Status& reason);
   void Release(Entry& e, const absl::Status& reason);
-  PrefillResult MakeResult(const Entry& e, const std::vector<int64_t>& landed_us);
+  // The result so far; with kv_landed, also the transfer timings (every layer landed).
+  PrefillResult MakeResult(const Entry& e, bool kv_landed);
 
   void Loop();
   std::vector<BatchItem> NextBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -21,17 +21,42 @@ PrefillService::PrefillService(PrefillServiceOptions options, transfer::Transpor
                                PrefillScheduler* scheduler)
     : options_(std::move(options)), transport_(transport), scheduler_(scheduler) {}
 
+namespace {
+
+v1::PrefillResponse ToResponse(const std::string& request_id, const PrefillResult& r,
+                               bool kv_landed) {
+  v1::PrefillResponse resp;
+  resp.set_request_id(request_id);
+  resp.set_first_token_id(r.first_token.id);
+  resp.set_logprob(r.first_token.logprob);
+  for (const auto& [id, lp] : r.first_token.top_logprobs) {
+    v1::TopLogprob* t = resp.add_top_logprobs();
+    t->set_token_id(id);
+    t->set_logprob(lp);
+  }
+  resp.set_queue_us(r.queue_us);
+  resp.set_prefill_compute_us(r.prefill_compute_us);
+  resp.set_transfer_tail_us(r.transfer_tail_us);
+  for (int64_t us : r.layer_transfer_us) resp.add_layer_transfer_us(us);
+  resp.set_kv_landed(kv_landed);
+  return resp;
+}
+
+}  // namespace
+
 grpc::Status PrefillService::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* request,
-                                     v1::PrefillResponse* response) {
+                                     grpc::ServerWriter<v1::PrefillResponse>* writer) {
   const absl::Time deadline = absl::FromChrono(ctx->deadline());
-  absl::StatusOr<v1::PrefillResponse> r =
-      DoPrefill(*request, deadline, [ctx] { return ctx->IsCancelled(); });
+  // A failed Write means the caller is gone, which ctx->IsCancelled() reports to the scheduler.
+  absl::StatusOr<v1::PrefillResponse> r = DoPrefill(
+      *request, deadline, [ctx] { return ctx->IsCancelled(); },
+      [writer](const v1::PrefillResponse& first) { (void)writer->Write(first); });
   if (options_.metrics != nullptr) {
     options_.metrics->RecordPrefill(r.status(), request->prompt_token_ids_size(),
                                     request->destination().block_ids_size(), r.ok() ? &*r : nullptr);
   }
   if (!r.ok()) return rpc::ToGrpcStatus(r.status());
-  *response = std::move(*r);
+  (void)writer->Write(*r);
   return grpc::Status::OK;
 }
 
@@ -45,9 +70,9 @@ grpc::Status PrefillService::CancelPrefill(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(const v1::PrefillRequest& request,
-                                                              absl::Time deadline,
-                                                              std::function<bool()> caller_gone) {
+absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(
+    const v1::PrefillRequest& request, absl::Time deadline, std::function<bool()> caller_gone,
+    std::function<void(const v1::PrefillResponse&)> on_first_token) {
   const absl::Duration budget = request.deadline_ms() > 0
                                     ? absl::Milliseconds(request.deadline_ms())
                                     : options_.default_deadline;
@@ -103,27 +128,19 @@ absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(const v1::PrefillR
     tell_decode(valid);
     return valid;
   }
-  absl::StatusOr<PrefillResult> run = scheduler_->Run(std::move(job), std::move(caller_gone));
+  PrefillScheduler::FirstTokenCallback first;
+  if (on_first_token) {
+    first = [&](const PrefillResult& r) {
+      on_first_token(ToResponse(request.request_id(), r, /*kv_landed=*/false));
+    };
+  }
+  absl::StatusOr<PrefillResult> run =
+      scheduler_->Run(std::move(job), std::move(caller_gone), std::move(first));
   if (!run.ok()) {
     tell_decode(run.status());  // a second kAborted after the scheduler's own is harmless
     return run.status();
   }
-  PrefillResult& r = *run;
-
-  v1::PrefillResponse resp;
-  resp.set_request_id(request.request_id());
-  resp.set_first_token_id(r.first_token.id);
-  resp.set_logprob(r.first_token.logprob);
-  for (const auto& [id, lp] : r.first_token.top_logprobs) {
-    v1::TopLogprob* t = resp.add_top_logprobs();
-    t->set_token_id(id);
-    t->set_logprob(lp);
-  }
-  resp.set_queue_us(r.queue_us);
-  resp.set_prefill_compute_us(r.prefill_compute_us);
-  resp.set_transfer_tail_us(r.transfer_tail_us);
-  for (int64_t us : r.layer_transfer_us) resp.add_layer_transfer_us(us);
-  return resp;
+  return ToResponse(request.request_id(), *run, /*kv_landed=*/true);
 }
 
 absl::StatusOr<transfer::PeerId> PrefillService::ConnectPeer(const std::string& address,

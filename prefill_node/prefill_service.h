@@ -1,9 +1,10 @@
 // PrefillService: the duet.v1.PrefillNode gRPC service. Turns a PrefillRequest into a
 // PrefillJob for the scheduler: checks the destination's KV layout against this node's
 // (FAILED_PRECONDITION naming both), connects to the decode node's transfer address (one
-// PeerId per address, cached), converts sampling options, then blocks in PrefillScheduler::Run
-// until the KV has landed and answers with the first token and timings. CancelPrefill stops a
-// request in flight (its Prefill call answers CANCELLED).
+// PeerId per address, cached), converts sampling options, then blocks in PrefillScheduler::Run:
+// it streams the first token as soon as it is sampled, and a last message (kv_landed) with the
+// timings once the KV has landed. CancelPrefill stops a request in flight (its Prefill call
+// answers CANCELLED).
 //
 //   PrefillService service({.node_id = "prefill-0", .layout = layout}, transport, scheduler);
 //   DUET_ASSIGN_OR_RETURN(auto server, rpc::StartServer("127.0.0.1:0", {&service}, &port));
@@ -42,14 +43,16 @@ class PrefillService final : public v1::PrefillNode::Service {
                  PrefillScheduler* scheduler);
 
   grpc::Status Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* request,
-                       v1::PrefillResponse* response) override;
+                       grpc::ServerWriter<v1::PrefillResponse>* writer) override;
   grpc::Status CancelPrefill(grpc::ServerContext* ctx, const v1::CancelPrefillRequest* request,
                              v1::CancelPrefillResponse* response) override;
 
   // The handler without gRPC: `deadline` bounds the whole request (deadline_ms narrows it).
-  absl::StatusOr<v1::PrefillResponse> DoPrefill(const v1::PrefillRequest& request,
-                                                absl::Time deadline,
-                                                std::function<bool()> caller_gone = nullptr);
+  // Returns the last message (kv_landed); `on_first_token` gets the first one.
+  absl::StatusOr<v1::PrefillResponse> DoPrefill(
+      const v1::PrefillRequest& request, absl::Time deadline,
+      std::function<bool()> caller_gone = nullptr,
+      std::function<void(const v1::PrefillResponse&)> on_first_token = nullptr);
 
  private:
   // The PeerId of the decode node at `address` (connecting on first use); Unavailable naming

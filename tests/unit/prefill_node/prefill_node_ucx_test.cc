@@ -76,11 +76,9 @@ TEST_P(PrefillNodeUcxTest, StreamsExactKvAndAnswersTheFirstToken) {
     d->set_region_num_blocks(kDecodeBlocks);
     d->set_num_tokens(n);
     d->set_transfer_id(9000 + n);
-    grpc::ClientContext ctx;
-    rpc::SetDeadline(ctx, absl::Seconds(30));
-    v1::PrefillResponse resp;
-    absl::Status s = rpc::FromGrpcStatus(stub->Prefill(&ctx, req, &resp));
-    ASSERT_TRUE(s.ok()) << s;
+    absl::StatusOr<v1::PrefillResponse> r = testing::CallPrefill(stub.get(), req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const v1::PrefillResponse& resp = *r;
     EXPECT_EQ(resp.first_token_id(), ref.FirstToken(prompt));
     EXPECT_EQ(resp.layer_transfer_us_size(), layout.num_layers);
     // Notices may trail the write completions P saw by a progress-thread hop.

@@ -327,6 +327,33 @@ TEST_F(PrefillSchedulerTest, LayerPipeliningPostsEachLayerFromTheHook) {
 // so what lands on D went through CopyKvToHost and the poster thread; pipelined and bulk, single
 // and chunked prompts, batched together: exact KV, the reference first token, every layer once
 // and the final notice last, nothing left behind.
+// The first token is handed out once sampled, before Run waits for the KV to land: once per
+// request, without transfer timings, and equal to the token Run returns.
+TEST_F(PrefillSchedulerTest, FirstTokenIsHandedOutBeforeRunReturns) {
+  for (bool pipelined : {true, false}) {
+    SCOPED_TRACE(pipelined ? "pipelined" : "bulk");
+    Rig r({.no_layer_pipelining = !pipelined});
+    Reference ref = Reference::Load(16);
+    const std::vector<int32_t> prompt = Prompt(40, 9, r.vocab());
+    PrefillJob job = r.Job("first", 77, prompt);
+    std::vector<PrefillResult> early;
+    absl::StatusOr<PrefillResult> res = r.sched->Run(
+        std::move(job), nullptr, [&](const PrefillResult& first) { early.push_back(first); });
+    ASSERT_TRUE(res.ok()) << res.status();
+    ASSERT_EQ(early.size(), 1u);
+    EXPECT_EQ(early[0].first_token.id, ref.FirstToken(prompt));
+    EXPECT_EQ(early[0].first_token.id, res->first_token.id);
+    EXPECT_EQ(early[0].prefill_compute_us, res->prefill_compute_us);
+    EXPECT_GT(early[0].prefill_compute_us, 0);
+    EXPECT_EQ(early[0].layer_done_unix_us.size(), 2u);
+    EXPECT_TRUE(early[0].layer_transfer_us.empty());
+    EXPECT_EQ(res->layer_transfer_us.size(), 2u);
+    r.DrainD();
+    (void)ExpectCompleteStream(r.got[77], r.layout.num_layers);
+    r.ExpectNoLeaks();
+  }
+}
+
 TEST_F(PrefillSchedulerTest, StagedThroughAHostMirrorLandsExactKv) {
   for (bool pipelined : {true, false}) {
     SCOPED_TRACE(pipelined ? "pipelined" : "bulk");

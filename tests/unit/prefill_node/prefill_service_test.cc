@@ -77,12 +77,7 @@ class PrefillServiceTest : public ::testing::Test {
     return req;
   }
   absl::StatusOr<v1::PrefillResponse> Call(const v1::PrefillRequest& req) {
-    grpc::ClientContext ctx;
-    rpc::SetDeadline(ctx, absl::Seconds(30));
-    v1::PrefillResponse resp;
-    absl::Status s = rpc::FromGrpcStatus(stub_->Prefill(&ctx, req, &resp));
-    if (!s.ok()) return s;
-    return resp;
+    return testing::CallPrefill(stub_.get(), req);
   }
   void ExpectAllFree() {
     const kv::BlockPoolStats s = node_->PoolStats();

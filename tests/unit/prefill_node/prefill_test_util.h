@@ -18,6 +18,9 @@
 #include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"
 #include "duet/v1/decode.pb.h"
+#include "duet/v1/prefill.grpc.pb.h"
+#include "proto/channel.h"
+#include "proto/status_util.h"
 #include "transfer/kv_stream/kv_notice.h"
 #include "transfer/transport.h"
 
@@ -135,6 +138,29 @@ inline v1::KvCompletion ExpectCompleteStream(const Received& r, int num_layers) 
   }
   for (int l = 0; l < num_layers; ++l) EXPECT_EQ(seen[l], 1) << "layer " << l;
   return c;
+}
+
+// Calls Prefill and checks its two-message protocol: the first token first (kv_landed false,
+// no transfer timings), then kv_landed with the same token. Returns the last message, or the
+// call's error.
+inline absl::StatusOr<v1::PrefillResponse> CallPrefill(v1::PrefillNode::Stub* stub,
+                                                       const v1::PrefillRequest& req) {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(ctx, absl::Seconds(30));
+  auto reader = stub->Prefill(&ctx, req);
+  std::vector<v1::PrefillResponse> got;
+  v1::PrefillResponse m;
+  while (reader->Read(&m)) got.push_back(m);
+  absl::Status s = rpc::FromGrpcStatus(reader->Finish());
+  if (!s.ok()) return s;
+  EXPECT_EQ(got.size(), 2u);
+  if (got.size() != 2u) return absl::InternalError("Prefill did not answer with two messages");
+  EXPECT_FALSE(got[0].kv_landed());
+  EXPECT_EQ(got[0].layer_transfer_us_size(), 0);
+  EXPECT_TRUE(got[1].kv_landed());
+  EXPECT_EQ(got[0].first_token_id(), got[1].first_token_id());
+  EXPECT_EQ(got[0].prefill_compute_us(), got[1].prefill_compute_us());
+  return got[1];
 }
 
 }  // namespace duet::prefill::testing
