@@ -15,7 +15,7 @@
 # CPU pinning (each side gets the same cores, printed with the results): colocated runs on cores
 # 0-1 with 2 threads; disaggregated puts the prefill node on core 0 and the decode node on core
 # 1 with 1 thread each; the coordinator and the load generator float over cores 0-1. Needs
-# 2 cores. Until `duet serve --colocated` exists the colocated arm is skipped with a message.
+# 2 cores.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${DUET_BUILD_DIR:-$ROOT/build}"
@@ -109,15 +109,10 @@ run_arm() {
 COMMON=(--model "$MODEL" --kv_cache_bytes 1073741824)
 START=$(date +%s)
 
-SERVE_FLAGS="$("$DUET" serve --helpfull 2>&1 || true)"
-if [[ " $SETUPS " != *" colocated "* ]]; then
-  :
-elif grep -q -- '-colocated' <<< "$SERVE_FLAGS"; then
+if [[ " $SETUPS " == *" colocated "* ]]; then
   start_server 0-1 --colocated --threads 2 "${COMMON[@]}"
   run_arm colocated "colocated: one process on cores 0-1, 2 threads"
   stop_server
-else
-  echo "== colocated: skipped (this duet has no 'serve --colocated' yet)"
 fi
 
 for arm in pipelined bulk; do
