@@ -1,7 +1,8 @@
-// K-quant dequantisation. Every product and difference is rounded to float in ggml's order
-// (sub-block scale first: (d * sc) * q - dmin * m), and this file is compiled with
-// -ffp-contract=off (common/model/CMakeLists.txt) so no step is fused into an FMA; the results
-// are then bit for bit those of ggml's reference dequantisation.
+// K-quant dequantisation, in ggml's order of operations: x = (d * sc) * q - dmin * m. With half
+// d and dmin (11 significant bits) and integers of at most 7 bits (sc, m) and 6 bits (q), every
+// product is exact in float, so only the final subtraction rounds: the results are bit for bit
+// ggml's whatever the order of the products and whether the compiler fuses them into an FMA.
+// Q8_K's float d times q rounds once.
 #include "common/model/gguf_kquant.h"
 
 #include <cstring>

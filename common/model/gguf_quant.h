@@ -12,9 +12,9 @@
 //   Q5_1: d, m, 4 bytes high bits, 16     as Q4_1 with a fifth bit from qh
 //   Q8_0: d, 32 int8                      x[j] = q[j] * d
 // K-quants: 256-element super-blocks of 16- or 32-element sub-blocks, each with its own integer
-// scale (and min) under the block's half d (and dmin); x = (d * sc) * q - dmin * m, rounded to
-// float after each step. Below, element e = 128h + 32s + l (h < 2, s < 4, l < 32) and its
-// 16-element sub-block is j = 8h + 2s + l / 16.
+// scale (and min) under the block's half d (and dmin); x = (d * sc) * q - dmin * m (the products
+// are exact in float; only the subtraction rounds). Below, element e = 128h + 32s + l (h < 2,
+// s < 4, l < 32) and its 16-element sub-block is j = 8h + 2s + l / 16.
 //   Q2_K (84 bytes): scales[16], qs[64], d, dmin
 //     q = (qs[32h + l] >> 2s) & 3; x = (d * (scales[j] & 15)) * q - dmin * (scales[j] >> 4)
 //   Q3_K (110): hmask[32], qs[64], scales[12] (sixteen 6-bit), d
