@@ -44,7 +44,8 @@ enum class GgufType : uint32_t {
 const char* GgufTypeName(GgufType type);
 
 // ggml tensor types this reader knows (numbers from ggml.h). Dequantize supports F32, F16, BF16,
-// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0; the others are recognised so errors can name them.
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q2_K to Q8_K; the others are recognised so
+// errors can name them.
 enum class GgmlType : uint32_t {
   kF32 = 0,
   kF16 = 1,

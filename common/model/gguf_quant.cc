@@ -4,18 +4,19 @@
 #include <string>
 
 #include "common/model/float16.h"
+#include "common/model/gguf_kquant.h"
 
 namespace duet::model {
 namespace {
 
 constexpr GgmlTypeInfo kTypes[] = {
-    {0, "F32", 1, 4, true},        {1, "F16", 1, 2, true},        {2, "Q4_0", 32, 18, true},
-    {3, "Q4_1", 32, 20, true},     {6, "Q5_0", 32, 22, true},     {7, "Q5_1", 32, 24, true},
-    {8, "Q8_0", 32, 34, true},     {9, "Q8_1", 32, 36, false},    {10, "Q2_K", 256, 84, false},
-    {11, "Q3_K", 256, 110, false}, {12, "Q4_K", 256, 144, false}, {13, "Q5_K", 256, 176, false},
-    {14, "Q6_K", 256, 210, false}, {15, "Q8_K", 256, 292, false}, {24, "I8", 1, 1, false},
-    {25, "I16", 1, 2, false},      {26, "I32", 1, 4, false},      {27, "I64", 1, 8, false},
-    {28, "F64", 1, 8, false},      {30, "BF16", 1, 2, true},
+    {0, "F32", 1, 4, true},       {1, "F16", 1, 2, true},       {2, "Q4_0", 32, 18, true},
+    {3, "Q4_1", 32, 20, true},    {6, "Q5_0", 32, 22, true},    {7, "Q5_1", 32, 24, true},
+    {8, "Q8_0", 32, 34, true},    {9, "Q8_1", 32, 36, false},   {10, "Q2_K", 256, 84, true},
+    {11, "Q3_K", 256, 110, true}, {12, "Q4_K", 256, 144, true}, {13, "Q5_K", 256, 176, true},
+    {14, "Q6_K", 256, 210, true}, {15, "Q8_K", 256, 292, true}, {24, "I8", 1, 1, false},
+    {25, "I16", 1, 2, false},     {26, "I32", 1, 4, false},     {27, "I64", 1, 8, false},
+    {28, "F64", 1, 8, false},     {30, "BF16", 1, 2, true},
 };
 
 inline uint16_t Load16(const uint8_t* p) {
@@ -60,7 +61,8 @@ absl::Status DequantizeBlocks(uint32_t type, const uint8_t* src, int64_t n, floa
   if (info == nullptr || !info->can_dequantize) {
     return absl::InvalidArgumentError(std::string("cannot dequantize ggml type ") +
                                       (info ? info->name : std::to_string(type)) +
-                                      "; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0");
+                                      "; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+                                      "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K");
   }
   if (n < 0 || n % info->block_size != 0) {
     return absl::InvalidArgumentError(std::string(info->name) + ": " + std::to_string(n) +
@@ -107,6 +109,24 @@ absl::Status DequantizeBlocks(uint32_t type, const uint8_t* src, int64_t n, floa
         for (int j = 0; j < 32; ++j)
           dst[j] = static_cast<float>(static_cast<int8_t>(src[2 + j])) * d;
       }
+      return absl::OkStatus();
+    case 10:
+      DequantizeQ2K(src, blocks, dst);
+      return absl::OkStatus();
+    case 11:
+      DequantizeQ3K(src, blocks, dst);
+      return absl::OkStatus();
+    case 12:
+      DequantizeQ4K(src, blocks, dst);
+      return absl::OkStatus();
+    case 13:
+      DequantizeQ5K(src, blocks, dst);
+      return absl::OkStatus();
+    case 14:
+      DequantizeQ6K(src, blocks, dst);
+      return absl::OkStatus();
+    case 15:
+      DequantizeQ8K(src, blocks, dst);
       return absl::OkStatus();
   }
   return absl::InternalError("unreachable ggml type");

@@ -1,0 +1,155 @@
+// K-quant dequantisation, in ggml's order of operations: x = (d * sc) * q - dmin * m. With half
+// d and dmin (11 significant bits) and integers of at most 7 bits (sc, m) and 6 bits (q), every
+// product is exact in float, so only the final subtraction rounds: the results are bit for bit
+// ggml's whatever the order of the products and whether the compiler fuses them into an FMA.
+// Q8_K's float d times q rounds once.
+#include "common/model/gguf_kquant.h"
+
+#include <cstring>
+
+#include "common/model/float16.h"
+
+namespace duet::model {
+namespace {
+
+inline float LoadHalf(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return HalfToFloat(v);
+}
+
+inline float ToFloat(int v) { return static_cast<float>(v); }
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block's 12 scale bytes s: for
+// j < 4 the low 6 bits of s[j] and s[j + 4]; for j >= 4 a nibble of s[j + 4] with the top two
+// bits of s[j - 4] (scale) and s[j] (min) as bits 4-5.
+inline void ScaleMin(const uint8_t* s, int j, int* scale, int* min) {
+  if (j < 4) {
+    *scale = s[j] & 63;
+    *min = s[j + 4] & 63;
+  } else {
+    *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// The 6-bit scale of sub-block j (0..15) of a Q3_K block's 12 scale bytes s: its low 4 bits are
+// nibble j / 8 of s[j % 8], its high 2 bits are bits 2 * (j / 4) and up of s[8 + j % 4].
+inline int Q3Scale(const uint8_t* s, int j) {
+  return ((s[j % 8] >> (4 * (j / 8))) & 0x0f) | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
+}
+
+// Shared by Q4_K and Q5_K: element 64c + 32k + l (c < 4, k < 2, l < 32) is nibble k of
+// qs[32c + l], plus 16 when bit 2c + k of qh[l] is set (qh null: no fifth bit).
+void FourOrFiveBit(const uint8_t* src, const uint8_t* qh, const uint8_t* qs, float* dst) {
+  const float d = LoadHalf(src);
+  const float dmin = LoadHalf(src + 2);
+  for (int c = 0; c < 4; ++c) {
+    for (int k = 0; k < 2; ++k) {
+      const int j = 2 * c + k;
+      int scale, min;
+      ScaleMin(src + 4, j, &scale, &min);
+      const float dl = d * ToFloat(scale);
+      const float ml = dmin * ToFloat(min);
+      float* y = dst + 32 * j;
+      for (int l = 0; l < 32; ++l) {
+        int q = (qs[32 * c + l] >> (4 * k)) & 0x0f;
+        if (qh != nullptr) q |= ((qh[l] >> j) & 1) << 4;
+        y[l] = dl * ToFloat(q) - ml;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// 84 bytes: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin.
+void DequantizeQ2K(const uint8_t* src, int64_t blocks, float* dst) {
+  for (int64_t b = 0; b < blocks; ++b, src += 84, dst += kKQuantBlock) {
+    const uint8_t* scales = src;
+    const uint8_t* qs = src + 16;
+    const float d = LoadHalf(src + 80);
+    const float dmin = LoadHalf(src + 82);
+    for (int h = 0; h < 2; ++h) {
+      for (int s = 0; s < 4; ++s) {
+        for (int g = 0; g < 2; ++g) {  // the 16-element sub-block 8h + 2s + g
+          const uint8_t sc = scales[8 * h + 2 * s + g];
+          const float dl = d * ToFloat(sc & 0x0f);
+          const float ml = dmin * ToFloat(sc >> 4);
+          const uint8_t* q = qs + 32 * h + 16 * g;
+          float* y = dst + 128 * h + 32 * s + 16 * g;
+          for (int l = 0; l < 16; ++l) y[l] = dl * ToFloat((q[l] >> (2 * s)) & 3) - ml;
+        }
+      }
+    }
+  }
+}
+
+// 110 bytes: hmask[32], qs[64], scales[12] (sixteen 6-bit values), d.
+void DequantizeQ3K(const uint8_t* src, int64_t blocks, float* dst) {
+  for (int64_t b = 0; b < blocks; ++b, src += 110, dst += kKQuantBlock) {
+    const uint8_t* hmask = src;
+    const uint8_t* qs = src + 32;
+    const uint8_t* scales = src + 96;
+    const float d = LoadHalf(src + 108);
+    for (int h = 0; h < 2; ++h) {
+      for (int s = 0; s < 4; ++s) {
+        for (int g = 0; g < 2; ++g) {
+          const float dl = d * ToFloat(Q3Scale(scales, 8 * h + 2 * s + g) - 32);
+          const int bit = 4 * h + s;
+          for (int l = 16 * g; l < 16 * g + 16; ++l) {
+            const int q = ((qs[32 * h + l] >> (2 * s)) & 3) - (((hmask[l] >> bit) & 1) ? 0 : 4);
+            dst[128 * h + 32 * s + l] = dl * ToFloat(q);
+          }
+        }
+      }
+    }
+  }
+}
+
+// 144 bytes: d, dmin, scales[12] (eight 6-bit scale/min pairs), qs[128].
+void DequantizeQ4K(const uint8_t* src, int64_t blocks, float* dst) {
+  for (int64_t b = 0; b < blocks; ++b, src += 144, dst += kKQuantBlock) {
+    FourOrFiveBit(src, nullptr, src + 16, dst);
+  }
+}
+
+// 176 bytes: d, dmin, scales[12], qh[32], qs[128].
+void DequantizeQ5K(const uint8_t* src, int64_t blocks, float* dst) {
+  for (int64_t b = 0; b < blocks; ++b, src += 176, dst += kKQuantBlock) {
+    FourOrFiveBit(src, src + 16, src + 48, dst);
+  }
+}
+
+// 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16], d.
+void DequantizeQ6K(const uint8_t* src, int64_t blocks, float* dst) {
+  for (int64_t b = 0; b < blocks; ++b, src += 210, dst += kKQuantBlock) {
+    const uint8_t* ql = src;
+    const uint8_t* qh = src + 128;
+    const uint8_t* scales = src + 192;
+    const float d = LoadHalf(src + 208);
+    for (int h = 0; h < 2; ++h) {
+      for (int s = 0; s < 4; ++s) {
+        for (int g = 0; g < 2; ++g) {
+          const float dl = d * ToFloat(static_cast<int8_t>(scales[8 * h + 2 * s + g]));
+          for (int l = 16 * g; l < 16 * g + 16; ++l) {
+            const int lo = (ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0f;
+            const int hi = (qh[32 * h + l] >> (2 * s)) & 3;
+            dst[128 * h + 32 * s + l] = dl * ToFloat((lo | (hi << 4)) - 32);
+          }
+        }
+      }
+    }
+  }
+}
+
+// 292 bytes: float32 d, int8 qs[256], int16 bsums[16] (sums of 16 qs each; not needed here).
+void DequantizeQ8K(const uint8_t* src, int64_t blocks, float* dst) {
+  for (int64_t b = 0; b < blocks; ++b, src += 292, dst += kKQuantBlock) {
+    float d;
+    std::memcpy(&d, src, 4);
+    for (int j = 0; j < 256; ++j) dst[j] = d * ToFloat(static_cast<int8_t>(src[4 + j]));
+  }
+}
+
+}  // namespace duet::model
