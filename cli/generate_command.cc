@@ -2,11 +2,13 @@
 // prompt_ids, generated_ids, text, per-token top-K logprobs and timings.
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "common/base/logging.h"
@@ -91,6 +93,10 @@ int RunGenerate(const std::vector<char*>& args) {
     if (!ids.ok()) return Fail(ids.status());
     prompt_ids = *ids;
   } else {
+    if (!(*engine)->has_tokenizer()) {
+      return Fail(absl::FailedPreconditionError(
+          model_dir + " has no tokenizer files: --prompt needs one; give --prompt-ids"));
+    }
     std::string prompt = absl::GetFlag(FLAGS_prompt);
     if (absl::GetFlag(FLAGS_chat)) {
       auto chat = model::RenderChat(model::ChatTemplateOf((*engine)->tokenizer()), prompt);
@@ -115,16 +121,28 @@ int RunGenerate(const std::vector<char*>& args) {
 
   auto result = (*engine)->Generate(prompt_ids, params);
   if (!result.ok()) return Fail(result.status());
-  // Text output leaves out control tokens (BOS, EOS, <|im_end|>, ...).
-  std::vector<int32_t> shown;
-  for (int32_t id : result->generated_ids) {
-    if (!(*engine)->tokenizer().IsControl(id)) shown.push_back(id);
+  // Text output leaves out control tokens (BOS, EOS, <|im_end|>, ...). Without a tokenizer
+  // there is no text: plain output prints the ids, --json has "text": null.
+  std::optional<std::string> text;
+  if ((*engine)->has_tokenizer()) {
+    const model::Tokenizer& tok = (*engine)->tokenizer();
+    std::vector<int32_t> shown;
+    for (int32_t id : result->generated_ids) {
+      if (!tok.IsControl(id)) shown.push_back(id);
+    }
+    auto decoded = tok.Decode(shown);
+    if (!decoded.ok()) return Fail(decoded.status());
+    text = *std::move(decoded);
   }
-  auto text = (*engine)->tokenizer().Decode(shown);
-  if (!text.ok()) return Fail(text.status());
 
   if (!absl::GetFlag(FLAGS_json)) {
-    std::cout << *text << std::endl;
+    if (text) {
+      std::cout << *text << std::endl;
+    } else {
+      std::fprintf(stderr, "duet generate: %s has no tokenizer; printing the generated ids\n",
+                   model_dir.c_str());
+      std::cout << absl::StrJoin(result->generated_ids, ",") << std::endl;
+    }
     return 0;
   }
   nlohmann::json j;
@@ -132,7 +150,7 @@ int RunGenerate(const std::vector<char*>& args) {
   j["backend"] = (*engine)->backend().name();
   j["prompt_ids"] = result->prompt_ids;
   j["generated_ids"] = result->generated_ids;
-  j["text"] = *text;
+  j["text"] = text ? nlohmann::json(*text) : nlohmann::json(nullptr);
   j["finish_reason"] = model::StopReasonName(result->stop);
   nlohmann::json lps = nlohmann::json::array();
   for (const model::SampledToken& t : result->tokens) {

@@ -96,6 +96,10 @@ absl::Status DecodeNode::Init() {
                         kv::BlockPool::CreateOver(layout, num_blocks, pool_base, region_bytes));
   DUET_ASSIGN_OR_RETURN(transfer_address_, transport_->LocalAddress());
 
+  if (!engine_->has_tokenizer()) {
+    return absl::FailedPreconditionError(o.model_dir +
+                                         ": the decode node needs the model's tokenizer files");
+  }
   DUET_ASSIGN_OR_RETURN(scheduler_,
                         DecodeScheduler::Create({.name = o.node_id,
                                                  .max_running = o.max_running,

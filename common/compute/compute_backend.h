@@ -173,6 +173,9 @@ class ComputeBackend {
                     const RopeParams& rope) = 0;
   // out = silu(gate) * up, elementwise over n; out may alias gate or up.
   virtual void SwiGlu(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // out = gelu_tanh(gate) * up (GeGLU, PyTorch's gelu(approximate="tanh")), elementwise over n;
+  // out may alias gate or up.
+  virtual void GeluTanhGlu(const float* gate, const float* up, int64_t n, float* out) = 0;
   // out[i, :] = table[ids[i], :], table [vocab, dim] in backend memory.
   virtual void Embed(const float* table, int dim, const int32_t* ids, int n, float* out) = 0;
 

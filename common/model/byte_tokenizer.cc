@@ -86,6 +86,7 @@ absl::StatusOr<std::string> ByteTokenizer::Decode(const std::vector<int32_t>& id
       out.push_back(static_cast<char>(id));  // invalid UTF-8 is passed through as bytes
       continue;
     }
+    if (id >= vocab_size_) continue;  // a padded embedding row: no text
     absl::StatusOr<std::string> t = TokenText(id);
     if (!t.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(t.status().message(), " (position ", i, ")"));

@@ -52,7 +52,7 @@ std::optional<std::string> FindGgufModel(const std::string& model_path) {
   return found;
 }
 
-std::string GgufTensorName(const std::string& hf_name) {
+std::string GgufTensorName(const std::string& hf_name, bool gemma) {
   if (hf_name == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf_name == "model.norm.weight") return "output_norm.weight";
   if (hf_name == "lm_head.weight") return "output.weight";
@@ -67,11 +67,18 @@ std::string GgufTensorName(const std::string& hf_name) {
       {"self_attn.q_proj.bias", "attn_q.bias"},
       {"self_attn.k_proj.bias", "attn_k.bias"},
       {"self_attn.v_proj.bias", "attn_v.bias"},
-      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.down_proj.weight", "ffn_down.weight"},
   };
+  if (suffix == "post_attention_layernorm.weight") {
+    // Llama family: the MLP's input norm; Gemma: the attention output's norm.
+    return absl::StrCat("blk.", layer, gemma ? ".post_attention_norm.weight" : ".ffn_norm.weight");
+  }
   for (const auto& [hf, gg] : kMap) {
     if (suffix == hf) return absl::StrCat("blk.", layer, ".", gg);
   }
@@ -81,10 +88,12 @@ std::string GgufTensorName(const std::string& hf_name) {
 absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
   const std::string& path = g.path();
   DUET_ASSIGN_OR_RETURN(std::string arch, g.GetString("general.architecture"));
-  if (arch != "llama") {
+  if (arch != "llama" && arch != "gemma3") {
     return absl::UnimplementedError(path + ": general.architecture '" + arch +
-                                    "' is not supported; supported: llama");
+                                    "' is not supported; supported: llama, gemma3");
   }
+  const bool gemma = arch == "gemma3";
+  const std::string p = arch + ".";  // metadata keys are prefixed with the architecture
   auto get_int = [&](const std::string& key) -> absl::StatusOr<int> {
     DUET_ASSIGN_OR_RETURN(int64_t v, g.GetInt(key));
     if (v <= 0 || v > (int64_t{1} << 30)) {
@@ -94,65 +103,91 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
     return static_cast<int>(v);
   };
   ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.model_type = "llama";
-  DUET_ASSIGN_OR_RETURN(c.hidden_size, get_int("llama.embedding_length"));
-  DUET_ASSIGN_OR_RETURN(c.intermediate_size, get_int("llama.feed_forward_length"));
-  DUET_ASSIGN_OR_RETURN(c.num_hidden_layers, get_int("llama.block_count"));
-  DUET_ASSIGN_OR_RETURN(c.num_attention_heads, get_int("llama.attention.head_count"));
+  c.architecture = gemma ? "Gemma3ForCausalLM" : "LlamaForCausalLM";
+  c.model_type = gemma ? "gemma3_text" : "llama";
+  DUET_ASSIGN_OR_RETURN(c.hidden_size, get_int(p + "embedding_length"));
+  DUET_ASSIGN_OR_RETURN(c.intermediate_size, get_int(p + "feed_forward_length"));
+  DUET_ASSIGN_OR_RETURN(c.num_hidden_layers, get_int(p + "block_count"));
+  DUET_ASSIGN_OR_RETURN(c.num_attention_heads, get_int(p + "attention.head_count"));
   c.num_key_value_heads = c.num_attention_heads;
-  if (g.Find("llama.attention.head_count_kv")) {
-    DUET_ASSIGN_OR_RETURN(c.num_key_value_heads, get_int("llama.attention.head_count_kv"));
+  if (g.Find(p + "attention.head_count_kv")) {
+    DUET_ASSIGN_OR_RETURN(c.num_key_value_heads, get_int(p + "attention.head_count_kv"));
   }
-  DUET_ASSIGN_OR_RETURN(c.max_position_embeddings, get_int("llama.context_length"));
+  DUET_ASSIGN_OR_RETURN(c.max_position_embeddings, get_int(p + "context_length"));
   c.head_dim = c.hidden_size / c.num_attention_heads;
-  if (g.Find("llama.attention.key_length")) {
-    DUET_ASSIGN_OR_RETURN(c.head_dim, get_int("llama.attention.key_length"));
+  if (g.Find(p + "attention.key_length")) {
+    DUET_ASSIGN_OR_RETURN(c.head_dim, get_int(p + "attention.key_length"));
   }
-  if (g.Find("llama.attention.value_length")) {
-    DUET_ASSIGN_OR_RETURN(int vlen, get_int("llama.attention.value_length"));
+  if (g.Find(p + "attention.value_length")) {
+    DUET_ASSIGN_OR_RETURN(int vlen, get_int(p + "attention.value_length"));
     if (vlen != c.head_dim) {
-      return absl::UnimplementedError(absl::StrCat(path, ": llama.attention.value_length ", vlen,
+      return absl::UnimplementedError(absl::StrCat(path, ": ", p, "attention.value_length ", vlen,
                                                    " differs from key_length ", c.head_dim));
     }
   }
-  if (g.Find("llama.rope.dimension_count")) {
-    DUET_ASSIGN_OR_RETURN(int rot, get_int("llama.rope.dimension_count"));
+  if (g.Find(p + "rope.dimension_count")) {
+    DUET_ASSIGN_OR_RETURN(int rot, get_int(p + "rope.dimension_count"));
     if (rot != c.head_dim) {
-      return absl::UnimplementedError(absl::StrCat(path, ": llama.rope.dimension_count ", rot,
+      return absl::UnimplementedError(absl::StrCat(path, ": ", p, "rope.dimension_count ", rot,
                                                    " (partial rotary) differs from head_dim ",
                                                    c.head_dim, "; only full rotary is supported"));
     }
   }
   DUET_ASSIGN_OR_RETURN(std::optional<std::string> scaling,
-                        g.GetOptionalString("llama.rope.scaling.type"));
-  if (scaling && *scaling != "none") {
-    return absl::UnimplementedError(path + ": llama.rope.scaling.type '" + *scaling +
-                                    "' is not supported (only none)");
+                        g.GetOptionalString(p + "rope.scaling.type"));
+  if (scaling && *scaling == "linear" && gemma) {
+    DUET_ASSIGN_OR_RETURN(double factor, g.GetFloat(p + "rope.scaling.factor"));
+    c.rope_scaling = RopeScaling{.rope_type = "linear", .factor = static_cast<float>(factor)};
+  } else if (scaling && *scaling != "none") {
+    return absl::UnimplementedError(path + ": " + p + "rope.scaling.type '" + *scaling +
+                                    "' is not supported (only none" +
+                                    (gemma ? ", linear)" : ")"));
   }
   if (g.HasTensor("rope_freqs.weight")) {
     return absl::UnimplementedError(path +
                                     ": tensor 'rope_freqs.weight' (llama3 RoPE frequency "
                                     "factors) is not supported");
   }
-  DUET_ASSIGN_OR_RETURN(std::optional<double> theta, g.GetOptionalFloat("llama.rope.freq_base"));
+  DUET_ASSIGN_OR_RETURN(std::optional<double> theta, g.GetOptionalFloat(p + "rope.freq_base"));
   if (theta) c.rope_theta = static_cast<float>(*theta);
-  DUET_ASSIGN_OR_RETURN(double eps, g.GetFloat("llama.attention.layer_norm_rms_epsilon"));
+  DUET_ASSIGN_OR_RETURN(double eps, g.GetFloat(p + "attention.layer_norm_rms_epsilon"));
   c.rms_norm_eps = static_cast<float>(eps);
-
-  DUET_ASSIGN_OR_RETURN(std::optional<int64_t> vocab, g.GetOptionalInt("llama.vocab_size"));
+  if (gemma) {
+    // What llama.cpp's gemma3 graph does with these files: every 6th layer global, the others
+    // sliding with RoPE base 10000, q/k norms, GeGLU, logits scaled by 1/sqrt(head_dim).
+    c.hidden_act = "gelu_pytorch_tanh";
+    c.qk_norm = true;
+    c.rope_local_theta = 10000.0f;
+    c.query_pre_attn_scalar = static_cast<float>(c.head_dim);
+    DUET_ASSIGN_OR_RETURN(c.sliding_window, get_int(p + "attention.sliding_window"));
+    int pattern = 6;
+    if (g.Find(p + "attention.sliding_window_pattern")) {
+      DUET_ASSIGN_OR_RETURN(pattern, get_int(p + "attention.sliding_window_pattern"));
+    }
+    for (int i = 0; i < c.num_hidden_layers; ++i) {
+      c.layer_types.push_back((i + 1) % pattern == 0 ? LayerAttention::kFull
+                                                     : LayerAttention::kSliding);
+    }
+    for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+      if (g.Find(p + key)) {
+        return absl::UnimplementedError(path + ": " + p + key + " is not supported");
+      }
+    }
+  }
+  DUET_ASSIGN_OR_RETURN(std::optional<int64_t> vocab, g.GetOptionalInt(p + "vocab_size"));
   if (!vocab) {
-    if (const GgufValue* toks = g.Find("tokenizer.ggml.tokens")) {
-      vocab = static_cast<int64_t>(toks->array_size());
-    } else {
+    // The embedding's rows, which may exceed the tokenizer's entries (padded vocabularies).
+    if (g.HasTensor("token_embd.weight")) {
       DUET_ASSIGN_OR_RETURN(const GgufTensorInfo* emb, g.Tensor("token_embd.weight"));
       if (emb->dims.size() == 2) vocab = emb->dims[1];
+    } else if (const GgufValue* toks = g.Find("tokenizer.ggml.tokens")) {
+      vocab = static_cast<int64_t>(toks->array_size());
     }
   }
   if (!vocab || *vocab <= 0 || *vocab > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(path +
-                                      ": cannot tell the vocabulary size (llama.vocab_size, "
-                                      "tokenizer.ggml.tokens or token_embd.weight)");
+                                      ": cannot tell the vocabulary size (" + p +
+                                      "vocab_size, token_embd.weight or tokenizer.ggml.tokens)");
   }
   c.vocab_size = static_cast<int>(*vocab);
   c.tie_word_embeddings = !g.HasTensor("output.weight");
@@ -194,56 +229,26 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
   w.layers.resize(config.num_hidden_layers);
   std::set<std::string> used;
   for (const ExpectedTensor& e : ExpectedTensors(config)) {
-    const std::string name = GgufTensorName(e.name);
+    const std::string name = GgufTensorName(e.name, config.is_gemma());
     DUET_ASSIGN_OR_RETURN(const GgufTensorInfo* t, g.Tensor(name));
     if (t->Shape() != e.shape) {
       return absl::InvalidArgumentError(
           absl::StrCat(g.path(), ": tensor '", name, "' has shape ", ShapeToString(t->Shape()),
                        "; expected ", ShapeToString(e.shape), e.what, " (HF ", e.name, ")"));
     }
-    std::vector<float>* out = nullptr;
-    int layer = 0;
-    const std::string suffix = LayerSuffix(e.name, &layer);
-    if (e.name == "model.embed_tokens.weight")
-      out = &w.embed_tokens;
-    else if (e.name == "model.norm.weight")
-      out = &w.norm;
-    else if (e.name == "lm_head.weight")
-      out = &w.lm_head;
-    else {
-      LayerWeights& l = w.layers[layer];
-      if (suffix == "input_layernorm.weight")
-        out = &l.input_norm;
-      else if (suffix == "self_attn.q_proj.weight")
-        out = &l.q_proj;
-      else if (suffix == "self_attn.k_proj.weight")
-        out = &l.k_proj;
-      else if (suffix == "self_attn.v_proj.weight")
-        out = &l.v_proj;
-      else if (suffix == "self_attn.o_proj.weight")
-        out = &l.o_proj;
-      else if (suffix == "self_attn.q_proj.bias")
-        out = &l.q_bias;
-      else if (suffix == "self_attn.k_proj.bias")
-        out = &l.k_bias;
-      else if (suffix == "self_attn.v_proj.bias")
-        out = &l.v_bias;
-      else if (suffix == "post_attention_layernorm.weight")
-        out = &l.post_attention_norm;
-      else if (suffix == "mlp.gate_proj.weight")
-        out = &l.gate_proj;
-      else if (suffix == "mlp.up_proj.weight")
-        out = &l.up_proj;
-      else if (suffix == "mlp.down_proj.weight")
-        out = &l.down_proj;
-    }
-    DUET_CHECK(out != nullptr) << e.name;
+    std::vector<float>* out = Destination(w, e);
     out->resize(static_cast<size_t>(t->NumElements()));
     DUET_RETURN_IF_ERROR(g.Dequantize(*t, out->data()));
-    if (suffix == "self_attn.q_proj.weight") {
-      UnpermuteGgufRopeRows(*out, config.num_attention_heads, config.head_dim, config.hidden_size);
-    } else if (suffix == "self_attn.k_proj.weight") {
-      UnpermuteGgufRopeRows(*out, config.num_key_value_heads, config.head_dim, config.hidden_size);
+    // llama.cpp stores Gemma's norms as (1 + w) already, and permutes q/k rows only for the
+    // llama architecture (its gemma3 graph uses the half-split RoPE of HF).
+    if (!config.is_gemma()) {
+      if (e.layer_field == &LayerWeights::q_proj) {
+        UnpermuteGgufRopeRows(*out, config.num_attention_heads, config.head_dim,
+                              config.hidden_size);
+      } else if (e.layer_field == &LayerWeights::k_proj) {
+        UnpermuteGgufRopeRows(*out, config.num_key_value_heads, config.head_dim,
+                              config.hidden_size);
+      }
     }
     used.insert(name);
   }

@@ -1,5 +1,5 @@
-// A Llama-architecture model from a GGUF file: ModelConfig from the llama.* metadata and
-// float32 ModelWeights in Hugging Face layout (dequantised at load).
+// A Llama or Gemma 3 model from a GGUF file: ModelConfig from the llama.* / gemma3.* metadata
+// and float32 ModelWeights in Hugging Face layout (dequantised at load).
 //
 //   DUET_ASSIGN_OR_RETURN(auto gguf, GgufFile::Open(path));
 //   DUET_ASSIGN_OR_RETURN(ModelConfig config, ConfigFromGguf(*gguf));
@@ -25,8 +25,9 @@ namespace duet::model {
 // or the only *.gguf file of a directory that has no config.json. std::nullopt otherwise.
 std::optional<std::string> FindGgufModel(const std::string& model_path);
 
-// general.architecture must be "llama". Unsupported features (RoPE scaling, partial rotary,
-// rope_freqs) are Unimplemented naming the key.
+// general.architecture must be "llama" or "gemma3". Unsupported features (RoPE scaling other
+// than gemma3's linear, partial rotary, rope_freqs, soft-capping) are Unimplemented naming the
+// key. vocab_size is the embedding's row count, which may exceed the tokenizer's entries.
 absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf);
 
 // The config of any model duet loads: a .gguf file (or a directory holding one), else
@@ -41,11 +42,12 @@ struct ModelFiles {
 absl::StatusOr<ModelFiles> LoadModelFiles(const std::string& model_path);
 
 // The GGUF name of an HF tensor name ("model.layers.3.self_attn.q_proj.weight" ->
-// "blk.3.attn_q.weight"); empty for a name with no GGUF counterpart.
-std::string GgufTensorName(const std::string& hf_name);
+// "blk.3.attn_q.weight"); empty for a name with no GGUF counterpart. `gemma`: the names of
+// Gemma's sandwich norms (post_attention_layernorm is the attention output's norm there).
+std::string GgufTensorName(const std::string& hf_name, bool gemma = false);
 
 // Every tensor of ExpectedTensors(config), shape-checked and dequantised; attn_q/attn_k rows
-// un-permuted (see above).
+// un-permuted for llama (see above).
 absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& gguf, const ModelConfig& config);
 
 // Reorders the rows of a [n_heads * head_dim, cols] matrix from llama.cpp's interleaved RoPE

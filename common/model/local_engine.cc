@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
+#include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/kv/block_table.h"
 #include "common/model/bpe_tokenizer.h"
@@ -17,8 +18,14 @@ namespace duet::model {
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string& model_dir,
                                                                const EngineOptions& options) {
   DUET_ASSIGN_OR_RETURN(ModelFiles files, LoadModelFiles(model_dir));
-  DUET_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(model_dir));
-  return Create(files.config, std::move(files.weights), std::move(tokenizer), options);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(model_dir);
+  if (absl::IsNotFound(tokenizer.status())) {
+    // Ids in, ids out (vLLM's --skip-tokenizer-init): a model needs no tokenizer to run.
+    DUET_LOG(WARNING) << tokenizer.status().message() << "; running without a tokenizer";
+    tokenizer = std::unique_ptr<Tokenizer>();
+  }
+  if (!tokenizer.ok()) return tokenizer.status();
+  return Create(files.config, std::move(files.weights), *std::move(tokenizer), options);
 }
 
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(

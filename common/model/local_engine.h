@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/logging.h"
 #include "common/compute/compute_backend.h"
 #include "common/kv/block_pool.h"
 #include "common/model/model_config.h"
@@ -43,10 +44,12 @@ struct GenerationResult {
 class LocalEngine {
  public:
   // model_dir: an HF-style directory (config.json, safetensors, tokenizer), or a GGUF file (or
-  // a directory holding exactly one .gguf and no config.json).
+  // a directory holding exactly one .gguf and no config.json). Without tokenizer files the
+  // engine has none (has_tokenizer() false) and takes and gives token ids only.
   static absl::StatusOr<std::unique_ptr<LocalEngine>> Load(const std::string& model_dir,
                                                            const EngineOptions& options);
-  // Builds an engine around an already-loaded model (tests build models in memory).
+  // Builds an engine around an already-loaded model (tests build models in memory); `tokenizer`
+  // may be null.
   static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(const ModelConfig& config,
                                                              ModelWeights weights,
                                                              std::unique_ptr<Tokenizer> tokenizer,
@@ -56,7 +59,12 @@ class LocalEngine {
                                             const SamplingParams& params);
 
   const ModelConfig& config() const { return runner_->config(); }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // A model directory without tokenizer files loads without one: ids in, ids out.
+  bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  const Tokenizer& tokenizer() const {
+    DUET_CHECK(tokenizer_ != nullptr) << "LocalEngine::tokenizer(): the model has no tokenizer";
+    return *tokenizer_;
+  }
   ModelRunner& runner() { return *runner_; }
   kv::BlockPool& pool() { return *pool_; }
   compute::ComputeBackend& backend() { return *backend_; }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <set>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -24,6 +26,8 @@ constexpr ArchInfo kArchs[] = {
     {"LlamaForCausalLM", "llama", 2048},
     {"MistralForCausalLM", "mistral", 4096 * 32},
     {"Qwen2ForCausalLM", "qwen2", 32768},
+    {"Qwen3ForCausalLM", "qwen3", 32768},
+    {"Gemma3ForCausalLM", "gemma3_text", 131072},
 };
 
 const ArchInfo* FindArch(const std::string& architecture) {
@@ -35,6 +39,9 @@ const ArchInfo* FindArch(const std::string& architecture) {
 
 absl::Status Invalid(const std::string& source, const std::string& msg) {
   return absl::InvalidArgumentError(source + ": " + msg);
+}
+absl::Status Unsupported(const std::string& source, const std::string& msg) {
+  return absl::UnimplementedError(source + ": " + msg);
 }
 
 // Reads an int field that must fit in `int`.
@@ -55,37 +62,321 @@ absl::StatusOr<int> ReqInt32(const nlohmann::json& j, const std::string& key,
   return *v;
 }
 
-absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const nlohmann::json& j,
-                                                            const std::string& source) {
-  auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) return std::optional<RopeScaling>();
-  if (!it->is_object()) {
-    return Invalid(source,
-                   "field 'rope_scaling': expected an object or null, got " + JsonTypeName(*it));
+// Typed reads of config.json's top-level keys that remember which keys were read, so that
+// every key left over can be checked against the known-irrelevant list.
+class Reader {
+ public:
+  Reader(const nlohmann::json& j, const std::string& source) : j_(j), source_(source) {}
+  const std::string& source() const { return source_; }
+  bool Has(const std::string& key) { return Mark(key) && !j_.at(key).is_null(); }
+  bool Present(const std::string& key) { return Mark(key); }  // null counts
+  // The raw value (nullptr when absent or null).
+  const nlohmann::json* Raw(const std::string& key) {
+    return Has(key) ? &j_.at(key) : nullptr;
   }
-  const nlohmann::json& rs = *it;
-  const std::string ctx = source + ": rope_scaling";
+  absl::StatusOr<std::optional<int>> OptInt(const std::string& key) {
+    Mark(key);
+    return OptInt32(j_, key, source_);
+  }
+  absl::StatusOr<int> Int(const std::string& key) {
+    Mark(key);
+    return ReqInt32(j_, key, source_);
+  }
+  absl::StatusOr<std::optional<double>> OptNumber(const std::string& key) {
+    Mark(key);
+    return GetOptionalNumber(j_, key, source_);
+  }
+  absl::StatusOr<std::optional<bool>> OptBool(const std::string& key) {
+    Mark(key);
+    return GetOptionalBool(j_, key, source_);
+  }
+  absl::StatusOr<std::optional<std::string>> OptString(const std::string& key) {
+    Mark(key);
+    return GetOptionalString(j_, key, source_);
+  }
+  // A key that must be absent or null (a feature duet does not implement): `what` says why.
+  absl::Status MustBeNull(const std::string& key, const std::string& what) {
+    if (!Has(key)) return absl::OkStatus();
+    return Unsupported(source_, "field '" + key + "': " + j_.at(key).dump() + " is not supported (" +
+                                    what + "); only null or absent");
+  }
+  // A boolean key that duet honours only at `supported`.
+  absl::Status BoolMustBe(const std::string& key, bool supported, const std::string& what) {
+    DUET_ASSIGN_OR_RETURN(std::optional<bool> v, OptBool(key));
+    if (!v || *v == supported) return absl::OkStatus();
+    return Unsupported(source_, absl::StrCat("field '", key, "': ", *v ? "true" : "false",
+                                             " is not supported (", what, ")"));
+  }
+  // Unimplemented naming the first key neither read nor known to be irrelevant.
+  absl::Status CheckNoUnknownKeys() const {
+    const std::vector<std::string>& ok = IrrelevantConfigKeys();
+    for (const auto& [key, value] : j_.items()) {
+      if (read_.count(key) != 0) continue;
+      if (std::find(ok.begin(), ok.end(), key) != ok.end()) continue;
+      return Unsupported(source_, "field '" + key + "' (" + value.dump().substr(0, 80) +
+                                      ") is not understood: it is neither implemented nor known "
+                                      "to leave inference unchanged, so the model is refused "
+                                      "rather than run on a guess");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  bool Mark(const std::string& key) {
+    read_.insert(key);
+    return j_.contains(key);
+  }
+  const nlohmann::json& j_;
+  const std::string source_;
+  std::set<std::string> read_;
+};
+
+// One RoPE setting: an object of rope_parameters (5.x) or rope_scaling (4.x). `theta` receives
+// rope_theta when the object has it. Unknown keys inside are refused by name.
+absl::Status ParseRopeObject(const nlohmann::json& rs, const std::string& ctx,
+                             std::optional<double>* theta, std::optional<RopeScaling>* scaling) {
+  static const char* const kKnown[] = {"rope_type",
+                                       "type",
+                                       "rope_theta",
+                                       "factor",
+                                       "low_freq_factor",
+                                       "high_freq_factor",
+                                       "original_max_position_embeddings",
+                                       "partial_rotary_factor"};
+  for (const auto& [key, value] : rs.items()) {
+    if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
+      return absl::UnimplementedError(ctx + ": key '" + key + "' (" + value.dump() +
+                                      ") is not supported");
+    }
+  }
+  DUET_ASSIGN_OR_RETURN(std::optional<double> t, GetOptionalNumber(rs, "rope_theta", ctx));
+  if (t) *theta = t;
+  DUET_ASSIGN_OR_RETURN(std::optional<double> partial,
+                        GetOptionalNumber(rs, "partial_rotary_factor", ctx));
+  if (partial && *partial != 1.0) {
+    return absl::UnimplementedError(absl::StrCat(
+        ctx, ": partial_rotary_factor ", *partial, " is not supported (only full rotary, 1.0)"));
+  }
   DUET_ASSIGN_OR_RETURN(std::optional<std::string> type, GetOptionalString(rs, "rope_type", ctx));
   if (!type) {
     DUET_ASSIGN_OR_RETURN(type, GetOptionalString(rs, "type", ctx));  // legacy key
   }
-  if (!type) return Invalid(source, "field 'rope_scaling': missing 'rope_type'");
-  if (*type == "default") return std::optional<RopeScaling>();
-  if (*type != "llama3") {
-    return absl::UnimplementedError(source + ": field 'rope_scaling': rope_type '" + *type +
-                                    "' is not supported; supported: llama3, default");
+  if (!type) {
+    if (t) type = "default";  // rope_parameters with only rope_theta
+    else return absl::InvalidArgumentError(ctx + ": missing 'rope_type'");
+  }
+  if (*type == "default") {
+    scaling->reset();
+    return absl::OkStatus();
+  }
+  if (*type != "llama3" && *type != "linear") {
+    return absl::UnimplementedError(ctx + ": rope_type '" + *type +
+                                    "' is not supported; supported: default, llama3, linear");
   }
   RopeScaling out;
   out.rope_type = *type;
   DUET_ASSIGN_OR_RETURN(double factor, GetNumber(rs, "factor", ctx));
-  DUET_ASSIGN_OR_RETURN(double low, GetNumber(rs, "low_freq_factor", ctx));
-  DUET_ASSIGN_OR_RETURN(double high, GetNumber(rs, "high_freq_factor", ctx));
-  DUET_ASSIGN_OR_RETURN(int orig, ReqInt32(rs, "original_max_position_embeddings", ctx));
   out.factor = static_cast<float>(factor);
-  out.low_freq_factor = static_cast<float>(low);
-  out.high_freq_factor = static_cast<float>(high);
-  out.original_max_position_embeddings = orig;
-  return std::optional<RopeScaling>(out);
+  if (*type == "llama3") {
+    DUET_ASSIGN_OR_RETURN(double low, GetNumber(rs, "low_freq_factor", ctx));
+    DUET_ASSIGN_OR_RETURN(double high, GetNumber(rs, "high_freq_factor", ctx));
+    DUET_ASSIGN_OR_RETURN(int orig, ReqInt32(rs, "original_max_position_embeddings", ctx));
+    out.low_freq_factor = static_cast<float>(low);
+    out.high_freq_factor = static_cast<float>(high);
+    out.original_max_position_embeddings = orig;
+  }
+  *scaling = out;
+  return absl::OkStatus();
+}
+
+// RoPE of every layer from either generation of config.json:
+//   4.x: rope_theta, rope_scaling (+ gemma3's rope_local_base_freq);
+//   5.x: rope_parameters, either one object or (gemma3) one per layer type.
+// When both are present they must agree.
+absl::Status ParseRope(Reader& r, ModelConfig* c) {
+  const std::string& source = r.source();
+  std::optional<double> theta, local_theta;
+  std::optional<RopeScaling> scaling, local_scaling;
+  DUET_ASSIGN_OR_RETURN(std::optional<double> top_theta, r.OptNumber("rope_theta"));
+  std::optional<RopeScaling> top_scaling;
+  if (const nlohmann::json* rs = r.Raw("rope_scaling")) {
+    if (!rs->is_object()) {
+      return Invalid(source,
+                     "field 'rope_scaling': expected an object or null, got " + JsonTypeName(*rs));
+    }
+    std::optional<double> ignored;
+    DUET_RETURN_IF_ERROR(
+        ParseRopeObject(*rs, source + ": field 'rope_scaling'", &ignored, &top_scaling));
+  }
+  DUET_ASSIGN_OR_RETURN(std::optional<double> top_local, r.OptNumber("rope_local_base_freq"));
+  if (top_local && !c->is_gemma()) {
+    return Unsupported(source, "field 'rope_local_base_freq' applies to Gemma3ForCausalLM only");
+  }
+
+  if (const nlohmann::json* rp = r.Raw("rope_parameters")) {
+    if (!rp->is_object()) {
+      return Invalid(source, "field 'rope_parameters': expected an object, got " +
+                                 JsonTypeName(*rp));
+    }
+    const bool per_layer_type = rp->contains("full_attention") || rp->contains("sliding_attention");
+    if (per_layer_type) {
+      for (const auto& [key, value] : rp->items()) {
+        if (key != "full_attention" && key != "sliding_attention") {
+          return Unsupported(source, "field 'rope_parameters': key '" + key +
+                                         "' is not a layer type (full_attention, "
+                                         "sliding_attention)");
+        }
+        if (!value.is_object()) {
+          return Invalid(source, "field 'rope_parameters." + key + "': expected an object");
+        }
+      }
+      if (auto it = rp->find("full_attention"); it != rp->end()) {
+        DUET_RETURN_IF_ERROR(ParseRopeObject(*it, source + ": field 'rope_parameters.full_attention'",
+                                             &theta, &scaling));
+      }
+      if (auto it = rp->find("sliding_attention"); it != rp->end()) {
+        DUET_RETURN_IF_ERROR(ParseRopeObject(
+            *it, source + ": field 'rope_parameters.sliding_attention'", &local_theta,
+            &local_scaling));
+        if (local_scaling) {
+          return Unsupported(source, "field 'rope_parameters.sliding_attention': rope_type '" +
+                                         local_scaling->rope_type +
+                                         "' on sliding layers is not supported (only default)");
+        }
+      }
+    } else {
+      DUET_RETURN_IF_ERROR(
+          ParseRopeObject(*rp, source + ": field 'rope_parameters'", &theta, &scaling));
+    }
+    // The 4.x keys, when also present, must say the same.
+    if (top_theta && theta && static_cast<float>(*top_theta) != static_cast<float>(*theta)) {
+      return Invalid(source, absl::StrCat("fields 'rope_theta' (", *top_theta,
+                                          ") and 'rope_parameters' (rope_theta ", *theta,
+                                          ") disagree"));
+    }
+    if (top_scaling && top_scaling != scaling) {
+      return Invalid(source, "fields 'rope_scaling' and 'rope_parameters' disagree");
+    }
+    if (top_local && local_theta &&
+        static_cast<float>(*top_local) != static_cast<float>(*local_theta)) {
+      return Invalid(source, absl::StrCat("fields 'rope_local_base_freq' (", *top_local,
+                                          ") and 'rope_parameters.sliding_attention' "
+                                          "(rope_theta ",
+                                          *local_theta, ") disagree"));
+    }
+    if (!theta) theta = top_theta;
+    if (!local_theta) local_theta = top_local;
+  } else {
+    theta = top_theta;
+    scaling = top_scaling;
+    local_theta = top_local;
+  }
+  // HF's defaults when a key is absent: rope_theta 10000; gemma3's local base 10000.
+  c->rope_theta = static_cast<float>(theta.value_or(c->is_gemma() ? 1000000.0 : 10000.0));
+  c->rope_scaling = scaling;
+  if (c->is_gemma()) c->rope_local_theta = static_cast<float>(local_theta.value_or(10000.0));
+  return absl::OkStatus();
+}
+
+// layer_types (5.x) or the 4.x way of saying which layers slide; c->sliding_window is set.
+absl::Status ParseLayerTypes(Reader& r, ModelConfig* c) {
+  const std::string& source = r.source();
+  c->layer_types.clear();
+  if (const nlohmann::json* lt = r.Raw("layer_types")) {
+    if (!lt->is_array() || static_cast<int>(lt->size()) != c->num_hidden_layers) {
+      return Invalid(source, absl::StrCat("field 'layer_types': expected a list of ",
+                                          c->num_hidden_layers, " strings, got ", lt->dump()));
+    }
+    for (const nlohmann::json& v : *lt) {
+      if (v == "full_attention") {
+        c->layer_types.push_back(LayerAttention::kFull);
+      } else if (v == "sliding_attention") {
+        c->layer_types.push_back(LayerAttention::kSliding);
+      } else {
+        return Unsupported(source, "field 'layer_types': layer type " + v.dump() +
+                                       " is not supported; supported: full_attention, "
+                                       "sliding_attention");
+      }
+    }
+  }
+  const bool any_sliding =
+      std::find(c->layer_types.begin(), c->layer_types.end(), LayerAttention::kSliding) !=
+      c->layer_types.end();
+  if (c->model_type == "llama") {
+    if (any_sliding) {
+      return Unsupported(source,
+                         "field 'layer_types': sliding_attention layers are not supported for "
+                         "LlamaForCausalLM");
+    }
+    DUET_RETURN_IF_ERROR(r.MustBeNull("sliding_window", "LlamaForCausalLM has no sliding window"));
+    c->sliding_window = 0;
+  } else if (c->model_type == "mistral") {
+    // HF MistralConfig: sliding_window defaults to 4096 when absent; null disables it.
+    const bool present = r.Present("sliding_window");
+    DUET_ASSIGN_OR_RETURN(std::optional<int> sw, r.OptInt("sliding_window"));
+    c->sliding_window = present ? sw.value_or(0) : 4096;
+    if (!c->layer_types.empty()) {
+      const LayerAttention want = c->sliding_window > 0 ? LayerAttention::kSliding
+                                                        : LayerAttention::kFull;
+      for (LayerAttention t : c->layer_types) {
+        if (t != want) {
+          return Unsupported(source,
+                             "field 'layer_types': MistralForCausalLM applies sliding_window to "
+                             "every layer; a mix of layer types is not supported");
+        }
+      }
+      c->layer_types.clear();
+    }
+  } else if (c->model_type == "qwen2" || c->model_type == "qwen3") {
+    // The window applies to layers >= max_window_layers when use_sliding_window (HF); 5.x
+    // writes the result as layer_types.
+    DUET_ASSIGN_OR_RETURN(std::optional<bool> use_sw, r.OptBool("use_sliding_window"));
+    DUET_ASSIGN_OR_RETURN(std::optional<int> sw, r.OptInt("sliding_window"));
+    DUET_ASSIGN_OR_RETURN(std::optional<int> mwl, r.OptInt("max_window_layers"));
+    if (c->layer_types.empty()) {
+      const int max_window_layers = mwl.value_or(28);
+      for (int i = 0; i < c->num_hidden_layers; ++i) {
+        c->layer_types.push_back(use_sw.value_or(false) && sw && *sw > 0 && i >= max_window_layers
+                                     ? LayerAttention::kSliding
+                                     : LayerAttention::kFull);
+      }
+    }
+    c->sliding_window = sw.value_or(0);
+  } else {  // gemma3_text
+    DUET_ASSIGN_OR_RETURN(std::optional<int> sw, r.OptInt("sliding_window"));
+    c->sliding_window = sw.value_or(4096);
+    DUET_ASSIGN_OR_RETURN(std::optional<int> pattern, r.OptInt("sliding_window_pattern"));
+    if (!pattern) {
+      DUET_ASSIGN_OR_RETURN(pattern, r.OptInt("_sliding_window_pattern"));
+    }
+    if (c->layer_types.empty()) {
+      // 4.x: every pattern-th layer is global (HF Gemma3TextConfig, default 6).
+      const int p = pattern.value_or(6);
+      if (p <= 0) return Invalid(source, "field 'sliding_window_pattern': must be positive");
+      for (int i = 0; i < c->num_hidden_layers; ++i) {
+        c->layer_types.push_back((i + 1) % p == 0 ? LayerAttention::kFull
+                                                  : LayerAttention::kSliding);
+      }
+    }
+  }
+  // A uniform list says no more than an empty one; keep one representation per meaning.
+  if (!c->layer_types.empty()) {
+    auto all = [&](LayerAttention want) {
+      return std::all_of(c->layer_types.begin(), c->layer_types.end(),
+                         [want](LayerAttention t) { return t == want; });
+    };
+    if (all(LayerAttention::kFull)) {
+      c->layer_types.clear();
+      c->sliding_window = 0;
+    } else if (c->sliding_window <= 0) {
+      return Invalid(source,
+                     "field 'layer_types': sliding_attention layers need a positive "
+                     "'sliding_window'");
+    } else if (all(LayerAttention::kSliding)) {
+      c->layer_types.clear();
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int>> ParseEos(const nlohmann::json& j, const std::string& source) {
@@ -130,6 +421,33 @@ const std::vector<std::string>& SupportedArchitectures() {
   return *archs;
 }
 
+const std::vector<std::string>& IrrelevantConfigKeys() {
+  static const std::vector<std::string>* keys = new std::vector<std::string>{
+      // Bookkeeping.
+      "_name_or_path", "transformers_version", "is_llama_config",
+      "_attn_implementation_autoset",
+      // Training-only hyper-parameters and switches (dropout is off at inference).
+      "initializer_range", "attention_dropout", "hidden_dropout", "mlp_dropout",
+      "embedding_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "use_cache",
+      "cache_implementation", "pretraining_tp", "gradient_checkpointing", "tf_legacy_loss",
+      "use_bfloat16", "torchscript", "return_dict", "output_hidden_states",
+      "output_attentions", "chunk_size_feed_forward", "problem_type", "finetuning_task",
+      "id2label", "label2id", "prefix", "task_specific_params", "tokenizer_class",
+      // Encoder-decoder switches of PretrainedConfig (duet runs decoders only; the
+      // architecture check already refuses others).
+      "is_decoder", "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder",
+      "cross_attention_hidden_size", "decoder_start_token_id", "sep_token_id", "pad_token_id",
+      // Generation defaults: the request's sampling parameters decide these in duet.
+      "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+      "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
+      "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+      "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+      "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+      "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+      "begin_suppress_tokens"};
+  return *keys;
+}
+
 absl::StatusOr<ModelConfig> ModelConfig::FromJsonFile(const std::string& path) {
   DUET_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   return FromJsonString(text, path);
@@ -139,40 +457,39 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
                                                         const std::string& source) {
   DUET_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, source));
   if (!j.is_object()) return Invalid(source, "expected a JSON object, got " + JsonTypeName(j));
+  Reader r(j, source);
   ModelConfig c;
 
   // Architecture: "architectures": ["LlamaForCausalLM"], consistent with "model_type".
-  auto arch_it = j.find("architectures");
-  if (arch_it == j.end() || arch_it->is_null()) {
+  const nlohmann::json* arch_list = r.Raw("architectures");
+  if (arch_list == nullptr) {
     return Invalid(source, "missing field 'architectures' (a list such as [\"LlamaForCausalLM\"])");
   }
-  if (!arch_it->is_array() || arch_it->empty() || !(*arch_it)[0].is_string()) {
-    return Invalid(source, "field 'architectures': expected a non-empty list of strings, got " +
-                               arch_it->dump());
+  if (!arch_list->is_array() || arch_list->size() != 1 || !(*arch_list)[0].is_string()) {
+    return Invalid(source, "field 'architectures': expected a list of one string, got " +
+                               arch_list->dump());
   }
-  c.architecture = (*arch_it)[0].get<std::string>();
+  c.architecture = (*arch_list)[0].get<std::string>();
   const ArchInfo* arch = FindArch(c.architecture);
   if (arch == nullptr) {
-    return absl::UnimplementedError(
-        source + ": architecture '" + c.architecture +
-        "' is not supported; supported: " + absl::StrJoin(SupportedArchitectures(), ", "));
+    return Unsupported(source, "architecture '" + c.architecture + "' is not supported; supported: " +
+                                   absl::StrJoin(SupportedArchitectures(), ", "));
   }
-  DUET_ASSIGN_OR_RETURN(std::optional<std::string> model_type,
-                        GetOptionalString(j, "model_type", source));
+  DUET_ASSIGN_OR_RETURN(std::optional<std::string> model_type, r.OptString("model_type"));
   c.model_type = model_type.value_or(arch->model_type);
   if (c.model_type != arch->model_type) {
     return Invalid(source, "field 'model_type': '" + c.model_type + "' does not match " +
                                c.architecture + " (expected '" + arch->model_type + "')");
   }
 
-  DUET_ASSIGN_OR_RETURN(c.vocab_size, ReqInt32(j, "vocab_size", source));
-  DUET_ASSIGN_OR_RETURN(c.hidden_size, ReqInt32(j, "hidden_size", source));
-  DUET_ASSIGN_OR_RETURN(c.intermediate_size, ReqInt32(j, "intermediate_size", source));
-  DUET_ASSIGN_OR_RETURN(c.num_hidden_layers, ReqInt32(j, "num_hidden_layers", source));
-  DUET_ASSIGN_OR_RETURN(c.num_attention_heads, ReqInt32(j, "num_attention_heads", source));
-  DUET_ASSIGN_OR_RETURN(std::optional<int> kv, OptInt32(j, "num_key_value_heads", source));
+  DUET_ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size"));
+  DUET_ASSIGN_OR_RETURN(c.hidden_size, r.Int("hidden_size"));
+  DUET_ASSIGN_OR_RETURN(c.intermediate_size, r.Int("intermediate_size"));
+  DUET_ASSIGN_OR_RETURN(c.num_hidden_layers, r.Int("num_hidden_layers"));
+  DUET_ASSIGN_OR_RETURN(c.num_attention_heads, r.Int("num_attention_heads"));
+  DUET_ASSIGN_OR_RETURN(std::optional<int> kv, r.OptInt("num_key_value_heads"));
   c.num_key_value_heads = kv.value_or(c.num_attention_heads);
-  DUET_ASSIGN_OR_RETURN(std::optional<int> head_dim, OptInt32(j, "head_dim", source));
+  DUET_ASSIGN_OR_RETURN(std::optional<int> head_dim, r.OptInt("head_dim"));
   if (head_dim) {
     c.head_dim = *head_dim;
   } else {
@@ -183,86 +500,84 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
     if (c.hidden_size % c.num_attention_heads != 0) {
       return Invalid(source,
                      absl::StrCat("field 'head_dim' is absent and hidden_size ", c.hidden_size,
-                                  " is not a multiple of "
-                                  "num_attention_heads ",
+                                  " is not a multiple of num_attention_heads ",
                                   c.num_attention_heads));
     }
-    c.head_dim = c.hidden_size / c.num_attention_heads;
+    c.head_dim = c.is_gemma() ? 256 : c.hidden_size / c.num_attention_heads;
   }
-  DUET_ASSIGN_OR_RETURN(std::optional<int> max_pos, OptInt32(j, "max_position_embeddings", source));
+  DUET_ASSIGN_OR_RETURN(std::optional<int> max_pos, r.OptInt("max_position_embeddings"));
   c.max_position_embeddings = max_pos.value_or(arch->default_max_position_embeddings);
 
-  DUET_ASSIGN_OR_RETURN(std::optional<double> eps, GetOptionalNumber(j, "rms_norm_eps", source));
+  DUET_ASSIGN_OR_RETURN(std::optional<double> eps, r.OptNumber("rms_norm_eps"));
   c.rms_norm_eps = static_cast<float>(eps.value_or(1e-6));
-  DUET_ASSIGN_OR_RETURN(std::optional<double> theta, GetOptionalNumber(j, "rope_theta", source));
-  c.rope_theta = static_cast<float>(theta.value_or(10000.0));
-  DUET_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(j, source));
+  DUET_RETURN_IF_ERROR(ParseRope(r, &c));
 
-  DUET_ASSIGN_OR_RETURN(std::optional<std::string> act, GetOptionalString(j, "hidden_act", source));
-  if (act && *act != "silu") {
-    return absl::UnimplementedError(source + ": field 'hidden_act': '" + *act +
-                                    "' is not supported; supported: silu");
+  // The MLP's gate activation: hidden_act (gemma3 also writes hidden_activation, which wins in
+  // HF's Gemma3 code).
+  DUET_ASSIGN_OR_RETURN(std::optional<std::string> act, r.OptString("hidden_act"));
+  DUET_ASSIGN_OR_RETURN(std::optional<std::string> gemma_act, r.OptString("hidden_activation"));
+  if (c.is_gemma()) {
+    if (gemma_act) act = gemma_act;
+    c.hidden_act = act.value_or("gelu_pytorch_tanh");
+    if (c.hidden_act != "gelu_pytorch_tanh") {
+      return Unsupported(source, "field 'hidden_activation': '" + c.hidden_act +
+                                     "' is not supported for Gemma3ForCausalLM; supported: "
+                                     "gelu_pytorch_tanh");
+    }
+  } else {
+    if (gemma_act) {
+      return Unsupported(source, "field 'hidden_activation' applies to Gemma3ForCausalLM only");
+    }
+    c.hidden_act = act.value_or("silu");
+    if (c.hidden_act != "silu") {
+      return Unsupported(source, "field 'hidden_act': '" + c.hidden_act +
+                                     "' is not supported for " + c.architecture +
+                                     "; supported: silu");
+    }
   }
 
   // Architecture-specific fields.
-  DUET_ASSIGN_OR_RETURN(std::optional<bool> attn_bias,
-                        GetOptionalBool(j, "attention_bias", source));
-  DUET_ASSIGN_OR_RETURN(std::optional<bool> mlp_bias, GetOptionalBool(j, "mlp_bias", source));
-  if (mlp_bias.value_or(false)) {
-    return absl::UnimplementedError(source + ": field 'mlp_bias': true is not supported");
+  DUET_ASSIGN_OR_RETURN(std::optional<bool> attn_bias, r.OptBool("attention_bias"));
+  DUET_RETURN_IF_ERROR(r.BoolMustBe("mlp_bias", false, "MLP biases"));
+  DUET_RETURN_IF_ERROR(r.BoolMustBe("rope_interleaved", false, "interleaved-pair RoPE"));
+  DUET_ASSIGN_OR_RETURN(std::optional<double> partial, r.OptNumber("partial_rotary_factor"));
+  if (partial && *partial != 1.0) {
+    return Unsupported(source, absl::StrCat("field 'partial_rotary_factor': ", *partial,
+                                            " is not supported (only full rotary, 1.0)"));
   }
-  if (c.model_type == "llama") {
-    if (attn_bias.value_or(false)) {
-      return absl::UnimplementedError(
-          source +
-          ": field 'attention_bias': true is not supported for LlamaForCausalLM "
-          "(it adds an o_proj bias); q/k/v biases are supported via Qwen2ForCausalLM");
-    }
-    c.attention_bias = false;
-    c.sliding_window = 0;
-  } else if (c.model_type == "mistral") {
-    c.attention_bias = false;
-    // HF MistralConfig: sliding_window defaults to 4096 when absent; null disables it.
-    if (!j.contains("sliding_window")) {
-      c.sliding_window = 4096;
-    } else {
-      DUET_ASSIGN_OR_RETURN(std::optional<int> sw, OptInt32(j, "sliding_window", source));
-      c.sliding_window = sw.value_or(0);
-    }
-  } else {  // qwen2: q/k/v always carry a bias; the window applies to layers >= max_window_layers.
-    c.attention_bias = true;
-    DUET_ASSIGN_OR_RETURN(std::optional<bool> use_sw,
-                          GetOptionalBool(j, "use_sliding_window", source));
-    c.sliding_window = 0;
-    if (use_sw.value_or(false)) {
-      DUET_ASSIGN_OR_RETURN(std::optional<int> sw, OptInt32(j, "sliding_window", source));
-      DUET_ASSIGN_OR_RETURN(std::optional<int> mwl, OptInt32(j, "max_window_layers", source));
-      const int max_window_layers = mwl.value_or(28);
-      if (sw && *sw > 0 && max_window_layers < c.num_hidden_layers) {
-        if (max_window_layers > 0) {
-          return absl::UnimplementedError(
-              absl::StrCat(source,
-                           ": fields 'use_sliding_window'/'max_window_layers': a sliding window on "
-                           "only layers >= ",
-                           max_window_layers, " of ", c.num_hidden_layers,
-                           " is not supported (only all layers or none)"));
-        }
-        c.sliding_window = *sw;
-      }
-    }
+  if (c.model_type == "qwen2") {
+    c.attention_bias = true;  // q/k/v always carry a bias in Qwen2
+  } else if (attn_bias.value_or(false)) {
+    return Unsupported(source, "field 'attention_bias': true is not supported for " +
+                                   c.architecture +
+                                   " (it adds an o_proj bias); q/k/v biases are supported via "
+                                   "Qwen2ForCausalLM");
+  }
+  c.qk_norm = c.model_type == "qwen3" || c.is_gemma();
+  DUET_RETURN_IF_ERROR(ParseLayerTypes(r, &c));
+  if (c.is_gemma()) {
+    DUET_ASSIGN_OR_RETURN(std::optional<double> qpas, r.OptNumber("query_pre_attn_scalar"));
+    c.query_pre_attn_scalar = static_cast<float>(qpas.value_or(256));
+    DUET_RETURN_IF_ERROR(
+        r.MustBeNull("final_logit_softcapping", "final logit soft-capping is not implemented"));
+    DUET_RETURN_IF_ERROR(r.MustBeNull("attn_logit_softcapping",
+                                      "attention logit soft-capping is not implemented"));
+    DUET_RETURN_IF_ERROR(
+        r.BoolMustBe("use_bidirectional_attention", false, "duet decodes causally"));
   }
 
-  DUET_ASSIGN_OR_RETURN(std::optional<bool> tie, GetOptionalBool(j, "tie_word_embeddings", source));
-  c.tie_word_embeddings = tie.value_or(false);
-  DUET_ASSIGN_OR_RETURN(std::optional<int> bos, OptInt32(j, "bos_token_id", source));
+  DUET_ASSIGN_OR_RETURN(std::optional<bool> tie, r.OptBool("tie_word_embeddings"));
+  c.tie_word_embeddings = tie.value_or(c.is_gemma());  // Gemma3TextConfig defaults to tied
+  DUET_ASSIGN_OR_RETURN(std::optional<int> bos, r.OptInt("bos_token_id"));
   c.bos_token_id = bos.value_or(-1);
+  r.Present("eos_token_id");
   DUET_ASSIGN_OR_RETURN(c.eos_token_ids, ParseEos(j, source));
-  DUET_ASSIGN_OR_RETURN(std::optional<std::string> dtype,
-                        GetOptionalString(j, "torch_dtype", source));
+  DUET_ASSIGN_OR_RETURN(std::optional<std::string> dtype, r.OptString("torch_dtype"));
   if (!dtype) {
-    DUET_ASSIGN_OR_RETURN(dtype, GetOptionalString(j, "dtype", source));
+    DUET_ASSIGN_OR_RETURN(dtype, r.OptString("dtype"));
   }
   c.torch_dtype = dtype.value_or("");
+  DUET_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
 
   absl::Status valid = c.Validate();
   if (!valid.ok()) return Annotate(valid, source);
@@ -315,17 +630,23 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("field 'rope_theta': must be finite and > 1, got ", rope_theta));
   }
+  if (rope_local_theta != 0 && (!(rope_local_theta > 1) || !std::isfinite(rope_local_theta))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field 'rope_local_base_freq': must be finite and > 1 (or 0: none), got ",
+        rope_local_theta));
+  }
   if (rope_scaling) {
     const RopeScaling& rs = *rope_scaling;
-    if (rs.rope_type != "llama3") {
+    if (rs.rope_type != "llama3" && rs.rope_type != "linear") {
       return absl::InvalidArgumentError("field 'rope_scaling.rope_type': '" + rs.rope_type +
-                                        "' is not supported; supported: llama3");
+                                        "' is not supported; supported: llama3, linear");
     }
     if (!(rs.factor > 0) || !std::isfinite(rs.factor)) {
       return absl::InvalidArgumentError(
           absl::StrCat("field 'rope_scaling.factor': must be positive, got ", rs.factor));
     }
-    if (!(rs.low_freq_factor > 0) || !(rs.high_freq_factor > rs.low_freq_factor)) {
+    if (rs.rope_type == "llama3" &&
+        (!(rs.low_freq_factor > 0) || !(rs.high_freq_factor > rs.low_freq_factor))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "fields 'rope_scaling.low_freq_factor'/'high_freq_factor': need 0 < low < high, got ",
           rs.low_freq_factor, " and ", rs.high_freq_factor));
@@ -346,6 +667,38 @@ absl::Status ModelConfig::Validate() const {
   if (model_type == "llama" && sliding_window != 0) {
     return absl::InvalidArgumentError("field 'sliding_window': LlamaForCausalLM has none");
   }
+  if (!layer_types.empty()) {
+    if (static_cast<int>(layer_types.size()) != num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("field 'layer_types': ", layer_types.size(),
+                                                     " entries for ", num_hidden_layers,
+                                                     " layers"));
+    }
+    if (sliding_window <= 0) {
+      return absl::InvalidArgumentError(
+          "field 'layer_types': sliding layers need a positive 'sliding_window'");
+    }
+    if (model_type != "qwen2" && model_type != "qwen3" && !is_gemma()) {
+      return absl::InvalidArgumentError("field 'layer_types': per-layer attention types are not "
+                                        "supported for " +
+                                        architecture);
+    }
+  }
+  if (qk_norm != (model_type == "qwen3" || is_gemma())) {
+    return absl::InvalidArgumentError("q/k norms: " + architecture +
+                                      (qk_norm ? " has none" : " always has them"));
+  }
+  if (hidden_act != (is_gemma() ? "gelu_pytorch_tanh" : "silu")) {
+    return absl::InvalidArgumentError("field 'hidden_act': '" + hidden_act +
+                                      "' is not supported for " + architecture);
+  }
+  if (!(query_pre_attn_scalar >= 0) || !std::isfinite(query_pre_attn_scalar)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field 'query_pre_attn_scalar': must be >= 0 and finite, got ", query_pre_attn_scalar));
+  }
+  if (!is_gemma() && (rope_local_theta != 0 || query_pre_attn_scalar != 0)) {
+    return absl::InvalidArgumentError(
+        "fields 'rope_local_base_freq'/'query_pre_attn_scalar' apply to Gemma3ForCausalLM only");
+  }
   if (bos_token_id < -1 || bos_token_id >= vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("field 'bos_token_id': ", bos_token_id,
                                                    " is outside [0, vocab_size ", vocab_size, ")"));
@@ -364,7 +717,28 @@ std::string ModelConfig::ModelId() const {
                                 num_attention_heads, "-KV", num_key_value_heads, "-D", head_dim,
                                 "-I", intermediate_size, "-V", vocab_size);
   if (sliding_window > 0) absl::StrAppend(&id, "-SW", sliding_window);
+  if (!layer_types.empty()) {
+    absl::StrAppend(&id, "-");
+    for (LayerAttention t : layer_types) id += t == LayerAttention::kSliding ? 'S' : 'F';
+  }
   return id;
+}
+
+bool ModelConfig::LayerSlides(int layer) const {
+  if (sliding_window <= 0) return false;
+  if (layer_types.empty()) return true;
+  return layer >= 0 && layer < static_cast<int>(layer_types.size()) &&
+         layer_types[layer] == LayerAttention::kSliding;
+}
+
+float ModelConfig::AttentionScale() const {
+  const float d = query_pre_attn_scalar > 0 ? query_pre_attn_scalar : static_cast<float>(head_dim);
+  return 1.0f / std::sqrt(d);
+}
+
+float ModelConfig::EmbeddingScale() const {
+  // HF Gemma3TextScaledWordEmbedding: hidden_size**0.5 as a tensor of the embedding's dtype.
+  return is_gemma() ? static_cast<float>(std::sqrt(static_cast<double>(hidden_size))) : 1.0f;
 }
 
 std::string ModelConfig::ToJsonString() const {
@@ -379,10 +753,12 @@ std::string ModelConfig::ToJsonString() const {
   j["num_key_value_heads"] = num_key_value_heads;
   j["head_dim"] = head_dim;
   j["max_position_embeddings"] = max_position_embeddings;
-  j["hidden_act"] = "silu";
+  j[is_gemma() ? "hidden_activation" : "hidden_act"] = hidden_act;
   j["rms_norm_eps"] = FloatForJson(rms_norm_eps);
   j["rope_theta"] = FloatForJson(rope_theta);
-  if (rope_scaling) {
+  if (rope_scaling && rope_scaling->rope_type == "linear") {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", FloatForJson(rope_scaling->factor)}};
+  } else if (rope_scaling) {
     j["rope_scaling"] = {
         {"rope_type", rope_scaling->rope_type},
         {"factor", FloatForJson(rope_scaling->factor)},
@@ -392,15 +768,34 @@ std::string ModelConfig::ToJsonString() const {
   } else {
     j["rope_scaling"] = nullptr;
   }
+  if (!layer_types.empty()) {
+    nlohmann::ordered_json types = nlohmann::ordered_json::array();
+    for (LayerAttention t : layer_types) {
+      types.push_back(t == LayerAttention::kSliding ? "sliding_attention" : "full_attention");
+    }
+    j["layer_types"] = types;
+  }
   if (model_type == "llama") {
     j["attention_bias"] = attention_bias;
     j["mlp_bias"] = false;
   } else if (model_type == "mistral") {
     j["sliding_window"] = sliding_window > 0 ? nlohmann::ordered_json(sliding_window) : nullptr;
-  } else if (model_type == "qwen2") {
+  } else if (model_type == "qwen2" || model_type == "qwen3") {
     j["use_sliding_window"] = sliding_window > 0;
     j["sliding_window"] = sliding_window > 0 ? nlohmann::ordered_json(sliding_window) : nullptr;
     j["max_window_layers"] = 0;
+    if (model_type == "qwen3") j["attention_bias"] = false;
+  } else if (is_gemma()) {
+    j["sliding_window"] = sliding_window;
+    if (layer_types.empty() && sliding_window > 0) {
+      j["layer_types"] = std::vector<std::string>(num_hidden_layers, "sliding_attention");
+    } else if (layer_types.empty()) {
+      j["layer_types"] = std::vector<std::string>(num_hidden_layers, "full_attention");
+    }
+    j["rope_local_base_freq"] = FloatForJson(rope_local_theta);
+    j["query_pre_attn_scalar"] = FloatForJson(query_pre_attn_scalar);
+    j["final_logit_softcapping"] = nullptr;
+    j["attn_logit_softcapping"] = nullptr;
   }
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["bos_token_id"] = bos_token_id >= 0 ? nlohmann::ordered_json(bos_token_id) : nullptr;

@@ -1,14 +1,19 @@
 // ModelConfig: the architecture hyper-parameters of a Llama-family decoder, read from a Hugging
-// Face config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
+// Face config.json of either generation (transformers 4.x: top-level rope_theta/rope_scaling;
+// 5.x: rope_parameters, layer_types): LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+// Qwen3ForCausalLM, Gemma3ForCausalLM.
 //
 //   DUET_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromJsonFile(dir + "/config.json"));
 //   int q_dim = config.num_attention_heads * config.head_dim;
 //   kv::KvLayout layout{.model_id = config.ModelId(), ...};
 //
 // FromJson* validates (Validate()) before returning, so a returned config is usable. Errors are
-// InvalidArgument naming the file and the field; unsupported features (another architecture,
-// rope_scaling other than llama3, o_proj/MLP biases, per-layer sliding windows) are refused with
-// a message listing what is supported.
+// InvalidArgument naming the file and the field. Every key of config.json is either honoured,
+// known to be irrelevant to inference (kIrrelevantConfigKeys: training, generation defaults,
+// bookkeeping), or refused with Unimplemented naming it: an unknown key, or a known one with a
+// value that changes the math in a way duet does not implement (rope_type yarn, a
+// sliding_attention layer on Llama, attn_logit_softcapping, quantization_config, ...). Nothing
+// is defaulted silently.
 #pragma once
 
 #include <optional>
@@ -20,9 +25,10 @@
 
 namespace duet::model {
 
-// rope_scaling of type "llama3" (HF _compute_llama3_parameters). Other types are refused.
+// RoPE scaling: "llama3" (HF _compute_llama3_parameters) or "linear" (inv_freq / factor; only
+// `factor` is used). Other types are refused.
 struct RopeScaling {
-  std::string rope_type;  // "llama3"
+  std::string rope_type;  // "llama3" | "linear"
   float factor = 1;
   float low_freq_factor = 1;
   float high_freq_factor = 4;
@@ -31,9 +37,14 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
+// Attention of one layer: over the whole context, or over the last sliding_window positions.
+enum class LayerAttention { kFull, kSliding };
+
 struct ModelConfig {
-  std::string architecture;  // "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM"
-  std::string model_type;    // "llama" | "mistral" | "qwen2"
+  // "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" |
+  // "Gemma3ForCausalLM"
+  std::string architecture;
+  std::string model_type;  // "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3_text"
   int vocab_size = 0;
   int hidden_size = 0;
   int intermediate_size = 0;
@@ -43,10 +54,20 @@ struct ModelConfig {
   int head_dim = 0;             // defaults to hidden_size / num_attention_heads
   int max_position_embeddings = 0;
   float rms_norm_eps = 1e-6f;
-  float rope_theta = 10000.0f;
-  std::optional<RopeScaling> rope_scaling;
-  int sliding_window = 0;       // 0 = none (mistral; qwen2 only when use_sliding_window)
+  float rope_theta = 10000.0f;             // RoPE base of full-attention layers
+  std::optional<RopeScaling> rope_scaling;  // of full-attention layers
+  // RoPE base of sliding layers when it differs (Gemma 3: rope_local_base_freq, or
+  // rope_parameters.sliding_attention); 0: rope_theta and rope_scaling apply to every layer.
+  float rope_local_theta = 0;
+  // Window of the sliding layers; 0 = none. Which layers slide: layer_types, or (when
+  // layer_types is empty) every layer iff sliding_window > 0 (Mistral).
+  int sliding_window = 0;
+  std::vector<LayerAttention> layer_types;  // empty, or one per layer
   bool attention_bias = false;  // q/k/v bias (qwen2: true)
+  bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
+  std::string hidden_act = "silu";  // MLP gate activation: "silu" | "gelu_pytorch_tanh" (gemma3)
+  // Attention logits are scaled by 1/sqrt(query_pre_attn_scalar) (gemma3); 0: 1/sqrt(head_dim).
+  float query_pre_attn_scalar = 0;
   bool tie_word_embeddings = false;
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;  // eos_token_id may be an int or a list in JSON
@@ -61,12 +82,26 @@ struct ModelConfig {
   absl::Status Validate() const;
 
   // Short stable identifier used in KV layout fingerprints:
-  // "llama-L30-H576-A9-KV3-D64-I1536-V49152" (+ "-SW4096" with a sliding window).
+  // "llama-L30-H576-A9-KV3-D64-I1536-V49152" (+ "-SW4096" with a sliding window on every layer;
+  // "-SW512-SSSSSF..." when only some layers slide: S sliding, F full, one letter per layer).
   std::string ModelId() const;
 
   // An HF-style config.json for this config (what the synthetic writer stores); parsing it back
   // with FromJsonString gives an equal config.
   std::string ToJsonString() const;
+
+  // Per layer: the attention window (0 = full context) and the RoPE base.
+  bool LayerSlides(int layer) const;
+  int LayerWindow(int layer) const { return LayerSlides(layer) ? sliding_window : 0; }
+  // The attention logit scale: 1/sqrt(query_pre_attn_scalar or head_dim).
+  float AttentionScale() const;
+
+  // Gemma 3's block: embeddings scaled by sqrt(hidden_size) (rounded to float as HF does), and
+  // "sandwich" norms (the attention and MLP outputs are normed before each residual add, and
+  // the MLP input has a norm of its own). Its RMSNorm weights are applied as (1 + w); HF files
+  // store w (weights.cc adds 1), GGUF files store 1 + w.
+  bool is_gemma() const { return model_type == "gemma3_text"; }
+  float EmbeddingScale() const;
 
   // Derived sizes.
   int q_dim() const { return num_attention_heads * head_dim; }
@@ -78,5 +113,10 @@ struct ModelConfig {
 
 // The architectures FromJson accepts, e.g. for error messages: "LlamaForCausalLM, ...".
 const std::vector<std::string>& SupportedArchitectures();
+
+// config.json keys that do not change inference (training hyper-parameters, generation
+// defaults, bookkeeping); FromJson accepts and ignores them. Any other key it does not read is
+// refused.
+const std::vector<std::string>& IrrelevantConfigKeys();
 
 }  // namespace duet::model

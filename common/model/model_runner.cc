@@ -12,7 +12,13 @@ namespace duet::model {
 
 struct ModelRunner::Layer {
   const float* input_norm = nullptr;
-  const float* post_norm = nullptr;
+  const float* post_norm = nullptr;         // the MLP input's norm
+  const float* q_norm = nullptr;            // [head_dim] (qk_norm)
+  const float* k_norm = nullptr;
+  const float* attn_output_norm = nullptr;  // gemma's sandwich norms
+  const float* mlp_output_norm = nullptr;
+  const compute::RopeParams* rope = nullptr;  // full or sliding-layer frequencies
+  int window = 0;                             // sliding window, 0 = full context
   const float* q_bias = nullptr;
   const float* k_bias = nullptr;
   const float* v_bias = nullptr;
@@ -77,7 +83,7 @@ absl::Status ModelRunner::Prepare(ModelWeights weights) {
   const int hidden = c.hidden_size;
   const int qd = c.num_attention_heads * c.head_dim;
   const int kvd = c.num_key_value_heads * c.head_dim;
-  rope_.inv_freq = RopeInvFreq(c);
+  SetUpLayerAttention();
 
   auto vec = [&](std::vector<float>& v) -> const float* {
     if (v.empty()) return nullptr;
@@ -98,6 +104,15 @@ absl::Status ModelRunner::Prepare(ModelWeights weights) {
     Layer& l = layers_[i];
     l.input_norm = vec(lw.input_norm);
     l.post_norm = vec(lw.post_attention_norm);
+    l.q_norm = vec(lw.q_norm);
+    l.k_norm = vec(lw.k_norm);
+    l.attn_output_norm = vec(lw.attn_output_norm);
+    l.mlp_output_norm = vec(lw.mlp_output_norm);
+    if (c.qk_norm != (l.q_norm != nullptr && l.k_norm != nullptr) ||
+        c.is_gemma() != (l.attn_output_norm != nullptr && l.mlp_output_norm != nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ModelRunner: layer ", i, "'s norm weights do not match ", c.architecture));
+    }
     l.q_bias = vec(lw.q_bias);
     l.k_bias = vec(lw.k_bias);
     l.v_bias = vec(lw.v_bias);
@@ -117,6 +132,10 @@ absl::Status ModelRunner::Prepare(ModelWeights weights) {
     DUET_RETURN_IF_ERROR(mat(weights.lm_head, c.vocab_size, hidden, &lm_head_));
   }
   host_embed_ = std::move(weights.embed_tokens);
+  // Gemma scales the embeddings it looks up (not the tied LM head, prepared above).
+  if (const float scale = c.EmbeddingScale(); scale != 1.0f) {
+    for (float& e : host_embed_) e *= scale;
+  }
   embed_ = backend_->UploadVector(host_embed_.data(), static_cast<int64_t>(host_embed_.size()));
   return absl::OkStatus();
 }
@@ -135,7 +154,7 @@ absl::Status ModelRunner::PrepareRandom(uint64_t seed) {
   const int hidden = c.hidden_size;
   const int qd = c.num_attention_heads * c.head_dim;
   const int kvd = c.num_key_value_heads * c.head_dim;
-  rope_.inv_freq = RopeInvFreq(c);
+  SetUpLayerAttention();
   uint64_t stream = seed * 1000003ull;
   auto vec = [&](int64_t n, bool ones) -> const float* {
     std::vector<float> v(static_cast<size_t>(n), 1.0f);
@@ -152,6 +171,14 @@ absl::Status ModelRunner::PrepareRandom(uint64_t seed) {
   for (Layer& l : layers_) {
     l.input_norm = vec(hidden, true);
     l.post_norm = vec(hidden, true);
+    if (c.qk_norm) {
+      l.q_norm = vec(c.head_dim, true);
+      l.k_norm = vec(c.head_dim, true);
+    }
+    if (c.is_gemma()) {
+      l.attn_output_norm = vec(hidden, true);
+      l.mlp_output_norm = vec(hidden, true);
+    }
     if (c.attention_bias) {
       l.q_bias = vec(qd, false);
       l.k_bias = vec(kvd, false);
@@ -177,6 +204,17 @@ absl::Status ModelRunner::PrepareRandom(uint64_t seed) {
   embed_ = owned_embed_;
   backend_->Synchronize();
   return backend_->status();
+}
+
+void ModelRunner::SetUpLayerAttention() {
+  const ModelConfig& c = config_;
+  rope_.inv_freq = RopeInvFreq(c);
+  if (c.rope_local_theta > 0) local_rope_.inv_freq = RopeInvFreq(c, /*sliding_layer=*/true);
+  layers_.resize(c.num_hidden_layers);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    layers_[i].window = c.LayerWindow(i);
+    layers_[i].rope = c.rope_local_theta > 0 && c.LayerSlides(i) ? &local_rope_ : &rope_;
+  }
 }
 
 kv::KvLayout ModelRunner::MakeKvLayout(int block_size) const {
@@ -317,12 +355,10 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
 
   const int hidden = c.hidden_size;
   const int rows = static_cast<int>(total);
-  const compute::AttentionParams attn{
-      .num_q_heads = c.num_attention_heads,
-      .num_kv_heads = c.num_key_value_heads,
-      .head_dim = c.head_dim,
-      .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-      .sliding_window = c.sliding_window};
+  compute::AttentionParams attn{.num_q_heads = c.num_attention_heads,
+                                .num_kv_heads = c.num_key_value_heads,
+                                .head_dim = c.head_dim,
+                                .scale = c.AttentionScale()};
   compute::ComputeBackend& b = *backend_;
   Workspace& w = *ws_;
 
@@ -334,8 +370,12 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
     b.MatMul(w.h, rows, *l.q, l.q_bias, w.q);
     b.MatMul(w.h, rows, *l.k, l.k_bias, w.k);
     b.MatMul(w.h, rows, *l.v, l.v_bias, w.v);
-    b.Rope(w.q, rows, c.num_attention_heads, c.head_dim, positions.data(), rope_);
-    b.Rope(w.k, rows, c.num_key_value_heads, c.head_dim, positions.data(), rope_);
+    if (c.qk_norm) {  // per head: [rows * heads, head_dim]
+      b.RmsNorm(w.q, l.q_norm, rows * c.num_attention_heads, c.head_dim, c.rms_norm_eps, w.q);
+      b.RmsNorm(w.k, l.k_norm, rows * c.num_key_value_heads, c.head_dim, c.rms_norm_eps, w.k);
+    }
+    b.Rope(w.q, rows, c.num_attention_heads, c.head_dim, positions.data(), *l.rope);
+    b.Rope(w.k, rows, c.num_key_value_heads, c.head_dim, positions.data(), *l.rope);
     b.WriteKv(kv, li, w.k, w.v, slots.data(), rows);
     // K/V of this layer are in the pool: transfer may start while the layer finishes.
     if (on_layer_done) {
@@ -347,13 +387,24 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
       }
       on_layer_done(li, spans);
     }
+    attn.sliding_window = l.window;
     b.PagedAttention(kv, li, w.q, seqs, attn, w.attn);
     b.MatMul(w.attn, rows, *l.o, nullptr, w.o);
+    if (l.attn_output_norm != nullptr) {
+      b.RmsNorm(w.o, l.attn_output_norm, rows, hidden, c.rms_norm_eps, w.o);
+    }
     b.AddRmsNorm(w.x, w.o, l.post_norm, rows, hidden, c.rms_norm_eps, w.h);
     b.MatMul(w.h, rows, *l.gate, nullptr, w.gate);
     b.MatMul(w.h, rows, *l.up, nullptr, w.up);
-    b.SwiGlu(w.gate, w.up, int64_t{rows} * c.intermediate_size, w.gate);
+    if (c.hidden_act == "gelu_pytorch_tanh") {
+      b.GeluTanhGlu(w.gate, w.up, int64_t{rows} * c.intermediate_size, w.gate);
+    } else {
+      b.SwiGlu(w.gate, w.up, int64_t{rows} * c.intermediate_size, w.gate);
+    }
     b.MatMul(w.gate, rows, *l.down, nullptr, w.o);
+    if (l.mlp_output_norm != nullptr) {
+      b.RmsNorm(w.o, l.mlp_output_norm, rows, hidden, c.rms_norm_eps, w.o);
+    }
     if (li + 1 < c.num_hidden_layers) {
       b.AddRmsNorm(w.x, w.o, layers_[li + 1].input_norm, rows, hidden, c.rms_norm_eps, w.h);
     } else {

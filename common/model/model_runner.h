@@ -1,6 +1,6 @@
-// ModelRunner: one forward pass of a Llama-family model (Llama, Mistral, Qwen2) over a batch
-// that may mix prefill sequences (many new tokens) and decode sequences (one new token), with
-// K/V kept in a paged BlockPool. After each layer's K/V are written into the pool it calls the
+// ModelRunner: one forward pass of a Llama-family model (Llama, Mistral, Qwen2, Qwen3, Gemma 3)
+// over a batch that may mix prefill sequences (many new tokens) and decode sequences (one new
+// token), with K/V kept in a paged BlockPool. After each layer's K/V are written into the pool it calls the
 // layer-done hook with the spans written: the only coupling between compute and KV transfer
 // (DESIGN.md §3). The hook runs on the compute thread; it must not block for long.
 // A sequence asks for its last token's logits (want_logits) and/or for the next token sampled
@@ -115,6 +115,8 @@ class ModelRunner {
   absl::Status Prepare(ModelWeights weights);
   absl::Status PrepareRandom(uint64_t seed);
   void EnsureWorkspace(int64_t rows);
+  // Each layer's RoPE frequencies and attention window.
+  void SetUpLayerAttention();
   // Fills out->tokens for the output rows that sample (logits: [rows, vocab], backend memory).
   absl::Status SampleOutputRows(
       const std::vector<std::optional<compute::RowSampling>>& row_sampling, const float* logits,
@@ -122,7 +124,8 @@ class ModelRunner {
 
   const ModelConfig config_;
   compute::ComputeBackend* const backend_;
-  compute::RopeParams rope_;
+  compute::RopeParams rope_;        // full-attention layers (every layer unless rope_local_theta)
+  compute::RopeParams local_rope_;  // sliding layers with a base of their own (gemma3)
   kv::KvDtype kv_dtype_ = kv::KvDtype::kF32;
   bool async_layer_hook_ = false;
   std::vector<float> host_embed_;  // kept alive: the backend may alias host vectors

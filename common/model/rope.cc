@@ -5,14 +5,21 @@
 
 namespace duet::model {
 
-std::vector<double> RopeInvFreqF64(const ModelConfig& c) {
+std::vector<double> RopeInvFreqF64(const ModelConfig& c, bool sliding_layer) {
   const int half = c.head_dim / 2;
   std::vector<double> inv(half);
-  const double theta = static_cast<double>(c.rope_theta);
+  // Gemma 3's sliding layers have a base of their own and no scaling.
+  const bool local = sliding_layer && c.rope_local_theta > 0;
+  const double theta = static_cast<double>(local ? c.rope_local_theta : c.rope_theta);
   for (int i = 0; i < half; ++i) {
     inv[i] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / c.head_dim);
   }
-  if (!c.rope_scaling || c.rope_scaling->rope_type != "llama3") return inv;
+  if (local || !c.rope_scaling) return inv;
+  if (c.rope_scaling->rope_type == "linear") {
+    for (double& f : inv) f /= c.rope_scaling->factor;
+    return inv;
+  }
+  if (c.rope_scaling->rope_type != "llama3") return inv;  // Validate() admits no other
 
   const RopeScaling& rs = *c.rope_scaling;
   const double factor = rs.factor;
@@ -35,8 +42,8 @@ std::vector<double> RopeInvFreqF64(const ModelConfig& c) {
   return inv;
 }
 
-std::vector<float> RopeInvFreq(const ModelConfig& c) {
-  std::vector<double> d = RopeInvFreqF64(c);
+std::vector<float> RopeInvFreq(const ModelConfig& c, bool sliding_layer) {
+  std::vector<double> d = RopeInvFreqF64(c, sliding_layer);
   return std::vector<float>(d.begin(), d.end());
 }
 

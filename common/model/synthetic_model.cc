@@ -136,6 +136,8 @@ const char* ModelTypeOf(const std::string& arch) {
   if (arch == "LlamaForCausalLM") return "llama";
   if (arch == "MistralForCausalLM") return "mistral";
   if (arch == "Qwen2ForCausalLM") return "qwen2";
+  if (arch == "Qwen3ForCausalLM") return "qwen3";
+  if (arch == "Gemma3ForCausalLM") return "gemma3_text";
   return "";
 }
 
@@ -218,6 +220,8 @@ absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset,
     }
   }
   c.model_type = ModelTypeOf(c.architecture);
+  c.qk_norm = c.model_type == "qwen3" || c.is_gemma();
+  c.hidden_act = c.is_gemma() ? "gelu_pytorch_tanh" : "silu";
   if (o.num_layers) c.num_hidden_layers = *o.num_layers;
   if (o.hidden) c.hidden_size = *o.hidden;
   if (o.num_heads) c.num_attention_heads = *o.num_heads;
@@ -238,9 +242,22 @@ absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& preset,
   if (o.sliding_window) {
     if (c.model_type == "llama" && *o.sliding_window > 0) {
       return absl::InvalidArgumentError(
-          "sliding_window needs MistralForCausalLM or Qwen2ForCausalLM, not LlamaForCausalLM");
+          "sliding_window needs an architecture other than LlamaForCausalLM");
     }
     c.sliding_window = *o.sliding_window;
+  }
+  if (c.is_gemma()) {
+    // Gemma 3's shape: every 6th layer global, the others sliding with a base of their own.
+    c.rope_local_theta = 10000.0f;
+    c.query_pre_attn_scalar = static_cast<float>(c.head_dim);
+    if (c.sliding_window > 0) {
+      c.layer_types.clear();
+      for (int i = 0; i < c.num_hidden_layers; ++i) {
+        c.layer_types.push_back((i + 1) % 6 == 0 ? LayerAttention::kFull
+                                                 : LayerAttention::kSliding);
+      }
+      if (c.num_hidden_layers < 6) c.layer_types.clear();  // too few layers: all sliding
+    }
   }
   if (c.vocab_size < ByteTokenizer::kNumBaseTokens) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -40,7 +40,7 @@ struct SyntheticOverrides {
   std::optional<int> intermediate;
   std::optional<int> vocab;  // >= 258 (the byte tokenizer's ids)
   std::optional<int> max_position_embeddings;
-  std::optional<int> sliding_window;   // Mistral/Qwen2 only
+  std::optional<int> sliding_window;   // not Llama; Gemma3: on 5 of every 6 layers
   std::optional<bool> attention_bias;  // implied by (and only valid for) Qwen2ForCausalLM
   std::optional<std::string> architecture;
   std::optional<bool> tie_word_embeddings;

@@ -23,7 +23,8 @@ class Tokenizer {
   // with the BOS token's text (as rendered chat templates do): never two BOS.
   virtual absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text,
                                                       bool add_bos) const = 0;
-  // InvalidArgument on an id outside [0, vocab_size()).
+  // Ids >= vocab_size() (embedding rows past the tokenizer's entries, as padded vocabularies
+  // have) decode to no text; InvalidArgument on a negative id.
   virtual absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const = 0;
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 if none

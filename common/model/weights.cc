@@ -19,44 +19,71 @@ std::string LayerName(int i, const char* suffix) {
 
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   const int64_t h = c.hidden_size, v = c.vocab_size, q = c.q_dim(), kv = c.kv_dim(),
-                inter = c.intermediate_size;
+                inter = c.intermediate_size, d = c.head_dim;
+  const bool gemma = c.is_gemma();
   std::vector<ExpectedTensor> out;
-  out.push_back({"model.embed_tokens.weight", {v, h}, " = [vocab_size, hidden_size]"});
+  auto model = [&](const char* name, std::vector<int64_t> shape, const char* what,
+                   std::vector<float> ModelWeights::*field, bool norm = false) {
+    out.push_back({.name = name, .shape = std::move(shape), .what = what, .model_field = field,
+                   .gemma_norm = norm && gemma});
+  };
+  auto layer = [&](int i, const char* suffix, std::vector<int64_t> shape, const char* what,
+                   std::vector<float> LayerWeights::*field, bool norm = false) {
+    out.push_back({.name = LayerName(i, suffix), .shape = std::move(shape), .what = what,
+                   .layer = i, .layer_field = field, .gemma_norm = norm && gemma});
+  };
+  model("model.embed_tokens.weight", {v, h}, " = [vocab_size, hidden_size]",
+        &ModelWeights::embed_tokens);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
-    out.push_back({LayerName(i, "input_layernorm.weight"), {h}, " = [hidden_size]"});
-    out.push_back({LayerName(i, "self_attn.q_proj.weight"),
-                   {q, h},
-                   " = [num_attention_heads*head_dim, hidden_size]"});
-    out.push_back({LayerName(i, "self_attn.k_proj.weight"),
-                   {kv, h},
-                   " = [num_key_value_heads*head_dim, hidden_size]"});
-    out.push_back({LayerName(i, "self_attn.v_proj.weight"),
-                   {kv, h},
-                   " = [num_key_value_heads*head_dim, hidden_size]"});
-    out.push_back({LayerName(i, "self_attn.o_proj.weight"),
-                   {h, q},
-                   " = [hidden_size, num_attention_heads*head_dim]"});
+    layer(i, "input_layernorm.weight", {h}, " = [hidden_size]", &LayerWeights::input_norm, true);
+    layer(i, "self_attn.q_proj.weight", {q, h}, " = [num_attention_heads*head_dim, hidden_size]",
+          &LayerWeights::q_proj);
+    layer(i, "self_attn.k_proj.weight", {kv, h},
+          " = [num_key_value_heads*head_dim, hidden_size]", &LayerWeights::k_proj);
+    layer(i, "self_attn.v_proj.weight", {kv, h},
+          " = [num_key_value_heads*head_dim, hidden_size]", &LayerWeights::v_proj);
+    layer(i, "self_attn.o_proj.weight", {h, q}, " = [hidden_size, num_attention_heads*head_dim]",
+          &LayerWeights::o_proj);
     if (c.attention_bias) {
-      out.push_back(
-          {LayerName(i, "self_attn.q_proj.bias"), {q}, " = [num_attention_heads*head_dim]"});
-      out.push_back(
-          {LayerName(i, "self_attn.k_proj.bias"), {kv}, " = [num_key_value_heads*head_dim]"});
-      out.push_back(
-          {LayerName(i, "self_attn.v_proj.bias"), {kv}, " = [num_key_value_heads*head_dim]"});
+      layer(i, "self_attn.q_proj.bias", {q}, " = [num_attention_heads*head_dim]",
+            &LayerWeights::q_bias);
+      layer(i, "self_attn.k_proj.bias", {kv}, " = [num_key_value_heads*head_dim]",
+            &LayerWeights::k_bias);
+      layer(i, "self_attn.v_proj.bias", {kv}, " = [num_key_value_heads*head_dim]",
+            &LayerWeights::v_bias);
     }
-    out.push_back({LayerName(i, "post_attention_layernorm.weight"), {h}, " = [hidden_size]"});
-    out.push_back(
-        {LayerName(i, "mlp.gate_proj.weight"), {inter, h}, " = [intermediate_size, hidden_size]"});
-    out.push_back(
-        {LayerName(i, "mlp.up_proj.weight"), {inter, h}, " = [intermediate_size, hidden_size]"});
-    out.push_back(
-        {LayerName(i, "mlp.down_proj.weight"), {h, inter}, " = [hidden_size, intermediate_size]"});
+    if (c.qk_norm) {
+      layer(i, "self_attn.q_norm.weight", {d}, " = [head_dim]", &LayerWeights::q_norm, true);
+      layer(i, "self_attn.k_norm.weight", {d}, " = [head_dim]", &LayerWeights::k_norm, true);
+    }
+    if (gemma) {
+      layer(i, "post_attention_layernorm.weight", {h}, " = [hidden_size]",
+            &LayerWeights::attn_output_norm, true);
+      layer(i, "pre_feedforward_layernorm.weight", {h}, " = [hidden_size]",
+            &LayerWeights::post_attention_norm, true);
+      layer(i, "post_feedforward_layernorm.weight", {h}, " = [hidden_size]",
+            &LayerWeights::mlp_output_norm, true);
+    } else {
+      layer(i, "post_attention_layernorm.weight", {h}, " = [hidden_size]",
+            &LayerWeights::post_attention_norm);
+    }
+    layer(i, "mlp.gate_proj.weight", {inter, h}, " = [intermediate_size, hidden_size]",
+          &LayerWeights::gate_proj);
+    layer(i, "mlp.up_proj.weight", {inter, h}, " = [intermediate_size, hidden_size]",
+          &LayerWeights::up_proj);
+    layer(i, "mlp.down_proj.weight", {h, inter}, " = [hidden_size, intermediate_size]",
+          &LayerWeights::down_proj);
   }
-  out.push_back({"model.norm.weight", {h}, " = [hidden_size]"});
+  model("model.norm.weight", {h}, " = [hidden_size]", &ModelWeights::norm, true);
   if (!c.tie_word_embeddings) {
-    out.push_back({"lm_head.weight", {v, h}, " = [vocab_size, hidden_size]"});
+    model("lm_head.weight", {v, h}, " = [vocab_size, hidden_size]", &ModelWeights::lm_head);
   }
   return out;
+}
+
+std::vector<float>* Destination(ModelWeights& w, const ExpectedTensor& e) {
+  if (e.layer < 0) return &(w.*e.model_field);
+  return &(w.layers[static_cast<size_t>(e.layer)].*e.layer_field);
 }
 
 absl::StatusOr<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config) {
@@ -67,42 +94,18 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& model_dir, const Mod
   w.layers.resize(config.num_hidden_layers);
   std::set<std::string> used;
 
-  // Maps an expected tensor name to its destination.
-  auto dest = [&](const std::string& name) -> std::vector<float>* {
-    if (name == "model.embed_tokens.weight") return &w.embed_tokens;
-    if (name == "model.norm.weight") return &w.norm;
-    if (name == "lm_head.weight") return &w.lm_head;
-    // model.layers.{i}.<suffix>
-    const size_t start = sizeof("model.layers.") - 1;
-    const size_t dot = name.find('.', start);
-    const int i = std::stoi(name.substr(start, dot - start));
-    const std::string suffix = name.substr(dot + 1);
-    LayerWeights& l = w.layers[i];
-    if (suffix == "input_layernorm.weight") return &l.input_norm;
-    if (suffix == "self_attn.q_proj.weight") return &l.q_proj;
-    if (suffix == "self_attn.k_proj.weight") return &l.k_proj;
-    if (suffix == "self_attn.v_proj.weight") return &l.v_proj;
-    if (suffix == "self_attn.o_proj.weight") return &l.o_proj;
-    if (suffix == "self_attn.q_proj.bias") return &l.q_bias;
-    if (suffix == "self_attn.k_proj.bias") return &l.k_bias;
-    if (suffix == "self_attn.v_proj.bias") return &l.v_bias;
-    if (suffix == "post_attention_layernorm.weight") return &l.post_attention_norm;
-    if (suffix == "mlp.gate_proj.weight") return &l.gate_proj;
-    if (suffix == "mlp.up_proj.weight") return &l.up_proj;
-    if (suffix == "mlp.down_proj.weight") return &l.down_proj;
-    return nullptr;
-  };
-
   for (const ExpectedTensor& e : ExpectedTensors(config)) {
     DUET_ASSIGN_OR_RETURN(TensorView t, ckpt->GetWithShape(e.name, e.shape, e.what));
-    std::vector<float>* out = dest(e.name);
-    DUET_CHECK(out != nullptr) << e.name;
+    std::vector<float>* out = Destination(w, e);
     if (t.dtype != Dtype::kF32 && t.dtype != Dtype::kF16 && t.dtype != Dtype::kBF16) {
       return absl::InvalidArgumentError(t.file + ": tensor '" + e.name + "' has dtype " +
                                         DtypeName(t.dtype) + "; expected F32, F16 or BF16");
     }
     out->resize(static_cast<size_t>(t.NumElements()));
     DUET_RETURN_IF_ERROR(ConvertToFloat(t, out->data()));
+    if (e.gemma_norm) {
+      for (float& x : *out) x = 1.0f + x;  // HF Gemma3RMSNorm: x * (1 + w), in float32
+    }
     used.insert(e.name);
   }
 

@@ -15,6 +15,7 @@
 
 namespace duet::model {
 
+// Norm weights are stored as applied: Gemma's (1 + w) already added (see ModelConfig::is_gemma).
 struct LayerWeights {
   std::vector<float> input_norm;           // [hidden]
   std::vector<float> q_proj;               // [heads*head_dim, hidden]
@@ -24,7 +25,15 @@ struct LayerWeights {
   std::vector<float> q_bias;               // [heads*head_dim]; empty unless attention_bias
   std::vector<float> k_bias;               // [kv_heads*head_dim]; empty unless attention_bias
   std::vector<float> v_bias;               // [kv_heads*head_dim]; empty unless attention_bias
+  std::vector<float> q_norm;               // [head_dim]; empty unless qk_norm
+  std::vector<float> k_norm;               // [head_dim]; empty unless qk_norm
+  // The norm of the MLP's input: HF post_attention_layernorm (Llama family) or
+  // pre_feedforward_layernorm (Gemma).
   std::vector<float> post_attention_norm;  // [hidden]
+  // Gemma's norms of the attention and MLP outputs before each residual add (HF
+  // post_attention_layernorm and post_feedforward_layernorm); empty otherwise.
+  std::vector<float> attn_output_norm;     // [hidden]
+  std::vector<float> mlp_output_norm;      // [hidden]
   std::vector<float> gate_proj;            // [intermediate, hidden]
   std::vector<float> up_proj;              // [intermediate, hidden]
   std::vector<float> down_proj;            // [hidden, intermediate]
@@ -38,14 +47,21 @@ struct ModelWeights {
 };
 
 // One expected checkpoint tensor: its HF name, shape and a description of the shape
-// (" = [vocab_size, hidden_size]") for error messages.
+// (" = [vocab_size, hidden_size]") for error messages, and where it goes: a field of the model
+// (layer -1) or of layer `layer`.
 struct ExpectedTensor {
   std::string name;
   std::vector<int64_t> shape;
   std::string what;
+  int layer = -1;
+  std::vector<float> ModelWeights::*model_field = nullptr;
+  std::vector<float> LayerWeights::*layer_field = nullptr;
+  bool gemma_norm = false;  // an RMSNorm weight applied as (1 + w): HF files store w
 };
 // Every tensor LoadWeights reads for `config`, in load order.
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config);
+// The vector an expected tensor is loaded into.
+std::vector<float>* Destination(ModelWeights& w, const ExpectedTensor& e);
 
 // Loads model_dir/model.safetensors or model_dir/model.safetensors.index.json, converting
 // F32/F16/BF16 to float32 and checking each tensor's presence and shape against the config.

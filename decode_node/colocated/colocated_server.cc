@@ -30,6 +30,10 @@ absl::Status ColocatedServer::Init() {
                                                       .cpu_gemm = o.cpu_gemm,
                                                       .block_size = o.block_size,
                                                       .kv_cache_bytes = o.kv_cache_bytes}));
+  if (!engine_->has_tokenizer()) {
+    return absl::FailedPreconditionError(o.model_dir +
+                                         ": the colocated server needs the model's tokenizer files");
+  }
   DUET_ASSIGN_OR_RETURN(scheduler_,
                         ColocatedScheduler::Create({.name = o.node_id,
                                                     .max_batch_tokens = o.max_batch_tokens,

@@ -163,6 +163,11 @@ void CpuBackend::SwiGlu(const float* gate, const float* up, int64_t n, float* ou
   cpu::SwiGluElems(&pool_, gate, up, n, out);
 }
 
+void CpuBackend::GeluTanhGlu(const float* gate, const float* up, int64_t n, float* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cpu::GeluTanhGluElems(&pool_, gate, up, n, out);
+}
+
 void CpuBackend::Embed(const float* table, int dim, const int32_t* ids, int n, float* out) {
   std::lock_guard<std::mutex> lock(mu_);
   cpu::EmbedRows(&pool_, table, dim, ids, n, out);

@@ -52,6 +52,7 @@ class CpuBackend : public ComputeBackend {
   void Rope(float* x, int rows, int num_heads, int head_dim, const int32_t* positions,
             const RopeParams& rope) override;
   void SwiGlu(const float* gate, const float* up, int64_t n, float* out) override;
+  void GeluTanhGlu(const float* gate, const float* up, int64_t n, float* out) override;
   void Embed(const float* table, int dim, const int32_t* ids, int n, float* out) override;
   void WriteKv(const kv::KvCacheView& cache, int layer, const float* k, const float* v,
                const int64_t* slots, int n) override;

@@ -87,6 +87,20 @@ void SwiGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n
   });
 }
 
+void GeluTanhGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n,
+                      float* out) {
+  // PyTorch: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))).
+  constexpr float kBeta = 0.7978845608028654f;
+  constexpr float kKappa = 0.044715f;
+  ParallelOrInline(pool, n, kElemGrain / 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float x = gate[i];
+      const float inner = kBeta * (x + kKappa * x * x * x);
+      out[i] = 0.5f * x * (1.f + std::tanh(inner)) * up[i];
+    }
+  });
+}
+
 void EmbedRows(ThreadPool* pool, const float* table, int dim, const int32_t* ids, int n,
                float* out) {
   ParallelOrInline(pool, n, RowGrain(dim), [&](int64_t begin, int64_t end) {

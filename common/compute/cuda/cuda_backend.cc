@@ -463,6 +463,12 @@ void CudaBackend::SwiGlu(const float* gate, const float* up, int64_t n, float* o
   CheckLaunch("SwiGlu");
 }
 
+void CudaBackend::GeluTanhGlu(const float* gate, const float* up, int64_t n, float* out) {
+  auto lock = Enter();
+  LaunchGeluTanhGlu(gate, up, n, out, stream_.get());
+  CheckLaunch("GeluTanhGlu");
+}
+
 void CudaBackend::Embed(const float* table, int dim, const int32_t* ids, int n, float* out) {
   if (n <= 0) return;
   auto lock = Enter();

@@ -90,6 +90,16 @@ __global__ void RopeKernel(float* __restrict__ x, int num_heads, int head_dim,
   }
 }
 
+// As the cpu backend's GeluTanhGluElems (PyTorch's tanh-approximated GELU).
+__global__ void GeluTanhGluKernel(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float x = gate[i];
+    const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    out[i] = 0.5f * x * (1.0f + tanhf(inner)) * up[i];
+  }
+}
+
 __global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -155,6 +165,12 @@ void LaunchRope(float* x, int rows, int num_heads, int head_dim, const int32_t* 
 void LaunchSwiGlu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s) {
   if (n <= 0) return;
   SwiGluKernel<<<BlocksFor(n, kThreads), kThreads, 0, s>>>(gate, up, n, out);
+}
+
+void LaunchGeluTanhGlu(const float* gate, const float* up, int64_t n, float* out,
+                       cudaStream_t s) {
+  if (n <= 0) return;
+  GeluTanhGluKernel<<<BlocksFor(n, kThreads), kThreads, 0, s>>>(gate, up, n, out);
 }
 
 void LaunchConvertFromF32(const float* src, void* dst, ElemType dst_type, int64_t n,

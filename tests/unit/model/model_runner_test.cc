@@ -115,6 +115,71 @@ INSTANTIATE_TEST_SUITE_P(GqaRatios, KvCacheExactTest,
                                   std::to_string(info.param.kv_heads);
                          });
 
+// Every architecture's block (q/k norms, Gemma's sandwich norms, GeGLU, embedding scale, per-layer
+// windows and RoPE bases) keeps the cache exact and chunking harmless: decode and chunked prefill
+// give the logits of a full recompute, also past the sliding window.
+struct ArchCase {
+  const char* arch;
+  int layers;
+  int window;
+};
+class ArchKvExactTest : public ::testing::TestWithParam<ArchCase> {};
+
+TEST_P(ArchKvExactTest, DecodeAndChunksMatchRecompute) {
+  SyntheticOverrides o;
+  o.architecture = GetParam().arch;
+  o.num_layers = GetParam().layers;
+  if (GetParam().window > 0) o.sliding_window = GetParam().window;
+  Model m = MakeModel(o, /*block_size=*/8);
+  const ModelConfig& c = m.runner->config();
+  if (c.is_gemma()) {
+    ASSERT_EQ(c.LayerWindow(0), GetParam().window);
+    ASSERT_EQ(c.LayerWindow(5), 0);  // every 6th layer is global
+  }
+  const int vocab = c.vocab_size;
+  const std::vector<int32_t> all = Tokens(30, 9, vocab);
+  kv::BlockTable cached(m.pool.get());
+  RunOne(m, cached, std::vector<int32_t>(all.begin(), all.begin() + 11));
+  for (int pos = 11; pos < 30; ++pos) {
+    std::vector<float> dec = RunOne(m, cached, {all[pos]});
+    kv::BlockTable fresh(m.pool.get());
+    std::vector<float> full =
+        RunOne(m, fresh, std::vector<int32_t>(all.begin(), all.begin() + pos + 1));
+    ASSERT_EQ(dec.size(), full.size());
+    EXPECT_LT(RelErr(dec, full), 1e-4) << c.architecture << " position " << pos;
+  }
+  kv::BlockTable a(m.pool.get()), b(m.pool.get());
+  std::vector<float> one = RunOne(m, a, all);
+  RunOne(m, b, std::vector<int32_t>(all.begin(), all.begin() + 17));
+  std::vector<float> chunked = RunOne(m, b, std::vector<int32_t>(all.begin() + 17, all.end()));
+  EXPECT_LT(RelErr(chunked, one), 1e-4) << c.architecture;
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, ArchKvExactTest,
+                         ::testing::Values(ArchCase{"Qwen2ForCausalLM", 2, 0},
+                                           ArchCase{"Qwen3ForCausalLM", 2, 0},
+                                           ArchCase{"MistralForCausalLM", 2, 8},
+                                           ArchCase{"Gemma3ForCausalLM", 6, 8}),
+                         [](const auto& info) { return std::string(info.param.arch); });
+
+// Gemma's sliding window changes its logits on a prompt longer than the window (so the test
+// above checks it past the window, not a no-op).
+TEST(ModelRunnerTest, GemmaSlidingWindowMatters) {
+  SyntheticOverrides o;
+  o.architecture = "Gemma3ForCausalLM";
+  o.num_layers = 6;
+  o.sliding_window = 8;
+  Model gemma = MakeModel(o);
+  o.sliding_window = 0;
+  Model no_window = MakeModel(o);
+  const int vocab = gemma.runner->config().vocab_size;
+  const std::vector<int32_t> t = Tokens(24, 4, vocab);
+  kv::BlockTable a(gemma.pool.get()), b(no_window.pool.get());
+  std::vector<float> with = RunOne(gemma, a, t);
+  std::vector<float> without = RunOne(no_window, b, t);
+  EXPECT_GT(RelErr(with, without), 1e-3) << "the sliding window changed nothing";
+}
+
 TEST(ModelRunnerTest, ChunkedPrefillMatchesOneShot) {
   Model m = MakeModel({});
   const auto t = Tokens(40, 3, m.runner->config().vocab_size);

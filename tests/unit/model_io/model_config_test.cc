@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include "nlohmann/json.hpp"
@@ -159,11 +160,190 @@ TEST(ModelConfigTest, Qwen2BiasAndSlidingWindowRules) {
   });
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->sliding_window, 0);
-  // ... and on some layers only is refused clearly.
+  // ... and on layers >= max_window_layers only (HF's rule) is a per-layer pattern.
   c = ParseEdited(kQwen2, [](nlohmann::json& j) { j["use_sliding_window"] = true; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 32768);
+  ASSERT_EQ(c->layer_types.size(), 24u);
+  for (int i = 0; i < 24; ++i) EXPECT_EQ(c->LayerSlides(i), i >= 21) << i;
+  EXPECT_EQ(c->ModelId(), "qwen2-L24-H896-A14-KV2-D64-I4864-V151936-SW32768-"
+                          "FFFFFFFFFFFFFFFFFFFFFSSS");
+}
+
+// What transformers 5.x save_pretrained writes: RoPE under rope_parameters, layer_types.
+TEST(ModelConfigTest, TransformersFiveRopeParametersAndLayerTypes) {
+  // Qwen2 with theta 1e6: read from rope_parameters, not defaulted to 10000.
+  auto c = ParseEdited(kQwen2, [](nlohmann::json& j) {
+    j.erase("rope_theta");
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+    j["layer_types"] = std::vector<std::string>(24, "full_attention");
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+  EXPECT_FALSE(c->rope_scaling.has_value());
+  EXPECT_TRUE(c->layer_types.empty());  // all full: the same as no list
+  EXPECT_EQ(c->sliding_window, 0);
+  // Llama 3.1's scaling.
+  c = ParseEdited(kLlama31, [](nlohmann::json& j) {
+    nlohmann::json rp = j["rope_scaling"];
+    rp["rope_theta"] = 500000.0;
+    j.erase("rope_theta");
+    j.erase("rope_scaling");
+    j["rope_parameters"] = rp;
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->rope_theta, 5e5f);
+  ASSERT_TRUE(c->rope_scaling.has_value());
+  EXPECT_EQ(c->rope_scaling->rope_type, "llama3");
+  EXPECT_FLOAT_EQ(c->rope_scaling->factor, 8);
+  EXPECT_EQ(c->rope_scaling->original_max_position_embeddings, 8192);
+  // Both generations present and agreeing is fine; disagreeing is refused naming both.
+  c = ParseEdited(kQwen2, [](nlohmann::json& j) {
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  c = ParseEdited(kQwen2, [](nlohmann::json& j) {
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  });
   ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(c.status().message(), AllOf(HasSubstr("max_window_layers"), HasSubstr("21")));
+  EXPECT_THAT(c.status().message(), AllOf(HasSubstr("'rope_theta'"), HasSubstr("rope_parameters"),
+                                          HasSubstr("disagree")));
+}
+
+constexpr char kGemma3_270m[] = R"({
+  "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+  "attention_bias": false, "attention_dropout": 0.0, "attn_logit_softcapping": null,
+  "bos_token_id": 2, "eos_token_id": 1, "final_logit_softcapping": null, "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 640, "initializer_range": 0.02,
+  "intermediate_size": 2048, "max_position_embeddings": 32768, "num_attention_heads": 4,
+  "num_hidden_layers": 18, "num_key_value_heads": 1, "pad_token_id": 0,
+  "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "sliding_window": 512,
+  "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+    "sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+    "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+    "full_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+    "sliding_attention", "sliding_attention", "full_attention"],
+  "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+  "use_bidirectional_attention": false, "use_cache": true, "vocab_size": 262144,
+  "tie_word_embeddings": true, "dtype": "float32", "transformers_version": "5.0.0"})";
+
+TEST(ModelConfigTest, Gemma3BothGenerations) {
+  auto c = ModelConfig::FromJsonString(kGemma3_270m, "g/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->is_gemma());
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->hidden_act, "gelu_pytorch_tanh");
+  EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(c->rope_local_theta, 1e4f);
+  EXPECT_EQ(c->sliding_window, 512);
+  for (int i = 0; i < 18; ++i) EXPECT_EQ(c->LayerWindow(i), (i + 1) % 6 == 0 ? 0 : 512) << i;
+  EXPECT_FLOAT_EQ(c->AttentionScale(), 1.0f / 16);
+  EXPECT_FLOAT_EQ(c->EmbeddingScale(), std::sqrt(640.0f));
+  EXPECT_TRUE(c->tie_word_embeddings);
+  // transformers 4.x: rope_theta, rope_local_base_freq, sliding_window_pattern.
+  auto old = ParseEdited(kGemma3_270m, [](nlohmann::json& j) {
+    j.erase("rope_parameters");
+    j.erase("layer_types");
+    j["rope_theta"] = 1000000.0;
+    j["rope_local_base_freq"] = 10000.0;
+    j["sliding_window_pattern"] = 6;
+    j["rope_scaling"] = nullptr;
+  });
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(*old, *c);
+  // The config round-trips through ToJsonString.
+  auto back = ModelConfig::FromJsonString(c->ToJsonString(), "back");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *c);
+}
+
+// A key is honoured, known to be irrelevant, or refused by name: never defaulted.
+TEST(ModelConfigTest, MathChangingKeysItDoesNotImplementAreRefusedByName) {
+  struct Case {
+    const char* base;
+    std::function<void(nlohmann::json&)> edit;
+    std::vector<std::string> must_mention;
+  };
+  const std::vector<Case> cases = {
+      {kGemma3_270m, [](nlohmann::json& j) { j["attn_logit_softcapping"] = 50.0; },
+       {"attn_logit_softcapping", "50"}},
+      {kGemma3_270m, [](nlohmann::json& j) { j["final_logit_softcapping"] = 30.0; },
+       {"final_logit_softcapping"}},
+      {kGemma3_270m, [](nlohmann::json& j) { j["use_bidirectional_attention"] = true; },
+       {"use_bidirectional_attention"}},
+      {kGemma3_270m,
+       [](nlohmann::json& j) { j["rope_parameters"]["full_attention"]["rope_type"] = "yarn"; },
+       {"rope_parameters.full_attention", "yarn"}},
+      {kGemma3_270m,
+       [](nlohmann::json& j) {
+         j["rope_parameters"]["sliding_attention"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+       },
+       {"rope_parameters.sliding_attention", "linear"}},
+      {kGemma3_270m, [](nlohmann::json& j) { j["layer_types"][3] = "chunked_attention"; },
+       {"layer_types", "chunked_attention"}},
+      {kSmolLM2,
+       [](nlohmann::json& j) {
+         j["layer_types"] = std::vector<std::string>(30, "full_attention");
+         j["layer_types"][2] = "sliding_attention";
+       },
+       {"layer_types", "sliding_attention", "LlamaForCausalLM"}},
+      {kSmolLM2, [](nlohmann::json& j) { j["quantization_config"] = {{"quant_method", "awq"}}; },
+       {"'quantization_config'", "not understood"}},
+      {kSmolLM2, [](nlohmann::json& j) { j["attn_logit_softcapping"] = 50.0; },
+       {"'attn_logit_softcapping'"}},
+      {kSmolLM2, [](nlohmann::json& j) { j["rope_interleaved"] = true; },
+       {"rope_interleaved"}},
+      {kSmolLM2, [](nlohmann::json& j) { j["partial_rotary_factor"] = 0.5; },
+       {"partial_rotary_factor"}},
+      {kSmolLM2, [](nlohmann::json& j) { j["sliding_window"] = 4096; }, {"sliding_window"}},
+      {kSmolLM2,
+       [](nlohmann::json& j) {
+         j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 100000},
+                                 {"beta_fast", 32}};
+       },
+       {"rope_parameters", "beta_fast"}},
+      {kSmolLM2, [](nlohmann::json& j) { j["hidden_activation"] = "gelu_pytorch_tanh"; },
+       {"hidden_activation"}},
+      {kQwen2, [](nlohmann::json& j) { j["rope_local_base_freq"] = 10000.0; },
+       {"rope_local_base_freq"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    absl::StatusOr<ModelConfig> c = ParseEdited(cases[i].base, cases[i].edit);
+    ASSERT_FALSE(c.ok()) << "accepted case " << i;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << c.status();
+    for (const std::string& s : cases[i].must_mention) {
+      EXPECT_THAT(c.status().message(), HasSubstr(s));
+    }
+  }
+  // Known-irrelevant keys pass.
+  auto ok = ParseEdited(kSmolLM2, [](nlohmann::json& j) {
+    j["temperature"] = 0.7;
+    j["pad_token_id"] = 2;
+    j["_name_or_path"] = "x";
+  });
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+TEST(ModelConfigTest, Qwen3HasQkNormsAndNoBias) {
+  auto c = ParseEdited(kQwen2, [](nlohmann::json& j) {
+    j["architectures"] = {"Qwen3ForCausalLM"};
+    j["model_type"] = "qwen3";
+    j["head_dim"] = 128;
+    j["attention_bias"] = false;
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->head_dim, 128);
+  auto bias = ParseEdited(kQwen2, [](nlohmann::json& j) {
+    j["architectures"] = {"Qwen3ForCausalLM"};
+    j["model_type"] = "qwen3";
+    j["attention_bias"] = true;
+  });
+  ASSERT_FALSE(bias.ok());
+  EXPECT_THAT(bias.status().message(), HasSubstr("attention_bias"));
 }
 
 TEST(ModelConfigTest, HeadDimExplicitAndKvHeadsDefault) {
@@ -247,7 +427,7 @@ TEST(ModelConfigTest, ErrorsNameFileAndField) {
          j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}};
        },
        absl::StatusCode::kUnimplemented,
-       {"rope_scaling", "yarn", "llama3"}},
+       {"rope_scaling", "yarn", "llama3", "linear"}},
       {"llama3 missing factor",
        [](nlohmann::json& j) {
          j["rope_scaling"] = {{"rope_type", "llama3"}};

@@ -69,12 +69,12 @@ TEST(ByteTokenizerTest, DecodeSpecialsInvalidUtf8AndErrors) {
   auto tok = Tok();
   EXPECT_EQ(*tok->Decode({256, 'o', 'k', 257, 300}), "<|bos|>ok<|eos|><|reserved_42|>");
   EXPECT_EQ(*tok->Decode({0xff, 0xc3}), "\xff\xc3");  // incomplete/invalid UTF-8 kept as bytes
-  absl::StatusOr<std::string> bad = tok->Decode({'a', 320});
+  // Ids past the tokenizer's entries (a padded embedding) have no text; negative ids are errors.
+  EXPECT_EQ(*tok->Decode({'a', 320, 'b', 1 << 20}), "ab");
+  absl::StatusOr<std::string> bad = tok->Decode({'a', -1});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad.status().message()),
-              AllOf(HasSubstr("320"), HasSubstr("[0, 320)"), HasSubstr("position 1")));
-  EXPECT_FALSE(tok->Decode({-1}).ok());
+  EXPECT_THAT(std::string(bad.status().message()), AllOf(HasSubstr("-1"), HasSubstr("position 1")));
   EXPECT_EQ(*tok->TokenText(65), "A");
   EXPECT_FALSE(tok->TokenText(320).ok());
   EXPECT_EQ(tok->vocab_size(), 320);
