@@ -28,9 +28,9 @@ uint32_t DecodeUtf8(std::string_view text, size_t pos, size_t* len);
 // Appends the UTF-8 encoding of cp (cp <= 0x10FFFF).
 void AppendUtf8(uint32_t cp, std::string* out);
 
-bool IsLetter(uint32_t cp);      // \p{L}: general category L*, Unicode 16.0
-bool IsNumber(uint32_t cp);      // \p{N}: general category N*, Unicode 16.0
-bool IsNumeric(uint32_t cp);     // Rust's char::is_numeric: general category N*, Unicode 17.0
+bool IsLetter(uint32_t cp);   // \p{L}: general category L*, Unicode 16.0
+bool IsNumber(uint32_t cp);   // \p{N}: general category N*, Unicode 16.0
+bool IsNumeric(uint32_t cp);  // Rust's char::is_numeric: general category N*, Unicode 17.0
 // \s: the White_Space property (not U+180E, U+200B, U+FEFF, nor U+001C..U+001F, which Python's
 // str.isspace has).
 bool IsWhitespace(uint32_t cp);

@@ -289,12 +289,12 @@ TEST(PreTokenizerTest, EveryCodePointSplitsAsInHfTokenizers) {
     using K = PreTokenizerKind;
     log.Check((words(K::kGpt2, "a" + c) == 1) == (k == 'L'), "gpt2: a+c is one word iff L", at);
     log.Check((words(K::kGpt2, "1" + c) == 1) == (k == 'N'), "gpt2: 1+c is one word iff N", at);
-    log.Check((words(K::kGpt2, "\t" + c) == 1) == (k == 'S'), "gpt2: \\t+c is one word iff S",
-              at);
+    log.Check((words(K::kGpt2, "\t" + c) == 1) == (k == 'S'), "gpt2: \\t+c is one word iff S", at);
     log.Check((words(K::kGpt2, "!" + c) == 1) == (k == 'O'), "gpt2: !+c is one word iff O", at);
     log.Check((words(K::kSmolLm, " " + c) == 2) == numeric[cp],
               "smollm: ' '+c is two words iff Digits isolates c", at);
-    for (const auto& [name, kind] : {std::pair{"llama3", K::kLlama3}, std::pair{"qwen2", K::kQwen2}}) {
+    for (const auto& [name, kind] :
+         {std::pair{"llama3", K::kLlama3}, std::pair{"qwen2", K::kQwen2}}) {
       const std::string n = name;
       log.Check((words(kind, "a" + c) == 1) == (k == 'L'), n + ": a+c is one word iff L", at);
       log.Check((words(kind, " " + c) == 2) == (k == 'N'), n + ": ' '+c is two words iff N", at);

@@ -152,9 +152,8 @@ def sample(regex, numeric):
         prev = cat
     picked = set(SPECIAL)
     for cat, rs in runs.items():
-        n = len(rs)
-        idx = sorted({round(i * (n - 1) / (RUNS_PER_CATEGORY - 1)) for i in range(RUNS_PER_CATEGORY)}
-                     if n > RUNS_PER_CATEGORY else range(n))
+        n, k = len(rs), RUNS_PER_CATEGORY
+        idx = sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if n > k else range(n)
         for i in idx:
             picked.update(rs[i])
     # Where the old tables (Unicode 14.0) or the regexes' \p{N} disagree with HF.

@@ -144,8 +144,8 @@ TEST_F(RealModelTest, TokenizerMatchesHfTokenizersOnTheUnicodeSweep) {
     auto ids = tok.Encode(text, /*add_bos=*/true);
     ASSERT_TRUE(ids.ok()) << ids.status();
     if (*ids != c["ids"].get<std::vector<int32_t>>() && ++mismatches <= 10) {
-      ADD_FAILURE() << "code point " << cp << " (" << c["cat"].get<std::string>()
-                    << "): ids differ from HF tokenizers";
+      ADD_FAILURE() << "code point " << cp << " (" << c["cat"].get<std::string>() << "): ids "
+                    << ::testing::PrintToString(*ids) << ", HF " << c["ids"].dump();
     }
     if (c.value("lossy", 0) == 0) {
       auto back = tok.Decode(*ids);
