@@ -105,7 +105,8 @@ absl::Status CoordinatorServer::Impl::Init() {
                               .max_body_bytes = options_.max_body_bytes,
                               .max_concurrent_streams = options_.max_concurrent_streams,
                               .model_name = name,
-                              .context_length = model_config_.max_position_embeddings};
+                              .context_length = model_config_.max_position_embeddings,
+                              .vocab_size = model_config_.vocab_size};
     DUET_ASSIGN_OR_RETURN(http_, http::HttpFront::Start(ho, this, tokenizer_.get(),
                                                         &metrics_.registry));
   }

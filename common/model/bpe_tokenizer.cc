@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "common/model/chat_template.h"
+#include "common/model/special_tokens.h"
 #include "common/model/unicode_tables.h"
 
 namespace duet::model {
@@ -187,46 +188,25 @@ void BpeTokenizer::EncodeText(std::string_view text, std::vector<int32_t>* out) 
 absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(const std::string& text,
                                                           bool add_bos) const {
   std::vector<int32_t> ids;
-  std::string first;  // the first plain segment, with a prefix space when the model wants one
-  size_t plain_start = 0;
-  bool first_segment = true;
-  auto flush = [&](size_t end) {
-    if (end > plain_start) {
-      std::string_view seg(text.data() + plain_start, end - plain_start);
-      if (first_segment && spec_.add_prefix_space && seg[0] != ' ') {
-        first = " " + std::string(seg);
-        seg = first;
+  auto match = [&](std::string_view t, size_t pos, size_t* len) -> int32_t {
+    if (!special_first_byte_[static_cast<uint8_t>(t[pos])]) return -1;
+    for (const auto& [s, id] : specials_) {
+      if (t.compare(pos, s.size(), s) == 0) {
+        *len = s.size();
+        return id;
       }
+    }
+    return -1;
+  };
+  auto plain = [&](std::string_view seg, bool at_start) {
+    if (at_start && spec_.add_prefix_space && seg[0] != ' ') {
+      EncodeText(" " + std::string(seg), &ids);
+    } else {
       EncodeText(seg, &ids);
     }
-    first_segment = false;
   };
-  for (size_t pos = 0; pos < text.size();) {
-    int32_t special = -1;
-    size_t len = 0;
-    if (special_first_byte_[static_cast<uint8_t>(text[pos])]) {
-      for (const auto& [s, id] : specials_) {
-        if (text.compare(pos, s.size(), s) == 0) {
-          special = id;
-          len = s.size();
-          break;
-        }
-      }
-    }
-    if (special < 0) {
-      ++pos;
-      continue;
-    }
-    flush(pos);
-    ids.push_back(special);
-    pos += len;
-    plain_start = pos;
-  }
-  flush(text.size());
-  // BOS goes first unless the text already starts with it (a rendered chat template).
-  if (add_bos && spec_.add_bos && (ids.empty() || ids.front() != spec_.bos_id)) {
-    ids.insert(ids.begin(), spec_.bos_id);
-  }
+  EncodeAroundSpecials(text, match, plain, &ids);
+  if (add_bos && spec_.add_bos) PrependBosOnce(spec_.bos_id, &ids);
   return ids;
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "common/model/chat_template.h"
+#include "common/model/special_tokens.h"
 #include "common/model/unicode_tables.h"
 
 namespace duet::model {
@@ -280,29 +281,15 @@ void SpmTokenizer::EncodeSegment(std::string_view text, std::vector<int32_t>* ou
 absl::StatusOr<std::vector<int32_t>> SpmTokenizer::Encode(const std::string& text,
                                                           bool add_bos) const {
   std::vector<int32_t> ids;
-  size_t plain_start = 0;
-  auto flush = [&](size_t end) {
-    if (end <= plain_start) return;
-    const std::string_view seg(text.data() + plain_start, end - plain_start);
-    const bool prefix = spec_.add_space_prefix && plain_start == 0;
+  auto match = [&](std::string_view t, size_t pos, size_t* len) {
+    return controls_.Match(t, pos, len);
+  };
+  auto plain = [&](std::string_view seg, bool at_start) {
+    const bool prefix = spec_.add_space_prefix && at_start;
     EncodeSegment(EscapeSpaces(prefix ? " " + std::string(seg) : std::string(seg)), &ids);
   };
-  for (size_t pos = 0; pos < text.size();) {
-    size_t len = 0;
-    const int32_t special = controls_.Match(text, pos, &len);
-    if (special < 0) {
-      ++pos;
-      continue;
-    }
-    flush(pos);
-    ids.push_back(special);
-    pos += len;
-    plain_start = pos;
-  }
-  flush(text.size());
-  if (add_bos && spec_.add_bos && (ids.empty() || ids.front() != spec_.bos_id)) {
-    ids.insert(ids.begin(), spec_.bos_id);
-  }
+  EncodeAroundSpecials(text, match, plain, &ids);
+  if (add_bos && spec_.add_bos) PrependBosOnce(spec_.bos_id, &ids);
   return ids;
 }
 

@@ -267,11 +267,13 @@ class HttpFront::Handlers {
     std::vector<int32_t> ids;
     if (endpoint == Endpoint::kCompletions && parsed->prompt_is_ids) {
       ids = parsed->prompt_ids;
+      const int32_t vocab =
+          options_.vocab_size > 0 ? options_.vocab_size : tokenizer_->vocab_size();
       for (int32_t id : ids) {
-        if (id >= tokenizer_->vocab_size()) {
+        if (id >= vocab) {
           return Reply(res, ApiError{.message = absl::StrCat("token id ", id,
                                                              " is outside the vocabulary of ",
-                                                             tokenizer_->vocab_size()),
+                                                             vocab),
                                      .param = "prompt",
                                      .code = "invalid_value"});
         }

@@ -57,6 +57,9 @@ struct HttpFrontOptions {
   int max_concurrent_streams = 64;  // generation requests in flight (streamed or not)
   std::string model_name = "duet";
   int64_t context_length = 2048;
+  // The model's vocabulary (its embedding rows, which may exceed the tokenizer's entries); prompt
+  // ids are checked against it. 0: the tokenizer's size.
+  int32_t vocab_size = 0;
 };
 
 class HttpFront {

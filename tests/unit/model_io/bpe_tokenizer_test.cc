@@ -28,6 +28,7 @@ namespace duet::model {
 namespace {
 
 using ::testing::AllOf;
+using testing::ExpandSweepTemplate;
 using testing::GgufWriter;
 using ::testing::HasSubstr;
 using testing::TempDir;
@@ -332,15 +333,7 @@ TEST(PreTokenizerTest, UnicodeSweepMatchesHfTokenizers) {
   FailureLog log;
   for (const nlohmann::json& c : ref["cases"]) {
     const uint32_t cp = c["cp"].get<uint32_t>();
-    std::string text;
-    for (size_t pos = 0; pos < tmpl.size();) {
-      if (tmpl.compare(pos, 3, "{c}") == 0) {
-        AppendUtf8(cp, &text);
-        pos += 3;
-      } else {
-        text += tmpl[pos++];
-      }
-    }
+    const std::string text = ExpandSweepTemplate(tmpl, cp);
     for (const auto& [name, kind] : kKinds) {
       std::vector<size_t> got;
       for (std::string_view w : PreTokenize(kind, text)) got.push_back(w.size());

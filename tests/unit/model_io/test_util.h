@@ -1,4 +1,5 @@
-// Helpers for the model I/O tests: scratch directories and raw file writing.
+// Helpers for the model I/O tests: scratch directories, raw file writing, and the Unicode sweep's
+// text template (testdata/unicode_sweep.json).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,7 +10,23 @@
 #include <fstream>
 #include <string>
 
+#include "common/model/unicode_tables.h"
+
 namespace duet::model::testing {
+
+// The sweep template with each "{c}" replaced by code point `cp` in UTF-8.
+inline std::string ExpandSweepTemplate(const std::string& tmpl, uint32_t cp) {
+  std::string text;
+  for (size_t pos = 0; pos < tmpl.size();) {
+    if (tmpl.compare(pos, 3, "{c}") == 0) {
+      AppendUtf8(cp, &text);
+      pos += 3;
+    } else {
+      text += tmpl[pos++];
+    }
+  }
+  return text;
+}
 
 // A fresh directory under $TMPDIR, removed by the destructor.
 class TempDir {

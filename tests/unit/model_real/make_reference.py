@@ -58,8 +58,9 @@ def words(pre, text):
     return [text[a:b] for _, (a, b) in pre.pre_tokenize_str(text)]
 
 
-def main():
-    gguf_path, out_dir = sys.argv[1], sys.argv[2]
+def smollm2_bpe(gguf_path):
+    """HF `tokenizers` BPE from the GGUF's vocabulary and merges, with SmolLM2's pre-tokenizer
+    and its control tokens (token_type 3) as special tokens."""
     r = GGUFReader(gguf_path)
     toks = r.fields["tokenizer.ggml.tokens"].contents()
     types = r.fields["tokenizer.ggml.token_type"].contents()
@@ -72,6 +73,12 @@ def main():
     tk.decoder = decoders.ByteLevel()
     tk.add_special_tokens([AddedToken(toks[i], special=True)
                            for i in range(len(toks)) if types[i] == 3])
+    return tk
+
+
+def main():
+    gguf_path, out_dir = sys.argv[1], sys.argv[2]
+    tk = smollm2_bpe(gguf_path)
     cases = [{"text": s, "ids": tk.encode(s).ids} for s in STRINGS]
     with open(f"{out_dir}/smollm2_token_ids.json", "w", encoding="utf-8") as f:
         json.dump({"made_by": "tests/unit/model_real/make_reference.py (HF tokenizers)",

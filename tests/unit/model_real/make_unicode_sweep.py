@@ -41,10 +41,9 @@ import sys
 import unicodedata
 
 import unicodedata2
-from gguf import GGUFReader
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, pre_tokenizers
 
-from make_reference import LLAMA3_RE, QWEN2_RE
+from make_reference import LLAMA3_RE, QWEN2_RE, smollm2_bpe
 
 TEMPLATE = "{c}ab a{c}b {c}1{c}{c} x!{c}'{c}\n{c}\t{c}  {c}12{c}3{c}\n {c}"
 RUNS_PER_CATEGORY = 10
@@ -173,22 +172,6 @@ def sample(regex, numeric):
     return sorted(picked), runs
 
 
-def bpe(gguf_path):
-    r = GGUFReader(gguf_path)
-    toks = r.fields["tokenizer.ggml.tokens"].contents()
-    types = r.fields["tokenizer.ggml.token_type"].contents()
-    merges = r.fields["tokenizer.ggml.merges"].contents()
-    tk = Tokenizer(models.BPE({t: i for i, t in enumerate(toks)},
-                              [tuple(m.split(" ", 1)) for m in merges]))
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    tk.decoder = decoders.ByteLevel()
-    tk.add_special_tokens([AddedToken(toks[i], special=True)
-                           for i in range(len(toks)) if types[i] == 3])
-    return tk
-
-
 def main():
     gguf_path, out_dir = sys.argv[1], sys.argv[2]
     pres = {
@@ -213,7 +196,7 @@ def main():
                   f, separators=(",", ":"))
         f.write("\n")
 
-    tk = bpe(gguf_path)
+    tk = smollm2_bpe(gguf_path)
     cps, runs = sample(regex, numeric)
     lines = []
     for cp in cps:

@@ -23,9 +23,12 @@
 #include "common/model/local_engine.h"
 #include "common/model/unicode_tables.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/model_io/test_util.h"
 
 namespace duet::model {
 namespace {
+
+using testing::ExpandSweepTemplate;
 
 const std::string kModel = std::string(DUET_SOURCE_DIR) + "/models/smollm2-135m-instruct-q4_1.gguf";
 const std::string kData = std::string(DUET_SOURCE_DIR) + "/tests/unit/model_real/testdata/";
@@ -132,15 +135,7 @@ TEST_F(RealModelTest, TokenizerMatchesHfTokenizersOnTheUnicodeSweep) {
   int mismatches = 0;
   for (const nlohmann::json& c : ref["cases"]) {
     const uint32_t cp = c["cp"].get<uint32_t>();
-    std::string text;
-    for (size_t pos = 0; pos < tmpl.size();) {
-      if (tmpl.compare(pos, 3, "{c}") == 0) {
-        AppendUtf8(cp, &text);
-        pos += 3;
-      } else {
-        text += tmpl[pos++];
-      }
-    }
+    const std::string text = ExpandSweepTemplate(tmpl, cp);
     auto ids = tok.Encode(text, /*add_bos=*/true);
     ASSERT_TRUE(ids.ok()) << ids.status();
     if (*ids != c["ids"].get<std::vector<int32_t>>() && ++mismatches <= 10) {
