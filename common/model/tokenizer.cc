@@ -6,6 +6,7 @@
 #include "common/model/gguf.h"
 #include "common/model/gguf_model.h"
 #include "common/model/json_util.h"
+#include "common/model/spm_tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace duet::model {
@@ -13,8 +14,9 @@ namespace {
 
 constexpr const char kSupported[] =
     "supported: DuetByteTokenizer (tokenizer_config.json with \"tokenizer_class\": "
-    "\"DuetByteTokenizer\"), byte-level BPE (tokenizer.json, or a GGUF file's tokenizer.ggml.* "
-    "keys)";
+    "\"DuetByteTokenizer\"), byte-level BPE (tokenizer.json, or a GGUF file whose "
+    "tokenizer.ggml.model is 'gpt2'), SentencePiece BPE (a GGUF file whose tokenizer.ggml.model is "
+    "'llama')";
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadByteTokenizer(const std::string& model_dir,
                                                              const nlohmann::json& tc,
@@ -54,8 +56,18 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadByteTokenizer(const std::string& 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir) {
   if (std::optional<std::string> gguf_path = FindGgufModel(model_dir)) {
     DUET_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(*gguf_path));
-    DUET_ASSIGN_OR_RETURN(std::unique_ptr<BpeTokenizer> tok, BpeTokenizer::FromGguf(*gguf));
-    return std::unique_ptr<Tokenizer>(std::move(tok));
+    DUET_ASSIGN_OR_RETURN(std::string model, gguf->GetString("tokenizer.ggml.model"));
+    if (model == "gpt2") {
+      DUET_ASSIGN_OR_RETURN(std::unique_ptr<BpeTokenizer> tok, BpeTokenizer::FromGguf(*gguf));
+      return std::unique_ptr<Tokenizer>(std::move(tok));
+    }
+    if (model == "llama") {
+      DUET_ASSIGN_OR_RETURN(std::unique_ptr<SpmTokenizer> tok, SpmTokenizer::FromGguf(*gguf));
+      return std::unique_ptr<Tokenizer>(std::move(tok));
+    }
+    return absl::UnimplementedError(*gguf_path + ": tokenizer.ggml.model '" + model +
+                                    "' is not supported; supported: gpt2 (byte-level BPE), "
+                                    "llama (SentencePiece BPE)");
   }
   const std::string tc_path = model_dir + "/tokenizer_config.json";
   const std::string tj_path = model_dir + "/tokenizer.json";

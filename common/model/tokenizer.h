@@ -1,5 +1,6 @@
-// Tokenizer interface shared by the byte-level tokenizer of synthetic models (ByteTokenizer)
-// and the byte-level BPE of real checkpoints (BpeTokenizer: tokenizer.json or GGUF).
+// Tokenizer interface shared by the byte-level tokenizer of synthetic models (ByteTokenizer),
+// the byte-level BPE of real checkpoints (BpeTokenizer: tokenizer.json or GGUF) and SentencePiece
+// BPE (SpmTokenizer: GGUF, e.g. Gemma).
 //
 //   DUET_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, LoadTokenizer(model_dir));
 //   DUET_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode("Hello", /*add_bos=*/true));
@@ -46,7 +47,7 @@ class Tokenizer {
 // - tokenizer_config.json with "tokenizer_class": "DuetByteTokenizer" -> ByteTokenizer (its
 //   vocab_size from tokenizer_config.json's "vocab_size", else config.json's, else 258);
 // - a GGUF file (model_dir is a .gguf file, or a directory holding one and no config.json)
-//   -> BpeTokenizer from its tokenizer.ggml.* keys;
+//   -> by tokenizer.ggml.model: "gpt2" BpeTokenizer, "llama" SpmTokenizer (others Unimplemented);
 // - tokenizer.json -> BpeTokenizer (byte-level BPE; tokenizer_config.json for BOS/EOS/template);
 // - another tokenizer_class without tokenizer.json -> Unimplemented; nothing -> NotFound.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir);

@@ -69,6 +69,11 @@ bool IsNumber(uint32_t cp) {
   return InRanges(cp, unicode_internal::kNumberRanges, unicode_internal::kNumberRangesSize);
 }
 
+bool IsNumeric(uint32_t cp) {
+  if (cp < 0x80) return cp >= '0' && cp <= '9';
+  return InRanges(cp, unicode_internal::kNumericRanges, unicode_internal::kNumericRangesSize);
+}
+
 bool IsWhitespace(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
          (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||

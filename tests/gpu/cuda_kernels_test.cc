@@ -86,6 +86,11 @@ TEST(CudaKernelsTest, EmbedRmsNormAddSwiGlu) {
   std::vector<float> sg = x;
   cpu->SwiGlu(sg.data(), r.data(), int64_t(x.size()), sg.data());
   EXPECT_LT(RelErr(g.ToHost(), sg), 1e-6);
+  DeviceVec gg(cuda.get(), x), gu(cuda.get(), r);
+  cuda->GeluTanhGlu(gg.get(), gu.get(), int64_t(x.size()), gg.get());
+  std::vector<float> sgg = x;
+  cpu->GeluTanhGlu(sgg.data(), r.data(), int64_t(x.size()), sgg.data());
+  EXPECT_LT(RelErr(gg.ToHost(), sgg), 1e-6);
   ASSERT_TRUE(cuda->status().ok()) << cuda->status();
 }
 

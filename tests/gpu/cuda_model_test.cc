@@ -203,7 +203,10 @@ INSTANTIATE_TEST_SUITE_P(
         ModelCase{"mistral_window", {.num_layers = 2, .num_heads = 4, .num_kv_heads = 1,
                                      .head_dim = 32, .hidden = 128, .intermediate = 256,
                                      .sliding_window = 48, .architecture = "MistralForCausalLM"}},
-        ModelCase{"qwen2_bias", {.num_layers = 2, .architecture = "Qwen2ForCausalLM"}}),
+        ModelCase{"qwen2_bias", {.num_layers = 2, .architecture = "Qwen2ForCausalLM"}},
+        ModelCase{"qwen3_qk_norm", {.num_layers = 2, .architecture = "Qwen3ForCausalLM"}},
+        ModelCase{"gemma3_local_global", {.num_layers = 6, .sliding_window = 32,
+                                          .architecture = "Gemma3ForCausalLM"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The device-generated random model equals the host-generated one (same seed).

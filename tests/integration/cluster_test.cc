@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/model/local_engine.h"
@@ -236,6 +237,40 @@ TEST_P(ClusterTest, ClientCancelFreesEverything) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ClusterTest, ::testing::Values("shm", "tcp"));
+
+// Gemma 3's block (sliding and global layers with RoPE bases of their own, q/k and sandwich
+// norms, GeGLU) through the cluster: greedy tokens equal one process's, past the window too.
+TEST(ClusterArchitectureTest, Gemma3IsTokenExactAgainstOneProcess) {
+  const std::string dir =
+      (fs::temp_directory_path() / absl::StrCat("duet_cluster_gemma_", getpid())).string();
+  model::SyntheticOverrides o;
+  o.architecture = "Gemma3ForCausalLM";
+  o.num_layers = 6;
+  o.sliding_window = 16;
+  absl::Cleanup remove_dir = [&] { fs::remove_all(dir); };
+  ASSERT_TRUE(model::WriteSyntheticModel("tiny", 7, dir, o).ok());
+  auto engine =
+      model::LocalEngine::Load(dir, {.device = "cpu", .num_threads = 1, .kv_cache_bytes = 64 << 20});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  {
+    ServeProcess cluster(DUET_BIN, ClusterFlags(dir, "shm", 1, 1));
+    ASSERT_TRUE(cluster.ready());
+    auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+    for (int len : {1, 15, 40, 300}) {
+      std::vector<int32_t> prompt(len);
+      for (int i = 0; i < len; ++i) prompt[i] = (i * 29 + len) % 256;
+      v1::SamplingParams s;
+      s.set_max_tokens(20);
+      s.set_ignore_eos(true);
+      const Result r = Generate(*stub, prompt, s);
+      ASSERT_TRUE(r.status.ok()) << "length " << len << ": " << r.status;
+      auto want = (*engine)->Generate(prompt, {.max_tokens = 20, .ignore_eos = true});
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(r.ids, want->generated_ids) << "length " << len;
+    }
+    EXPECT_TRUE(EverythingFree(*stub));
+  }
+}
 
 class ClusterFailureTest : public ClusterTest {};
 

@@ -56,6 +56,25 @@ TEST(AddSwiGluTest, MatchReference) {
   }
 }
 
+// Gemma's GeGLU: PyTorch's gelu(approximate="tanh") of the gate times up, in place too.
+TEST(AddSwiGluTest, GeluTanhGluMatchesReferenceAndMayAlias) {
+  auto backend = MakeCpuBackend(2);
+  const int64_t n = 100003;
+  const auto a = RandomVector(n, 5, -8.f, 8.f);
+  const auto b = RandomVector(n, 6);
+  std::vector<float> out(n);
+  backend->GeluTanhGlu(a.data(), b.data(), n, out.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = a[i];
+    const double gelu = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    const double want = gelu * b[i];
+    ASSERT_NEAR(out[i], want, 1e-5 * (1 + std::abs(want))) << i << " x=" << x;
+  }
+  std::vector<float> g = a;
+  backend->GeluTanhGlu(g.data(), b.data(), n, g.data());
+  EXPECT_EQ(g, out);
+}
+
 TEST(AddSwiGluTest, SwiGluOutputMayAliasAnInput) {
   auto backend = MakeCpuBackend(2);
   const int64_t n = 4099;

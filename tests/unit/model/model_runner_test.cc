@@ -395,5 +395,27 @@ TEST(LocalEngineTest, GreedyGenerationIsDeterministicAndStops) {
   EXPECT_FALSE((*e1)->Generate({}, p).ok());
 }
 
+// A model directory with config.json and safetensors but no tokenizer files runs ids in, ids
+// out (vLLM's --skip-tokenizer-init), generating what the same model with its tokenizer does.
+TEST(LocalEngineTest, ModelWithoutTokenizerFilesRunsOnIds) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("duet_engine_notok_" + std::to_string(getpid()));
+  ASSERT_TRUE(WriteSyntheticModel("tiny", 5, dir.string()).ok());
+  auto with = LocalEngine::Load(dir.string(), {.device = "cpu", .kv_cache_bytes = 8 << 20});
+  ASSERT_TRUE(with.ok()) << with.status();
+  ASSERT_TRUE(fs::remove(dir / "tokenizer_config.json"));
+  auto without = LocalEngine::Load(dir.string(), {.device = "cpu", .kv_cache_bytes = 8 << 20});
+  fs::remove_all(dir);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_TRUE((*with)->has_tokenizer());
+  EXPECT_FALSE((*without)->has_tokenizer());
+  const SamplingParams p{.max_tokens = 6, .ignore_eos = true};
+  auto a = (*with)->Generate({1, 2, 3, 4}, p);
+  auto b = (*without)->Generate({1, 2, 3, 4}, p);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->generated_ids, b->generated_ids);
+}
+
 }  // namespace
 }  // namespace duet::model

@@ -1,6 +1,7 @@
 // Byte-level BPE: merges by rank (leftmost on ties), special tokens before BPE, round trips on
 // Unicode, whitespace and special tokens, the pre-tokenizers against HF `tokenizers` (reference
-// splits in tests/unit/model_real/testdata), and the tokenizer.json / GGUF loaders and their
+// splits in tests/unit/model_real/testdata: fixed strings, every code point's class, and a sweep
+// of every general category in context), and the tokenizer.json / GGUF loaders and their
 // refusals.
 #include "common/model/bpe_tokenizer.h"
 
@@ -8,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +19,7 @@
 #include "common/model/chat_template.h"
 #include "common/model/pre_tokenizer.h"
 #include "common/model/tokenizer.h"
+#include "common/model/unicode_tables.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/model_io/gguf_writer.h"
 #include "tests/unit/model_io/test_util.h"
@@ -189,17 +193,57 @@ TEST(BpeTokenizerTest, CreateRefusesBadSpecs) {
   }
 }
 
+nlohmann::json ReadTestdata(const std::string& name) {
+  std::ifstream in(std::string(DUET_SOURCE_DIR) + "/tests/unit/model_real/testdata/" + name);
+  EXPECT_TRUE(in.good()) << name;
+  return in.good() ? nlohmann::json::parse(in) : nlohmann::json();
+}
+
+constexpr std::pair<const char*, PreTokenizerKind> kKinds[] = {
+    {"gpt2", PreTokenizerKind::kGpt2},
+    {"smollm", PreTokenizerKind::kSmolLm},
+    {"llama3", PreTokenizerKind::kLlama3},
+    {"qwen2", PreTokenizerKind::kQwen2}};
+
+std::string Utf8(uint32_t cp) {
+  std::string s;
+  AppendUtf8(cp, &s);
+  return s;
+}
+
+std::string CodePointName(uint32_t cp) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "U+%04X", cp);
+  return buf;
+}
+
+// Counts failures per check and reports the first few of each, so that a wrong table gives a
+// readable list instead of thousands of lines.
+class FailureLog {
+ public:
+  void Check(bool ok, const std::string& check, const std::string& detail) {
+    if (ok) return;
+    if (++counts_[check] <= 5) ADD_FAILURE() << check << ": " << detail;
+  }
+  int total() const {
+    int n = 0;
+    for (const auto& [check, count] : counts_) n += count;
+    return n;
+  }
+  std::string Summary() const {
+    std::string s;
+    for (const auto& [check, count] : counts_) s += check + ": " + std::to_string(count) + "\n";
+    return s;
+  }
+
+ private:
+  std::map<std::string, int> counts_;
+};
+
 // Our hand-written splits equal HF tokenizers' regex pre-tokenizers on every reference string.
 TEST(PreTokenizerTest, MatchesHfTokenizers) {
-  std::ifstream in(std::string(DUET_SOURCE_DIR) +
-                   "/tests/unit/model_real/testdata/pretokenizer_splits.json");
-  ASSERT_TRUE(in.good());
-  const nlohmann::json ref = nlohmann::json::parse(in);
-  const std::pair<const char*, PreTokenizerKind> kinds[] = {{"gpt2", PreTokenizerKind::kGpt2},
-                                                            {"smollm", PreTokenizerKind::kSmolLm},
-                                                            {"llama3", PreTokenizerKind::kLlama3},
-                                                            {"qwen2", PreTokenizerKind::kQwen2}};
-  for (const auto& [name, kind] : kinds) {
+  const nlohmann::json ref = ReadTestdata("pretokenizer_splits.json");
+  for (const auto& [name, kind] : kKinds) {
     ASSERT_TRUE(ref.contains(name));
     ASSERT_GE(ref[name].size(), 25u);
     for (const nlohmann::json& c : ref[name]) {
@@ -209,6 +253,104 @@ TEST(PreTokenizerTest, MatchesHfTokenizers) {
       EXPECT_EQ(got, c["words"].get<std::vector<std::string>>()) << name << ": '" << text << "'";
     }
   }
+}
+
+// Every code point U+0000..U+10FFFF (surrogates excepted) splits as in HF tokenizers in the
+// probes that make_unicode_sweep.py checks on HF's pre-tokenizers: the regexes' \p{L}, \p{N}, \s
+// and the rest (Oniguruma, Unicode 16.0), the code points Digits isolates (Rust's
+// char::is_numeric, Unicode 17.0), and the letters the contractions' (?i:...) matches.
+TEST(PreTokenizerTest, EveryCodePointSplitsAsInHfTokenizers) {
+  const nlohmann::json ref = ReadTestdata("unicode_classes.json");
+  ASSERT_TRUE(ref.contains("regex") && ref.contains("digits_numeric"));
+  std::vector<char> cls(0x110000, 'O');
+  for (const char* k : {"L", "N", "S"}) {
+    for (const nlohmann::json& r : ref["regex"][k]) {
+      for (uint32_t cp = r[0].get<uint32_t>(); cp <= r[1].get<uint32_t>(); ++cp) cls[cp] = k[0];
+    }
+  }
+  std::vector<bool> numeric(0x110000);
+  for (const nlohmann::json& r : ref["digits_numeric"]) {
+    for (uint32_t cp = r[0].get<uint32_t>(); cp <= r[1].get<uint32_t>(); ++cp) numeric[cp] = true;
+  }
+  // fold[x]: the code points (?i:x) matches.
+  std::map<char, std::vector<bool>> fold;
+  for (const auto& [x, cps] : ref["ignore_case"].items()) {
+    std::vector<bool>& f = fold[x[0]];
+    f.resize(0x110000);
+    for (const nlohmann::json& cp : cps) f[cp.get<uint32_t>()] = true;
+  }
+  ASSERT_EQ(fold.size(), 8u);
+  const auto words = [](PreTokenizerKind k, const std::string& s) {
+    return PreTokenize(k, s).size();
+  };
+  FailureLog log;
+  for (uint32_t cp = 0; cp < 0x110000; ++cp) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+    const std::string c = Utf8(cp);
+    const std::string at = CodePointName(cp) + " (HF class " + cls[cp] + ")";
+    const char k = cls[cp];
+    using K = PreTokenizerKind;
+    log.Check((words(K::kGpt2, "a" + c) == 1) == (k == 'L'), "gpt2: a+c is one word iff L", at);
+    log.Check((words(K::kGpt2, "1" + c) == 1) == (k == 'N'), "gpt2: 1+c is one word iff N", at);
+    log.Check((words(K::kGpt2, "\t" + c) == 1) == (k == 'S'), "gpt2: \\t+c is one word iff S", at);
+    log.Check((words(K::kGpt2, "!" + c) == 1) == (k == 'O'), "gpt2: !+c is one word iff O", at);
+    log.Check((words(K::kSmolLm, " " + c) == 2) == numeric[cp],
+              "smollm: ' '+c is two words iff Digits isolates c", at);
+    for (const auto& [name, kind] :
+         {std::pair{"llama3", K::kLlama3}, std::pair{"qwen2", K::kQwen2}}) {
+      const std::string n = name;
+      log.Check((words(kind, "a" + c) == 1) == (k == 'L'), n + ": a+c is one word iff L", at);
+      log.Check((words(kind, " " + c) == 2) == (k == 'N'), n + ": ' '+c is two words iff N", at);
+      log.Check((words(kind, "\t" + c + "\t") == 1) == (k == 'S' && cp != '\r' && cp != '\n'),
+                n + ": \\t+c+\\t is one word iff S but not \\r \\n", at);
+      if (k != 'L') continue;
+      // Two words iff the contraction (?i:'s|'t|'re|'ve|'m|'ll|'d) matches at the apostrophe.
+      const bool one = fold['s'][cp] || fold['t'][cp] || fold['m'][cp] || fold['d'][cp];
+      const std::pair<std::string, bool> probes[] = {
+          {"'" + c + "x", one},
+          {"'" + c + "ex", one || fold['r'][cp] || fold['v'][cp]},
+          {"'" + c + "lx", one || fold['l'][cp]},
+          {"'r" + c + "x", fold['e'][cp]},
+          {"'l" + c + "x", fold['l'][cp]}};
+      for (const auto& [text, contraction] : probes) {
+        log.Check((words(kind, text) == 2) == contraction,
+                  n + ": a contraction at the apostrophe iff (?i:...) matches the letters",
+                  at + " in '" + text + "'");
+      }
+    }
+  }
+  EXPECT_EQ(log.total(), 0) << log.Summary();
+}
+
+// The four pre-tokenizers split a sample of every general category in context (between letters,
+// after spaces, next to digits, doubled, after punctuation, an apostrophe, a newline, a tab, at
+// both ends) as HF tokenizers does: unicode_sweep.json, made by make_unicode_sweep.py.
+TEST(PreTokenizerTest, UnicodeSweepMatchesHfTokenizers) {
+  const nlohmann::json ref = ReadTestdata("unicode_sweep.json");
+  const std::string tmpl = ref["template"];
+  ASSERT_GE(ref["cases"].size(), 400u);
+  FailureLog log;
+  for (const nlohmann::json& c : ref["cases"]) {
+    const uint32_t cp = c["cp"].get<uint32_t>();
+    std::string text;
+    for (size_t pos = 0; pos < tmpl.size();) {
+      if (tmpl.compare(pos, 3, "{c}") == 0) {
+        AppendUtf8(cp, &text);
+        pos += 3;
+      } else {
+        text += tmpl[pos++];
+      }
+    }
+    for (const auto& [name, kind] : kKinds) {
+      std::vector<size_t> got;
+      for (std::string_view w : PreTokenize(kind, text)) got.push_back(w.size());
+      const auto want = c[name].get<std::vector<size_t>>();
+      log.Check(got == want, name,
+                CodePointName(cp) + " (" + c["cat"].get<std::string>() + "): word byte lengths " +
+                    ::testing::PrintToString(got) + ", HF " + ::testing::PrintToString(want));
+    }
+  }
+  EXPECT_EQ(log.total(), 0) << log.Summary();
 }
 
 TEST(PreTokenizerTest, HandWrittenCases) {

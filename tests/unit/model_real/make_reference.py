@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Makes the reference data of the real-model tests (run once; the outputs are committed):
 
-  python3 -m venv /tmp/refvenv && /tmp/refvenv/bin/pip install tokenizers gguf numpy
+  python3 -m venv /tmp/refvenv
+  /tmp/refvenv/bin/pip install tokenizers==0.23.3 gguf==0.19.0 numpy
   /tmp/refvenv/bin/python tests/unit/model_real/make_reference.py \
       models/smollm2-135m-instruct-q4_1.gguf tests/unit/model_real/testdata
 

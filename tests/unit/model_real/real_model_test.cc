@@ -1,5 +1,6 @@
 // The real default model, SmolLM2-135M-Instruct in GGUF Q4_1: config from its keys, dequantised
-// tensors equal the gguf package's, the tokenizer gives the ids of HF `tokenizers`, greedy
+// tensors equal the gguf package's, the tokenizer gives the ids of HF `tokenizers` (on fixed
+// strings and on a sweep of every Unicode general category), greedy
 // output is the committed continuation, and the KV cache is exact (DESIGN.md invariant 2).
 // Reference data: testdata/ (made by make_reference.py; see README.md). Every test skips when
 // the model file is absent.
@@ -20,6 +21,7 @@
 #include "common/model/gguf.h"
 #include "common/model/gguf_model.h"
 #include "common/model/local_engine.h"
+#include "common/model/unicode_tables.h"
 #include "nlohmann/json.hpp"
 
 namespace duet::model {
@@ -116,6 +118,42 @@ TEST_F(RealModelTest, TokenizerMatchesHfTokenizers) {
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, text);
   }
+}
+
+// The ids of HF `tokenizers` on unicode_sweep.json (made by make_unicode_sweep.py): a sample of
+// every general category, each code point in the template's contexts. A "lossy" case has a
+// UTF-8 byte the vocabulary lacks, which both tokenizers drop, so its ids do not decode to the
+// text.
+TEST_F(RealModelTest, TokenizerMatchesHfTokenizersOnTheUnicodeSweep) {
+  const Tokenizer& tok = engine_->tokenizer();
+  const nlohmann::json ref = ReadJson("unicode_sweep.json");
+  const std::string tmpl = ref["template"];
+  ASSERT_GE(ref["cases"].size(), 400u);
+  int mismatches = 0;
+  for (const nlohmann::json& c : ref["cases"]) {
+    const uint32_t cp = c["cp"].get<uint32_t>();
+    std::string text;
+    for (size_t pos = 0; pos < tmpl.size();) {
+      if (tmpl.compare(pos, 3, "{c}") == 0) {
+        AppendUtf8(cp, &text);
+        pos += 3;
+      } else {
+        text += tmpl[pos++];
+      }
+    }
+    auto ids = tok.Encode(text, /*add_bos=*/true);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    if (*ids != c["ids"].get<std::vector<int32_t>>() && ++mismatches <= 10) {
+      ADD_FAILURE() << "code point " << cp << " (" << c["cat"].get<std::string>() << "): ids "
+                    << ::testing::PrintToString(*ids) << ", HF " << c["ids"].dump();
+    }
+    if (c.value("lossy", 0) == 0) {
+      auto back = tok.Decode(*ids);
+      ASSERT_TRUE(back.ok());
+      EXPECT_EQ(*back, text) << "code point " << cp;
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << ref["cases"].size() << " sweep strings";
 }
 
 TEST_F(RealModelTest, SpecialTokensAndChatTemplate) {
