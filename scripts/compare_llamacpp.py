@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Token-for-token cross-check of duet against llama.cpp on one GGUF model.
 
-  python3 -m venv /tmp/llamavenv && /tmp/llamavenv/bin/pip install llama-cpp-python numpy
-  scripts/get_model.sh smollm2
+  python3 -m venv /tmp/llamavenv
+  CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF" \\
+      /tmp/llamavenv/bin/pip install llama-cpp-python==0.3.36 numpy   # compiles llama.cpp
+  scripts/get_model.sh smollm2          # and/or: scripts/get_model.sh gemma3
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDUET_CUDA=OFF
   ninja -C build duet
   /tmp/llamavenv/bin/python scripts/compare_llamacpp.py \\
       --model models/smollm2-135m-instruct-q4_1.gguf --duet build/cli/duet --json /tmp/cmp.json
+  /tmp/llamavenv/bin/python scripts/compare_llamacpp.py \\
+      --model models/gemma-3-270m-q4_k_m.gguf --duet build/cli/duet --json /tmp/cmp_gemma3.json
 
 For each prompt (by default ten fixed English prompts: a fact, a question, a story opening,
 code, a list, JSON, a dialogue, arithmetic, a letter, and about 300 tokens of the GPL-3
@@ -20,11 +24,12 @@ preamble read from /usr/share/common-licenses/GPL-3; or the --prompt texts):
     stopping at EOS; llama.cpp's are the argmax of its logits, one token per step. Reported:
     the length of the identical prefix;
   - teacher-forced: along duet's sequence, whether each duet token is llama.cpp's argmax given
-    the same prefix. Where it is not: llama.cpp's margin (top-1 minus top-2 logit; a near tie,
-    say < 0.5, is the rounding of llama.cpp's quantised integer kernels against duet's
-    dequantised fp32 weights), the rank of duet's token under llama.cpp (#1 is the argmax)
-    and duet's own margin (its top-1 minus top-2 logprob). Also reported: the largest
-    difference between duet's logprob of its token and llama.cpp's log-softmax of it.
+    the same prefix. Where it is not: llama.cpp's margin (top-1 minus top-2 logit; in a near
+    tie, say < 0.5, llama.cpp's quantised integer kernels and duet's fp32 product with the
+    dequantised weights can round to different winners), the rank of duet's token under
+    llama.cpp (#1 is the argmax) and duet's own margin (its top-1 minus top-2 logprob). Also
+    reported: the largest difference between duet's logprob of its token and llama.cpp's
+    log-softmax of it.
 
 Both engines run on the CPU with --threads threads (duet with --device cpu). The summary
 line totals the counts over the prompts; --json writes every id, logprob and margin.
