@@ -21,9 +21,9 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-import llama_cpp
 from llama_cpp import Llama
+
+from llamacpp_util import greedy, teacher_forced
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,31 +72,15 @@ def cross_check(llm):
     same = sum(llm.tokenize(c["text"].encode(), add_bos=False, special=True) == c["ids"]
                for c in ids)
     print(f"tokenizer: llama.cpp gives the committed reference ids for {same}/{len(ids)} strings")
-    greedy = json.load(open(os.path.join(data, "smollm2_greedy.json")))["cases"][0]
-    llm.reset()
-    toks = llm.tokenize(greedy["prompt"].encode(), add_bos=False, special=True)
-    llm.eval(toks)
-    out = []
-    for _ in range(len(greedy["ids"])):
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1),
-                                       shape=(llm.n_vocab(),))
-        nxt = int(np.argmax(logits))
-        out.append(nxt)
-        llm.eval([nxt])
-    verdict = "same ids" if out == greedy["ids"] else "DIFFERENT ids"
-    print(f"greedy '{greedy['prompt']}': llama.cpp {out}\n"
-          f"                              duet      {greedy['ids']}  -> {verdict}")
+    case = json.load(open(os.path.join(data, "smollm2_greedy.json")))["cases"][0]
+    toks = llm.tokenize(case["prompt"].encode(), add_bos=False, special=True)
+    out = greedy(llm, toks, len(case["ids"]))
+    verdict = "same ids" if out == case["ids"] else "DIFFERENT ids"
+    print(f"greedy '{case['prompt']}': llama.cpp {out}\n"
+          f"                              duet      {case['ids']}  -> {verdict}")
     print("llama.cpp text:", repr(llm.detokenize(out).decode(errors="replace")))
-    # Teacher-forced: llama.cpp's rank of each duet token, and its logit gap to llama.cpp's top.
-    llm.reset()
-    llm.eval(toks)
-    ranks = []
-    for want in greedy["ids"]:
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1),
-                                       shape=(llm.n_vocab(),)).copy()
-        rank = int((logits > logits[want]).sum())
-        ranks.append(f"{rank}:{logits.max() - logits[want]:.3f}")
-        llm.eval([want])
+    # Teacher-forced: llama.cpp's rank of each of duet's tokens, and its logit gap to the top.
+    ranks = [f"{s['rank']}:{s['gap']:.3f}" for s in teacher_forced(llm, toks, case["ids"])]
     print("duet's greedy ids under llama.cpp (rank:logit gap to llama.cpp's top):", " ".join(ranks))
 
 
