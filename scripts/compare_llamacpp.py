@@ -199,6 +199,28 @@ def print_report(llm, args, results):
           f"margins {margins}")
 
 
+def write_fixture(args, results):
+    """Per prompt: llama.cpp's prompt ids and its greedy ids up to the first step where its
+    top-1 minus top-2 logit margin is below --clear-margin or duet's sequence left llama.cpp's
+    (past a near tie the two engines may rightly differ). A test that duet reproduces these ids
+    checks it against llama.cpp without depending on llama.cpp at test time."""
+    cases = []
+    for r in results:
+        n = r["identical_prefix"]
+        margins = [t["margin"] for t in r["teacher_forced"][:n]]
+        clear = next((i for i, m in enumerate(margins) if m < args.clear_margin), n)
+        if clear == 0:
+            continue
+        cases.append({"name": r["name"], "prompt_ids": r["llama_prompt_ids"],
+                      "ids": r["llama_ids"][:clear],
+                      "min_margin": round(min(margins[:clear]), 4)})
+    with open(args.fixture, "w", encoding="utf-8") as f:
+        json.dump({"made_by": "scripts/compare_llamacpp.py --fixture",
+                   "model": os.path.basename(args.model),
+                   "llama_cpp_python": llama_cpp.__version__,
+                   "clear_margin": args.clear_margin, "cases": cases}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=os.path.join(ROOT, "models/smollm2-135m-instruct-q4_1.gguf"))
@@ -209,6 +231,11 @@ def main():
     ap.add_argument("--prompt", action="append",
                     help="a prompt text (repeatable; replaces the default prompts)")
     ap.add_argument("--json", metavar="OUT", help="write every id, logprob and margin to OUT")
+    ap.add_argument("--fixture", metavar="OUT",
+                    help="write llama.cpp's greedy ids where its choice is clear (see "
+                         "write_fixture) for duet's real-model tests")
+    ap.add_argument("--clear-margin", type=float, default=0.1,
+                    help="with --fixture: the llama.cpp margin below which a step is a near tie")
     args = ap.parse_args()
     llm = Llama(model_path=args.model, n_ctx=args.n_ctx, n_threads=args.threads,
                 n_threads_batch=args.threads, verbose=False)
@@ -222,6 +249,8 @@ def main():
             json.dump({"model": args.model, "llama_cpp_python": llama_cpp.__version__,
                        "threads": args.threads, "tokens": args.tokens, "prompts": results},
                       f, indent=1)
+    if args.fixture:
+        write_fixture(args, results)
 
 
 if __name__ == "__main__":

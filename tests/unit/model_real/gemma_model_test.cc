@@ -60,6 +60,26 @@ TEST_F(GemmaModelTest, ConfigIsGemma3_270m) {
   EXPECT_FLOAT_EQ(c.AttentionScale(), 1.0f / 16);
 }
 
+// llama.cpp's greedy ids (its Q4_K/Q8_0 integer kernels) up to the first near tie; duet
+// (dequantised fp32) must give the same.
+TEST_F(GemmaModelTest, GreedyIdsEqualLlamaCppWhereItsChoiceIsClear) {
+  std::ifstream in(kData + "gemma3_llamacpp_greedy.json");
+  ASSERT_TRUE(in.good()) << kData;
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  ASSERT_GE(ref["cases"].size(), 5u);
+  size_t compared = 0;
+  for (const nlohmann::json& c : ref["cases"]) {
+    const std::vector<int32_t> prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> want = c["ids"].get<std::vector<int32_t>>();
+    auto got = engine_->Generate(
+        prompt, {.max_tokens = static_cast<int>(want.size()), .ignore_eos = true});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->generated_ids, want) << c["name"];
+    compared += want.size();
+  }
+  EXPECT_GE(compared, 50u);
+}
+
 double RelErr(const float* a, const float* b, int n) {
   double num = 0, den = 0;
   for (int i = 0; i < n; ++i) {
