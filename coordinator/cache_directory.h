@@ -1,5 +1,5 @@
 // CacheDirectory: the coordinator's record of who holds which KV blocks. For every request, the
-// state of its KV (DESIGN.md §1) and the decode node incarnation holding its blocks:
+// state of its KV (docs/design.md §2.10) and the decode node incarnation holding its blocks:
 //
 //   ABSENT --Reserve--> RESERVED@D --BeginWrite(P)--> WRITING(P->D) --CompleteWrite--> OWNED@D
 //   RESERVED, WRITING, OWNED --Release--> RELEASED (the entry is removed: ABSENT again)

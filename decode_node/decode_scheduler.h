@@ -4,7 +4,7 @@
 // ModelRunner::Forward over every running sequence per step, samples, and pushes the results
 // to each request's TokenStream. Finished, cancelled and failed requests free their blocks at
 // once (blocks a late write may still reach stay quarantined until the sender confirms,
-// DESIGN.md invariant 4).
+// docs/design.md invariant 4).
 //
 // Staging (options.host_mirror set): the transport exports a host mirror of the pool, the KV
 // lands there, and admission copies the request's blocks (all layers) mirror -> pool

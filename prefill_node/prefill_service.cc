@@ -86,7 +86,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(
                                       ? std::string("decode node")
                                       : dest.decode_node().node_id();
 
-  // The destination's layout must be ours (DESIGN.md invariant 6).
+  // The destination's layout must be ours (docs/design.md invariant 6).
   if (!dest.has_layout()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": the destination has no KV layout"));
   }

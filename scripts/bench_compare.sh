@@ -6,7 +6,7 @@
 #
 #   scripts/bench_compare.sh --quick                 # ~4 min: 1 rate, 45 s
 #   scripts/bench_compare.sh --out bench/results     # ~16 min: 2 rates, 150 s each
-# (A 512-1024-token prefill takes 2.5-5 s on one core of the 2-core development machine, so the
+# (A 512-1024-token prefill takes 2.5-5 s on one core of a 2-core machine, so the default
 # rates are low; raise --rates on a bigger machine.)
 #   options: --model PATH (default: synthetic smollm2-135m preset, made if missing)
 #            --rates "0.1 0.2" --duration S --transport shm|tcp --out DIR --build DIR

@@ -6,7 +6,7 @@
 //
 // The CPU backend's kernels are batch-invariant: a row's result depends only on that row (and,
 // for attention, on its own sequence's KV), never on which other rows share the call or on the
-// thread count. Disaggregated token-exactness (DESIGN.md invariant 1) rests on this. On CUDA,
+// thread count. Disaggregated token-exactness (docs/design.md invariant 1) rests on this. On CUDA,
 // attention and the elementwise kernels are per-row too, but cuBLAS picks its GEMM algorithm by
 // shape, so a row's last bits may depend on the batch size (see cuda/cuda_backend.h).
 //

@@ -5,7 +5,7 @@
 //
 // Block states: free -> allocated (refcount >= 1) -> free, or allocated -> quarantined ->
 // free. A quarantined block had an aborted transfer: a late write might still land in it, so it
-// is not reusable until the sender confirms nothing is in flight (DESIGN.md invariant 4).
+// is not reusable until the sender confirms nothing is in flight (docs/design.md invariant 4).
 // Thread-safe.
 //
 //   DUET_ASSIGN_OR_RETURN(auto pool, BlockPool::Create(layout, /*num_blocks=*/1024));

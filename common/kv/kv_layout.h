@@ -1,6 +1,6 @@
 // KvLayout: the geometry of a paged KV cache, shared by compute (where K/V live), the block pool
 // (how much memory) and transfer (which bytes to move). The fingerprint identifies a layout
-// across processes: prefill and decode peers must agree on it (DESIGN.md invariant 6).
+// across processes: prefill and decode peers must agree on it (docs/design.md invariant 6).
 //
 // Region layout (one contiguous region per process, `num_blocks` blocks per layer):
 //   [layer][block][K|V][token in block][kv head][head dim]

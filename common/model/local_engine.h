@@ -1,6 +1,6 @@
 // LocalEngine: the whole model in one process (config, weights, tokenizer, compute backend,
 // KV pool) and a simple generate loop: prefill the prompt, then decode one token at a time.
-// It is the reference the disaggregated system must match token for token (DESIGN.md
+// It is the reference the disaggregated system must match token for token (docs/design.md
 // invariant 1), the engine of `duet generate`, and what bench/engine_bench drives.
 //
 //   DUET_ASSIGN_OR_RETURN(auto engine, LocalEngine::Load("models/tiny", {}));

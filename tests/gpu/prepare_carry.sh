@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Prepares .gpu_carry/ (git-ignored through .git/info/exclude) for tests/gpu/run_device_checks.sh:
-# the GPU machine has CUDA, CMake and ninja but no Abseil, GoogleTest or nlohmann-json and
-# reaches no registry, so their Debian 12 packages are downloaded here and unpacked (dpkg -x)
-# into .gpu_carry/prefix, never into /. Run once on the development machine, then name
-# .gpu_carry in the run tool's carry list. Idempotent; about 5 MB.
+# a GPU host with CUDA, CMake and ninja but no Abseil, GoogleTest or nlohmann-json (and perhaps
+# no network) gets their Debian 12 packages, downloaded on a host with apt sources and unpacked
+# (dpkg -x) into .gpu_carry/prefix, never into /. Run once, then copy the checkout with
+# .gpu_carry to the GPU host. Idempotent; about 5 MB.
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 dest=.gpu_carry

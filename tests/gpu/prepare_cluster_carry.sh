@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Optional: prepares .gpu_carry/cluster/ for run_device_checks.sh's cluster step, which runs
 # `duet serve --loopback --device=cuda` (prefill and decode nodes with their KV pools on the GPU,
-# staged through host mirrors) on the GPU machine. That machine cannot build duet (no gRPC, UCX,
-# protobuf) and reaches no registry, so this carries a stripped `duet` and `duet-make-model`
+# staged through host mirrors) on a GPU host that cannot build duet (no gRPC, UCX, protobuf)
+# and may have no network: this packs a stripped `duet` and `duet-make-model`
 # built here (with CUDA, e.g. `ninja -C build duet duet-make-model`) plus the runtime libraries
 # duet loads, taken from Debian 12's packages (apt-get download, dpkg -x here, never into /) into
 # .gpu_carry/cluster.tar.xz (bin/, lib/; about 12 MB).
-#   tests/gpu/prepare_cluster_carry.sh [BUILD_DIR]      # ~1 min (xz); then carry .gpu_carry
-# Limits: the binaries need glibc >= 2.36 and libstdc++ from GCC 12 or newer on the GPU machine
-# (they are not carried); the check below only shows that every library resolves from the carry.
+#   tests/gpu/prepare_cluster_carry.sh [BUILD_DIR]      # ~1 min (xz); then copy .gpu_carry
+# Limits: the binaries need glibc >= 2.36 and libstdc++ from GCC 12 or newer on the GPU host
+# (they are not packed); the check below only shows that every library resolves from the carry.
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 build=${1:-build}

@@ -4,7 +4,7 @@
 # once through `duet serve --loopback` (1 prefill + 1 decode node, KV pools in the backend's
 # memory, --kv_staging as given: on cuda "auto" stages through pinned host mirrors), and
 # compares the greedy tokens. Also checks that --kv_staging=never is refused for a device pool.
-# Called by run_device_checks.sh; runs on the dev machine too (device cpu, staging always).
+# Called by run_device_checks.sh; runs without a GPU too (device cpu, staging always).
 #   tests/gpu/run_cluster_check.sh CARRY.tar.xz OUT_DIR [DEVICE=cuda] [KV_STAGING=auto]
 # Writes OUT_DIR/cluster.log; exit 0 when the tokens match, 1 when they differ, 2+ on errors.
 set -uo pipefail

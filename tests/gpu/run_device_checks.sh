@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check, in one call on a lent GPU machine (CUDA, CMake and ninja there; no Abseil,
-# GoogleTest, gRPC or UCX; no network). From the repository root, after
-# tests/gpu/prepare_carry.sh ran on the development machine and .gpu_carry travelled:
+# The GPU check, in one call on a host with an NVIDIA GPU (CUDA, CMake and ninja there; Abseil,
+# GoogleTest, gRPC, UCX and a network not needed). From the repository root, after
+# tests/gpu/prepare_carry.sh filled .gpu_carry and it was copied along with the checkout:
 #
 #   tests/gpu/run_device_checks.sh            # writes under $OUT (or /tmp/duet-gpu-out)
 #

@@ -1,6 +1,7 @@
 // Loopback cluster tests: `duet serve --loopback` starts a coordinator, prefill and decode
-// nodes as real processes; these tests talk to it over gRPC and check DESIGN.md's invariants:
-// token-exact against the in-process engine (1), no leaks (3), deadlines (5), layouts (6).
+// nodes as real processes; these tests talk to it over gRPC and check the invariants of
+// docs/design.md §5: token-exact against the in-process engine (1), no leaks (3), deadlines (5),
+// layouts (6).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>

@@ -3,7 +3,7 @@
 // Owns the blocks of a request until it is ready (then the caller owns them) or has failed
 // (then the tracker gives them back to the pool). Blocks that a write might still reach after an
 // abort or timeout are quarantined until the sender confirms nothing is in flight (its kAborted
-// or kFinal notice) or its endpoint is lost or closed (DESIGN.md invariant 4). Thread-safe.
+// or kFinal notice) or its endpoint is lost or closed (docs/design.md invariant 4). Thread-safe.
 //
 //   KvArrivalTracker tracker(transport, pool);
 //   DUET_RETURN_IF_ERROR(tracker.Expect(7, prefill_peer, blocks, DeadlineIn(absl::Seconds(30))));

@@ -41,7 +41,7 @@ struct StreamRequest {
 
 // Tells the receiver that nothing (more) of `request_id` will be written to it: a kAborted notice
 // on an empty write. For requests refused before KvStreamSender::Begin, so the receiver can
-// reuse the blocks it reserved (it quarantines them until this notice, DESIGN.md invariant 4).
+// reuse the blocks it reserved (it quarantines them until this notice, docs/design.md invariant 4).
 absl::Status SendAbortNotice(Transport* transport, PeerId peer, uint64_t request_id,
                              const std::string& reason, absl::Time deadline);
 

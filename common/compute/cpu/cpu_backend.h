@@ -2,7 +2,7 @@
 // duet::ThreadPool. GEMM is selected by BackendOptions::cpu_gemm:
 //   "invariant" (default): own packed AVX2/FMA kernel, bitwise batch- and thread-invariant;
 //   "openblas": cblas_sgemm, for comparison only — NOT batch-invariant (a row's bits change
-//               with M and with its position), so it must not be used where DESIGN.md
+//               with M and with its position), so it must not be used where docs/design.md
 //               invariant 1 (token-exactness) matters.
 // All other kernels are batch-invariant. Calls are serialised by an internal mutex (the
 // thread pool is not reentrant); use one backend per calling thread for concurrency.

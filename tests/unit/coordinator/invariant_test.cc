@@ -1,4 +1,4 @@
-// Invariant 3 (DESIGN.md §4) for the coordinator's bookkeeping: after any random mix of
+// Invariant 3 (docs/design.md §5) for the coordinator's bookkeeping: after any random mix of
 // finished, cancelled, timed-out and failed requests, node deaths and restarts, late and stale
 // events, the cache directory agrees with what simulated decode nodes hold at every step, and
 // once everything has ended every block is free and the directory and tracker are empty.

@@ -1,6 +1,7 @@
-// ModelRunner invariants: the KV cache is exact (decode == full recompute, DESIGN.md invariant 2),
-// a sequence's results do not depend on its batch (the ground of invariant 1), the layer-done
-// hook fires once per layer after the layer's K/V are in the pool, and bad input changes nothing.
+// ModelRunner invariants (docs/design.md §5): the KV cache is exact (decode == full recompute,
+// invariant 2), a sequence's results do not depend on its batch (the ground of invariant 1), the
+// layer-done hook fires once per layer after the layer's K/V are in the pool, and bad input
+// changes nothing.
 #include "common/model/model_runner.h"
 
 #include <gtest/gtest.h>

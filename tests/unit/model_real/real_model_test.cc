@@ -1,7 +1,7 @@
 // The real default model, SmolLM2-135M-Instruct in GGUF Q4_1: config from its keys, dequantised
 // tensors equal the gguf package's, the tokenizer gives the ids of HF `tokenizers` (on fixed
 // strings and on a sweep of every Unicode general category), greedy
-// output is the committed continuation, and the KV cache is exact (DESIGN.md invariant 2).
+// output is the committed continuation, and the KV cache is exact (docs/design.md invariant 2).
 // Reference data: testdata/ (made by make_reference.py; see README.md). Every test skips when
 // the model file is absent.
 #include <gtest/gtest.h>
@@ -210,7 +210,7 @@ double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-// Decode with the KV cache gives the logits of a full recompute (DESIGN.md invariant 2).
+// Decode with the KV cache gives the logits of a full recompute (docs/design.md invariant 2).
 TEST_F(RealModelTest, KvCacheDecodeMatchesRecompute) {
   auto ids = engine_->tokenizer().Encode(
       "Once upon a time, in a small village by the sea, there lived an old fisherman who", false);
