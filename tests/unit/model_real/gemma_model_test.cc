@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "common/kv/block_table.h"
 #include "common/model/local_engine.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/model_real/llamacpp_reference.h"
 
 namespace duet::model {
 namespace {
@@ -63,21 +63,7 @@ TEST_F(GemmaModelTest, ConfigIsGemma3_270m) {
 // llama.cpp's greedy ids (its Q4_K/Q8_0 integer kernels) up to the first near tie; duet
 // (dequantised fp32) must give the same.
 TEST_F(GemmaModelTest, GreedyIdsEqualLlamaCppWhereItsChoiceIsClear) {
-  std::ifstream in(kData + "gemma3_llamacpp_greedy.json");
-  ASSERT_TRUE(in.good()) << kData;
-  const nlohmann::json ref = nlohmann::json::parse(in);
-  ASSERT_GE(ref["cases"].size(), 5u);
-  size_t compared = 0;
-  for (const nlohmann::json& c : ref["cases"]) {
-    const std::vector<int32_t> prompt = c["prompt_ids"].get<std::vector<int32_t>>();
-    const std::vector<int32_t> want = c["ids"].get<std::vector<int32_t>>();
-    auto got = engine_->Generate(
-        prompt, {.max_tokens = static_cast<int>(want.size()), .ignore_eos = true});
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(got->generated_ids, want) << c["name"];
-    compared += want.size();
-  }
-  EXPECT_GE(compared, 50u);
+  testing::ExpectGreedyEqualsLlamaCpp(*engine_, kData + "gemma3_llamacpp_greedy.json", 50);
 }
 
 double RelErr(const float* a, const float* b, int n) {

@@ -24,6 +24,7 @@
 #include "common/model/unicode_tables.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/model_io/test_util.h"
+#include "tests/unit/model_real/llamacpp_reference.h"
 
 namespace duet::model {
 namespace {
@@ -199,6 +200,12 @@ TEST_F(RealModelTest, GreedyContinuationIsStableAndReadable) {
     ASSERT_TRUE(text.ok());
     EXPECT_EQ(text->rfind(c["text_prefix"].get<std::string>(), 0), 0u) << *text;
   }
+}
+
+// llama.cpp's greedy ids (its Q4_1 integer kernels) up to the first near tie; duet
+// (dequantised fp32) must give the same.
+TEST_F(RealModelTest, GreedyIdsEqualLlamaCppWhereItsChoiceIsClear) {
+  testing::ExpectGreedyEqualsLlamaCpp(*engine_, kData + "smollm2_llamacpp_greedy.json", 80);
 }
 
 double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
