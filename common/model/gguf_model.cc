@@ -140,8 +140,7 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
     c.rope_scaling = RopeScaling{.rope_type = "linear", .factor = static_cast<float>(factor)};
   } else if (scaling && *scaling != "none") {
     return absl::UnimplementedError(path + ": " + p + "rope.scaling.type '" + *scaling +
-                                    "' is not supported (only none" +
-                                    (gemma ? ", linear)" : ")"));
+                                    "' is not supported (only none" + (gemma ? ", linear)" : ")"));
   }
   if (g.HasTensor("rope_freqs.weight")) {
     return absl::UnimplementedError(path +
@@ -185,8 +184,7 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
     }
   }
   if (!vocab || *vocab <= 0 || *vocab > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError(path +
-                                      ": cannot tell the vocabulary size (" + p +
+    return absl::InvalidArgumentError(path + ": cannot tell the vocabulary size (" + p +
                                       "vocab_size, token_embd.weight or tokenizer.ggml.tokens)");
   }
   c.vocab_size = static_cast<int>(*vocab);

@@ -1,11 +1,11 @@
 #include "common/model/model_config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <set>
-#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -22,6 +22,7 @@ struct ArchInfo {
   int default_max_position_embeddings;  // HF's config class defaults
 };
 
+// clang-format off
 constexpr ArchInfo kArchs[] = {
     {"LlamaForCausalLM", "llama", 2048},
     {"MistralForCausalLM", "mistral", 4096 * 32},
@@ -29,6 +30,7 @@ constexpr ArchInfo kArchs[] = {
     {"Qwen3ForCausalLM", "qwen3", 32768},
     {"Gemma3ForCausalLM", "gemma3_text", 131072},
 };
+// clang-format on
 
 const ArchInfo* FindArch(const std::string& architecture) {
   for (const ArchInfo& a : kArchs) {
@@ -71,9 +73,7 @@ class Reader {
   bool Has(const std::string& key) { return Mark(key) && !j_.at(key).is_null(); }
   bool Present(const std::string& key) { return Mark(key); }  // null counts
   // The raw value (nullptr when absent or null).
-  const nlohmann::json* Raw(const std::string& key) {
-    return Has(key) ? &j_.at(key) : nullptr;
-  }
+  const nlohmann::json* Raw(const std::string& key) { return Has(key) ? &j_.at(key) : nullptr; }
   absl::StatusOr<std::optional<int>> OptInt(const std::string& key) {
     Mark(key);
     return OptInt32(j_, key, source_);
@@ -97,8 +97,8 @@ class Reader {
   // A key that must be absent or null (a feature duet does not implement): `what` says why.
   absl::Status MustBeNull(const std::string& key, const std::string& what) {
     if (!Has(key)) return absl::OkStatus();
-    return Unsupported(source_, "field '" + key + "': " + j_.at(key).dump() + " is not supported (" +
-                                    what + "); only null or absent");
+    return Unsupported(source_, "field '" + key + "': " + j_.at(key).dump() +
+                                    " is not supported (" + what + "); only null or absent");
   }
   // A boolean key that duet honours only at `supported`.
   absl::Status BoolMustBe(const std::string& key, bool supported, const std::string& what) {
@@ -154,16 +154,18 @@ absl::Status ParseRopeObject(const nlohmann::json& rs, const std::string& ctx,
   DUET_ASSIGN_OR_RETURN(std::optional<double> partial,
                         GetOptionalNumber(rs, "partial_rotary_factor", ctx));
   if (partial && *partial != 1.0) {
-    return absl::UnimplementedError(absl::StrCat(
-        ctx, ": partial_rotary_factor ", *partial, " is not supported (only full rotary, 1.0)"));
+    return absl::UnimplementedError(absl::StrCat(ctx, ": partial_rotary_factor ", *partial,
+                                                 " is not supported (only full rotary, 1.0)"));
   }
   DUET_ASSIGN_OR_RETURN(std::optional<std::string> type, GetOptionalString(rs, "rope_type", ctx));
   if (!type) {
     DUET_ASSIGN_OR_RETURN(type, GetOptionalString(rs, "type", ctx));  // legacy key
   }
   if (!type) {
-    if (t) type = "default";  // rope_parameters with only rope_theta
-    else return absl::InvalidArgumentError(ctx + ": missing 'rope_type'");
+    if (t)
+      type = "default";  // rope_parameters with only rope_theta
+    else
+      return absl::InvalidArgumentError(ctx + ": missing 'rope_type'");
   }
   if (*type == "default") {
     scaling->reset();
@@ -215,8 +217,8 @@ absl::Status ParseRope(Reader& r, ModelConfig* c) {
 
   if (const nlohmann::json* rp = r.Raw("rope_parameters")) {
     if (!rp->is_object()) {
-      return Invalid(source, "field 'rope_parameters': expected an object, got " +
-                                 JsonTypeName(*rp));
+      return Invalid(source,
+                     "field 'rope_parameters': expected an object, got " + JsonTypeName(*rp));
     }
     const bool per_layer_type = rp->contains("full_attention") || rp->contains("sliding_attention");
     if (per_layer_type) {
@@ -231,13 +233,13 @@ absl::Status ParseRope(Reader& r, ModelConfig* c) {
         }
       }
       if (auto it = rp->find("full_attention"); it != rp->end()) {
-        DUET_RETURN_IF_ERROR(ParseRopeObject(*it, source + ": field 'rope_parameters.full_attention'",
-                                             &theta, &scaling));
+        DUET_RETURN_IF_ERROR(ParseRopeObject(
+            *it, source + ": field 'rope_parameters.full_attention'", &theta, &scaling));
       }
       if (auto it = rp->find("sliding_attention"); it != rp->end()) {
-        DUET_RETURN_IF_ERROR(ParseRopeObject(
-            *it, source + ": field 'rope_parameters.sliding_attention'", &local_theta,
-            &local_scaling));
+        DUET_RETURN_IF_ERROR(ParseRopeObject(*it,
+                                             source + ": field 'rope_parameters.sliding_attention'",
+                                             &local_theta, &local_scaling));
         if (local_scaling) {
           return Unsupported(source, "field 'rope_parameters.sliding_attention': rope_type '" +
                                          local_scaling->rope_type +
@@ -250,9 +252,9 @@ absl::Status ParseRope(Reader& r, ModelConfig* c) {
     }
     // The 4.x keys, when also present, must say the same.
     if (top_theta && theta && static_cast<float>(*top_theta) != static_cast<float>(*theta)) {
-      return Invalid(source, absl::StrCat("fields 'rope_theta' (", *top_theta,
-                                          ") and 'rope_parameters' (rope_theta ", *theta,
-                                          ") disagree"));
+      return Invalid(source,
+                     absl::StrCat("fields 'rope_theta' (", *top_theta,
+                                  ") and 'rope_parameters' (rope_theta ", *theta, ") disagree"));
     }
     if (top_scaling && top_scaling != scaling) {
       return Invalid(source, "fields 'rope_scaling' and 'rope_parameters' disagree");
@@ -299,9 +301,8 @@ absl::Status ParseLayerTypes(Reader& r, ModelConfig* c) {
       }
     }
   }
-  const bool any_sliding =
-      std::find(c->layer_types.begin(), c->layer_types.end(), LayerAttention::kSliding) !=
-      c->layer_types.end();
+  const bool any_sliding = std::find(c->layer_types.begin(), c->layer_types.end(),
+                                     LayerAttention::kSliding) != c->layer_types.end();
   if (c->model_type == "llama") {
     if (any_sliding) {
       return Unsupported(source,
@@ -316,8 +317,8 @@ absl::Status ParseLayerTypes(Reader& r, ModelConfig* c) {
     DUET_ASSIGN_OR_RETURN(std::optional<int> sw, r.OptInt("sliding_window"));
     c->sliding_window = present ? sw.value_or(0) : 4096;
     if (!c->layer_types.empty()) {
-      const LayerAttention want = c->sliding_window > 0 ? LayerAttention::kSliding
-                                                        : LayerAttention::kFull;
+      const LayerAttention want =
+          c->sliding_window > 0 ? LayerAttention::kSliding : LayerAttention::kFull;
       for (LayerAttention t : c->layer_types) {
         if (t != want) {
           return Unsupported(source,
@@ -424,27 +425,25 @@ const std::vector<std::string>& SupportedArchitectures() {
 const std::vector<std::string>& IrrelevantConfigKeys() {
   static const std::vector<std::string>* keys = new std::vector<std::string>{
       // Bookkeeping.
-      "_name_or_path", "transformers_version", "is_llama_config",
-      "_attn_implementation_autoset",
+      "_name_or_path", "transformers_version", "is_llama_config", "_attn_implementation_autoset",
       // Training-only hyper-parameters and switches (dropout is off at inference).
       "initializer_range", "attention_dropout", "hidden_dropout", "mlp_dropout",
       "embedding_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "use_cache",
       "cache_implementation", "pretraining_tp", "gradient_checkpointing", "tf_legacy_loss",
-      "use_bfloat16", "torchscript", "return_dict", "output_hidden_states",
-      "output_attentions", "chunk_size_feed_forward", "problem_type", "finetuning_task",
-      "id2label", "label2id", "prefix", "task_specific_params", "tokenizer_class",
+      "use_bfloat16", "torchscript", "return_dict", "output_hidden_states", "output_attentions",
+      "chunk_size_feed_forward", "problem_type", "finetuning_task", "id2label", "label2id",
+      "prefix", "task_specific_params", "tokenizer_class",
       // Encoder-decoder switches of PretrainedConfig (duet runs decoders only; the
       // architecture check already refuses others).
       "is_decoder", "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder",
       "cross_attention_hidden_size", "decoder_start_token_id", "sep_token_id", "pad_token_id",
       // Generation defaults: the request's sampling parameters decide these in duet.
-      "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
-      "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
-      "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-      "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
-      "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
-      "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-      "begin_suppress_tokens"};
+      "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+      "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+      "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+      "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+      "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+      "suppress_tokens", "begin_suppress_tokens"};
   return *keys;
 }
 
@@ -466,13 +465,14 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
     return Invalid(source, "missing field 'architectures' (a list such as [\"LlamaForCausalLM\"])");
   }
   if (!arch_list->is_array() || arch_list->size() != 1 || !(*arch_list)[0].is_string()) {
-    return Invalid(source, "field 'architectures': expected a list of one string, got " +
-                               arch_list->dump());
+    return Invalid(
+        source, "field 'architectures': expected a list of one string, got " + arch_list->dump());
   }
   c.architecture = (*arch_list)[0].get<std::string>();
   const ArchInfo* arch = FindArch(c.architecture);
   if (arch == nullptr) {
-    return Unsupported(source, "architecture '" + c.architecture + "' is not supported; supported: " +
+    return Unsupported(source, "architecture '" + c.architecture +
+                                   "' is not supported; supported: " +
                                    absl::StrJoin(SupportedArchitectures(), ", "));
   }
   DUET_ASSIGN_OR_RETURN(std::optional<std::string> model_type, r.OptString("model_type"));
@@ -498,10 +498,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
                                           c.num_attention_heads));
     }
     if (c.hidden_size % c.num_attention_heads != 0) {
-      return Invalid(source,
-                     absl::StrCat("field 'head_dim' is absent and hidden_size ", c.hidden_size,
-                                  " is not a multiple of num_attention_heads ",
-                                  c.num_attention_heads));
+      return Invalid(
+          source,
+          absl::StrCat("field 'head_dim' is absent and hidden_size ", c.hidden_size,
+                       " is not a multiple of num_attention_heads ", c.num_attention_heads));
     }
     c.head_dim = c.is_gemma() ? 256 : c.hidden_size / c.num_attention_heads;
   }
@@ -560,8 +560,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
     c.query_pre_attn_scalar = static_cast<float>(qpas.value_or(256));
     DUET_RETURN_IF_ERROR(
         r.MustBeNull("final_logit_softcapping", "final logit soft-capping is not implemented"));
-    DUET_RETURN_IF_ERROR(r.MustBeNull("attn_logit_softcapping",
-                                      "attention logit soft-capping is not implemented"));
+    DUET_RETURN_IF_ERROR(
+        r.MustBeNull("attn_logit_softcapping", "attention logit soft-capping is not implemented"));
     DUET_RETURN_IF_ERROR(
         r.BoolMustBe("use_bidirectional_attention", false, "duet decodes causally"));
   }
@@ -631,9 +631,9 @@ absl::Status ModelConfig::Validate() const {
         absl::StrCat("field 'rope_theta': must be finite and > 1, got ", rope_theta));
   }
   if (rope_local_theta != 0 && (!(rope_local_theta > 1) || !std::isfinite(rope_local_theta))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "field 'rope_local_base_freq': must be finite and > 1 (or 0: none), got ",
-        rope_local_theta));
+    return absl::InvalidArgumentError(
+        absl::StrCat("field 'rope_local_base_freq': must be finite and > 1 (or 0: none), got ",
+                     rope_local_theta));
   }
   if (rope_scaling) {
     const RopeScaling& rs = *rope_scaling;
@@ -678,9 +678,10 @@ absl::Status ModelConfig::Validate() const {
           "field 'layer_types': sliding layers need a positive 'sliding_window'");
     }
     if (model_type != "qwen2" && model_type != "qwen3" && !is_gemma()) {
-      return absl::InvalidArgumentError("field 'layer_types': per-layer attention types are not "
-                                        "supported for " +
-                                        architecture);
+      return absl::InvalidArgumentError(
+          "field 'layer_types': per-layer attention types are not "
+          "supported for " +
+          architecture);
     }
   }
   if (qk_norm != (model_type == "qwen3" || is_gemma())) {

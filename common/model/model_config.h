@@ -54,7 +54,7 @@ struct ModelConfig {
   int head_dim = 0;             // defaults to hidden_size / num_attention_heads
   int max_position_embeddings = 0;
   float rms_norm_eps = 1e-6f;
-  float rope_theta = 10000.0f;             // RoPE base of full-attention layers
+  float rope_theta = 10000.0f;              // RoPE base of full-attention layers
   std::optional<RopeScaling> rope_scaling;  // of full-attention layers
   // RoPE base of sliding layers when it differs (Gemma 3: rope_local_base_freq, or
   // rope_parameters.sliding_attention); 0: rope_theta and rope_scaling apply to every layer.

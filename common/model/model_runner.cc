@@ -12,8 +12,8 @@ namespace duet::model {
 
 struct ModelRunner::Layer {
   const float* input_norm = nullptr;
-  const float* post_norm = nullptr;         // the MLP input's norm
-  const float* q_norm = nullptr;            // [head_dim] (qk_norm)
+  const float* post_norm = nullptr;  // the MLP input's norm
+  const float* q_norm = nullptr;     // [head_dim] (qk_norm)
   const float* k_norm = nullptr;
   const float* attn_output_norm = nullptr;  // gemma's sandwich norms
   const float* mlp_output_norm = nullptr;

@@ -1,8 +1,8 @@
 // ModelRunner: one forward pass of a Llama-family model (Llama, Mistral, Qwen2, Qwen3, Gemma 3)
 // over a batch that may mix prefill sequences (many new tokens) and decode sequences (one new
-// token), with K/V kept in a paged BlockPool. After each layer's K/V are written into the pool it calls the
-// layer-done hook with the spans written: the only coupling between compute and KV transfer
-// (docs/design.md §4.2). The hook runs on the compute thread; it must not block for long.
+// token), with K/V kept in a paged BlockPool. After each layer's K/V are written into the pool it
+// calls the layer-done hook with the spans written: the only coupling between compute and KV
+// transfer (docs/design.md §4.2). The hook runs on the compute thread; it must not block for long.
 // A sequence asks for its last token's logits (want_logits) and/or for the next token sampled
 // on the backend (sample: on cuda only the sampled token reaches the host, not [rows, vocab]).
 //

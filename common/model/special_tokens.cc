@@ -2,9 +2,10 @@
 
 namespace duet::model {
 
-void EncodeAroundSpecials(
-    std::string_view text, absl::FunctionRef<int32_t(std::string_view, size_t, size_t*)> match,
-    absl::FunctionRef<void(std::string_view, bool)> encode_plain, std::vector<int32_t>* ids) {
+void EncodeAroundSpecials(std::string_view text,
+                          absl::FunctionRef<int32_t(std::string_view, size_t, size_t*)> match,
+                          absl::FunctionRef<void(std::string_view, bool)> encode_plain,
+                          std::vector<int32_t>* ids) {
   size_t plain_start = 0;
   auto flush = [&](size_t end) {
     if (end > plain_start) {

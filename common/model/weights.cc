@@ -24,13 +24,20 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   std::vector<ExpectedTensor> out;
   auto model = [&](const char* name, std::vector<int64_t> shape, const char* what,
                    std::vector<float> ModelWeights::*field, bool norm = false) {
-    out.push_back({.name = name, .shape = std::move(shape), .what = what, .model_field = field,
+    out.push_back({.name = name,
+                   .shape = std::move(shape),
+                   .what = what,
+                   .model_field = field,
                    .gemma_norm = norm && gemma});
   };
   auto layer = [&](int i, const char* suffix, std::vector<int64_t> shape, const char* what,
                    std::vector<float> LayerWeights::*field, bool norm = false) {
-    out.push_back({.name = LayerName(i, suffix), .shape = std::move(shape), .what = what,
-                   .layer = i, .layer_field = field, .gemma_norm = norm && gemma});
+    out.push_back({.name = LayerName(i, suffix),
+                   .shape = std::move(shape),
+                   .what = what,
+                   .layer = i,
+                   .layer_field = field,
+                   .gemma_norm = norm && gemma});
   };
   model("model.embed_tokens.weight", {v, h}, " = [vocab_size, hidden_size]",
         &ModelWeights::embed_tokens);
@@ -38,10 +45,10 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
     layer(i, "input_layernorm.weight", {h}, " = [hidden_size]", &LayerWeights::input_norm, true);
     layer(i, "self_attn.q_proj.weight", {q, h}, " = [num_attention_heads*head_dim, hidden_size]",
           &LayerWeights::q_proj);
-    layer(i, "self_attn.k_proj.weight", {kv, h},
-          " = [num_key_value_heads*head_dim, hidden_size]", &LayerWeights::k_proj);
-    layer(i, "self_attn.v_proj.weight", {kv, h},
-          " = [num_key_value_heads*head_dim, hidden_size]", &LayerWeights::v_proj);
+    layer(i, "self_attn.k_proj.weight", {kv, h}, " = [num_key_value_heads*head_dim, hidden_size]",
+          &LayerWeights::k_proj);
+    layer(i, "self_attn.v_proj.weight", {kv, h}, " = [num_key_value_heads*head_dim, hidden_size]",
+          &LayerWeights::v_proj);
     layer(i, "self_attn.o_proj.weight", {h, q}, " = [hidden_size, num_attention_heads*head_dim]",
           &LayerWeights::o_proj);
     if (c.attention_bias) {

@@ -87,8 +87,7 @@ void SwiGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n
   });
 }
 
-void GeluTanhGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n,
-                      float* out) {
+void GeluTanhGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n, float* out) {
   // PyTorch: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))).
   constexpr float kBeta = 0.7978845608028654f;
   constexpr float kKappa = 0.044715f;

@@ -28,8 +28,7 @@ void RopeRows(ThreadPool* pool, float* x, int rows, int num_heads, int head_dim,
 
 // out = silu(gate) * up = gate / (1 + exp(-gate)) * up.
 void SwiGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n, float* out);
-void GeluTanhGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n,
-                      float* out);
+void GeluTanhGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n, float* out);
 
 // out[i, :] = table[ids[i], :].
 void EmbedRows(ThreadPool* pool, const float* table, int dim, const int32_t* ids, int n,

@@ -167,8 +167,7 @@ void LaunchSwiGlu(const float* gate, const float* up, int64_t n, float* out, cud
   SwiGluKernel<<<BlocksFor(n, kThreads), kThreads, 0, s>>>(gate, up, n, out);
 }
 
-void LaunchGeluTanhGlu(const float* gate, const float* up, int64_t n, float* out,
-                       cudaStream_t s) {
+void LaunchGeluTanhGlu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s) {
   if (n <= 0) return;
   GeluTanhGluKernel<<<BlocksFor(n, kThreads), kThreads, 0, s>>>(gate, up, n, out);
 }

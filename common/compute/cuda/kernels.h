@@ -30,8 +30,7 @@ void LaunchAddBias(float* y, const float* bias, int rows, int cols, cudaStream_t
 void LaunchRope(float* x, int rows, int num_heads, int head_dim, const int32_t* positions,
                 const float* inv_freq, int num_freq, cudaStream_t s);
 void LaunchSwiGlu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
-void LaunchGeluTanhGlu(const float* gate, const float* up, int64_t n, float* out,
-                       cudaStream_t s);
+void LaunchGeluTanhGlu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t s);
 // dst (f16/bf16/f32) = src (f32), n elements.
 void LaunchConvertFromF32(const float* src, void* dst, ElemType dst_type, int64_t n,
                           cudaStream_t s);

@@ -166,8 +166,9 @@ TEST(ModelConfigTest, Qwen2BiasAndSlidingWindowRules) {
   EXPECT_EQ(c->sliding_window, 32768);
   ASSERT_EQ(c->layer_types.size(), 24u);
   for (int i = 0; i < 24; ++i) EXPECT_EQ(c->LayerSlides(i), i >= 21) << i;
-  EXPECT_EQ(c->ModelId(), "qwen2-L24-H896-A14-KV2-D64-I4864-V151936-SW32768-"
-                          "FFFFFFFFFFFFFFFFFFFFFSSS");
+  EXPECT_EQ(c->ModelId(),
+            "qwen2-L24-H896-A14-KV2-D64-I4864-V151936-SW32768-"
+            "FFFFFFFFFFFFFFFFFFFFFSSS");
 }
 
 // What transformers 5.x save_pretrained writes: RoPE under rope_parameters, layer_types.
@@ -266,11 +267,14 @@ TEST(ModelConfigTest, MathChangingKeysItDoesNotImplementAreRefusedByName) {
     std::vector<std::string> must_mention;
   };
   const std::vector<Case> cases = {
-      {kGemma3_270m, [](nlohmann::json& j) { j["attn_logit_softcapping"] = 50.0; },
+      {kGemma3_270m,
+       [](nlohmann::json& j) { j["attn_logit_softcapping"] = 50.0; },
        {"attn_logit_softcapping", "50"}},
-      {kGemma3_270m, [](nlohmann::json& j) { j["final_logit_softcapping"] = 30.0; },
+      {kGemma3_270m,
+       [](nlohmann::json& j) { j["final_logit_softcapping"] = 30.0; },
        {"final_logit_softcapping"}},
-      {kGemma3_270m, [](nlohmann::json& j) { j["use_bidirectional_attention"] = true; },
+      {kGemma3_270m,
+       [](nlohmann::json& j) { j["use_bidirectional_attention"] = true; },
        {"use_bidirectional_attention"}},
       {kGemma3_270m,
        [](nlohmann::json& j) { j["rope_parameters"]["full_attention"]["rope_type"] = "yarn"; },
@@ -280,7 +284,8 @@ TEST(ModelConfigTest, MathChangingKeysItDoesNotImplementAreRefusedByName) {
          j["rope_parameters"]["sliding_attention"] = {{"rope_type", "linear"}, {"factor", 8.0}};
        },
        {"rope_parameters.sliding_attention", "linear"}},
-      {kGemma3_270m, [](nlohmann::json& j) { j["layer_types"][3] = "chunked_attention"; },
+      {kGemma3_270m,
+       [](nlohmann::json& j) { j["layer_types"][3] = "chunked_attention"; },
        {"layer_types", "chunked_attention"}},
       {kSmolLM2,
        [](nlohmann::json& j) {
@@ -288,24 +293,30 @@ TEST(ModelConfigTest, MathChangingKeysItDoesNotImplementAreRefusedByName) {
          j["layer_types"][2] = "sliding_attention";
        },
        {"layer_types", "sliding_attention", "LlamaForCausalLM"}},
-      {kSmolLM2, [](nlohmann::json& j) { j["quantization_config"] = {{"quant_method", "awq"}}; },
+      {kSmolLM2,
+       [](nlohmann::json& j) {
+         j["quantization_config"] = {{"quant_method", "awq"}};
+       },
        {"'quantization_config'", "not understood"}},
-      {kSmolLM2, [](nlohmann::json& j) { j["attn_logit_softcapping"] = 50.0; },
+      {kSmolLM2,
+       [](nlohmann::json& j) { j["attn_logit_softcapping"] = 50.0; },
        {"'attn_logit_softcapping'"}},
-      {kSmolLM2, [](nlohmann::json& j) { j["rope_interleaved"] = true; },
-       {"rope_interleaved"}},
-      {kSmolLM2, [](nlohmann::json& j) { j["partial_rotary_factor"] = 0.5; },
+      {kSmolLM2, [](nlohmann::json& j) { j["rope_interleaved"] = true; }, {"rope_interleaved"}},
+      {kSmolLM2,
+       [](nlohmann::json& j) { j["partial_rotary_factor"] = 0.5; },
        {"partial_rotary_factor"}},
       {kSmolLM2, [](nlohmann::json& j) { j["sliding_window"] = 4096; }, {"sliding_window"}},
       {kSmolLM2,
        [](nlohmann::json& j) {
-         j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 100000},
-                                 {"beta_fast", 32}};
+         j["rope_parameters"] = {
+             {"rope_type", "default"}, {"rope_theta", 100000}, {"beta_fast", 32}};
        },
        {"rope_parameters", "beta_fast"}},
-      {kSmolLM2, [](nlohmann::json& j) { j["hidden_activation"] = "gelu_pytorch_tanh"; },
+      {kSmolLM2,
+       [](nlohmann::json& j) { j["hidden_activation"] = "gelu_pytorch_tanh"; },
        {"hidden_activation"}},
-      {kQwen2, [](nlohmann::json& j) { j["rope_local_base_freq"] = 10000.0; },
+      {kQwen2,
+       [](nlohmann::json& j) { j["rope_local_base_freq"] = 10000.0; },
        {"rope_local_base_freq"}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {

@@ -85,10 +85,11 @@ TEST_F(GemmaModelTest, DecodePastTheWindowEqualsRecompute) {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = 2 + static_cast<int32_t>((i * 7919) % 30000);
   const int prefix = 510;
   kv::BlockTable cached(&pool);
-  std::vector<SequenceInput> b = {{.seq_id = 1,
-                                   .tokens = std::vector<int32_t>(ids.begin(), ids.begin() + prefix),
-                                   .start_pos = 0,
-                                   .table = &cached}};
+  std::vector<SequenceInput> b = {
+      {.seq_id = 1,
+       .tokens = std::vector<int32_t>(ids.begin(), ids.begin() + prefix),
+       .start_pos = 0,
+       .table = &cached}};
   ASSERT_TRUE(runner.Forward(absl::MakeSpan(b), pool.View()).ok());
   for (int pos = prefix; pos < static_cast<int>(ids.size()); ++pos) {
     b = {{.seq_id = 1, .tokens = {ids[pos]}, .start_pos = pos, .table = &cached}};

@@ -25,11 +25,11 @@ inline void ExpectGreedyEqualsLlamaCpp(LocalEngine& engine, const std::string& f
   for (const nlohmann::json& c : ref["cases"]) {
     const std::vector<int32_t> prompt = c["prompt_ids"].get<std::vector<int32_t>>();
     const std::vector<int32_t> want = c["ids"].get<std::vector<int32_t>>();
-    auto got = engine.Generate(prompt,
-                               {.max_tokens = static_cast<int>(want.size()), .ignore_eos = true});
+    auto got =
+        engine.Generate(prompt, {.max_tokens = static_cast<int>(want.size()), .ignore_eos = true});
     ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(got->generated_ids, want) << c["name"] << " (llama.cpp's margins >= "
-                                        << c["min_margin"] << ")";
+    EXPECT_EQ(got->generated_ids, want)
+        << c["name"] << " (llama.cpp's margins >= " << c["min_margin"] << ")";
     compared += want.size();
   }
   EXPECT_GE(compared, min_ids) << fixture;
