@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that the C/C++ lines changed since BASE follow .clang-format (clang-format-14).
-#   scripts/check_format.sh          # BASE: merge-base with origin/main, else HEAD~1
+#   scripts/check_format.sh          # BASE: merge-base with origin/main, else HEAD~1 (see below)
 #   scripts/check_format.sh main     # lines changed since main (the work tree included)
 #   scripts/check_format.sh --all    # every line of every C/C++ file
 # Only changed lines are checked: parts of the tree predate the check, and reformatting them
@@ -30,11 +30,12 @@ fi
 
 BASE="${1:-}"
 if [ -z "$BASE" ]; then
-  if git rev-parse -q --verify origin/main >/dev/null; then
-    BASE="$(git merge-base origin/main HEAD)"
-  elif git rev-parse -q --verify HEAD~1 >/dev/null; then
-    BASE="HEAD~1"  # a clone without origin/main: what the last commit (or merge) changed
-  else
+  # On a branch: everything since it left main. On main itself (CI's clone) or without
+  # origin/main: what the last commit (or merge) changed.
+  BASE="$(git merge-base origin/main HEAD 2>/dev/null || true)"
+  if [ "$BASE" = "$(git rev-parse -q --verify HEAD || true)" ]; then BASE=""; fi
+  if [ -z "$BASE" ] && git rev-parse -q --verify HEAD~1 >/dev/null; then BASE="HEAD~1"; fi
+  if [ -z "$BASE" ]; then
     echo "check_format: no origin/main and no parent commit; nothing to compare with, skipped"
     exit 0
   fi
