@@ -6,8 +6,9 @@
 #   scripts/check_thread_safety.sh common/kv/block_pool.cc ...   # only these sources
 #   DUET_BUILD_DIR=out scripts/check_thread_safety.sh
 # Needs a configured build whose generated protobuf headers exist (ninja -C build duet_proto).
-# Checked: common/, transfer/, coordinator/, prefill_node/, decode_node/, cli/, proto/ (the
-# hand-written glue). Not checked: generated *.pb.cc, tests/, fuzz/, bench/, CUDA sources.
+# Checked: every source of the repository (common/, transfer/, coordinator/, prefill_node/,
+# decode_node/, cli/, proto/'s hand-written glue, and modules added later) except tests/, fuzz/,
+# bench/, generated *.pb.cc, the build directory and CUDA sources.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${DUET_BUILD_DIR:-$ROOT/build}"
@@ -26,12 +27,12 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 
 # One line per translation unit: NUL-separated clang arguments, written to $OUT/args.N.
-python3 - "$ROOT" "$DB" "$OUT" "$@" <<'EOF'
+python3 - "$ROOT" "$BUILD" "$DB" "$OUT" "$@" <<'EOF'
 import json, os, shlex, sys
 
-root, db, out = sys.argv[1:4]
-only = {os.path.normpath(p) for p in sys.argv[4:]}
-dirs = ("common", "transfer", "coordinator", "prefill_node", "decode_node", "cli", "proto")
+root, build, db, out = sys.argv[1:5]
+only = {os.path.normpath(p) for p in sys.argv[5:]}
+skip = {"tests", "fuzz", "bench", os.path.relpath(os.path.realpath(build), root).split(os.sep)[0]}
 # Flags that carry over from GCC to clang; everything else (optimisation, debug info, warnings,
 # GCC-only -f options) is dropped. Those taking a separate value are listed in `with_value`.
 keep_prefix = ("-I", "-D", "-U", "-std=", "-march=", "-pthread", "-iquote", "-isystem")
@@ -41,7 +42,7 @@ for entry in json.load(open(db)):
     src = os.path.realpath(os.path.join(entry["directory"], entry["file"]))
     rel = os.path.relpath(src, root)
     parts = rel.split(os.sep)
-    if parts[0] not in dirs or not rel.endswith((".cc", ".cpp")) or ".pb." in rel:
+    if parts[0] in skip or parts[0] == ".." or not rel.endswith((".cc", ".cpp")) or ".pb." in rel:
         continue
     if "cuda" in parts[:-1] or (only and rel not in only):
         continue
