@@ -51,8 +51,12 @@ while read -r f ranges; do
   for r in $ranges; do args+=("--lines=$r"); done
   checked=$((checked + 1))
   "$FORMAT" --dry-run --Werror "${args[@]}" "$f" || status=1
-done < <(git diff -U0 --no-color --src-prefix=a/ --dst-prefix=b/ --diff-filter=ACMR "$BASE" -- "${PATTERNS[@]}" | awk '
-  /^\+\+\+ / { if (file != "" && ranges != "") print file, ranges; file = substr($2, 3); ranges = ""; next }
+done < <(git diff -U0 --no-color --src-prefix=a/ --dst-prefix=b/ --diff-filter=ACMR "$BASE" \
+  -- "${PATTERNS[@]}" | awk '
+  /^\+\+\+ / {
+    if (file != "" && ranges != "") print file, ranges
+    file = substr($2, 3); ranges = ""; next
+  }
   /^@@ / {
     split($3, a, ","); start = substr(a[1], 2); count = (a[2] == "" ? 1 : a[2])
     if (count > 0) ranges = ranges " " start ":" (start + count - 1)

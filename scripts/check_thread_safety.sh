@@ -26,7 +26,8 @@ fi
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 
-# One line per translation unit: NUL-separated clang arguments, written to $OUT/args.N.
+# One file per translation unit, $OUT/args.N: its directory, then its clang arguments,
+# NUL-separated.
 python3 - "$ROOT" "$BUILD" "$DB" "$OUT" "$@" <<'EOF'
 import json, os, shlex, sys
 
@@ -54,7 +55,7 @@ for entry in json.load(open(db)):
             flags += [a, next(it)]
         elif a == "-o":
             next(it)
-        elif a.startswith(keep_prefix) or a == "-include":
+        elif a.startswith(keep_prefix):
             flags.append(a)
     flags += ["-fsyntax-only", "-Wno-everything", "-Wthread-safety", "-Werror=thread-safety",
               src]
