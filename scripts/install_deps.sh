@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache git python3
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils
-  clang libclang-rt-14-dev
+  clang clang-format libclang-rt-14-dev
   libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libxxhash-dev
   iproute2 curl python3-venv
   libgtest-dev libgmock-dev libbenchmark-dev

