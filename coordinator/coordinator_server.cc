@@ -7,7 +7,7 @@
 #include "common/base/status.h"
 #include "common/model/gguf_model.h"
 #include "coordinator/coordinator_impl.h"
-#include "coordinator/node_load_convert.h"
+#include "cluster/node_load_convert.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
 #include "proto/status_util.h"
@@ -193,7 +193,7 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
   reg.capacity = NodeCapacity{.total_blocks = req.capacity().total_blocks(),
                               .max_running_requests = req.capacity().max_running_requests(),
                               .max_batch_tokens = req.capacity().max_batch_tokens()};
-  reg.load = LoadFromProto(req.load());
+  reg.load = cluster::LoadFromProto(req.load());
   if (reg.address.empty()) return absl::InvalidArgumentError("register: node address is empty");
   if (reg.kind == NodeKind::kPrefill && reg.transfer_address.empty()) {
     return absl::InvalidArgumentError(
@@ -217,7 +217,7 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
 absl::Status CoordinatorServer::Impl::Heartbeat(const v1::HeartbeatRequest& req) {
   metrics_.heartbeats.WithLabels({req.node().node_id()}).Increment();
   return registry_.Heartbeat(NodeIncarnation{req.node().node_id(), req.node().epoch()},
-                             LoadFromProto(req.load()), absl::Now());
+                             cluster::LoadFromProto(req.load()), absl::Now());
 }
 
 absl::Status CoordinatorServer::Impl::Deregister(const v1::DeregisterRequest& req) {
@@ -301,7 +301,7 @@ v1::HealthResponse CoordinatorServer::Impl::Health() {
       s->set_epoch(n.node.epoch);
       s->set_kind(kind == NodeKind::kPrefill ? v1::NODE_KIND_PREFILL : v1::NODE_KIND_DECODE);
       s->set_address(n.address);
-      *s->mutable_load() = LoadToProto(n.load);
+      *s->mutable_load() = cluster::LoadToProto(n.load);
       if (kind == NodeKind::kPrefill) {
         h.set_prefill_nodes(h.prefill_nodes() + 1);
       } else {

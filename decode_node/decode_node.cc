@@ -9,7 +9,7 @@
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/kv_memory.h"
-#include "coordinator/node_load_convert.h"
+#include "cluster/node_load_convert.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
 #include "transfer/ucx/ucx_transport.h"
@@ -18,7 +18,7 @@ namespace duet::decode {
 namespace {
 
 v1::NodeLoad ToProto(const SchedulerLoad& load) {
-  return coordinator::LoadToProto({.free_blocks = load.free_blocks,
+  return cluster::LoadToProto({.free_blocks = load.free_blocks,
                                    .total_blocks = load.total_blocks,
                                    .queued_tokens = load.queued_tokens,
                                    .running_requests = load.running_requests});
@@ -140,7 +140,7 @@ absl::Status DecodeNode::Init() {
   *reg.mutable_load() = ToProto(scheduler_->Load());
   reg.set_transfer_address(transfer_address_);
   DecodeScheduler* scheduler = scheduler_.get();
-  DUET_ASSIGN_OR_RETURN(member_, coordinator::MembershipClient::Start(
+  DUET_ASSIGN_OR_RETURN(member_, cluster::MembershipClient::Start(
                                      {.coordinator_address = o.coordinator_address,
                                       .registration = reg,
                                       .load = [scheduler] { return ToProto(scheduler->Load()); },

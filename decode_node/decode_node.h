@@ -25,7 +25,7 @@
 #include "common/metrics/http_exporter.h"
 #include "common/metrics/metrics.h"
 #include "common/model/local_engine.h"
-#include "coordinator/membership_client.h"
+#include "cluster/membership_client.h"
 #include "decode_node/decode_metrics.h"
 #include "decode_node/decode_scheduler.h"
 #include "decode_node/decode_service.h"
@@ -98,7 +98,7 @@ class DecodeNode {
   std::unique_ptr<DecodeService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  std::unique_ptr<coordinator::MembershipClient> member_;
+  std::unique_ptr<cluster::MembershipClient> member_;
   std::atomic<uint64_t> epoch_{0};
   std::unique_ptr<metrics::MetricsExporter> metrics_exporter_;
 

@@ -12,8 +12,8 @@
 #include "common/model/model_runner.h"
 #include "common/model/gguf_model.h"
 #include "common/model/weights.h"
-#include "coordinator/membership_client.h"
-#include "coordinator/node_load_convert.h"
+#include "cluster/membership_client.h"
+#include "cluster/node_load_convert.h"
 #include "prefill_node/prefill_metrics.h"
 #include "prefill_node/prefill_scheduler.h"
 #include "prefill_node/prefill_service.h"
@@ -124,13 +124,13 @@ absl::Status PrefillNode::Init() {
     reg.set_transfer_address(transfer_address_);
     PrefillScheduler* sched = scheduler_.get();
     kv::BlockPool* pool = pool_.get();
-    DUET_ASSIGN_OR_RETURN(membership_, coordinator::MembershipClient::Start(
+    DUET_ASSIGN_OR_RETURN(membership_, cluster::MembershipClient::Start(
                                            {.coordinator_address = o.coordinator_address,
                                             .registration = reg,
                                             .load = [sched, pool] {
                                               const PrefillLoad l = sched->Load();
                                               const kv::BlockPoolStats s = pool->Stats();
-                                              return coordinator::LoadToProto(
+                                              return cluster::LoadToProto(
                                                   {.free_blocks = s.free,
                                                    .total_blocks = s.total,
                                                    .queued_tokens = l.queued_tokens,

@@ -40,7 +40,7 @@ class Transport;
 class MemoryRegion;
 class KvStreamSender;
 }  // namespace duet::transfer
-namespace duet::coordinator {
+namespace duet::cluster {
 class MembershipClient;
 }
 
@@ -109,7 +109,7 @@ class PrefillNode {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::string address_;
-  std::unique_ptr<coordinator::MembershipClient> membership_;
+  std::unique_ptr<cluster::MembershipClient> membership_;
   std::unique_ptr<metrics::MetricsExporter> metrics_exporter_;
 
   absl::Mutex shutdown_mu_;

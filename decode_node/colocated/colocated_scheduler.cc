@@ -383,7 +383,7 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
       stop = model::StopReason::kMaxTokens;  // the context is full
     }
     if (stop != model::StopReason::kNone) {
-      ev.finish = decode::FinishReasonFromStop(stop);
+      ev.finish = cluster::FinishReasonFromStop(stop);
       Finish(r, std::move(ev));
       continue;
     }

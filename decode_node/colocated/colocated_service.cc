@@ -4,11 +4,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/finish_reason.h"
+#include "cluster/node_load_convert.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
-#include "coordinator/node_load_convert.h"
-#include "decode_node/decode_service.h"
 #include "proto/generate_request.h"
 #include "proto/status_util.h"
 
@@ -87,7 +87,7 @@ absl::Status ColocatedService::DoGenerate(grpc::ServerContext* ctx, const v1::Ge
       }
       if (text) r.set_text(piece(ev.token.id));
     }
-    r.set_finish_reason(decode::ToProto(ev.finish));
+    r.set_finish_reason(cluster::ToProto(ev.finish));
     if (ev.finished()) {
       timings.set_decode_us(
           first_token_at == absl::InfinitePast() ? 0 : Micros(absl::Now() - first_token_at));
@@ -158,7 +158,7 @@ grpc::Status ColocatedService::Health(grpc::ServerContext* ctx, const v1::Health
   n->set_epoch(1);
   n->set_kind(v1::NODE_KIND_DECODE);
   if (identity_.address) n->set_address(identity_.address());
-  *n->mutable_load() = coordinator::LoadToProto({.free_blocks = load.free_blocks,
+  *n->mutable_load() = cluster::LoadToProto({.free_blocks = load.free_blocks,
                                                  .total_blocks = load.total_blocks,
                                                  .queued_tokens = load.queued_tokens,
                                                  .running_requests = load.running_requests});

@@ -1,9 +1,9 @@
 // NodeLoad survives the trip through duet.v1.NodeLoad that every heartbeat makes.
-#include "coordinator/node_load_convert.h"
+#include "cluster/node_load_convert.h"
 
 #include "gtest/gtest.h"
 
-namespace duet::coordinator {
+namespace duet::cluster {
 namespace {
 
 TEST(NodeLoadConvert, RoundTripsEveryField) {
@@ -19,4 +19,4 @@ TEST(NodeLoadConvert, RoundTripsEveryField) {
 }
 
 }  // namespace
-}  // namespace duet::coordinator
+}  // namespace duet::cluster
