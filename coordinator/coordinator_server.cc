@@ -194,7 +194,12 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
                               .max_running_requests = req.capacity().max_running_requests(),
                               .max_batch_tokens = req.capacity().max_batch_tokens()};
   reg.load = cluster::LoadFromProto(req.load());
+  reg.compute = cluster::ComputeFromProto(req.compute());
   if (reg.address.empty()) return absl::InvalidArgumentError("register: node address is empty");
+  if (reg.compute.backend.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register: node ", reg.node.node_id, " sent no compute (backend, cpu_gemm)"));
+  }
   if (reg.kind == NodeKind::kPrefill && reg.transfer_address.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("register: prefill node ", reg.node.node_id, " sent no transfer address"));
@@ -302,6 +307,8 @@ v1::HealthResponse CoordinatorServer::Impl::Health() {
       s->set_kind(kind == NodeKind::kPrefill ? v1::NODE_KIND_PREFILL : v1::NODE_KIND_DECODE);
       s->set_address(n.address);
       *s->mutable_load() = cluster::LoadToProto(n.load);
+      *s->mutable_compute() = cluster::ComputeToProto(n.compute);
+      s->set_block_size(n.layout.block_size);
       if (kind == NodeKind::kPrefill) {
         h.set_prefill_nodes(h.prefill_nodes() + 1);
       } else {

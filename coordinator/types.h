@@ -47,7 +47,8 @@ struct NodeCapacity {
   int64_t max_batch_tokens = 0;      // prefill token budget per pass; 0 = no limit
 };
 
-// Reported with every heartbeat (cluster/types.h: the nodes fill it).
+// Reported with every heartbeat, and how a node computes (cluster/types.h: the nodes fill them).
+using cluster::NodeCompute;
 using cluster::NodeLoad;
 
 }  // namespace duet::coordinator

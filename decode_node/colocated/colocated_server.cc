@@ -1,6 +1,5 @@
 #include "decode_node/colocated/colocated_server.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,71 +13,61 @@ namespace duet::colocated {
 absl::StatusOr<std::unique_ptr<ColocatedServer>> ColocatedServer::Start(
     const ColocatedServerOptions& options) {
   std::unique_ptr<ColocatedServer> server(new ColocatedServer(options));
-  DUET_RETURN_IF_ERROR(Annotate(server->Init(), absl::StrCat("starting ", options.node_id)));
+  DUET_RETURN_IF_ERROR(
+      Annotate(server->Init(), absl::StrCat("starting ", options.runtime.node_id)));
   return server;
 }
 
 absl::Status ColocatedServer::Init() {
   const ColocatedServerOptions& o = options_;
-  if (o.model_dir.empty()) return absl::InvalidArgumentError("no model directory given");
-  if (o.block_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("block size must be >= 1, got ", o.block_size));
+  const cluster::NodeRuntimeOptions& ro = o.runtime;
+  if (!ro.coordinator_address.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "coordinator_address '", ro.coordinator_address,
+        "': the colocated server joins no cluster (it is prefill and decode at once)"));
   }
-  DUET_ASSIGN_OR_RETURN(
-      engine_, model::LocalEngine::Load(o.model_dir, {.device = o.device,
-                                                      .num_threads = o.threads,
-                                                      .cpu_gemm = o.cpu_gemm,
-                                                      .block_size = o.block_size,
-                                                      .kv_cache_bytes = o.kv_cache_bytes}));
-  if (!engine_->has_tokenizer()) {
-    return absl::FailedPreconditionError(o.model_dir +
-                                         ": the colocated server needs the model's tokenizer files");
-  }
+  DUET_ASSIGN_OR_RETURN(runtime_, cluster::NodeRuntime::Load(
+                                      ro, {.role = "colocated server", .needs_tokenizer = true}));
+  model::LocalEngine& engine = runtime_->engine();
+  DUET_ASSIGN_OR_RETURN(kv::BlockPool * pool, runtime_->CreatePool());
+  metrics_ = std::make_unique<ColocatedMetrics>(&runtime_->metrics_registry());
   DUET_ASSIGN_OR_RETURN(scheduler_,
-                        ColocatedScheduler::Create({.name = o.node_id,
+                        ColocatedScheduler::Create({.name = ro.node_id,
                                                     .max_batch_tokens = o.max_batch_tokens,
                                                     .max_running = o.max_running,
-                                                    .eos_ids = engine_->tokenizer().eos_ids()},
-                                                   &engine_->runner(), &engine_->pool()));
+                                                    .eos_ids = engine.tokenizer().eos_ids()},
+                                                   &engine.runner(), pool));
   service_ = std::make_unique<ColocatedService>(
-      scheduler_.get(), &engine_->tokenizer(), engine_->config(),
+      scheduler_.get(), &engine.tokenizer(), engine.config(),
       ColocatedServiceIdentity{
-          .node_id = o.node_id, .address = [this] { return address(); }, .metrics = &metrics_});
-  DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(o.listen_address, {service_.get()}, &port_));
-  {
-    ColocatedScheduler* sched = scheduler_.get();
-    metrics_.AddServerGauges([sched] { return sched->PoolStats(); },
-                             [sched] { return sched->Load(); });
-  }
-  if (o.metrics_port != 0) {
-    DUET_ASSIGN_OR_RETURN(metrics_exporter_,
-                          metrics::MetricsExporter::Start(&metrics_registry_, o.metrics_host,
-                                                          std::max(0, o.metrics_port)));
-  }
-  const kv::BlockPool& pool = engine_->pool();
-  DUET_LOG(INFO) << o.node_id << ": serving on " << address() << ", " << pool.num_blocks()
-                 << " KV blocks of " << o.block_size << " tokens (" << pool.region_bytes()
-                 << " bytes), max_batch_tokens " << o.max_batch_tokens << ", max_running "
-                 << o.max_running;
+          .node_id = ro.node_id, .address = [this] { return address(); }, .metrics = metrics_.get()});
+  DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(ro.listen_address, {service_.get()}, &port_));
+  ColocatedScheduler* sched = scheduler_.get();
+  metrics_->AddServerGauges([sched] { return sched->PoolStats(); },
+                            [sched] { return sched->Load(); });
+  DUET_RETURN_IF_ERROR(runtime_->StartMetricsExporter());
+  DUET_LOG(INFO) << ro.node_id << ": serving on " << address() << ", max_batch_tokens "
+                 << o.max_batch_tokens << ", max_running " << o.max_running;
   return absl::OkStatus();
 }
 
 std::string ColocatedServer::address() const {
-  return rpc::AdvertisedAddress(options_.listen_address, port_);
+  return rpc::AdvertisedAddress(options_.runtime.listen_address, port_);
 }
 
 void ColocatedServer::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
-  if (metrics_exporter_) metrics_exporter_->Stop();  // its gauges read the pool and scheduler
+  if (runtime_) runtime_->Leave();  // stops /metrics: its gauges read the pool and scheduler
   if (service_ != nullptr) service_->Shutdown();
   if (scheduler_ != nullptr) scheduler_->Shutdown();  // every stream gets its final event
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(DeadlineIn(absl::Seconds(2))));
   server_.reset();
   service_.reset();
   scheduler_.reset();
-  engine_.reset();
+  metrics_.reset();
+  runtime_.reset();
 }
 
 ColocatedServer::~ColocatedServer() { Shutdown(); }
