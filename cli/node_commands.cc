@@ -38,13 +38,18 @@ ABSL_FLAG(std::string, address_file, "",
           "write this process's bound address here once it serves (for launchers)");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "coordinator: silence that declares a node dead");
 ABSL_FLAG(int, http_port, -1,
-          "coordinator: port of the OpenAI-compatible HTTP API and /metrics (-1: off, 0: any)");
-ABSL_FLAG(std::string, http_host, "127.0.0.1", "coordinator: address the HTTP API binds");
+          "coordinator/serve --colocated: port of the OpenAI-compatible HTTP API and /metrics "
+          "(-1: off, 0: any)");
+ABSL_FLAG(std::string, http_host, "127.0.0.1",
+          "coordinator/serve --colocated: address the HTTP API binds");
 ABSL_FLAG(std::string, api_key, "",
-          "coordinator: require 'Authorization: Bearer KEY' on the HTTP API's /v1/ routes");
-ABSL_FLAG(int64_t, max_body_bytes, 1 << 20, "coordinator: largest HTTP request body accepted");
+          "coordinator/serve --colocated: require 'Authorization: Bearer KEY' on the HTTP API's "
+          "/v1/ routes");
+ABSL_FLAG(int64_t, max_body_bytes, 1 << 20,
+          "coordinator/serve --colocated: largest HTTP request body accepted");
 ABSL_FLAG(int, max_concurrent_streams, 64,
-          "coordinator: HTTP generation requests in flight; more get 429 with Retry-After");
+          "coordinator/serve --colocated: HTTP generation requests in flight; more get 429 with "
+          "Retry-After");
 ABSL_FLAG(int, metrics_port, 0,
           "prefill/decode/serve --colocated: serve GET /metrics on this port (0: off, -1: any "
           "free port)");

@@ -1,11 +1,13 @@
 // `duet serve --colocated`: the same engine in ONE process doing prefill and decode with
 // continuous batching, behind the same client API as a cluster's coordinator (the baseline of
-// the disaggregation benchmark). Prints "ready <client address> (...)" like `serve --loopback`
-// (after "metrics colocated-0 URL" with --node_metrics or --metrics_port) and serves until
+// the disaggregation benchmark), and with --http_port the same OpenAI-compatible HTTP API.
+// Prints "ready <client address> (...)" like `serve --loopback` (after "metrics colocated-0 URL"
+// with --node_metrics or --metrics_port, and "http URL" with --http_port) and serves until
 // SIGINT/SIGTERM.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -17,12 +19,19 @@
 #include "absl/time/clock.h"
 #include "cli/commands.h"
 #include "cli/node_flags.h"
-#include "decode_node/colocated/colocated_server.h"
+#include "colocated/colocated_server.h"
+#include "http/http_front.h"
 
 ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
 ABSL_DECLARE_FLAG(int, max_running);
 ABSL_DECLARE_FLAG(int, port);
 ABSL_DECLARE_FLAG(bool, node_metrics);
+// The coordinator's HTTP API flags (node_commands.cc): the same API, the same flags.
+ABSL_DECLARE_FLAG(int, http_port);
+ABSL_DECLARE_FLAG(std::string, http_host);
+ABSL_DECLARE_FLAG(std::string, api_key);
+ABSL_DECLARE_FLAG(int64_t, max_body_bytes);
+ABSL_DECLARE_FLAG(int, max_concurrent_streams);
 
 ABSL_FLAG(bool, colocated, false,
           "serve: prefill and decode in this one process (continuous batching under "
@@ -50,6 +59,15 @@ int RunServeColocated(const std::vector<char*>& args) {
   if (absl::GetFlag(FLAGS_node_metrics)) o.runtime.metrics_port = -1;
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   o.max_running = absl::GetFlag(FLAGS_max_running);
+  if (absl::GetFlag(FLAGS_http_port) >= 0) {
+    o.http = http::HttpFrontOptions{
+        .host = absl::GetFlag(FLAGS_http_host),
+        .port = absl::GetFlag(FLAGS_http_port),
+        .api_key = absl::GetFlag(FLAGS_api_key),
+        .max_body_bytes =
+            static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_body_bytes))),
+        .max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams)};
+  }
   if (o.runtime.model_dir.empty()) {
     std::fprintf(stderr, "duet serve --colocated: need --model DIR\n");
     return 2;
@@ -71,6 +89,9 @@ int RunServeColocated(const std::vector<char*>& args) {
   if ((*server)->metrics_port() > 0) {
     std::printf("metrics colocated-0 http://%s:%d/metrics\n", o.runtime.metrics_host.c_str(),
                 (*server)->metrics_port());
+  }
+  if ((*server)->http_port() > 0) {
+    std::printf("http http://%s:%d\n", o.http->host.c_str(), (*server)->http_port());
   }
   std::printf("ready %s (colocated: %lld KV blocks, max_batch_tokens %lld, max_running %d)\n",
               (*server)->address().c_str(), static_cast<long long>((*server)->num_blocks()),

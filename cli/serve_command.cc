@@ -1,7 +1,7 @@
 // `duet serve --loopback`: starts a coordinator, N prefill and M decode nodes as child processes
 // on 127.0.0.1 (every node with the same runtime and transfer flags, cli/node_flags.h), waits
-// until every node is registered, prints "ready <client address>", and stops
-// them all on SIGINT/SIGTERM. Children die with the launcher (PR_SET_PDEATHSIG), so no orphans.
+// until every node is registered, prints "ready <client address>", and stops them all on
+// SIGINT/SIGTERM. Children die with the launcher (PR_SET_PDEATHSIG), so no orphans.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>

@@ -21,7 +21,7 @@
 #include "coordinator/cache_directory.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_server.h"
-#include "coordinator/http/http_front.h"
+#include "http/http_front.h"
 #include "coordinator/node_registry.h"
 #include "coordinator/request_tracker.h"
 #include "coordinator/router.h"

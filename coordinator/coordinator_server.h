@@ -29,7 +29,7 @@ struct CoordinatorOptions {
   TrackerOptions tracker;
   std::string decode_policy = "least_loaded";
   std::string prefill_policy = "least_queued";
-  // The OpenAI-compatible HTTP API and /metrics (coordinator/http/http_front.h); -1: off,
+  // The OpenAI-compatible HTTP API and /metrics (http/http_front.h); -1: off,
   // 0: any free port.
   int http_port = -1;
   std::string http_host = "127.0.0.1";

@@ -1,4 +1,4 @@
-#include "decode_node/colocated/colocated_server.h"
+#include "colocated/colocated_server.h"
 
 #include <utility>
 
@@ -46,6 +46,14 @@ absl::Status ColocatedServer::Init() {
   metrics_->AddServerGauges([sched] { return sched->PoolStats(); },
                             [sched] { return sched->Load(); });
   DUET_RETURN_IF_ERROR(runtime_->StartMetricsExporter());
+  if (o.http) {
+    http::HttpFrontOptions ho = *o.http;
+    ho.model_name = http::ModelNameFromPath(ro.model_dir);
+    ho.context_length = engine.config().max_position_embeddings;
+    ho.vocab_size = engine.config().vocab_size;
+    DUET_ASSIGN_OR_RETURN(http_, http::HttpFront::Start(ho, service_.get(), &engine.tokenizer(),
+                                                        &runtime_->metrics_registry()));
+  }
   DUET_LOG(INFO) << ro.node_id << ": serving on " << address() << ", max_batch_tokens "
                  << o.max_batch_tokens << ", max_running " << o.max_running;
   return absl::OkStatus();
@@ -59,11 +67,13 @@ void ColocatedServer::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
+  if (http_ != nullptr) http_->Stop();  // cancels its open streams; their requests end below
   if (runtime_) runtime_->Leave();  // stops /metrics: its gauges read the pool and scheduler
   if (service_ != nullptr) service_->Shutdown();
   if (scheduler_ != nullptr) scheduler_->Shutdown();  // every stream gets its final event
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(DeadlineIn(absl::Seconds(2))));
   server_.reset();
+  http_.reset();
   service_.reset();
   scheduler_.reset();
   metrics_.reset();

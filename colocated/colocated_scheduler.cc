@@ -1,4 +1,4 @@
-#include "decode_node/colocated/colocated_scheduler.h"
+#include "colocated/colocated_scheduler.h"
 
 #include <algorithm>
 #include <utility>
