@@ -117,18 +117,13 @@ int RunCoordinator(const std::vector<char*>& args) {
   opt.listen_address = absl::GetFlag(FLAGS_listen);
   opt.model_dir = absl::GetFlag(FLAGS_model);
   opt.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
-  opt.http_port = absl::GetFlag(FLAGS_http_port);
-  opt.http_host = absl::GetFlag(FLAGS_http_host);
-  opt.api_key = absl::GetFlag(FLAGS_api_key);
-  opt.max_body_bytes =
-      static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_body_bytes)));
-  opt.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  opt.http = HttpFrontOptionsFromFlags();
   auto server = coordinator::CoordinatorServer::Start(opt);
   if (!server.ok()) return Fail("coordinator", server.status());
   std::printf("coordinator serving on %s\n", (*server)->address().c_str());
   std::string http;
   if ((*server)->http_port() > 0) {
-    http = opt.http_host + ":" + std::to_string((*server)->http_port());
+    http = opt.http->host + ":" + std::to_string((*server)->http_port());
     std::printf("coordinator HTTP API on http://%s\n", http.c_str());
   }
   std::fflush(stdout);

@@ -1,5 +1,7 @@
 #include "cli/node_flags.h"
 
+#include <algorithm>
+
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +20,11 @@ ABSL_DECLARE_FLAG(int64_t, kv_cache_bytes);
 ABSL_DECLARE_FLAG(std::string, kv_staging);
 ABSL_DECLARE_FLAG(int, metrics_port);
 ABSL_DECLARE_FLAG(std::string, metrics_host);
+ABSL_DECLARE_FLAG(int, http_port);
+ABSL_DECLARE_FLAG(std::string, http_host);
+ABSL_DECLARE_FLAG(std::string, api_key);
+ABSL_DECLARE_FLAG(int64_t, max_body_bytes);
+ABSL_DECLARE_FLAG(int, max_concurrent_streams);
 
 namespace duet::cli {
 
@@ -55,6 +62,17 @@ std::vector<std::string> NodeFlagsForChild() {
           "--transport=" + absl::GetFlag(FLAGS_transport),
           "--ucx_net_devices=" + absl::GetFlag(FLAGS_ucx_net_devices),
           "--kv_staging=" + absl::GetFlag(FLAGS_kv_staging)};
+}
+
+std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags() {
+  if (absl::GetFlag(FLAGS_http_port) < 0) return std::nullopt;
+  return http::HttpFrontOptions{
+      .host = absl::GetFlag(FLAGS_http_host),
+      .port = absl::GetFlag(FLAGS_http_port),
+      .api_key = absl::GetFlag(FLAGS_api_key),
+      .max_body_bytes =
+          static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_body_bytes))),
+      .max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams)};
 }
 
 }  // namespace duet::cli

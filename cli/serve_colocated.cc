@@ -7,7 +7,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -20,18 +19,11 @@
 #include "cli/commands.h"
 #include "cli/node_flags.h"
 #include "colocated/colocated_server.h"
-#include "http/http_front.h"
 
 ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
 ABSL_DECLARE_FLAG(int, max_running);
 ABSL_DECLARE_FLAG(int, port);
 ABSL_DECLARE_FLAG(bool, node_metrics);
-// The coordinator's HTTP API flags (node_commands.cc): the same API, the same flags.
-ABSL_DECLARE_FLAG(int, http_port);
-ABSL_DECLARE_FLAG(std::string, http_host);
-ABSL_DECLARE_FLAG(std::string, api_key);
-ABSL_DECLARE_FLAG(int64_t, max_body_bytes);
-ABSL_DECLARE_FLAG(int, max_concurrent_streams);
 
 ABSL_FLAG(bool, colocated, false,
           "serve: prefill and decode in this one process (continuous batching under "
@@ -59,15 +51,7 @@ int RunServeColocated(const std::vector<char*>& args) {
   if (absl::GetFlag(FLAGS_node_metrics)) o.runtime.metrics_port = -1;
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   o.max_running = absl::GetFlag(FLAGS_max_running);
-  if (absl::GetFlag(FLAGS_http_port) >= 0) {
-    o.http = http::HttpFrontOptions{
-        .host = absl::GetFlag(FLAGS_http_host),
-        .port = absl::GetFlag(FLAGS_http_port),
-        .api_key = absl::GetFlag(FLAGS_api_key),
-        .max_body_bytes =
-            static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_body_bytes))),
-        .max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams)};
-  }
+  o.http = HttpFrontOptionsFromFlags();  // the coordinator's --http_port and friends
   if (o.runtime.model_dir.empty()) {
     std::fprintf(stderr, "duet serve --colocated: need --model DIR\n");
     return 2;

@@ -95,15 +95,11 @@ absl::Status CoordinatorServer::Impl::Init() {
                                                   &port_));
   timer_ = std::thread([this] { TimerLoop(); });
   InstallNodeGauges();
-  if (options_.http_port >= 0) {
-    http::HttpFrontOptions ho{.host = options_.http_host,
-                              .port = options_.http_port,
-                              .api_key = options_.api_key,
-                              .max_body_bytes = options_.max_body_bytes,
-                              .max_concurrent_streams = options_.max_concurrent_streams,
-                              .model_name = http::ModelNameFromPath(options_.model_dir),
-                              .context_length = model_config_.max_position_embeddings,
-                              .vocab_size = model_config_.vocab_size};
+  if (options_.http) {
+    http::HttpFrontOptions ho = *options_.http;
+    ho.model_name = http::ModelNameFromPath(options_.model_dir);
+    ho.context_length = model_config_.max_position_embeddings;
+    ho.vocab_size = model_config_.vocab_size;
     DUET_ASSIGN_OR_RETURN(http_, http::HttpFront::Start(ho, this, tokenizer_.get(),
                                                         &metrics_.registry));
   }
