@@ -12,21 +12,19 @@
 #include "absl/flags/flag.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
+#include "cli/node_flags.h"
 #include "common/base/logging.h"
 #include "coordinator/coordinator_server.h"
 #include "decode_node/decode_node.h"
 #include "prefill_node/prefill_node.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
-ABSL_DECLARE_FLAG(std::string, device);
-ABSL_DECLARE_FLAG(int, threads);
-ABSL_DECLARE_FLAG(int, block_size);
-ABSL_DECLARE_FLAG(std::string, ucx_net_devices);  // transfer/transport_flags.cc
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve gRPC on (port 0: any free)");
 ABSL_FLAG(std::string, coordinator, "", "coordinator address (host:port), for nodes");
 ABSL_FLAG(std::string, node_id, "", "node id, stable across restarts (default: kind-0)");
-ABSL_FLAG(std::string, transport, "shm", "KV transport between nodes: shm or tcp (UCX)");
+ABSL_FLAG(std::string, transport, "shm",
+          "KV transport between nodes: shm, tcp or shm-mm (UCX profiles)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 256ll << 20, "bytes of the node's KV pool");
 ABSL_FLAG(int64_t, max_batch_tokens, 2048, "prefill: token budget of one forward pass");
 ABSL_FLAG(bool, no_layer_pipelining, false,
@@ -40,13 +38,18 @@ ABSL_FLAG(std::string, address_file, "",
           "write this process's bound address here once it serves (for launchers)");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "coordinator: silence that declares a node dead");
 ABSL_FLAG(int, http_port, -1,
-          "coordinator: port of the OpenAI-compatible HTTP API and /metrics (-1: off, 0: any)");
-ABSL_FLAG(std::string, http_host, "127.0.0.1", "coordinator: address the HTTP API binds");
+          "coordinator/serve --colocated: port of the OpenAI-compatible HTTP API and /metrics "
+          "(-1: off, 0: any)");
+ABSL_FLAG(std::string, http_host, "127.0.0.1",
+          "coordinator/serve --colocated: address the HTTP API binds");
 ABSL_FLAG(std::string, api_key, "",
-          "coordinator: require 'Authorization: Bearer KEY' on the HTTP API's /v1/ routes");
-ABSL_FLAG(int64_t, max_body_bytes, 1 << 20, "coordinator: largest HTTP request body accepted");
+          "coordinator/serve --colocated: require 'Authorization: Bearer KEY' on the HTTP API's "
+          "/v1/ routes");
+ABSL_FLAG(int64_t, max_body_bytes, 1 << 20,
+          "coordinator/serve --colocated: largest HTTP request body accepted");
 ABSL_FLAG(int, max_concurrent_streams, 64,
-          "coordinator: HTTP generation requests in flight; more get 429 with Retry-After");
+          "coordinator/serve --colocated: HTTP generation requests in flight; more get 429 with "
+          "Retry-After");
 ABSL_FLAG(int, metrics_port, 0,
           "prefill/decode/serve --colocated: serve GET /metrics on this port (0: off, -1: any "
           "free port)");
@@ -99,9 +102,10 @@ bool NoExtraArgs(const char* cmd, const std::vector<char*>& args) {
   return true;
 }
 
-std::string NodeId(const char* kind) {
-  std::string id = absl::GetFlag(FLAGS_node_id);
-  return id.empty() ? std::string(kind) + "-0" : id;
+// The inproc transport connects nodes inside one process only (tests).
+absl::Status InprocRefused() {
+  return absl::InvalidArgumentError(
+      "--transport=inproc connects nodes inside one process only; use shm, tcp or shm-mm");
 }
 
 }  // namespace
@@ -113,18 +117,13 @@ int RunCoordinator(const std::vector<char*>& args) {
   opt.listen_address = absl::GetFlag(FLAGS_listen);
   opt.model_dir = absl::GetFlag(FLAGS_model);
   opt.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
-  opt.http_port = absl::GetFlag(FLAGS_http_port);
-  opt.http_host = absl::GetFlag(FLAGS_http_host);
-  opt.api_key = absl::GetFlag(FLAGS_api_key);
-  opt.max_body_bytes =
-      static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_body_bytes)));
-  opt.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  opt.http = HttpFrontOptionsFromFlags();
   auto server = coordinator::CoordinatorServer::Start(opt);
   if (!server.ok()) return Fail("coordinator", server.status());
   std::printf("coordinator serving on %s\n", (*server)->address().c_str());
   std::string http;
   if ((*server)->http_port() > 0) {
-    http = opt.http_host + ":" + std::to_string((*server)->http_port());
+    http = opt.http->host + ":" + std::to_string((*server)->http_port());
     std::printf("coordinator HTTP API on http://%s\n", http.c_str());
   }
   std::fflush(stdout);
@@ -138,28 +137,19 @@ int RunPrefill(const std::vector<char*>& args) {
   if (!NoExtraArgs("prefill", args)) return 2;
   InstallSignalHandlers();
   prefill::PrefillNodeOptions opt;
-  opt.node_id = NodeId("prefill");
-  opt.listen_address = absl::GetFlag(FLAGS_listen);
-  opt.coordinator_address = absl::GetFlag(FLAGS_coordinator);
-  opt.model_dir = absl::GetFlag(FLAGS_model);
-  opt.transport = absl::GetFlag(FLAGS_transport);
-  opt.block_size = absl::GetFlag(FLAGS_block_size);
-  opt.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
-  opt.device = absl::GetFlag(FLAGS_device);
-  opt.threads = absl::GetFlag(FLAGS_threads);
+  opt.runtime = NodeRuntimeOptionsFromFlags("prefill");
+  opt.transfer = NodeTransferOptionsFromFlags();
+  if (opt.transfer.transport == "inproc") return Fail("prefill", InprocRefused());
   opt.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   opt.no_layer_pipelining = absl::GetFlag(FLAGS_no_layer_pipelining);
-  opt.kv_staging = absl::GetFlag(FLAGS_kv_staging);
-  opt.ucx_net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
-  opt.metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  opt.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   auto node = prefill::PrefillNode::Start(opt);
   if (!node.ok()) return Fail("prefill", node.status());
-  std::printf("prefill node %s serving on %s\n", opt.node_id.c_str(), (*node)->address().c_str());
+  std::printf("prefill node %s serving on %s\n", opt.runtime.node_id.c_str(),
+              (*node)->address().c_str());
   std::string metrics;
   if ((*node)->metrics_port() > 0) {
-    metrics = opt.metrics_host + ":" + std::to_string((*node)->metrics_port());
-    std::printf("prefill node %s metrics on http://%s/metrics\n", opt.node_id.c_str(),
+    metrics = opt.runtime.metrics_host + ":" + std::to_string((*node)->metrics_port());
+    std::printf("prefill node %s metrics on http://%s/metrics\n", opt.runtime.node_id.c_str(),
                 metrics.c_str());
   }
   std::fflush(stdout);
@@ -173,27 +163,18 @@ int RunDecode(const std::vector<char*>& args) {
   if (!NoExtraArgs("decode", args)) return 2;
   InstallSignalHandlers();
   decode::DecodeNodeOptions opt;
-  opt.node_id = NodeId("decode");
-  opt.listen_address = absl::GetFlag(FLAGS_listen);
-  opt.coordinator_address = absl::GetFlag(FLAGS_coordinator);
-  opt.model_dir = absl::GetFlag(FLAGS_model);
-  opt.transport = absl::GetFlag(FLAGS_transport);
-  opt.block_size = absl::GetFlag(FLAGS_block_size);
-  opt.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
-  opt.device = absl::GetFlag(FLAGS_device);
-  opt.threads = absl::GetFlag(FLAGS_threads);
+  opt.runtime = NodeRuntimeOptionsFromFlags("decode");
+  opt.transfer = NodeTransferOptionsFromFlags();
+  if (opt.transfer.transport == "inproc") return Fail("decode", InprocRefused());
   opt.max_running = absl::GetFlag(FLAGS_max_running);
-  opt.kv_staging = absl::GetFlag(FLAGS_kv_staging);
-  opt.ucx_net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
-  opt.metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  opt.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   auto node = decode::DecodeNode::Start(opt);
   if (!node.ok()) return Fail("decode", node.status());
-  std::printf("decode node %s serving on %s\n", opt.node_id.c_str(), (*node)->address().c_str());
+  std::printf("decode node %s serving on %s\n", opt.runtime.node_id.c_str(),
+              (*node)->address().c_str());
   std::string metrics;
   if ((*node)->metrics_port() > 0) {
-    metrics = opt.metrics_host + ":" + std::to_string((*node)->metrics_port());
-    std::printf("decode node %s metrics on http://%s/metrics\n", opt.node_id.c_str(),
+    metrics = opt.runtime.metrics_host + ":" + std::to_string((*node)->metrics_port());
+    std::printf("decode node %s metrics on http://%s/metrics\n", opt.runtime.node_id.c_str(),
                 metrics.c_str());
   }
   std::fflush(stdout);

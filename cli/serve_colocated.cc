@@ -1,7 +1,8 @@
 // `duet serve --colocated`: the same engine in ONE process doing prefill and decode with
 // continuous batching, behind the same client API as a cluster's coordinator (the baseline of
-// the disaggregation benchmark). Prints "ready <client address> (...)" like `serve --loopback`
-// (after "metrics colocated-0 URL" with --node_metrics or --metrics_port) and serves until
+// the disaggregation benchmark), and with --http_port the same OpenAI-compatible HTTP API.
+// Prints "ready <client address> (...)" like `serve --loopback` (after "metrics colocated-0 URL"
+// with --node_metrics or --metrics_port, and "http URL" with --http_port) and serves until
 // SIGINT/SIGTERM.
 #include <signal.h>
 #include <unistd.h>
@@ -16,20 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
-#include "decode_node/colocated/colocated_server.h"
+#include "cli/node_flags.h"
+#include "colocated/colocated_server.h"
 
-ABSL_DECLARE_FLAG(std::string, model);
-ABSL_DECLARE_FLAG(std::string, device);
-ABSL_DECLARE_FLAG(int, threads);
-ABSL_DECLARE_FLAG(std::string, cpu_gemm);
-ABSL_DECLARE_FLAG(int, block_size);
-ABSL_DECLARE_FLAG(int64_t, kv_cache_bytes);
 ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
 ABSL_DECLARE_FLAG(int, max_running);
 ABSL_DECLARE_FLAG(int, port);
 ABSL_DECLARE_FLAG(bool, node_metrics);
-ABSL_DECLARE_FLAG(int, metrics_port);
-ABSL_DECLARE_FLAG(std::string, metrics_host);
 
 ABSL_FLAG(bool, colocated, false,
           "serve: prefill and decode in this one process (continuous batching under "
@@ -51,19 +45,14 @@ int RunServeColocated(const std::vector<char*>& args) {
     return 2;
   }
   colocated::ColocatedServerOptions o;
-  o.listen_address = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_port));
-  o.model_dir = absl::GetFlag(FLAGS_model);
-  o.device = absl::GetFlag(FLAGS_device);
-  o.threads = absl::GetFlag(FLAGS_threads);
-  o.cpu_gemm = absl::GetFlag(FLAGS_cpu_gemm);
-  o.block_size = absl::GetFlag(FLAGS_block_size);
-  o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  o.runtime = NodeRuntimeOptionsFromFlags("colocated");
+  o.runtime.listen_address = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_port));
+  // --node_metrics: a free port, as `serve --loopback` gives each node; else --metrics_port.
+  if (absl::GetFlag(FLAGS_node_metrics)) o.runtime.metrics_port = -1;
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   o.max_running = absl::GetFlag(FLAGS_max_running);
-  // --node_metrics: a free port, as `serve --loopback` gives each node; else --metrics_port.
-  o.metrics_port = absl::GetFlag(FLAGS_node_metrics) ? -1 : absl::GetFlag(FLAGS_metrics_port);
-  o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
-  if (o.model_dir.empty()) {
+  o.http = HttpFrontOptionsFromFlags();  // the coordinator's --http_port and friends
+  if (o.runtime.model_dir.empty()) {
     std::fprintf(stderr, "duet serve --colocated: need --model DIR\n");
     return 2;
   }
@@ -82,8 +71,11 @@ int RunServeColocated(const std::vector<char*>& args) {
   }
   std::printf("node colocated-0 pid %d\n", static_cast<int>(getpid()));
   if ((*server)->metrics_port() > 0) {
-    std::printf("metrics colocated-0 http://%s:%d/metrics\n", o.metrics_host.c_str(),
+    std::printf("metrics colocated-0 http://%s:%d/metrics\n", o.runtime.metrics_host.c_str(),
                 (*server)->metrics_port());
+  }
+  if ((*server)->http_port() > 0) {
+    std::printf("http http://%s:%d\n", o.http->host.c_str(), (*server)->http_port());
   }
   std::printf("ready %s (colocated: %lld KV blocks, max_batch_tokens %lld, max_running %d)\n",
               (*server)->address().c_str(), static_cast<long long>((*server)->num_blocks()),

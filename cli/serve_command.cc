@@ -1,6 +1,7 @@
 // `duet serve --loopback`: starts a coordinator, N prefill and M decode nodes as child processes
-// on 127.0.0.1, waits until every node is registered, prints "ready <client address>", and stops
-// them all on SIGINT/SIGTERM. Children die with the launcher (PR_SET_PDEATHSIG), so no orphans.
+// on 127.0.0.1 (every node with the same runtime and transfer flags, cli/node_flags.h), waits
+// until every node is registered, prints "ready <client address>", and stops them all on
+// SIGINT/SIGTERM. Children die with the launcher (PR_SET_PDEATHSIG), so no orphans.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -21,22 +22,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
+#include "cli/node_flags.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "proto/channel.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
-ABSL_DECLARE_FLAG(std::string, device);
-ABSL_DECLARE_FLAG(int, threads);
-ABSL_DECLARE_FLAG(int, block_size);
 ABSL_DECLARE_FLAG(std::string, transport);
-ABSL_DECLARE_FLAG(int64_t, kv_cache_bytes);
 ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
 ABSL_DECLARE_FLAG(bool, no_layer_pipelining);
-ABSL_DECLARE_FLAG(std::string, kv_staging);
 ABSL_DECLARE_FLAG(int, max_running);
 ABSL_DECLARE_FLAG(int64_t, heartbeat_timeout_ms);
 ABSL_DECLARE_FLAG(int, http_port);
+ABSL_DECLARE_FLAG(std::string, http_host);
 ABSL_DECLARE_FLAG(std::string, api_key);
+ABSL_DECLARE_FLAG(int64_t, max_body_bytes);
+ABSL_DECLARE_FLAG(int, max_concurrent_streams);
 
 ABSL_FLAG(bool, loopback, false, "serve: run every process on this machine, on 127.0.0.1");
 ABSL_FLAG(int, prefill, 1, "serve: number of prefill nodes");
@@ -183,25 +183,21 @@ int RunServe(const std::vector<char*>& args) {
   }
   const std::filesystem::path run_dir = run_dir_template;
   std::vector<Child> children;
-  auto common = [&](std::vector<std::string> a) {
-    a.push_back("--model=" + model);
-    a.push_back("--device=" + absl::GetFlag(FLAGS_device));
-    a.push_back(absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)));
-    a.push_back(absl::StrCat("--block_size=", absl::GetFlag(FLAGS_block_size)));
-    return a;
-  };
   // Coordinator first: its address is what the nodes need.
   const std::string coord_file = (run_dir / "coordinator.addr").string();
   children.push_back(
       {"coordinator",
-       Spawn(common({"duet", "coordinator",
-                     absl::StrCat("--listen=127.0.0.1:", absl::GetFlag(FLAGS_port)),
-                     "--address_file=" + coord_file,
-                     absl::StrCat("--heartbeat_timeout_ms=",
-                                  absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
-                     absl::StrCat("--http_port=", absl::GetFlag(FLAGS_http_port)),
-                     "--api_key=" + absl::GetFlag(FLAGS_api_key)}),
-             (run_dir / "coordinator.log").string())});
+       Spawn({"duet", "coordinator", "--model=" + model,
+             absl::StrCat("--listen=127.0.0.1:", absl::GetFlag(FLAGS_port)),
+             "--address_file=" + coord_file,
+             absl::StrCat("--heartbeat_timeout_ms=", absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+             absl::StrCat("--http_port=", absl::GetFlag(FLAGS_http_port)),
+             "--http_host=" + absl::GetFlag(FLAGS_http_host),
+             "--api_key=" + absl::GetFlag(FLAGS_api_key),
+             absl::StrCat("--max_body_bytes=", absl::GetFlag(FLAGS_max_body_bytes)),
+             absl::StrCat("--max_concurrent_streams=",
+                          absl::GetFlag(FLAGS_max_concurrent_streams))},
+            (run_dir / "coordinator.log").string())});
   std::string coord_addr;
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
   while (coord_addr.empty() && absl::Now() < deadline && !g_serve_stop.load()) {
@@ -226,12 +222,12 @@ int RunServe(const std::vector<char*>& args) {
     const bool is_prefill = i < num_prefill;
     const std::string name =
         is_prefill ? absl::StrCat("prefill-", i) : absl::StrCat("decode-", i - num_prefill);
-    std::vector<std::string> a = common({"duet", is_prefill ? "prefill" : "decode",
-                                         "--listen=127.0.0.1:0", "--coordinator=" + coord_addr,
-                                         "--node_id=" + name, "--transport=" + transport,
-                                         absl::StrCat("--kv_cache_bytes=",
-                                                      absl::GetFlag(FLAGS_kv_cache_bytes)),
-                                         "--kv_staging=" + absl::GetFlag(FLAGS_kv_staging)});
+    // Every node gets the same runtime and transfer flags (compute, pool, staging): the
+    // coordinator refuses a node whose layout or compute differs from the others'.
+    std::vector<std::string> a = {"duet", is_prefill ? "prefill" : "decode",
+                                  "--listen=127.0.0.1:0", "--coordinator=" + coord_addr,
+                                  "--node_id=" + name};
+    for (std::string& f : NodeFlagsForChild()) a.push_back(std::move(f));
     if (absl::GetFlag(FLAGS_node_metrics)) {
       a.push_back("--metrics_port=-1");
       a.push_back("--address_file=" + (run_dir / (name + ".addr")).string());

@@ -21,7 +21,7 @@
 #include "coordinator/cache_directory.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_server.h"
-#include "coordinator/http/http_front.h"
+#include "http/http_front.h"
 #include "coordinator/node_registry.h"
 #include "coordinator/request_tracker.h"
 #include "coordinator/router.h"
@@ -110,7 +110,7 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   CoordinatorMetrics metrics_;
-  std::unique_ptr<http::HttpFront> http_;  // when options_.http_port >= 0
+  std::unique_ptr<http::HttpFront> http_;  // when options_.http is set
 
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_request_{1};

@@ -7,7 +7,7 @@
 #include "common/base/status.h"
 #include "common/model/gguf_model.h"
 #include "coordinator/coordinator_impl.h"
-#include "coordinator/node_load_convert.h"
+#include "cluster/node_load_convert.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
 #include "proto/status_util.h"
@@ -95,18 +95,11 @@ absl::Status CoordinatorServer::Impl::Init() {
                                                   &port_));
   timer_ = std::thread([this] { TimerLoop(); });
   InstallNodeGauges();
-  if (options_.http_port >= 0) {
-    std::string name = options_.model_dir;
-    while (!name.empty() && name.back() == '/') name.pop_back();
-    name = name.substr(name.rfind('/') + 1);
-    http::HttpFrontOptions ho{.host = options_.http_host,
-                              .port = options_.http_port,
-                              .api_key = options_.api_key,
-                              .max_body_bytes = options_.max_body_bytes,
-                              .max_concurrent_streams = options_.max_concurrent_streams,
-                              .model_name = name,
-                              .context_length = model_config_.max_position_embeddings,
-                              .vocab_size = model_config_.vocab_size};
+  if (options_.http) {
+    http::HttpFrontOptions ho = *options_.http;
+    ho.model_name = http::ModelNameFromPath(options_.model_dir);
+    ho.context_length = model_config_.max_position_embeddings;
+    ho.vocab_size = model_config_.vocab_size;
     DUET_ASSIGN_OR_RETURN(http_, http::HttpFront::Start(ho, this, tokenizer_.get(),
                                                         &metrics_.registry));
   }
@@ -193,8 +186,13 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
   reg.capacity = NodeCapacity{.total_blocks = req.capacity().total_blocks(),
                               .max_running_requests = req.capacity().max_running_requests(),
                               .max_batch_tokens = req.capacity().max_batch_tokens()};
-  reg.load = LoadFromProto(req.load());
+  reg.load = cluster::LoadFromProto(req.load());
+  reg.compute = cluster::ComputeFromProto(req.compute());
   if (reg.address.empty()) return absl::InvalidArgumentError("register: node address is empty");
+  if (reg.compute.backend.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register: node ", reg.node.node_id, " sent no compute (backend, cpu_gemm)"));
+  }
   if (reg.kind == NodeKind::kPrefill && reg.transfer_address.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("register: prefill node ", reg.node.node_id, " sent no transfer address"));
@@ -217,7 +215,7 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
 absl::Status CoordinatorServer::Impl::Heartbeat(const v1::HeartbeatRequest& req) {
   metrics_.heartbeats.WithLabels({req.node().node_id()}).Increment();
   return registry_.Heartbeat(NodeIncarnation{req.node().node_id(), req.node().epoch()},
-                             LoadFromProto(req.load()), absl::Now());
+                             cluster::LoadFromProto(req.load()), absl::Now());
 }
 
 absl::Status CoordinatorServer::Impl::Deregister(const v1::DeregisterRequest& req) {
@@ -301,7 +299,9 @@ v1::HealthResponse CoordinatorServer::Impl::Health() {
       s->set_epoch(n.node.epoch);
       s->set_kind(kind == NodeKind::kPrefill ? v1::NODE_KIND_PREFILL : v1::NODE_KIND_DECODE);
       s->set_address(n.address);
-      *s->mutable_load() = LoadToProto(n.load);
+      *s->mutable_load() = cluster::LoadToProto(n.load);
+      *s->mutable_compute() = cluster::ComputeToProto(n.compute);
+      s->set_block_size(n.layout.block_size);
       if (kind == NodeKind::kPrefill) {
         h.set_prefill_nodes(h.prefill_nodes() + 1);
       } else {

@@ -8,16 +8,18 @@
 //
 //   DUET_ASSIGN_OR_RETURN(auto coord, CoordinatorServer::Start({.model_dir = "models/tiny"}));
 //   std::string addr = coord->address();   // "127.0.0.1:PORT" for nodes and clients
-//   int http = coord->http_port();         // with options.http_port >= 0: the OpenAI API
+//   int http = coord->http_port();         // with options.http set: the OpenAI API
 //   coord->Shutdown();
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/request_tracker.h"
+#include "http/http_front.h"
 
 namespace duet::coordinator {
 
@@ -29,13 +31,9 @@ struct CoordinatorOptions {
   TrackerOptions tracker;
   std::string decode_policy = "least_loaded";
   std::string prefill_policy = "least_queued";
-  // The OpenAI-compatible HTTP API and /metrics (coordinator/http/http_front.h); -1: off,
-  // 0: any free port.
-  int http_port = -1;
-  std::string http_host = "127.0.0.1";
-  std::string api_key;  // non-empty: the HTTP API requires "Authorization: Bearer <key>"
-  size_t max_body_bytes = 1 << 20;
-  int max_concurrent_streams = 64;
+  // The OpenAI-compatible HTTP API and /metrics (http/http_front.h); nullopt: off. Its model
+  // name, context length and vocabulary are the model's.
+  std::optional<http::HttpFrontOptions> http;
 };
 
 class CoordinatorServer {

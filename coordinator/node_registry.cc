@@ -32,6 +32,13 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
         *cluster_layout_, registration.layout, cluster_layout_source_,
         absl::StrCat(NodeKindName(registration.kind), " node ", node.ToString())));
   }
+  if (cluster_compute_ && cluster_compute_->Numerics() != registration.compute.Numerics()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        NodeKindName(registration.kind), " node ", node.ToString(), " computes with ",
+        registration.compute.Numerics(), " but the ", cluster_compute_source_, " computes with ",
+        cluster_compute_->Numerics(),
+        ": nodes on different backends or GEMMs are not token-exact with each other"));
+  }
 
   RegisterOutcome outcome;
   auto it = nodes_.find(node.node_id);
@@ -50,6 +57,11 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
     cluster_layout_ = registration.layout;
     cluster_layout_source_ = absl::StrCat("cluster (first registered by ", node.ToString(), ")");
   }
+  if (!cluster_compute_) {
+    cluster_compute_ = registration.compute;
+    cluster_compute_source_ =
+        absl::StrCat("cluster (first registered by ", node.ToString(), ")");
+  }
 
   NodeInfo info;
   info.node = node;
@@ -57,6 +69,7 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
   info.address = registration.address;
   info.transfer_address = registration.transfer_address;
   info.layout = registration.layout;
+  info.compute = registration.compute;
   info.capacity = registration.capacity;
   info.load = registration.load;
   info.registered_at = now;

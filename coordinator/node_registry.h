@@ -17,6 +17,9 @@
 // - Every node must serve the cluster's KV layout: Options::cluster_layout, or else the layout of
 //   the first node that registered (it stays the cluster's even when that node leaves). A
 //   different layout is refused with a message naming both sides.
+// - Likewise every node must compute as the first one registered (NodeCompute::Numerics: the
+//   backend and the CPU GEMM), since nodes that do not compute the same bits are not token-exact
+//   with each other; a different one is refused with a message naming both sides.
 // - A node whose last heartbeat (or registration) is older than heartbeat_timeout is dead from
 //   the next ExpireDead; its heartbeats are then refused (NOT_FOUND) until it re-registers with a
 //   newer epoch.
@@ -43,6 +46,7 @@ struct NodeRegistration {
   std::string address;  // host:port of the node's gRPC service
   std::string transfer_address;  // the node's transport address blob (prefill: D connects to it)
   kv::KvLayout layout;
+  NodeCompute compute;
   NodeCapacity capacity;
   NodeLoad load;  // initial load
 };
@@ -53,6 +57,7 @@ struct NodeInfo {
   std::string address;
   std::string transfer_address;
   kv::KvLayout layout;
+  NodeCompute compute;
   NodeCapacity capacity;
   NodeLoad load;
   absl::Time registered_at;
@@ -120,6 +125,8 @@ class NodeRegistry {
   absl::btree_map<NodeId, NodeInfo> nodes_ ABSL_GUARDED_BY(mu_);
   std::optional<kv::KvLayout> cluster_layout_ ABSL_GUARDED_BY(mu_);
   std::string cluster_layout_source_ ABSL_GUARDED_BY(mu_);
+  std::optional<NodeCompute> cluster_compute_ ABSL_GUARDED_BY(mu_);
+  std::string cluster_compute_source_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace duet::coordinator

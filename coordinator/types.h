@@ -1,5 +1,6 @@
 // Vocabulary of the coordinator's pure logic: node and request ids, node incarnations (id +
-// epoch), node kinds, capacity and load. No gRPC here: the service layer converts from proto.
+// epoch), node kinds and capacity; the load a node reports is cluster/types.h's, shared with the
+// nodes. No gRPC here: the service layer converts from proto.
 //
 //   NodeIncarnation d{"decode-0", 3};
 //   std::string s = d.ToString();  // "decode-0@3"
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/types.h"
 
 namespace duet::coordinator {
 
@@ -45,14 +47,8 @@ struct NodeCapacity {
   int64_t max_batch_tokens = 0;      // prefill token budget per pass; 0 = no limit
 };
 
-// Reported with every heartbeat; between heartbeats the coordinator adjusts it optimistically.
-struct NodeLoad {
-  int64_t free_blocks = 0;
-  int64_t total_blocks = 0;
-  int64_t queued_tokens = 0;
-  int32_t running_requests = 0;
-
-  bool operator==(const NodeLoad&) const = default;
-};
+// Reported with every heartbeat, and how a node computes (cluster/types.h: the nodes fill them).
+using cluster::NodeCompute;
+using cluster::NodeLoad;
 
 }  // namespace duet::coordinator

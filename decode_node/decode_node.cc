@@ -1,71 +1,50 @@
 #include "decode_node/decode_node.h"
 
-#include <algorithm>
-
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/types.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/kv_memory.h"
-#include "coordinator/node_load_convert.h"
 #include "proto/channel.h"
-#include "proto/kv_layout_convert.h"
-#include "transfer/ucx/ucx_transport.h"
 
 namespace duet::decode {
 namespace {
 
-v1::NodeLoad ToProto(const SchedulerLoad& load) {
-  return coordinator::LoadToProto({.free_blocks = load.free_blocks,
-                                   .total_blocks = load.total_blocks,
-                                   .queued_tokens = load.queued_tokens,
-                                   .running_requests = load.running_requests});
+cluster::NodeLoad ToNodeLoad(const SchedulerLoad& load) {
+  return {.free_blocks = load.free_blocks,
+          .total_blocks = load.total_blocks,
+          .queued_tokens = load.queued_tokens,
+          .running_requests = load.running_requests};
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DecodeNode>> DecodeNode::Start(const DecodeNodeOptions& options) {
   std::unique_ptr<DecodeNode> node(new DecodeNode(options));
-  DUET_RETURN_IF_ERROR(Annotate(node->Init(), absl::StrCat("starting ", options.node_id)));
+  DUET_RETURN_IF_ERROR(
+      Annotate(node->Init(), absl::StrCat("starting ", options.runtime.node_id)));
   return node;
 }
 
 absl::Status DecodeNode::Init() {
   const DecodeNodeOptions& o = options_;
-  if (o.model_dir.empty()) return absl::InvalidArgumentError("no model directory given");
-  if (o.block_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("block size must be >= 1, got ", o.block_size));
-  }
-  // The model as `duet generate` loads it (its own KV pool is one block: ours is below).
-  DUET_ASSIGN_OR_RETURN(engine_, model::LocalEngine::Load(o.model_dir, {.device = o.device,
-                                                                        .num_threads = o.threads,
-                                                                        .cpu_gemm = o.cpu_gemm,
-                                                                        .block_size = o.block_size,
-                                                                        .kv_cache_bytes = 1}));
-  const kv::KvLayout layout = engine_->runner().MakeKvLayout(o.block_size);
-  DUET_RETURN_IF_ERROR(layout.Validate());
-  const int64_t num_blocks = o.kv_cache_bytes / static_cast<int64_t>(layout.RegionBytes(1));
-  if (num_blocks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a KV cache of ", o.kv_cache_bytes, " bytes holds no block (one block of ", o.block_size,
-        " tokens over ", layout.num_layers, " layers takes ", layout.RegionBytes(1), " bytes)"));
-  }
+  const cluster::NodeRuntimeOptions& ro = o.runtime;
+  DUET_ASSIGN_OR_RETURN(runtime_, cluster::NodeRuntime::Load(
+                                      ro, {.role = "decode node", .needs_tokenizer = true}));
+  model::LocalEngine& engine = runtime_->engine();
+  const kv::KvLayout& layout = runtime_->layout();
+  const int64_t num_blocks = runtime_->num_blocks();
+  const size_t region_bytes = runtime_->region_bytes();
+  metrics_ = std::make_unique<DecodeMetrics>(&runtime_->metrics_registry());
 
   // Transport, and the pool inside the region it exports.
-  DUET_ASSIGN_OR_RETURN(transfer::UcxProfile profile, transfer::UcxProfileByName(o.transport));
-  DUET_ASSIGN_OR_RETURN(transport_,
-                        transfer::CreateTransport("ucx", {.name = o.node_id,
-                                                          .layout = layout,
-                                                          .tls = profile.tls,
-                                                          .net_devices = o.ucx_net_devices.empty()
-                                                                             ? profile.net_devices
-                                                                             : o.ucx_net_devices}));
-  const size_t region_bytes = layout.RegionBytes(num_blocks);
-  compute::ComputeBackend& backend = engine_->backend();
-  DUET_ASSIGN_OR_RETURN(const bool staging,
-                        compute::ResolveKvStaging(o.kv_staging, backend.kv_memory_is_host()));
+  DUET_ASSIGN_OR_RETURN(transport_, cluster::CreateNodeTransport(o.transfer, ro.node_id, layout));
+  compute::ComputeBackend& backend = runtime_->backend();
+  DUET_ASSIGN_OR_RETURN(const bool staging, compute::ResolveKvStaging(o.transfer.kv_staging,
+                                                                      backend.kv_memory_is_host()));
   // The region the transport exports: UCX-allocated shared memory where it can (the shm lane's
   // single memcpy), else our own host memory. Without staging it is the pool itself (host
   // memory the backend reads); with staging it is the pool's host mirror, copied into the pool
@@ -96,68 +75,42 @@ absl::Status DecodeNode::Init() {
                         kv::BlockPool::CreateOver(layout, num_blocks, pool_base, region_bytes));
   DUET_ASSIGN_OR_RETURN(transfer_address_, transport_->LocalAddress());
 
-  if (!engine_->has_tokenizer()) {
-    return absl::FailedPreconditionError(o.model_dir +
-                                         ": the decode node needs the model's tokenizer files");
-  }
   DUET_ASSIGN_OR_RETURN(scheduler_,
-                        DecodeScheduler::Create({.name = o.node_id,
+                        DecodeScheduler::Create({.name = ro.node_id,
                                                  .max_running = o.max_running,
-                                                 .eos_ids = engine_->tokenizer().eos_ids(),
+                                                 .eos_ids = engine.tokenizer().eos_ids(),
                                                  .host_mirror = mirror_view},
-                                                &engine_->runner(), pool_.get(), transport_.get()));
+                                                &engine.runner(), pool_.get(), transport_.get()));
   service_ = std::make_unique<DecodeService>(
       scheduler_.get(),
-      DecodeServiceIdentity{.node_id = o.node_id,
-                            .epoch = [this] { return epoch_.load(); },
+      DecodeServiceIdentity{.node_id = ro.node_id,
+                            .epoch = [this] { return epoch(); },
                             .transfer_address = transfer_address_,
-                            .metrics = &metrics_},
-      &engine_->tokenizer());
-  DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(o.listen_address, {service_.get()}, &port_));
-  {
-    kv::BlockPool* pool = pool_.get();
-    DecodeScheduler* sched = scheduler_.get();
-    metrics_.AddNodeGauges([pool] { return pool->Stats(); }, [sched] { return sched->Load(); });
-  }
-  if (o.metrics_port != 0) {
-    DUET_ASSIGN_OR_RETURN(metrics_exporter_,
-                          metrics::MetricsExporter::Start(&metrics_registry_, o.metrics_host,
-                                                          std::max(0, o.metrics_port)));
-  }
-  DUET_LOG(INFO) << o.node_id << ": serving on " << address() << ", " << num_blocks
-                 << " KV blocks of " << o.block_size << " tokens (" << region_bytes
-                 << " bytes) over ucx/" << o.transport
-                 << (staging ? ", KV staged through a host mirror" : "");
-
-  if (o.coordinator_address.empty()) return absl::OkStatus();
-  v1::RegisterRequest reg;
-  reg.mutable_node()->set_node_id(o.node_id);
-  reg.set_kind(v1::NODE_KIND_DECODE);
-  reg.set_address(address());
-  *reg.mutable_layout() = rpc::ToProto(layout);
-  reg.mutable_capacity()->set_total_blocks(num_blocks);
-  reg.mutable_capacity()->set_max_running_requests(o.max_running);
-  *reg.mutable_load() = ToProto(scheduler_->Load());
-  reg.set_transfer_address(transfer_address_);
+                            .metrics = metrics_.get()},
+      &engine.tokenizer());
+  DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(ro.listen_address, {service_.get()}, &port_));
+  kv::BlockPool* pool = pool_.get();
   DecodeScheduler* scheduler = scheduler_.get();
-  DUET_ASSIGN_OR_RETURN(member_, coordinator::MembershipClient::Start(
-                                     {.coordinator_address = o.coordinator_address,
-                                      .registration = reg,
-                                      .load = [scheduler] { return ToProto(scheduler->Load()); },
-                                      .register_timeout = o.register_timeout,
-                                      .on_reregistered =
-                                          [this, scheduler](uint64_t new_epoch) {
-                                            // The coordinator dropped the old incarnation and all
-                                            // it owned.
-                                            epoch_.store(new_epoch);
-                                            scheduler->CancelAll();
-                                          }}));
-  epoch_.store(member_->epoch());
-  return absl::OkStatus();
+  metrics_->AddNodeGauges([pool] { return pool->Stats(); },
+                          [scheduler] { return scheduler->Load(); });
+  DUET_RETURN_IF_ERROR(runtime_->StartMetricsExporter());
+  DUET_LOG(INFO) << ro.node_id << ": decode node on " << address() << " over "
+                 << o.transfer.transport << ", max_running " << o.max_running
+                 << (staging ? ", KV staged through a host mirror" : "");
+  return runtime_->Join({.kind = v1::NODE_KIND_DECODE,
+                         .address = address(),
+                         .transfer_address = transfer_address_,
+                         .max_running_requests = o.max_running,
+                         .load = [scheduler] { return ToNodeLoad(scheduler->Load()); },
+                         .on_reregistered =
+                             [scheduler](uint64_t) {
+                               // The coordinator dropped the old incarnation and all it owned.
+                               scheduler->CancelAll();
+                             }});
 }
 
 std::string DecodeNode::address() const {
-  return rpc::AdvertisedAddress(options_.listen_address, port_);
+  return rpc::AdvertisedAddress(options_.runtime.listen_address, port_);
 }
 
 kv::BlockPoolStats DecodeNode::PoolStats() const {
@@ -172,8 +125,7 @@ void DecodeNode::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
-  if (metrics_exporter_) metrics_exporter_->Stop();  // its gauges read the pool and scheduler
-  member_.reset();  // deregisters: the coordinator stops routing here
+  if (runtime_) runtime_->Leave();  // deregisters (no more routing here), stops /metrics
   if (service_ != nullptr) service_->Shutdown();
   if (scheduler_ != nullptr) scheduler_->Shutdown();  // every stream gets its final event
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(DeadlineIn(absl::Seconds(2))));
@@ -186,7 +138,8 @@ void DecodeNode::Shutdown() {
   host_mirror_.reset();
   pool_memory_.reset();
   transport_.reset();
-  engine_.reset();
+  metrics_.reset();
+  runtime_.reset();
 }
 
 DecodeNode::~DecodeNode() { Shutdown(); }

@@ -1,18 +1,18 @@
-// DecodeNode: one decode process's parts, wired: the model (LocalEngine's loader: config,
-// weights, tokenizer, compute backend), a UCX transport whose exported region holds the paged
-// KV pool (UCX-allocated, so shm writes from prefill nodes are single memcpys), the
-// continuous-batching DecodeScheduler, the duet.v1.DecodeNode gRPC service, and membership in
-// the cluster (register + heartbeat with the pool's load). `duet decode` is a thin CLI over it.
+// DecodeNode: one decode process's parts, wired. Over the shared node runtime
+// (cluster/node_runtime.h: model, tokenizer, compute backend, pool size, /metrics, membership)
+// it builds a transport (cluster/node_transport.h) whose exported region holds the paged KV pool
+// (UCX-allocated, so shm writes from prefill nodes are single memcpys), the continuous-batching
+// DecodeScheduler and the duet.v1.DecodeNode gRPC service, and joins the cluster (register +
+// heartbeat with the pool's load). `duet decode` is a thin CLI over it.
 //
-//   DUET_ASSIGN_OR_RETURN(auto node, DecodeNode::Start({.node_id = "decode-0",
-//       .coordinator_address = "127.0.0.1:5000", .model_dir = "models/tiny",
-//       .transport = "shm"}));
+//   DUET_ASSIGN_OR_RETURN(auto node, DecodeNode::Start({.runtime = {.node_id = "decode-0",
+//       .coordinator_address = "127.0.0.1:5000", .model_dir = "models/tiny"},
+//       .transfer = {.transport = "shm"}}));
 //   std::cout << "decode node on " << node->address() << "\n";
 //   ...   // until told to stop
 //   node->Shutdown();
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,11 +21,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cluster/node_runtime.h"
+#include "cluster/node_transport.h"
 #include "common/kv/block_pool.h"
-#include "common/metrics/http_exporter.h"
-#include "common/metrics/metrics.h"
-#include "common/model/local_engine.h"
-#include "coordinator/membership_client.h"
 #include "decode_node/decode_metrics.h"
 #include "decode_node/decode_scheduler.h"
 #include "decode_node/decode_service.h"
@@ -35,25 +33,9 @@
 namespace duet::decode {
 
 struct DecodeNodeOptions {
-  std::string node_id = "decode-0";
-  std::string listen_address = "127.0.0.1:0";  // gRPC; port 0 picks a free one
-  std::string coordinator_address;             // empty: do not register (standalone)
-  std::string model_dir;
-  std::string transport = "shm";  // UCX profile: "shm", "tcp" (pinned to lo), "shm-mm"
-  int block_size = 16;            // tokens per KV block
-  int64_t kv_cache_bytes = 256 << 20;
-  std::string device = "auto";         // auto | cpu | cuda
-  int threads = 0;                     // compute threads (0: all cores)
-  int max_running = 64;                // running + pending admission
-  std::string cpu_gemm = "invariant";  // must match the prefill nodes' for token-exact output
-  // auto: KV lands in a host mirror and is copied into the pool at admission iff the backend's
-  // KV memory is not host memory (cuda); always: stage anyway (tests the path on cpu); never:
-  // refuse a device pool.
-  std::string kv_staging = "auto";
-  absl::Duration register_timeout = absl::Seconds(60);
-  std::string ucx_net_devices;  // overrides the profile's (tcp pins lo; across hosts: eth0)
-  int metrics_port = 0;  // GET /metrics: 0 off, -1 any free port
-  std::string metrics_host = "127.0.0.1";
+  cluster::NodeRuntimeOptions runtime{.node_id = "decode-0"};  // model, compute, pool, /metrics
+  cluster::NodeTransferOptions transfer;
+  int max_running = 64;  // running + pending admission
 };
 
 class DecodeNode {
@@ -75,18 +57,17 @@ class DecodeNode {
   SchedulerLoad Load() const;
   const kv::KvLayout& layout() const { return pool_->layout(); }
   const std::string& transfer_address() const { return transfer_address_; }
-  uint64_t epoch() const { return epoch_.load(); }  // 0 when not registered
-  int metrics_port() const { return metrics_exporter_ ? metrics_exporter_->port() : -1; }
+  uint64_t epoch() const { return runtime_ ? runtime_->epoch() : 0; }  // 0 when not registered
+  int metrics_port() const { return runtime_ ? runtime_->metrics_port() : -1; }
 
  private:
   explicit DecodeNode(const DecodeNodeOptions& options) : options_(options) {}
   absl::Status Init();
 
   const DecodeNodeOptions options_;
-  metrics::Registry metrics_registry_;
-  DecodeMetrics metrics_{&metrics_registry_};
   // Declared in creation order.
-  std::unique_ptr<model::LocalEngine> engine_;  // model, tokenizer, backend (its pool unused)
+  std::unique_ptr<cluster::NodeRuntime> runtime_;  // model, tokenizer, backend, /metrics, membership
+  std::unique_ptr<DecodeMetrics> metrics_;
   std::unique_ptr<transfer::Transport> transport_;
   std::unique_ptr<compute::KvMemory> pool_memory_;  // backend memory, unless the pool is region_
   std::unique_ptr<compute::KvMemory> host_mirror_;  // staging, when ucx cannot allocate region_
@@ -98,9 +79,6 @@ class DecodeNode {
   std::unique_ptr<DecodeService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  std::unique_ptr<coordinator::MembershipClient> member_;
-  std::atomic<uint64_t> epoch_{0};
-  std::unique_ptr<metrics::MetricsExporter> metrics_exporter_;
 
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

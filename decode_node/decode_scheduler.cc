@@ -14,20 +14,6 @@
 
 namespace duet::decode {
 
-FinishReason FinishReasonFromStop(model::StopReason stop) {
-  switch (stop) {
-    case model::StopReason::kEos:
-      return FinishReason::kEos;
-    case model::StopReason::kStopToken:
-      return FinishReason::kStopToken;
-    case model::StopReason::kMaxTokens:
-      return FinishReason::kMaxTokens;
-    case model::StopReason::kNone:
-      break;
-  }
-  return FinishReason::kNone;
-}
-
 int64_t ExposedTransferTailUs(int64_t forward_done_us, int64_t last_layer_done_us,
                               int64_t ready_us) {
   const int64_t compute_end_us = forward_done_us > 0 ? forward_done_us : last_layer_done_us;
@@ -48,24 +34,6 @@ uint64_t RandomTransferBase() {
 int64_t NowUnixMicros() { return absl::ToUnixMicros(absl::Now()); }
 
 }  // namespace
-
-const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "none";
-    case FinishReason::kEos:
-      return "eos";
-    case FinishReason::kMaxTokens:
-      return "max_tokens";
-    case FinishReason::kStopToken:
-      return "stop_token";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "?";
-}
 
 // ---- DecodeScheduler: construction, Reserve, Release, Subscribe
 

@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "cluster/finish_reason.h"
 #include "common/base/event_stream.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
@@ -48,10 +49,10 @@
 
 namespace duet::decode {
 
-enum class FinishReason { kNone, kEos, kMaxTokens, kStopToken, kCancelled, kError };
-const char* FinishReasonName(FinishReason r);
-// How a request that the sampler's stop rules ended (model::CheckStop) finishes.
-FinishReason FinishReasonFromStop(model::StopReason stop);
+// How a request's stream ended (cluster/finish_reason.h, shared with the colocated server).
+using cluster::FinishReason;
+using cluster::FinishReasonFromStop;
+using cluster::FinishReasonName;
 // The exposed transfer tail: how long after P's forward pass ended (the first token sampled)
 // the last of a request's KV and its final notice landed here (`ready_us`). Senders that do not
 // report `forward_done_us` (0) are measured from their last layer's K/V write. 0 when neither

@@ -48,24 +48,6 @@ std::string ValidUtf8(const std::string& s) {
 
 }  // namespace
 
-v1::FinishReason ToProto(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kNone:
-      return v1::FINISH_REASON_UNSPECIFIED;
-    case FinishReason::kEos:
-      return v1::FINISH_REASON_EOS;
-    case FinishReason::kMaxTokens:
-      return v1::FINISH_REASON_MAX_TOKENS;
-    case FinishReason::kStopToken:
-      return v1::FINISH_REASON_STOP_TOKEN;
-    case FinishReason::kCancelled:
-      return v1::FINISH_REASON_CANCELLED;
-    case FinishReason::kError:
-      return v1::FINISH_REASON_ERROR;
-  }
-  return v1::FINISH_REASON_ERROR;
-}
-
 v1::TokenEvent ToProto(const std::string& request_id, const DecodeEvent& event,
                        const model::Tokenizer* tokenizer) {
   v1::TokenEvent te;

@@ -36,7 +36,7 @@ struct DecodeServiceIdentity {
 // Converts one scheduler event to its wire form.
 v1::TokenEvent ToProto(const std::string& request_id, const DecodeEvent& event,
                        const model::Tokenizer* tokenizer);
-v1::FinishReason ToProto(FinishReason reason);
+using cluster::ToProto;  // FinishReason's wire form (cluster/finish_reason.h)
 
 class DecodeService final : public v1::DecodeNode::Service {
  public:

@@ -348,5 +348,49 @@ TEST_F(ClusterFailureTest, MismatchedLayoutIsRefusedAtRegistration) {
   EXPECT_EQ(Health(*stub).decode_nodes(), 1);
 }
 
+class ClusterComputeTest : public ClusterTest {};
+
+// Every node of `serve --loopback` gets the launcher's runtime flags: each registers (and the
+// coordinator's Health reports) the cpu_gemm, threads and block size given to `serve`.
+TEST_F(ClusterComputeTest, SharedFlagsReachEveryNode) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 2, 2,
+                                              {"--cpu_gemm=openblas", "--threads=2",
+                                               "--block_size=8"}));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  const v1::HealthResponse h = Health(*stub);
+  ASSERT_EQ(h.nodes_size(), 4) << h.DebugString();
+  for (const v1::NodeStatus& n : h.nodes()) {
+    EXPECT_EQ(n.compute().backend(), "cpu") << n.DebugString();
+    EXPECT_EQ(n.compute().cpu_gemm(), "openblas") << n.DebugString();
+    EXPECT_EQ(n.compute().threads(), 2) << n.DebugString();
+    EXPECT_EQ(n.block_size(), 8) << n.DebugString();
+  }
+  v1::SamplingParams s;
+  s.set_max_tokens(4);
+  s.set_ignore_eos(true);
+  const Result r = Generate(*stub, Prompt(20, 1), s);
+  EXPECT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.ids.size(), 4u);
+}
+
+// Token-exactness needs the same GEMM on prefill and decode: a prefill node on another GEMM is
+// refused at registration, and the message names both sides.
+TEST_F(ClusterComputeTest, MismatchedCpuGemmIsRefusedAtRegistration) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 1, 1));
+  ASSERT_TRUE(cluster.ready());
+  ChildProcess prefill(
+      {DUET_BIN, "prefill", "--coordinator=" + cluster.address(), "--model=" + model_dir_,
+       "--node_id=prefill-odd", "--cpu_gemm=openblas", "--threads=1", "--kv_cache_bytes=8388608"},
+      {.merge_stderr = true});
+  const std::string out = prefill.ReadAll(absl::Now() + absl::Seconds(60));
+  EXPECT_GT(prefill.Wait(absl::Seconds(10)), 0) << out;
+  EXPECT_NE(out.find("prefill node prefill-odd"), std::string::npos) << out;
+  EXPECT_NE(out.find("cpu, gemm openblas"), std::string::npos) << out;
+  EXPECT_NE(out.find("cpu, gemm invariant"), std::string::npos) << out;
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  EXPECT_EQ(Health(*stub).prefill_nodes(), 1);
+}
+
 }  // namespace
 }  // namespace duet

@@ -7,6 +7,7 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -18,12 +19,15 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"
 #include "duet/v1/client.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "proto/channel.h"
+#include "tests/integration/http_exchange.h"
 #include "tests/integration/serve_process.h"
 
 #ifndef DUET_BIN
@@ -407,6 +411,67 @@ TEST_F(ColocatedServeTest, CancelMidStreamFreesEveryBlock) {
     ASSERT_TRUE(stub->Cancel(&ctx, creq, &cresp).ok());
   }
   EXPECT_FALSE(cresp.found());
+}
+
+// The OpenAI-compatible HTTP API over the colocated server (the coordinator's front, with the
+// colocated server as its backend): a greedy /v1/completions answers the tokens of the gRPC
+// Generate (same count, logprob and text per token), and /v1/models and /health answer.
+TEST_F(ColocatedServeTest, OpenAiCompletionsEqualGrpcGenerate) {
+  std::vector<std::string> flags = ColocatedFlags();
+  flags.push_back("--http_port=0");
+  ServeProcess colocated(DUET_BIN, flags);
+  ASSERT_TRUE(colocated.ready());
+  ASSERT_TRUE(absl::StartsWith(colocated.http_url(), "http://127.0.0.1:")) << colocated.http_url();
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(colocated.http_url().substr(17), &port)) << colocated.http_url();
+  const std::vector<int32_t> prompt = Prompt(24, 5);
+
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+  v1::SamplingParams s;
+  s.set_max_tokens(10);
+  s.set_ignore_eos(true);
+  v1::GenerateRequest req = Request(prompt, s);
+  req.set_return_text(true);
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(ctx, absl::Seconds(60));
+  auto reader = stub->Generate(&ctx, req);
+  std::vector<float> logprobs;
+  std::vector<std::string> pieces;
+  for (v1::GenerateResponse r; reader->Read(&r);) {
+    if (!r.has_token()) continue;
+    logprobs.push_back(r.logprob());
+    pieces.push_back(r.text());
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(logprobs.size(), 10u);
+
+  const nlohmann::json body = {{"prompt", prompt},    {"max_tokens", 10}, {"temperature", 0},
+                               {"ignore_eos", true}, {"logprobs", 0}};
+  const testing::Reply r = testing::Exchange(port, "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.head << "\n" << r.body;
+  const nlohmann::json j = nlohmann::json::parse(r.body);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 10) << r.body;
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 24) << r.body;
+  // Per token: the same logprob, and the same text (where it is ASCII: the front repairs a
+  // piece that ends inside a UTF-8 character, as JSON must).
+  const nlohmann::json& logprobs_json = j["choices"][0]["logprobs"];
+  const nlohmann::json& lps = logprobs_json["token_logprobs"];
+  const nlohmann::json& tokens = logprobs_json["tokens"];
+  ASSERT_EQ(lps.size(), logprobs.size()) << r.body;
+  ASSERT_EQ(tokens.size(), pieces.size()) << r.body;
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    EXPECT_NEAR(lps[i].get<double>(), logprobs[i], 1e-6) << "token " << i;
+    if (std::all_of(pieces[i].begin(), pieces[i].end(),
+                    [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
+      EXPECT_EQ(tokens[i].get<std::string>(), pieces[i]) << "token " << i;
+    }
+  }
+  const testing::Reply models = testing::Exchange(port, "GET", "/v1/models", "");
+  EXPECT_EQ(models.status, 200) << models.body;
+  EXPECT_NE(models.body.find(fs::path(model_dir_).filename().string()), std::string::npos)
+      << models.body;
+  EXPECT_EQ(testing::Exchange(port, "GET", "/health", "").status, 200);
+  EXPECT_TRUE(EverythingFree(*stub));
 }
 
 }  // namespace

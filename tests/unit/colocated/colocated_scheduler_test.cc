@@ -1,7 +1,7 @@
 // ColocatedScheduler: token-exact against LocalEngine::Generate, steps that mix decodes and
 // prefill chunks under the token budget (decodes first), cancel in every phase frees the
 // blocks, a full pool makes admission wait (or refuses cleanly), deadlines, bad input.
-#include "decode_node/colocated/colocated_scheduler.h"
+#include "colocated/colocated_scheduler.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -19,12 +19,13 @@ kv::KvLayout Layout(int head_dim = 16) {
 }
 
 NodeRegistration Reg(const std::string& id, uint64_t epoch, NodeKind kind = NodeKind::kDecode,
-                     kv::KvLayout layout = Layout()) {
+                     kv::KvLayout layout = Layout(), const std::string& cpu_gemm = "invariant") {
   NodeRegistration r;
   r.node = {id, epoch};
   r.kind = kind;
   r.address = "127.0.0.1:" + std::to_string(5000 + epoch);
   r.layout = layout;
+  r.compute = {.backend = "cpu", .cpu_gemm = cpu_gemm, .threads = 1};
   r.capacity = {.total_blocks = 100, .max_running_requests = 8};
   r.load = {.free_blocks = 100, .total_blocks = 100};
   return r;
@@ -214,6 +215,25 @@ TEST(NodeRegistryTest, DeregisterRemovesOnlyTheCurrentIncarnation) {
   EXPECT_FALSE(reg.Find("d0").has_value());
   // The cluster layout stays, so a node with another layout is still refused.
   EXPECT_FALSE(reg.Register(Reg("d1", 1, NodeKind::kDecode, Layout(32)), kT0).ok());
+}
+
+// Token-exactness needs every node on the same GEMM: a prefill node on openblas is refused by a
+// cluster of invariant nodes, naming both sides; threads may differ.
+TEST(NodeRegistryTest, ComputeDifferentFromTheClusterIsRefusedNamingBoth) {
+  NodeRegistry reg({});
+  ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
+  auto out = reg.Register(Reg("p0", 1, NodeKind::kPrefill, Layout(), "openblas"), kT0);
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+  const std::string msg(out.status().message());
+  EXPECT_TRUE(Contains(msg, "prefill node p0@1 computes with cpu, gemm openblas")) << msg;
+  EXPECT_TRUE(Contains(msg, "first registered by d0@1")) << msg;
+  EXPECT_TRUE(Contains(msg, "cpu, gemm invariant")) << msg;
+  EXPECT_FALSE(reg.Find("p0").has_value());
+  NodeRegistration other_threads = Reg("p1", 1, NodeKind::kPrefill);
+  other_threads.compute.threads = 8;
+  auto ok = reg.Register(other_threads, kT0);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->info.compute, other_threads.compute);
 }
 
 }  // namespace

@@ -21,13 +21,13 @@ class DecodeNodeUcxTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(DecodeNodeUcxTest, TokensEqualLocalEngine) {
   testing::PrefillSide p;
   ASSERT_TRUE(p.Init("ucx", /*block_size=*/4, GetParam()).ok());
-  auto node = DecodeNode::Start({.node_id = "decode-0",
-                                 .model_dir = testing::TinyModelDir(),
-                                 .transport = GetParam(),
-                                 .block_size = 4,
-                                 .kv_cache_bytes = 256 << 10,
-                                 .device = "cpu",
-                                 .threads = 1});
+  auto node = DecodeNode::Start({.runtime = {.node_id = "decode-0",
+                                             .model_dir = testing::TinyModelDir(),
+                                             .device = "cpu",
+                                             .threads = 1,
+                                             .block_size = 4,
+                                             .kv_cache_bytes = 256 << 10},
+                                 .transfer = {.transport = GetParam()}});
   ASSERT_TRUE(node.ok()) << node.status();
   EXPECT_GT((*node)->port(), 0);
   EXPECT_EQ((*node)->PoolStats().total,
@@ -94,15 +94,20 @@ TEST_P(DecodeNodeUcxTest, TokensEqualLocalEngine) {
 INSTANTIATE_TEST_SUITE_P(Profiles, DecodeNodeUcxTest, ::testing::Values("shm", "tcp"));
 
 TEST(DecodeNodeStart, BadOptionsFailClearly) {
-  auto node = DecodeNode::Start({.model_dir = ""});
+  auto node = DecodeNode::Start({.runtime = {.node_id = "decode-0", .model_dir = ""}});
   EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument);
-  node = DecodeNode::Start({.model_dir = testing::TinyModelDir(),
-                            .transport = "carrier-pigeon",
-                            .device = "cpu",
-                            .threads = 1});
+  node = DecodeNode::Start({.runtime = {.node_id = "decode-0",
+                                        .model_dir = testing::TinyModelDir(),
+                                        .device = "cpu",
+                                        .threads = 1},
+                            .transfer = {.transport = "carrier-pigeon"}});
   EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument) << node.status();
-  node = DecodeNode::Start(
-      {.model_dir = testing::TinyModelDir(), .kv_cache_bytes = 10, .device = "cpu", .threads = 1});
+  EXPECT_NE(node.status().message().find("carrier-pigeon"), std::string::npos) << node.status();
+  node = DecodeNode::Start({.runtime = {.node_id = "decode-0",
+                                        .model_dir = testing::TinyModelDir(),
+                                        .device = "cpu",
+                                        .threads = 1,
+                                        .kv_cache_bytes = 10}});
   EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument) << node.status();
 }
 

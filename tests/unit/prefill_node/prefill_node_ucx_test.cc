@@ -28,12 +28,12 @@ class PrefillNodeUcxTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(PrefillNodeUcxTest, StreamsExactKvAndAnswersTheFirstToken) {
-  auto node = PrefillNode::Start({.node_id = "prefill-u",
-                                  .model_dir = testing::TinyModelDir(),
-                                  .transport = GetParam(),
-                                  .kv_cache_bytes = 2 << 20,
-                                  .device = "cpu",
-                                  .threads = 1,
+  auto node = PrefillNode::Start({.runtime = {.node_id = "prefill-u",
+                                              .model_dir = testing::TinyModelDir(),
+                                              .device = "cpu",
+                                              .threads = 1,
+                                              .kv_cache_bytes = 2 << 20},
+                                  .transfer = {.transport = GetParam()},
                                   .max_batch_tokens = 96});
   ASSERT_TRUE(node.ok()) << node.status();
   const kv::KvLayout layout = (*node)->layout();

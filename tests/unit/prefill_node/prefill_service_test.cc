@@ -33,12 +33,12 @@ class PrefillServiceTest : public ::testing::Test {
   static void TearDownTestSuite() { testing::RemoveTinyModel(); }
 
   void SetUp() override {
-    auto node = PrefillNode::Start({.node_id = "prefill-t",
-                                    .model_dir = TinyModelDir(),
-                                    .transport = "inproc",
-                                    .kv_cache_bytes = 4 << 20,
-                                    .device = "cpu",
-                                    .threads = 2,
+    auto node = PrefillNode::Start({.runtime = {.node_id = "prefill-t",
+                                                .model_dir = TinyModelDir(),
+                                                .device = "cpu",
+                                                .threads = 2,
+                                                .kv_cache_bytes = 4 << 20},
+                                    .transfer = {.transport = "inproc"},
                                     .max_batch_tokens = 64});
     ASSERT_TRUE(node.ok()) << node.status();
     node_ = std::move(*node);

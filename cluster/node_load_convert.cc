@@ -1,6 +1,6 @@
-#include "coordinator/node_load_convert.h"
+#include "cluster/node_load_convert.h"
 
-namespace duet::coordinator {
+namespace duet::cluster {
 
 v1::NodeLoad LoadToProto(const NodeLoad& load) {
   v1::NodeLoad p;
@@ -17,4 +17,17 @@ NodeLoad LoadFromProto(const v1::NodeLoad& load) {
                   .running_requests = load.running_requests()};
 }
 
-}  // namespace duet::coordinator
+v1::NodeCompute ComputeToProto(const NodeCompute& compute) {
+  v1::NodeCompute p;
+  p.set_backend(compute.backend);
+  p.set_cpu_gemm(compute.cpu_gemm);
+  p.set_threads(compute.threads);
+  return p;
+}
+
+NodeCompute ComputeFromProto(const v1::NodeCompute& compute) {
+  return NodeCompute{
+      .backend = compute.backend(), .cpu_gemm = compute.cpu_gemm(), .threads = compute.threads()};
+}
+
+}  // namespace duet::cluster

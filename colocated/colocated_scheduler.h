@@ -3,7 +3,7 @@
 // scheduler thread runs continuous batching in the vLLM/SGLang style: each step fills a token
 // budget (max_batch_tokens) with one token for every running decode first, then with chunks of
 // prompts being prefilled (oldest first, a long prompt over several steps), and runs them as ONE
-// ModelRunner::Forward. The kernels are batch-invariant and sampling is decode::'s sampler with
+// ModelRunner::Forward. The kernels are batch-invariant and sampling is model/sampler.h's with
 // the same per-step seeding, so greedy (and seeded) tokens equal LocalEngine::Generate's and the
 // disaggregated cluster's.
 //
@@ -38,16 +38,16 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cluster/finish_reason.h"
 #include "common/base/event_stream.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
 #include "common/model/model_runner.h"
 #include "common/model/sampler.h"
-#include "decode_node/decode_scheduler.h"
 
 namespace duet::colocated {
 
-using decode::FinishReason;
+using cluster::FinishReason;
 
 // One event of a request's stream.
 struct ColocatedEvent {

@@ -1,14 +1,14 @@
-#include "decode_node/colocated/colocated_service.h"
+#include "colocated/colocated_service.h"
 
 #include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/finish_reason.h"
+#include "cluster/node_load_convert.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
-#include "coordinator/node_load_convert.h"
-#include "decode_node/decode_service.h"
 #include "proto/generate_request.h"
 #include "proto/status_util.h"
 
@@ -42,13 +42,27 @@ ColocatedService::ColocatedService(ColocatedScheduler* scheduler, const model::T
 grpc::Status ColocatedService::Generate(grpc::ServerContext* ctx,
                                         const v1::GenerateRequest* request,
                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  absl::Status s = DoGenerate(ctx, *request, writer);
+  absl::Status s = DoGenerate(
+      *request,
+      http::GenerateSink{
+          .write = [writer](const v1::GenerateResponse& r) { return writer->Write(r); },
+          .cancelled = [ctx] { return ctx->IsCancelled(); }},
+      ClientDeadline(*ctx));
   if (identity_.metrics != nullptr) identity_.metrics->RecordRequest(s);
   return rpc::ToGrpcStatus(s);
 }
 
-absl::Status ColocatedService::DoGenerate(grpc::ServerContext* ctx, const v1::GenerateRequest& req,
-                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
+absl::Status ColocatedService::GenerateTo(const v1::GenerateRequest& request,
+                                          const http::GenerateSink& sink) {
+  absl::Status s = DoGenerate(request, sink, absl::InfiniteFuture());
+  // The caller ended it with all it asked for (the HTTP front's stop strings): finished.
+  if (absl::IsCancelled(s) && sink.satisfied && sink.satisfied()) s = absl::OkStatus();
+  if (identity_.metrics != nullptr) identity_.metrics->RecordRequest(s);
+  return s;
+}
+
+absl::Status ColocatedService::DoGenerate(const v1::GenerateRequest& req,
+                                          const http::GenerateSink& sink, absl::Time deadline) {
   if (shutting_down_.load()) {
     return absl::UnavailableError(absl::StrCat(identity_.node_id, " is shutting down"));
   }
@@ -62,7 +76,7 @@ absl::Status ColocatedService::DoGenerate(grpc::ServerContext* ctx, const v1::Ge
                         scheduler_->Submit({.request_id = id,
                                             .prompt = std::move(prompt.ids),
                                             .sampling = std::move(prompt.sampling),
-                                            .deadline = ClientDeadline(*ctx)}));
+                                            .deadline = deadline}));
   const bool text = req.return_text();
   v1::RequestTimings timings;
   absl::Time first_token_at = absl::InfinitePast();
@@ -87,20 +101,20 @@ absl::Status ColocatedService::DoGenerate(grpc::ServerContext* ctx, const v1::Ge
       }
       if (text) r.set_text(piece(ev.token.id));
     }
-    r.set_finish_reason(decode::ToProto(ev.finish));
+    r.set_finish_reason(cluster::ToProto(ev.finish));
     if (ev.finished()) {
       timings.set_decode_us(
           first_token_at == absl::InfinitePast() ? 0 : Micros(absl::Now() - first_token_at));
       *r.mutable_timings() = timings;
       r.set_prompt_tokens(prompt_tokens);
     }
-    return writer->Write(r);
+    return sink.write(r);
   };
 
   while (true) {
     std::vector<ColocatedEvent> events = stream->Pop(DeadlineIn(kStreamPoll));
     if (events.empty()) {
-      if (ctx->IsCancelled()) {
+      if (sink.cancelled && sink.cancelled()) {
         scheduler_->Cancel(id);
         return absl::CancelledError(absl::StrCat("request ", id, " cancelled by the client"));
       }
@@ -144,25 +158,31 @@ grpc::Status ColocatedService::Cancel(grpc::ServerContext* ctx, const v1::Cancel
 
 grpc::Status ColocatedService::Health(grpc::ServerContext* ctx, const v1::HealthRequest* request,
                                       v1::HealthResponse* response) {
+  *response = Health();
+  return grpc::Status::OK;
+}
+
+v1::HealthResponse ColocatedService::Health() {
+  v1::HealthResponse h;
   const ColocatedLoad load = scheduler_->Load();
   // One process plays both roles: it counts as one prefill and one decode node, and lists
   // itself once with its KV pool's load.
   const bool up = !shutting_down_.load();
-  response->set_ready(up);
-  response->set_prefill_nodes(up ? 1 : 0);
-  response->set_decode_nodes(up ? 1 : 0);
-  response->set_running_requests(load.running_requests + load.waiting_requests);
-  response->set_directory_entries(0);
-  v1::NodeStatus* n = response->add_nodes();
+  h.set_ready(up);
+  h.set_prefill_nodes(up ? 1 : 0);
+  h.set_decode_nodes(up ? 1 : 0);
+  h.set_running_requests(load.running_requests + load.waiting_requests);
+  h.set_directory_entries(0);
+  v1::NodeStatus* n = h.add_nodes();
   n->set_node_id(identity_.node_id);
   n->set_epoch(1);
   n->set_kind(v1::NODE_KIND_DECODE);
   if (identity_.address) n->set_address(identity_.address());
-  *n->mutable_load() = coordinator::LoadToProto({.free_blocks = load.free_blocks,
-                                                 .total_blocks = load.total_blocks,
-                                                 .queued_tokens = load.queued_tokens,
-                                                 .running_requests = load.running_requests});
-  return grpc::Status::OK;
+  *n->mutable_load() = cluster::LoadToProto({.free_blocks = load.free_blocks,
+                                             .total_blocks = load.total_blocks,
+                                             .queued_tokens = load.queued_tokens,
+                                             .running_requests = load.running_requests});
+  return h;
 }
 
 }  // namespace duet::colocated

@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "common/kv/block_pool.h"
 #include "common/metrics/metrics.h"
-#include "decode_node/colocated/colocated_scheduler.h"
+#include "colocated/colocated_scheduler.h"
 
 namespace duet::colocated {
 

@@ -1,9 +1,9 @@
 // NodeLoad survives the trip through duet.v1.NodeLoad that every heartbeat makes.
-#include "coordinator/node_load_convert.h"
+#include "cluster/node_load_convert.h"
 
 #include "gtest/gtest.h"
 
-namespace duet::coordinator {
+namespace duet::cluster {
 namespace {
 
 TEST(NodeLoadConvert, RoundTripsEveryField) {
@@ -18,5 +18,16 @@ TEST(NodeLoadConvert, RoundTripsEveryField) {
   EXPECT_EQ(LoadFromProto(v1::NodeLoad()), NodeLoad{});
 }
 
+TEST(NodeComputeConvert, RoundTripsEveryField) {
+  const NodeCompute compute{.backend = "cpu", .cpu_gemm = "openblas", .threads = 4};
+  const v1::NodeCompute p = ComputeToProto(compute);
+  EXPECT_EQ(p.backend(), "cpu");
+  EXPECT_EQ(p.cpu_gemm(), "openblas");
+  EXPECT_EQ(p.threads(), 4);
+  EXPECT_EQ(ComputeFromProto(p), compute);
+  EXPECT_EQ(compute.Numerics(), "cpu, gemm openblas");
+  EXPECT_EQ((NodeCompute{.backend = "cuda"}).Numerics(), "cuda");
+}
+
 }  // namespace
-}  // namespace duet::coordinator
+}  // namespace duet::cluster

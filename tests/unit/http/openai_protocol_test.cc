@@ -1,8 +1,8 @@
-#include "coordinator/http/openai_protocol.h"
+#include "http/openai_protocol.h"
 
 #include <gtest/gtest.h>
 
-namespace duet::coordinator::http {
+namespace duet::http {
 namespace {
 
 using nlohmann::json;
@@ -263,4 +263,4 @@ TEST(OpenAiResponseTest, DumpReplacesInvalidUtf8) {
 }
 
 }  // namespace
-}  // namespace duet::coordinator::http
+}  // namespace duet::http

@@ -1,4 +1,4 @@
-#include "coordinator/http/openai_protocol.h"
+#include "http/openai_protocol.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace duet::coordinator::http {
+namespace duet::http {
 namespace {
 
 using nlohmann::json;
@@ -508,4 +508,4 @@ std::string Dump(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-}  // namespace duet::coordinator::http
+}  // namespace duet::http

@@ -1,4 +1,4 @@
-#include "coordinator/http/http_front.h"
+#include "http/http_front.h"
 
 #include <httplib.h>
 
@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
-#include "coordinator/http/openai_protocol.h"
+#include "http/openai_protocol.h"
 
-namespace duet::coordinator::http {
+namespace duet::http {
 namespace {
 
 using nlohmann::json;
@@ -477,4 +477,9 @@ void HttpFront::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-}  // namespace duet::coordinator::http
+std::string ModelNameFromPath(std::string model_path) {
+  while (!model_path.empty() && model_path.back() == '/') model_path.pop_back();
+  return model_path.substr(model_path.rfind('/') + 1);
+}
+
+}  // namespace duet::http

@@ -1,9 +1,10 @@
-// HttpFront: the coordinator's OpenAI-compatible HTTP API (cpp-httplib).
+// HttpFront: the OpenAI-compatible HTTP API (cpp-httplib) of every process that serves clients:
+// the coordinator and the colocated server.
 //   POST /v1/completions, POST /v1/chat/completions (stream: true -> server-sent events),
-//   GET /v1/models, GET /health (200 only when a prefill and a decode node are registered),
-//   GET /metrics (Prometheus text from the coordinator's registry).
-// It runs each request in-process through a GenerationBackend (the coordinator's own request
-// path), maps failures to OpenAI-shaped errors (429/503 with Retry-After when there is no
+//   GET /v1/models, GET /health (200 only when the backend can prefill and decode),
+//   GET /metrics (Prometheus text from the server's registry).
+// It runs each request in-process through a GenerationBackend (the coordinator's request path,
+// or the colocated server's), maps failures to OpenAI-shaped errors (429/503 with Retry-After when there is no
 // capacity), and cancels a request whose client disconnects mid-stream.
 //
 //   HttpFrontOptions o{.host = "127.0.0.1", .port = 8000, .model_name = "smollm2"};
@@ -28,7 +29,7 @@ namespace httplib {
 class Server;
 }
 
-namespace duet::coordinator::http {
+namespace duet::http {
 
 // Where one request's responses go.
 struct GenerateSink {
@@ -40,7 +41,7 @@ struct GenerateSink {
   std::function<bool()> satisfied;
 };
 
-// The request path the front drives (the coordinator implements it).
+// The request path the front drives (the coordinator and the colocated server implement it).
 class GenerationBackend {
  public:
   virtual ~GenerationBackend() = default;
@@ -61,6 +62,10 @@ struct HttpFrontOptions {
   // ids are checked against it. 0: the tokenizer's size.
   int32_t vocab_size = 0;
 };
+
+// The name /v1/models reports for a model at `model_path`: its last path component
+// ("models/smollm2/" -> "smollm2").
+std::string ModelNameFromPath(std::string model_path);
 
 class HttpFront {
  public:
@@ -87,4 +92,4 @@ class HttpFront {
   int port_ = 0;
 };
 
-}  // namespace duet::coordinator::http
+}  // namespace duet::http

@@ -1,4 +1,4 @@
-#include "decode_node/colocated/colocated_metrics.h"
+#include "colocated/colocated_metrics.h"
 
 #include <utility>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "decode_node/colocated/colocated_scheduler.h"
+#include "colocated/colocated_scheduler.h"
 
 #include <algorithm>
 #include <utility>
@@ -383,7 +383,7 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
       stop = model::StopReason::kMaxTokens;  // the context is full
     }
     if (stop != model::StopReason::kNone) {
-      ev.finish = decode::FinishReasonFromStop(stop);
+      ev.finish = cluster::FinishReasonFromStop(stop);
       Finish(r, std::move(ev));
       continue;
     }

@@ -1,4 +1,4 @@
-#include "coordinator/membership_client.h"
+#include "cluster/membership_client.h"
 
 #include <algorithm>
 #include <utility>
@@ -9,7 +9,7 @@
 #include "proto/channel.h"
 #include "proto/status_util.h"
 
-namespace duet::coordinator {
+namespace duet::cluster {
 namespace {
 
 // Epochs grow across restarts of the same node id: wall-clock nanoseconds, bumped past the last.
@@ -108,4 +108,4 @@ MembershipClient::~MembershipClient() {
   (void)stub_->Deregister(&ctx, req, &resp);
 }
 
-}  // namespace duet::coordinator
+}  // namespace duet::cluster

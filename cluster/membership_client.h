@@ -23,7 +23,7 @@
 #include "absl/time/time.h"
 #include "duet/v1/membership.grpc.pb.h"
 
-namespace duet::coordinator {
+namespace duet::cluster {
 
 struct MembershipClientOptions {
   std::string coordinator_address;
@@ -57,4 +57,4 @@ class MembershipClient {
   std::thread thread_;
 };
 
-}  // namespace duet::coordinator
+}  // namespace duet::cluster

@@ -1,4 +1,4 @@
-// The OpenAI-compatible wire format of the coordinator's HTTP front, without any server:
+// The OpenAI-compatible wire format of the HTTP front (http_front.h), without any server:
 // request JSON -> ParsedRequest (types, ranges, n == 1), the context/max_tokens checks once the
 // prompt is tokenized, streamed text assembly (UTF-8 boundaries and `stop` strings), and the
 // JSON of responses, chunks and errors. Chat messages become prompt text in
@@ -25,7 +25,7 @@
 #include "duet/v1/common.pb.h"
 #include "nlohmann/json.hpp"
 
-namespace duet::coordinator::http {
+namespace duet::http {
 
 enum class Endpoint { kCompletions, kChat };
 
@@ -137,4 +137,4 @@ nlohmann::json ResponseJson(Endpoint endpoint, const std::string& id, int64_t cr
 // Serialises JSON for the wire; invalid UTF-8 becomes U+FFFD instead of throwing.
 std::string Dump(const nlohmann::json& j);
 
-}  // namespace duet::coordinator::http
+}  // namespace duet::http

@@ -1,0 +1,78 @@
+#include "cli/node_flags.h"
+
+#include <algorithm>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_DECLARE_FLAG(std::string, model);            // generate_command.cc
+ABSL_DECLARE_FLAG(std::string, device);           // generate_command.cc
+ABSL_DECLARE_FLAG(int, threads);                  // generate_command.cc
+ABSL_DECLARE_FLAG(std::string, cpu_gemm);         // generate_command.cc
+ABSL_DECLARE_FLAG(int, block_size);               // generate_command.cc
+ABSL_DECLARE_FLAG(std::string, ucx_net_devices);  // transfer/transport_flags.cc
+ABSL_DECLARE_FLAG(std::string, listen);           // node_commands.cc, as are the rest
+ABSL_DECLARE_FLAG(std::string, coordinator);
+ABSL_DECLARE_FLAG(std::string, node_id);
+ABSL_DECLARE_FLAG(std::string, transport);
+ABSL_DECLARE_FLAG(int64_t, kv_cache_bytes);
+ABSL_DECLARE_FLAG(std::string, kv_staging);
+ABSL_DECLARE_FLAG(int, metrics_port);
+ABSL_DECLARE_FLAG(std::string, metrics_host);
+ABSL_DECLARE_FLAG(int, http_port);
+ABSL_DECLARE_FLAG(std::string, http_host);
+ABSL_DECLARE_FLAG(std::string, api_key);
+ABSL_DECLARE_FLAG(int64_t, max_body_bytes);
+ABSL_DECLARE_FLAG(int, max_concurrent_streams);
+
+namespace duet::cli {
+
+cluster::NodeRuntimeOptions NodeRuntimeOptionsFromFlags(const std::string& kind) {
+  cluster::NodeRuntimeOptions o;
+  const std::string id = absl::GetFlag(FLAGS_node_id);
+  o.node_id = id.empty() ? kind + "-0" : id;
+  o.listen_address = absl::GetFlag(FLAGS_listen);
+  o.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  o.model_dir = absl::GetFlag(FLAGS_model);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.cpu_gemm = absl::GetFlag(FLAGS_cpu_gemm);
+  o.block_size = absl::GetFlag(FLAGS_block_size);
+  o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  return o;
+}
+
+cluster::NodeTransferOptions NodeTransferOptionsFromFlags() {
+  return {.transport = absl::GetFlag(FLAGS_transport),
+          .ucx_net_devices = absl::GetFlag(FLAGS_ucx_net_devices),
+          .kv_staging = absl::GetFlag(FLAGS_kv_staging)};
+}
+
+std::vector<std::string> NodeFlagsForChild() {
+  return {"--model=" + absl::GetFlag(FLAGS_model),
+          "--device=" + absl::GetFlag(FLAGS_device),
+          absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
+          "--cpu_gemm=" + absl::GetFlag(FLAGS_cpu_gemm),
+          absl::StrCat("--block_size=", absl::GetFlag(FLAGS_block_size)),
+          absl::StrCat("--kv_cache_bytes=", absl::GetFlag(FLAGS_kv_cache_bytes)),
+          "--metrics_host=" + absl::GetFlag(FLAGS_metrics_host),
+          "--transport=" + absl::GetFlag(FLAGS_transport),
+          "--ucx_net_devices=" + absl::GetFlag(FLAGS_ucx_net_devices),
+          "--kv_staging=" + absl::GetFlag(FLAGS_kv_staging)};
+}
+
+std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags() {
+  if (absl::GetFlag(FLAGS_http_port) < 0) return std::nullopt;
+  return http::HttpFrontOptions{
+      .host = absl::GetFlag(FLAGS_http_host),
+      .port = absl::GetFlag(FLAGS_http_port),
+      .api_key = absl::GetFlag(FLAGS_api_key),
+      .max_body_bytes =
+          static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_body_bytes))),
+      .max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams)};
+}
+
+}  // namespace duet::cli

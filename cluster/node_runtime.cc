@@ -1,0 +1,137 @@
+#include "cluster/node_runtime.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cluster/node_load_convert.h"
+#include "common/base/logging.h"
+#include "common/base/status.h"
+#include "proto/kv_layout_convert.h"
+
+namespace duet::cluster {
+
+absl::StatusOr<int64_t> PoolBlocks(int64_t kv_cache_bytes, const kv::KvLayout& layout) {
+  const int64_t block_bytes = static_cast<int64_t>(layout.RegionBytes(1));
+  const int64_t n = kv_cache_bytes / block_bytes;
+  if (n < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a KV cache of ", kv_cache_bytes, " bytes (kv_cache_bytes) holds no block: one block of ",
+        layout.block_size, " tokens over ", layout.num_layers, " layers takes ", block_bytes,
+        " bytes"));
+  }
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Load(const NodeRuntimeOptions& options,
+                                                               const NodeRuntimeRole& role) {
+  std::unique_ptr<NodeRuntime> rt(new NodeRuntime(options));
+  DUET_RETURN_IF_ERROR(rt->Init(role));
+  return rt;
+}
+
+absl::Status NodeRuntime::Init(const NodeRuntimeRole& role) {
+  const NodeRuntimeOptions& o = options_;
+  if (o.node_id.empty()) return absl::InvalidArgumentError("no node id given");
+  if (o.model_dir.empty()) return absl::InvalidArgumentError("no model directory given");
+  if (o.block_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("block size must be >= 1, got ", o.block_size));
+  }
+  // The model as `duet generate` loads it; its own pool is one block (the node sizes its own).
+  DUET_ASSIGN_OR_RETURN(engine_, model::LocalEngine::Load(o.model_dir, {.device = o.device,
+                                                                        .num_threads = o.threads,
+                                                                        .cpu_gemm = o.cpu_gemm,
+                                                                        .block_size = o.block_size,
+                                                                        .kv_cache_bytes = 1}));
+  if (role.needs_tokenizer && !engine_->has_tokenizer()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(o.model_dir, ": the ", role.role, " needs the model's tokenizer files"));
+  }
+  layout_ = engine_->runner().MakeKvLayout(o.block_size);
+  DUET_RETURN_IF_ERROR(layout_.Validate());
+  DUET_ASSIGN_OR_RETURN(num_blocks_, PoolBlocks(o.kv_cache_bytes, layout_));
+  region_bytes_ = layout_.RegionBytes(num_blocks_);
+  const std::string backend_name = engine_->backend().name();
+  const std::string gemm = o.cpu_gemm.empty() ? "invariant" : o.cpu_gemm;
+  if (backend_name != "cpu" && gemm != "invariant") {
+    return absl::InvalidArgumentError(absl::StrCat("cpu_gemm '", o.cpu_gemm,
+                                                   "' applies to the cpu backend only; this ",
+                                                   role.role, " computes on ", backend_name));
+  }
+  compute_ = NodeCompute{.backend = backend_name,
+                         .cpu_gemm = backend_name == "cpu" ? gemm : "",
+                         .threads = o.threads};
+  // What the node computes with, for dashboards and for checking a cluster's nodes agree.
+  metrics_registry_.AddGaugeCallback(
+      "duet_node_info", "How this node computes (value 1)",
+      {"node", "role", "backend", "cpu_gemm", "threads", "block_size"},
+      [id = o.node_id, r = std::string(role.role), c = compute_, bs = o.block_size] {
+        return std::vector<metrics::Sample>{
+            {{id, r, c.backend, c.cpu_gemm, absl::StrCat(c.threads), absl::StrCat(bs)}, 1.0}};
+      });
+  DUET_LOG(INFO) << o.node_id << ": " << role.role << " computes with " << compute_.Numerics()
+                 << ", " << o.threads << " threads; " << layout_.Describe() << ", " << num_blocks_
+                 << " KV blocks (" << region_bytes_ << " bytes)";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<kv::BlockPool*> NodeRuntime::CreatePool() {
+  if (pool_ != nullptr) return absl::FailedPreconditionError("the node's pool exists already");
+  DUET_ASSIGN_OR_RETURN(pool_memory_, backend().AllocateKvMemory(region_bytes_));
+  DUET_ASSIGN_OR_RETURN(pool_, kv::BlockPool::CreateOver(layout_, num_blocks_,
+                                                         pool_memory_->data(),
+                                                         pool_memory_->bytes()));
+  return pool_.get();
+}
+
+absl::Status NodeRuntime::StartMetricsExporter() {
+  if (options_.metrics_port == 0 || metrics_exporter_ != nullptr) return absl::OkStatus();
+  DUET_ASSIGN_OR_RETURN(metrics_exporter_,
+                        metrics::MetricsExporter::Start(&metrics_registry_, options_.metrics_host,
+                                                        std::max(0, options_.metrics_port)));
+  return absl::OkStatus();
+}
+
+absl::Status NodeRuntime::Join(JoinArgs args) {
+  if (options_.coordinator_address.empty()) return absl::OkStatus();
+  v1::RegisterRequest reg;
+  reg.mutable_node()->set_node_id(options_.node_id);
+  reg.set_kind(args.kind);
+  reg.set_address(args.address);
+  *reg.mutable_layout() = rpc::ToProto(layout_);
+  reg.mutable_capacity()->set_total_blocks(num_blocks_);
+  reg.mutable_capacity()->set_max_running_requests(args.max_running_requests);
+  reg.mutable_capacity()->set_max_batch_tokens(args.max_batch_tokens);
+  reg.set_transfer_address(args.transfer_address);
+  *reg.mutable_compute() = ComputeToProto(compute_);
+  std::function<v1::NodeLoad()> load;
+  if (args.load) load = [f = args.load] { return LoadToProto(f()); };
+  DUET_ASSIGN_OR_RETURN(
+      member_, MembershipClient::Start({.coordinator_address = options_.coordinator_address,
+                                        .registration = std::move(reg),
+                                        .load = std::move(load),
+                                        .register_timeout = options_.register_timeout,
+                                        .on_reregistered =
+                                            [this, f = std::move(args.on_reregistered)](
+                                                uint64_t new_epoch) {
+                                              epoch_.store(new_epoch);
+                                              if (f) f(new_epoch);
+                                            }}));
+  epoch_.store(member_->epoch());
+  return absl::OkStatus();
+}
+
+void NodeRuntime::Leave() {
+  if (metrics_exporter_) metrics_exporter_->Stop();  // its gauges read the node's parts
+  member_.reset();  // deregisters: the coordinator stops routing here
+}
+
+NodeRuntime::~NodeRuntime() {
+  Leave();
+  metrics_exporter_.reset();
+  pool_.reset();  // bookkeeping over pool_memory_
+  pool_memory_.reset();
+  engine_.reset();
+}
+
+}  // namespace duet::cluster

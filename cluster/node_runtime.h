@@ -1,0 +1,131 @@
+// NodeRuntime: the wiring every serving process shares (prefill node, decode node, colocated
+// server), written once: the model and its compute backend (device, threads, CPU GEMM), the KV
+// layout and the pool's size (one rule: a pool too small for one block is refused), the metrics
+// registry and its /metrics exporter (with a duet_node_info gauge naming how the node computes),
+// and membership in the cluster (register + heartbeat, with the node's layout and compute so that
+// the coordinator refuses a node that would not be token-exact with the others).
+// The node builds what is its own (scheduler, transport, gRPC service) over it.
+//
+//   NodeRuntimeOptions o{.node_id = "decode-0", .model_dir = "models/tiny", .cpu_gemm = "invariant"};
+//   DUET_ASSIGN_OR_RETURN(auto rt, NodeRuntime::Load(o, {.role = "decode node",
+//                                                        .needs_tokenizer = true}));
+//   ... rt->runner(), rt->layout(), rt->num_blocks() ...
+//   DUET_RETURN_IF_ERROR(rt->StartMetricsExporter());   // after the node's gauges are added
+//   DUET_RETURN_IF_ERROR(rt->Join({.kind = v1::NODE_KIND_DECODE, .address = addr, ...}));
+//   ...
+//   rt->Leave();   // deregisters and stops /metrics; the node then stops what reads its gauges
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cluster/membership_client.h"
+#include "cluster/types.h"
+#include "common/compute/kv_memory.h"
+#include "common/kv/block_pool.h"
+#include "common/kv/kv_layout.h"
+#include "common/metrics/http_exporter.h"
+#include "common/metrics/metrics.h"
+#include "common/model/local_engine.h"
+#include "duet/v1/membership.pb.h"
+
+namespace duet::cluster {
+
+// What every serving process is configured with; embedded in PrefillNodeOptions,
+// DecodeNodeOptions and ColocatedServerOptions as `runtime`.
+struct NodeRuntimeOptions {
+  std::string node_id;
+  std::string listen_address = "127.0.0.1:0";  // gRPC; port 0 picks a free one
+  std::string coordinator_address;             // empty: do not register (standalone, colocated)
+  std::string model_dir;
+  std::string device = "auto";         // auto | cpu | cuda
+  int threads = 0;                     // compute threads (0: all cores)
+  std::string cpu_gemm = "invariant";  // invariant | openblas: every node of a cluster alike
+  int block_size = 16;                 // tokens per KV block
+  int64_t kv_cache_bytes = 256ll << 20;  // the node's KV pool
+  int metrics_port = 0;                  // GET /metrics: 0 off, -1 any free port
+  std::string metrics_host = "127.0.0.1";
+  absl::Duration register_timeout = absl::Seconds(60);  // how long to wait for the coordinator
+};
+
+struct NodeRuntimeRole {
+  const char* role = "node";    // "prefill node", "decode node", "colocated server": for messages
+  bool needs_tokenizer = false;  // refuse a model directory without tokenizer files
+};
+
+// How a node joins the cluster: what its registration says besides the runtime's own (node id,
+// layout, pool size, compute).
+struct JoinArgs {
+  v1::NodeKind kind = v1::NODE_KIND_UNSPECIFIED;
+  std::string address;           // host:port of the node's gRPC service
+  std::string transfer_address;  // the transport's LocalAddress()
+  int32_t max_running_requests = 0;
+  int64_t max_batch_tokens = 0;
+  std::function<NodeLoad()> load;
+  // After a re-registration as a new incarnation (the coordinator dropped the old one's state).
+  std::function<void(uint64_t new_epoch)> on_reregistered;
+};
+
+class NodeRuntime {
+ public:
+  // Loads the model and its backend, checks the layout and sizes the pool; InvalidArgument for a
+  // bad option (naming it), including a KV cache too small for one block.
+  static absl::StatusOr<std::unique_ptr<NodeRuntime>> Load(const NodeRuntimeOptions& options,
+                                                           const NodeRuntimeRole& role);
+  ~NodeRuntime();
+  NodeRuntime(const NodeRuntime&) = delete;
+  NodeRuntime& operator=(const NodeRuntime&) = delete;
+
+  const NodeRuntimeOptions& options() const { return options_; }
+  model::LocalEngine& engine() { return *engine_; }  // its own pool is one block, unused
+  model::ModelRunner& runner() { return engine_->runner(); }
+  compute::ComputeBackend& backend() { return engine_->backend(); }
+  const kv::KvLayout& layout() const { return layout_; }
+  int64_t num_blocks() const { return num_blocks_; }    // of the node's pool
+  size_t region_bytes() const { return region_bytes_; }  // the pool's bytes
+  const NodeCompute& compute() const { return compute_; }
+
+  // A pool of num_blocks() in the backend's KV memory, owned by the runtime.
+  absl::StatusOr<kv::BlockPool*> CreatePool();
+
+  metrics::Registry& metrics_registry() { return metrics_registry_; }
+  // Serves GET /metrics when options().metrics_port != 0 (call once the node's gauges read
+  // something alive); metrics_port() is then its port, else -1.
+  absl::Status StartMetricsExporter();
+  int metrics_port() const { return metrics_exporter_ ? metrics_exporter_->port() : -1; }
+
+  // Registers with options().coordinator_address and heartbeats; a no-op without one.
+  absl::Status Join(JoinArgs args);
+  uint64_t epoch() const { return epoch_.load(); }  // 0 when not registered
+  // Deregisters and stops /metrics (whose gauges read the node's parts). Idempotent.
+  void Leave();
+
+ private:
+  explicit NodeRuntime(const NodeRuntimeOptions& options) : options_(options) {}
+  absl::Status Init(const NodeRuntimeRole& role);
+
+  const NodeRuntimeOptions options_;
+  metrics::Registry metrics_registry_;
+  std::unique_ptr<model::LocalEngine> engine_;
+  kv::KvLayout layout_;
+  int64_t num_blocks_ = 0;
+  size_t region_bytes_ = 0;
+  NodeCompute compute_;
+  std::unique_ptr<compute::KvMemory> pool_memory_;
+  std::unique_ptr<kv::BlockPool> pool_;
+  std::unique_ptr<metrics::MetricsExporter> metrics_exporter_;
+  std::unique_ptr<MembershipClient> member_;
+  std::atomic<uint64_t> epoch_{0};
+};
+
+// The blocks a KV cache of `kv_cache_bytes` holds under `layout`; InvalidArgument naming both
+// sizes when it holds none.
+absl::StatusOr<int64_t> PoolBlocks(int64_t kv_cache_bytes, const kv::KvLayout& layout);
+
+}  // namespace duet::cluster

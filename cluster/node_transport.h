@@ -1,0 +1,34 @@
+// The KV transport of a prefill or decode node, made one way for both: which transport
+// (`transport`: a UCX profile, or inproc for nodes in one process), the network devices, and
+// whether the KV is staged through a host mirror of the pool. The colocated server has none.
+//
+//   DUET_ASSIGN_OR_RETURN(auto transport, CreateNodeTransport(o.transfer, "decode-0", layout));
+//   DUET_ASSIGN_OR_RETURN(bool staging, compute::ResolveKvStaging(o.transfer.kv_staging,
+//                                                                 backend.kv_memory_is_host()));
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/kv/kv_layout.h"
+#include "transfer/transport.h"
+
+namespace duet::cluster {
+
+// Embedded in PrefillNodeOptions and DecodeNodeOptions as `transfer`.
+struct NodeTransferOptions {
+  // shm | tcp | shm-mm (UCX profiles, UcxProfileByName); inproc: nodes in one process (tests).
+  std::string transport = "shm";
+  std::string ucx_net_devices;  // overrides the profile's (tcp pins lo; across hosts: eth0)
+  // auto: stage KV through a host mirror of the pool (which the transport exports) iff the
+  // backend's KV memory is not host memory (cuda); always: stage anyway (tests the path on cpu);
+  // never: refuse a device pool.
+  std::string kv_staging = "auto";
+};
+
+// The transport named `name` for `layout`; InvalidArgument for an unknown transport.
+absl::StatusOr<std::unique_ptr<transfer::Transport>> CreateNodeTransport(
+    const NodeTransferOptions& options, const std::string& name, const kv::KvLayout& layout);
+
+}  // namespace duet::cluster

@@ -1,0 +1,39 @@
+// Vocabulary shared by the nodes and the coordinator: what a node reports about itself (its load,
+// how it computes). The coordinator's own vocabulary (ids, incarnations, kinds, capacity) is
+// coordinator/types.h.
+//
+//   NodeLoad load{.free_blocks = s.free, .total_blocks = s.total};
+//   *reg.mutable_load() = LoadToProto(load);   // cluster/node_load_convert.h
+//   NodeCompute c{.backend = "cpu", .cpu_gemm = "openblas"};
+//   c.Numerics();                              // "cpu, gemm openblas"
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace duet::cluster {
+
+// Reported with every heartbeat; between heartbeats the coordinator adjusts it optimistically.
+struct NodeLoad {
+  int64_t free_blocks = 0;
+  int64_t total_blocks = 0;
+  int64_t queued_tokens = 0;
+  int32_t running_requests = 0;
+
+  bool operator==(const NodeLoad&) const = default;
+};
+
+// How a node computes. Nodes whose numerics differ (backend, CPU GEMM) compute different bits for
+// the same prompt, so a cluster's nodes must agree for its output to be token-exact: the
+// coordinator refuses a node whose numerics differ from the cluster's.
+struct NodeCompute {
+  std::string backend;   // the compute backend's name: cpu | cuda
+  std::string cpu_gemm;  // cpu: invariant | openblas; empty on other backends
+  int32_t threads = 0;   // compute threads asked for (0: all cores); numerics do not depend on it
+
+  // What must match across a cluster, e.g. "cpu, gemm invariant" or "cuda".
+  std::string Numerics() const { return cpu_gemm.empty() ? backend : backend + ", gemm " + cpu_gemm; }
+  bool operator==(const NodeCompute&) const = default;
+};
+
+}  // namespace duet::cluster

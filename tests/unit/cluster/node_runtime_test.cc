@@ -1,0 +1,90 @@
+// NodeRuntime: the wiring every serving process shares. Options reach the backend and the
+// registration (cpu_gemm, threads, block size), a pool too small for one block is refused naming
+// the sizes, and /metrics says how the node computes.
+#include "cluster/node_runtime.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "common/model/synthetic_model.h"
+#include "gtest/gtest.h"
+
+namespace duet::cluster {
+namespace {
+
+class NodeRuntimeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = (std::filesystem::temp_directory_path() /
+            ("duet_node_runtime_test_" + std::to_string(getpid())))
+               .string();
+    ASSERT_TRUE(model::WriteSyntheticModel("tiny", 5, dir_).ok());
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+
+  NodeRuntimeOptions Options() const {
+    return {.node_id = "node-t", .model_dir = dir_, .device = "cpu", .threads = 1};
+  }
+  static std::string dir_;
+};
+std::string NodeRuntimeTest::dir_;
+
+TEST_F(NodeRuntimeTest, ComputeAndPoolFollowTheOptions) {
+  NodeRuntimeOptions o = Options();
+  o.cpu_gemm = "openblas";
+  o.threads = 2;
+  o.block_size = 8;
+  o.kv_cache_bytes = 1 << 20;
+  auto rt = NodeRuntime::Load(o, {.role = "test node"});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  EXPECT_EQ((*rt)->compute(), (NodeCompute{.backend = "cpu", .cpu_gemm = "openblas", .threads = 2}));
+  EXPECT_EQ((*rt)->layout().block_size, 8);
+  EXPECT_EQ((*rt)->num_blocks(),
+            static_cast<int64_t>((1 << 20) / (*rt)->layout().RegionBytes(1)));
+  auto pool = (*rt)->CreatePool();
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ((*pool)->num_blocks(), (*rt)->num_blocks());
+  const std::string text = (*rt)->metrics_registry().Render();
+  EXPECT_NE(text.find("duet_node_info{node=\"node-t\",role=\"test node\",backend=\"cpu\","
+                      "cpu_gemm=\"openblas\",threads=\"2\",block_size=\"8\"} 1"),
+            std::string::npos)
+      << text;
+}
+
+TEST_F(NodeRuntimeTest, APoolTooSmallForOneBlockIsRefusedNamingTheSizes) {
+  NodeRuntimeOptions o = Options();
+  o.kv_cache_bytes = 10;
+  auto rt = NodeRuntime::Load(o, {.role = "test node"});
+  ASSERT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument) << rt.status();
+  EXPECT_NE(rt.status().message().find("a KV cache of 10 bytes"), std::string::npos)
+      << rt.status();
+  EXPECT_NE(rt.status().message().find("one block of 16 tokens"), std::string::npos)
+      << rt.status();
+}
+
+TEST_F(NodeRuntimeTest, BadOptionsAreRefusedByName) {
+  NodeRuntimeOptions o = Options();
+  o.cpu_gemm = "mkl";
+  auto rt = NodeRuntime::Load(o, {});
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument) << rt.status();
+  EXPECT_NE(rt.status().message().find("mkl"), std::string::npos) << rt.status();
+  o = Options();
+  o.block_size = 0;
+  EXPECT_EQ(NodeRuntime::Load(o, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options();
+  o.model_dir = "";
+  EXPECT_EQ(NodeRuntime::Load(o, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(NodeRuntimeTest, WithoutACoordinatorJoinIsANoOp) {
+  auto rt = NodeRuntime::Load(Options(), {});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  EXPECT_TRUE((*rt)->Join({.kind = v1::NODE_KIND_DECODE, .address = "127.0.0.1:1"}).ok());
+  EXPECT_EQ((*rt)->epoch(), 0u);
+  EXPECT_EQ((*rt)->metrics_port(), -1);
+}
+
+}  // namespace
+}  // namespace duet::cluster
