@@ -187,17 +187,17 @@ int RunServe(const std::vector<char*>& args) {
   const std::string coord_file = (run_dir / "coordinator.addr").string();
   children.push_back(
       {"coordinator",
-       Spawn({"duet", "coordinator", "--model=" + model,
-             absl::StrCat("--listen=127.0.0.1:", absl::GetFlag(FLAGS_port)),
-             "--address_file=" + coord_file,
-             absl::StrCat("--heartbeat_timeout_ms=", absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
-             absl::StrCat("--http_port=", absl::GetFlag(FLAGS_http_port)),
-             "--http_host=" + absl::GetFlag(FLAGS_http_host),
-             "--api_key=" + absl::GetFlag(FLAGS_api_key),
-             absl::StrCat("--max_body_bytes=", absl::GetFlag(FLAGS_max_body_bytes)),
-             absl::StrCat("--max_concurrent_streams=",
-                          absl::GetFlag(FLAGS_max_concurrent_streams))},
-            (run_dir / "coordinator.log").string())});
+       Spawn(
+           {"duet", "coordinator", "--model=" + model,
+            absl::StrCat("--listen=127.0.0.1:", absl::GetFlag(FLAGS_port)),
+            "--address_file=" + coord_file,
+            absl::StrCat("--heartbeat_timeout_ms=", absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+            absl::StrCat("--http_port=", absl::GetFlag(FLAGS_http_port)),
+            "--http_host=" + absl::GetFlag(FLAGS_http_host),
+            "--api_key=" + absl::GetFlag(FLAGS_api_key),
+            absl::StrCat("--max_body_bytes=", absl::GetFlag(FLAGS_max_body_bytes)),
+            absl::StrCat("--max_concurrent_streams=", absl::GetFlag(FLAGS_max_concurrent_streams))},
+           (run_dir / "coordinator.log").string())});
   std::string coord_addr;
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
   while (coord_addr.empty() && absl::Now() < deadline && !g_serve_stop.load()) {
@@ -224,9 +224,8 @@ int RunServe(const std::vector<char*>& args) {
         is_prefill ? absl::StrCat("prefill-", i) : absl::StrCat("decode-", i - num_prefill);
     // Every node gets the same runtime and transfer flags (compute, pool, staging): the
     // coordinator refuses a node whose layout or compute differs from the others'.
-    std::vector<std::string> a = {"duet", is_prefill ? "prefill" : "decode",
-                                  "--listen=127.0.0.1:0", "--coordinator=" + coord_addr,
-                                  "--node_id=" + name};
+    std::vector<std::string> a = {"duet", is_prefill ? "prefill" : "decode", "--listen=127.0.0.1:0",
+                                  "--coordinator=" + coord_addr, "--node_id=" + name};
     for (std::string& f : NodeFlagsForChild()) a.push_back(std::move(f));
     if (absl::GetFlag(FLAGS_node_metrics)) {
       a.push_back("--metrics_port=-1");

@@ -48,9 +48,9 @@ absl::Status MembershipClient::Register(absl::Time deadline) {
     grpc::ClientContext ctx;
     rpc::SetDeadline(ctx, absl::Seconds(5));
     duet::v1::RegisterResponse resp;
-    last = rpc::FromGrpcStatus(stub_->Register(&ctx, req, &resp),
-                               absl::StrCat("registering ", node_id(), " with ",
-                                            options_.coordinator_address));
+    last = rpc::FromGrpcStatus(
+        stub_->Register(&ctx, req, &resp),
+        absl::StrCat("registering ", node_id(), " with ", options_.coordinator_address));
     if (last.ok()) {
       epoch_.store(epoch);
       if (resp.heartbeat_interval_ms() > 0) {

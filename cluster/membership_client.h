@@ -27,7 +27,8 @@ namespace duet::cluster {
 
 struct MembershipClientOptions {
   std::string coordinator_address;
-  duet::v1::RegisterRequest registration;  // node id, kind, address, layout, capacity; epoch set here
+  duet::v1::RegisterRequest
+      registration;  // node id, kind, address, layout, capacity; epoch set here
   std::function<duet::v1::NodeLoad()> load;
   absl::Duration register_timeout = absl::Seconds(60);
   // Called after a re-registration as a new incarnation (the old one's state is gone).

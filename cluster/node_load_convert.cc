@@ -12,7 +12,8 @@ v1::NodeLoad LoadToProto(const NodeLoad& load) {
 }
 
 NodeLoad LoadFromProto(const v1::NodeLoad& load) {
-  return NodeLoad{.free_blocks = load.free_blocks(), .total_blocks = load.total_blocks(),
+  return NodeLoad{.free_blocks = load.free_blocks(),
+                  .total_blocks = load.total_blocks(),
                   .queued_tokens = load.queued_tokens(),
                   .running_requests = load.running_requests()};
 }

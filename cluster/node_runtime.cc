@@ -15,10 +15,10 @@ absl::StatusOr<int64_t> PoolBlocks(int64_t kv_cache_bytes, const kv::KvLayout& l
   const int64_t block_bytes = static_cast<int64_t>(layout.RegionBytes(1));
   const int64_t n = kv_cache_bytes / block_bytes;
   if (n < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a KV cache of ", kv_cache_bytes, " bytes (kv_cache_bytes) holds no block: one block of ",
-        layout.block_size, " tokens over ", layout.num_layers, " layers takes ", block_bytes,
-        " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a KV cache of ", kv_cache_bytes,
+                     " bytes (kv_cache_bytes) holds no block: one block of ", layout.block_size,
+                     " tokens over ", layout.num_layers, " layers takes ", block_bytes, " bytes"));
   }
   return n;
 }
@@ -58,9 +58,8 @@ absl::Status NodeRuntime::Init(const NodeRuntimeRole& role) {
                                                    "' applies to the cpu backend only; this ",
                                                    role.role, " computes on ", backend_name));
   }
-  compute_ = NodeCompute{.backend = backend_name,
-                         .cpu_gemm = backend_name == "cpu" ? gemm : "",
-                         .threads = o.threads};
+  compute_ = NodeCompute{
+      .backend = backend_name, .cpu_gemm = backend_name == "cpu" ? gemm : "", .threads = o.threads};
   // What the node computes with, for dashboards and for checking a cluster's nodes agree.
   metrics_registry_.AddGaugeCallback(
       "duet_node_info", "How this node computes (value 1)",
@@ -78,8 +77,7 @@ absl::Status NodeRuntime::Init(const NodeRuntimeRole& role) {
 absl::StatusOr<kv::BlockPool*> NodeRuntime::CreatePool() {
   if (pool_ != nullptr) return absl::FailedPreconditionError("the node's pool exists already");
   DUET_ASSIGN_OR_RETURN(pool_memory_, backend().AllocateKvMemory(region_bytes_));
-  DUET_ASSIGN_OR_RETURN(pool_, kv::BlockPool::CreateOver(layout_, num_blocks_,
-                                                         pool_memory_->data(),
+  DUET_ASSIGN_OR_RETURN(pool_, kv::BlockPool::CreateOver(layout_, num_blocks_, pool_memory_->data(),
                                                          pool_memory_->bytes()));
   return pool_.get();
 }
@@ -107,16 +105,16 @@ absl::Status NodeRuntime::Join(JoinArgs args) {
   std::function<v1::NodeLoad()> load;
   if (args.load) load = [f = args.load] { return LoadToProto(f()); };
   DUET_ASSIGN_OR_RETURN(
-      member_, MembershipClient::Start({.coordinator_address = options_.coordinator_address,
-                                        .registration = std::move(reg),
-                                        .load = std::move(load),
-                                        .register_timeout = options_.register_timeout,
-                                        .on_reregistered =
-                                            [this, f = std::move(args.on_reregistered)](
-                                                uint64_t new_epoch) {
-                                              epoch_.store(new_epoch);
-                                              if (f) f(new_epoch);
-                                            }}));
+      member_,
+      MembershipClient::Start(
+          {.coordinator_address = options_.coordinator_address,
+           .registration = std::move(reg),
+           .load = std::move(load),
+           .register_timeout = options_.register_timeout,
+           .on_reregistered = [this, f = std::move(args.on_reregistered)](uint64_t new_epoch) {
+             epoch_.store(new_epoch);
+             if (f) f(new_epoch);
+           }}));
   epoch_.store(member_->epoch());
   return absl::OkStatus();
 }

@@ -6,8 +6,8 @@
 // the coordinator refuses a node that would not be token-exact with the others).
 // The node builds what is its own (scheduler, transport, gRPC service) over it.
 //
-//   NodeRuntimeOptions o{.node_id = "decode-0", .model_dir = "models/tiny", .cpu_gemm = "invariant"};
-//   DUET_ASSIGN_OR_RETURN(auto rt, NodeRuntime::Load(o, {.role = "decode node",
+//   NodeRuntimeOptions o{.node_id = "decode-0", .model_dir = "models/tiny", .cpu_gemm =
+//   "invariant"}; DUET_ASSIGN_OR_RETURN(auto rt, NodeRuntime::Load(o, {.role = "decode node",
 //                                                        .needs_tokenizer = true}));
 //   ... rt->runner(), rt->layout(), rt->num_blocks() ...
 //   DUET_RETURN_IF_ERROR(rt->StartMetricsExporter());   // after the node's gauges are added
@@ -44,10 +44,10 @@ struct NodeRuntimeOptions {
   std::string listen_address = "127.0.0.1:0";  // gRPC; port 0 picks a free one
   std::string coordinator_address;             // empty: do not register (standalone, colocated)
   std::string model_dir;
-  std::string device = "auto";         // auto | cpu | cuda
-  int threads = 0;                     // compute threads (0: all cores)
-  std::string cpu_gemm = "invariant";  // invariant | openblas: every node of a cluster alike
-  int block_size = 16;                 // tokens per KV block
+  std::string device = "auto";           // auto | cpu | cuda
+  int threads = 0;                       // compute threads (0: all cores)
+  std::string cpu_gemm = "invariant";    // invariant | openblas: every node of a cluster alike
+  int block_size = 16;                   // tokens per KV block
   int64_t kv_cache_bytes = 256ll << 20;  // the node's KV pool
   int metrics_port = 0;                  // GET /metrics: 0 off, -1 any free port
   std::string metrics_host = "127.0.0.1";
@@ -55,7 +55,7 @@ struct NodeRuntimeOptions {
 };
 
 struct NodeRuntimeRole {
-  const char* role = "node";    // "prefill node", "decode node", "colocated server": for messages
+  const char* role = "node";     // "prefill node", "decode node", "colocated server": for messages
   bool needs_tokenizer = false;  // refuse a model directory without tokenizer files
 };
 
@@ -87,7 +87,7 @@ class NodeRuntime {
   model::ModelRunner& runner() { return engine_->runner(); }
   compute::ComputeBackend& backend() { return engine_->backend(); }
   const kv::KvLayout& layout() const { return layout_; }
-  int64_t num_blocks() const { return num_blocks_; }    // of the node's pool
+  int64_t num_blocks() const { return num_blocks_; }     // of the node's pool
   size_t region_bytes() const { return region_bytes_; }  // the pool's bytes
   const NodeCompute& compute() const { return compute_; }
 

@@ -32,7 +32,9 @@ struct NodeCompute {
   int32_t threads = 0;   // compute threads asked for (0: all cores); numerics do not depend on it
 
   // What must match across a cluster, e.g. "cpu, gemm invariant" or "cuda".
-  std::string Numerics() const { return cpu_gemm.empty() ? backend : backend + ", gemm " + cpu_gemm; }
+  std::string Numerics() const {
+    return cpu_gemm.empty() ? backend : backend + ", gemm " + cpu_gemm;
+  }
   bool operator==(const NodeCompute&) const = default;
 };
 

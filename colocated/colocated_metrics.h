@@ -13,9 +13,9 @@
 #include <functional>
 
 #include "absl/status/status.h"
+#include "colocated/colocated_scheduler.h"
 #include "common/kv/block_pool.h"
 #include "common/metrics/metrics.h"
-#include "colocated/colocated_scheduler.h"
 
 namespace duet::colocated {
 

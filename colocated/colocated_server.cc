@@ -39,8 +39,9 @@ absl::Status ColocatedServer::Init() {
                                                    &engine.runner(), pool));
   service_ = std::make_unique<ColocatedService>(
       scheduler_.get(), &engine.tokenizer(), engine.config(),
-      ColocatedServiceIdentity{
-          .node_id = ro.node_id, .address = [this] { return address(); }, .metrics = metrics_.get()});
+      ColocatedServiceIdentity{.node_id = ro.node_id,
+                               .address = [this] { return address(); },
+                               .metrics = metrics_.get()});
   DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(ro.listen_address, {service_.get()}, &port_));
   ColocatedScheduler* sched = scheduler_.get();
   metrics_->AddServerGauges([sched] { return sched->PoolStats(); },
@@ -68,7 +69,7 @@ void ColocatedServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (http_ != nullptr) http_->Stop();  // cancels its open streams; their requests end below
-  if (runtime_) runtime_->Leave();  // stops /metrics: its gauges read the pool and scheduler
+  if (runtime_) runtime_->Leave();      // stops /metrics: its gauges read the pool and scheduler
   if (service_ != nullptr) service_->Shutdown();
   if (scheduler_ != nullptr) scheduler_->Shutdown();  // every stream gets its final event
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(DeadlineIn(absl::Seconds(2))));

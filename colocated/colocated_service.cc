@@ -42,12 +42,12 @@ ColocatedService::ColocatedService(ColocatedScheduler* scheduler, const model::T
 grpc::Status ColocatedService::Generate(grpc::ServerContext* ctx,
                                         const v1::GenerateRequest* request,
                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  absl::Status s = DoGenerate(
-      *request,
-      http::GenerateSink{
-          .write = [writer](const v1::GenerateResponse& r) { return writer->Write(r); },
-          .cancelled = [ctx] { return ctx->IsCancelled(); }},
-      ClientDeadline(*ctx));
+  absl::Status s =
+      DoGenerate(*request,
+                 http::GenerateSink{
+                     .write = [writer](const v1::GenerateResponse& r) { return writer->Write(r); },
+                     .cancelled = [ctx] { return ctx->IsCancelled(); }},
+                 ClientDeadline(*ctx));
   if (identity_.metrics != nullptr) identity_.metrics->RecordRequest(s);
   return rpc::ToGrpcStatus(s);
 }

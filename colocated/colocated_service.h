@@ -2,11 +2,11 @@
 // Health) served straight from a ColocatedScheduler, so a client (duet generate --server, duet
 // bench serve) cannot tell a colocated server from a coordinator in front of a disaggregated
 // cluster. It is also the http::GenerationBackend of the OpenAI-compatible HTTP front
-// (http/http_front.h), as the coordinator is. Requests are checked with rpc::ParseGenerateRequest, as the coordinator checks them.
-// RequestTimings: queue_us (received -> first prefill pass), prefill_compute_us,
-// time_to_first_token_us, decode_admission_us (prompt prefilled -> first decode step) and
-// decode_us; reserve_us and transfer_tail_us are 0 (nothing is reserved remotely or moved).
-// A client that cancels or goes away has its request cancelled, which frees its blocks.
+// (http/http_front.h), as the coordinator is. Requests are checked with rpc::ParseGenerateRequest,
+// as the coordinator checks them. RequestTimings: queue_us (received -> first prefill pass),
+// prefill_compute_us, time_to_first_token_us, decode_admission_us (prompt prefilled -> first decode
+// step) and decode_us; reserve_us and transfer_tail_us are 0 (nothing is reserved remotely or
+// moved). A client that cancels or goes away has its request cancelled, which frees its blocks.
 //
 //   ColocatedService service(scheduler.get(), &tokenizer, config, {.node_id = "colocated-0"});
 //   DUET_ASSIGN_OR_RETURN(auto server, rpc::StartServer("127.0.0.1:0", {&service}, &port));
@@ -20,10 +20,10 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/model/model_config.h"
-#include "common/model/tokenizer.h"
 #include "colocated/colocated_metrics.h"
 #include "colocated/colocated_scheduler.h"
+#include "common/model/model_config.h"
+#include "common/model/tokenizer.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "http/http_front.h"
 

@@ -21,7 +21,6 @@
 #include "coordinator/cache_directory.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_server.h"
-#include "http/http_front.h"
 #include "coordinator/node_registry.h"
 #include "coordinator/request_tracker.h"
 #include "coordinator/router.h"
@@ -29,6 +28,7 @@
 #include "duet/v1/decode.grpc.pb.h"
 #include "duet/v1/membership.grpc.pb.h"
 #include "duet/v1/prefill.grpc.pb.h"
+#include "http/http_front.h"
 
 namespace duet::coordinator {
 

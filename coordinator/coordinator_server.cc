@@ -3,11 +3,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/node_load_convert.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/model/gguf_model.h"
 #include "coordinator/coordinator_impl.h"
-#include "cluster/node_load_convert.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
 #include "proto/status_util.h"
@@ -190,8 +190,8 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
   reg.compute = cluster::ComputeFromProto(req.compute());
   if (reg.address.empty()) return absl::InvalidArgumentError("register: node address is empty");
   if (reg.compute.backend.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "register: node ", reg.node.node_id, " sent no compute (backend, cpu_gemm)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: node ", reg.node.node_id, " sent no compute (backend, cpu_gemm)"));
   }
   if (reg.kind == NodeKind::kPrefill && reg.transfer_address.empty()) {
     return absl::InvalidArgumentError(

@@ -33,11 +33,11 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
         absl::StrCat(NodeKindName(registration.kind), " node ", node.ToString())));
   }
   if (cluster_compute_ && cluster_compute_->Numerics() != registration.compute.Numerics()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        NodeKindName(registration.kind), " node ", node.ToString(), " computes with ",
-        registration.compute.Numerics(), " but the ", cluster_compute_source_, " computes with ",
-        cluster_compute_->Numerics(),
-        ": nodes on different backends or GEMMs are not token-exact with each other"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(NodeKindName(registration.kind), " node ", node.ToString(), " computes with ",
+                     registration.compute.Numerics(), " but the ", cluster_compute_source_,
+                     " computes with ", cluster_compute_->Numerics(),
+                     ": nodes on different backends or GEMMs are not token-exact with each other"));
   }
 
   RegisterOutcome outcome;
@@ -59,8 +59,7 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
   }
   if (!cluster_compute_) {
     cluster_compute_ = registration.compute;
-    cluster_compute_source_ =
-        absl::StrCat("cluster (first registered by ", node.ToString(), ")");
+    cluster_compute_source_ = absl::StrCat("cluster (first registered by ", node.ToString(), ")");
   }
 
   NodeInfo info;

@@ -24,16 +24,15 @@ cluster::NodeLoad ToNodeLoad(const SchedulerLoad& load) {
 
 absl::StatusOr<std::unique_ptr<DecodeNode>> DecodeNode::Start(const DecodeNodeOptions& options) {
   std::unique_ptr<DecodeNode> node(new DecodeNode(options));
-  DUET_RETURN_IF_ERROR(
-      Annotate(node->Init(), absl::StrCat("starting ", options.runtime.node_id)));
+  DUET_RETURN_IF_ERROR(Annotate(node->Init(), absl::StrCat("starting ", options.runtime.node_id)));
   return node;
 }
 
 absl::Status DecodeNode::Init() {
   const DecodeNodeOptions& o = options_;
   const cluster::NodeRuntimeOptions& ro = o.runtime;
-  DUET_ASSIGN_OR_RETURN(runtime_, cluster::NodeRuntime::Load(
-                                      ro, {.role = "decode node", .needs_tokenizer = true}));
+  DUET_ASSIGN_OR_RETURN(
+      runtime_, cluster::NodeRuntime::Load(ro, {.role = "decode node", .needs_tokenizer = true}));
   model::LocalEngine& engine = runtime_->engine();
   const kv::KvLayout& layout = runtime_->layout();
   const int64_t num_blocks = runtime_->num_blocks();
@@ -81,13 +80,13 @@ absl::Status DecodeNode::Init() {
                                                  .eos_ids = engine.tokenizer().eos_ids(),
                                                  .host_mirror = mirror_view},
                                                 &engine.runner(), pool_.get(), transport_.get()));
-  service_ = std::make_unique<DecodeService>(
-      scheduler_.get(),
-      DecodeServiceIdentity{.node_id = ro.node_id,
-                            .epoch = [this] { return epoch(); },
-                            .transfer_address = transfer_address_,
-                            .metrics = metrics_.get()},
-      &engine.tokenizer());
+  service_ =
+      std::make_unique<DecodeService>(scheduler_.get(),
+                                      DecodeServiceIdentity{.node_id = ro.node_id,
+                                                            .epoch = [this] { return epoch(); },
+                                                            .transfer_address = transfer_address_,
+                                                            .metrics = metrics_.get()},
+                                      &engine.tokenizer());
   DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(ro.listen_address, {service_.get()}, &port_));
   kv::BlockPool* pool = pool_.get();
   DecodeScheduler* scheduler = scheduler_.get();

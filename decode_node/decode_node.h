@@ -66,7 +66,8 @@ class DecodeNode {
 
   const DecodeNodeOptions options_;
   // Declared in creation order.
-  std::unique_ptr<cluster::NodeRuntime> runtime_;  // model, tokenizer, backend, /metrics, membership
+  std::unique_ptr<cluster::NodeRuntime>
+      runtime_;  // model, tokenizer, backend, /metrics, membership
   std::unique_ptr<DecodeMetrics> metrics_;
   std::unique_ptr<transfer::Transport> transport_;
   std::unique_ptr<compute::KvMemory> pool_memory_;  // backend memory, unless the pool is region_

@@ -271,9 +271,8 @@ class HttpFront::Handlers {
           options_.vocab_size > 0 ? options_.vocab_size : tokenizer_->vocab_size();
       for (int32_t id : ids) {
         if (id >= vocab) {
-          return Reply(res, ApiError{.message = absl::StrCat("token id ", id,
-                                                             " is outside the vocabulary of ",
-                                                             vocab),
+          return Reply(res, ApiError{.message = absl::StrCat(
+                                         "token id ", id, " is outside the vocabulary of ", vocab),
                                      .param = "prompt",
                                      .code = "invalid_value"});
         }

@@ -4,8 +4,8 @@
 //   GET /v1/models, GET /health (200 only when the backend can prefill and decode),
 //   GET /metrics (Prometheus text from the server's registry).
 // It runs each request in-process through a GenerationBackend (the coordinator's request path,
-// or the colocated server's), maps failures to OpenAI-shaped errors (429/503 with Retry-After when there is no
-// capacity), and cancels a request whose client disconnects mid-stream.
+// or the colocated server's), maps failures to OpenAI-shaped errors (429/503 with Retry-After when
+// there is no capacity), and cancels a request whose client disconnects mid-stream.
 //
 //   HttpFrontOptions o{.host = "127.0.0.1", .port = 8000, .model_name = "smollm2"};
 //   DUET_ASSIGN_OR_RETURN(auto front, HttpFront::Start(o, backend, tokenizer, context, &registry));

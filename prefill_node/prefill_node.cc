@@ -22,8 +22,7 @@ PrefillNode::PrefillNode(const PrefillNodeOptions& options) : options_(options) 
 
 absl::StatusOr<std::unique_ptr<PrefillNode>> PrefillNode::Start(const PrefillNodeOptions& options) {
   std::unique_ptr<PrefillNode> node(new PrefillNode(options));
-  DUET_RETURN_IF_ERROR(
-      Annotate(node->Init(), absl::StrCat("starting ", options.runtime.node_id)));
+  DUET_RETURN_IF_ERROR(Annotate(node->Init(), absl::StrCat("starting ", options.runtime.node_id)));
   return node;
 }
 
@@ -57,11 +56,11 @@ absl::Status PrefillNode::Init() {
                         transfer::KvStreamSender::Create(transport_.get(), layout_, num_blocks));
 
   // Scheduler and service.
-  DUET_ASSIGN_OR_RETURN(scheduler_, PrefillScheduler::Create(
-                                        &runner, pool_, transport_.get(), sender_.get(),
-                                        {.max_batch_tokens = o.max_batch_tokens,
-                                         .no_layer_pipelining = o.no_layer_pipelining,
-                                         .host_mirror = mirror_view}));
+  DUET_ASSIGN_OR_RETURN(scheduler_,
+                        PrefillScheduler::Create(&runner, pool_, transport_.get(), sender_.get(),
+                                                 {.max_batch_tokens = o.max_batch_tokens,
+                                                  .no_layer_pipelining = o.no_layer_pipelining,
+                                                  .host_mirror = mirror_view}));
   metrics_ = std::make_unique<PrefillMetrics>(&runtime_->metrics_registry(), layout_);
   PrefillScheduler* sched = scheduler_.get();
   kv::BlockPool* pool = pool_;

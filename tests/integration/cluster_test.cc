@@ -353,9 +353,9 @@ class ClusterComputeTest : public ClusterTest {};
 // Every node of `serve --loopback` gets the launcher's runtime flags: each registers (and the
 // coordinator's Health reports) the cpu_gemm, threads and block size given to `serve`.
 TEST_F(ClusterComputeTest, SharedFlagsReachEveryNode) {
-  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 2, 2,
-                                              {"--cpu_gemm=openblas", "--threads=2",
-                                               "--block_size=8"}));
+  ServeProcess cluster(DUET_BIN,
+                       ClusterFlags(model_dir_, "shm", 2, 2,
+                                    {"--cpu_gemm=openblas", "--threads=2", "--block_size=8"}));
   ASSERT_TRUE(cluster.ready());
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
   const v1::HealthResponse h = Health(*stub);

@@ -445,8 +445,11 @@ TEST_F(ColocatedServeTest, OpenAiCompletionsEqualGrpcGenerate) {
   ASSERT_TRUE(reader->Finish().ok());
   ASSERT_EQ(logprobs.size(), 10u);
 
-  const nlohmann::json body = {{"prompt", prompt},    {"max_tokens", 10}, {"temperature", 0},
-                               {"ignore_eos", true}, {"logprobs", 0}};
+  const nlohmann::json body = {{"prompt", prompt},
+                               {"max_tokens", 10},
+                               {"temperature", 0},
+                               {"ignore_eos", true},
+                               {"logprobs", 0}};
   const testing::Reply r = testing::Exchange(port, "POST", "/v1/completions", body.dump());
   ASSERT_EQ(r.status, 200) << r.head << "\n" << r.body;
   const nlohmann::json j = nlohmann::json::parse(r.body);

@@ -7,8 +7,8 @@ namespace duet::cluster {
 namespace {
 
 TEST(NodeLoadConvert, RoundTripsEveryField) {
-  const NodeLoad load{.free_blocks = 40, .total_blocks = 100, .queued_tokens = 7,
-                      .running_requests = 3};
+  const NodeLoad load{
+      .free_blocks = 40, .total_blocks = 100, .queued_tokens = 7, .running_requests = 3};
   const v1::NodeLoad p = LoadToProto(load);
   EXPECT_EQ(p.free_blocks(), 40);
   EXPECT_EQ(p.total_blocks(), 100);

@@ -39,10 +39,10 @@ TEST_F(NodeRuntimeTest, ComputeAndPoolFollowTheOptions) {
   o.kv_cache_bytes = 1 << 20;
   auto rt = NodeRuntime::Load(o, {.role = "test node"});
   ASSERT_TRUE(rt.ok()) << rt.status();
-  EXPECT_EQ((*rt)->compute(), (NodeCompute{.backend = "cpu", .cpu_gemm = "openblas", .threads = 2}));
+  EXPECT_EQ((*rt)->compute(),
+            (NodeCompute{.backend = "cpu", .cpu_gemm = "openblas", .threads = 2}));
   EXPECT_EQ((*rt)->layout().block_size, 8);
-  EXPECT_EQ((*rt)->num_blocks(),
-            static_cast<int64_t>((1 << 20) / (*rt)->layout().RegionBytes(1)));
+  EXPECT_EQ((*rt)->num_blocks(), static_cast<int64_t>((1 << 20) / (*rt)->layout().RegionBytes(1)));
   auto pool = (*rt)->CreatePool();
   ASSERT_TRUE(pool.ok()) << pool.status();
   EXPECT_EQ((*pool)->num_blocks(), (*rt)->num_blocks());
@@ -58,10 +58,8 @@ TEST_F(NodeRuntimeTest, APoolTooSmallForOneBlockIsRefusedNamingTheSizes) {
   o.kv_cache_bytes = 10;
   auto rt = NodeRuntime::Load(o, {.role = "test node"});
   ASSERT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument) << rt.status();
-  EXPECT_NE(rt.status().message().find("a KV cache of 10 bytes"), std::string::npos)
-      << rt.status();
-  EXPECT_NE(rt.status().message().find("one block of 16 tokens"), std::string::npos)
-      << rt.status();
+  EXPECT_NE(rt.status().message().find("a KV cache of 10 bytes"), std::string::npos) << rt.status();
+  EXPECT_NE(rt.status().message().find("one block of 16 tokens"), std::string::npos) << rt.status();
 }
 
 TEST_F(NodeRuntimeTest, BadOptionsAreRefusedByName) {
