@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The disaggregated cluster on the device: unpacks what tests/gpu/prepare_cluster_carry.sh
-# carried, writes the tiny synthetic model, generates once in one process (`duet generate`) and
+# The disaggregated cluster on the device: unpacks what tests/gpu/pack_offline_cluster.sh
+# packed, writes the tiny synthetic model, generates once in one process (`duet generate`) and
 # once through `duet serve --loopback` (1 prefill + 1 decode node, KV pools in the backend's
 # memory, --kv_staging as given: on cuda "auto" stages through pinned host mirrors), and
 # compares the greedy tokens. Also checks that --kv_staging=never is refused for a device pool.
 # Called by run_device_checks.sh; runs without a GPU too (device cpu, staging always).
-#   tests/gpu/run_cluster_check.sh CARRY.tar.xz OUT_DIR [DEVICE=cuda] [KV_STAGING=auto]
+#   tests/gpu/run_cluster_check.sh CLUSTER_PACK.tar.xz OUT_DIR [DEVICE=cuda] [KV_STAGING=auto]
 # Writes OUT_DIR/cluster.log; exit 0 when the tokens match, 1 when they differ, 2+ on errors.
 set -uo pipefail
-carry=$1 out=$2 device=${3:-cuda} staging=${4:-auto}
+pack=$1 out=$2 device=${3:-cuda} staging=${4:-auto}
 work=$(mktemp -d /tmp/duet-cluster-check.XXXXXX)
 log=$out/cluster.log
 : > "$log"
-tar -xJf "$carry" -C "$work" || { echo "cannot unpack $carry" >> "$log"; exit 2; }
+tar -xJf "$pack" -C "$work" || { echo "cannot unpack $pack" >> "$log"; exit 2; }
 export LD_LIBRARY_PATH=$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export UCX_MODULE_DIR=$work/lib/ucx
 duet=$work/bin/duet

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The GPU check, in one call on a host with an NVIDIA GPU (CUDA, CMake and ninja there; Abseil,
 # GoogleTest, gRPC, UCX and a network not needed). From the repository root, after
-# tests/gpu/prepare_carry.sh filled .gpu_carry and it was copied along with the checkout:
+# tests/gpu/pack_offline_deps.sh filled .offline_deps and it was copied along with the checkout:
 #
 #   tests/gpu/run_device_checks.sh            # writes under $OUT (or /tmp/duet-gpu-out)
 #
 # 1. builds the engine only (-DDUET_ENGINE_ONLY=ON: common/ + the CUDA backend, sm_90) against
-#    the carried Abseil/GoogleTest/nlohmann-json;
+#    the packed Abseil/GoogleTest/nlohmann-json;
 # 2. runs the gpu-labelled tests (kernels vs the CPU backend, whole-model parity, KV staging
 #    pool <-> pinned host mirror through ComputeBackend::CopyKvToHost/CopyKvFromHost);
 # 3. times prefill (512/2048/8192 tokens) and decode (batch 1/32/128) on a random Llama-3-8B
 #    geometry model plus the staged copy bandwidth through CopyKvToHost/CopyKvFromHost (device
 #    pool <-> pinned host mirror, the nodes' --kv_staging path): engine.md and engine.json;
-# 4. if .gpu_carry/cluster.tar.xz was carried (tests/gpu/prepare_cluster_carry.sh) and time is
+# 4. if .offline_deps/cluster.tar.xz is present (tests/gpu/pack_offline_cluster.sh) and time is
 #    left, runs tests/gpu/run_cluster_check.sh: `duet serve --loopback --device=cuda` with KV
 #    staged through host mirrors against `duet generate --device=cuda` (summary.txt);
 # 5. if time is left, runs the kernel tests under compute-sanitizer memcheck.
@@ -38,12 +38,12 @@ left() { echo $((420 - ($(date +%s) - T0))); }  # seconds left of a 7-minute pla
 } > "$OUT/env.txt" 2>&1
 say "env: $(grep -m1 -i 'h[0-9]\|nvidia' "$OUT/env.txt" | head -1)"
 
-CARRY=$PWD/.gpu_carry/prefix
-if [[ ! -d $CARRY ]]; then
-  say "FAIL: .gpu_carry/prefix missing: run tests/gpu/prepare_carry.sh here first and carry .gpu_carry"
+OFFLINE=$PWD/.offline_deps/prefix
+if [[ ! -d $OFFLINE ]]; then
+  say "FAIL: .offline_deps/prefix missing: run tests/gpu/pack_offline_deps.sh here first and copy .offline_deps along"
   exit 2
 fi
-LIBDIR=$CARRY/usr/lib/x86_64-linux-gnu
+LIBDIR=$OFFLINE/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CMAKE_POLICY_VERSION_MINIMUM=3.5
 BUILD=${BUILD_DIR:-build-gpu}
@@ -51,7 +51,7 @@ BUILD=${BUILD_DIR:-build-gpu}
 # -include cstdint: Abseil 20220623's headers predate GCC 13's leaner includes (harmless here).
 timeout 120 cmake -G Ninja -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDUET_ENGINE_ONLY=ON \
   -DDUET_CUDA_ARCHS=90 -Dabsl_DIR="$LIBDIR/cmake/absl" -DGTest_DIR="$LIBDIR/cmake/GTest" \
-  -Dnlohmann_json_DIR="$CARRY/usr/share/cmake/nlohmann_json" \
+  -Dnlohmann_json_DIR="$OFFLINE/usr/share/cmake/nlohmann_json" \
   -DCMAKE_CXX_FLAGS="-include cstdint" > "$OUT/configure.log" 2>&1
 rc=$?
 say "configure rc=$rc"
@@ -73,8 +73,8 @@ say "gpu tests rc=$rc: $(grep -E 'tests passed|tests failed' "$OUT/gpu_tests.log
 grep -E '\(Failed\)|\(Skipped\)|\(Timeout\)' "$OUT/gpu_tests.log" | head -20 | tee -a "$OUT/summary.txt"
 
 budget=$(left)
-# Leave the cluster step (below) its 90 s when it was carried.
-[[ -f $PWD/.gpu_carry/cluster.tar.xz ]] && budget=$((budget - 100))
+# Leave the cluster step (below) its 90 s when its pack is present.
+[[ -f $PWD/.offline_deps/cluster.tar.xz ]] && budget=$((budget - 100))
 if [[ $budget -gt 60 ]]; then
   timeout $((budget - 30)) "$BUILD/bench/gpu/gpu_engine_bench" --preset llama3-8b \
     --prefill_attention simt,tensor \
@@ -86,8 +86,8 @@ else
 fi
 
 # Optional: the disaggregated cluster with GPU KV pools staged through host mirrors
-# (tests/gpu/prepare_cluster_carry.sh carried a prebuilt duet and its runtime libraries).
-CLUSTER=$PWD/.gpu_carry/cluster.tar.xz
+# (tests/gpu/pack_offline_cluster.sh packed a prebuilt duet and its runtime libraries).
+CLUSTER=$PWD/.offline_deps/cluster.tar.xz
 budget=$(left)
 if [[ -f $CLUSTER && $budget -gt 60 ]]; then
   cdir=$(mktemp -d)

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Optional: prepares .gpu_carry/cluster/ for run_device_checks.sh's cluster step, which runs
+# Optional: prepares .offline_deps/cluster/ for run_device_checks.sh's cluster step, which runs
 # `duet serve --loopback --device=cuda` (prefill and decode nodes with their KV pools on the GPU,
 # staged through host mirrors) on a GPU host that cannot build duet (no gRPC, UCX, protobuf)
 # and may have no network: this packs a stripped `duet` and `duet-make-model`
 # built here (with CUDA, e.g. `ninja -C build duet duet-make-model`) plus the runtime libraries
 # duet loads, taken from Debian 12's packages (apt-get download, dpkg -x here, never into /) into
-# .gpu_carry/cluster.tar.xz (bin/, lib/; about 12 MB).
-#   tests/gpu/prepare_cluster_carry.sh [BUILD_DIR]      # ~1 min (xz); then copy .gpu_carry
+# .offline_deps/cluster.tar.xz (bin/, lib/; about 12 MB).
+#   tests/gpu/pack_offline_cluster.sh [BUILD_DIR]      # ~1 min (xz); then copy .offline_deps
 # Limits: the binaries need glibc >= 2.36 and libstdc++ from GCC 12 or newer on the GPU host
-# (they are not packed); the check below only shows that every library resolves from the carry.
+# (they are not packed); the check below only shows that every library resolves from the pack.
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 build=${1:-build}
-dest=.gpu_carry/cluster
+dest=.offline_deps/cluster
 rm -rf "$dest" "$dest.tmp" "$dest.tar.xz.tmp"
 pkgs=(libgrpc++1.51 libgrpc29 libprotobuf32 libucx0 libabsl20220623 libre2-9 libc-ares2
       libopenblas0-pthread libcpp-httplib0.11 libnuma1 libbrotli1 libssl3)
@@ -25,8 +25,8 @@ if ! ldd "$build/cli/duet" | grep -q libcudart; then
 fi
 exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
 mkdir -p "$(dirname "$exclude")"
-if ! grep -qx '/.gpu_carry/' "$exclude" 2>/dev/null; then
-  echo '/.gpu_carry/' >> "$exclude"
+if ! grep -qx '/.offline_deps/' "$exclude" 2>/dev/null; then
+  echo '/.offline_deps/' >> "$exclude"
 fi
 rm -rf "$dest.tmp"
 mkdir -p "$dest.tmp/debs" "$dest.tmp/bin"
@@ -41,18 +41,18 @@ LD_LIBRARY_PATH=$lib:$lib/openblas-pthread ldd "$dest.tmp/bin/duet" | awk '{prin
   grep "^$dest.tmp/prefix" | while read -r so; do cp -L "$so" "$dest.tmp/lib/"; done
 cp -rL "$lib/ucx" "$dest.tmp/lib/ucx"
 rm -rf "$dest.tmp/debs" "$dest.tmp/prefix"
-# Every non-system library must resolve from the carry (the CUDA ones from the GPU machine's).
+# Every non-system library must resolve from the pack (the CUDA ones from the GPU machine's).
 missing=$(LD_LIBRARY_PATH=$dest.tmp/lib ldd "$dest.tmp/bin/duet" |
   grep -E 'grpc|gpr|upb|protobuf|uc[pstm]|absl|re2|cares|openblas|httplib|numa|brotli|ssl|crypto' |
   grep -v "$dest.tmp/lib" || true)
 if [[ -n $missing ]]; then
-  echo "not resolved from the carry:" >&2
+  echo "not resolved from the pack:" >&2
   echo "$missing" >&2
   exit 3
 fi
-# xz: libopenblas alone is 35 MB unpacked; the carry limit is 64 MiB for everything.
+# xz: libopenblas alone is 35 MB unpacked; keeping the pack small.
 tar -C "$dest.tmp" -cJf "$dest.tar.xz.tmp" bin lib
 rm -rf "$dest.tmp"
 mv "$dest.tar.xz.tmp" "$dest.tar.xz"
 du -sh "$dest.tar.xz"
-echo "carry: .gpu_carry (run_device_checks.sh runs the cluster step when $dest.tar.xz exists)"
+echo "packed: .offline_deps (run_device_checks.sh runs the cluster step when $dest.tar.xz exists)"
