@@ -14,6 +14,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
@@ -43,6 +44,20 @@ int RunServeColocated(const std::vector<char*>& args) {
   if (args.size() > 1) {
     std::fprintf(stderr, "duet serve: unexpected argument '%s'\n", args[1]);
     return 2;
+  }
+  // Flags of the cluster's processes mean nothing to one process: set to anything but their
+  // default, they are refused by name rather than ignored.
+  for (const char* name : {"listen", "coordinator", "node_id", "transport", "no_layer_pipelining",
+                           "kv_staging", "address_file", "prefill", "decode", "ready_timeout_s",
+                           "ucx_net_devices", "heartbeat_timeout_ms"}) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag != nullptr && flag->CurrentValue() != flag->DefaultValue()) {
+      std::fprintf(stderr,
+                   "duet serve --colocated: --%s applies to the cluster's processes, not to the "
+                   "colocated server\n",
+                   name);
+      return 2;
+    }
   }
   colocated::ColocatedServerOptions o;
   o.runtime = NodeRuntimeOptionsFromFlags("colocated");
