@@ -58,6 +58,22 @@ def words(pre, text):
     return [text[a:b] for _, (a, b) in pre.pre_tokenize_str(text)]
 
 
+def hf_pre_tokenizers():
+    """HF `tokenizers` pre-tokenizers of the four kinds duet implements, by duet's name."""
+    return {
+        "gpt2": pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        "smollm": pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
+        "llama3": pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_RE), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+        "qwen2": pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_RE), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+    }
+
+
 def smollm2_bpe(gguf_path):
     """HF `tokenizers` BPE from the GGUF's vocabulary and merges, with SmolLM2's pre-tokenizer
     and its control tokens (token_type 3) as special tokens."""
@@ -78,24 +94,14 @@ def smollm2_bpe(gguf_path):
 
 def main():
     gguf_path, out_dir = sys.argv[1], sys.argv[2]
+    r = GGUFReader(gguf_path)
     tk = smollm2_bpe(gguf_path)
     cases = [{"text": s, "ids": tk.encode(s).ids} for s in STRINGS]
     with open(f"{out_dir}/smollm2_token_ids.json", "w", encoding="utf-8") as f:
         json.dump({"made_by": "tests/unit/model_real/make_reference.py (HF tokenizers)",
                    "cases": cases}, f, ensure_ascii=False, indent=1)
 
-    pres = {
-        "gpt2": pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        "smollm": pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
-        "llama3": pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_RE), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
-        "qwen2": pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_RE), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
-    }
+    pres = hf_pre_tokenizers()
     extra = ["x  \n\n  y", "a\n b", "1234567 89", "I'M HERE 'S", " \t\tfoo", "foo  ", "'abc"]
     splits = {name: [{"text": s, "words": words(p, s)} for s in STRINGS + extra]
               for name, p in pres.items()}

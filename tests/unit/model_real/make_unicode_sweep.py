@@ -43,7 +43,7 @@ import unicodedata
 import unicodedata2
 from tokenizers import Regex, pre_tokenizers
 
-from make_reference import LLAMA3_RE, QWEN2_RE, smollm2_bpe
+from make_reference import hf_pre_tokenizers, smollm2_bpe
 
 TEMPLATE = "{c}ab a{c}b {c}1{c}{c} x!{c}'{c}\n{c}\t{c}  {c}12{c}3{c}\n {c}"
 RUNS_PER_CATEGORY = 10
@@ -174,18 +174,7 @@ def sample(regex, numeric):
 
 def main():
     gguf_path, out_dir = sys.argv[1], sys.argv[2]
-    pres = {
-        "gpt2": pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        "smollm": pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
-        "llama3": pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_RE), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
-        "qwen2": pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_RE), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
-    }
+    pres = hf_pre_tokenizers()
     regex, numeric, folds = classes(pres)
     info = summary(regex, numeric)
     print(json.dumps(info, indent=1), file=sys.stderr)
