@@ -226,7 +226,7 @@ void ColocatedScheduler::Admit() {
     // grow without preempting the prompt just admitted.
     const int64_t need = pool_->layout().BlocksForTokens(n);
     const int64_t headroom = static_cast<int64_t>(active_.size());
-    if (!active_.empty() && pool_->num_free() < need + headroom) return;  // wait (FIFO)
+    if (!active_.empty() && pool_->num_available() < need + headroom) return;  // wait (FIFO)
     auto table = std::make_unique<kv::BlockTable>(pool_);
     if (!table->Reserve(n).ok()) return;  // wait for blocks to come back
     r.table = std::move(table);

@@ -1,5 +1,6 @@
 #include "common/kv/block_pool.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -45,7 +46,7 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::CreateOver(const KvLayout&
 
 BlockPool::BlockPool(const KvLayout& layout, int64_t num_blocks, void* region, bool owns_region)
     : layout_(layout), num_blocks_(num_blocks), region_(region), owns_region_(owns_region),
-      refcount_(num_blocks, 0) {
+      refcount_(num_blocks, 0), slots_(num_blocks) {
   for (int64_t i = 0; i < num_blocks; ++i) free_.insert(free_.end(), static_cast<BlockId>(i));
 }
 
@@ -56,19 +57,49 @@ BlockPool::~BlockPool() {
 absl::StatusOr<std::vector<BlockId>> BlockPool::Allocate(int64_t n) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("BlockPool: cannot allocate ", n, " blocks"));
   absl::MutexLock lock(&mu_);
-  if (static_cast<int64_t>(free_.size()) < n) {
-    return absl::ResourceExhaustedError(absl::StrCat("BlockPool: need ", n, " blocks, ",
-                                                     free_.size(), " of ", num_blocks_, " free"));
+  const int64_t free = static_cast<int64_t>(free_.size());
+  const int64_t evictable = static_cast<int64_t>(lru_.size());
+  if (free + evictable < n) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "BlockPool: need ", n, " blocks, ", free, " of ", num_blocks_, " free",
+        evictable > 0 ? absl::StrCat(" and ", evictable, " cached-evictable") : ""));
   }
   std::vector<BlockId> out;
   out.reserve(n);
-  for (int64_t i = 0; i < n; ++i) {
+  while (static_cast<int64_t>(out.size()) < n && !free_.empty()) {
     auto it = free_.begin();
     out.push_back(*it);
     refcount_[*it] = 1;
     free_.erase(it);
   }
+  while (static_cast<int64_t>(out.size()) < n) {
+    const BlockId id = lru_.front();
+    Unpublish(id);  // takes it off the LRU list
+    ++evictions_;
+    refcount_[id] = 1;
+    out.push_back(id);
+  }
   return out;
+}
+
+void BlockPool::Unpublish(BlockId id) {
+  CacheSlot& slot = slots_[id];
+  if (!slot.cached) return;
+  if (slot.evictable) lru_.erase(slot.lru);
+  index_.erase(slot.hash);
+  Record(KvCacheEvent::Kind::kRemoved, slot.hash);
+  slot = CacheSlot{};
+}
+
+void BlockPool::Record(KvCacheEvent::Kind kind, const BlockHash& hash) {
+  if (!events_on_) return;
+  if (events_.size() >= max_events_) {  // dropped: the reader sees the gap and takes a snapshot
+    events_.clear();
+    first_seq_ = next_seq_ + 1;
+  }
+  if (events_.empty()) first_seq_ = next_seq_;
+  events_.push_back({.kind = kind, .hash = hash});
+  ++next_seq_;
 }
 
 absl::Status BlockPool::CheckIds(absl::Span<const BlockId> ids, const char* op,
@@ -85,7 +116,8 @@ absl::Status BlockPool::CheckIds(absl::Span<const BlockId> ids, const char* op,
     }
     if (!want_quarantined && rc <= 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "BlockPool::", op, ": block ", id, rc == 0 ? " is free" : " is quarantined"));
+          "BlockPool::", op, ": block ", id,
+          rc == kQuarantined ? " is quarantined" : (slots_[id].cached ? " is evictable" : " is free")));
     }
   }
   return absl::OkStatus();
@@ -102,7 +134,6 @@ absl::Status BlockPool::Free(absl::Span<const BlockId> ids) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckIds(ids, "Free", false); !s.ok()) return s;
   // A duplicate id in one call must not drive a refcount below zero.
-  std::vector<int32_t> drops;
   for (BlockId id : ids) {
     int n = 0;
     for (BlockId other : ids) n += (other == id);
@@ -112,7 +143,14 @@ absl::Status BlockPool::Free(absl::Span<const BlockId> ids) {
     }
   }
   for (BlockId id : ids) {
-    if (--refcount_[id] == 0) free_.insert(id);
+    if (--refcount_[id] > 0) continue;
+    CacheSlot& slot = slots_[id];
+    if (slot.cached) {
+      slot.evictable = true;
+      slot.lru = lru_.insert(lru_.end(), id);
+    } else {
+      free_.insert(id);
+    }
   }
   return absl::OkStatus();
 }
@@ -120,6 +158,13 @@ absl::Status BlockPool::Free(absl::Span<const BlockId> ids) {
 absl::Status BlockPool::Quarantine(absl::Span<const BlockId> ids) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckIds(ids, "Quarantine", false); !s.ok()) return s;
+  for (BlockId id : ids) {
+    if (slots_[id].cached) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "BlockPool::Quarantine: block ", id, " holds cached K/V (", slots_[id].hash.ToHex(),
+          "), which is never written: only a block being written can be quarantined"));
+    }
+  }
   for (BlockId id : ids) refcount_[id] = kQuarantined;
   return absl::OkStatus();
 }
@@ -134,6 +179,98 @@ absl::Status BlockPool::ReleaseQuarantine(absl::Span<const BlockId> ids) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> BlockPool::Publish(BlockId id, const BlockHash& hash,
+                                        absl::Span<const int32_t> tokens) {
+  if (static_cast<int64_t>(tokens.size()) != layout_.block_size) {
+    return absl::InvalidArgumentError(absl::StrCat("BlockPool::Publish: block ", id, " gets ",
+                                                   tokens.size(), " token ids, not one block of ",
+                                                   layout_.block_size));
+  }
+  absl::MutexLock lock(&mu_);
+  const BlockId one[1] = {id};
+  if (absl::Status s = CheckIds(one, "Publish", false); !s.ok()) return s;
+  CacheSlot& slot = slots_[id];
+  if (slot.cached) {
+    if (slot.hash == hash) return false;
+    return absl::FailedPreconditionError(absl::StrCat("BlockPool::Publish: block ", id,
+                                                      " is already cached as ", slot.hash.ToHex(),
+                                                      ", not ", hash.ToHex()));
+  }
+  if (index_.contains(hash)) return false;
+  slot.cached = true;
+  slot.hash = hash;
+  slot.tokens.assign(tokens.begin(), tokens.end());
+  index_.emplace(hash, id);
+  Record(KvCacheEvent::Kind::kStored, hash);
+  return true;
+}
+
+std::vector<BlockId> BlockPool::AcquirePrefix(absl::Span<const BlockHash> chain,
+                                              absl::Span<const int32_t> tokens) {
+  std::vector<BlockId> out;
+  const size_t bs = static_cast<size_t>(layout_.block_size);
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < chain.size() && (i + 1) * bs <= tokens.size(); ++i) {
+    auto it = index_.find(chain[i]);
+    if (it == index_.end()) break;
+    CacheSlot& slot = slots_[it->second];
+    if (!std::equal(slot.tokens.begin(), slot.tokens.end(), tokens.begin() + i * bs)) break;
+    if (slot.evictable) {
+      lru_.erase(slot.lru);
+      slot.evictable = false;
+    }
+    ++refcount_[it->second];
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+int64_t BlockPool::CachedPrefixBlocks(absl::Span<const BlockHash> chain) const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  while (n < static_cast<int64_t>(chain.size()) && index_.contains(chain[n])) ++n;
+  return n;
+}
+
+int64_t BlockPool::EvictAll() {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  while (!lru_.empty()) {
+    const BlockId id = lru_.front();
+    Unpublish(id);
+    free_.insert(id);
+    ++n;
+  }
+  evictions_ += n;
+  return n;
+}
+
+void BlockPool::EnableEvents(size_t max_buffered) {
+  absl::MutexLock lock(&mu_);
+  events_on_ = true;
+  max_events_ = std::max<size_t>(1, max_buffered);
+}
+
+KvEventBatch BlockPool::DrainEvents() {
+  absl::MutexLock lock(&mu_);
+  KvEventBatch b;
+  b.first_seq = events_.empty() ? next_seq_ : first_seq_;
+  b.events = std::move(events_);
+  events_.clear();
+  return b;
+}
+
+KvCacheSnapshot BlockPool::Snapshot() {
+  absl::MutexLock lock(&mu_);
+  KvCacheSnapshot s;
+  s.next_seq = next_seq_;
+  s.hashes.reserve(index_.size());
+  for (const auto& [hash, id] : index_) s.hashes.push_back(hash);
+  std::sort(s.hashes.begin(), s.hashes.end());
+  events_.clear();  // the snapshot holds their effect
+  return s;
+}
+
 int BlockPool::RefCount(BlockId id) const {
   absl::MutexLock lock(&mu_);
   if (id < 0 || id >= num_blocks_) return 0;
@@ -145,13 +282,21 @@ bool BlockPool::IsQuarantined(BlockId id) const {
   return id >= 0 && id < num_blocks_ && refcount_[id] == kQuarantined;
 }
 
+bool BlockPool::IsCached(BlockId id) const {
+  absl::MutexLock lock(&mu_);
+  return id >= 0 && id < num_blocks_ && slots_[id].cached;
+}
+
 BlockPoolStats BlockPool::Stats() const {
   absl::MutexLock lock(&mu_);
   BlockPoolStats s;
   s.total = num_blocks_;
   s.free = static_cast<int64_t>(free_.size());
+  s.evictable = static_cast<int64_t>(lru_.size());
   for (int32_t rc : refcount_) s.quarantined += (rc == kQuarantined);
-  s.used = s.total - s.free - s.quarantined;
+  s.used = s.total - s.free - s.evictable - s.quarantined;
+  s.cached = static_cast<int64_t>(index_.size());
+  s.evictions = evictions_;
   return s;
 }
 

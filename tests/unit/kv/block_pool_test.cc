@@ -23,9 +23,9 @@ TEST(BlockPoolTest, AllocateIsAllOrNothingAndLowestFirst) {
   auto too_many = pool->Allocate(6);
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(too_many.status().message().find("need 6 blocks, 5 of 8 free"), std::string::npos);
-  EXPECT_EQ(pool->num_free(), 5);
+  EXPECT_EQ(pool->num_available(), 5);
   ASSERT_TRUE(pool->Free(*a).ok());
-  EXPECT_EQ(pool->num_free(), 8);
+  EXPECT_EQ(pool->num_available(), 8);
 }
 
 TEST(BlockPoolTest, FreeRejectsBadIdsAndChangesNothing) {
@@ -46,9 +46,9 @@ TEST(BlockPoolTest, RefCountsKeepSharedBlocks) {
   ASSERT_TRUE(pool->AddRef(a).ok());
   EXPECT_EQ(pool->RefCount(a[0]), 2);
   ASSERT_TRUE(pool->Free(a).ok());
-  EXPECT_EQ(pool->num_free(), 3);
+  EXPECT_EQ(pool->num_available(), 3);
   ASSERT_TRUE(pool->Free(a).ok());
-  EXPECT_EQ(pool->num_free(), 4);
+  EXPECT_EQ(pool->num_available(), 4);
 }
 
 TEST(BlockPoolTest, QuarantinedBlocksAreNotReusedUntilReleased) {
@@ -97,7 +97,7 @@ TEST(BlockPoolTest, RandomChurnNeverLeaks) {
     int64_t n = 0;
     for (auto& h : held) for (BlockId b : h) { seen.insert(b); ++n; }
     ASSERT_EQ(static_cast<int64_t>(seen.size()), n) << "a block was handed out twice";
-    ASSERT_EQ(pool->num_free() + n, 64);
+    ASSERT_EQ(pool->num_available() + n, 64);
   }
 }
 
@@ -112,9 +112,9 @@ TEST(BlockTableTest, SlotsFollowBlocksAndReleaseFreesAll) {
     EXPECT_EQ(t.Slot(6), t.blocks()[1] * 4 + 2);
     EXPECT_FALSE(t.Reserve(100).ok());
     EXPECT_EQ(t.blocks().size(), 3u);  // failed reserve changes nothing
-    EXPECT_EQ(pool->num_free(), 5);
+    EXPECT_EQ(pool->num_available(), 5);
   }
-  EXPECT_EQ(pool->num_free(), 8);  // destructor released
+  EXPECT_EQ(pool->num_available(), 8);  // destructor released
 }
 
 }  // namespace

@@ -106,7 +106,7 @@ TEST_P(KvCacheExactTest, DecodeMatchesRecompute) {
       EXPECT_LT(RelErr(dec, full), 1e-4) << "prefix " << prefix << " step " << step;
     }
   }
-  EXPECT_EQ(m.pool->num_free(), m.pool->num_blocks());
+  EXPECT_EQ(m.pool->num_available(), m.pool->num_blocks());
 }
 
 INSTANTIATE_TEST_SUITE_P(GqaRatios, KvCacheExactTest,
@@ -282,7 +282,7 @@ TEST(ModelRunnerTest, BadInputIsRefusedAndChangesNothing) {
                                         {.seq_id = 2, .tokens = Tokens(40, 2, vocab), .table = &u}};
   EXPECT_EQ(m.runner->Forward(absl::MakeSpan(too_big), m.pool->View()).status().code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(m.pool->num_free(), 4);
+  EXPECT_EQ(m.pool->num_available(), 4);
   EXPECT_EQ(t.num_tokens(), 0);
   // A pool of another layout is refused, naming both.
   kv::KvLayout other = m.runner->MakeKvLayout(16);
@@ -392,7 +392,7 @@ TEST(LocalEngineTest, GreedyGenerationIsDeterministicAndStops) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->stop, StopReason::kStopToken);
   EXPECT_LE(c->generated_ids.size(), 3u);
-  EXPECT_EQ((*e1)->pool().num_free(), (*e1)->pool().num_blocks());
+  EXPECT_EQ((*e1)->pool().num_available(), (*e1)->pool().num_blocks());
   EXPECT_FALSE((*e1)->Generate({}, p).ok());
 }
 

@@ -1,0 +1,94 @@
+#include "common/kv/kv_cache_manager.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+
+namespace duet::kv {
+
+std::vector<BlockId> SequenceBlocks::all() const {
+  std::vector<BlockId> out = cached;
+  out.insert(out.end(), fresh.begin(), fresh.end());
+  return out;
+}
+
+std::unique_ptr<BlockTable> SequenceBlocks::MakeTable(BlockPool* pool) && {
+  std::vector<BlockId> blocks = all();
+  cached.clear();
+  fresh.clear();
+  return std::make_unique<BlockTable>(pool, std::move(blocks), cached_tokens);
+}
+
+KvCacheManager::KvCacheManager(BlockPool* pool, BlockHash seed, bool enable_prefix_caching)
+    : pool_(pool), seed_(seed), enabled_(enable_prefix_caching),
+      block_size_(pool->layout().block_size) {}
+
+int64_t KvCacheManager::MaxCachedTokens(int64_t n) const {
+  if (n <= 1) return 0;
+  return (n - 1) / block_size_ * block_size_;
+}
+
+std::vector<BlockHash> KvCacheManager::Chain(absl::Span<const int32_t> tokens,
+                                             int64_t max_blocks) const {
+  return ChainHashes(seed_, tokens, block_size_, max_blocks);
+}
+
+absl::StatusOr<SequenceBlocks> KvCacheManager::AllocateSequence(absl::Span<const int32_t> tokens,
+                                                                int64_t capacity_tokens) {
+  if (capacity_tokens < static_cast<int64_t>(tokens.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheManager: room for ", capacity_tokens,
+                                                   " tokens is less than the ", tokens.size(),
+                                                   " the sequence starts with"));
+  }
+  SequenceBlocks s;
+  if (enabled_) {
+    const int64_t max_blocks = MaxCachedTokens(static_cast<int64_t>(tokens.size())) / block_size_;
+    s.cached = pool_->AcquirePrefix(Chain(tokens, max_blocks), tokens);
+    s.cached_tokens = static_cast<int64_t>(s.cached.size()) * block_size_;
+    queries_.fetch_add(1);
+    query_tokens_.fetch_add(static_cast<int64_t>(tokens.size()));
+  }
+  const int64_t want = pool_->layout().BlocksForTokens(capacity_tokens) -
+                       static_cast<int64_t>(s.cached.size());
+  absl::StatusOr<std::vector<BlockId>> fresh = pool_->Allocate(want);
+  if (!fresh.ok()) {
+    if (!s.cached.empty()) {
+      absl::Status freed = pool_->Free(s.cached);
+      if (!freed.ok()) DUET_LOG(ERROR) << "KvCacheManager: giving back cached blocks: " << freed;
+    }
+    return fresh.status();
+  }
+  if (enabled_) hit_tokens_.fetch_add(s.cached_tokens);
+  s.fresh = *std::move(fresh);
+  return s;
+}
+
+int64_t KvCacheManager::Publish(const BlockTable& table, absl::Span<const int32_t> tokens) {
+  if (!enabled_) return 0;
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), table.num_tokens());
+  const int64_t full = std::min<int64_t>(n / block_size_, table.blocks().size());
+  const std::vector<BlockHash> chain = Chain(tokens, full);
+  int64_t published = 0;
+  for (int64_t i = 0; i < full; ++i) {
+    absl::StatusOr<bool> p = pool_->Publish(table.blocks()[i], chain[i],
+                                            tokens.subspan(i * block_size_, block_size_));
+    if (!p.ok()) {
+      DUET_LOG(ERROR) << "KvCacheManager: publishing block " << i << ": " << p.status();
+      break;
+    }
+    published += *p;
+  }
+  published_.fetch_add(published);
+  return published;
+}
+
+PrefixCacheCounters KvCacheManager::counters() const {
+  return PrefixCacheCounters{.queries = queries_.load(),
+                             .query_tokens = query_tokens_.load(),
+                             .hit_tokens = hit_tokens_.load(),
+                             .published_blocks = published_.load()};
+}
+
+}  // namespace duet::kv

@@ -1,0 +1,89 @@
+// KvCacheManager: how a scheduler gets KV blocks for a sequence, with prefix caching. One per
+// process, over the process's BlockPool; the prefill, decode and colocated schedulers all go
+// through it, so reuse, eviction and accounting are the same everywhere.
+//
+// A new sequence first takes the longest cached run of its leading full blocks (referenced, so
+// they cannot be evicted while it runs), then fresh blocks for the rest. The last prompt token is
+// never taken from the cache (its forward pass produces the first token's logits), so at most
+// MaxCachedTokens(n) = floor((n - 1) / block_size) * block_size tokens hit. Once a block's K/V
+// are complete (computed, or landed from a transfer), Publish makes it findable; when its last
+// user frees it, it stays cached until an allocation needs the room (BlockPool).
+//
+//   KvCacheManager kv(pool, seed, /*enable_prefix_caching=*/true);
+//   DUET_ASSIGN_OR_RETURN(SequenceBlocks s, kv.AllocateSequence(prompt, prompt.size()));
+//   BlockTable table = s.MakeTable(pool);   // table.num_tokens() == s.cached_tokens
+//   ... compute prompt[s.cached_tokens:] ...
+//   kv.Publish(table, prompt);              // its full blocks are now shared
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/kv/block_hash.h"
+#include "common/kv/block_pool.h"
+#include "common/kv/block_table.h"
+
+namespace duet::kv {
+
+// The blocks of a new sequence. The caller owns one reference to each.
+struct SequenceBlocks {
+  std::vector<BlockId> cached;  // leading blocks from the cache, complete K/V
+  std::vector<BlockId> fresh;   // the rest, to be written
+  int64_t cached_tokens = 0;    // cached.size() * block_size
+
+  std::vector<BlockId> all() const;
+  // A table over all of them holding `cached_tokens` tokens (it frees them when it goes).
+  std::unique_ptr<BlockTable> MakeTable(BlockPool* pool) &&;
+};
+
+struct PrefixCacheCounters {
+  int64_t queries = 0;        // sequences looked up
+  int64_t query_tokens = 0;   // their prompt tokens
+  int64_t hit_tokens = 0;     // of those, taken from the cache
+  int64_t published_blocks = 0;
+};
+
+class KvCacheManager {
+ public:
+  // `pool` must outlive the manager.
+  KvCacheManager(BlockPool* pool, BlockHash seed, bool enable_prefix_caching);
+  KvCacheManager(const KvCacheManager&) = delete;
+  KvCacheManager& operator=(const KvCacheManager&) = delete;
+
+  BlockPool* pool() const { return pool_; }
+  bool enabled() const { return enabled_; }
+  const BlockHash& seed() const { return seed_; }
+  int block_size() const { return block_size_; }
+
+  // The most leading tokens of an n-token prompt that may come from the cache.
+  int64_t MaxCachedTokens(int64_t n) const;
+  // The chain hashes of `tokens`' full blocks (at most max_blocks, -1: all).
+  std::vector<BlockHash> Chain(absl::Span<const int32_t> tokens, int64_t max_blocks = -1) const;
+
+  // Blocks for a sequence that starts with `tokens` and needs room for `capacity_tokens`
+  // (>= tokens.size()): the cached prefix (up to MaxCachedTokens(tokens.size()), none when
+  // caching is off) and fresh blocks. All or nothing: ResourceExhausted naming the pool's state.
+  absl::StatusOr<SequenceBlocks> AllocateSequence(absl::Span<const int32_t> tokens,
+                                                  int64_t capacity_tokens);
+  // Publishes the full blocks of `table` that hold tokens[0, min(|tokens|, num_tokens())):
+  // their K/V must be complete. Blocks already cached, or whose hash another block holds, are
+  // left as they are. Returns the blocks newly published (0 when caching is off).
+  int64_t Publish(const BlockTable& table, absl::Span<const int32_t> tokens);
+
+  PrefixCacheCounters counters() const;
+
+ private:
+  BlockPool* const pool_;
+  const BlockHash seed_;
+  const bool enabled_;
+  const int block_size_;
+  std::atomic<int64_t> queries_{0};
+  std::atomic<int64_t> query_tokens_{0};
+  std::atomic<int64_t> hit_tokens_{0};
+  std::atomic<int64_t> published_{0};
+};
+
+}  // namespace duet::kv
