@@ -226,6 +226,11 @@ kv::KvLayout ModelRunner::MakeKvLayout(int block_size) const {
                       .dtype = kv_dtype_};
 }
 
+kv::BlockHash ModelRunner::PrefixCacheSeed(int block_size) const {
+  return kv::SeedFromText(
+      absl::StrCat(MakeKvLayout(block_size).Describe(), "\n", config_.ToJsonString()));
+}
+
 absl::Status ModelRunner::SetKvDtype(kv::KvDtype dtype) {
   if (dtype != kv::KvDtype::kF32 && backend_->name() == "cpu") {
     return absl::InvalidArgumentError(absl::StrCat("KV dtype ", kv::KvDtypeName(dtype),

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/compute/compute_backend.h"
+#include "common/kv/block_hash.h"
 #include "common/kv/block_table.h"
 #include "common/model/model_config.h"
 #include "common/model/sampler.h"
@@ -90,6 +91,10 @@ class ModelRunner {
   // The KV layout this model needs in a pool with the given block size (K/V in kv_dtype(),
   // f32 unless SetKvDtype chose otherwise).
   kv::KvLayout MakeKvLayout(int block_size) const;
+  // The seed of the prefix cache's block hash chains (common/kv/block_hash.h) for this model's
+  // KV at `block_size`: the layout (with its dtype) and the whole config (RoPE, norms, dims),
+  // everything that changes K/V besides the tokens.
+  kv::BlockHash PrefixCacheSeed(int block_size) const;
   // f16/bf16 KV caches halve KV memory and traffic; only backends other than cpu store them
   // (InvalidArgument on cpu). Call before the first Forward; pools must use MakeKvLayout.
   absl::Status SetKvDtype(kv::KvDtype dtype);
