@@ -26,6 +26,8 @@ ABSL_FLAG(std::string, node_id, "", "node id, stable across restarts (default: k
 ABSL_FLAG(std::string, transport, "shm",
           "KV transport between nodes: shm, tcp or shm-mm (UCX profiles)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 256ll << 20, "bytes of the node's KV pool");
+ABSL_FLAG(bool, enable_prefix_caching, true,
+          "reuse the KV of cached prompt prefixes (prefill, decode and colocated nodes)");
 ABSL_FLAG(int64_t, max_batch_tokens, 2048, "prefill: token budget of one forward pass");
 ABSL_FLAG(bool, no_layer_pipelining, false,
           "prefill: send all layers after the forward pass instead of as each layer finishes");

@@ -17,6 +17,7 @@ ABSL_DECLARE_FLAG(std::string, coordinator);
 ABSL_DECLARE_FLAG(std::string, node_id);
 ABSL_DECLARE_FLAG(std::string, transport);
 ABSL_DECLARE_FLAG(int64_t, kv_cache_bytes);
+ABSL_DECLARE_FLAG(bool, enable_prefix_caching);
 ABSL_DECLARE_FLAG(std::string, kv_staging);
 ABSL_DECLARE_FLAG(int, metrics_port);
 ABSL_DECLARE_FLAG(std::string, metrics_host);
@@ -40,6 +41,7 @@ cluster::NodeRuntimeOptions NodeRuntimeOptionsFromFlags(const std::string& kind)
   o.cpu_gemm = absl::GetFlag(FLAGS_cpu_gemm);
   o.block_size = absl::GetFlag(FLAGS_block_size);
   o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  o.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   return o;
@@ -58,6 +60,7 @@ std::vector<std::string> NodeFlagsForChild() {
           "--cpu_gemm=" + absl::GetFlag(FLAGS_cpu_gemm),
           absl::StrCat("--block_size=", absl::GetFlag(FLAGS_block_size)),
           absl::StrCat("--kv_cache_bytes=", absl::GetFlag(FLAGS_kv_cache_bytes)),
+          absl::StrCat("--enable_prefix_caching=", absl::GetFlag(FLAGS_enable_prefix_caching)),
           "--metrics_host=" + absl::GetFlag(FLAGS_metrics_host),
           "--transport=" + absl::GetFlag(FLAGS_transport),
           "--ucx_net_devices=" + absl::GetFlag(FLAGS_ucx_net_devices),

@@ -37,6 +37,8 @@ struct ColocatedScheduler::Request {
   absl::Time prefilled_at;
   bool joined_decode = false;
   int32_t last_token = -1;
+  std::vector<int32_t> output;  // sampled tokens, in order
+  int64_t cached_tokens = 0;    // of the prompt, taken from the prefix cache
   int generated = 0;    // output tokens so far
   int preemptions = 0;  // times its prefill was given up for a growing decode
 };
@@ -53,7 +55,11 @@ struct ColocatedScheduler::Item {
 
 ColocatedScheduler::ColocatedScheduler(ColocatedSchedulerOptions options,
                                        model::ModelRunner* runner, kv::BlockPool* pool)
-    : options_(std::move(options)), runner_(runner), pool_(pool) {}
+    : options_(std::move(options)),
+      runner_(runner),
+      pool_(pool),
+      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size),
+          options_.enable_prefix_caching) {}
 
 absl::StatusOr<std::unique_ptr<ColocatedScheduler>> ColocatedScheduler::Create(
     ColocatedSchedulerOptions options, model::ModelRunner* runner, kv::BlockPool* pool) {
@@ -139,7 +145,7 @@ ColocatedLoad ColocatedScheduler::Load() const {
   const kv::BlockPoolStats stats = pool_->Stats();
   absl::MutexLock lock(&mu_);
   ColocatedLoad load = load_;
-  load.free_blocks = stats.free;
+  load.free_blocks = stats.available();
   load.total_blocks = stats.total;
   return load;
 }
@@ -227,9 +233,11 @@ void ColocatedScheduler::Admit() {
     const int64_t need = pool_->layout().BlocksForTokens(n);
     const int64_t headroom = static_cast<int64_t>(active_.size());
     if (!active_.empty() && pool_->num_available() < need + headroom) return;  // wait (FIFO)
-    auto table = std::make_unique<kv::BlockTable>(pool_);
-    if (!table->Reserve(n).ok()) return;  // wait for blocks to come back
-    r.table = std::move(table);
+    absl::StatusOr<kv::SequenceBlocks> blocks = kv_.AllocateSequence(r.prompt, n);
+    if (!blocks.ok()) return;  // wait for blocks to come back
+    r.cached_tokens = blocks->cached_tokens;
+    r.prefilled_tokens = r.cached_tokens;
+    r.table = std::move(*blocks).MakeTable(pool_);
     r.phase = Phase::kPrefilling;
     active_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -289,6 +297,7 @@ bool ColocatedScheduler::PreemptNewestPrefill() {
     r.table.reset();
     r.phase = Phase::kWaiting;
     r.prefilled_tokens = 0;
+    r.cached_tokens = 0;
     r.first_pass = absl::InfiniteFuture();
     r.compute_us = 0;
     r.chunks = 0;
@@ -349,6 +358,7 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
       r.prefilled_tokens += it.tokens;
       r.compute_us += Micros(t1 - t0);
       ++r.chunks;
+      kv_.Publish(*r.table, r.prompt);  // the blocks this chunk completed
       if (!it.final) continue;
     }
     auto row = rows.find(r.seq_id);
@@ -375,7 +385,9 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
       ev.queue_us = std::max<int64_t>(0, Micros(r.first_pass - r.submitted));
       ev.prefill_compute_us = r.compute_us;
       ev.prefill_chunks = r.chunks;
+      ev.cached_tokens = r.cached_tokens;
     }
+    r.output.push_back(ev.token.id);
     // The stop rules of LocalEngine::Generate and the decode node.
     model::StopReason stop = model::CheckStop(r.params, options_.eos_ids, ev.token.id, r.generated);
     if (stop == model::StopReason::kNone &&
@@ -384,6 +396,7 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
     }
     if (stop != model::StopReason::kNone) {
       ev.finish = cluster::FinishReasonFromStop(stop);
+      PublishSequence(r);
       Finish(r, std::move(ev));
       continue;
     }
@@ -391,6 +404,13 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
     r.last_token = ev.token.id;
     r.stream->Push(std::move(ev));
   }
+}
+
+void ColocatedScheduler::PublishSequence(Request& r) {
+  // Every token but the last sampled one has its K/V in the table.
+  std::vector<int32_t> seq = r.prompt;
+  seq.insert(seq.end(), r.output.begin(), r.output.end());
+  kv_.Publish(*r.table, seq);
 }
 
 void ColocatedScheduler::Finish(Request& r, ColocatedEvent last) {

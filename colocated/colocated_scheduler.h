@@ -42,6 +42,7 @@
 #include "common/base/event_stream.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
+#include "common/kv/kv_cache_manager.h"
 #include "common/model/model_runner.h"
 #include "common/model/sampler.h"
 
@@ -56,6 +57,7 @@ struct ColocatedEvent {
   int64_t queue_us = 0;            // submitted -> first forward pass holding the prompt
   int64_t prefill_compute_us = 0;  // wall time of the passes holding the prompt
   int prefill_chunks = 0;          // passes the prompt took
+  int64_t cached_tokens = 0;       // prompt tokens taken from the prefix cache (not computed)
   // Set on the event of the first decoded token (index 1).
   bool joined_decode = false;
   int64_t decode_admission_us = 0;  // prompt prefilled -> its first decode step started
@@ -94,6 +96,8 @@ struct ColocatedSchedulerOptions {
   // How long an idle scheduler thread sleeps between checks.
   absl::Duration idle_wait = absl::Milliseconds(20);
   std::function<void(const StepInfo&)> on_step;  // called on the scheduler thread
+  // Reuse the KV of cached prompt prefixes (common/kv/kv_cache_manager.h).
+  bool enable_prefix_caching = true;
 };
 
 struct SubmitArgs {
@@ -134,6 +138,7 @@ class ColocatedScheduler {
 
   ColocatedLoad Load() const;
   kv::BlockPoolStats PoolStats() const { return pool_->Stats(); }
+  kv::PrefixCacheCounters PrefixCacheCounters() const { return kv_.counters(); }
 
  private:
   enum class Phase { kWaiting, kPrefilling, kDecoding };
@@ -154,12 +159,15 @@ class ColocatedScheduler {
   // Frees the request's blocks, forgets it and pushes `last` (finish set by the caller).
   void Finish(Request& r, ColocatedEvent last);
   void Fail(Request& r, absl::Status error);
+  // Publishes the full blocks of a finished request (prompt and generated tokens).
+  void PublishSequence(Request& r);
   void RemoveDone();
   void PublishLoad();
 
   const ColocatedSchedulerOptions options_;
   model::ModelRunner* const runner_;
   kv::BlockPool* const pool_;
+  kv::KvCacheManager kv_;  // how every request gets its blocks
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -35,7 +35,9 @@ absl::Status ColocatedServer::Init() {
                         ColocatedScheduler::Create({.name = ro.node_id,
                                                     .max_batch_tokens = o.max_batch_tokens,
                                                     .max_running = o.max_running,
-                                                    .eos_ids = engine.tokenizer().eos_ids()},
+                                                    .eos_ids = engine.tokenizer().eos_ids(),
+                                                    .enable_prefix_caching =
+                                                        ro.enable_prefix_caching},
                                                    &engine.runner(), pool));
   service_ = std::make_unique<ColocatedService>(
       scheduler_.get(), &engine.tokenizer(), engine.config(),

@@ -131,6 +131,7 @@ absl::Status ColocatedService::DoGenerate(const v1::GenerateRequest& req,
         timings.set_prefill_compute_us(ev.prefill_compute_us);
         timings.set_time_to_first_token_us(Micros(first_token_at - start));
         timings.set_prefill_attempts(1);
+        timings.set_prefill_cached_tokens(static_cast<int32_t>(ev.cached_tokens));
       }
       if (ev.joined_decode) timings.set_decode_admission_us(ev.decode_admission_us);
       if (ev.finish == FinishReason::kError) {

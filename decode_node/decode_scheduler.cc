@@ -283,7 +283,7 @@ absl::StatusOr<std::shared_ptr<TokenStream>> DecodeScheduler::Subscribe(
 
 SchedulerLoad DecodeScheduler::Load() const {
   const kv::BlockPoolStats stats = pool_->Stats();
-  SchedulerLoad load{.free_blocks = stats.free, .total_blocks = stats.total};
+  SchedulerLoad load{.free_blocks = stats.available(), .total_blocks = stats.total};
   absl::MutexLock lock(&mu_);
   for (const auto& [id, r] : requests_) {
     if (r->state == State::kRunning) {

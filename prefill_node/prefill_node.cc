@@ -86,7 +86,7 @@ absl::Status PrefillNode::Init() {
                          .load = [sched, pool] {
                            const PrefillLoad l = sched->Load();
                            const kv::BlockPoolStats s = pool->Stats();
-                           return cluster::NodeLoad{.free_blocks = s.free,
+                           return cluster::NodeLoad{.free_blocks = s.available(),
                                                     .total_blocks = s.total,
                                                     .queued_tokens = l.queued_tokens,
                                                     .running_requests = l.running_requests};

@@ -1,4 +1,5 @@
-// The Prometheus gauge of a KV BlockPool by state (free, used, quarantined, total), read at
+// The Prometheus gauge of a KV BlockPool by state (free, evictable, used, quarantined, total;
+// and cached: used or evictable blocks in the prefix cache), read at
 // each scrape: one definition for the prefill and decode nodes and the colocated server.
 //
 //   kv::AddBlockPoolGauge(&registry, "duet_decode_kv_blocks", "The decode node's KV pool by state",

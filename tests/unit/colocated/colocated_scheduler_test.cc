@@ -115,7 +115,7 @@ class ColocatedSchedulerTest : public ::testing::Test {
   }
   bool AllFree() const {
     const kv::BlockPoolStats s = pool_->Stats();
-    return s.free == s.total && s.used == 0;
+    return s.available() == s.total && s.used == 0 && s.quarantined == 0;
   }
   // Runs on the scheduler thread before each step's forward pass.
   void SetHook(std::function<void(const StepInfo&)> hook) {
@@ -410,6 +410,129 @@ TEST(ColocatedSchedulerCreateTest, RefusesABudgetBelowTheBatch) {
                                       &(*e)->pool());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("max_running"), std::string::npos) << s.status();
+}
+
+namespace prefix {
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+int64_t CachedOf(const Outcome& o) {
+  for (const ColocatedEvent& e : o.events) {
+    if (e.prefilled) return e.cached_tokens;
+  }
+  return -1;
+}
+
+}  // namespace prefix
+
+// Prefix caching: requests that share a prefix (of lengths across block boundaries, with
+// suffixes of every length, greedy and seeded, alone and batched with others, chunked) take
+// its full blocks from the cache, never the block of the last prompt token, and still produce
+// exactly LocalEngine::Generate's tokens. The generated tokens' blocks are cached too.
+TEST_F(ColocatedSchedulerTest, PrefixCacheHitsAreTokenExact) {
+  using prefix::CachedOf;
+  using prefix::Concat;
+  Start({.max_batch_tokens = 24, .max_running = 8});
+  const std::vector<int> prefix_lengths = {3, 4, 7, 8, 13, 16, 33};
+  const std::vector<int> suffix_lengths = {0, 1, 2, 5, 11};
+  int salt = 100;
+  for (int plen : prefix_lengths) {
+    const std::vector<int32_t> shared = Prompt(plen, salt++);
+    // Warm the cache with the prefix plus a suffix of its own.
+    const std::vector<int32_t> first = Concat(shared, Prompt(3, salt++));
+    model::SamplingParams greedy{.max_tokens = 4, .ignore_eos = true};
+    Outcome warm = Drain(*Submit(absl::StrCat("warm", plen), first, greedy));
+    ASSERT_EQ(warm.finish, FinishReason::kMaxTokens) << warm.error;
+    EXPECT_EQ(CachedOf(warm), 0);
+    // Then several requests at once that share the prefix, mixed with an unrelated one.
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<model::SamplingParams> params;
+    std::vector<std::shared_ptr<ColocatedStream>> streams;
+    for (size_t k = 0; k < suffix_lengths.size(); ++k) {
+      std::vector<int32_t> p = Concat(shared, Prompt(suffix_lengths[k], salt++));
+      if (p.empty()) continue;
+      model::SamplingParams sp{.max_tokens = 6, .ignore_eos = true, .logprobs = 1};
+      if (k % 2) {
+        sp.temperature = 0.8f;
+        sp.seed = 5 + k;
+      }
+      prompts.push_back(p);
+      params.push_back(sp);
+      streams.push_back(Submit(absl::StrCat("p", plen, "-", k), p, sp));
+    }
+    prompts.push_back(Prompt(29, salt++));
+    params.push_back(greedy);
+    streams.push_back(Submit(absl::StrCat("other", plen), prompts.back(), greedy));
+    for (size_t k = 0; k < streams.size(); ++k) {
+      ASSERT_NE(streams[k], nullptr);
+      Outcome o = Drain(*streams[k]);
+      ASSERT_EQ(o.finish, FinishReason::kMaxTokens) << o.error;
+      EXPECT_EQ(o.ids, Reference(prompts[k], params[k]))
+          << "prefix " << plen << ", prompt of " << prompts[k].size();
+      const int64_t n = static_cast<int64_t>(prompts[k].size());
+      const int64_t shared_full = k + 1 == streams.size() ? 0 : plen / 4 * 4;
+      EXPECT_EQ(CachedOf(o), std::min(shared_full, (n - 1) / 4 * 4))
+          << "prefix " << plen << ", prompt of " << n;
+    }
+  }
+  // An identical prompt again: everything but the block of its last token.
+  const std::vector<int32_t> same = Prompt(21, 7);
+  model::SamplingParams greedy{.max_tokens = 5, .ignore_eos = true};
+  Outcome a = Drain(*Submit("same-a", same, greedy));
+  Outcome b = Drain(*Submit("same-b", same, greedy));
+  EXPECT_EQ(CachedOf(a), 0);
+  EXPECT_EQ(CachedOf(b), 20);
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(b.ids, Reference(same, greedy));
+  // The next turn of a chat: prompt + all but the last generated token are cached.
+  std::vector<int32_t> turn2 = Concat(same, a.ids);
+  turn2 = Concat(turn2, Prompt(6, 9));
+  Outcome c = Drain(*Submit("turn2", turn2, greedy));
+  EXPECT_EQ(CachedOf(c), (21 + 5 - 1) / 4 * 4);
+  EXPECT_EQ(c.ids, Reference(turn2, greedy));
+  EXPECT_GT(sched_->PrefixCacheCounters().hit_tokens, 0);
+  EXPECT_TRUE(AllFree());
+}
+
+// Caching off: nothing is looked up or kept, and the tokens are the same.
+TEST_F(ColocatedSchedulerTest, PrefixCachingOffTakesNothingFromTheCache) {
+  Start({.max_batch_tokens = 24, .max_running = 8, .enable_prefix_caching = false});
+  const std::vector<int32_t> p = Prompt(30, 3);
+  model::SamplingParams greedy{.max_tokens = 4, .ignore_eos = true};
+  Outcome a = Drain(*Submit("a", p, greedy));
+  Outcome b = Drain(*Submit("b", p, greedy));
+  EXPECT_EQ(prefix::CachedOf(b), 0);
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(pool_->Stats().cached, 0);
+  EXPECT_TRUE(AllFree());
+}
+
+// A pool too small to keep every prefix: cached blocks are evicted for new requests (never
+// while a running request holds them), and every block ends free or evictable.
+TEST_F(ColocatedSchedulerTest, EvictionUnderAFullPoolKeepsTokensExactAndLeaksNothing) {
+  Start({.max_batch_tokens = 32, .max_running = 4}, /*num_blocks=*/24);
+  model::SamplingParams greedy{.max_tokens = 3, .ignore_eos = true};
+  const std::vector<int32_t> shared = Prompt(16, 40);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::shared_ptr<ColocatedStream>> streams;
+    for (int k = 0; k < 4; ++k) {
+      std::vector<int32_t> p =
+          k % 2 ? prefix::Concat(shared, Prompt(9 + k, 50 + round * 4 + k)) : Prompt(30, 60 + round * 4 + k);
+      prompts.push_back(p);
+      streams.push_back(Submit(absl::StrCat("r", round, "-", k), p, greedy));
+    }
+    for (size_t k = 0; k < streams.size(); ++k) {
+      Outcome o = Drain(*streams[k]);
+      ASSERT_EQ(o.finish, FinishReason::kMaxTokens) << o.error;
+      EXPECT_EQ(o.ids, Reference(prompts[k], greedy)) << "round " << round << " request " << k;
+    }
+  }
+  EXPECT_GT(pool_->Stats().evictions, 0);
+  EXPECT_TRUE(AllFree());
 }
 
 }  // namespace

@@ -86,7 +86,7 @@ TEST_P(DecodeNodeUcxTest, TokensEqualLocalEngine) {
     EXPECT_EQ(finish, v1::FINISH_REASON_MAX_TOKENS);
   }
   const kv::BlockPoolStats stats = (*node)->PoolStats();
-  EXPECT_EQ(stats.free, stats.total);
+  EXPECT_EQ(stats.available(), stats.total);
   (*node)->Shutdown();
   (*node)->Shutdown();
 }

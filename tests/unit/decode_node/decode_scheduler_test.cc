@@ -43,7 +43,7 @@ bool Eventually(Pred pred, absl::Duration timeout = absl::Seconds(5)) {
 
 bool AllFree(DecodeHarness& h) {
   const kv::BlockPoolStats s = h.d_pool().Stats();
-  return s.free == s.total && s.quarantined == 0;
+  return s.available() == s.total && s.quarantined == 0;
 }
 
 class DecodeSchedulerTest : public ::testing::Test {
@@ -456,7 +456,7 @@ TEST_F(DecodeSchedulerTest, ShutdownEndsEverything) {
   h_.scheduler().Shutdown();  // idempotent
   const kv::BlockPoolStats stats = h_.d_pool().Stats();
   EXPECT_EQ(stats.used, 0);
-  EXPECT_EQ(stats.free + stats.quarantined, stats.total);
+  EXPECT_EQ(stats.available() + stats.quarantined, stats.total);
 }
 
 }  // namespace

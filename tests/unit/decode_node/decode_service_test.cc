@@ -128,7 +128,7 @@ TEST_F(DecodeServiceTest, ReserveStreamRelease) {
   ASSERT_TRUE(stub_->Release(&rctx, rel, &rresp).ok());
   EXPECT_FALSE(rresp.found());
   const kv::BlockPoolStats stats = h_.d_pool().Stats();
-  EXPECT_EQ(stats.free, stats.total);
+  EXPECT_EQ(stats.available(), stats.total);
 }
 
 TEST_F(DecodeServiceTest, ErrorsKeepTheirCodes) {
@@ -191,7 +191,7 @@ TEST_F(DecodeServiceTest, ReleaseEndsAnOpenStreamCancelled) {
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_EQ(last, v1::FINISH_REASON_CANCELLED);
   const kv::BlockPoolStats stats = h_.d_pool().Stats();
-  EXPECT_EQ(stats.free, stats.total);
+  EXPECT_EQ(stats.available(), stats.total);
 }
 
 }  // namespace

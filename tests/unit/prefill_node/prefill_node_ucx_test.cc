@@ -92,7 +92,7 @@ TEST_P(PrefillNodeUcxTest, StreamsExactKvAndAnswersTheFirstToken) {
     ref.ExpectKvEquals(prompt, **dpool, *blocks);
   }
   const kv::BlockPoolStats stats = (*node)->PoolStats();
-  EXPECT_EQ(stats.free, stats.total);
+  EXPECT_EQ(stats.available(), stats.total);
   (*node)->Shutdown();
 }
 

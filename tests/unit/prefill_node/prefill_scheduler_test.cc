@@ -102,7 +102,7 @@ struct Rig {
   }
   void ExpectNoLeaks() {
     const kv::BlockPoolStats s = ppool->Stats();
-    EXPECT_EQ(s.free, s.total) << "P's blocks leaked: " << s.used << " used, " << s.quarantined
+    EXPECT_EQ(s.available(), s.total) << "P's blocks leaked: " << s.used << " used, " << s.quarantined
                                << " quarantined";
     EXPECT_EQ(sender->active_requests(), 0);
     EXPECT_EQ(sched->Load().running_requests, 0);

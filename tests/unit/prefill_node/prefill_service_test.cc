@@ -81,7 +81,7 @@ class PrefillServiceTest : public ::testing::Test {
   }
   void ExpectAllFree() {
     const kv::BlockPoolStats s = node_->PoolStats();
-    EXPECT_EQ(s.free, s.total);
+    EXPECT_EQ(s.available(), s.total);
   }
 
   std::unique_ptr<PrefillNode> node_;
