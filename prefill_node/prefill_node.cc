@@ -60,7 +60,8 @@ absl::Status PrefillNode::Init() {
                         PrefillScheduler::Create(&runner, pool_, transport_.get(), sender_.get(),
                                                  {.max_batch_tokens = o.max_batch_tokens,
                                                   .no_layer_pipelining = o.no_layer_pipelining,
-                                                  .host_mirror = mirror_view}));
+                                                  .host_mirror = mirror_view,
+                                                  .enable_prefix_caching = ro.enable_prefix_caching}));
   metrics_ = std::make_unique<PrefillMetrics>(&runtime_->metrics_registry(), layout_);
   PrefillScheduler* sched = scheduler_.get();
   kv::BlockPool* pool = pool_;

@@ -33,7 +33,8 @@ struct PrefillScheduler::Entry {
   int64_t seq_id = 0;
   absl::Time admitted = absl::Now();
   // Set during admission, before the entry is queued; read-only afterwards.
-  std::vector<kv::BlockId> local_blocks;
+  std::vector<kv::BlockId> local_blocks;  // the blocks sent: those D does not hold
+  int64_t cached_tokens = 0;               // of the prompt, from P's cache
   std::unique_ptr<kv::BlockTable> table;  // P's blocks; Forward writes the K/V there
   bool begun = false;                     // KvStreamSender::Begin succeeded
   bool stream_done = false;               // the sender forgot the request (Wait ended)
@@ -94,6 +95,8 @@ PrefillScheduler::PrefillScheduler(model::ModelRunner* runner, kv::BlockPool* po
                                    PrefillSchedulerOptions options)
     : runner_(runner),
       pool_(pool),
+      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size),
+          options.enable_prefix_caching),
       transport_(transport),
       sender_(sender),
       options_(std::move(options)),
@@ -196,10 +199,18 @@ absl::Status PrefillScheduler::Validate(const PrefillJob& job) const {
   }
   DUET_RETURN_IF_ERROR(Annotate(job.sampling.Validate(c.vocab_size), what));
   const int64_t want = layout.BlocksForTokens(n);
-  if (static_cast<int64_t>(job.remote_blocks.size()) != want) {
+  const int64_t max_cached = kv_.MaxCachedTokens(n) / layout.block_size;
+  if (job.remote_cached_blocks < 0 || job.remote_cached_blocks > max_cached) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the destination has ", job.remote_blocks.size(), " blocks but a prompt of ", n,
-        " tokens needs ", want, " (block size ", layout.block_size, ")"));
+        what, ": the destination says it holds ", job.remote_cached_blocks,
+        " leading blocks of a prompt of ", n, " tokens; at most ", max_cached,
+        " may be cached (the block of the last prompt token is always sent)"));
+  }
+  if (static_cast<int64_t>(job.remote_blocks.size()) != want - job.remote_cached_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the destination has ", job.remote_blocks.size(), " blocks after its ",
+        job.remote_cached_blocks, " cached ones but a prompt of ", n, " tokens needs ", want,
+        " in all (block size ", layout.block_size, ")"));
   }
   return absl::OkStatus();
 }
@@ -212,8 +223,6 @@ absl::StatusOr<std::shared_ptr<PrefillScheduler::Entry>> PrefillScheduler::Admit
     return absl::DeadlineExceededError(
         absl::StrCat(what, ": the deadline passed before admission"));
   }
-  const int64_t want = pool_->layout().BlocksForTokens(static_cast<int64_t>(job.prompt.size()));
-
   auto e = std::make_shared<Entry>(std::move(job));
   e->layer_done_us.assign(num_layers_, 0);
   e->landed_us.assign(num_layers_, 0);
@@ -231,13 +240,17 @@ absl::StatusOr<std::shared_ptr<PrefillScheduler::Entry>> PrefillScheduler::Admit
     by_id_.erase(e->job.request_id);
     return s;
   };
-  absl::StatusOr<std::vector<kv::BlockId>> blocks = pool_->Allocate(want);
+  const int64_t n = static_cast<int64_t>(e->job.prompt.size());
+  absl::StatusOr<kv::SequenceBlocks> blocks = kv_.AllocateSequence(e->job.prompt, n);
   if (!blocks.ok()) {
     return forget(absl::ResourceExhaustedError(absl::StrCat(
         what, ": the prefill node's KV pool has no room: ", blocks.status().message())));
   }
-  e->local_blocks = *blocks;
-  e->table = std::make_unique<kv::BlockTable>(pool_, *blocks, 0);
+  e->cached_tokens = blocks->cached_tokens;
+  e->done_tokens = e->cached_tokens;
+  e->table = std::move(*blocks).MakeTable(pool_);
+  e->local_blocks.assign(e->table->blocks().begin() + e->job.remote_cached_blocks,
+                         e->table->blocks().end());
   absl::Status begun = sender_->Begin({.request_id = e->job.transfer_id,
                                        .peer = e->job.peer,
                                        .local_blocks = e->local_blocks,
@@ -390,7 +403,10 @@ PrefillResult PrefillScheduler::MakeResult(const Entry& e, bool kv_landed) {
   r.prefill_compute_us = e.compute_us;
   r.layer_done_unix_us = e.layer_done_us;
   r.chunks = e.chunks;
+  r.cached_tokens = e.cached_tokens;
   if (!kv_landed) return r;
+  r.kv_bytes_sent = static_cast<int64_t>(e.local_blocks.size()) * num_layers_ *
+                    static_cast<int64_t>(pool_->layout().BlockBytes());
   int64_t last_landed = 0;
   for (int l = 0; l < num_layers_; ++l) {
     r.layer_transfer_us.push_back(std::max<int64_t>(0, e.landed_us[l] - e.layer_done_us[l]));
@@ -586,6 +602,11 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
                      : absl::InternalError("prefill: the forward pass returned no token row");
   }
 
+  // The blocks this pass completed are shared from now on (still in the pass: no Run thread
+  // releases a table before its entry leaves kRunning).
+  if (out.ok()) {
+    for (const BatchItem& it : batch) kv_.Publish(*it.entry->table, it.entry->job.prompt);
+  }
   std::vector<std::shared_ptr<Entry>> orphans;
   {
     absl::MutexLock lock(&mu_);

@@ -44,6 +44,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/kv/block_pool.h"
+#include "common/kv/kv_cache_manager.h"
 #include "common/model/model_runner.h"
 #include "common/model/sampler.h"
 #include "transfer/kv_stream/kv_stream_sender.h"
@@ -75,6 +76,9 @@ struct PrefillSchedulerOptions {
   // The host mirror the transport exports (same layout and block count as the pool): when its
   // base is set, each layer is staged into it and posted from there (see above).
   kv::KvCacheView host_mirror;
+  // Reuse the KV of cached prompt prefixes (common/kv/kv_cache_manager.h): compute only the
+  // rest of the prompt over the cached blocks.
+  bool enable_prefix_caching = true;
 };
 
 // One request, as the service hands it over (already connected to its decode peer).
@@ -85,7 +89,10 @@ struct PrefillJob {
   model::SamplingParams sampling;
   transfer::PeerId peer = 0;               // the decode node on the scheduler's transport
   std::string peer_name;                   // names the decode node in errors
-  std::vector<kv::BlockId> remote_blocks;  // the decode node's blocks, in token order
+  // The decode node's leading prompt blocks it already holds (not sent), and its blocks for the
+  // rest, in token order.
+  int32_t remote_cached_blocks = 0;
+  std::vector<kv::BlockId> remote_blocks;
   absl::Time deadline = absl::InfiniteFuture();
 };
 
@@ -97,6 +104,8 @@ struct PrefillResult {
   std::vector<int64_t> layer_transfer_us;   // per layer: computed -> its write completed
   std::vector<int64_t> layer_done_unix_us;  // per layer: wall clock when its K/V were written
   int chunks = 0;                           // forward passes the prompt took
+  int64_t cached_tokens = 0;                // prompt tokens taken from P's prefix cache
+  int64_t kv_bytes_sent = 0;                // KV bytes written to the decode node (all layers)
 };
 
 struct PrefillLoad {
@@ -133,6 +142,7 @@ class PrefillScheduler {
   bool Cancel(const std::string& request_id,
               absl::Status reason = absl::CancelledError("cancelled by CancelPrefill"));
   PrefillLoad Load() const;
+  kv::PrefixCacheCounters PrefixCacheCounters() const { return kv_.counters(); }
   // Fails every request in flight (Unavailable), waits for their Runs to end, stops the thread.
   // Idempotent; later Runs fail with Unavailable.
   void Shutdown();
@@ -176,6 +186,7 @@ class PrefillScheduler {
 
   model::ModelRunner* const runner_;
   kv::BlockPool* const pool_;
+  kv::KvCacheManager kv_;  // how every request gets its blocks
   transfer::Transport* const transport_;
   transfer::KvStreamSender* const sender_;
   const PrefillSchedulerOptions options_;

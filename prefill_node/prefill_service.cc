@@ -39,6 +39,8 @@ v1::PrefillResponse ToResponse(const std::string& request_id, const PrefillResul
   resp.set_transfer_tail_us(r.transfer_tail_us);
   for (int64_t us : r.layer_transfer_us) resp.add_layer_transfer_us(us);
   resp.set_kv_landed(kv_landed);
+  resp.set_cached_tokens(static_cast<int32_t>(r.cached_tokens));
+  resp.set_kv_bytes_sent(r.kv_bytes_sent);
   return resp;
 }
 
@@ -110,6 +112,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(
   job.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   job.sampling = rpc::FromProto(request.sampling());
   job.peer_name = decode_name;
+  job.remote_cached_blocks = dest.cached_blocks();
   job.remote_blocks.assign(dest.block_ids().begin(), dest.block_ids().end());
   job.deadline = deadline;
   // D quarantines the reserved blocks until we confirm that nothing will be written: a request

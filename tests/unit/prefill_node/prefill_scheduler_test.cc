@@ -289,6 +289,82 @@ TEST_F(PrefillSchedulerTest, LongPromptIsPrefilledInChunksWithExactKv) {
   r.ExpectNoLeaks();
 }
 
+// Prefix caching on P: a prompt that shares a prefix with an earlier one takes that prefix's
+// full blocks from P's cache (never the block of its last token), computes only the rest, and
+// still lands bit-exact KV and the reference first token on D (greedy and seeded). When D
+// already holds leading blocks, only the blocks after them are sent.
+TEST_F(PrefillSchedulerTest, CachedPrefixComputesOnlyTheRestWithExactKv) {
+  std::vector<BatchInfo> batches;
+  PrefillSchedulerOptions opts{.max_batch_tokens = 48};
+  opts.on_batch = [&](const BatchInfo& b) { batches.push_back(b); };
+  Rig r(std::move(opts));
+  Reference ref = Reference::Load(16);
+  uint64_t tid = 5000;
+  int salt = 40;
+  for (int shared_len : {15, 16, 40, 64, 100}) {
+    const std::vector<int32_t> shared = Prompt(shared_len, salt++, r.vocab());
+    for (int suffix : {0, 1, 7, 16, 33}) {
+      std::vector<int32_t> prompt = shared;
+      const std::vector<int32_t> tail = Prompt(suffix, salt++, r.vocab());
+      prompt.insert(prompt.end(), tail.begin(), tail.end());
+      const int64_t n = static_cast<int64_t>(prompt.size());
+      // The prefix is cached from the first prompt of each group on (the warm-up below).
+      const bool warm = suffix == 0;
+      const int64_t want_cached = warm ? 0 : std::min<int64_t>(shared_len / 16 * 16, (n - 1) / 16 * 16);
+      for (int d_cached : {0, 1}) {
+        if (d_cached * 16 > (n - 1) / 16 * 16) continue;
+        PrefillJob job = r.Job("p" + std::to_string(tid), tid, prompt);
+        model::SamplingParams sp;
+        if (tid % 2) sp = {.temperature = 0.7f, .seed = tid};
+        job.sampling = sp;
+        // D says it holds its first d_cached blocks: give those back, keep the rest.
+        const std::vector<kv::BlockId> all = job.remote_blocks;
+        job.remote_cached_blocks = d_cached;
+        job.remote_blocks.assign(all.begin() + d_cached, all.end());
+        if (d_cached) ASSERT_TRUE(r.dpool->Free({all[0]}).ok());
+        const std::vector<kv::BlockId> dest = job.remote_blocks;
+        batches.clear();
+        absl::StatusOr<PrefillResult> res = r.sched->Run(std::move(job));
+        ASSERT_TRUE(res.ok()) << res.status();
+        // The second run of a prompt (d_cached 1) finds all of the first run's full blocks.
+        const int64_t cached = d_cached == 1 ? (n - 1) / 16 * 16 : want_cached;
+        EXPECT_EQ(res->cached_tokens, cached) << "prompt of " << n << ", prefix " << shared_len;
+        int64_t computed = 0;
+        for (const BatchInfo& b : batches) computed += b.tokens;
+        EXPECT_EQ(computed, n - res->cached_tokens);
+        EXPECT_EQ(res->first_token.id, ref.FirstToken(prompt, sp)) << "prompt of " << n;
+        EXPECT_EQ(res->kv_bytes_sent, static_cast<int64_t>(dest.size()) * r.layout.num_layers *
+                                          static_cast<int64_t>(r.layout.BlockBytes()));
+        ref.ExpectKvEquals(prompt, *r.dpool, dest, d_cached);
+        r.DrainD();
+        ExpectCompleteStream(r.got[tid], r.layout.num_layers);
+        ASSERT_TRUE(r.dpool->Free(dest).ok());
+        ++tid;
+      }
+    }
+  }
+  EXPECT_GT(r.sched->PrefixCacheCounters().hit_tokens, 0);
+  r.ExpectNoLeaks();
+}
+
+// A destination that claims to hold the block of the last prompt token, or whose block count
+// does not add up, is refused before anything is computed.
+TEST_F(PrefillSchedulerTest, RefusesADestinationWhoseCachedBlocksDoNotAddUp) {
+  Rig r({});
+  const std::vector<int32_t> prompt = Prompt(32, 1, r.vocab());
+  PrefillJob job = r.Job("bad", 9, prompt);
+  job.remote_cached_blocks = 2;  // both blocks: the last token's block must be sent
+  job.remote_blocks.clear();
+  absl::StatusOr<PrefillResult> res = r.sched->Run(std::move(job));
+  EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument) << res.status();
+  EXPECT_NE(res.status().message().find("at most 1 may be cached"), std::string::npos) << res.status();
+  PrefillJob job2 = r.Job("bad2", 10, prompt);
+  job2.remote_cached_blocks = 1;  // but still two blocks listed
+  res = r.sched->Run(std::move(job2));
+  EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument) << res.status();
+  r.ExpectNoLeaks();
+}
+
 // With pipelining, layer l's notice has reached D when layer l is done computing (inproc
 // writes are synchronous); without it, nothing reaches D before the pass ends.
 TEST_F(PrefillSchedulerTest, LayerPipeliningPostsEachLayerFromTheHook) {

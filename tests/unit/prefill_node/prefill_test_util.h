@@ -66,10 +66,11 @@ struct Reference {
     EXPECT_TRUE(g.ok()) << g.status();
     return g.ok() ? g->generated_ids[0] : -1;
   }
-  // Checks that every prompt token's K and V in `dest` (blocks `dest_blocks` of `dest_pool`)
-  // equal, bit for bit, what a one-shot prefill of `prompt` writes.
+  // Checks that every prompt token's K and V in `dest` (blocks `dest_blocks` of `dest_pool`,
+  // holding the prompt's blocks from `first_block` on) equal, bit for bit, what a one-shot
+  // prefill of `prompt` writes.
   void ExpectKvEquals(const std::vector<int32_t>& prompt, const kv::BlockPool& dest_pool,
-                      const std::vector<kv::BlockId>& dest_blocks) {
+                      const std::vector<kv::BlockId>& dest_blocks, int64_t first_block = 0) {
     kv::BlockTable table(&engine->pool());
     std::vector<model::SequenceInput> b = {
         {.seq_id = 1, .tokens = prompt, .start_pos = 0, .table = &table, .want_logits = true}};
@@ -79,13 +80,14 @@ struct Reference {
     ASSERT_EQ(l, engine->pool().layout());
     const size_t tok_bytes = l.token_elems() * l.dtype_bytes();
     const int64_t n = static_cast<int64_t>(prompt.size());
-    ASSERT_EQ(static_cast<int64_t>(dest_blocks.size()), l.BlocksForTokens(n));
+    ASSERT_EQ(static_cast<int64_t>(dest_blocks.size()), l.BlocksForTokens(n) - first_block);
     int mismatches = 0;
     for (int layer = 0; layer < l.num_layers; ++layer) {
-      for (size_t i = 0; i < dest_blocks.size(); ++i) {
-        const int64_t filled = std::min<int64_t>(l.block_size, n - int64_t(i) * l.block_size);
+      for (size_t k = 0; k < dest_blocks.size(); ++k) {
+        const int64_t i = first_block + static_cast<int64_t>(k);
+        const int64_t filled = std::min<int64_t>(l.block_size, n - i * l.block_size);
         const uint8_t* want = engine->pool().BlockAddress(layer, table.blocks()[i]);
-        const uint8_t* got = dest_pool.BlockAddress(layer, dest_blocks[i]);
+        const uint8_t* got = dest_pool.BlockAddress(layer, dest_blocks[k]);
         for (size_t half : {size_t{0}, l.HalfBlockBytes()}) {
           if (std::memcmp(want + half, got + half, filled * tok_bytes) != 0 && mismatches++ < 5) {
             ADD_FAILURE() << "KV differs: layer " << layer << " block " << i
