@@ -78,7 +78,8 @@ absl::Status DecodeNode::Init() {
                         DecodeScheduler::Create({.name = ro.node_id,
                                                  .max_running = o.max_running,
                                                  .eos_ids = engine.tokenizer().eos_ids(),
-                                                 .host_mirror = mirror_view},
+                                                 .host_mirror = mirror_view,
+                                                 .enable_prefix_caching = ro.enable_prefix_caching},
                                                 &engine.runner(), pool_.get(), transport_.get()));
   service_ =
       std::make_unique<DecodeService>(scheduler_.get(),

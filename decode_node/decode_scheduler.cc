@@ -42,6 +42,8 @@ DecodeScheduler::DecodeScheduler(DecodeSchedulerOptions options, model::ModelRun
     : options_(std::move(options)),
       runner_(runner),
       pool_(pool),
+      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size),
+          options_.enable_prefix_caching),
       transport_(transport),
       tracker_(transport, pool),
       transfer_id_base_(RandomTransferBase()) {}
@@ -106,6 +108,18 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
   }
   DUET_RETURN_IF_ERROR(Annotate(args.sampling.Validate(config.vocab_size),
                                 absl::StrCat("Reserve ", args.request_id)));
+  if (static_cast<int64_t>(args.prompt.size()) != args.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("Reserve ", args.request_id, ": ",
+                                                   args.prompt.size(), " prompt token ids for ",
+                                                   args.num_tokens, " prompt tokens"));
+  }
+  for (int32_t t : args.prompt) {
+    if (t < 0 || t >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("Reserve ", args.request_id, ": token id ", t,
+                                                     " is outside the vocabulary [0, ",
+                                                     config.vocab_size, ")"));
+    }
+  }
   if (args.sender_address.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Reserve ", args.request_id, ": no sender transfer address"));
@@ -120,6 +134,7 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
   const int64_t bs = layout().block_size;
   r->num_blocks = (args.num_tokens + bs - 1) / bs;
   r->params = args.sampling;
+  r->tokens = args.prompt;
   r->layer_landed_us.assign(layout().num_layers, 0);
   {
     absl::MutexLock lock(&mu_);
@@ -143,6 +158,7 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
   }
   // Undoes the placeholder (and gives back `blocks`) on failure.
   auto rollback = [&](absl::Status error) -> absl::Status {
+    FreeCached(*r);
     if (!r->blocks.empty()) {
       if (absl::Status s = pool_->Free(r->blocks); !s.ok()) {
         DUET_LOG(ERROR) << options_.name << ": request " << r->id
@@ -158,13 +174,14 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
     return error;
   };
 
-  absl::StatusOr<std::vector<kv::BlockId>> blocks = pool_->Allocate(r->num_blocks);
+  absl::StatusOr<kv::SequenceBlocks> blocks = kv_.AllocateSequence(r->tokens, r->num_tokens);
   if (!blocks.ok()) {
     return rollback(Annotate(
         blocks.status(), absl::StrCat(options_.name, ": reserving ", r->num_blocks, " blocks for ",
                                       r->num_tokens, " tokens of request ", r->id)));
   }
-  r->blocks = *std::move(blocks);
+  r->cached = std::move(blocks->cached);
+  r->blocks = std::move(blocks->fresh);
   absl::StatusOr<transfer::PeerId> peer =
       PeerFor(args.sender_address, sender, std::min(kv_deadline, now + options_.connect_timeout));
   if (!peer.ok()) return rollback(peer.status());
@@ -183,7 +200,9 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
     if (status.ok()) {
       r->state = State::kWaiting;
       waiting_[r->transfer_id] = r;
-      return Reservation{.transfer_id = r->transfer_id, .blocks = r->blocks};
+      return Reservation{.transfer_id = r->transfer_id,
+                         .cached_blocks = static_cast<int32_t>(r->cached.size()),
+                         .blocks = r->blocks};
     }
   }
   return rollback(status);
@@ -196,10 +215,20 @@ int64_t DecodeScheduler::AbortWaitingLocked(Request& r, const std::string& reaso
   }
   // Forget it in the tracker (its blocks are freed or quarantined there).
   (void)tracker_.WaitReady(r.transfer_id, absl::InfinitePast());
-  const int64_t n = static_cast<int64_t>(r.blocks.size());
+  const int64_t n = static_cast<int64_t>(r.blocks.size() + r.cached.size());
   r.blocks.clear();
+  FreeCached(r);
   r.freed_blocks = n;
   return n;
+}
+
+void DecodeScheduler::FreeCached(Request& r) {
+  if (r.cached.empty()) return;
+  if (absl::Status s = pool_->Free(r.cached); !s.ok()) {
+    DUET_LOG(ERROR) << options_.name << ": request " << r.id
+                    << ": cannot give back its cached blocks: " << s.message();
+  }
+  r.cached.clear();
 }
 
 void DecodeScheduler::MarkDoneLocked(Request& r) {
@@ -354,7 +383,10 @@ void DecodeScheduler::AdmitReady() {
       // Ready (the blocks become the request's) or failed (the tracker gave them back).
       absl::StatusOr<std::string> payload =
           st.ok() ? tracker_.WaitReady(r.transfer_id, absl::InfinitePast()) : st.status();
-      if (!payload.ok()) r.blocks.clear();
+      if (!payload.ok()) {
+        r.blocks.clear();
+        FreeCached(r);
+      }
       r.state = State::kRunning;  // claimed: Release now goes through the scheduler thread
       landed.push_back(Landed{.request = it->second, .payload = std::move(payload)});
       it = waiting_.erase(it);
@@ -381,18 +413,24 @@ void DecodeScheduler::Admit(Landed landed) {
         options_.name, ": request ", r->id, ": first token ", completion.first_token_id(),
         " is outside the vocabulary [0, ", config.vocab_size, ")"));
   }
-  // From here on the table owns the blocks.
-  r->table = std::make_unique<kv::BlockTable>(pool_, std::move(r->blocks), r->num_tokens);
+  // From here on the table owns the blocks: the cached prefix, then what the sender wrote.
+  const std::vector<kv::BlockId> landed_blocks = std::move(r->blocks);
+  std::vector<kv::BlockId> all = std::move(r->cached);
+  all.insert(all.end(), landed_blocks.begin(), landed_blocks.end());
+  r->cached.clear();
   r->blocks.clear();
+  r->table = std::make_unique<kv::BlockTable>(pool_, std::move(all), r->num_tokens);
   if (bad.ok() && options_.host_mirror.base != nullptr) {
-    bad = Annotate(CopyMirrorToPool(r->table->blocks()),
+    bad = Annotate(CopyMirrorToPool(landed_blocks),
                    absl::StrCat(options_.name, ": request ", r->id, ": copying its KV into the pool"));
   }
   if (!bad.ok()) {
     Fail(r, bad);
     return;
   }
+  kv_.Publish(*r->table, r->tokens);  // the prompt's KV is complete here now
   r->last_token = completion.first_token_id();
+  r->tokens.push_back(r->last_token);
   r->generated = 1;
 
   DecodeEvent ev{.admitted = true};
@@ -522,6 +560,7 @@ void DecodeScheduler::Step() {
       continue;
     }
     r.last_token = ev.token.id;
+    r.tokens.push_back(r.last_token);
     r.stream->Push(std::move(ev));
     still_running.push_back(rp);
   }
@@ -531,6 +570,8 @@ void DecodeScheduler::Step() {
 void DecodeScheduler::Finish(const std::shared_ptr<Request>& r, DecodeEvent last) {
   int64_t freed = 0;
   if (r->table != nullptr) {
+    // Every token in the table has complete K/V unless a forward step failed.
+    if (last.finish != FinishReason::kError) kv_.Publish(*r->table, r->tokens);
     freed = static_cast<int64_t>(r->table->blocks().size());
     if (absl::Status s = r->table->Release(); !s.ok()) {
       DUET_LOG(ERROR) << options_.name << ": request " << r->id

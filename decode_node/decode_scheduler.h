@@ -41,6 +41,7 @@
 #include "common/base/event_stream.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
+#include "common/kv/kv_cache_manager.h"
 #include "common/kv/kv_layout.h"
 #include "common/model/model_runner.h"
 #include "common/model/sampler.h"
@@ -83,6 +84,8 @@ using TokenStream = EventStream<DecodeEvent>;
 struct ReserveArgs {
   std::string request_id;
   int64_t num_tokens = 0;  // prompt tokens whose KV the sender writes
+  // The prompt (num_tokens ids): its leading full blocks are looked up in the prefix cache.
+  std::vector<int32_t> prompt;
   model::SamplingParams sampling;
   kv::KvLayout expected_layout;                // the sender's layout; refused unless it equals ours
   std::string sender_name;                     // for error messages
@@ -92,7 +95,9 @@ struct ReserveArgs {
 
 struct Reservation {
   uint64_t transfer_id = 0;  // the request's id on the data path (KvNotice::request_id)
-  std::vector<kv::BlockId> blocks;
+  // Leading prompt blocks already here (from the prefix cache): the sender skips them.
+  int32_t cached_blocks = 0;
+  std::vector<kv::BlockId> blocks;  // the blocks after them, for the sender to write
 };
 
 struct ReleaseResult {
@@ -125,6 +130,9 @@ struct DecodeSchedulerOptions {
   kv::KvCacheView host_mirror;
   // How long admission may wait for a request's mirror -> pool copy.
   absl::Duration staging_timeout = absl::Seconds(30);
+  // Keep finished requests' full blocks (prompt and generated tokens) in the prefix cache and
+  // reserve only what a new prompt's cached prefix does not cover.
+  bool enable_prefix_caching = true;
 };
 
 class DecodeScheduler {
@@ -156,6 +164,7 @@ class DecodeScheduler {
   const kv::KvLayout& layout() const { return pool_->layout(); }
   kv::BlockPoolStats PoolStats() const { return pool_->Stats(); }
   int64_t quarantined_blocks() const { return tracker_.quarantined_blocks(); }
+  kv::PrefixCacheCounters PrefixCacheCounters() const { return kv_.counters(); }
 
  private:
   enum class State { kReserving, kWaiting, kRunning, kDone };
@@ -166,6 +175,8 @@ class DecodeScheduler {
     int64_t num_blocks = 0;
     model::SamplingParams params;
     std::vector<kv::BlockId> blocks;  // reserved; the table owns them once admitted
+    std::vector<kv::BlockId> cached;  // leading prompt blocks from the cache (referenced)
+    std::vector<int32_t> tokens;      // the prompt, then every token fed back
     std::shared_ptr<TokenStream> stream = std::make_shared<TokenStream>();
     // Guarded by mu_.
     State state = State::kReserving;
@@ -202,6 +213,8 @@ class DecodeScheduler {
   // Frees the request's table, marks it done and pushes `last` (finish set by the caller).
   void Finish(const std::shared_ptr<Request>& r, DecodeEvent last);
   void Fail(const std::shared_ptr<Request>& r, absl::Status error);
+  // Gives back the cached blocks a request took at Reserve and has not handed to a table.
+  void FreeCached(Request& r);
   // Aborts a waiting request in the tracker and forgets it there. Returns its block count.
   int64_t AbortWaitingLocked(Request& r, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -212,6 +225,7 @@ class DecodeScheduler {
   const DecodeSchedulerOptions options_;
   model::ModelRunner* const runner_;
   kv::BlockPool* const pool_;
+  kv::KvCacheManager kv_;  // how every request gets its blocks
   transfer::Transport* const transport_;
   transfer::KvArrivalTracker tracker_;
   const uint64_t transfer_id_base_;

@@ -93,6 +93,8 @@ absl::StatusOr<v1::ReserveResponse> DecodeService::DoReserve(const v1::ReserveRe
   ReserveArgs args{
       .request_id = request.request_id(),
       .num_tokens = request.num_tokens() > 0 ? request.num_tokens() : request.prompt_tokens(),
+      .prompt = std::vector<int32_t>(request.prompt_token_ids().begin(),
+                                     request.prompt_token_ids().end()),
       .sampling = rpc::FromProto(request.sampling()),
       .expected_layout = *expected,
       .sender_name = request.sender_node_id(),
@@ -108,6 +110,7 @@ absl::StatusOr<v1::ReserveResponse> DecodeService::DoReserve(const v1::ReserveRe
   dest->mutable_decode_node()->set_epoch(identity_.epoch ? identity_.epoch() : 0);
   dest->set_transfer_address(identity_.transfer_address);
   for (kv::BlockId b : reservation.blocks) dest->add_block_ids(b);
+  dest->set_cached_blocks(reservation.cached_blocks);
   *dest->mutable_layout() = rpc::ToProto(scheduler_->layout());
   dest->set_layout_fingerprint(scheduler_->layout().Fingerprint());
   dest->set_region_num_blocks(scheduler_->PoolStats().total);

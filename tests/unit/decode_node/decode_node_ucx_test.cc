@@ -47,6 +47,7 @@ TEST_P(DecodeNodeUcxTest, TokensEqualLocalEngine) {
     v1::ReserveRequest req;
     req.set_request_id("r" + std::to_string(i));
     req.set_num_tokens(static_cast<int64_t>(prompt.size()));
+    req.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
     *req.mutable_sampling() = rpc::ToProto(params);
     *req.mutable_expected_layout() = rpc::ToProto(p.layout());
     req.set_deadline_ms(10000);
@@ -59,6 +60,7 @@ TEST_P(DecodeNodeUcxTest, TokensEqualLocalEngine) {
     ASSERT_TRUE(st.ok()) << st.error_message();
     Reservation res{
         .transfer_id = resp.destination().transfer_id(),
+        .cached_blocks = resp.destination().cached_blocks(),
         .blocks = {resp.destination().block_ids().begin(), resp.destination().block_ids().end()}};
     auto first = p.Prefill(prompt, params, res);
     ASSERT_TRUE(first.ok()) << first.status();

@@ -200,6 +200,114 @@ TEST(DecodeSchedulerLoad, SixtyFourConcurrentRequestsOfMixedLengths) {
   EXPECT_TRUE(Eventually([&] { return AllFree(h); }));
 }
 
+// Runs one request through Reserve, the sender and the stream; returns its tokens (the first
+// one included) and the reservation.
+std::vector<int32_t> RunOne(DecodeHarness& h, const std::string& id,
+                            const std::vector<int32_t>& prompt, const model::SamplingParams& p,
+                            Reservation* reservation) {
+  auto res = h.scheduler().Reserve(h.Args(id, prompt, p));
+  EXPECT_TRUE(res.ok()) << res.status();
+  if (!res.ok()) return {};
+  *reservation = *res;
+  auto stream = h.scheduler().Subscribe(id);
+  EXPECT_TRUE(stream.ok()) << stream.status();
+  auto first = h.Prefill(prompt, p, *res);
+  EXPECT_TRUE(first.ok()) << first.status();
+  if (!stream.ok() || !first.ok()) return {};
+  std::vector<DecodeEvent> events = DrainStream(**stream, absl::Seconds(10));
+  EXPECT_TRUE(!events.empty() && events.back().finished());
+  return Tokens(first->id, events);
+}
+
+// Prefix caching on D: a finished request's blocks (prompt and generated tokens) stay cached,
+// so the next turn of a chat reserves only the blocks after them and the sender writes only
+// those; the tokens still equal a single-process run (greedy and seeded).
+TEST_F(DecodeSchedulerTest, NextTurnReservesAndReceivesOnlyItsNewBlocks) {
+  for (bool seeded : {false, true}) {
+    model::SamplingParams p{.max_tokens = 8, .ignore_eos = true};
+    if (seeded) p = {.temperature = 0.9f, .seed = 11, .max_tokens = 8, .ignore_eos = true};
+    const std::string tag = seeded ? "s" : "g";
+    const std::vector<int32_t> a = h_.Encode(tag + " the quick brown fox jumps over the lazy dog");
+    Reservation ra;
+    const std::vector<int32_t> out_a = RunOne(h_, tag + "a", a, p, &ra);
+    EXPECT_EQ(ra.cached_blocks, 0);
+    auto ref_a = h_.Reference(a, p);
+    ASSERT_TRUE(ref_a.ok()) << ref_a.status();
+    EXPECT_EQ(out_a, ref_a->generated_ids);
+    // Turn 2: the conversation so far plus a new message.
+    std::vector<int32_t> b = a;
+    b.insert(b.end(), out_a.begin(), out_a.end());
+    const std::vector<int32_t> more = h_.Encode(" and then what happened");
+    b.insert(b.end(), more.begin(), more.end());
+    Reservation rb;
+    const std::vector<int32_t> out_b = RunOne(h_, tag + "b", b, p, &rb);
+    // K/V exist for the prompt and every generated token but the last.
+    const int64_t with_kv = static_cast<int64_t>(a.size() + out_a.size()) - 1;
+    const int64_t n = static_cast<int64_t>(b.size());
+    EXPECT_EQ(rb.cached_blocks, std::min(with_kv / 4, (n - 1) / 4));
+    EXPECT_EQ(static_cast<int64_t>(rb.blocks.size()), (n + 3) / 4 - rb.cached_blocks);
+    auto ref_b = h_.Reference(b, p);
+    ASSERT_TRUE(ref_b.ok()) << ref_b.status();
+    EXPECT_EQ(out_b, ref_b->generated_ids);
+    // The same prompt again: all but the block of its last token is here.
+    Reservation rc;
+    const std::vector<int32_t> out_c = RunOne(h_, tag + "c", b, p, &rc);
+    EXPECT_EQ(rc.cached_blocks, (n - 1) / 4);
+    EXPECT_EQ(out_c, ref_b->generated_ids);
+  }
+  EXPECT_GT(h_.scheduler().PrefixCacheCounters().hit_tokens, 0);
+  EXPECT_TRUE(Eventually([&] { return AllFree(h_); }));
+}
+
+// A reservation that took cached blocks and is released (or whose KV never lands) gives them
+// back: nothing leaks and the cache still serves the next request.
+TEST_F(DecodeSchedulerTest, ReleasedReservationGivesBackItsCachedBlocks) {
+  const model::SamplingParams p{.max_tokens = 3, .ignore_eos = true};
+  const std::vector<int32_t> a = h_.Encode("a prompt that spans several blocks of four");
+  Reservation r0;
+  RunOne(h_, "warm", a, p, &r0);
+  auto res = h_.scheduler().Reserve(h_.Args("held", a, p));
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_GT(res->cached_blocks, 0);
+  EXPECT_TRUE(h_.scheduler().Release("held").found);
+  auto late = h_.scheduler().Reserve(h_.Args("never-lands", a, p, absl::Milliseconds(200)));
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_GT(late->cached_blocks, 0);
+  auto stream = h_.scheduler().Subscribe("never-lands");
+  ASSERT_TRUE(stream.ok());
+  std::vector<DecodeEvent> events = DrainStream(**stream, absl::Seconds(10));
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().finish, FinishReason::kError);
+  // Their own blocks stay quarantined (the sender never confirmed nothing is in flight,
+  // invariant 4); the cached ones it took are back in the cache.
+  const int64_t quarantined = static_cast<int64_t>(res->blocks.size() + late->blocks.size());
+  auto only_quarantine_held = [&] {
+    const kv::BlockPoolStats s = h_.d_pool().Stats();
+    return s.used == 0 && s.quarantined == quarantined;
+  };
+  EXPECT_TRUE(Eventually(only_quarantine_held))
+      << h_.d_pool().Stats().used << " used, " << h_.d_pool().Stats().quarantined
+      << " quarantined, want " << quarantined << "; " << events.size() << " events, "
+      << events.back().error;
+  Reservation r1;
+  EXPECT_EQ(RunOne(h_, "again", a, p, &r1), h_.Reference(a, p)->generated_ids);
+  EXPECT_GT(r1.cached_blocks, 0);
+  EXPECT_TRUE(Eventually(only_quarantine_held));
+}
+
+// A prompt whose ids do not match num_tokens, or lie outside the vocabulary, is refused.
+TEST_F(DecodeSchedulerTest, ReserveRefusesAPromptThatDoesNotMatch) {
+  ReserveArgs args = h_.Args("bad", h_.Encode("abc"), {.max_tokens = 2});
+  args.prompt.pop_back();
+  auto res = h_.scheduler().Reserve(args);
+  EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument) << res.status();
+  args = h_.Args("bad2", h_.Encode("abc"), {.max_tokens = 2});
+  args.prompt[0] = -3;
+  res = h_.scheduler().Reserve(args);
+  EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument) << res.status();
+  EXPECT_TRUE(AllFree(h_));
+}
+
 TEST_F(DecodeSchedulerTest, FirstTokenThatStopsFinishesAtAdmission) {
   const std::vector<int32_t> prompt = h_.Encode("one token only");
   auto res = h_.scheduler().Reserve(h_.Args("r1", prompt, {.max_tokens = 1}));

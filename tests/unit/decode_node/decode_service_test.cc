@@ -47,6 +47,7 @@ class DecodeServiceTest : public ::testing::Test {
     req.set_request_id(id);
     req.set_num_tokens(static_cast<int64_t>(prompt.size()));
     req.set_prompt_tokens(static_cast<int32_t>(prompt.size()));
+    req.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
     *req.mutable_sampling() = rpc::ToProto(params);
     *req.mutable_expected_layout() = rpc::ToProto(h_.layout());
     req.set_deadline_ms(30000);
@@ -94,6 +95,7 @@ TEST_F(DecodeServiceTest, ReserveStreamRelease) {
   EXPECT_NE(d.transfer_id(), 0u);
 
   Reservation res{.transfer_id = d.transfer_id(),
+                  .cached_blocks = d.cached_blocks(),
                   .blocks = {d.block_ids().begin(), d.block_ids().end()}};
   auto first = h_.Prefill(prompt, params, res);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -170,6 +172,7 @@ TEST_F(DecodeServiceTest, ReleaseEndsAnOpenStreamCancelled) {
   ASSERT_TRUE(stub_->Reserve(&ctx, MakeReserve("r", prompt, params), &resp).ok());
   Reservation res{
       .transfer_id = resp.destination().transfer_id(),
+      .cached_blocks = resp.destination().cached_blocks(),
       .blocks = {resp.destination().block_ids().begin(), resp.destination().block_ids().end()}};
   ASSERT_TRUE(h_.Prefill(prompt, params, res).ok());
   grpc::ClientContext sctx;

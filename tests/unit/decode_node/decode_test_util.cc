@@ -64,7 +64,10 @@ absl::StatusOr<model::SampledToken> PrefillSide::Prefill(const std::vector<int32
   DUET_RETURN_IF_ERROR(table.Reserve(static_cast<int64_t>(prompt.size())));
   DUET_RETURN_IF_ERROR(sender_->Begin({.request_id = reservation.transfer_id,
                                        .peer = to_d_,
-                                       .local_blocks = table.blocks(),
+                                       // D holds the first cached_blocks blocks already.
+                                       .local_blocks = std::vector<kv::BlockId>(
+                                           table.blocks().begin() + reservation.cached_blocks,
+                                           table.blocks().end()),
                                        .remote_blocks = reservation.blocks}));
   std::vector<int64_t> layer_done_us;
   absl::Status hook_status;
@@ -149,6 +152,7 @@ ReserveArgs DecodeHarness::Args(const std::string& id, const std::vector<int32_t
                                 absl::Duration kv_timeout) const {
   return ReserveArgs{.request_id = id,
                      .num_tokens = static_cast<int64_t>(prompt.size()),
+                     .prompt = prompt,
                      .sampling = params,
                      .expected_layout = p_.layout(),
                      .sender_name = "prefill-0",
