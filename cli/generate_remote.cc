@@ -148,6 +148,9 @@ int RunGenerateRemote() {
                   {"server_decode_admission_us", timings.decode_admission_us()},
                   {"server_ttft_us", timings.time_to_first_token_us()},
                   {"prefill_attempts", timings.prefill_attempts()},
+                  {"prefill_cached_tokens", timings.prefill_cached_tokens()},
+                  {"decode_cached_tokens", timings.decode_cached_tokens()},
+                  {"kv_bytes_sent", timings.kv_bytes_sent()},
                   {"layer_transfer_us", std::vector<int64_t>(timings.layer_transfer_us().begin(),
                                                              timings.layer_transfer_us().end())}};
   std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;

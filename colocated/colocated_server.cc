@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/kv/pool_gauges.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
@@ -48,6 +49,9 @@ absl::Status ColocatedServer::Init() {
   ColocatedScheduler* sched = scheduler_.get();
   metrics_->AddServerGauges([sched] { return sched->PoolStats(); },
                             [sched] { return sched->Load(); });
+  kv::AddPrefixCacheCounters(
+      &runtime_->metrics_registry(), "duet_colocated",
+      [sched] { return sched->PrefixCacheCounters(); }, [sched] { return sched->PoolStats(); });
   DUET_RETURN_IF_ERROR(runtime_->StartMetricsExporter());
   if (o.http) {
     http::HttpFrontOptions ho = *o.http;

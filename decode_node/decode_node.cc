@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cluster/types.h"
+#include "common/kv/pool_gauges.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
@@ -93,6 +94,9 @@ absl::Status DecodeNode::Init() {
   DecodeScheduler* scheduler = scheduler_.get();
   metrics_->AddNodeGauges([pool] { return pool->Stats(); },
                           [scheduler] { return scheduler->Load(); });
+  kv::AddPrefixCacheCounters(
+      &runtime_->metrics_registry(), "duet_decode",
+      [scheduler] { return scheduler->PrefixCacheCounters(); }, [pool] { return pool->Stats(); });
   DUET_RETURN_IF_ERROR(runtime_->StartMetricsExporter());
   DUET_LOG(INFO) << ro.node_id << ": decode node on " << address() << " over "
                  << o.transfer.transport << ", max_running " << o.max_running

@@ -110,6 +110,7 @@ class ResponseBuilder {
       }
     }
     if (r.prompt_tokens() > 0) prompt_tokens_ = r.prompt_tokens();
+    if (r.has_timings()) cached_tokens_ = r.timings().prefill_cached_tokens();
     if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       finish_reason_ = FinishReasonText(r.finish_reason());
     }
@@ -127,7 +128,8 @@ class ResponseBuilder {
   const std::string& full_text() const { return full_text_; }
   Usage usage(int64_t prompt_tokens) const {
     return Usage{.prompt_tokens = prompt_tokens_ > 0 ? prompt_tokens_ : prompt_tokens,
-                 .completion_tokens = completion_tokens_};
+                 .completion_tokens = completion_tokens_,
+                 .cached_tokens = cached_tokens_};
   }
 
  private:
@@ -142,6 +144,7 @@ class ResponseBuilder {
   TextAssembler text_;
   int64_t completion_tokens_ = 0;
   int64_t prompt_tokens_ = 0;
+  int64_t cached_tokens_ = 0;
   std::string finish_reason_;
   std::string full_text_;
 };

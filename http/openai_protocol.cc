@@ -428,7 +428,8 @@ std::string TextAssembler::Finish() {
 nlohmann::json UsageJson(const Usage& u) {
   return json{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
-              {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"prompt_tokens_details", json{{"cached_tokens", u.cached_tokens}}}};
 }
 
 nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& tokens,

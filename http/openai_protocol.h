@@ -113,6 +113,7 @@ struct TokenOut {
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // of the prompt, taken from the prefix cache (not computed)
 };
 nlohmann::json UsageJson(const Usage& u);
 

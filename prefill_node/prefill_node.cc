@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/kv/pool_gauges.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/compute_backend.h"
@@ -70,6 +71,9 @@ absl::Status PrefillNode::Init() {
                             const PrefillLoad l = sched->Load();
                             return std::make_pair(l.queued_tokens, l.running_requests);
                           });
+  kv::AddPrefixCacheCounters(
+      &runtime_->metrics_registry(), "duet_prefill",
+      [sched] { return sched->PrefixCacheCounters(); }, [pool] { return pool->Stats(); });
   service_ = std::make_unique<PrefillService>(
       PrefillServiceOptions{.node_id = ro.node_id, .layout = layout_, .metrics = metrics_.get()},
       transport_.get(), scheduler_.get());

@@ -18,4 +18,19 @@ void AddBlockPoolGauge(metrics::Registry* registry, const std::string& name,
   });
 }
 
+void AddPrefixCacheCounters(metrics::Registry* registry, const std::string& prefix,
+                            std::function<PrefixCacheCounters()> counters,
+                            std::function<BlockPoolStats()> stats) {
+  auto one = [](double v) { return std::vector<metrics::Sample>{{{}, v}}; };
+  registry->AddCounterCallback(prefix + "_prefix_cache_queries_total",
+                               "Prompt tokens looked up in the prefix cache", {},
+                               [counters, one] { return one(counters().query_tokens); });
+  registry->AddCounterCallback(prefix + "_prefix_cache_hits_total",
+                               "Prompt tokens found in the prefix cache (not computed or sent)",
+                               {}, [counters, one] { return one(counters().hit_tokens); });
+  registry->AddCounterCallback(prefix + "_prefix_cache_evictions_total",
+                               "Cached KV blocks evicted to make room", {},
+                               [stats = std::move(stats), one] { return one(stats().evictions); });
+}
+
 }  // namespace duet::kv

@@ -84,6 +84,17 @@ void Registry::AddGaugeCallback(const std::string& name, const std::string& help
   e.callback = std::move(fn);
 }
 
+void Registry::AddCounterCallback(const std::string& name, const std::string& help,
+                                  std::vector<std::string> label_names,
+                                  std::function<std::vector<Sample>()> fn) {
+  absl::MutexLock lock(&mu_);
+  Entry& e = entries_[name];
+  e.help = help;
+  e.type = "counter";
+  e.callback_labels = std::move(label_names);
+  e.callback = std::move(fn);
+}
+
 std::string EscapeLabelValue(const std::string& v) {
   std::string out;
   out.reserve(v.size());

@@ -122,6 +122,10 @@ class Registry {
   void AddGaugeCallback(const std::string& name, const std::string& help,
                         std::vector<std::string> label_names,
                         std::function<std::vector<Sample>()> fn);
+  // A counter kept elsewhere (monotonic), read at render time.
+  void AddCounterCallback(const std::string& name, const std::string& help,
+                          std::vector<std::string> label_names,
+                          std::function<std::vector<Sample>()> fn);
 
   // Text exposition format 0.0.4, families in name order.
   std::string Render() const;
