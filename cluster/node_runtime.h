@@ -11,7 +11,8 @@
 //                                                        .needs_tokenizer = true}));
 //   ... rt->runner(), rt->layout(), rt->num_blocks() ...
 //   DUET_RETURN_IF_ERROR(rt->StartMetricsExporter());   // after the node's gauges are added
-//   DUET_RETURN_IF_ERROR(rt->Join({.kind = v1::NODE_KIND_DECODE, .address = addr, ...}));
+//   DUET_RETURN_IF_ERROR(rt->Join({.kind = v1::NODE_KIND_DECODE, .address = addr, ...,
+//                                  .cache_pool = pool}));   // its prefix cache, indexed
 //   ...
 //   rt->Leave();   // deregisters and stops /metrics; the node then stops what reads its gauges
 #pragma once
@@ -49,6 +50,7 @@ struct NodeRuntimeOptions {
   std::string cpu_gemm = "invariant";    // invariant | openblas: every node of a cluster alike
   int block_size = 16;                   // tokens per KV block
   int64_t kv_cache_bytes = 256ll << 20;  // the node's KV pool
+  bool enable_prefix_caching = true;     // reuse the KV of cached prompt prefixes
   int metrics_port = 0;                  // GET /metrics: 0 off, -1 any free port
   std::string metrics_host = "127.0.0.1";
   absl::Duration register_timeout = absl::Seconds(60);  // how long to wait for the coordinator
@@ -70,6 +72,10 @@ struct JoinArgs {
   std::function<NodeLoad()> load;
   // After a re-registration as a new incarnation (the coordinator dropped the old one's state).
   std::function<void(uint64_t new_epoch)> on_reregistered;
+  // The pool whose prefix cache the coordinator indexes (nullptr: none). With
+  // options().enable_prefix_caching, Join turns its events on, registers the cache's seed
+  // (ModelRunner::PrefixCacheSeed) and sends its events with the heartbeats.
+  kv::BlockPool* cache_pool = nullptr;
 };
 
 class NodeRuntime {
