@@ -119,16 +119,16 @@ absl::Status NodeRuntime::Join(JoinArgs args) {
   }
   DUET_ASSIGN_OR_RETURN(
       member_,
-      MembershipClient::Start(
-          {.coordinator_address = options_.coordinator_address,
-           .registration = std::move(reg),
-           .load = std::move(load),
-           .register_timeout = options_.register_timeout,
-           .on_reregistered = [this, f = std::move(args.on_reregistered)](uint64_t new_epoch) {
-             epoch_.store(new_epoch);
-             if (f) f(new_epoch);
-           },
-           .kv_events = std::move(kv_events)}));
+      MembershipClient::Start({.coordinator_address = options_.coordinator_address,
+                               .registration = std::move(reg),
+                               .load = std::move(load),
+                               .register_timeout = options_.register_timeout,
+                               .on_reregistered =
+                                   [this, f = std::move(args.on_reregistered)](uint64_t new_epoch) {
+                                     epoch_.store(new_epoch);
+                                     if (f) f(new_epoch);
+                                   },
+                               .kv_events = std::move(kv_events)}));
   epoch_.store(member_->epoch());
   return absl::OkStatus();
 }

@@ -151,17 +151,16 @@ void CoordinatorServer::Impl::InstallNodeGauges() {
                        return std::vector<metrics::Sample>{
                            {{}, static_cast<double>(tracker_.size())}};
                      });
-  r.AddGaugeCallback("duet_coordinator_prefix_index_entries",
-                     "(block hash, node) pairs in the coordinator's prefix-cache index", {},
-                     [this] {
-                       return std::vector<metrics::Sample>{
-                           {{}, static_cast<double>(prefix_index_.size())}};
-                     });
-  r.AddGaugeCallback("duet_coordinator_prefix_index_hashes",
-                     "Distinct block hashes some node holds in its prefix cache", {}, [this] {
-                       return std::vector<metrics::Sample>{
-                           {{}, static_cast<double>(prefix_index_.num_hashes())}};
-                     });
+  r.AddGaugeCallback(
+      "duet_coordinator_prefix_index_entries",
+      "(block hash, node) pairs in the coordinator's prefix-cache index", {}, [this] {
+        return std::vector<metrics::Sample>{{{}, static_cast<double>(prefix_index_.size())}};
+      });
+  r.AddGaugeCallback(
+      "duet_coordinator_prefix_index_hashes",
+      "Distinct block hashes some node holds in its prefix cache", {}, [this] {
+        return std::vector<metrics::Sample>{{{}, static_cast<double>(prefix_index_.num_hashes())}};
+      });
   r.AddGaugeCallback("duet_coordinator_directory_entries",
                      "KV entries in the coordinator's cache directory", {}, [this] {
                        return std::vector<metrics::Sample>{
@@ -229,8 +228,7 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorServer::Impl::Heartbeat(
     const v1::HeartbeatRequest& req) {
   metrics_.heartbeats.WithLabels({req.node().node_id()}).Increment();
   const NodeIncarnation node{req.node().node_id(), req.node().epoch()};
-  DUET_RETURN_IF_ERROR(
-      registry_.Heartbeat(node, cluster::LoadFromProto(req.load()), absl::Now()));
+  DUET_RETURN_IF_ERROR(registry_.Heartbeat(node, cluster::LoadFromProto(req.load()), absl::Now()));
   v1::HeartbeatResponse resp;
   if (req.has_kv_events()) {
     resp.set_want_kv_snapshot(

@@ -41,11 +41,11 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
   }
   const cluster::PrefixCacheInfo& cache = registration.prefix_cache;
   if (cache.enabled && cluster_cache_seed_ && *cluster_cache_seed_ != cache.seed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        NodeKindName(registration.kind), " node ", node.ToString(), " hashes its prefix cache from seed ",
-        cache.seed.ToHex(), " but the ", cluster_cache_seed_source_, " hashes from seed ",
-        cluster_cache_seed_->ToHex(),
-        ": its cached blocks would not be found (model, KV layout or config differ)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(NodeKindName(registration.kind), " node ", node.ToString(),
+                     " hashes its prefix cache from seed ", cache.seed.ToHex(), " but the ",
+                     cluster_cache_seed_source_, " hashes from seed ", cluster_cache_seed_->ToHex(),
+                     ": its cached blocks would not be found (model, KV layout or config differ)"));
   }
 
   RegisterOutcome outcome;

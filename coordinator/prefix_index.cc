@@ -10,8 +10,7 @@ void PrefixIndex::Store(const NodeIncarnation& node, NodeState& state, const kv:
   ++entries_;
 }
 
-void PrefixIndex::Remove(const NodeIncarnation& node, NodeState& state,
-                         const kv::BlockHash& hash) {
+void PrefixIndex::Remove(const NodeIncarnation& node, NodeState& state, const kv::BlockHash& hash) {
   if (state.hashes.erase(hash) == 0) return;
   auto it = holders_.find(hash);
   if (it != holders_.end()) {

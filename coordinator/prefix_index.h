@@ -51,8 +51,8 @@ class PrefixIndex {
   absl::flat_hash_map<NodeIncarnation, int64_t> LeadingBlocksAll(
       absl::Span<const kv::BlockHash> chain) const;
 
-  size_t size() const;            // (hash, node) entries
-  size_t num_hashes() const;      // distinct hashes held by some node
+  size_t size() const;                             // (hash, node) entries
+  size_t num_hashes() const;                       // distinct hashes held by some node
   bool synced(const NodeIncarnation& node) const;  // has applied a snapshot, no gap since
 
  private:

@@ -64,9 +64,12 @@ int64_t RouteRequest::FreshBlocks(const NodeIncarnation& node) const {
 
 const char* RouterModeName(RouterMode mode) {
   switch (mode) {
-    case RouterMode::kCacheAware: return "cache_aware";
-    case RouterMode::kLoad: return "load";
-    case RouterMode::kRoundRobin: return "round_robin";
+    case RouterMode::kCacheAware:
+      return "cache_aware";
+    case RouterMode::kLoad:
+      return "load";
+    case RouterMode::kRoundRobin:
+      return "round_robin";
   }
   return "unknown";
 }
@@ -75,9 +78,9 @@ absl::StatusOr<RouterMode> ParseRouterMode(std::string_view name) {
   for (RouterMode m : {RouterMode::kCacheAware, RouterMode::kLoad, RouterMode::kRoundRobin}) {
     if (name == RouterModeName(m)) return m;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown router '", absl::string_view(name.data(), name.size()),
-                   "' (expected cache_aware, load or round_robin)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown router '",
+                                                 absl::string_view(name.data(), name.size()),
+                                                 "' (expected cache_aware, load or round_robin)"));
 }
 
 absl::Status ValidateRouterWeights(const RouterWeights& w) {
@@ -95,10 +98,14 @@ absl::Status ValidateRouterWeights(const RouterWeights& w) {
 
 const char* RouteReasonName(RouteReason reason) {
   switch (reason) {
-    case RouteReason::kLoad: return "load";
-    case RouteReason::kPrefillHit: return "prefill_hit";
-    case RouteReason::kDecodeHit: return "decode_hit";
-    case RouteReason::kBoth: return "both";
+    case RouteReason::kLoad:
+      return "load";
+    case RouteReason::kPrefillHit:
+      return "prefill_hit";
+    case RouteReason::kDecodeHit:
+      return "decode_hit";
+    case RouteReason::kBoth:
+      return "both";
   }
   return "unknown";
 }
@@ -197,8 +204,8 @@ absl::StatusOr<std::vector<NodeInfo>> Router::FittingDecode(const std::vector<No
     } else {
       refusals.push_back(absl::StrCat(n.node.ToString(), " has ", n.load.free_blocks,
                                       " free blocks for ", request.FreshBlocks(n.node), ", ",
-                                      n.load.running_requests, "/",
-                                      n.capacity.max_running_requests, " running"));
+                                      n.load.running_requests, "/", n.capacity.max_running_requests,
+                                      " running"));
     }
   }
   if (fitting.empty()) {

@@ -27,7 +27,8 @@
 //                    .block_size = 16, .cacheable_blocks = 18,
 //                    .cached_blocks = index.LeadingBlocksAll(chain)};
 //   DUET_ASSIGN_OR_RETURN(RoutePick pick, router.Pick(registry.LiveNodes(NodeKind::kDecode),
-//                                                     registry.LiveNodes(NodeKind::kPrefill), req));
+//                                                     registry.LiveNodes(NodeKind::kPrefill),
+//                                                     req));
 //   // pick.decode, pick.prefill, pick.decode_fresh_blocks, RouteReasonName(pick.reason)
 #pragma once
 

@@ -45,8 +45,10 @@ TEST(KvEventsConvert, SnapshotIsEveryHashStoredFromTheNextNumber) {
   EXPECT_TRUE(back.snapshot);
   EXPECT_EQ(back.first_seq, 7u);
   ASSERT_EQ(back.events.size(), 2u);
-  EXPECT_EQ(back.events[0], (kv::KvCacheEvent{.kind = kv::KvCacheEvent::Kind::kStored, .hash = kA}));
-  EXPECT_EQ(back.events[1], (kv::KvCacheEvent{.kind = kv::KvCacheEvent::Kind::kStored, .hash = kB}));
+  EXPECT_EQ(back.events[0],
+            (kv::KvCacheEvent{.kind = kv::KvCacheEvent::Kind::kStored, .hash = kA}));
+  EXPECT_EQ(back.events[1],
+            (kv::KvCacheEvent{.kind = kv::KvCacheEvent::Kind::kStored, .hash = kB}));
 }
 
 }  // namespace

@@ -170,9 +170,8 @@ TEST_F(MembershipClientTest, FirstHeartbeatCarriesASnapshotAndEventsGoOutPromptl
   const absl::Time stored = absl::Now();
   cache_.Store(7);
   cache_.Store(8);
-  const int i = coordinator_.WaitFor(before, [](const v1::HeartbeatRequest& r) {
-    return r.kv_events().events_size() > 0;
-  });
+  const int i = coordinator_.WaitFor(
+      before, [](const v1::HeartbeatRequest& r) { return r.kv_events().events_size() > 0; });
   ASSERT_GE(i, 0);
   const FakeCoordinator::Beat beat = coordinator_.heartbeats()[i];
   EXPECT_LT(beat.at - stored, absl::Milliseconds(500));
@@ -209,8 +208,8 @@ TEST_F(MembershipClientTest, ANewIncarnationStartsFromASnapshot) {
 
 TEST_F(MembershipClientTest, WithoutACacheHeartbeatsCarryNoEvents) {
   Start(/*cache=*/false);
-  ASSERT_GE(coordinator_.WaitFor(0, [](const v1::HeartbeatRequest&) { return true; },
-                                 absl::Seconds(3)),
+  ASSERT_GE(coordinator_.WaitFor(
+                0, [](const v1::HeartbeatRequest&) { return true; }, absl::Seconds(3)),
             0);
   for (const FakeCoordinator::Beat& b : coordinator_.heartbeats()) {
     EXPECT_FALSE(b.req.has_kv_events());

@@ -125,7 +125,7 @@ TEST(PrefixIndexTest, DropNodeForgetsThatIncarnationOnly) {
 TEST(PrefixIndexTest, LeadingBlocksAllCountsEachNodesRunFromTheFirstBlock) {
   PrefixIndex index;
   ASSERT_FALSE(index.Apply(kD0, Snapshot(0, {1, 2, 3})));
-  ASSERT_FALSE(index.Apply(kP0, Snapshot(0, {1, 3})));      // a hole at block 1
+  ASSERT_FALSE(index.Apply(kP0, Snapshot(0, {1, 3})));        // a hole at block 1
   ASSERT_FALSE(index.Apply({"p1", 1}, Snapshot(0, {2, 3})));  // no block 0: holds nothing
   auto all = index.LeadingBlocksAll(Chain({1, 2, 3, 4}));
   EXPECT_EQ(all.size(), 2u);

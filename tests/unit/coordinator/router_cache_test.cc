@@ -73,9 +73,9 @@ TEST(RouterCacheTest, LoadAndRoundRobinIgnoreTheCaches) {
   Router load(RouterMode::kLoad);
   EXPECT_EQ(Pick(load, kTwoD, kTwoP, Req({{"p1", 8}, {"d1", 9}})), "p0,d0 load");
   // Load still decides: the busier nodes lose even when they hold the prompt.
-  EXPECT_EQ(Pick(load, {D("d0", 3), D("d1", 1)}, {P("p0", 50), P("p1", 10)},
-                 Req({{"p0", 8}, {"d0", 9}})),
-            "p1,d1 load");
+  EXPECT_EQ(
+      Pick(load, {D("d0", 3), D("d1", 1)}, {P("p0", 50), P("p1", 10)}, Req({{"p0", 8}, {"d0", 9}})),
+      "p1,d1 load");
   // The reason still says what the chosen nodes held.
   EXPECT_EQ(Pick(load, kTwoD, kTwoP, Req({{"p0", 8}})), "p0,d0 prefill_hit");
   Router rr(RouterMode::kRoundRobin);
