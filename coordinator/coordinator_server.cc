@@ -80,14 +80,14 @@ CoordinatorServer::Impl::Impl(const CoordinatorOptions& options)
 CoordinatorServer::Impl::~Impl() { Shutdown(); }
 
 absl::Status CoordinatorServer::Impl::Init() {
+  DUET_ASSIGN_OR_RETURN(RouterMode mode, ParseRouterMode(options_.router));
+  DUET_RETURN_IF_ERROR(ValidateRouterWeights(options_.router_weights));
+  router_ = std::make_unique<Router>(mode, options_.router_weights);
   if (options_.model_dir.empty()) {
     return absl::InvalidArgumentError("coordinator: --model is required (tokenizer and config)");
   }
   DUET_ASSIGN_OR_RETURN(model_config_, model::LoadModelConfig(options_.model_dir));
   DUET_ASSIGN_OR_RETURN(tokenizer_, model::LoadTokenizer(options_.model_dir));
-  DUET_ASSIGN_OR_RETURN(RouterMode mode, ParseRouterMode(options_.router));
-  DUET_RETURN_IF_ERROR(ValidateRouterWeights(options_.router_weights));
-  router_ = std::make_unique<Router>(mode, options_.router_weights);
   membership_service_ = std::make_unique<MembershipService>(this);
   generation_service_ = std::make_unique<GenerationService>(this);
   DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(options_.listen_address,
