@@ -39,6 +39,20 @@ ABSL_FLAG(std::string, kv_staging, "auto",
 ABSL_FLAG(std::string, address_file, "",
           "write this process's bound address here once it serves (for launchers)");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "coordinator: silence that declares a node dead");
+ABSL_FLAG(std::string, router, "cache_aware",
+          "coordinator: how requests are routed: cache_aware (the prefill/decode pair of lowest "
+          "cost: prompt tokens to compute, queue, KV blocks to send, decode batch; prefixes the "
+          "nodes cache count), load (least loaded decode, least queued prefill) or round_robin");
+ABSL_FLAG(double, router_prefill_weight, duet::coordinator::RouterWeights{}.prefill,
+          "coordinator, cache_aware: cost per prompt of tokens the prefill node must compute "
+          "(those it does not hold cached)");
+ABSL_FLAG(double, router_queue_weight, duet::coordinator::RouterWeights{}.queue,
+          "coordinator, cache_aware: cost per prompt of tokens queued on the prefill node");
+ABSL_FLAG(double, router_transfer_weight, duet::coordinator::RouterWeights{}.transfer,
+          "coordinator, cache_aware: cost per prompt of KV blocks the decode node must receive "
+          "(those it does not hold cached)");
+ABSL_FLAG(double, router_decode_weight, duet::coordinator::RouterWeights{}.decode,
+          "coordinator, cache_aware: cost of a full decode batch (running / max_running)");
 ABSL_FLAG(int, http_port, -1,
           "coordinator/serve --colocated: port of the OpenAI-compatible HTTP API and /metrics "
           "(-1: off, 0: any)");
@@ -119,6 +133,11 @@ int RunCoordinator(const std::vector<char*>& args) {
   opt.listen_address = absl::GetFlag(FLAGS_listen);
   opt.model_dir = absl::GetFlag(FLAGS_model);
   opt.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  opt.router = absl::GetFlag(FLAGS_router);
+  opt.router_weights = {.prefill = absl::GetFlag(FLAGS_router_prefill_weight),
+                        .queue = absl::GetFlag(FLAGS_router_queue_weight),
+                        .transfer = absl::GetFlag(FLAGS_router_transfer_weight),
+                        .decode = absl::GetFlag(FLAGS_router_decode_weight)};
   opt.http = HttpFrontOptionsFromFlags();
   auto server = coordinator::CoordinatorServer::Start(opt);
   if (!server.ok()) return Fail("coordinator", server.status());

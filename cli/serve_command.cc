@@ -32,6 +32,11 @@ ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
 ABSL_DECLARE_FLAG(bool, no_layer_pipelining);
 ABSL_DECLARE_FLAG(int, max_running);
 ABSL_DECLARE_FLAG(int64_t, heartbeat_timeout_ms);
+ABSL_DECLARE_FLAG(std::string, router);
+ABSL_DECLARE_FLAG(double, router_prefill_weight);
+ABSL_DECLARE_FLAG(double, router_queue_weight);
+ABSL_DECLARE_FLAG(double, router_transfer_weight);
+ABSL_DECLARE_FLAG(double, router_decode_weight);
 ABSL_DECLARE_FLAG(int, http_port);
 ABSL_DECLARE_FLAG(std::string, http_host);
 ABSL_DECLARE_FLAG(std::string, api_key);
@@ -192,6 +197,11 @@ int RunServe(const std::vector<char*>& args) {
             absl::StrCat("--listen=127.0.0.1:", absl::GetFlag(FLAGS_port)),
             "--address_file=" + coord_file,
             absl::StrCat("--heartbeat_timeout_ms=", absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+            "--router=" + absl::GetFlag(FLAGS_router),
+            absl::StrCat("--router_prefill_weight=", absl::GetFlag(FLAGS_router_prefill_weight)),
+            absl::StrCat("--router_queue_weight=", absl::GetFlag(FLAGS_router_queue_weight)),
+            absl::StrCat("--router_transfer_weight=", absl::GetFlag(FLAGS_router_transfer_weight)),
+            absl::StrCat("--router_decode_weight=", absl::GetFlag(FLAGS_router_decode_weight)),
             absl::StrCat("--http_port=", absl::GetFlag(FLAGS_http_port)),
             "--http_host=" + absl::GetFlag(FLAGS_http_host),
             "--api_key=" + absl::GetFlag(FLAGS_api_key),

@@ -1,6 +1,7 @@
 #include "cluster/membership_client.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -72,28 +73,60 @@ absl::Status MembershipClient::Register(absl::Time deadline) {
 }
 
 void MembershipClient::HeartbeatLoop() {
-  while (!stop_.WaitForNotificationWithTimeout(interval_)) {
-    duet::v1::HeartbeatRequest req;
-    req.mutable_node()->set_node_id(node_id());
-    req.mutable_node()->set_epoch(epoch_.load());
-    if (options_.load) *req.mutable_load() = options_.load();
-    grpc::ClientContext ctx;
-    rpc::SetDeadline(ctx, std::max(interval_, absl::Seconds(1)));
-    duet::v1::HeartbeatResponse resp;
-    absl::Status s = rpc::FromGrpcStatus(stub_->Heartbeat(&ctx, req, &resp));
-    if (s.code() == absl::StatusCode::kNotFound) {
-      DUET_LOG(WARNING) << "coordinator no longer knows " << node_id() << " (" << s.message()
-                        << "); registering as a new incarnation";
-      absl::Status r = Register(absl::Now() + options_.register_timeout);
-      if (r.ok()) {
-        if (options_.on_reregistered) options_.on_reregistered(epoch_.load());
-      } else {
-        DUET_LOG(ERROR) << "re-registration failed: " << r;
-      }
-    } else if (!s.ok()) {
-      DUET_LOG(WARNING) << "heartbeat to " << options_.coordinator_address << " failed: " << s;
-    }
+  const bool cache = static_cast<bool>(options_.kv_events);
+  const absl::Duration poll = std::max(options_.kv_events_poll, absl::Milliseconds(1));
+  // With a cache, the first heartbeat (with the snapshot) goes out at once.
+  absl::Time next_due = cache ? absl::Now() : absl::Now() + interval_;
+  bool last_failed = false;
+  while (true) {
+    absl::Duration wait = next_due - absl::Now();
+    if (cache && !last_failed) wait = std::min(wait, poll);
+    if (stop_.WaitForNotificationWithTimeout(std::max(wait, absl::ZeroDuration()))) break;
+    std::optional<duet::v1::KvEvents> events;
+    const bool snapshot = cache && want_snapshot_;
+    const bool due = absl::Now() >= next_due;
+    // While heartbeats fail, only the regular ones are tried (no early ones, no drained events
+    // to lose: the snapshot that follows a failure covers them).
+    if (cache && (due || !last_failed)) events = options_.kv_events(snapshot);
+    const bool early = events && (snapshot || events->events_size() > 0);
+    if (!due && !early) continue;  // an empty batch: nothing lost
+    next_due = absl::Now() + interval_;
+    const bool ok = SendHeartbeat(events ? &*events : nullptr);
+    last_failed = !ok;
   }
+}
+
+bool MembershipClient::SendHeartbeat(const duet::v1::KvEvents* events) {
+  duet::v1::HeartbeatRequest req;
+  req.mutable_node()->set_node_id(node_id());
+  req.mutable_node()->set_epoch(epoch_.load());
+  if (options_.load) *req.mutable_load() = options_.load();
+  if (events != nullptr) *req.mutable_kv_events() = *events;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(ctx, std::max(interval_, absl::Seconds(1)));
+  duet::v1::HeartbeatResponse resp;
+  absl::Status s = rpc::FromGrpcStatus(stub_->Heartbeat(&ctx, req, &resp));
+  if (s.ok()) {
+    if (events != nullptr && events->snapshot()) want_snapshot_ = false;
+    if (resp.want_kv_snapshot()) want_snapshot_ = true;
+    return true;
+  }
+  // Events that may not have arrived are lost: the next heartbeat replaces them all.
+  if (events != nullptr && events->events_size() > 0) want_snapshot_ = true;
+  if (s.code() == absl::StatusCode::kNotFound) {
+    DUET_LOG(WARNING) << "coordinator no longer knows " << node_id() << " (" << s.message()
+                      << "); registering as a new incarnation";
+    absl::Status r = Register(absl::Now() + options_.register_timeout);
+    if (r.ok()) {
+      want_snapshot_ = true;  // the new incarnation starts from a full snapshot
+      if (options_.on_reregistered) options_.on_reregistered(epoch_.load());
+      return true;
+    }
+    DUET_LOG(ERROR) << "re-registration failed: " << r;
+  } else {
+    DUET_LOG(WARNING) << "heartbeat to " << options_.coordinator_address << " failed: " << s;
+  }
+  return false;
 }
 
 MembershipClient::~MembershipClient() {

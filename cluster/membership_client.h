@@ -5,10 +5,21 @@
 // (a larger epoch), because the coordinator already dropped everything the old one owned.
 // Deregisters on destruction.
 //
+// Prefix cache (optional): with `kv_events` set, every heartbeat carries the node's cache events
+// (v1::KvEvents). A snapshot of the whole cache goes with the first heartbeat after every
+// (re-)registration (the coordinator starts each incarnation from one), when the coordinator
+// answered want_kv_snapshot, and after a heartbeat that carried events failed (they are lost).
+// Between heartbeats the thread polls `kv_events` every kv_events_poll and sends an early
+// heartbeat as soon as there are events, so the coordinator's index lags the cache by tens of
+// milliseconds rather than a heartbeat interval.
+//
 //   v1::RegisterRequest reg;  reg.mutable_node()->set_node_id("decode-0");  ...
 //   DUET_ASSIGN_OR_RETURN(auto member, MembershipClient::Start({
 //       .coordinator_address = "127.0.0.1:5000", .registration = reg,
-//       .load = [&] { return CurrentLoad(); }}));
+//       .load = [&] { return CurrentLoad(); },
+//       .kv_events = [pool](bool snapshot) {
+//         return snapshot ? KvSnapshotToProto(pool->Snapshot())
+//                         : KvEventsToProto(pool->DrainEvents()); }}));
 #pragma once
 
 #include <atomic>
@@ -33,6 +44,12 @@ struct MembershipClientOptions {
   absl::Duration register_timeout = absl::Seconds(60);
   // Called after a re-registration as a new incarnation (the old one's state is gone).
   std::function<void(uint64_t new_epoch)> on_reregistered;
+  // The prefix cache's events for one heartbeat: every cached block when `snapshot`, else those
+  // since the last call (an empty batch when none). Unset: the node's caching is off (set
+  // registration.prefix_cache to match). Called on the heartbeat thread only.
+  std::function<duet::v1::KvEvents(bool snapshot)> kv_events;
+  // How often the heartbeat thread looks for new events between heartbeats.
+  absl::Duration kv_events_poll = absl::Milliseconds(25);
 };
 
 class MembershipClient {
@@ -49,11 +66,15 @@ class MembershipClient {
   explicit MembershipClient(MembershipClientOptions options);
   absl::Status Register(absl::Time deadline);
   void HeartbeatLoop();
+  // One heartbeat with `events` (when the cache is on); false when it failed.
+  bool SendHeartbeat(const duet::v1::KvEvents* events);
 
   MembershipClientOptions options_;
   std::unique_ptr<duet::v1::Membership::Stub> stub_;
   std::atomic<uint64_t> epoch_{0};
   absl::Duration interval_ = absl::Seconds(1);
+  // Heartbeat thread only (and Start, before it runs): send a snapshot with the next heartbeat.
+  bool want_snapshot_ = true;
   absl::Notification stop_;
   std::thread thread_;
 };

@@ -8,6 +8,8 @@ v1::NodeLoad LoadToProto(const NodeLoad& load) {
   p.set_total_blocks(load.total_blocks);
   p.set_queued_tokens(load.queued_tokens);
   p.set_running_requests(load.running_requests);
+  p.set_evictable_blocks(load.evictable_blocks);
+  p.set_cached_blocks(load.cached_blocks);
   return p;
 }
 
@@ -15,7 +17,9 @@ NodeLoad LoadFromProto(const v1::NodeLoad& load) {
   return NodeLoad{.free_blocks = load.free_blocks(),
                   .total_blocks = load.total_blocks(),
                   .queued_tokens = load.queued_tokens(),
-                  .running_requests = load.running_requests()};
+                  .running_requests = load.running_requests(),
+                  .evictable_blocks = load.evictable_blocks(),
+                  .cached_blocks = load.cached_blocks()};
 }
 
 v1::NodeCompute ComputeToProto(const NodeCompute& compute) {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/kv_events_convert.h"
 #include "cluster/node_load_convert.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
@@ -104,17 +105,30 @@ absl::Status NodeRuntime::Join(JoinArgs args) {
   *reg.mutable_compute() = ComputeToProto(compute_);
   std::function<v1::NodeLoad()> load;
   if (args.load) load = [f = args.load] { return LoadToProto(f()); };
+  // The prefix cache: its seed at registration, its events with every heartbeat.
+  std::function<v1::KvEvents(bool)> kv_events;
+  const bool cache = options_.enable_prefix_caching && args.cache_pool != nullptr;
+  *reg.mutable_prefix_cache() = PrefixCacheInfoToProto(
+      {.enabled = cache, .seed = runner().PrefixCacheSeed(layout_.block_size)});
+  if (cache) {
+    kv::BlockPool* pool = args.cache_pool;
+    pool->EnableEvents();
+    kv_events = [pool](bool snapshot) {
+      return snapshot ? KvSnapshotToProto(pool->Snapshot()) : KvEventsToProto(pool->DrainEvents());
+    };
+  }
   DUET_ASSIGN_OR_RETURN(
       member_,
-      MembershipClient::Start(
-          {.coordinator_address = options_.coordinator_address,
-           .registration = std::move(reg),
-           .load = std::move(load),
-           .register_timeout = options_.register_timeout,
-           .on_reregistered = [this, f = std::move(args.on_reregistered)](uint64_t new_epoch) {
-             epoch_.store(new_epoch);
-             if (f) f(new_epoch);
-           }}));
+      MembershipClient::Start({.coordinator_address = options_.coordinator_address,
+                               .registration = std::move(reg),
+                               .load = std::move(load),
+                               .register_timeout = options_.register_timeout,
+                               .on_reregistered =
+                                   [this, f = std::move(args.on_reregistered)](uint64_t new_epoch) {
+                                     epoch_.store(new_epoch);
+                                     if (f) f(new_epoch);
+                                   },
+                               .kv_events = std::move(kv_events)}));
   epoch_.store(member_->epoch());
   return absl::OkStatus();
 }

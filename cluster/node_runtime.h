@@ -11,7 +11,8 @@
 //                                                        .needs_tokenizer = true}));
 //   ... rt->runner(), rt->layout(), rt->num_blocks() ...
 //   DUET_RETURN_IF_ERROR(rt->StartMetricsExporter());   // after the node's gauges are added
-//   DUET_RETURN_IF_ERROR(rt->Join({.kind = v1::NODE_KIND_DECODE, .address = addr, ...}));
+//   DUET_RETURN_IF_ERROR(rt->Join({.kind = v1::NODE_KIND_DECODE, .address = addr, ...,
+//                                  .cache_pool = pool}));   // its prefix cache, indexed
 //   ...
 //   rt->Leave();   // deregisters and stops /metrics; the node then stops what reads its gauges
 #pragma once
@@ -71,6 +72,10 @@ struct JoinArgs {
   std::function<NodeLoad()> load;
   // After a re-registration as a new incarnation (the coordinator dropped the old one's state).
   std::function<void(uint64_t new_epoch)> on_reregistered;
+  // The pool whose prefix cache the coordinator indexes (nullptr: none). With
+  // options().enable_prefix_caching, Join turns its events on, registers the cache's seed
+  // (ModelRunner::PrefixCacheSeed) and sends its events with the heartbeats.
+  kv::BlockPool* cache_pool = nullptr;
 };
 
 class NodeRuntime {

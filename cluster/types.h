@@ -6,10 +6,15 @@
 //   *reg.mutable_load() = LoadToProto(load);   // cluster/node_load_convert.h
 //   NodeCompute c{.backend = "cpu", .cpu_gemm = "openblas"};
 //   c.Numerics();                              // "cpu, gemm openblas"
+//   KvEvents ev = KvEventsFromProto(req.kv_events());   // cluster/kv_events_convert.h
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "common/kv/block_hash.h"
+#include "common/kv/block_pool.h"
 
 namespace duet::cluster {
 
@@ -19,6 +24,10 @@ struct NodeLoad {
   int64_t total_blocks = 0;
   int64_t queued_tokens = 0;
   int32_t running_requests = 0;
+  // Of free_blocks (every block an allocation can take), those holding cached prefix KV nobody
+  // uses; and every block in the prefix cache, used or evictable.
+  int64_t evictable_blocks = 0;
+  int64_t cached_blocks = 0;
 
   bool operator==(const NodeLoad&) const = default;
 };
@@ -36,6 +45,26 @@ struct NodeCompute {
     return cpu_gemm.empty() ? backend : backend + ", gemm " + cpu_gemm;
   }
   bool operator==(const NodeCompute&) const = default;
+};
+
+// A node's prefix cache as it registers it: on or off, and the seed of its blocks' hash chains
+// (ModelRunner::PrefixCacheSeed). Nodes with caching on must agree on the seed.
+struct PrefixCacheInfo {
+  bool enabled = false;
+  kv::BlockHash seed;
+
+  bool operator==(const PrefixCacheInfo&) const = default;
+};
+
+// The prefix-cache events of one heartbeat (v1::KvEvents): event i is number first_seq + i.
+// With `snapshot`, `events` lists every cached block (all stored) and first_seq is the number of
+// the next event after it.
+struct KvEvents {
+  uint64_t first_seq = 0;
+  bool snapshot = false;
+  std::vector<kv::KvCacheEvent> events;
+
+  bool operator==(const KvEvents&) const = default;
 };
 
 }  // namespace duet::cluster

@@ -22,6 +22,7 @@
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/node_registry.h"
+#include "coordinator/prefix_index.h"
 #include "coordinator/request_tracker.h"
 #include "coordinator/router.h"
 #include "duet/v1/client.grpc.pb.h"
@@ -63,6 +64,11 @@ struct ActiveRequest {
   std::vector<std::string> unreachable_prefill;  // D could not connect to these writers
   std::vector<LoadAdjustment> load_adjustments;   // of the current attempt's routing
   int64_t reserve_us = 0;  // the current attempt's successful Reserve round trip to D
+  int32_t decode_cached_tokens = 0;  // prompt tokens D held (KvDestination.cached_blocks)
+  // Set (under mu) by the current attempt's Prefill thread when P said the KV landed.
+  bool kv_landed = false;
+  int32_t landed_cached_tokens = 0;
+  int64_t kv_bytes_sent = 0;
 
   void Push(RequestEvent e) {
     {
@@ -81,7 +87,9 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
   absl::Status Init();
   // Membership
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req);
-  absl::Status Heartbeat(const v1::HeartbeatRequest& req);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
+  // Forgets what a dead, replaced or departed incarnation held (requests, cached prefixes).
+  void DropNode(const NodeIncarnation& node, absl::Time now);
   absl::Status Deregister(const v1::DeregisterRequest& req);
   // Generation
   absl::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest& req,
@@ -101,6 +109,7 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
   model::ModelConfig model_config_;
   NodeRegistry registry_;
   CacheDirectory directory_;
+  PrefixIndex prefix_index_;
   RequestTracker tracker_;
   std::unique_ptr<Router> router_;
   BackgroundCalls background_;

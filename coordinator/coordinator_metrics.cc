@@ -34,9 +34,22 @@ CoordinatorMetrics::CoordinatorMetrics()
       node_deaths(registry
                       .AddCounter("duet_coordinator_node_deaths_total",
                                   "Nodes declared dead (missed heartbeats) or deregistered", {})
-                      .WithLabels({})) {
+                      .WithLabels({})),
+      routing_decisions(registry.AddCounter(
+          "duet_coordinator_routing_decisions_total",
+          "Requests routed, by the prompt blocks the chosen nodes held in their prefix caches "
+          "(reason: both, prefill_hit, decode_hit, load = neither)",
+          {"reason"})),
+      prompt_blocks_cached(
+          registry
+              .AddCounter("duet_coordinator_decode_cached_blocks_total",
+                          "Prompt KV blocks the chosen decode node already held (not sent)", {})
+              .WithLabels({})) {
   // Outcomes that exist before the first request, so rates start from zero.
   for (const char* o : {"ok", "cancelled"}) requests.WithLabels({o});
+  for (const char* r : {"both", "prefill_hit", "decode_hit", "load"}) {
+    routing_decisions.WithLabels({r});
+  }
 }
 
 void CoordinatorMetrics::RecordRequest(const absl::Status& s, absl::Time start, absl::Time first,

@@ -1,6 +1,7 @@
 // The coordinator's metrics (Prometheus names duet_coordinator_*): requests by outcome, TTFT,
-// TPOT and end-to-end latency histograms, requests in flight, node heartbeats and deaths. The
-// node-load gauges are callbacks the server registers over its NodeRegistry.
+// TPOT and end-to-end latency histograms, requests in flight, node heartbeats and deaths, routing
+// decisions by reason (RouteReasonName). The node-load and index gauges are callbacks the server
+// registers over its NodeRegistry and PrefixIndex.
 //
 //   CoordinatorMetrics m;
 //   m.RecordRequest(status, start, first_token_at, last_token_at, tokens);
@@ -32,6 +33,8 @@ struct CoordinatorMetrics {
   metrics::Gauge& active;
   metrics::Family<metrics::Counter>& heartbeats;
   metrics::Counter& node_deaths;
+  metrics::Family<metrics::Counter>& routing_decisions;  // {reason}
+  metrics::Counter& prompt_blocks_cached;  // prompt blocks the chosen D held (not sent)
 };
 
 }  // namespace duet::coordinator

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/kv_events_convert.h"
 #include "cluster/node_load_convert.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
@@ -33,8 +34,10 @@ class MembershipService final : public v1::Membership::Service {
     return rpc::ToGrpcStatus(r.status());
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
-                         v1::HeartbeatResponse*) override {
-    return rpc::ToGrpcStatus(impl_->Heartbeat(*req));
+                         v1::HeartbeatResponse* resp) override {
+    absl::StatusOr<v1::HeartbeatResponse> r = impl_->Heartbeat(*req);
+    if (r.ok()) *resp = *r;
+    return rpc::ToGrpcStatus(r.status());
   }
   grpc::Status Deregister(grpc::ServerContext*, const v1::DeregisterRequest* req,
                           v1::DeregisterResponse*) override {
@@ -77,16 +80,14 @@ CoordinatorServer::Impl::Impl(const CoordinatorOptions& options)
 CoordinatorServer::Impl::~Impl() { Shutdown(); }
 
 absl::Status CoordinatorServer::Impl::Init() {
+  DUET_ASSIGN_OR_RETURN(RouterMode mode, ParseRouterMode(options_.router));
+  DUET_RETURN_IF_ERROR(ValidateRouterWeights(options_.router_weights));
+  router_ = std::make_unique<Router>(mode, options_.router_weights);
   if (options_.model_dir.empty()) {
     return absl::InvalidArgumentError("coordinator: --model is required (tokenizer and config)");
   }
   DUET_ASSIGN_OR_RETURN(model_config_, model::LoadModelConfig(options_.model_dir));
   DUET_ASSIGN_OR_RETURN(tokenizer_, model::LoadTokenizer(options_.model_dir));
-  DUET_ASSIGN_OR_RETURN(auto decode_policy,
-                        MakeNodePolicy(options_.decode_policy, NodeKind::kDecode));
-  DUET_ASSIGN_OR_RETURN(auto prefill_policy,
-                        MakeNodePolicy(options_.prefill_policy, NodeKind::kPrefill));
-  router_ = std::make_unique<Router>(std::move(decode_policy), std::move(prefill_policy));
   membership_service_ = std::make_unique<MembershipService>(this);
   generation_service_ = std::make_unique<GenerationService>(this);
   DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(options_.listen_address,
@@ -150,6 +151,16 @@ void CoordinatorServer::Impl::InstallNodeGauges() {
                        return std::vector<metrics::Sample>{
                            {{}, static_cast<double>(tracker_.size())}};
                      });
+  r.AddGaugeCallback(
+      "duet_coordinator_prefix_index_entries",
+      "(block hash, node) pairs in the coordinator's prefix-cache index", {}, [this] {
+        return std::vector<metrics::Sample>{{{}, static_cast<double>(prefix_index_.size())}};
+      });
+  r.AddGaugeCallback(
+      "duet_coordinator_prefix_index_hashes",
+      "Distinct block hashes some node holds in its prefix cache", {}, [this] {
+        return std::vector<metrics::Sample>{{{}, static_cast<double>(prefix_index_.num_hashes())}};
+      });
   r.AddGaugeCallback("duet_coordinator_directory_entries",
                      "KV entries in the coordinator's cache directory", {}, [this] {
                        return std::vector<metrics::Sample>{
@@ -188,6 +199,7 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
                               .max_batch_tokens = req.capacity().max_batch_tokens()};
   reg.load = cluster::LoadFromProto(req.load());
   reg.compute = cluster::ComputeFromProto(req.compute());
+  reg.prefix_cache = cluster::PrefixCacheInfoFromProto(req.prefix_cache());
   if (reg.address.empty()) return absl::InvalidArgumentError("register: node address is empty");
   if (reg.compute.backend.empty()) {
     return absl::InvalidArgumentError(
@@ -205,23 +217,37 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
   if (out.replaced) {
     resp.mutable_replaced()->set_node_id(out.replaced->node_id);
     resp.mutable_replaced()->set_epoch(out.replaced->epoch);
-    Apply(tracker_.OnNodeDead(*out.replaced, absl::Now()));
+    DropNode(*out.replaced, absl::Now());
   }
   DUET_LOG(INFO) << "node " << reg.node.ToString() << " (" << NodeKindName(reg.kind) << ") at "
                  << reg.address << " registered";
   return resp;
 }
 
-absl::Status CoordinatorServer::Impl::Heartbeat(const v1::HeartbeatRequest& req) {
+absl::StatusOr<v1::HeartbeatResponse> CoordinatorServer::Impl::Heartbeat(
+    const v1::HeartbeatRequest& req) {
   metrics_.heartbeats.WithLabels({req.node().node_id()}).Increment();
-  return registry_.Heartbeat(NodeIncarnation{req.node().node_id(), req.node().epoch()},
-                             cluster::LoadFromProto(req.load()), absl::Now());
+  const NodeIncarnation node{req.node().node_id(), req.node().epoch()};
+  DUET_RETURN_IF_ERROR(registry_.Heartbeat(node, cluster::LoadFromProto(req.load()), absl::Now()));
+  v1::HeartbeatResponse resp;
+  if (req.has_kv_events()) {
+    resp.set_want_kv_snapshot(
+        prefix_index_.Apply(node, cluster::KvEventsFromProto(req.kv_events())));
+    // Declared dead meanwhile (the timer already dropped it): drop what was just applied.
+    if (!registry_.IsLive(node)) prefix_index_.DropNode(node);
+  }
+  return resp;
+}
+
+void CoordinatorServer::Impl::DropNode(const NodeIncarnation& node, absl::Time now) {
+  prefix_index_.DropNode(node);
+  Apply(tracker_.OnNodeDead(node, now));
 }
 
 absl::Status CoordinatorServer::Impl::Deregister(const v1::DeregisterRequest& req) {
   const NodeIncarnation node{req.node().node_id(), req.node().epoch()};
   DUET_RETURN_IF_ERROR(registry_.Deregister(node));
-  Apply(tracker_.OnNodeDead(node, absl::Now()));
+  DropNode(node, absl::Now());
   metrics_.node_deaths.Increment();
   DUET_LOG(INFO) << "node " << node.ToString() << " left";
   return absl::OkStatus();
@@ -283,7 +309,7 @@ void CoordinatorServer::Impl::TimerLoop() {
     for (const NodeIncarnation& dead : registry_.ExpireDead(now)) {
       DUET_LOG(WARNING) << "node " << dead.ToString() << " missed its heartbeat deadline: dead";
       metrics_.node_deaths.Increment();
-      Apply(tracker_.OnNodeDead(dead, now));
+      DropNode(dead, now);
     }
     Apply(tracker_.ExpireDeadlines(now));
     lock.lock();

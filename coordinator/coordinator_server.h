@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/request_tracker.h"
+#include "coordinator/router.h"
 #include "http/http_front.h"
 
 namespace duet::coordinator {
@@ -29,8 +30,10 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   TrackerOptions tracker;
-  std::string decode_policy = "least_loaded";
-  std::string prefill_policy = "least_queued";
+  // How requests are routed (coordinator/router.h): cache_aware, load or round_robin; anything
+  // else, or a negative weight, is refused at Start.
+  std::string router = "cache_aware";
+  RouterWeights router_weights;
   // The OpenAI-compatible HTTP API and /metrics (http/http_front.h); nullopt: off. Its model
   // name, context length and vocabulary are the model's.
   std::optional<http::HttpFrontOptions> http;

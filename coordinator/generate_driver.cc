@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/kv/block_hash.h"
 #include "coordinator/coordinator_impl.h"
 #include "proto/channel.h"
 #include "proto/generate_request.h"
@@ -113,25 +114,38 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
   if (!layout) return absl::UnavailableError("no node has registered yet");
   std::optional<TrackedRequest> t = tracker_.Find(ar.id);
   if (!t) return absl::NotFoundError(absl::StrCat("request ", ar.id, " is no longer tracked"));
+  const int64_t n = static_cast<int64_t>(ids.size());
   RouteRequest route{.request_id = ar.id,
-                     .prompt_tokens = static_cast<int64_t>(ids.size()),
-                     .blocks_needed = layout->BlocksForTokens(static_cast<int64_t>(ids.size())),
-                     .excluded_prefill = t->failed_prefill};
+                     .prompt_tokens = n,
+                     .blocks_needed = layout->BlocksForTokens(n),
+                     .excluded_prefill = t->failed_prefill,
+                     .block_size = layout->block_size};
   route.excluded_prefill.insert(route.excluded_prefill.end(), ar.unreachable_prefill.begin(),
                                 ar.unreachable_prefill.end());
+  // Who holds the prompt's leading blocks: hashed as the nodes do, over the blocks a node can
+  // hold (KvCacheManager::MaxCachedTokens: never the block of the last prompt token).
+  if (std::optional<kv::BlockHash> seed = registry_.cluster_cache_seed();
+      seed && layout->block_size > 0 && n > 0) {
+    route.cacheable_blocks = (n - 1) / layout->block_size;
+    const std::vector<kv::BlockHash> chain =
+        kv::ChainHashes(*seed, ids, layout->block_size, route.cacheable_blocks);
+    route.cached_blocks = prefix_index_.LeadingBlocksAll(chain);
+  }
   auto fail = [&](absl::Status s) {
     absl::StatusOr<Effects> fx = tracker_.Fail(ar.id, s, absl::Now());
     if (fx.ok()) Apply(*std::move(fx));
     return s;
   };
-  absl::StatusOr<NodeInfo> d, p;
+  std::optional<NodeInfo> d, p;
   {
     // Concurrent requests must see each other's picks, or they all land on the same node.
     absl::MutexLock lock(&route_mu_);
-    d = router_->PickDecode(registry_.LiveNodes(NodeKind::kDecode), route);
-    if (!d.ok()) return fail(d.status());
-    p = router_->PickPrefill(registry_.LiveNodes(NodeKind::kPrefill), route);
-    if (!p.ok()) return fail(p.status());
+    absl::StatusOr<RoutePick> pick = router_->Pick(registry_.LiveNodes(NodeKind::kDecode),
+                                                   registry_.LiveNodes(NodeKind::kPrefill), route);
+    if (!pick.ok()) return fail(pick.status());
+    d = pick->decode;
+    p = pick->prefill;
+    metrics_.routing_decisions.WithLabels({RouteReasonName(pick->reason)}).Increment();
     // A retry's new picks replace the previous attempt's, except on a prefill node that failed
     // it: that one keeps looking busy until its next heartbeat (if any), which steers other
     // requests away from it while it is likely dead.
@@ -142,7 +156,8 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
       }
     }
     ar.load_adjustments.clear();
-    for (auto adj : {registry_.AdjustLoad(d->node, -route.blocks_needed, 1, 0),
+    // D is expected to reserve only the blocks it does not hold; corrected after its Reserve.
+    for (auto adj : {registry_.AdjustLoad(d->node, -pick->decode_fresh_blocks, 1, 0),
                      registry_.AdjustLoad(p->node, 0, 0, route.prompt_tokens)}) {
       if (adj.ok()) ar.load_adjustments.push_back(*adj);
     }
@@ -160,6 +175,7 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
                                                  options_.tracker.transfer_timeout));
   rreq.set_sender_node_id(p->node.node_id);
   rreq.set_sender_transfer_address(p->transfer_address);
+  rreq.mutable_prompt_token_ids()->Assign(ids.begin(), ids.end());
   v1::ReserveResponse rresp;
   {
     grpc::ClientContext rctx;
@@ -192,7 +208,16 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
     }
   }
   const v1::KvDestination& dest = rresp.destination();
+  // Only the blocks D reserved fresh are the request's; the cached_blocks before them are
+  // shared prefix blocks D keeps in its cache, not recorded in the directory.
   std::vector<kv::BlockId> blocks(dest.block_ids().begin(), dest.block_ids().end());
+  {
+    absl::MutexLock lock(&route_mu_);
+    for (LoadAdjustment& a : ar.load_adjustments) {
+      if (a.node == d->node) registry_.ReviseFreeBlocks(a, -dest.block_ids_size());
+    }
+  }
+  metrics_.prompt_blocks_cached.Increment(static_cast<double>(dest.cached_blocks()));
   // D hands out a block only after freeing it, but it frees a finished request's blocks before
   // its final token event reaches us: give that event a moment to be processed.
   const absl::Time settle = absl::Now() + absl::Seconds(2);
@@ -221,6 +246,10 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
   {
     std::lock_guard<std::mutex> lock(ar.mu);
     attempt = ++ar.attempt;
+    ar.decode_cached_tokens = dest.cached_blocks() * layout->block_size;
+    ar.kv_landed = false;
+    ar.landed_cached_tokens = 0;
+    ar.kv_bytes_sent = 0;
     ar.stream_ctx = stream_ctx;
     ar.prefill_ctx = prefill_ctx;
   }
@@ -270,7 +299,18 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
         arp->Push(RequestEvent{.kind = RequestEvent::kFirstToken, .attempt = attempt,
                                .prefill = presp});
       }
-      if (presp.kv_landed()) landed = true;
+      if (presp.kv_landed() && !landed) {
+        landed = true;
+        {
+          std::lock_guard<std::mutex> lock(arp->mu);
+          if (arp->attempt == attempt) {
+            arp->kv_landed = true;
+            arp->landed_cached_tokens = presp.cached_tokens();
+            arp->kv_bytes_sent = presp.kv_bytes_sent();
+          }
+        }
+        arp->cv.notify_all();
+      }
     }
     absl::Status s =
         rpc::FromGrpcStatus(reader->Finish(), absl::StrCat("Prefill on ", name));
@@ -392,6 +432,7 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
         timings.set_queue_us(Micros(prefill_started - start) + pr.queue_us());
         timings.set_reserve_us(ar.reserve_us);
         timings.set_prefill_compute_us(pr.prefill_compute_us());
+        timings.set_prefill_cached_tokens(pr.cached_tokens());
         timings.set_time_to_first_token_us(Micros(now - start));
         if (timings.prefill_attempts() == 0) timings.set_prefill_attempts(1);
         first_sent = true;
@@ -446,6 +487,17 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
         }
         absl::StatusOr<Effects> fx = tracker_.OnFinished(ar.id, now);
         if (fx.ok()) Apply(*std::move(fx));
+        {
+          // D can finish before P's last message (the KV landed, its byte count) is read.
+          std::unique_lock<std::mutex> lock(ar.mu);
+          ar.cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return ar.kv_landed; });
+          timings.set_decode_cached_tokens(ar.decode_cached_tokens);
+          if (ar.kv_landed) {
+            timings.set_kv_bytes_sent(ar.kv_bytes_sent);
+            timings.set_prefill_cached_tokens(
+                std::max(timings.prefill_cached_tokens(), ar.landed_cached_tokens));
+          }
+        }
         write_token(t.token_id(), t.logprob(), t.top_logprobs(), t.index(), t.finish_reason(),
                     t.has_token());
         return absl::OkStatus();

@@ -39,6 +39,14 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
                      " computes with ", cluster_compute_->Numerics(),
                      ": nodes on different backends or GEMMs are not token-exact with each other"));
   }
+  const cluster::PrefixCacheInfo& cache = registration.prefix_cache;
+  if (cache.enabled && cluster_cache_seed_ && *cluster_cache_seed_ != cache.seed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(NodeKindName(registration.kind), " node ", node.ToString(),
+                     " hashes its prefix cache from seed ", cache.seed.ToHex(), " but the ",
+                     cluster_cache_seed_source_, " hashes from seed ", cluster_cache_seed_->ToHex(),
+                     ": its cached blocks would not be found (model, KV layout or config differ)"));
+  }
 
   RegisterOutcome outcome;
   auto it = nodes_.find(node.node_id);
@@ -61,6 +69,11 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
     cluster_compute_ = registration.compute;
     cluster_compute_source_ = absl::StrCat("cluster (first registered by ", node.ToString(), ")");
   }
+  if (cache.enabled && !cluster_cache_seed_) {
+    cluster_cache_seed_ = cache.seed;
+    cluster_cache_seed_source_ =
+        absl::StrCat("cluster (first cache registered by ", node.ToString(), ")");
+  }
 
   NodeInfo info;
   info.node = node;
@@ -71,6 +84,7 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
   info.compute = registration.compute;
   info.capacity = registration.capacity;
   info.load = registration.load;
+  info.prefix_cache = registration.prefix_cache;
   info.registered_at = now;
   info.last_heartbeat = now;
   info.alive = true;
@@ -170,6 +184,15 @@ void NodeRegistry::UndoLoad(const LoadAdjustment& a) {
   ApplyDelta(info.load, -a.delta_free_blocks, -a.delta_running, -a.delta_queued_tokens);
 }
 
+void NodeRegistry::ReviseFreeBlocks(LoadAdjustment& a, int64_t delta_free_blocks) {
+  absl::MutexLock lock(&mu_);
+  if (!CheckCurrent(nodes_, a.node, "ReviseFreeBlocks").ok()) return;
+  NodeInfo& info = nodes_[a.node.node_id];
+  if (info.heartbeats != a.heartbeat_seq) return;
+  ApplyDelta(info.load, delta_free_blocks - a.delta_free_blocks, 0, 0);
+  a.delta_free_blocks = delta_free_blocks;
+}
+
 std::vector<NodeInfo> NodeRegistry::LiveNodes(NodeKind kind) const {
   std::vector<NodeInfo> out;
   absl::MutexLock lock(&mu_);
@@ -194,6 +217,11 @@ bool NodeRegistry::IsLive(const NodeIncarnation& node) const {
 std::optional<kv::KvLayout> NodeRegistry::cluster_layout() const {
   absl::MutexLock lock(&mu_);
   return cluster_layout_;
+}
+
+std::optional<kv::BlockHash> NodeRegistry::cluster_cache_seed() const {
+  absl::MutexLock lock(&mu_);
+  return cluster_cache_seed_;
 }
 
 std::optional<absl::Time> NodeRegistry::NextExpiry() const {

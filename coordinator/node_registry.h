@@ -20,6 +20,10 @@
 // - Likewise every node must compute as the first one registered (NodeCompute::Numerics: the
 //   backend and the CPU GEMM), since nodes that do not compute the same bits are not token-exact
 //   with each other; a different one is refused with a message naming both sides.
+// - Every node with its prefix cache on must hash blocks from the cluster's cache seed: that of
+//   the first such node (it stays the cluster's when that node leaves). A different seed is
+//   refused (FAILED_PRECONDITION naming both); the coordinator hashes prompts with this seed to
+//   look them up in its PrefixIndex. Nodes with caching off are not checked.
 // - A node whose last heartbeat (or registration) is older than heartbeat_timeout is dead from
 //   the next ExpireDead; its heartbeats are then refused (NOT_FOUND) until it re-registers with a
 //   newer epoch.
@@ -35,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/kv/block_hash.h"
 #include "common/kv/kv_layout.h"
 #include "coordinator/types.h"
 
@@ -49,6 +54,7 @@ struct NodeRegistration {
   NodeCompute compute;
   NodeCapacity capacity;
   NodeLoad load;  // initial load
+  cluster::PrefixCacheInfo prefix_cache;
 };
 
 struct NodeInfo {
@@ -60,6 +66,7 @@ struct NodeInfo {
   NodeCompute compute;
   NodeCapacity capacity;
   NodeLoad load;
+  cluster::PrefixCacheInfo prefix_cache;
   absl::Time registered_at;
   absl::Time last_heartbeat;
   uint64_t heartbeats = 0;  // load reports received from this incarnation
@@ -108,6 +115,10 @@ class NodeRegistry {
   // report replaced the load (with or without the request) and the next one will be exact.
   // Without this, requests shorter than a heartbeat interval would pile up as "running".
   void UndoLoad(const LoadAdjustment& adjustment);
+  // Replaces the free-block change of `adjustment` with `delta_free_blocks` (the node reserved a
+  // different number of blocks than the pick assumed), unless a heartbeat came since: that
+  // report already counts what the node did.
+  void ReviseFreeBlocks(LoadAdjustment& adjustment, int64_t delta_free_blocks);
 
   // Live nodes of `kind`, sorted by node id (the order the router breaks ties in).
   std::vector<NodeInfo> LiveNodes(NodeKind kind) const;
@@ -115,6 +126,8 @@ class NodeRegistry {
   std::optional<NodeInfo> Find(const NodeId& node_id) const;
   bool IsLive(const NodeIncarnation& node) const;
   std::optional<kv::KvLayout> cluster_layout() const;
+  // The seed of the first node registered with its prefix cache on; nullopt before one.
+  std::optional<kv::BlockHash> cluster_cache_seed() const;
   // The earliest time a live node can be declared dead (when to run ExpireDead next).
   std::optional<absl::Time> NextExpiry() const;
   absl::Duration heartbeat_timeout() const { return options_.heartbeat_timeout; }
@@ -127,6 +140,8 @@ class NodeRegistry {
   std::string cluster_layout_source_ ABSL_GUARDED_BY(mu_);
   std::optional<NodeCompute> cluster_compute_ ABSL_GUARDED_BY(mu_);
   std::string cluster_compute_source_ ABSL_GUARDED_BY(mu_);
+  std::optional<kv::BlockHash> cluster_cache_seed_ ABSL_GUARDED_BY(mu_);
+  std::string cluster_cache_seed_source_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace duet::coordinator

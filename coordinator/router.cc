@@ -1,11 +1,13 @@
 #include "coordinator/router.h"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/status.h"
 
 namespace duet::coordinator {
 
@@ -49,6 +51,64 @@ absl::Status NoNode(NodeKind kind, const std::vector<NodeInfo>& nodes,
 }
 
 }  // namespace
+
+int64_t RouteRequest::CachedBlocks(const NodeIncarnation& node) const {
+  auto it = cached_blocks.find(node);
+  if (it == cached_blocks.end()) return 0;
+  return std::clamp<int64_t>(it->second, 0, std::min(cacheable_blocks, blocks_needed));
+}
+
+int64_t RouteRequest::FreshBlocks(const NodeIncarnation& node) const {
+  return std::max<int64_t>(0, blocks_needed - CachedBlocks(node));
+}
+
+const char* RouterModeName(RouterMode mode) {
+  switch (mode) {
+    case RouterMode::kCacheAware:
+      return "cache_aware";
+    case RouterMode::kLoad:
+      return "load";
+    case RouterMode::kRoundRobin:
+      return "round_robin";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<RouterMode> ParseRouterMode(std::string_view name) {
+  for (RouterMode m : {RouterMode::kCacheAware, RouterMode::kLoad, RouterMode::kRoundRobin}) {
+    if (name == RouterModeName(m)) return m;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown router '",
+                                                 absl::string_view(name.data(), name.size()),
+                                                 "' (expected cache_aware, load or round_robin)"));
+}
+
+absl::Status ValidateRouterWeights(const RouterWeights& w) {
+  for (auto [name, v] : {std::pair<const char*, double>{"prefill", w.prefill},
+                         {"queue", w.queue},
+                         {"transfer", w.transfer},
+                         {"decode", w.decode}}) {
+    if (!std::isfinite(v) || v < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("router ", name, " weight ", v, " must be finite and >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+const char* RouteReasonName(RouteReason reason) {
+  switch (reason) {
+    case RouteReason::kLoad:
+      return "load";
+    case RouteReason::kPrefillHit:
+      return "prefill_hit";
+    case RouteReason::kDecodeHit:
+      return "decode_hit";
+    case RouteReason::kBoth:
+      return "both";
+  }
+  return "unknown";
+}
 
 size_t LeastLoadedDecodePolicy::Pick(const std::vector<NodeInfo>& candidates,
                                      const RouteRequest& request) {
@@ -100,14 +160,40 @@ Router::Router(std::unique_ptr<NodePolicy> decode_policy,
                std::unique_ptr<NodePolicy> prefill_policy)
     : decode_policy_(std::move(decode_policy)), prefill_policy_(std::move(prefill_policy)) {}
 
+Router::Router(RouterMode mode, RouterWeights weights) : mode_(mode), weights_(weights) {
+  if (mode == RouterMode::kRoundRobin) {
+    decode_policy_ = std::make_unique<RoundRobinPolicy>();
+    prefill_policy_ = std::make_unique<RoundRobinPolicy>();
+  } else {
+    decode_policy_ = std::make_unique<LeastLoadedDecodePolicy>();
+    prefill_policy_ = std::make_unique<LeastQueuedPrefillPolicy>();
+  }
+}
+
 bool Router::DecodeFits(const NodeInfo& node, const RouteRequest& request) {
-  if (node.load.free_blocks < request.blocks_needed) return false;
+  if (node.load.free_blocks < request.FreshBlocks(node.node)) return false;
   const int32_t slots = node.capacity.max_running_requests;
   return slots <= 0 || node.load.running_requests < slots;
 }
 
-absl::StatusOr<NodeInfo> Router::PickDecode(const std::vector<NodeInfo>& nodes,
-                                            const RouteRequest& request) {
+double Router::Cost(const NodeInfo& prefill, const NodeInfo& decode, const RouteRequest& request,
+                    const RouterWeights& w) {
+  const double n = static_cast<double>(std::max<int64_t>(1, request.prompt_tokens));
+  const double blocks = static_cast<double>(std::max<int64_t>(1, request.blocks_needed));
+  const int64_t p_hit = request.CachedBlocks(prefill.node);
+  const int64_t compute = std::max<int64_t>(
+      0, request.prompt_tokens - p_hit * static_cast<int64_t>(request.block_size));
+  const int32_t slots = decode.capacity.max_running_requests > 0
+                            ? decode.capacity.max_running_requests
+                            : kUnboundedSlots;
+  return w.prefill * static_cast<double>(compute) / n +
+         w.queue * static_cast<double>(prefill.load.queued_tokens) / n +
+         w.transfer * static_cast<double>(request.FreshBlocks(decode.node)) / blocks +
+         w.decode * static_cast<double>(decode.load.running_requests) / slots;
+}
+
+absl::StatusOr<std::vector<NodeInfo>> Router::FittingDecode(const std::vector<NodeInfo>& nodes,
+                                                            const RouteRequest& request) const {
   std::vector<NodeInfo> eligible = Eligible(nodes, NodeKind::kDecode, request.excluded_decode);
   if (eligible.empty()) return NoNode(NodeKind::kDecode, nodes, request.excluded_decode, request);
   std::vector<NodeInfo> fitting;
@@ -117,8 +203,9 @@ absl::StatusOr<NodeInfo> Router::PickDecode(const std::vector<NodeInfo>& nodes,
       fitting.push_back(n);
     } else {
       refusals.push_back(absl::StrCat(n.node.ToString(), " has ", n.load.free_blocks,
-                                      " free blocks, ", n.load.running_requests, "/",
-                                      n.capacity.max_running_requests, " running"));
+                                      " free blocks for ", request.FreshBlocks(n.node), ", ",
+                                      n.load.running_requests, "/", n.capacity.max_running_requests,
+                                      " running"));
     }
   }
   if (fitting.empty()) {
@@ -126,6 +213,21 @@ absl::StatusOr<NodeInfo> Router::PickDecode(const std::vector<NodeInfo>& nodes,
         "request ", request.request_id, ": no decode node can fit ", request.blocks_needed,
         " KV blocks (", request.prompt_tokens, " tokens): ", absl::StrJoin(refusals, "; ")));
   }
+  return fitting;
+}
+
+absl::StatusOr<std::vector<NodeInfo>> Router::EligiblePrefill(const std::vector<NodeInfo>& nodes,
+                                                              const RouteRequest& request) const {
+  std::vector<NodeInfo> eligible = Eligible(nodes, NodeKind::kPrefill, request.excluded_prefill);
+  if (eligible.empty()) {
+    return NoNode(NodeKind::kPrefill, nodes, request.excluded_prefill, request);
+  }
+  return eligible;
+}
+
+absl::StatusOr<NodeInfo> Router::PickDecode(const std::vector<NodeInfo>& nodes,
+                                            const RouteRequest& request) {
+  DUET_ASSIGN_OR_RETURN(std::vector<NodeInfo> fitting, FittingDecode(nodes, request));
   const size_t i = decode_policy_->Pick(fitting, request);
   if (i >= fitting.size()) {
     return absl::InternalError(absl::StrCat("decode policy ", std::string(decode_policy_->name()),
@@ -136,16 +238,59 @@ absl::StatusOr<NodeInfo> Router::PickDecode(const std::vector<NodeInfo>& nodes,
 
 absl::StatusOr<NodeInfo> Router::PickPrefill(const std::vector<NodeInfo>& nodes,
                                              const RouteRequest& request) {
-  std::vector<NodeInfo> eligible = Eligible(nodes, NodeKind::kPrefill, request.excluded_prefill);
-  if (eligible.empty()) {
-    return NoNode(NodeKind::kPrefill, nodes, request.excluded_prefill, request);
-  }
+  DUET_ASSIGN_OR_RETURN(std::vector<NodeInfo> eligible, EligiblePrefill(nodes, request));
   const size_t i = prefill_policy_->Pick(eligible, request);
   if (i >= eligible.size()) {
     return absl::InternalError(absl::StrCat("prefill policy ", std::string(prefill_policy_->name()),
                                             " picked index ", i, " of ", eligible.size()));
   }
   return eligible[i];
+}
+
+absl::StatusOr<RoutePick> Router::PickByCost(const std::vector<NodeInfo>& decode,
+                                             const std::vector<NodeInfo>& prefill,
+                                             const RouteRequest& request) const {
+  // Both lists are sorted by node id: strictly lower cost wins, so ties keep the smallest ids.
+  size_t best_d = 0, best_p = 0;
+  double best = 0;
+  for (size_t di = 0; di < decode.size(); ++di) {
+    for (size_t pi = 0; pi < prefill.size(); ++pi) {
+      const double c = Cost(prefill[pi], decode[di], request, weights_);
+      if ((di == 0 && pi == 0) || c < best) {
+        best = c;
+        best_d = di;
+        best_p = pi;
+      }
+    }
+  }
+  RoutePick pick;
+  pick.decode = decode[best_d];
+  pick.prefill = prefill[best_p];
+  pick.cost = best;
+  return pick;
+}
+
+absl::StatusOr<RoutePick> Router::Pick(const std::vector<NodeInfo>& decode_nodes,
+                                       const std::vector<NodeInfo>& prefill_nodes,
+                                       const RouteRequest& request) {
+  RoutePick pick;
+  if (mode_ == RouterMode::kCacheAware) {
+    DUET_ASSIGN_OR_RETURN(std::vector<NodeInfo> fitting, FittingDecode(decode_nodes, request));
+    DUET_ASSIGN_OR_RETURN(std::vector<NodeInfo> eligible, EligiblePrefill(prefill_nodes, request));
+    DUET_ASSIGN_OR_RETURN(pick, PickByCost(fitting, eligible, request));
+  } else {
+    DUET_ASSIGN_OR_RETURN(pick.decode, PickDecode(decode_nodes, request));
+    DUET_ASSIGN_OR_RETURN(pick.prefill, PickPrefill(prefill_nodes, request));
+  }
+  pick.prefill_cached_blocks = request.CachedBlocks(pick.prefill.node);
+  pick.decode_cached_blocks = request.CachedBlocks(pick.decode.node);
+  pick.decode_fresh_blocks = request.FreshBlocks(pick.decode.node);
+  const bool p_hit = pick.prefill_cached_blocks > 0, d_hit = pick.decode_cached_blocks > 0;
+  pick.reason = p_hit && d_hit ? RouteReason::kBoth
+                : p_hit        ? RouteReason::kPrefillHit
+                : d_hit        ? RouteReason::kDecodeHit
+                               : RouteReason::kLoad;
+  return pick;
 }
 
 }  // namespace duet::coordinator

@@ -1,20 +1,35 @@
-// Router: picks the decode node that will hold a request's KV and the prefill node that will
+// Router: picks the decode node D that will hold a request's KV and the prefill node P that will
 // compute it, from a snapshot of live nodes (NodeRegistry::LiveNodes). Pure logic.
 //
 // The Router applies the hard rules itself (live, of the right kind, not excluded, and for
-// decode: enough free blocks and a free batch slot) and hands the survivors, sorted by node id,
-// to a NodePolicy that chooses one. Policies:
+// decode: a free batch slot and free blocks for what D must reserve fresh: blocks_needed less
+// the leading blocks of the prompt D already holds) and then chooses by its mode:
+//   cache_aware  the (P, D) pair of lowest Cost (below): where the prompt's prefix is cached
+//                against how loaded the nodes are; ties go to the smallest D id, then P id
+//   load         D by LeastLoadedDecodePolicy, P by LeastQueuedPrefillPolicy (caches ignored)
+//   round_robin  RoundRobinPolicy on both (caches ignored)
+// Policies (given to the Router directly, or by the mode):
 //   LeastLoadedDecodePolicy  fewest running requests, then most free blocks, then node id
 //   LeastQueuedPrefillPolicy fewest queued tokens, then fewest running, then node id
 //   RoundRobinPolicy         the next node id after the last pick, wrapping (either kind)
 //
-//   Router router(MakeNodePolicy("least_loaded", NodeKind::kDecode).value(),
-//                 MakeNodePolicy("least_queued", NodeKind::kPrefill).value());
-//   RouteRequest req{.request_id = "r1", .prompt_tokens = 300, .blocks_needed = 19};
-//   DUET_ASSIGN_OR_RETURN(NodeInfo d,
-//                         router.PickDecode(registry.LiveNodes(NodeKind::kDecode), req));
-//   DUET_ASSIGN_OR_RETURN(NodeInfo p,
-//                         router.PickPrefill(registry.LiveNodes(NodeKind::kPrefill), req));
+// Cost of a pair, each term normalised to the request so the weights are dimensionless
+// (n = prompt tokens, B = blocks_needed, bs = block size, hits are leading blocks held, at most
+// cacheable_blocks):
+//   w.prefill  * (n - p_hit * bs) / n          tokens P must compute, in prompts
+// + w.queue    * P.queued_tokens / n           tokens queued on P ahead of it, in prompts
+// + w.transfer * (B - d_hit) / B               blocks D must receive, in prompts
+// + w.decode   * D.running / D.slots           D's batch fill (slots: max_running_requests, or
+//                                              kUnboundedSlots when it has no limit)
+//
+//   auto router = Router(RouterMode::kCacheAware, RouterWeights{});
+//   RouteRequest req{.request_id = "r1", .prompt_tokens = 300, .blocks_needed = 19,
+//                    .block_size = 16, .cacheable_blocks = 18,
+//                    .cached_blocks = index.LeadingBlocksAll(chain)};
+//   DUET_ASSIGN_OR_RETURN(RoutePick pick, router.Pick(registry.LiveNodes(NodeKind::kDecode),
+//                                                     registry.LiveNodes(NodeKind::kPrefill),
+//                                                     req));
+//   // pick.decode, pick.prefill, pick.decode_fresh_blocks, RouteReasonName(pick.reason)
 #pragma once
 
 #include <cstddef>
@@ -24,6 +39,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/node_registry.h"
@@ -34,9 +50,51 @@ namespace duet::coordinator {
 struct RouteRequest {
   RequestId request_id;
   int64_t prompt_tokens = 0;
-  int64_t blocks_needed = 0;             // KV blocks to reserve on the decode node
+  int64_t blocks_needed = 0;             // KV blocks the prompt takes on the decode node
   std::vector<NodeId> excluded_prefill;  // nodes that already failed this request
   std::vector<NodeId> excluded_decode;
+  // Prefix caches: tokens per block, how many leading blocks of the prompt a node can hold
+  // (KvCacheManager::MaxCachedTokens(n) / block_size) and how many each node holds
+  // (PrefixIndex::LeadingBlocksAll; absent: none).
+  int block_size = 0;
+  int64_t cacheable_blocks = 0;
+  absl::flat_hash_map<NodeIncarnation, int64_t> cached_blocks;
+
+  // Leading blocks of the prompt `node` holds, at most cacheable_blocks.
+  int64_t CachedBlocks(const NodeIncarnation& node) const;
+  // Blocks `node` must reserve fresh: blocks_needed less what it holds.
+  int64_t FreshBlocks(const NodeIncarnation& node) const;
+};
+
+enum class RouterMode : uint8_t { kCacheAware, kLoad, kRoundRobin };
+const char* RouterModeName(RouterMode mode);  // "cache_aware", "load", "round_robin"
+// INVALID_ARGUMENT naming `name` and the modes for anything else.
+absl::StatusOr<RouterMode> ParseRouterMode(std::string_view name);
+
+// The cache_aware Cost's weights (router.h's header comment); all finite and >= 0.
+struct RouterWeights {
+  double prefill = 1.0;
+  double queue = 1.0;
+  double transfer = 0.25;
+  double decode = 0.5;
+};
+// INVALID_ARGUMENT naming the weight that is negative or not finite.
+absl::Status ValidateRouterWeights(const RouterWeights& weights);
+// A decode node's batch slots in the Cost when it reports no limit.
+inline constexpr int32_t kUnboundedSlots = 64;
+
+// Why a pair was chosen, by the prompt's blocks the chosen nodes hold (in any mode).
+enum class RouteReason : uint8_t { kLoad, kPrefillHit, kDecodeHit, kBoth };
+const char* RouteReasonName(RouteReason reason);  // "load", "prefill_hit", "decode_hit", "both"
+
+struct RoutePick {
+  NodeInfo prefill;
+  NodeInfo decode;
+  int64_t prefill_cached_blocks = 0;  // leading prompt blocks P holds (per the index)
+  int64_t decode_cached_blocks = 0;   // and D
+  int64_t decode_fresh_blocks = 0;    // blocks D is expected to reserve
+  double cost = 0;                    // cache_aware only
+  RouteReason reason = RouteReason::kLoad;
 };
 
 // Chooses one of `candidates` (non-empty, sorted by node id, all eligible); returns its index.
@@ -77,13 +135,28 @@ absl::StatusOr<std::unique_ptr<NodePolicy>> MakeNodePolicy(std::string_view name
 
 class Router {
  public:
+  // Chooses with these policies (Pick as in the load mode).
   Router(std::unique_ptr<NodePolicy> decode_policy, std::unique_ptr<NodePolicy> prefill_policy);
+  // Chooses by `mode`; `weights` are used by cache_aware (validate them first).
+  explicit Router(RouterMode mode, RouterWeights weights = {});
 
-  // UNAVAILABLE when no live, non-excluded decode node exists; RESOURCE_EXHAUSTED (naming each
-  // node's free blocks and batch) when none can fit `request.blocks_needed` and a batch slot.
+  RouterMode mode() const { return mode_; }
+  const RouterWeights& weights() const { return weights_; }
+
+  // Both nodes of a request: the errors of PickDecode, then of PickPrefill.
+  absl::StatusOr<RoutePick> Pick(const std::vector<NodeInfo>& decode_nodes,
+                                 const std::vector<NodeInfo>& prefill_nodes,
+                                 const RouteRequest& request);
+  // The cache_aware cost of computing `request` on `prefill` into `decode`.
+  static double Cost(const NodeInfo& prefill, const NodeInfo& decode, const RouteRequest& request,
+                     const RouterWeights& weights);
+
+  // By the decode policy. UNAVAILABLE when no live, non-excluded decode node exists;
+  // RESOURCE_EXHAUSTED (naming each node's free blocks and batch) when none can fit its fresh
+  // blocks (FreshBlocks) and a batch slot.
   absl::StatusOr<NodeInfo> PickDecode(const std::vector<NodeInfo>& nodes,
                                       const RouteRequest& request);
-  // UNAVAILABLE when no live, non-excluded prefill node exists.
+  // By the prefill policy. UNAVAILABLE when no live, non-excluded prefill node exists.
   absl::StatusOr<NodeInfo> PickPrefill(const std::vector<NodeInfo>& nodes,
                                        const RouteRequest& request);
 
@@ -91,6 +164,16 @@ class Router {
   static bool DecodeFits(const NodeInfo& node, const RouteRequest& request);
 
  private:
+  absl::StatusOr<std::vector<NodeInfo>> FittingDecode(const std::vector<NodeInfo>& nodes,
+                                                      const RouteRequest& request) const;
+  absl::StatusOr<std::vector<NodeInfo>> EligiblePrefill(const std::vector<NodeInfo>& nodes,
+                                                        const RouteRequest& request) const;
+  absl::StatusOr<RoutePick> PickByCost(const std::vector<NodeInfo>& decode,
+                                       const std::vector<NodeInfo>& prefill,
+                                       const RouteRequest& request) const;
+
+  RouterMode mode_ = RouterMode::kLoad;
+  RouterWeights weights_;
   std::unique_ptr<NodePolicy> decode_policy_;
   std::unique_ptr<NodePolicy> prefill_policy_;
 };

@@ -110,7 +110,8 @@ absl::Status DecodeNode::Init() {
                              [scheduler](uint64_t) {
                                // The coordinator dropped the old incarnation and all it owned.
                                scheduler->CancelAll();
-                             }});
+                             },
+                         .cache_pool = pool});
 }
 
 std::string DecodeNode::address() const {

@@ -95,7 +95,8 @@ absl::Status PrefillNode::Init() {
                                                     .total_blocks = s.total,
                                                     .queued_tokens = l.queued_tokens,
                                                     .running_requests = l.running_requests};
-                         }});
+                         },
+                         .cache_pool = pool});
 }
 
 int PrefillNode::metrics_port() const { return runtime_ ? runtime_->metrics_port() : -1; }

@@ -7,13 +7,19 @@ namespace duet::cluster {
 namespace {
 
 TEST(NodeLoadConvert, RoundTripsEveryField) {
-  const NodeLoad load{
-      .free_blocks = 40, .total_blocks = 100, .queued_tokens = 7, .running_requests = 3};
+  const NodeLoad load{.free_blocks = 40,
+                      .total_blocks = 100,
+                      .queued_tokens = 7,
+                      .running_requests = 3,
+                      .evictable_blocks = 5,
+                      .cached_blocks = 9};
   const v1::NodeLoad p = LoadToProto(load);
   EXPECT_EQ(p.free_blocks(), 40);
   EXPECT_EQ(p.total_blocks(), 100);
   EXPECT_EQ(p.queued_tokens(), 7);
   EXPECT_EQ(p.running_requests(), 3);
+  EXPECT_EQ(p.evictable_blocks(), 5);
+  EXPECT_EQ(p.cached_blocks(), 9);
   EXPECT_EQ(LoadFromProto(p), load);
   EXPECT_EQ(LoadFromProto(v1::NodeLoad()), NodeLoad{});
 }

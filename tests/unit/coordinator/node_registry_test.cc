@@ -236,5 +236,55 @@ TEST(NodeRegistryTest, ComputeDifferentFromTheClusterIsRefusedNamingBoth) {
   EXPECT_EQ(ok->info.compute, other_threads.compute);
 }
 
+NodeRegistration CacheReg(const std::string& id, uint64_t epoch, bool enabled, kv::BlockHash seed,
+                          NodeKind kind = NodeKind::kDecode) {
+  NodeRegistration r = Reg(id, epoch, kind);
+  r.prefix_cache = {.enabled = enabled, .seed = seed};
+  return r;
+}
+
+TEST(NodeRegistryTest, RefusesANodeWhoseCacheSeedDiffersFromTheCluster) {
+  const kv::BlockHash seed{.low = 1, .high = 2}, other{.low = 3, .high = 4};
+  NodeRegistry reg({});
+  // Caching off: no seed is the cluster's yet, and none is checked.
+  ASSERT_TRUE(reg.Register(CacheReg("d9", 1, false, other), kT0).ok());
+  EXPECT_FALSE(reg.cluster_cache_seed().has_value());
+  ASSERT_TRUE(reg.Register(CacheReg("d0", 1, true, seed), kT0).ok());
+  ASSERT_TRUE(reg.Register(CacheReg("p0", 1, true, seed, NodeKind::kPrefill), kT0).ok());
+  EXPECT_EQ(reg.cluster_cache_seed(), seed);
+  auto refused = reg.Register(CacheReg("p1", 1, true, other, NodeKind::kPrefill), kT0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  const absl::string_view msg = refused.status().message();
+  EXPECT_TRUE(Contains(msg, "prefill node p1@1")) << msg;
+  EXPECT_TRUE(Contains(msg, other.ToHex())) << msg;
+  EXPECT_TRUE(Contains(msg, seed.ToHex())) << msg;
+  EXPECT_TRUE(Contains(msg, "first cache registered by d0@1")) << msg;
+  EXPECT_FALSE(reg.Find("p1").has_value());
+  // A node with caching off is not checked; the seed stays the cluster's after d0 leaves.
+  EXPECT_TRUE(reg.Register(CacheReg("p2", 1, false, other, NodeKind::kPrefill), kT0).ok());
+  ASSERT_TRUE(reg.Deregister({"d0", 1}).ok());
+  EXPECT_FALSE(reg.Register(CacheReg("d1", 1, true, other), kT0).ok());
+  auto kept = reg.Register(CacheReg("d1", 1, true, seed), kT0);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->info.prefix_cache, (cluster::PrefixCacheInfo{.enabled = true, .seed = seed}));
+}
+
+TEST(NodeRegistryTest, ReviseFreeBlocksReplacesTheAdjustmentUntilAHeartbeat) {
+  NodeRegistry reg({});
+  ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
+  auto adj = reg.AdjustLoad({"d0", 1}, -10, 1, 0);
+  ASSERT_TRUE(adj.ok());
+  reg.ReviseFreeBlocks(*adj, -4);  // D held 6 of the 10 blocks already
+  EXPECT_EQ(reg.Find("d0")->load.free_blocks, 96);
+  reg.UndoLoad(*adj);
+  EXPECT_EQ(reg.Find("d0")->load.free_blocks, 100);
+  auto later = reg.AdjustLoad({"d0", 1}, -10, 1, 0);
+  ASSERT_TRUE(later.ok());
+  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, {.free_blocks = 80, .total_blocks = 100}, kT0).ok());
+  reg.ReviseFreeBlocks(*later, -4);  // the heartbeat's report stands
+  EXPECT_EQ(reg.Find("d0")->load.free_blocks, 80);
+}
+
 }  // namespace
 }  // namespace duet::coordinator
