@@ -138,6 +138,12 @@ def value(smp, name, **labels):
     return smp.get((name, frozenset(labels.items())), 0.0)
 
 
+def reusable(m):
+    """Decode KV blocks an allocation can take: free, or cached and unused."""
+    return (value(m, "duet_decode_kv_blocks", state="free") +
+            value(m, "duet_decode_kv_blocks", state="evictable"))
+
+
 def check(cond, what):
     if not cond:
         raise AssertionError(what)
@@ -199,6 +205,9 @@ def client_main(base_url, prompt_ids, max_tokens):
         "model": model, "text": text, "finish": finish,
         "usage": [usage.prompt_tokens, usage.completion_tokens, usage.total_tokens],
         "whole_text": whole.choices[0].text, "whole_finish": whole.choices[0].finish_reason,
+        # The same prompt a second time: its prefix comes from the prefill node's cache.
+        "whole_cached": whole.usage.prompt_tokens_details.cached_tokens
+        if whole.usage and whole.usage.prompt_tokens_details else None,
         "chat": chat, "chat_finish": chat_finish, "roles": roles,
         "chat_usage": [chat_usage.prompt_tokens, chat_usage.completion_tokens]
         if chat_usage else None,
@@ -265,6 +274,10 @@ def main():
         check(out["text"] == ref["text"],
               "streamed completion is token-exact vs duet generate (%r)" % out["text"])
         check(out["whole_text"] == ref["text"], "non-streamed completion matches too")
+        want_cached = (len(prompt_ids) - 1) // 16 * 16
+        check(out["whole_cached"] == want_cached,
+              "the repeated prompt's usage.prompt_tokens_details.cached_tokens is %s (want %d)"
+              % (out["whole_cached"], want_cached))
         check(out["usage"][0] == len(prompt_ids) and
               out["usage"][1] == len(ref["generated_ids"]) and
               out["usage"][2] == out["usage"][0] + out["usage"][1],
@@ -368,8 +381,9 @@ def main():
         check(value(pre, "duet_prefill_kv_transfer_bytes_total") > 0, "prefill KV bytes counted")
         check(value(pre, "duet_prefill_requests_total", outcome="ok") >= 4, "prefill ok >= 4")
         total = value(dec, "duet_decode_kv_blocks", state="total")
-        check(total > 0 and value(dec, "duet_decode_kv_blocks", state="free") == total,
-              "every decode KV block free at rest (%s)" % total)
+        # Free or cached-evictable (finished requests' blocks stay in the prefix cache).
+        check(total > 0 and reusable(dec) == total,
+              "every decode KV block free or evictable at rest (%s)" % total)
 
         # ---- A client that disconnects mid-stream frees every block.
         base_cancel = value(after, "duet_coordinator_requests_total", outcome="cancelled")
@@ -381,7 +395,7 @@ def main():
             m = samples(fetch(base + "/metrics"))
             d = samples(fetch(cl.metrics["decode-0"]))
             if (value(m, "duet_coordinator_requests_total", outcome="cancelled") > base_cancel
-                    and value(d, "duet_decode_kv_blocks", state="free") == total
+                    and reusable(d) == total
                     and value(m, "duet_coordinator_active_requests") == 0):
                 break
             time.sleep(0.2)
@@ -390,7 +404,7 @@ def main():
               {k[1] and dict(k[1]).get("outcome"): v for k, v in m.items()
                if k[0] == "duet_coordinator_requests_total"})
         check(value(m, "duet_http_client_disconnects_total") >= 1, "disconnect counted")
-        check(value(d, "duet_decode_kv_blocks", state="free") == total and
+        check(reusable(d) == total and
               value(d, "duet_decode_kv_blocks", state="quarantined") == 0,
               "every decode KV block came back after the disconnect")
         generated = value(d, "duet_decode_generated_tokens_total") - base_tokens
