@@ -205,9 +205,11 @@ def client_main(base_url, prompt_ids, max_tokens):
         "model": model, "text": text, "finish": finish,
         "usage": [usage.prompt_tokens, usage.completion_tokens, usage.total_tokens],
         "whole_text": whole.choices[0].text, "whole_finish": whole.choices[0].finish_reason,
-        # The same prompt a second time: its prefix comes from the prefill node's cache.
+        # The same prompts a second time: their prefixes come from the prefill node's cache.
         "whole_cached": whole.usage.prompt_tokens_details.cached_tokens
         if whole.usage and whole.usage.prompt_tokens_details else None,
+        "chat_whole_cached": chat_whole.usage.prompt_tokens_details.cached_tokens
+        if chat_whole.usage and chat_whole.usage.prompt_tokens_details else None,
         "chat": chat, "chat_finish": chat_finish, "roles": roles,
         "chat_usage": [chat_usage.prompt_tokens, chat_usage.completion_tokens]
         if chat_usage else None,
@@ -274,10 +276,14 @@ def main():
         check(out["text"] == ref["text"],
               "streamed completion is token-exact vs duet generate (%r)" % out["text"])
         check(out["whole_text"] == ref["text"], "non-streamed completion matches too")
-        want_cached = (len(prompt_ids) - 1) // 16 * 16
-        check(out["whole_cached"] == want_cached,
-              "the repeated prompt's usage.prompt_tokens_details.cached_tokens is %s (want %d)"
-              % (out["whole_cached"], want_cached))
+        # Repeated prompts: every full block of 16 but the last token's comes from the cache.
+        for key, n in (("whole_cached", len(prompt_ids)), ("chat_whole_cached", None)):
+            if n is None:
+                n = out["chat_usage"][0] if out["chat_usage"] else 0
+            want_cached = (n - 1) // 16 * 16
+            check(out[key] == want_cached,
+                  "repeated %d-token prompt: usage.prompt_tokens_details.cached_tokens is %s "
+                  "(want %d)" % (n, out[key], want_cached))
         check(out["usage"][0] == len(prompt_ids) and
               out["usage"][1] == len(ref["generated_ids"]) and
               out["usage"][2] == out["usage"][0] + out["usage"][1],
