@@ -186,6 +186,62 @@ void ClusterTest::ExpectTokenExactAndEverythingFree(const std::vector<std::strin
 
 TEST_P(ClusterTest, TokenExactAgainstOneProcess) { ExpectTokenExactAndEverythingFree(); }
 
+// Prefix caching across the cluster: a chat's next turn (the conversation so far plus a new
+// message) is routed where its prefix is cached, P computes only what its cache lacks, D
+// receives only the blocks it does not hold, and the tokens (greedy and seeded) equal the
+// in-process engine's; with caching off everything is computed and sent, with the same tokens.
+TEST_P(ClusterTest, PrefixCacheHitsAreTokenExactAndSkipComputeAndTransfer) {
+  for (bool cache : {true, false}) {
+    SCOPED_TRACE(cache ? "cache on" : "cache off");
+    ServeProcess cluster(
+        DUET_BIN, ClusterFlags(model_dir_, GetParam(), 2, 2,
+                               {absl::StrCat("--enable_prefix_caching=", cache ? "true" : "false"),
+                                "--router=cache_aware"}));
+    ASSERT_TRUE(cluster.ready());
+    auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+    for (int seeded = 0; seeded < 2; ++seeded) {
+      v1::SamplingParams s;
+      s.set_max_tokens(8);
+      s.set_ignore_eos(true);
+      model::SamplingParams p{.max_tokens = 8, .ignore_eos = true};
+      if (seeded) {
+        s.set_temperature(0.8f);
+        s.set_seed(99);
+        p.temperature = 0.8f;
+        p.seed = 99;
+      }
+      const std::vector<int32_t> a = Prompt(100, 40 + seeded);
+      const Result r1 = Generate(*stub, a, s);
+      ASSERT_TRUE(r1.status.ok()) << r1.status;
+      EXPECT_EQ(r1.ids, Reference(a, p));
+      EXPECT_EQ(r1.timings.prefill_cached_tokens(), 0);
+      EXPECT_EQ(r1.timings.decode_cached_tokens(), 0);
+      const int64_t block_bytes = r1.timings.kv_bytes_sent() / 7;  // 100 tokens: 7 blocks
+      EXPECT_GT(block_bytes, 0);
+      absl::SleepFor(absl::Milliseconds(300));  // the nodes' cache events reach the coordinator
+      std::vector<int32_t> b = a;
+      b.insert(b.end(), r1.ids.begin(), r1.ids.end());
+      const std::vector<int32_t> more = Prompt(20, 60 + seeded);
+      b.insert(b.end(), more.begin(), more.end());  // 128 tokens: 8 blocks
+      const Result r2 = Generate(*stub, b, s);
+      ASSERT_TRUE(r2.status.ok()) << r2.status;
+      EXPECT_EQ(r2.ids, Reference(b, p));
+      // P held the first prompt's 6 full blocks; D held 6 too (100 + 7 tokens with K/V).
+      EXPECT_EQ(r2.timings.prefill_cached_tokens(), cache ? 96 : 0) << r2.timings.DebugString();
+      EXPECT_EQ(r2.timings.decode_cached_tokens(), cache ? 96 : 0) << r2.timings.DebugString();
+      EXPECT_EQ(r2.timings.kv_bytes_sent(), (cache ? 2 : 8) * block_bytes);
+      absl::SleepFor(absl::Milliseconds(300));
+      const Result r3 = Generate(*stub, b, s);  // the same prompt again
+      ASSERT_TRUE(r3.status.ok()) << r3.status;
+      EXPECT_EQ(r3.ids, r2.ids);
+      EXPECT_EQ(r3.timings.prefill_cached_tokens(), cache ? 112 : 0) << r3.timings.DebugString();
+      EXPECT_EQ(r3.timings.decode_cached_tokens(), cache ? 112 : 0) << r3.timings.DebugString();
+      EXPECT_EQ(r3.timings.kv_bytes_sent(), (cache ? 1 : 8) * block_bytes);
+    }
+    EXPECT_TRUE(EverythingFree(*stub));
+  }
+}
+
 // The same through the staging path (what a GPU pool needs), forced on cpu: prefill nodes copy
 // each layer into a host mirror the transport exports and post it once the copy is done; decode
 // nodes receive into a host mirror and copy it into the pool at admission.
