@@ -17,14 +17,9 @@
 //   DUET_ASSIGN_OR_RETURN(KvEntry done, dir.Release("r1"));
 //   for (const AffectedRequest& a : dir.DropNode(dead)) ...  // fail or retry those requests
 //
-// Keys and prefix caching: blocks are indexed per node incarnation, block id -> holder, and a
-// holder today is a request id. Prefix-cache blocks (hash chains per node: block i's key is
-// hash(key of block i-1, tokens of block i)) fit without changing that shape: a holder becomes
-// either a request or a prefix chain entry {chain hash}, the per-node table gains
-// chain hash -> {block ids, refcount, state OWNED}, and a request entry references the chain
-// entries it reuses (bumping their refcounts) besides the blocks reserved for its own suffix.
-// Because prefix entries live under the node incarnation like request blocks, DropNode and
-// Usage cover them unchanged, and a restarted node (new epoch) never inherits stale chains.
+// Prefix caching: cached blocks are shared and belong to no request, so a request's entry holds
+// only the blocks reserved for it (those after KvDestination.cached_blocks). Who caches which
+// prefix is the PrefixIndex's record (coordinator/prefix_index.h), fed by the nodes' events.
 #pragma once
 
 #include <cstdint>
