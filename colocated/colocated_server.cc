@@ -3,10 +3,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/kv/pool_gauges.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/kv/pool_gauges.h"
 #include "proto/channel.h"
 
 namespace duet::colocated {
@@ -32,14 +32,13 @@ absl::Status ColocatedServer::Init() {
   model::LocalEngine& engine = runtime_->engine();
   DUET_ASSIGN_OR_RETURN(kv::BlockPool * pool, runtime_->CreatePool());
   metrics_ = std::make_unique<ColocatedMetrics>(&runtime_->metrics_registry());
-  DUET_ASSIGN_OR_RETURN(scheduler_,
-                        ColocatedScheduler::Create({.name = ro.node_id,
-                                                    .max_batch_tokens = o.max_batch_tokens,
-                                                    .max_running = o.max_running,
-                                                    .eos_ids = engine.tokenizer().eos_ids(),
-                                                    .enable_prefix_caching =
-                                                        ro.enable_prefix_caching},
-                                                   &engine.runner(), pool));
+  DUET_ASSIGN_OR_RETURN(
+      scheduler_, ColocatedScheduler::Create({.name = ro.node_id,
+                                              .max_batch_tokens = o.max_batch_tokens,
+                                              .max_running = o.max_running,
+                                              .eos_ids = engine.tokenizer().eos_ids(),
+                                              .enable_prefix_caching = ro.enable_prefix_caching},
+                                             &engine.runner(), pool));
   service_ = std::make_unique<ColocatedService>(
       scheduler_.get(), &engine.tokenizer(), engine.config(),
       ColocatedServiceIdentity{.node_id = ro.node_id,

@@ -4,11 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "cluster/types.h"
-#include "common/kv/pool_gauges.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/kv_memory.h"
+#include "common/kv/pool_gauges.h"
 #include "proto/channel.h"
 
 namespace duet::decode {

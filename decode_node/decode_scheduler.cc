@@ -42,8 +42,7 @@ DecodeScheduler::DecodeScheduler(DecodeSchedulerOptions options, model::ModelRun
     : options_(std::move(options)),
       runner_(runner),
       pool_(pool),
-      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size),
-          options_.enable_prefix_caching),
+      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size), options_.enable_prefix_caching),
       transport_(transport),
       tracker_(transport, pool),
       transfer_id_base_(RandomTransferBase()) {}
@@ -421,8 +420,8 @@ void DecodeScheduler::Admit(Landed landed) {
   r->blocks.clear();
   r->table = std::make_unique<kv::BlockTable>(pool_, std::move(all), r->num_tokens);
   if (bad.ok() && options_.host_mirror.base != nullptr) {
-    bad = Annotate(CopyMirrorToPool(landed_blocks),
-                   absl::StrCat(options_.name, ": request ", r->id, ": copying its KV into the pool"));
+    bad = Annotate(CopyMirrorToPool(landed_blocks), absl::StrCat(options_.name, ": request ", r->id,
+                                                                 ": copying its KV into the pool"));
   }
   if (!bad.ok()) {
     Fail(r, bad);

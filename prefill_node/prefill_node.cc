@@ -4,11 +4,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/kv/pool_gauges.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/kv_memory.h"
+#include "common/kv/pool_gauges.h"
 #include "common/model/model_runner.h"
 #include "prefill_node/prefill_metrics.h"
 #include "prefill_node/prefill_scheduler.h"
@@ -57,12 +57,12 @@ absl::Status PrefillNode::Init() {
                         transfer::KvStreamSender::Create(transport_.get(), layout_, num_blocks));
 
   // Scheduler and service.
-  DUET_ASSIGN_OR_RETURN(scheduler_,
-                        PrefillScheduler::Create(&runner, pool_, transport_.get(), sender_.get(),
-                                                 {.max_batch_tokens = o.max_batch_tokens,
-                                                  .no_layer_pipelining = o.no_layer_pipelining,
-                                                  .host_mirror = mirror_view,
-                                                  .enable_prefix_caching = ro.enable_prefix_caching}));
+  DUET_ASSIGN_OR_RETURN(
+      scheduler_, PrefillScheduler::Create(&runner, pool_, transport_.get(), sender_.get(),
+                                           {.max_batch_tokens = o.max_batch_tokens,
+                                            .no_layer_pipelining = o.no_layer_pipelining,
+                                            .host_mirror = mirror_view,
+                                            .enable_prefix_caching = ro.enable_prefix_caching}));
   metrics_ = std::make_unique<PrefillMetrics>(&runtime_->metrics_registry(), layout_);
   PrefillScheduler* sched = scheduler_.get();
   kv::BlockPool* pool = pool_;
@@ -88,14 +88,15 @@ absl::Status PrefillNode::Init() {
                          .address = address_,
                          .transfer_address = transfer_address_,
                          .max_batch_tokens = o.max_batch_tokens,
-                         .load = [sched, pool] {
-                           const PrefillLoad l = sched->Load();
-                           const kv::BlockPoolStats s = pool->Stats();
-                           return cluster::NodeLoad{.free_blocks = s.available(),
-                                                    .total_blocks = s.total,
-                                                    .queued_tokens = l.queued_tokens,
-                                                    .running_requests = l.running_requests};
-                         },
+                         .load =
+                             [sched, pool] {
+                               const PrefillLoad l = sched->Load();
+                               const kv::BlockPoolStats s = pool->Stats();
+                               return cluster::NodeLoad{.free_blocks = s.available(),
+                                                        .total_blocks = s.total,
+                                                        .queued_tokens = l.queued_tokens,
+                                                        .running_requests = l.running_requests};
+                             },
                          .cache_pool = pool});
 }
 

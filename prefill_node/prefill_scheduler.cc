@@ -34,7 +34,7 @@ struct PrefillScheduler::Entry {
   absl::Time admitted = absl::Now();
   // Set during admission, before the entry is queued; read-only afterwards.
   std::vector<kv::BlockId> local_blocks;  // the blocks sent: those D does not hold
-  int64_t cached_tokens = 0;               // of the prompt, from P's cache
+  int64_t cached_tokens = 0;              // of the prompt, from P's cache
   std::unique_ptr<kv::BlockTable> table;  // P's blocks; Forward writes the K/V there
   bool begun = false;                     // KvStreamSender::Begin succeeded
   bool stream_done = false;               // the sender forgot the request (Wait ended)
@@ -95,8 +95,7 @@ PrefillScheduler::PrefillScheduler(model::ModelRunner* runner, kv::BlockPool* po
                                    PrefillSchedulerOptions options)
     : runner_(runner),
       pool_(pool),
-      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size),
-          options.enable_prefix_caching),
+      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size), options.enable_prefix_caching),
       transport_(transport),
       sender_(sender),
       options_(std::move(options)),
@@ -201,16 +200,16 @@ absl::Status PrefillScheduler::Validate(const PrefillJob& job) const {
   const int64_t want = layout.BlocksForTokens(n);
   const int64_t max_cached = kv_.MaxCachedTokens(n) / layout.block_size;
   if (job.remote_cached_blocks < 0 || job.remote_cached_blocks > max_cached) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the destination says it holds ", job.remote_cached_blocks,
-        " leading blocks of a prompt of ", n, " tokens; at most ", max_cached,
-        " may be cached (the block of the last prompt token is always sent)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the destination says it holds ", job.remote_cached_blocks,
+                     " leading blocks of a prompt of ", n, " tokens; at most ", max_cached,
+                     " may be cached (the block of the last prompt token is always sent)"));
   }
   if (static_cast<int64_t>(job.remote_blocks.size()) != want - job.remote_cached_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the destination has ", job.remote_blocks.size(), " blocks after its ",
-        job.remote_cached_blocks, " cached ones but a prompt of ", n, " tokens needs ", want,
-        " in all (block size ", layout.block_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the destination has ", job.remote_blocks.size(), " blocks after its ",
+                     job.remote_cached_blocks, " cached ones but a prompt of ", n, " tokens needs ",
+                     want, " in all (block size ", layout.block_size, ")"));
   }
   return absl::OkStatus();
 }

@@ -45,8 +45,12 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::CreateOver(const KvLayout&
 }
 
 BlockPool::BlockPool(const KvLayout& layout, int64_t num_blocks, void* region, bool owns_region)
-    : layout_(layout), num_blocks_(num_blocks), region_(region), owns_region_(owns_region),
-      refcount_(num_blocks, 0), slots_(num_blocks) {
+    : layout_(layout),
+      num_blocks_(num_blocks),
+      region_(region),
+      owns_region_(owns_region),
+      refcount_(num_blocks, 0),
+      slots_(num_blocks) {
   for (int64_t i = 0; i < num_blocks; ++i) free_.insert(free_.end(), static_cast<BlockId>(i));
 }
 
@@ -60,9 +64,9 @@ absl::StatusOr<std::vector<BlockId>> BlockPool::Allocate(int64_t n) {
   const int64_t free = static_cast<int64_t>(free_.size());
   const int64_t evictable = static_cast<int64_t>(lru_.size());
   if (free + evictable < n) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "BlockPool: need ", n, " blocks, ", free, " of ", num_blocks_, " free",
-        evictable > 0 ? absl::StrCat(" and ", evictable, " cached-evictable") : ""));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("BlockPool: need ", n, " blocks, ", free, " of ", num_blocks_, " free",
+                     evictable > 0 ? absl::StrCat(" and ", evictable, " cached-evictable") : ""));
   }
   std::vector<BlockId> out;
   out.reserve(n);
@@ -115,9 +119,10 @@ absl::Status BlockPool::CheckIds(absl::Span<const BlockId> ids, const char* op,
           absl::StrCat("BlockPool::", op, ": block ", id, " is not quarantined"));
     }
     if (!want_quarantined && rc <= 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "BlockPool::", op, ": block ", id,
-          rc == kQuarantined ? " is quarantined" : (slots_[id].cached ? " is evictable" : " is free")));
+      return absl::FailedPreconditionError(
+          absl::StrCat("BlockPool::", op, ": block ", id,
+                       rc == kQuarantined ? " is quarantined"
+                                          : (slots_[id].cached ? " is evictable" : " is free")));
     }
   }
   return absl::OkStatus();

@@ -121,8 +121,7 @@ class BlockPool {
   // False when another block already holds `hash` (this one stays uncached) or this block is
   // already published under it; FailedPrecondition when the block is free, quarantined or
   // published under another hash; InvalidArgument when `tokens` is not one block.
-  absl::StatusOr<bool> Publish(BlockId id, const BlockHash& hash,
-                               absl::Span<const int32_t> tokens);
+  absl::StatusOr<bool> Publish(BlockId id, const BlockHash& hash, absl::Span<const int32_t> tokens);
   // The longest run of leading blocks of `chain` that are cached with exactly the token ids
   // of `tokens` (block i holds tokens[i * block_size, (i + 1) * block_size)), each with a
   // reference added. `tokens` must hold at least chain.size() blocks.

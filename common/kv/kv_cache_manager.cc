@@ -22,7 +22,9 @@ std::unique_ptr<BlockTable> SequenceBlocks::MakeTable(BlockPool* pool) && {
 }
 
 KvCacheManager::KvCacheManager(BlockPool* pool, BlockHash seed, bool enable_prefix_caching)
-    : pool_(pool), seed_(seed), enabled_(enable_prefix_caching),
+    : pool_(pool),
+      seed_(seed),
+      enabled_(enable_prefix_caching),
       block_size_(pool->layout().block_size) {}
 
 int64_t KvCacheManager::MaxCachedTokens(int64_t n) const {
@@ -50,8 +52,8 @@ absl::StatusOr<SequenceBlocks> KvCacheManager::AllocateSequence(absl::Span<const
     queries_.fetch_add(1);
     query_tokens_.fetch_add(static_cast<int64_t>(tokens.size()));
   }
-  const int64_t want = pool_->layout().BlocksForTokens(capacity_tokens) -
-                       static_cast<int64_t>(s.cached.size());
+  const int64_t want =
+      pool_->layout().BlocksForTokens(capacity_tokens) - static_cast<int64_t>(s.cached.size());
   absl::StatusOr<std::vector<BlockId>> fresh = pool_->Allocate(want);
   if (!fresh.ok()) {
     if (!s.cached.empty()) {
@@ -72,8 +74,8 @@ int64_t KvCacheManager::Publish(const BlockTable& table, absl::Span<const int32_
   const std::vector<BlockHash> chain = Chain(tokens, full);
   int64_t published = 0;
   for (int64_t i = 0; i < full; ++i) {
-    absl::StatusOr<bool> p = pool_->Publish(table.blocks()[i], chain[i],
-                                            tokens.subspan(i * block_size_, block_size_));
+    absl::StatusOr<bool> p =
+        pool_->Publish(table.blocks()[i], chain[i], tokens.subspan(i * block_size_, block_size_));
     if (!p.ok()) {
       DUET_LOG(ERROR) << "KvCacheManager: publishing block " << i << ": " << p.status();
       break;

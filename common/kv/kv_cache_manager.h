@@ -40,9 +40,9 @@ struct SequenceBlocks {
 };
 
 struct PrefixCacheCounters {
-  int64_t queries = 0;        // sequences looked up
-  int64_t query_tokens = 0;   // their prompt tokens
-  int64_t hit_tokens = 0;     // of those, taken from the cache
+  int64_t queries = 0;       // sequences looked up
+  int64_t query_tokens = 0;  // their prompt tokens
+  int64_t hit_tokens = 0;    // of those, taken from the cache
   int64_t published_blocks = 0;
 };
 

@@ -26,8 +26,8 @@ void AddPrefixCacheCounters(metrics::Registry* registry, const std::string& pref
                                "Prompt tokens looked up in the prefix cache", {},
                                [counters, one] { return one(counters().query_tokens); });
   registry->AddCounterCallback(prefix + "_prefix_cache_hits_total",
-                               "Prompt tokens found in the prefix cache (not computed or sent)",
-                               {}, [counters, one] { return one(counters().hit_tokens); });
+                               "Prompt tokens found in the prefix cache (not computed or sent)", {},
+                               [counters, one] { return one(counters().hit_tokens); });
   registry->AddCounterCallback(prefix + "_prefix_cache_evictions_total",
                                "Cached KV blocks evicted to make room", {},
                                [stats = std::move(stats), one] { return one(stats().evictions); });

@@ -22,9 +22,10 @@ void AddBlockPoolGauge(metrics::Registry* registry, const std::string& name,
                        const std::string& help, std::function<BlockPoolStats()> stats);
 
 // The prefix cache's counters, named `prefix` + "_prefix_cache_queries_total" (prompt tokens
-// looked up), "_prefix_cache_hits_total" (of those, found cached) and "_prefix_cache_evictions_total"
-// (cached blocks evicted for room), read at each scrape like the gauge above. (vLLM exports
-// the first two as prefix_cache_queries / prefix_cache_hits, in tokens too.)
+// looked up), "_prefix_cache_hits_total" (of those, found cached) and
+// "_prefix_cache_evictions_total" (cached blocks evicted for room), read at each scrape like the
+// gauge above. (vLLM exports the first two as prefix_cache_queries / prefix_cache_hits, in tokens
+// too.)
 void AddPrefixCacheCounters(metrics::Registry* registry, const std::string& prefix,
                             std::function<PrefixCacheCounters()> counters,
                             std::function<BlockPoolStats()> stats);

@@ -520,8 +520,8 @@ TEST_F(ColocatedSchedulerTest, EvictionUnderAFullPoolKeepsTokensExactAndLeaksNot
     std::vector<std::vector<int32_t>> prompts;
     std::vector<std::shared_ptr<ColocatedStream>> streams;
     for (int k = 0; k < 4; ++k) {
-      std::vector<int32_t> p =
-          k % 2 ? prefix::Concat(shared, Prompt(9 + k, 50 + round * 4 + k)) : Prompt(30, 60 + round * 4 + k);
+      std::vector<int32_t> p = k % 2 ? prefix::Concat(shared, Prompt(9 + k, 50 + round * 4 + k))
+                                     : Prompt(30, 60 + round * 4 + k);
       prompts.push_back(p);
       streams.push_back(Submit(absl::StrCat("r", round, "-", k), p, greedy));
     }

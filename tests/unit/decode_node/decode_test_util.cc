@@ -62,13 +62,13 @@ absl::StatusOr<model::SampledToken> PrefillSide::Prefill(const std::vector<int32
                                                          std::string* deferred_final) {
   kv::BlockTable table(&engine_->pool());
   DUET_RETURN_IF_ERROR(table.Reserve(static_cast<int64_t>(prompt.size())));
-  DUET_RETURN_IF_ERROR(sender_->Begin({.request_id = reservation.transfer_id,
-                                       .peer = to_d_,
-                                       // D holds the first cached_blocks blocks already.
-                                       .local_blocks = std::vector<kv::BlockId>(
-                                           table.blocks().begin() + reservation.cached_blocks,
-                                           table.blocks().end()),
-                                       .remote_blocks = reservation.blocks}));
+  DUET_RETURN_IF_ERROR(
+      sender_->Begin({.request_id = reservation.transfer_id,
+                      .peer = to_d_,
+                      // D holds the first cached_blocks blocks already.
+                      .local_blocks = std::vector<kv::BlockId>(
+                          table.blocks().begin() + reservation.cached_blocks, table.blocks().end()),
+                      .remote_blocks = reservation.blocks}));
   std::vector<int64_t> layer_done_us;
   absl::Status hook_status;
   std::vector<model::SequenceInput> batch = {

@@ -13,8 +13,12 @@ namespace duet::kv {
 namespace {
 
 KvLayout Layout(int block_size = 4) {
-  return KvLayout{.model_id = "tiny", .num_layers = 2, .num_kv_heads = 1, .head_dim = 4,
-                  .block_size = block_size, .dtype = KvDtype::kF32};
+  return KvLayout{.model_id = "tiny",
+                  .num_layers = 2,
+                  .num_kv_heads = 1,
+                  .head_dim = 4,
+                  .block_size = block_size,
+                  .dtype = KvDtype::kF32};
 }
 
 std::vector<int32_t> Iota(int n, int start = 0) {
@@ -28,7 +32,7 @@ TEST(BlockHashTest, ChainDependsOnEveryEarlierTokenAndTheSeed) {
   std::vector<int32_t> t = Iota(12);
   const std::vector<BlockHash> a = ChainHashes(seed, t, 4);
   ASSERT_EQ(a.size(), 3u);
-  EXPECT_EQ(ChainHashes(seed, t, 4), a);  // deterministic
+  EXPECT_EQ(ChainHashes(seed, t, 4), a);                                         // deterministic
   EXPECT_EQ(ChainHashes(seed, absl::MakeSpan(t).subspan(0, 11), 4).size(), 2u);  // full only
   EXPECT_EQ(ChainHashes(seed, t, 4, 1).size(), 1u);
   t[1] = 99;  // a change in block 0 changes every key from block 0 on

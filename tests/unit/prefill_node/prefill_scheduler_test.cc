@@ -102,8 +102,8 @@ struct Rig {
   }
   void ExpectNoLeaks() {
     const kv::BlockPoolStats s = ppool->Stats();
-    EXPECT_EQ(s.available(), s.total) << "P's blocks leaked: " << s.used << " used, " << s.quarantined
-                               << " quarantined";
+    EXPECT_EQ(s.available(), s.total)
+        << "P's blocks leaked: " << s.used << " used, " << s.quarantined << " quarantined";
     EXPECT_EQ(sender->active_requests(), 0);
     EXPECT_EQ(sched->Load().running_requests, 0);
     EXPECT_EQ(sched->Load().queued_tokens, 0);
@@ -310,7 +310,8 @@ TEST_F(PrefillSchedulerTest, CachedPrefixComputesOnlyTheRestWithExactKv) {
       const int64_t n = static_cast<int64_t>(prompt.size());
       // The prefix is cached from the first prompt of each group on (the warm-up below).
       const bool warm = suffix == 0;
-      const int64_t want_cached = warm ? 0 : std::min<int64_t>(shared_len / 16 * 16, (n - 1) / 16 * 16);
+      const int64_t want_cached =
+          warm ? 0 : std::min<int64_t>(shared_len / 16 * 16, (n - 1) / 16 * 16);
       for (int d_cached : {0, 1}) {
         if (d_cached * 16 > (n - 1) / 16 * 16) continue;
         PrefillJob job = r.Job("p" + std::to_string(tid), tid, prompt);
@@ -357,7 +358,8 @@ TEST_F(PrefillSchedulerTest, RefusesADestinationWhoseCachedBlocksDoNotAddUp) {
   job.remote_blocks.clear();
   absl::StatusOr<PrefillResult> res = r.sched->Run(std::move(job));
   EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument) << res.status();
-  EXPECT_NE(res.status().message().find("at most 1 may be cached"), std::string::npos) << res.status();
+  EXPECT_NE(res.status().message().find("at most 1 may be cached"), std::string::npos)
+      << res.status();
   PrefillJob job2 = r.Job("bad2", 10, prompt);
   job2.remote_cached_blocks = 1;  // but still two blocks listed
   res = r.sched->Run(std::move(job2));
