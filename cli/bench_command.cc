@@ -161,8 +161,9 @@ int RunBench(const std::vector<char*>& args) {
     // Each turn's prompt holds the previous turn's generated ids: only the gRPC API streams them.
     if (is_http) return Fail("--workload multi_turn needs the gRPC API (--server HOST:PORT)");
     if (run.num_requests > 0) {
-      return Fail("--workload multi_turn sends --num_sessions x --turns requests; drop "
-                  "--num_requests");
+      return Fail(
+          "--workload multi_turn sends --num_sessions x --turns requests; drop "
+          "--num_requests");
     }
   }
 
@@ -200,9 +201,8 @@ int RunBench(const std::vector<char*>& args) {
 
   // http://HOST:PORT: the OpenAI-compatible HTTP API; HOST:PORT: the Generation gRPC API.
   std::unique_ptr<bench::Client> client =
-      is_http
-          ? bench::MakeHttpClient(server, absl::GetFlag(FLAGS_api_key))
-          : bench::MakeGrpcClient(server);
+      is_http ? bench::MakeHttpClient(server, absl::GetFlag(FLAGS_api_key))
+              : bench::MakeGrpcClient(server);
   if (absl::Status st = client->WaitReady(absl::Seconds(absl::GetFlag(FLAGS_wait_ready_s)));
       !st.ok()) {
     std::fprintf(stderr, "duet bench serve: %s\n", std::string(st.message()).c_str());
@@ -266,8 +266,7 @@ int RunBench(const std::vector<char*>& args) {
     }
   }
   // Failed requests (or chat turns never sent) make the run fail (exit 3) after reporting them.
-  return report["classes"]["all"]["requests"]["failed"].get<int>() > 0 ||
-                 result.abandoned_turns > 0
+  return report["classes"]["all"]["requests"]["failed"].get<int>() > 0 || result.abandoned_turns > 0
              ? 3
              : 0;
 }

@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
     --build) BUILD="$2"; shift ;;
     --seed) SEED="$2"; shift ;;
     --transport) TRANSPORT="$2"; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "bench_prefix_cache.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift

@@ -103,16 +103,15 @@ std::string FormatPrefixCache(const nlohmann::json& cache, const nlohmann::json&
                         Pct(cache["hit_rate_decode"]), kv["p50"].get<double>(),
                         kv["mean"].get<double>(), kv["count"].get<int>());
   if (by_turn.empty()) return out;
-  absl::StrAppendFormat(&out, "  %-5s %5s %9s %8s %7s %7s %13s %10s %10s\n", "turn", "n",
-                        "prompt", "new", "hit P", "hit D", "KV bytes p50", "TTFT p50", "gap p50");
+  absl::StrAppendFormat(&out, "  %-5s %5s %9s %8s %7s %7s %13s %10s %10s\n", "turn", "n", "prompt",
+                        "new", "hit P", "hit D", "KV bytes p50", "TTFT p50", "gap p50");
   for (const nlohmann::json& t : by_turn) {
-    absl::StrAppendFormat(&out, "  %-5d %5d %9.1f %8.1f %7s %7s %13.0f %10.2f %10.2f\n",
-                          t["turn"].get<int>(), t["requests"].get<int>(),
-                          t["prompt_tokens_mean"].get<double>(), t["new_tokens_mean"].get<double>(),
-                          Pct(t["hit_rate_prefill"]), Pct(t["hit_rate_decode"]),
-                          t["kv_bytes_sent"]["p50"].get<double>(),
-                          t["ttft_ms"]["p50"].get<double>(),
-                          t["first_to_second_gap_ms"]["p50"].get<double>());
+    absl::StrAppendFormat(
+        &out, "  %-5d %5d %9.1f %8.1f %7s %7s %13.0f %10.2f %10.2f\n", t["turn"].get<int>(),
+        t["requests"].get<int>(), t["prompt_tokens_mean"].get<double>(),
+        t["new_tokens_mean"].get<double>(), Pct(t["hit_rate_prefill"]), Pct(t["hit_rate_decode"]),
+        t["kv_bytes_sent"]["p50"].get<double>(), t["ttft_ms"]["p50"].get<double>(),
+        t["first_to_second_gap_ms"]["p50"].get<double>());
   }
   return out;
 }

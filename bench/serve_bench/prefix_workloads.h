@@ -106,9 +106,7 @@ class MultiTurnWorkload {
   int total_turns() const { return options_.num_sessions * options_.turns; }
 
  private:
-  bool CanTake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !ready_.empty() || in_flight_ == 0;
-  }
+  bool CanTake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !ready_.empty() || in_flight_ == 0; }
 
   const MultiTurnOptions options_;
   const std::string cls_;

@@ -168,7 +168,8 @@ nlohmann::json BuildReport(const RunResult& result, const ReportOptions& options
       if (r.cache.prefill_cached_tokens >= 0) {
         q["prefill_cached_tokens"] = r.cache.prefill_cached_tokens;
       }
-      if (r.cache.decode_cached_tokens >= 0) q["decode_cached_tokens"] = r.cache.decode_cached_tokens;
+      if (r.cache.decode_cached_tokens >= 0)
+        q["decode_cached_tokens"] = r.cache.decode_cached_tokens;
       if (r.cache.kv_bytes_sent >= 0) q["kv_bytes_sent"] = r.cache.kv_bytes_sent;
       if (r.ok()) {
         q["ttft_ms"] = r.TtftMs();

@@ -42,7 +42,7 @@ struct RunResult {
   int64_t start_ns = 0;                // first measured send was scheduled
   int64_t end_ns = 0;                  // last measured request finished
   int warmup_failures = 0;
-  int abandoned_turns = 0;             // multi_turn: turns never sent because an earlier one failed
+  int abandoned_turns = 0;  // multi_turn: turns never sent because an earlier one failed
   double DurationS() const { return (end_ns - start_ns) / 1e9; }
 };
 

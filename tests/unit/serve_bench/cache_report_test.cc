@@ -14,8 +14,8 @@ RequestRecord Rec(int turn, int prompt, int p_cached, int d_cached, int64_t kv, 
   r.turn = turn;
   r.prompt_tokens = prompt;
   r.new_tokens = new_tokens;
-  r.cache = {.prefill_cached_tokens = p_cached, .decode_cached_tokens = d_cached,
-             .kv_bytes_sent = kv};
+  r.cache = {
+      .prefill_cached_tokens = p_cached, .decode_cached_tokens = d_cached, .kv_bytes_sent = kv};
   r.send_ns = 0;
   r.token_ns = {10'000'000, 13'000'000};  // TTFT 10 ms, gap 3 ms
   r.end_ns = 13'000'000;

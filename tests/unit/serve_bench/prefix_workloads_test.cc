@@ -82,8 +82,8 @@ TEST(SharedPrefixTest, EveryPromptIsOneOfTheFixedPrefixesPlusAFreshSuffix) {
     }
     suffixes.emplace(r.token_ids.begin() + p.size(), r.token_ids.end());
   }
-  EXPECT_EQ(groups.size(), 3u);      // every prefix is used
-  EXPECT_GT(suffixes.size(), 50u);   // suffixes are fresh
+  EXPECT_EQ(groups.size(), 3u);     // every prefix is used
+  EXPECT_GT(suffixes.size(), 50u);  // suffixes are fresh
 }
 
 TEST(MultiTurnTest, EachTurnIsThePreviousPromptItsOutputAndANewMessage) {
@@ -160,8 +160,8 @@ class EchoClient : public Client {
     r.requested_prompt_tokens = static_cast<int>(spec.token_ids.size());
     {
       absl::MutexLock lock(&mu_);
-      EXPECT_TRUE(in_flight_.insert(spec.session).second) << "session " << spec.session
-                                                          << " has two turns in flight";
+      EXPECT_TRUE(in_flight_.insert(spec.session).second)
+          << "session " << spec.session << " has two turns in flight";
       max_in_flight_ = std::max<int>(max_in_flight_, in_flight_.size());
       prompts_[{spec.session, spec.turn}] = spec.token_ids;
     }
