@@ -4,6 +4,10 @@
 //   duet bench serve --server 127.0.0.1:7000 --request_rate 0.5 --num_requests 50
 //       --input_len 512-1024 --output_len 32 --slo_ttft_ms 5000 --slo_tpot_ms 200 --json_out r.json
 //   (one command line)
+//   duet bench serve --server ADDR --workload shared_prefix --shared_prefix_len 1024
+//       --num_prefixes 4 --suffix_len 32-128 --num_requests 40
+//   duet bench serve --server ADDR --workload multi_turn --num_sessions 8 --turns 4
+//       --turn_len 32-64 --concurrency 4
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -18,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "bench/serve_bench/grpc_client.h"
 #include "bench/serve_bench/http_client.h"
+#include "bench/serve_bench/prefix_workloads.h"
 #include "bench/serve_bench/report.h"
 #include "bench/serve_bench/runner.h"
 #include "bench/serve_bench/workload.h"
@@ -53,6 +58,18 @@ ABSL_FLAG(bool, per_request, false, "bench serve: include every request in the J
 ABSL_FLAG(std::string, bench_label, "", "bench serve: a name for this run, copied into the JSON");
 ABSL_FLAG(std::string, bench_note, "",
           "bench serve: free text copied into the JSON and table (e.g. the CPU pinning)");
+ABSL_FLAG(std::string, workload, "random",
+          "bench serve: random (prompts of --input_len), shared_prefix (one of --num_prefixes "
+          "fixed prefixes of --shared_prefix_len tokens + a --suffix_len suffix) or multi_turn "
+          "(--num_sessions chats of --turns turns, each prompt the whole conversation so far + a "
+          "--turn_len user message; gRPC only)");
+ABSL_FLAG(int, shared_prefix_len, 1024, "bench serve: shared_prefix: tokens of each prefix");
+ABSL_FLAG(int, num_prefixes, 4, "bench serve: shared_prefix: how many distinct prefixes");
+ABSL_FLAG(std::string, suffix_len, "32-128", "bench serve: shared_prefix: suffix tokens, N or A-B");
+ABSL_FLAG(int, num_sessions, 8, "bench serve: multi_turn: chat sessions");
+ABSL_FLAG(int, turns, 4, "bench serve: multi_turn: turns per session");
+ABSL_FLAG(std::string, turn_len, "32-64",
+          "bench serve: multi_turn: tokens of each turn's new user message, N or A-B");
 ABSL_FLAG(int, wait_ready_s, 60, "bench serve: wait this long for the endpoint to be ready");
 
 namespace duet::cli {
@@ -71,6 +88,11 @@ int RunBench(const std::vector<char*>& args) {
   }
   const std::string server = absl::GetFlag(FLAGS_server);
   if (server.empty()) return Fail("need --server HOST:PORT (gRPC) or http://HOST:PORT (HTTP API)");
+  const std::string workload_name = absl::GetFlag(FLAGS_workload);
+  bench::WorkloadKind workload;
+  if (absl::Status st = bench::ParseWorkloadKind(workload_name, &workload); !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
   bench::RunOptions run;
   run.request_rate = absl::GetFlag(FLAGS_request_rate);
   run.concurrency = absl::GetFlag(FLAGS_concurrency);
@@ -81,7 +103,7 @@ int RunBench(const std::vector<char*>& args) {
   run.background_concurrency = absl::GetFlag(FLAGS_background_concurrency);
   run.seed = absl::GetFlag(FLAGS_seed);
   run.request_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  if (run.num_requests <= 0 && run.duration_s <= 0) {
+  if (run.num_requests <= 0 && run.duration_s <= 0 && workload != bench::WorkloadKind::kMultiTurn) {
     return Fail("give --num_requests or --duration_s (or both)");
   }
   if (run.request_rate < 0 || run.concurrency < 1 || run.background_concurrency < 0) {
@@ -98,12 +120,70 @@ int RunBench(const std::vector<char*>& args) {
   const int min_id = absl::GetFlag(FLAGS_min_token_id);
   const int max_id = absl::GetFlag(FLAGS_max_token_id);
   if (min_id < 0 || max_id < min_id) return Fail("need 0 <= --min_token_id <= --max_token_id");
+  const std::string dataset = absl::GetFlag(FLAGS_dataset);
+  const bool is_http = absl::StartsWith(server, "http://");
+  if (workload != bench::WorkloadKind::kRandom) {
+    if (!dataset.empty()) return Fail("--dataset goes with --workload random only");
+    if (run.request_rate > 0) {
+      return Fail(absl::StrCat("--workload ", workload_name, " runs closed loop (--concurrency); ",
+                               "--request_rate is not implemented for it"));
+    }
+    if (run.background_concurrency > 0) {
+      return Fail(absl::StrCat("--background_concurrency is not implemented with --workload ",
+                               workload_name));
+    }
+  }
+  auto suffix = bench::ParseLengthRange(absl::GetFlag(FLAGS_suffix_len));
+  auto turn_len = bench::ParseLengthRange(absl::GetFlag(FLAGS_turn_len));
+  for (const auto* r : {&suffix, &turn_len}) {
+    if (!r->ok()) return Fail(std::string(r->status().message()));
+  }
+  const bench::SharedPrefixOptions shared{.prefix_len = absl::GetFlag(FLAGS_shared_prefix_len),
+                                          .num_prefixes = absl::GetFlag(FLAGS_num_prefixes),
+                                          .suffix = *suffix,
+                                          .output = *output,
+                                          .min_token_id = min_id,
+                                          .max_token_id = max_id};
+  const bench::MultiTurnOptions chats{.num_sessions = absl::GetFlag(FLAGS_num_sessions),
+                                      .turns = absl::GetFlag(FLAGS_turns),
+                                      .turn_len = *turn_len,
+                                      .output = *output,
+                                      .min_token_id = min_id,
+                                      .max_token_id = max_id};
+  if (workload == bench::WorkloadKind::kSharedPrefix &&
+      (shared.prefix_len < 1 || shared.num_prefixes < 1)) {
+    return Fail("--shared_prefix_len and --num_prefixes must be >= 1");
+  }
+  if (workload == bench::WorkloadKind::kMultiTurn) {
+    if (chats.num_sessions < 1 || chats.turns < 1) {
+      return Fail("--num_sessions and --turns must be >= 1");
+    }
+    // Each turn's prompt holds the previous turn's generated ids: only the gRPC API streams them.
+    if (is_http) return Fail("--workload multi_turn needs the gRPC API (--server HOST:PORT)");
+    if (run.num_requests > 0) {
+      return Fail(
+          "--workload multi_turn sends --num_sessions x --turns requests; drop "
+          "--num_requests");
+    }
+  }
 
   // Independent seeded streams: arrivals (run.seed), main, background and warm-up prompts.
   const uint64_t seed = run.seed;
   std::unique_ptr<bench::RequestSource> main_source, warmup_source;
-  const std::string dataset = absl::GetFlag(FLAGS_dataset);
-  if (!dataset.empty()) {
+  std::unique_ptr<bench::MultiTurnWorkload> sessions;
+  if (workload == bench::WorkloadKind::kSharedPrefix) {
+    main_source = std::make_unique<bench::SharedPrefixSource>(shared, seed + 1, "main");
+    // Warm-up prompts of the same length but no shared prefix: they warm the nodes, not the
+    // prefix cache.
+    const bench::LengthRange len{shared.prefix_len + shared.suffix.min,
+                                 shared.prefix_len + shared.suffix.max};
+    warmup_source = std::make_unique<bench::SyntheticSource>(
+        bench::SyntheticOptions{len, *output, min_id, max_id}, seed + 3, "warmup");
+  } else if (workload == bench::WorkloadKind::kMultiTurn) {
+    sessions = std::make_unique<bench::MultiTurnWorkload>(chats, seed + 1, "main");
+    warmup_source = std::make_unique<bench::SyntheticSource>(
+        bench::SyntheticOptions{*turn_len, *output, min_id, max_id}, seed + 3, "warmup");
+  } else if (!dataset.empty()) {
     auto entries = bench::LoadJsonlDataset(dataset);
     if (!entries.ok()) return Fail(std::string(entries.status().message()));
     main_source = std::make_unique<bench::DatasetSource>(*entries, *output, seed + 1, "main");
@@ -121,9 +201,8 @@ int RunBench(const std::vector<char*>& args) {
 
   // http://HOST:PORT: the OpenAI-compatible HTTP API; HOST:PORT: the Generation gRPC API.
   std::unique_ptr<bench::Client> client =
-      absl::StartsWith(server, "http://")
-          ? bench::MakeHttpClient(server, absl::GetFlag(FLAGS_api_key))
-          : bench::MakeGrpcClient(server);
+      is_http ? bench::MakeHttpClient(server, absl::GetFlag(FLAGS_api_key))
+              : bench::MakeGrpcClient(server);
   if (absl::Status st = client->WaitReady(absl::Seconds(absl::GetFlag(FLAGS_wait_ready_s)));
       !st.ok()) {
     std::fprintf(stderr, "duet bench serve: %s\n", std::string(st.message()).c_str());
@@ -131,7 +210,9 @@ int RunBench(const std::vector<char*>& args) {
   }
   const std::string started = absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone());
   bench::RunResult result =
-      bench::RunBenchmark(*client, run, *main_source, background.get(), warmup_source.get());
+      sessions != nullptr
+          ? bench::RunSessions(*client, run, *sessions, warmup_source.get())
+          : bench::RunBenchmark(*client, run, *main_source, background.get(), warmup_source.get());
 
   bench::ReportOptions ro;
   ro.slo = {absl::GetFlag(FLAGS_slo_ttft_ms), absl::GetFlag(FLAGS_slo_tpot_ms),
@@ -139,7 +220,8 @@ int RunBench(const std::vector<char*>& args) {
   ro.per_request = absl::GetFlag(FLAGS_per_request);
   nlohmann::json report = bench::BuildReport(result, ro);
   report["config"] = {{"server", server},
-                      {"api", "grpc"},
+                      {"api", is_http ? "http" : "grpc"},
+                      {"workload", workload_name},
                       {"label", absl::GetFlag(FLAGS_bench_label)},
                       {"note", absl::GetFlag(FLAGS_bench_note)},
                       {"started_utc", started},
@@ -157,6 +239,15 @@ int RunBench(const std::vector<char*>& args) {
                       {"background_input_len", absl::GetFlag(FLAGS_background_input_len)},
                       {"background_output_len", absl::GetFlag(FLAGS_background_output_len)},
                       {"timeout_s", absl::GetFlag(FLAGS_timeout_s)}};
+  if (workload == bench::WorkloadKind::kSharedPrefix) {
+    report["config"]["shared_prefix_len"] = shared.prefix_len;
+    report["config"]["num_prefixes"] = shared.num_prefixes;
+    report["config"]["suffix_len"] = absl::GetFlag(FLAGS_suffix_len);
+  } else if (workload == bench::WorkloadKind::kMultiTurn) {
+    report["config"]["num_sessions"] = chats.num_sessions;
+    report["config"]["turns"] = chats.turns;
+    report["config"]["turn_len"] = absl::GetFlag(FLAGS_turn_len);
+  }
   std::string header = absl::StrCat("duet bench serve: ", server);
   if (!absl::GetFlag(FLAGS_bench_label).empty()) {
     absl::StrAppend(&header, " [", absl::GetFlag(FLAGS_bench_label), "]");
@@ -174,8 +265,10 @@ int RunBench(const std::vector<char*>& args) {
       return 1;
     }
   }
-  // Failed requests make the run fail (exit 3) after reporting them.
-  return report["classes"]["all"]["requests"]["failed"].get<int>() > 0 ? 3 : 0;
+  // Failed requests (or chat turns never sent) make the run fail (exit 3) after reporting them.
+  return report["classes"]["all"]["requests"]["failed"].get<int>() > 0 || result.abandoned_turns > 0
+             ? 3
+             : 0;
 }
 
 }  // namespace duet::cli

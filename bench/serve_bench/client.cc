@@ -32,6 +32,15 @@ bool CancelScope::cancelled() const {
   return cancelled_;
 }
 
+void StampRecord(const RequestSpec& spec, RequestRecord& record) {
+  record.cls = spec.cls;
+  record.max_tokens = spec.max_tokens;
+  record.prefix_group = spec.prefix_group;
+  record.session = spec.session;
+  record.turn = spec.turn;
+  record.new_tokens = spec.new_tokens;
+}
+
 absl::Status PollUntilReady(const std::string& endpoint, absl::Duration timeout,
                             const std::function<std::optional<std::string>()>& probe) {
   const absl::Time deadline = absl::Now() + timeout;

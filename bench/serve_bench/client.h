@@ -49,6 +49,10 @@ class Client {
   virtual absl::Status WaitReady(absl::Duration timeout) = 0;
 };
 
+// Copies the spec's identity (class, max_tokens, prefix group, session, turn, new tokens) into
+// a record; every Client::Send starts with it.
+void StampRecord(const RequestSpec& spec, RequestRecord& record);
+
 // Calls `probe` every 200 ms until it returns nullopt (ready) or `timeout` passes; then
 // DeadlineExceeded naming `endpoint` and the probe's last reason. For Client::WaitReady.
 absl::Status PollUntilReady(const std::string& endpoint, absl::Duration timeout,

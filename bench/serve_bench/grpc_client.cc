@@ -35,8 +35,7 @@ class GrpcClient : public Client {
 
   RequestRecord Send(const RequestSpec& spec, absl::Duration timeout, CancelScope* scope) override {
     RequestRecord rec;
-    rec.cls = spec.cls;
-    rec.max_tokens = spec.max_tokens;
+    StampRecord(spec, rec);
     v1::GenerateRequest req;
     if (!spec.token_ids.empty()) {
       req.mutable_token_ids()->mutable_ids()->Assign(spec.token_ids.begin(), spec.token_ids.end());
@@ -65,7 +64,10 @@ class GrpcClient : public Client {
     v1::GenerateResponse r;
     rec.finish_reason = "none";
     while (reader->Read(&r)) {
-      if (r.has_token()) rec.token_ns.push_back(MonotonicNanos());
+      if (r.has_token()) {
+        rec.token_ns.push_back(MonotonicNanos());
+        rec.output_ids.push_back(r.token_id());
+      }
       if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
         rec.finish_reason = FinishName(r.finish_reason());
         rec.prompt_tokens = r.prompt_tokens();
@@ -80,6 +82,9 @@ class GrpcClient : public Client {
                         .ttft_us = t.time_to_first_token_us(),
                         .decode_us = t.decode_us(),
                         .prefill_attempts = t.prefill_attempts()};
+          rec.cache = {.prefill_cached_tokens = t.prefill_cached_tokens(),
+                       .decode_cached_tokens = t.decode_cached_tokens(),
+                       .kv_bytes_sent = t.kv_bytes_sent()};
           for (int64_t us : t.layer_transfer_us()) {
             rec.server.max_layer_transfer_us = std::max(rec.server.max_layer_transfer_us, us);
           }

@@ -21,8 +21,7 @@ class HttpClient : public Client {
 
   RequestRecord Send(const RequestSpec& spec, absl::Duration timeout, CancelScope* scope) override {
     RequestRecord rec;
-    rec.cls = spec.cls;
-    rec.max_tokens = spec.max_tokens;
+    StampRecord(spec, rec);
     json body = {{"max_tokens", spec.max_tokens},
                  {"temperature", 0},
                  {"ignore_eos", true},
@@ -76,6 +75,11 @@ class HttpClient : public Client {
       }
       if (auto u = chunk.find("usage"); u != chunk.end() && u->is_object()) {
         rec.prompt_tokens = u->value("prompt_tokens", 0);
+        if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object()) {
+          if (auto c = d->find("cached_tokens"); c != d->end() && c->is_number_integer()) {
+            rec.cache.prefill_cached_tokens = c->get<int>();
+          }
+        }
       }
       const json& choices = chunk.value("choices", json::array());
       if (choices.empty()) return;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/serve_bench/cache_report.h"
 
 namespace duet::bench {
 namespace {
@@ -69,7 +70,7 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
       gap.push_back(r->FirstToSecondGapMs());
       for (double x : r->ItlMs()) itl.push_back(x);
     }
-    const int p = r->prompt_tokens > 0 ? r->prompt_tokens : r->requested_prompt_tokens;
+    const int p = r->PromptTokens();
     prompt.push_back(p);
     output.push_back(r->output_tokens());
     in_tokens += p;
@@ -127,6 +128,8 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
   j["transfer_tail_pct_of_ttft"] = SummaryJson(Summarize(tail_share));
   j["prompt_tokens"] = SummaryJson(Summarize(prompt));
   j["output_tokens"] = SummaryJson(Summarize(output));
+  j["prefix_cache"] = SummarizePrefixCache(records);
+  if (nlohmann::json t = SummarizeByTurn(records); !t.empty()) j["by_turn"] = std::move(t);
   return j;
 }
 
@@ -139,6 +142,7 @@ nlohmann::json BuildReport(const RunResult& result, const ReportOptions& options
   nlohmann::json j;
   j["duration_s"] = result.DurationS();
   j["warmup_failures"] = result.warmup_failures;
+  j["abandoned_turns"] = result.abandoned_turns;
   j["classes"] = nlohmann::json::object();
   by_class.try_emplace("all");
   for (const auto& [cls, recs] : by_class) {
@@ -155,6 +159,18 @@ nlohmann::json BuildReport(const RunResult& result, const ReportOptions& options
                        {"output_tokens", r.output_tokens()},
                        {"finish_reason", r.finish_reason}};
       if (!r.status.ok()) q["error"] = std::string(r.status.message());
+      if (r.prefix_group >= 0) q["prefix_group"] = r.prefix_group;
+      if (r.session >= 0) {
+        q["session"] = r.session;
+        q["turn"] = r.turn;
+      }
+      if (r.prefix_group >= 0 || r.session >= 0) q["new_tokens"] = r.new_tokens;
+      if (r.cache.prefill_cached_tokens >= 0) {
+        q["prefill_cached_tokens"] = r.cache.prefill_cached_tokens;
+      }
+      if (r.cache.decode_cached_tokens >= 0)
+        q["decode_cached_tokens"] = r.cache.decode_cached_tokens;
+      if (r.cache.kv_bytes_sent >= 0) q["kv_bytes_sent"] = r.cache.kv_bytes_sent;
       if (r.ok()) {
         q["ttft_ms"] = r.TtftMs();
         q["e2e_ms"] = r.E2eMs();
@@ -215,6 +231,9 @@ std::string FormatTable(const nlohmann::json& report) {
       row("server: slowest layer transfer", s["slowest_layer_transfer"]);
     }
     row("transfer tail % of TTFT", c["transfer_tail_pct_of_ttft"]);
+    if (c.contains("prefix_cache")) {
+      out += FormatPrefixCache(c["prefix_cache"], c.value("by_turn", nlohmann::json::array()));
+    }
     for (const auto& e : c["errors"]) {
       absl::StrAppendFormat(&out, "  error x%d: %s\n", e["count"].get<int>(),
                             e["message"].get<std::string>());

@@ -1,7 +1,8 @@
 // Turns a run's request records into the benchmark report: per workload class ("main",
 // "background", and "all") the TTFT, TPOT, inter-token latency, end-to-end time and the
 // first-to-second-token gap (p50/p90/p99/mean), the server-side breakdown of the time to the
-// second token, request and token throughput, goodput under SLOs, and every error counted.
+// second token, request and token throughput, goodput under SLOs, every error counted, and the
+// prefix cache's hit rates and KV bytes sent (by turn for multi_turn; cache_report.h).
 // Requests cut at the end of the run count in no throughput, but the tokens they streamed count
 // in the TTFT, gap, TPOT and ITL statistics.
 //

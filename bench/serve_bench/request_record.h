@@ -29,6 +29,14 @@ struct ServerTimings {
   int64_t max_layer_transfer_us = -1;
 };
 
+// What the prefix cache saved on one request. -1: not reported by the endpoint (the HTTP API
+// reports only the prefill side; an endpoint without prefix caching reports nothing).
+struct CacheStats {
+  int prefill_cached_tokens = -1;  // prompt tokens P (or the colocated server) took from its cache
+  int decode_cached_tokens = -1;   // prompt tokens D already held: their KV was not sent
+  int64_t kv_bytes_sent = -1;      // KV bytes P wrote to D (0 colocated)
+};
+
 struct RequestRecord {
   std::string cls;
   absl::Status status;              // OK, or why the request failed
@@ -43,7 +51,17 @@ struct RequestRecord {
   std::string finish_reason;  // eos, length, stop, cancelled, error, none
   bool has_server_timings = false;
   ServerTimings server;
+  CacheStats cache;
+  std::vector<int32_t> output_ids;  // the generated token ids (gRPC; empty over HTTP)
+  // Copied from the RequestSpec: which shared prefix / chat session and turn (-1: none), and
+  // how many prompt tokens are new (not in the session's previous turn's prompt + output).
+  int prefix_group = -1;
+  int session = -1;
+  int turn = -1;
+  int new_tokens = 0;
 
+  // Prompt tokens as the server counted them, else as sent.
+  int PromptTokens() const { return prompt_tokens > 0 ? prompt_tokens : requested_prompt_tokens; }
   bool ok() const { return status.ok() && !token_ns.empty(); }
   int output_tokens() const { return static_cast<int>(token_ns.size()); }
   double TtftMs() const { return (token_ns.front() - send_ns) / 1e6; }

@@ -125,4 +125,45 @@ RunResult RunBenchmark(Client& client, const RunOptions& options, RequestSource&
   return result;
 }
 
+RunResult RunSessions(Client& client, const RunOptions& options, MultiTurnWorkload& sessions,
+                      RequestSource* warmup) {
+  RunResult result;
+  for (int i = 0; i < options.warmup_requests && warmup != nullptr; ++i) {
+    if (!client.Send(warmup->Next(), options.request_timeout, nullptr).ok()) {
+      ++result.warmup_failures;
+    }
+  }
+  Sink sink;
+  const int64_t start = MonotonicNanos();
+  const int64_t stop_issuing =
+      options.duration_s > 0 ? start + static_cast<int64_t>(options.duration_s * 1e9) : INT64_MAX;
+  result.start_ns = start;
+  std::atomic<int64_t> last_end{start};
+  std::atomic<int> not_sent{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < std::max(1, options.concurrency); ++w) {
+    workers.emplace_back([&] {
+      while (std::optional<RequestSpec> spec = sessions.Take()) {
+        if (MonotonicNanos() >= stop_issuing) {
+          // Out of time: this turn is not sent, and its session ends here.
+          sessions.Finish(*spec, /*ok=*/false, {});
+          ++not_sent;
+          continue;
+        }
+        RequestRecord r = client.Send(*spec, options.request_timeout, nullptr);
+        sessions.Finish(*spec, r.ok(), r.output_ids);
+        int64_t prev = last_end.load();
+        while (r.end_ns > prev && !last_end.compare_exchange_weak(prev, r.end_ns)) {
+        }
+        sink.Add(std::move(r));
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  result.end_ns = last_end.load();
+  result.abandoned_turns = sessions.abandoned_turns() + not_sent.load();
+  result.records = sink.Take();
+  return result;
+}
+
 }  // namespace duet::bench

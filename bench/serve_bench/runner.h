@@ -6,6 +6,12 @@
 //
 //   RunOptions o{.request_rate = 2.0, .num_requests = 100, .warmup_requests = 2, .seed = 1};
 //   RunResult r = RunBenchmark(*client, o, main_source, background_source.get(), warmup_source);
+//
+// RunSessions drives a multi-turn chat workload instead: --concurrency threads each take the
+// next ready session's turn, send it, and hand its generated ids back (prefix_workloads.h).
+//
+//   MultiTurnWorkload chats(mt_options, seed, "main");
+//   RunResult r = RunSessions(*client, o, chats, warmup_source);
 #pragma once
 
 #include <cstdint>
@@ -13,6 +19,7 @@
 
 #include "absl/time/time.h"
 #include "bench/serve_bench/client.h"
+#include "bench/serve_bench/prefix_workloads.h"
 #include "bench/serve_bench/request_record.h"
 #include "bench/serve_bench/workload.h"
 
@@ -35,10 +42,17 @@ struct RunResult {
   int64_t start_ns = 0;                // first measured send was scheduled
   int64_t end_ns = 0;                  // last measured request finished
   int warmup_failures = 0;
+  int abandoned_turns = 0;  // multi_turn: turns never sent because an earlier one failed
   double DurationS() const { return (end_ns - start_ns) / 1e9; }
 };
 
 RunResult RunBenchmark(Client& client, const RunOptions& options, RequestSource& main,
                        RequestSource* background, RequestSource* warmup);
+
+// Closed loop over chat sessions: options.concurrency turns in flight at most (fewer when fewer
+// sessions are ready), each session's turns one after another; stops issuing after
+// options.duration_s (> 0). options.request_rate and num_requests are not used.
+RunResult RunSessions(Client& client, const RunOptions& options, MultiTurnWorkload& sessions,
+                      RequestSource* warmup);
 
 }  // namespace duet::bench

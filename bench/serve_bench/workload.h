@@ -62,6 +62,11 @@ struct RequestSpec {
   std::vector<int32_t> token_ids;  // the prompt as token ids (exact length) ...
   std::string text;                // ... or as text (dataset prompts)
   int max_tokens = 0;
+  // Prefix-caching workloads (prefix_workloads.h); -1 / 0 elsewhere.
+  int prefix_group = -1;  // shared_prefix: which of the fixed prefixes
+  int session = -1;       // multi_turn: the chat session ...
+  int turn = -1;          // ... and the turn index, 0 first
+  int new_tokens = 0;     // prompt tokens not sent (or generated) in the session's last turn
 };
 
 // A thread-safe, endless, deterministic sequence of requests.
