@@ -85,14 +85,14 @@ class ChatSession {
  private:
   const int id_;
   const MultiTurnOptions options_;
-  Rng rng_;  // this session's own stream: its messages do not depend on the other sessions
+  Rng rng_;  // this chat's own stream: its messages do not depend on the other chats
   std::vector<int32_t> history_;
   std::vector<int32_t> pending_prompt_;
   int turns_done_ = 0;
 };
 
-// Thread-safe: S sessions of T turns; Take() hands out the turn of the session that has waited
-// longest (sessions in arrival order first, then each as its previous turn finishes).
+// Thread-safe: S chats of T turns; Take() hands out the turn of the chat that has waited
+// longest (chats in creation order first, then each as its previous turn finishes).
 class MultiTurnWorkload {
  public:
   MultiTurnWorkload(const MultiTurnOptions& options, uint64_t seed, std::string cls);
