@@ -16,6 +16,8 @@ const char* FinishReasonName(FinishReason r) {
       return "cancelled";
     case FinishReason::kError:
       return "error";
+    case FinishReason::kPreempted:
+      return "preempted";
   }
   return "?";
 }
@@ -48,6 +50,8 @@ v1::FinishReason ToProto(FinishReason reason) {
       return v1::FINISH_REASON_CANCELLED;
     case FinishReason::kError:
       return v1::FINISH_REASON_ERROR;
+    case FinishReason::kPreempted:
+      return v1::FINISH_REASON_PREEMPTED;
   }
   return v1::FINISH_REASON_ERROR;
 }

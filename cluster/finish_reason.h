@@ -10,7 +10,9 @@
 
 namespace duet::cluster {
 
-enum class FinishReason { kNone, kEos, kMaxTokens, kStopToken, kCancelled, kError };
+// kPreempted: the decode node gave a running request back for want of blocks (its blocks are
+// free); the coordinator continues it elsewhere.
+enum class FinishReason { kNone, kEos, kMaxTokens, kStopToken, kCancelled, kError, kPreempted };
 const char* FinishReasonName(FinishReason r);
 // How a request that the sampler's stop rules ended (model::CheckStop) finishes.
 FinishReason FinishReasonFromStop(model::StopReason stop);

@@ -44,7 +44,8 @@ struct RequestEvent {
   enum Kind { kFirstToken, kPrefillFailed, kAdmitted, kToken, kFinished, kDecodeFailed };
   Kind kind;
   int attempt = 0;
-  absl::Status status;
+  absl::Status status;     // kPrefillFailed, kDecodeFailed; kFinished: the stream's own status
+  bool unreached = false;  // kPrefillFailed: P never answered (its call failed before any reply)
   v1::PrefillResponse prefill;
   v1::TokenEvent token;
 };
@@ -134,16 +135,42 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
 
   std::shared_ptr<NodeStubs> StubsFor(const std::string& address);
   std::shared_ptr<ActiveRequest> FindActive(const std::string& id);
+  // The longest request (prompt + max_tokens) the live nodes can hold: the model's context,
+  // capped by the largest decode pool and the largest prefill pool. 0 before both registered.
+  int64_t MaxModelLen();
+
+  // Decode nodes whose Reserve failed or whose stream broke: not routed to until they
+  // heartbeat again (a dead one then drops out of the registry).
+  struct Suspect {
+    NodeIncarnation node;
+    uint64_t heartbeats = 0;  // its heartbeat count when it became suspect
+  };
+  absl::flat_hash_map<NodeId, Suspect> suspects_ ABSL_GUARDED_BY(route_mu_);
+  void MarkSuspect(const NodeInfo& node, const absl::Status& why);
+  std::vector<NodeId> SuspectsLocked(const std::vector<NodeInfo>& live)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(route_mu_);
 
  private:
+  // What an attempt prefills: the prompt, then (a resumed request) the tokens already streamed.
+  struct AttemptInput {
+    std::vector<int32_t> tokens;
+    int32_t generated = 0;  // of `tokens`, output tokens already sent to the client
+    int64_t prompt_tokens = 0;
+  };
+  enum class Outcome { kStarted, kNoRoom, kRerouted, kFailed };
   // The request driver (generate_driver.cc).
   absl::Status GenerateUnmetered(const v1::GenerateRequest& req, const http::GenerateSink& sink);
   absl::Status Drive(const http::GenerateSink& sink, ActiveRequest& ar,
                      const std::vector<int32_t>& ids, const v1::SamplingParams& sampling,
                      bool return_text);
-  absl::Status StartAttempt(ActiveRequest& ar, const std::vector<int32_t>& ids,
-                            const v1::SamplingParams& sampling, NodeInfo* prefill_out,
-                            NodeInfo* decode_out);
+  // Routes, reserves and starts one attempt, waiting (up to the tracker's queue_timeout) while
+  // no pair of nodes has room, and routing around nodes that do not answer.
+  absl::Status StartAttempt(ActiveRequest& ar, const AttemptInput& in,
+                            const v1::SamplingParams& sampling, const http::GenerateSink& sink,
+                            NodeInfo* prefill_out, NodeInfo* decode_out);
+  // One route + Reserve + start; `status` says why when it is not kStarted.
+  Outcome TryStart(ActiveRequest& ar, const AttemptInput& in, const v1::SamplingParams& sampling,
+                   NodeInfo* prefill_out, NodeInfo* decode_out, absl::Status* status);
 };
 
 }  // namespace duet::coordinator

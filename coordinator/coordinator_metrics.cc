@@ -44,7 +44,24 @@ CoordinatorMetrics::CoordinatorMetrics()
           registry
               .AddCounter("duet_coordinator_decode_cached_blocks_total",
                           "Prompt KV blocks the chosen decode node already held (not sent)", {})
-              .WithLabels({})) {
+              .WithLabels({})),
+      resumes(registry.AddCounter(
+          "duet_coordinator_request_resumes_total",
+          "Requests continued on a decode node from the prompt and the tokens already streamed "
+          "(cause: preempted = the decode node had no room to grow it, decode_lost = it died or "
+          "its stream broke)",
+          {"cause"})),
+      waiting(registry
+                  .AddGauge("duet_coordinator_waiting_requests",
+                            "Requests waiting for a prefill and a decode node with room", {})
+                  .WithLabels({})),
+      reroutes(registry.AddCounter(
+          "duet_coordinator_reroutes_total",
+          "Routing hops away from a node that did not answer (suspect_decode: Reserve failed or "
+          "timed out; unreachable_prefill: the decode node could not connect to it)",
+          {"why"})) {
+  for (const char* c : {"preempted", "decode_lost"}) resumes.WithLabels({c});
+  for (const char* w : {"suspect_decode", "unreachable_prefill"}) reroutes.WithLabels({w});
   // Outcomes that exist before the first request, so rates start from zero.
   for (const char* o : {"ok", "cancelled"}) requests.WithLabels({o});
   for (const char* r : {"both", "prefill_hit", "decode_hit", "load"}) {

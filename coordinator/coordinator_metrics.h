@@ -1,7 +1,8 @@
 // The coordinator's metrics (Prometheus names duet_coordinator_*): requests by outcome, TTFT,
 // TPOT and end-to-end latency histograms, requests in flight, node heartbeats and deaths, routing
-// decisions by reason (RouteReasonName). The node-load and index gauges are callbacks the server
-// registers over its NodeRegistry and PrefixIndex.
+// decisions by reason (RouteReasonName), resumes on another decode node by cause, requests
+// waiting for room, re-routes away from unresponsive nodes. The node-load and index gauges are
+// callbacks the server registers over its NodeRegistry and PrefixIndex.
 //
 //   CoordinatorMetrics m;
 //   m.RecordRequest(status, start, first_token_at, last_token_at, tokens);
@@ -35,6 +36,11 @@ struct CoordinatorMetrics {
   metrics::Counter& node_deaths;
   metrics::Family<metrics::Counter>& routing_decisions;  // {reason}
   metrics::Counter& prompt_blocks_cached;  // prompt blocks the chosen D held (not sent)
+  // Requests continued on another decode node, by cause (preempted, decode_lost).
+  metrics::Family<metrics::Counter>& resumes;
+  metrics::Gauge& waiting;  // requests waiting for a node with room
+  // Routing hops away from a node that did not answer (suspect_decode, unreachable_prefill).
+  metrics::Family<metrics::Counter>& reroutes;
 };
 
 }  // namespace duet::coordinator

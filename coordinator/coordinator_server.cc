@@ -258,7 +258,7 @@ void CoordinatorServer::Impl::Apply(Effects fx) {
     std::optional<NodeInfo> node = registry_.Find(r.decode.node_id);
     if (!node || node->node.epoch != r.decode.epoch) continue;  // that incarnation is gone
     std::shared_ptr<NodeStubs> stubs = StubsFor(node->address);
-    background_.Post([stubs, id = r.request_id, name = r.decode.ToString()] {
+    background_.Post(node->address, [stubs, id = r.request_id, name = r.decode.ToString()] {
       grpc::ClientContext ctx;
       rpc::SetDeadline(ctx, absl::Seconds(2));
       v1::ReleaseRequest req;
@@ -272,7 +272,7 @@ void CoordinatorServer::Impl::Apply(Effects fx) {
     std::optional<NodeInfo> node = registry_.Find(c.prefill.node_id);
     if (!node || node->node.epoch != c.prefill.epoch) continue;
     std::shared_ptr<NodeStubs> stubs = StubsFor(node->address);
-    background_.Post([stubs, id = c.request_id] {
+    background_.Post(node->address, [stubs, id = c.request_id] {
       grpc::ClientContext ctx;
       rpc::SetDeadline(ctx, absl::Seconds(2));
       v1::CancelPrefillRequest req;
@@ -318,6 +318,7 @@ void CoordinatorServer::Impl::TimerLoop() {
 
 v1::HealthResponse CoordinatorServer::Impl::Health() {
   v1::HealthResponse h;
+  h.set_max_model_len(MaxModelLen());
   for (NodeKind kind : {NodeKind::kPrefill, NodeKind::kDecode}) {
     for (const NodeInfo& n : registry_.LiveNodes(kind)) {
       v1::NodeStatus* s = h.add_nodes();
@@ -357,7 +358,7 @@ void CoordinatorServer::Impl::Shutdown() {
   }
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (timer_.joinable()) timer_.join();
-  background_.Drain();
+  background_.DrainAll();
 }
 
 CoordinatorServer::CoordinatorServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/kv/block_hash.h"
@@ -75,6 +76,17 @@ absl::Status CoordinatorServer::Impl::GenerateUnmetered(const v1::GenerateReques
   DUET_ASSIGN_OR_RETURN(rpc::ClientPrompt prompt,
                         rpc::ParseGenerateRequest(req, *tokenizer_, model_config_));
   const std::vector<int32_t>& ids = prompt.ids;
+  if (const int64_t max_len = MaxModelLen(); max_len > 0) {
+    const int64_t want =
+        static_cast<int64_t>(ids.size()) + std::max(1, req.sampling().max_tokens());
+    if (want > max_len) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Generate: ", ids.size(), " prompt tokens + ", req.sampling().max_tokens(),
+          " max_tokens = ", want, " exceeds max_model_len ", max_len,
+          ", the longest request the cluster can hold (the model's context and the largest "
+          "decode and prefill KV pools)"));
+    }
+  }
 
   auto ar = std::make_shared<ActiveRequest>();
   ar->id = req.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
@@ -85,7 +97,8 @@ absl::Status CoordinatorServer::Impl::GenerateUnmetered(const v1::GenerateReques
     active_[ar->id] = ar;
   }
   absl::Status status = Drive(sink, *ar, ids, req.sampling(), req.return_text());
-  // Stop this request's helper threads: both calls end once their contexts are cancelled.
+  // Stop this request's helper threads: both calls end once their contexts are cancelled
+  // (those of earlier attempts were cancelled when they were abandoned).
   {
     std::lock_guard<std::mutex> lock(ar->mu);
     if (ar->stream_ctx) ar->stream_ctx->TryCancel();
@@ -105,20 +118,117 @@ absl::Status CoordinatorServer::Impl::GenerateUnmetered(const v1::GenerateReques
   return status;
 }
 
-absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
-                                                   const std::vector<int32_t>& ids,
-                                                   const v1::SamplingParams& sampling,
-                                                   NodeInfo* prefill_out, NodeInfo* decode_out) {
-  const absl::Time now = absl::Now();
+int64_t CoordinatorServer::Impl::MaxModelLen() {
   std::optional<kv::KvLayout> layout = registry_.cluster_layout();
-  if (!layout) return absl::UnavailableError("no node has registered yet");
+  if (!layout || layout->block_size <= 0) return 0;
+  int64_t decode = 0, prefill = 0;
+  for (const NodeInfo& n : registry_.LiveNodes(NodeKind::kDecode)) {
+    decode = std::max(decode, n.load.total_blocks);
+  }
+  for (const NodeInfo& n : registry_.LiveNodes(NodeKind::kPrefill)) {
+    prefill = std::max(prefill, n.load.total_blocks);
+  }
+  if (decode == 0 || prefill == 0) return 0;
+  return std::min<int64_t>({model_config_.max_position_embeddings, decode * layout->block_size,
+                            prefill * layout->block_size});
+}
+
+void CoordinatorServer::Impl::MarkSuspect(const NodeInfo& node, const absl::Status& why) {
+  DUET_LOG(WARNING) << "decode node " << node.node.ToString()
+                    << " is suspect until its next heartbeat: " << why;
+  absl::MutexLock lock(&route_mu_);
+  suspects_[node.node.node_id] = Suspect{.node = node.node, .heartbeats = node.heartbeats};
+}
+
+std::vector<NodeId> CoordinatorServer::Impl::SuspectsLocked(const std::vector<NodeInfo>& live) {
+  std::vector<NodeId> out;
+  for (auto it = suspects_.begin(); it != suspects_.end();) {
+    auto n = std::find_if(live.begin(), live.end(),
+                          [&](const NodeInfo& i) { return i.node.node_id == it->first; });
+    if (n == live.end() || n->node != it->second.node || n->heartbeats > it->second.heartbeats) {
+      suspects_.erase(it++);  // dead, replaced, or heard from since
+      continue;
+    }
+    out.push_back(it->first);
+    ++it;
+  }
+  return out;
+}
+
+absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar, const AttemptInput& in,
+                                                   const v1::SamplingParams& sampling,
+                                                   const http::GenerateSink& sink,
+                                                   NodeInfo* prefill_out, NodeInfo* decode_out) {
+  const absl::Time since = absl::Now();
+  const absl::Time queue_deadline = since + options_.tracker.queue_timeout;
+  absl::Duration backoff = absl::Milliseconds(5);
+  bool waiting = false;
+  auto stop_waiting = [&] {
+    if (waiting) metrics_.waiting.Add(-1);
+    waiting = false;
+  };
+  while (true) {
+    absl::Status why;
+    const Outcome o = TryStart(ar, in, sampling, prefill_out, decode_out, &why);
+    if (o == Outcome::kStarted) {
+      stop_waiting();
+      return absl::OkStatus();
+    }
+    if (o == Outcome::kRerouted) continue;  // bounded: each hop excludes a node
+    const absl::Time now = absl::Now();
+    absl::Status end;
+    if (o == Outcome::kFailed) {
+      end = why;
+    } else if (now + backoff > queue_deadline) {
+      end = absl::ResourceExhaustedError(
+          absl::StrCat("request ", ar.id, ": waited ", absl::FormatDuration(now - since),
+                       " (queue_timeout) for a node with room: ", why.message()));
+    } else if (sink.cancelled && sink.cancelled()) {
+      end = absl::CancelledError(
+          absl::StrCat("request ", ar.id, " cancelled by the client while waiting for room"));
+    }
+    if (!end.ok()) {
+      stop_waiting();
+      absl::StatusOr<Effects> fx = tracker_.Fail(ar.id, end, now);
+      if (fx.ok()) Apply(*std::move(fx));
+      return end;
+    }
+    if (!waiting) {
+      waiting = true;
+      metrics_.waiting.Add(1);
+      DUET_LOG(INFO) << "request " << ar.id << " waits for room: " << why.message();
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Milliseconds(100));
+  }
+}
+
+CoordinatorServer::Impl::Outcome CoordinatorServer::Impl::TryStart(
+    ActiveRequest& ar, const AttemptInput& in, const v1::SamplingParams& sampling,
+    NodeInfo* prefill_out, NodeInfo* decode_out, absl::Status* status) {
+  const std::vector<int32_t>& ids = in.tokens;
+  std::optional<kv::KvLayout> layout = registry_.cluster_layout();
+  if (!layout) {
+    *status = absl::UnavailableError("no node has registered yet");
+    return Outcome::kFailed;
+  }
   std::optional<TrackedRequest> t = tracker_.Find(ar.id);
-  if (!t) return absl::NotFoundError(absl::StrCat("request ", ar.id, " is no longer tracked"));
+  if (!t) {
+    std::lock_guard<std::mutex> lock(ar.mu);
+    *status = ar.terminal.value_or(
+        absl::NotFoundError(absl::StrCat("request ", ar.id, " is no longer tracked")));
+    return Outcome::kFailed;
+  }
   const int64_t n = static_cast<int64_t>(ids.size());
+  // The most tokens it can come to hold: everything it may still generate on top.
+  const int64_t most = std::min<int64_t>(model_config_.max_position_embeddings,
+                                         in.prompt_tokens + std::max(1, sampling.max_tokens()));
   RouteRequest route{.request_id = ar.id,
                      .prompt_tokens = n,
                      .blocks_needed = layout->BlocksForTokens(n),
                      .excluded_prefill = t->failed_prefill,
+                     .excluded_decode = t->failed_decode,
+                     .total_blocks_needed = layout->BlocksForTokens(std::max(most, n + 1)),
                      .block_size = layout->block_size};
   route.excluded_prefill.insert(route.excluded_prefill.end(), ar.unreachable_prefill.begin(),
                                 ar.unreachable_prefill.end());
@@ -131,18 +241,32 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
         kv::ChainHashes(*seed, ids, layout->block_size, route.cacheable_blocks);
     route.cached_blocks = prefix_index_.LeadingBlocksAll(chain);
   }
-  auto fail = [&](absl::Status s) {
-    absl::StatusOr<Effects> fx = tracker_.Fail(ar.id, s, absl::Now());
-    if (fx.ok()) Apply(*std::move(fx));
-    return s;
+  // Earlier failures, so that "no node available" says why.
+  auto with_history = [&](absl::Status s) {
+    std::vector<std::string> history = t->prefill_errors;
+    history.insert(history.end(), t->decode_errors.begin(), t->decode_errors.end());
+    if (history.empty()) return s;
+    return absl::Status(s.code(),
+                        absl::StrCat(s.message(), "; earlier: ", absl::StrJoin(history, "; ")));
   };
   std::optional<NodeInfo> d, p;
   {
     // Concurrent requests must see each other's picks, or they all land on the same node.
     absl::MutexLock lock(&route_mu_);
-    absl::StatusOr<RoutePick> pick = router_->Pick(registry_.LiveNodes(NodeKind::kDecode),
-                                                   registry_.LiveNodes(NodeKind::kPrefill), route);
-    if (!pick.ok()) return fail(pick.status());
+    std::vector<NodeInfo> decodes = registry_.LiveNodes(NodeKind::kDecode);
+    const std::vector<NodeId> suspects = SuspectsLocked(decodes);
+    route.excluded_decode.insert(route.excluded_decode.end(), suspects.begin(), suspects.end());
+    absl::StatusOr<RoutePick> pick =
+        router_->Pick(decodes, registry_.LiveNodes(NodeKind::kPrefill), route);
+    if (!pick.ok()) {
+      *status = with_history(pick.status());
+      // No room now, or only suspect decode nodes left (each heartbeats again or is declared
+      // dead soon): wait. Anything else will not change by waiting.
+      return absl::IsResourceExhausted(pick.status()) ||
+                     (!suspects.empty() && absl::IsUnavailable(pick.status()))
+                 ? Outcome::kNoRoom
+                 : Outcome::kFailed;
+    }
     d = pick->decode;
     p = pick->prefill;
     metrics_.routing_decisions.WithLabels({RouteReasonName(pick->reason)}).Increment();
@@ -163,19 +287,28 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
     }
   }
 
-  // ---- Reserve on D, naming P as the writer.
+  // ---- Reserve on D, naming P as the writer. A Release of this id sent to D earlier (an
+  // abandoned attempt) must reach it first, or it would cancel the new reservation.
+  if (!background_.Drain(d->address, absl::Now() + options_.tracker.reserve_timeout)) {
+    *status = absl::DeadlineExceededError(absl::StrCat(
+        "Reserve on ", d->node.ToString(), ": an earlier Release to it is still pending"));
+    MarkSuspect(*d, *status);
+    metrics_.reroutes.WithLabels({"suspect_decode"}).Increment();
+    return Outcome::kRerouted;
+  }
   std::shared_ptr<NodeStubs> dstubs = StubsFor(d->address);
   v1::ReserveRequest rreq;
   rreq.set_request_id(ar.id);
-  rreq.set_num_tokens(static_cast<int64_t>(ids.size()));
+  rreq.set_num_tokens(n);
   *rreq.mutable_sampling() = sampling;
-  rreq.set_prompt_tokens(static_cast<int32_t>(ids.size()));
+  rreq.set_prompt_tokens(static_cast<int32_t>(n));
   *rreq.mutable_expected_layout() = rpc::ToProto(*layout);
   rreq.set_deadline_ms(absl::ToInt64Milliseconds(options_.tracker.prefill_timeout +
                                                  options_.tracker.transfer_timeout));
   rreq.set_sender_node_id(p->node.node_id);
   rreq.set_sender_transfer_address(p->transfer_address);
   rreq.mutable_prompt_token_ids()->Assign(ids.begin(), ids.end());
+  rreq.set_generated_tokens(in.generated);
   v1::ReserveResponse rresp;
   {
     grpc::ClientContext rctx;
@@ -184,27 +317,30 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
     absl::Status s = rpc::FromGrpcStatus(dstubs->decode->Reserve(&rctx, rreq, &rresp),
                                          absl::StrCat("Reserve on ", d->node.ToString()));
     ar.reserve_us = Micros(absl::Now() - reserve_sent);
-    if (!s.ok() && (absl::StrContains(s.message(), "connecting to sender") ||
-                    s.code() == absl::StatusCode::kDeadlineExceeded) &&
-        ar.unreachable_prefill.size() < 2) {
-      // D could not reach the chosen prefill node (it died before its heartbeat lapsed), or the
-      // reservation timed out while D tried: release whatever D may hold, route again without P.
-      // The request is still waiting for a reservation.
+    if (!s.ok() && absl::StrContains(s.message(), "connecting to sender")) {
+      // D could not reach the chosen prefill node (it died before its heartbeat lapsed):
+      // release whatever D may hold and route again without P.
       DUET_LOG(WARNING) << "request " << ar.id << ": " << s.message() << "; re-routing";
       Apply(Effects{.releases = {Effects::Release{ar.id, d->node}}});
-      background_.Drain();  // the Release must reach D before a new Reserve of the same id
       ar.unreachable_prefill.push_back(p->node.node_id);
-      return StartAttempt(ar, ids, sampling, prefill_out, decode_out);
+      metrics_.reroutes.WithLabels({"unreachable_prefill"}).Increment();
+      *status = s;
+      return Outcome::kRerouted;
+    }
+    if (!s.ok() && (s.code() == absl::StatusCode::kUnavailable ||
+                    s.code() == absl::StatusCode::kDeadlineExceeded)) {
+      // D itself did not answer (dead before its heartbeat lapsed, or hung): route around it
+      // until it heartbeats again; release whatever it may have reserved.
+      MarkSuspect(*d, s);
+      Apply(Effects{.releases = {Effects::Release{ar.id, d->node}}});
+      metrics_.reroutes.WithLabels({"suspect_decode"}).Increment();
+      *status = s;
+      return Outcome::kRerouted;
     }
     if (!s.ok()) {
-      absl::StatusOr<Effects> fx =
-          s.code() == absl::StatusCode::kResourceExhausted ||
-                  s.code() == absl::StatusCode::kFailedPrecondition ||
-                  s.code() == absl::StatusCode::kInvalidArgument
-              ? tracker_.Fail(ar.id, s, absl::Now())
-              : tracker_.OnDecodeFailed(ar.id, d->node, s, absl::Now());
-      if (fx.ok()) Apply(*std::move(fx));
-      return s;
+      *status = s;
+      // Full right now (blocks or batch slots): wait for room. Anything else is the request's.
+      return s.code() == absl::StatusCode::kResourceExhausted ? Outcome::kNoRoom : Outcome::kFailed;
     }
   }
   const v1::KvDestination& dest = rresp.destination();
@@ -234,9 +370,13 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
   Apply(std::move(fx));
   if (ended) {
     std::lock_guard<std::mutex> lock(ar.mu);
-    return ar.terminal.value_or(absl::AbortedError("request ended while reserving"));
+    *status = ar.terminal.value_or(absl::AbortedError("request ended while reserving"));
+    return Outcome::kFailed;
   }
-  DUET_RETURN_IF_ERROR(tracker_.OnPrefillStarted(ar.id, p->node, absl::Now()));
+  if (absl::Status s = tracker_.OnPrefillStarted(ar.id, p->node, absl::Now()); !s.ok()) {
+    *status = s;
+    return Outcome::kFailed;
+  }
 
   // ---- Start the token stream on D and the Prefill on P, each on its own thread.
   auto stream_ctx = std::make_shared<grpc::ClientContext>();
@@ -259,22 +399,25 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
     sreq.set_request_id(id);
     auto reader = dstubs->decode->StreamTokens(stream_ctx.get(), sreq);
     v1::TokenEvent ev;
-    bool finished = false;
+    std::optional<v1::TokenEvent> last;
     while (reader->Read(&ev)) {
       if (ev.admitted()) {
         arp->Push(RequestEvent{.kind = RequestEvent::kAdmitted, .attempt = attempt, .token = ev});
       }
       if (ev.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-        finished = true;
-        arp->Push(RequestEvent{.kind = RequestEvent::kFinished, .attempt = attempt, .token = ev});
+        last = ev;
         break;
       }
       if (ev.has_token()) {
         arp->Push(RequestEvent{.kind = RequestEvent::kToken, .attempt = attempt, .token = ev});
       }
     }
+    // D ends the stream right after its finishing event; its status carries a failure's cause.
     absl::Status s = rpc::FromGrpcStatus(reader->Finish());
-    if (!finished) {
+    if (last) {
+      arp->Push(RequestEvent{
+          .kind = RequestEvent::kFinished, .attempt = attempt, .status = s, .token = *last});
+    } else {
       if (s.ok()) s = absl::UnavailableError("the decode node ended the stream without finishing");
       arp->Push(RequestEvent{.kind = RequestEvent::kDecodeFailed, .attempt = attempt, .status = s});
     }
@@ -286,6 +429,7 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
   *preq.mutable_sampling() = sampling;
   *preq.mutable_destination() = dest;
   preq.set_deadline_ms(absl::ToInt64Milliseconds(options_.tracker.prefill_timeout));
+  preq.set_sample_step(in.generated);
   ar.threads.emplace_back([arp, pstubs, prefill_ctx, attempt, preq = std::move(preq),
                            name = p->node.ToString()] {
     // The first message is the first token (as soon as P sampled it); the last says the KV has
@@ -312,19 +456,24 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar,
         arp->cv.notify_all();
       }
     }
-    absl::Status s =
-        rpc::FromGrpcStatus(reader->Finish(), absl::StrCat("Prefill on ", name));
+    const grpc::Status g = reader->Finish();
+    absl::Status s = rpc::FromGrpcStatus(g, absl::StrCat("Prefill on ", name));
     if (s.ok() && !landed) {
       s = absl::InternalError(absl::StrCat("Prefill on ", name,
                                            " ended without saying the KV had landed"));
     }
     if (!s.ok()) {
-      arp->Push(RequestEvent{.kind = RequestEvent::kPrefillFailed, .attempt = attempt, .status = s});
+      // No reply at all and the transport failed: P was not reached (it died, or is not there).
+      const bool unreached = !first && g.error_code() == grpc::StatusCode::UNAVAILABLE;
+      arp->Push(RequestEvent{.kind = RequestEvent::kPrefillFailed,
+                             .attempt = attempt,
+                             .status = s,
+                             .unreached = unreached});
     }
   });
   *prefill_out = *p;
   *decode_out = *d;
-  return absl::OkStatus();
+  return Outcome::kStarted;
 }
 
 absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, ActiveRequest& ar,
@@ -333,12 +482,18 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
                                             bool return_text) {
   const absl::Time start = absl::Now();
   NodeInfo p, d;
-  DUET_RETURN_IF_ERROR(StartAttempt(ar, ids, sampling, &p, &d));
+  const int64_t prompt_tokens = static_cast<int64_t>(ids.size());
+  DUET_RETURN_IF_ERROR(
+      StartAttempt(ar, AttemptInput{.tokens = ids, .generated = 0, .prompt_tokens = prompt_tokens},
+                   sampling, sink, &p, &d));
   absl::Time prefill_started = absl::Now();
   absl::Time first_token_at = absl::InfinitePast();
   v1::RequestTimings timings;
-  bool first_sent = false;
-  int32_t first_token_id = -1;
+  // Every token sent to the client, in order: a resumed attempt prefills ids + sent and
+  // continues from token sent.size().
+  std::vector<int32_t> sent;
+  bool attempt_first = false;  // the current attempt's first token (from P) was handled
+  absl::Time resume_started = absl::InfinitePast();
   std::vector<RequestEvent> held;  // D's events that overtook P's first token
 
   auto write_token = [&](int32_t token, float logprob,
@@ -348,6 +503,15 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
     r.set_request_id(ar.id);
     r.set_has_token(has_token);
     if (has_token) {
+      if (index != static_cast<int>(sent.size())) {
+        DUET_LOG(ERROR) << "request " << ar.id << ": token index " << index << " after "
+                        << sent.size() << " tokens";
+      }
+      sent.push_back(token);
+      if (resume_started != absl::InfinitePast()) {
+        timings.set_resume_us(timings.resume_us() + Micros(absl::Now() - resume_started));
+        resume_started = absl::InfinitePast();
+      }
       r.set_token_id(token);
       r.set_logprob(logprob);
       r.set_index(index);
@@ -366,6 +530,11 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
     }
     return sink.write(r);
   };
+  auto client_gone = [&] {
+    absl::StatusOr<Effects> fx = tracker_.Cancel(ar.id, absl::Now());
+    if (fx.ok()) Apply(*std::move(fx));
+    return absl::CancelledError("the client went away");
+  };
 
   while (true) {
     RequestEvent ev;
@@ -376,14 +545,25 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
       if (ar.terminal) return *ar.terminal;
       if (ar.retry) {
         ar.retry = false;
+        // Abandon the current attempt's calls now: nothing waits for them.
         if (ar.stream_ctx) ar.stream_ctx->TryCancel();
+        if (ar.prefill_ctx) ar.prefill_ctx->TryCancel();
         lock.unlock();
-        DUET_LOG(INFO) << "request " << ar.id << ": retrying prefill on another node";
         held.clear();
-        // The tracker's Release of the old reservation must reach D before we reserve the same
-        // request id again, or it would cancel the new reservation.
-        background_.Drain();
-        DUET_RETURN_IF_ERROR(StartAttempt(ar, ids, sampling, &p, &d));
+        attempt_first = false;
+        AttemptInput in{.tokens = ids, .generated = 0, .prompt_tokens = prompt_tokens};
+        if (!sent.empty()) {
+          // Continue from the next token: prefill the prompt and every token sent so far.
+          in.tokens.insert(in.tokens.end(), sent.begin(), sent.end());
+          in.generated = static_cast<int32_t>(sent.size());
+          timings.set_resumes(timings.resumes() + 1);
+          if (resume_started == absl::InfinitePast()) resume_started = absl::Now();
+          DUET_LOG(INFO) << "request " << ar.id << ": resuming after " << sent.size()
+                         << " tokens on another attempt";
+        } else {
+          DUET_LOG(INFO) << "request " << ar.id << ": retrying prefill on another node";
+        }
+        DUET_RETURN_IF_ERROR(StartAttempt(ar, in, sampling, sink, &p, &d));
         prefill_started = absl::Now();
         timings.set_prefill_attempts(timings.prefill_attempts() + 1);
         continue;
@@ -402,7 +582,7 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
       if (ev.attempt != ar.attempt) continue;  // from an abandoned attempt
     }
     const absl::Time now = absl::Now();
-    if (!first_sent && (ev.kind == RequestEvent::kToken || ev.kind == RequestEvent::kFinished)) {
+    if (!attempt_first && (ev.kind == RequestEvent::kToken || ev.kind == RequestEvent::kFinished)) {
       held.push_back(std::move(ev));
       continue;
     }
@@ -412,35 +592,26 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
           DUET_LOG(WARNING) << "request " << ar.id << ": " << s;
         }
         const v1::PrefillResponse& pr = ev.prefill;
-        if (first_sent) {
-          // A retry after the first token went out (the KV did not land): sampling depends only
-          // on (seed, step), so the new prefill node must sample the same token.
-          if (pr.first_token_id() != first_token_id) {
-            absl::Status s = absl::InternalError(absl::StrCat(
-                "request ", ar.id, ": the retried prefill on ", p.node.ToString(),
-                " sampled first token ", pr.first_token_id(), " but ", first_token_id,
-                " was already sent"));
-            absl::StatusOr<Effects> fx = tracker_.Cancel(ar.id, absl::Now());
-            if (fx.ok()) Apply(*std::move(fx));
-            return s;
-          }
+        attempt_first = true;
+        if (!sent.empty()) {
+          // A resumed attempt: P sampled the next token, at step sent.size().
           timings.set_prefill_compute_us(pr.prefill_compute_us());
-          break;
-        }
-        first_token_at = now;
-        first_token_id = pr.first_token_id();
-        timings.set_queue_us(Micros(prefill_started - start) + pr.queue_us());
-        timings.set_reserve_us(ar.reserve_us);
-        timings.set_prefill_compute_us(pr.prefill_compute_us());
-        timings.set_prefill_cached_tokens(pr.cached_tokens());
-        timings.set_time_to_first_token_us(Micros(now - start));
-        if (timings.prefill_attempts() == 0) timings.set_prefill_attempts(1);
-        first_sent = true;
-        if (!write_token(pr.first_token_id(), pr.logprob(), pr.top_logprobs(), 0,
-                         v1::FINISH_REASON_UNSPECIFIED, true)) {
-          absl::StatusOr<Effects> fx = tracker_.Cancel(ar.id, absl::Now());
-          if (fx.ok()) Apply(*std::move(fx));
-          return absl::CancelledError("the client went away");
+          if (!write_token(pr.first_token_id(), pr.logprob(), pr.top_logprobs(),
+                           static_cast<int>(sent.size()), v1::FINISH_REASON_UNSPECIFIED, true)) {
+            return client_gone();
+          }
+        } else {
+          first_token_at = now;
+          timings.set_queue_us(Micros(prefill_started - start) + pr.queue_us());
+          timings.set_reserve_us(ar.reserve_us);
+          timings.set_prefill_compute_us(pr.prefill_compute_us());
+          timings.set_prefill_cached_tokens(pr.cached_tokens());
+          timings.set_time_to_first_token_us(Micros(now - start));
+          if (timings.prefill_attempts() == 0) timings.set_prefill_attempts(1);
+          if (!write_token(pr.first_token_id(), pr.logprob(), pr.top_logprobs(), 0,
+                           v1::FINISH_REASON_UNSPECIFIED, true)) {
+            return client_gone();
+          }
         }
         // Replay what D sent meanwhile.
         std::lock_guard<std::mutex> lock(ar.mu);
@@ -449,7 +620,8 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
         break;
       }
       case RequestEvent::kPrefillFailed: {
-        absl::StatusOr<Effects> fx = tracker_.OnPrefillFailed(ar.id, p.node, ev.status, now);
+        absl::StatusOr<Effects> fx =
+            tracker_.OnPrefillFailed(ar.id, p.node, ev.status, now, ev.unreached);
         if (fx.ok()) Apply(*std::move(fx));
         break;  // a retry or the terminal status arrives through Apply
       }
@@ -457,10 +629,12 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
         if (absl::Status s = tracker_.OnAdmitted(ar.id, d.node, now); !s.ok()) {
           DUET_LOG(WARNING) << "request " << ar.id << ": " << s;
         }
-        timings.set_transfer_tail_us(ev.token.transfer_tail_us());
-        timings.set_decode_admission_us(ev.token.decode_admission_us());
-        timings.mutable_layer_transfer_us()->Assign(ev.token.layer_transfer_us().begin(),
-                                                    ev.token.layer_transfer_us().end());
+        if (timings.resumes() == 0) {
+          timings.set_transfer_tail_us(ev.token.transfer_tail_us());
+          timings.set_decode_admission_us(ev.token.decode_admission_us());
+          timings.mutable_layer_transfer_us()->Assign(ev.token.layer_transfer_us().begin(),
+                                                      ev.token.layer_transfer_us().end());
+        }
         break;
       }
       case RequestEvent::kToken: {
@@ -468,19 +642,30 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
         const v1::TokenEvent& t = ev.token;
         if (!write_token(t.token_id(), t.logprob(), t.top_logprobs(), t.index(),
                          v1::FINISH_REASON_UNSPECIFIED, true)) {
-          absl::StatusOr<Effects> fx = tracker_.Cancel(ar.id, absl::Now());
-          if (fx.ok()) Apply(*std::move(fx));
-          return absl::CancelledError("the client went away");
+          return client_gone();
         }
         break;
       }
       case RequestEvent::kFinished: {
         const v1::TokenEvent& t = ev.token;
+        if (t.finish_reason() == v1::FINISH_REASON_PREEMPTED) {
+          // D had no room to grow it and gave it back: continue on a node with room.
+          metrics_.resumes.WithLabels({"preempted"}).Increment();
+          resume_started = now;
+          absl::StatusOr<Effects> fx = tracker_.OnDecodeLost(
+              ar.id, d.node,
+              absl::ResourceExhaustedError(
+                  absl::StrCat("preempted after ", sent.size(), " tokens (its KV pool was full)")),
+              /*decode_gone=*/true, /*exclude=*/false, now);
+          if (fx.ok()) Apply(*std::move(fx));
+          break;  // the retry (or the terminal status) arrives through Apply
+        }
         if (t.finish_reason() == v1::FINISH_REASON_ERROR ||
             t.finish_reason() == v1::FINISH_REASON_CANCELLED) {
-          absl::Status s = absl::AbortedError(absl::StrCat(
-              "decode node ", d.node.ToString(), " ended request ", ar.id, " with ",
-              v1::FinishReason_Name(t.finish_reason())));
+          absl::Status s = absl::AbortedError(
+              absl::StrCat("decode node ", d.node.ToString(), " ended request ", ar.id, " with ",
+                           v1::FinishReason_Name(t.finish_reason()),
+                           ev.status.ok() ? "" : absl::StrCat(": ", ev.status.message())));
           absl::StatusOr<Effects> fx = tracker_.OnDecodeFailed(ar.id, d.node, s, now);
           if (fx.ok()) Apply(*std::move(fx));
           return s;
@@ -503,11 +688,19 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
         return absl::OkStatus();
       }
       case RequestEvent::kDecodeFailed: {
-        absl::StatusOr<Effects> fx = tracker_.OnDecodeFailed(ar.id, d.node, ev.status, now);
+        // D died or its stream broke: continue on another decode node from what was sent.
+        metrics_.resumes.WithLabels({"decode_lost"}).Increment();
+        if (std::optional<NodeInfo> node = registry_.Find(d.node.node_id);
+            node && node->node == d.node) {
+          MarkSuspect(*node, ev.status);
+        }
+        resume_started = now;
+        absl::StatusOr<Effects> fx = tracker_.OnDecodeLost(
+            ar.id, d.node,
+            absl::UnavailableError(absl::StrCat("its token stream broke: ", ev.status.message())),
+            /*decode_gone=*/false, /*exclude=*/true, now);
         if (fx.ok()) Apply(*std::move(fx));
-        return absl::UnavailableError(absl::StrCat("decode node ", d.node.ToString(),
-                                                   " failed request ", ar.id, ": ",
-                                                   ev.status.message()));
+        break;
       }
     }
   }

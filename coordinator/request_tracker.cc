@@ -75,7 +75,7 @@ absl::Status RequestTracker::Start(const RequestId& request, absl::Time now) {
   r.request_id = request;
   r.phase = Phase::kReserve;
   r.started = now;
-  r.deadline = now + options_.reserve_timeout;
+  ToReserveLocked(r, now);
   requests_.emplace(request, std::move(r));
   return absl::OkStatus();
 }
@@ -93,6 +93,42 @@ void RequestTracker::EndLocked(Map::iterator it, absl::Status status, bool decod
   }
   fx.finished.push_back({r.request_id, std::move(status)});
   requests_.erase(it);
+}
+
+void RequestTracker::ToReserveLocked(TrackedRequest& r, absl::Time now) {
+  r.decode.reset();
+  r.prefill.reset();
+  r.first_token = false;
+  r.phase = Phase::kReserve;
+  r.deadline = now + options_.queue_timeout + options_.reserve_timeout + options_.reserve_grace;
+}
+
+void RequestTracker::DecodeLostLocked(Map::iterator it, const absl::Status& error, bool decode_gone,
+                                      bool exclude, absl::Time now, Effects& fx) {
+  TrackedRequest& r = it->second;
+  const NodeIncarnation decode = *r.decode;
+  r.decode_errors.push_back(absl::StrCat(decode.ToString(), ": ", Msg(error)));
+  if (exclude) r.failed_decode.push_back(decode.node_id);
+  if (r.resumes >= options_.max_resumes) {
+    EndLocked(it,
+              absl::UnavailableError(
+                  absl::StrCat("request ", r.request_id, ": its decode node was lost ",
+                               r.decode_errors.size(), " time(s), resumed ", r.resumes,
+                               " (max_resumes): ", absl::StrJoin(r.decode_errors, "; "))),
+              decode_gone, /*prefill_gone=*/false, fx);
+    return;
+  }
+  (void)directory_->Release(r.request_id);
+  if (!decode_gone) fx.releases.push_back({r.request_id, decode});
+  if (r.prefill && Prefilling(r.phase)) {
+    // P was writing into the lost reservation: stop it. It did not fail, so its attempt does
+    // not count.
+    fx.prefill_cancels.push_back({r.request_id, *r.prefill});
+    r.prefill_attempts = std::max(0, r.prefill_attempts - 1);
+  }
+  r.resumes += 1;
+  fx.retries.push_back(r.request_id);
+  ToReserveLocked(r, now);
 }
 
 void RequestTracker::PrefillFailedLocked(Map::iterator it, const absl::Status& error,
@@ -117,11 +153,7 @@ void RequestTracker::PrefillFailedLocked(Map::iterator it, const absl::Status& e
   fx.releases.push_back({r.request_id, *r.decode});
   if (cancel_on_prefill) fx.prefill_cancels.push_back({r.request_id, prefill});
   fx.retries.push_back(r.request_id);
-  r.decode.reset();
-  r.prefill.reset();
-  r.first_token = false;
-  r.phase = Phase::kReserve;
-  r.deadline = now + options_.reserve_timeout;
+  ToReserveLocked(r, now);
 }
 
 Effects RequestTracker::OnReserved(const RequestId& request, const NodeIncarnation& decode,
@@ -227,13 +259,16 @@ absl::StatusOr<Effects> RequestTracker::OnFinished(const RequestId& request, abs
 
 absl::StatusOr<Effects> RequestTracker::OnPrefillFailed(const RequestId& request,
                                                         const NodeIncarnation& prefill,
-                                                        const absl::Status& error, absl::Time now) {
+                                                        const absl::Status& error, absl::Time now,
+                                                        bool unreached) {
   absl::MutexLock lock(&mu_);
   DUET_ASSIGN_OR_RETURN(auto it, Lookup(request, "prefill failed"));
   TrackedRequest& r = it->second;
   if (!Prefilling(r.phase)) return WrongPhase(r, "prefill failed");
   if (r.prefill != prefill) return WrongNode(r, "prefill failed", "prefill", prefill, r.prefill);
   Effects fx;
+  // Bounded all the same: an unreached node is excluded, and there are finitely many.
+  if (unreached) r.prefill_attempts = std::max(0, r.prefill_attempts - 1);
   PrefillFailedLocked(it, error, /*cancel_on_prefill=*/false, now, fx);
   return fx;
 }
@@ -251,6 +286,19 @@ absl::StatusOr<Effects> RequestTracker::OnDecodeFailed(const RequestId& request,
                                                 decode.ToString(), " failed in phase ",
                                                 PhaseName(r.phase), ": ", Msg(error))),
             /*decode_gone=*/false, /*prefill_gone=*/false, fx);
+  return fx;
+}
+
+absl::StatusOr<Effects> RequestTracker::OnDecodeLost(const RequestId& request,
+                                                     const NodeIncarnation& decode,
+                                                     const absl::Status& error, bool decode_gone,
+                                                     bool exclude, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  DUET_ASSIGN_OR_RETURN(auto it, Lookup(request, "decode lost"));
+  TrackedRequest& r = it->second;
+  if (r.decode != decode) return WrongNode(r, "decode lost", "decode", decode, r.decode);
+  Effects fx;
+  DecodeLostLocked(it, error, decode_gone, exclude, now, fx);
   return fx;
 }
 
@@ -278,10 +326,12 @@ Effects RequestTracker::ExpireDeadlines(absl::Time now) {
   for (const RequestId& id : due) {
     auto it = requests_.find(id);
     TrackedRequest& r = it->second;
-    const absl::Duration limit = r.phase == Phase::kReserve    ? options_.reserve_timeout
-                                 : r.phase == Phase::kPrefill  ? options_.prefill_timeout
-                                 : r.phase == Phase::kTransfer ? options_.transfer_timeout
-                                                               : options_.decode_stall_timeout;
+    const absl::Duration limit =
+        r.phase == Phase::kReserve
+            ? options_.queue_timeout + options_.reserve_timeout + options_.reserve_grace
+        : r.phase == Phase::kPrefill  ? options_.prefill_timeout
+        : r.phase == Phase::kTransfer ? options_.transfer_timeout
+                                      : options_.decode_stall_timeout;
     absl::Status error = absl::DeadlineExceededError(
         absl::StrCat("request ", id, ": ", PhaseName(r.phase), " phase exceeded its ",
                      absl::FormatDuration(limit), " deadline",
@@ -308,11 +358,10 @@ Effects RequestTracker::OnNodeDead(const NodeIncarnation& node, absl::Time now) 
     auto it = requests_.find(id);
     TrackedRequest& r = it->second;
     if (r.decode == node) {
-      EndLocked(
-          it,
-          absl::UnavailableError(absl::StrCat("request ", id, ": decode node ", node.ToString(),
-                                              " died in phase ", PhaseName(r.phase))),
-          /*decode_gone=*/true, /*prefill_gone=*/false, fx);
+      DecodeLostLocked(it,
+                       absl::UnavailableError(absl::StrCat("decode node ", node.ToString(),
+                                                           " died in phase ", PhaseName(r.phase))),
+                       /*decode_gone=*/true, /*exclude=*/true, now, fx);
     } else {
       PrefillFailedLocked(
           it,

@@ -4,7 +4,9 @@
 // logic: time is passed in, nothing is sent.
 //
 //   phase     entered by                       left by                        deadline
-//   kReserve  Start, or a prefill retry        OnPrefillStarted               reserve_timeout
+//   kReserve  Start, a retry or a resume       OnPrefillStarted               queue_timeout +
+//                                                                             reserve_timeout +
+//                                                                             reserve_grace
 //   kPrefill  OnPrefillStarted (WRITING)       OnFirstToken or OnAdmitted     prefill_timeout
 //   kTransfer OnFirstToken (P done, KV landing) OnAdmitted (OWNED)            transfer_timeout
 //   kDecode   OnAdmitted                       OnFinished; OnToken re-arms    decode_stall_timeout
@@ -12,9 +14,18 @@
 // Failures: a prefill node failing (error, death, or the kPrefill/kTransfer deadline) releases
 // the reservation and, if the request has had fewer than max_prefill_attempts prefills, asks for
 // a retry on another prefill node (Effects::retries; TrackedRequest::failed_prefill are the nodes
-// to exclude); otherwise the request ends with an error listing every attempt. A decode node
-// failing ends the request with an error naming the node. Cancel and Fail release everything on
-// every node. A request that ended is forgotten (its KV entry released).
+// to exclude); otherwise the request ends with an error listing every attempt. A prefill node
+// that was never reached (dead before its heartbeat lapsed) is excluded but uses up no attempt.
+// A decode node that gives a request back (preempted: OnDecodeLost) or dies with it (OnNodeDead)
+// sends it back to kReserve as well, to be resumed on another decode node from the prompt and
+// the tokens already streamed, up to max_resumes times; a dead one is excluded from then on. A
+// decode node failing it otherwise ends the request with an error naming the node. Cancel and
+// Fail release everything on every node. A request that ended is forgotten (its KV entry
+// released).
+//
+// The kReserve deadline covers waiting for a node with room (queue_timeout, which the caller
+// enforces itself) and the Reserve RPC (reserve_timeout) with a margin, so it never fires while
+// the caller is still within the RPC it covers.
 //
 //   RequestTracker tracker(options, &directory);
 //   DUET_RETURN_IF_ERROR(tracker.Start("r1", now));
@@ -49,11 +60,16 @@ enum class Phase : uint8_t { kReserve = 0, kPrefill, kTransfer, kDecode };
 const char* PhaseName(Phase phase);
 
 struct TrackerOptions {
-  absl::Duration reserve_timeout = absl::Seconds(5);
+  // How long a request may wait for a prefill and a decode node with room before it is refused
+  // (ResourceExhausted naming what it waited for).
+  absl::Duration queue_timeout = absl::Seconds(60);
+  absl::Duration reserve_timeout = absl::Seconds(5);  // one Reserve RPC
+  absl::Duration reserve_grace = absl::Seconds(2);    // the kReserve deadline's margin over it
   absl::Duration prefill_timeout = absl::Seconds(60);
   absl::Duration transfer_timeout = absl::Seconds(10);
   absl::Duration decode_stall_timeout = absl::Seconds(30);  // longest gap between decode tokens
   int max_prefill_attempts = 2;                             // 2 = retry once
+  int max_resumes = 16;  // continuations on another decode node (preemption, decode death)
 };
 
 struct TrackedRequest {
@@ -66,6 +82,9 @@ struct TrackedRequest {
   bool first_token = false;
   std::vector<NodeId> failed_prefill;  // exclude these when re-routing
   std::vector<std::string> prefill_errors;
+  std::vector<NodeId> failed_decode;       // decode nodes that died with it: exclude these too
+  std::vector<std::string> decode_errors;  // why it was resumed, each time
+  int resumes = 0;
   // Timestamps for RequestTimings; InfinitePast until reached.
   absl::Time started;
   absl::Time reserved_at = absl::InfinitePast();
@@ -129,9 +148,19 @@ class RequestTracker {
   absl::Status OnToken(const RequestId& request, absl::Time now);
   // D finished the request (EOS, max tokens, stop) and freed its blocks itself.
   absl::StatusOr<Effects> OnFinished(const RequestId& request, absl::Time now);
-  // P's Prefill failed (or its stream broke): release, then retry once or end.
+  // P's Prefill failed (or its stream broke): release, then retry once or end. `unreached`: P
+  // never answered (it died before its heartbeat lapsed): it is excluded but the attempt does
+  // not count.
   absl::StatusOr<Effects> OnPrefillFailed(const RequestId& request, const NodeIncarnation& prefill,
-                                          const absl::Status& error, absl::Time now);
+                                          const absl::Status& error, absl::Time now,
+                                          bool unreached = false);
+  // D gave the request back (preempted for room; it freed the blocks) or its token stream broke
+  // (D died or is unreachable: `exclude` it from now on): back to kReserve to be resumed
+  // elsewhere (Effects::retries), unless it was resumed max_resumes times (then it ends,
+  // listing every cause). `decode_gone`: D holds nothing for it, send no Release.
+  absl::StatusOr<Effects> OnDecodeLost(const RequestId& request, const NodeIncarnation& decode,
+                                       const absl::Status& error, bool decode_gone, bool exclude,
+                                       absl::Time now);
   // D failed this request (Reserve/stream error): it ends with an error naming D.
   absl::StatusOr<Effects> OnDecodeFailed(const RequestId& request, const NodeIncarnation& decode,
                                          const absl::Status& error, absl::Time now);
@@ -142,8 +171,8 @@ class RequestTracker {
 
   // Applies the deadline of every request whose phase deadline is <= now.
   Effects ExpireDeadlines(absl::Time now);
-  // `node` is gone (heartbeat deadline, or replaced by a newer epoch): its decode requests end,
-  // its prefill requests are retried; the directory forgets all it held.
+  // `node` is gone (heartbeat deadline, or replaced by a newer epoch): its decode requests are
+  // resumed elsewhere, its prefill requests are retried; the directory forgets all it held.
   Effects OnNodeDead(const NodeIncarnation& node, absl::Time now);
 
   std::optional<TrackedRequest> Find(const RequestId& request) const;
@@ -162,6 +191,10 @@ class RequestTracker {
                  Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PrefillFailedLocked(Map::iterator it, const absl::Status& error, bool cancel_on_prefill,
                            absl::Time now, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DecodeLostLocked(Map::iterator it, const absl::Status& error, bool decode_gone, bool exclude,
+                        absl::Time now, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Back to kReserve for another route, its deadline re-armed.
+  void ToReserveLocked(TrackedRequest& r, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const TrackerOptions options_;
   CacheDirectory* const directory_;

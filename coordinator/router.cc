@@ -199,7 +199,11 @@ absl::StatusOr<std::vector<NodeInfo>> Router::FittingDecode(const std::vector<No
   std::vector<NodeInfo> fitting;
   std::vector<std::string> refusals;
   for (const NodeInfo& n : eligible) {
-    if (DecodeFits(n, request)) {
+    if (n.load.total_blocks < request.total_blocks_needed) {
+      refusals.push_back(absl::StrCat(n.node.ToString(), " holds ", n.load.total_blocks,
+                                      " blocks in all, the request may need ",
+                                      request.total_blocks_needed));
+    } else if (DecodeFits(n, request)) {
       fitting.push_back(n);
     } else {
       refusals.push_back(absl::StrCat(n.node.ToString(), " has ", n.load.free_blocks,
@@ -222,7 +226,23 @@ absl::StatusOr<std::vector<NodeInfo>> Router::EligiblePrefill(const std::vector<
   if (eligible.empty()) {
     return NoNode(NodeKind::kPrefill, nodes, request.excluded_prefill, request);
   }
-  return eligible;
+  std::vector<NodeInfo> holding;
+  std::vector<std::string> refusals;
+  for (const NodeInfo& n : eligible) {
+    // A node that has not reported its pool yet (total 0) is given the benefit of the doubt.
+    if (n.load.total_blocks > 0 && n.load.total_blocks < request.blocks_needed) {
+      refusals.push_back(
+          absl::StrCat(n.node.ToString(), " holds ", n.load.total_blocks, " blocks in all"));
+    } else {
+      holding.push_back(n);
+    }
+  }
+  if (holding.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request ", request.request_id, ": no prefill node can hold its ", request.blocks_needed,
+        " KV blocks (", request.prompt_tokens, " tokens): ", absl::StrJoin(refusals, "; ")));
+  }
+  return holding;
 }
 
 absl::StatusOr<NodeInfo> Router::PickDecode(const std::vector<NodeInfo>& nodes,

@@ -1,9 +1,10 @@
 // Router: picks the decode node D that will hold a request's KV and the prefill node P that will
 // compute it, from a snapshot of live nodes (NodeRegistry::LiveNodes). Pure logic.
 //
-// The Router applies the hard rules itself (live, of the right kind, not excluded, and for
-// decode: a free batch slot and free blocks for what D must reserve fresh: blocks_needed less
-// the leading blocks of the prompt D already holds) and then chooses by its mode:
+// The Router applies the hard rules itself (live, of the right kind, not excluded, a pool that
+// can hold the request at all, and for decode: a free batch slot and free blocks for what D must
+// reserve fresh: blocks_needed less the leading blocks of the prompt D already holds) and then
+// chooses by its mode:
 //   cache_aware  the (P, D) pair of lowest Cost (below): where the prompt's prefix is cached
 //                against how loaded the nodes are; ties go to the smallest D id, then P id
 //   load         D by LeastLoadedDecodePolicy, P by LeastQueuedPrefillPolicy (caches ignored)
@@ -53,6 +54,9 @@ struct RouteRequest {
   int64_t blocks_needed = 0;             // KV blocks the prompt takes on the decode node
   std::vector<NodeId> excluded_prefill;  // nodes that already failed this request
   std::vector<NodeId> excluded_decode;
+  // Blocks the whole request may come to hold (prompt and every output token): a decode node
+  // whose pool is smaller could never finish it. A prefill node's pool must hold blocks_needed.
+  int64_t total_blocks_needed = 0;
   // Prefix caches: tokens per block, how many leading blocks of the prompt a node can hold
   // (KvCacheManager::MaxCachedTokens(n) / block_size) and how many each node holds
   // (PrefixIndex::LeadingBlocksAll; absent: none).

@@ -107,6 +107,18 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
   }
   DUET_RETURN_IF_ERROR(Annotate(args.sampling.Validate(config.vocab_size),
                                 absl::StrCat("Reserve ", args.request_id)));
+  if (args.generated_tokens < 0 || args.generated_tokens >= args.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("Reserve ", args.request_id, ": ",
+                                                   args.generated_tokens, " generated tokens of ",
+                                                   args.num_tokens, " tokens"));
+  }
+  if (const int64_t need = layout().BlocksForTokens(args.num_tokens + 1);
+      need > pool_->Stats().total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options_.name, ": request ", args.request_id, " can never fit: ", args.num_tokens,
+        " tokens and the next need ", need, " blocks of ", layout().block_size,
+        " tokens; the pool holds ", pool_->Stats().total));
+  }
   if (static_cast<int64_t>(args.prompt.size()) != args.num_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("Reserve ", args.request_id, ": ",
                                                    args.prompt.size(), " prompt token ids for ",
@@ -134,6 +146,7 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
   r->num_blocks = (args.num_tokens + bs - 1) / bs;
   r->params = args.sampling;
   r->tokens = args.prompt;
+  r->generated_before = args.generated_tokens;
   r->layer_landed_us.assign(layout().num_layers, 0);
   {
     absl::MutexLock lock(&mu_);
@@ -430,7 +443,7 @@ void DecodeScheduler::Admit(Landed landed) {
   kv_.Publish(*r->table, r->tokens);  // the prompt's KV is complete here now
   r->last_token = completion.first_token_id();
   r->tokens.push_back(r->last_token);
-  r->generated = 1;
+  r->generated = r->generated_before + 1;
 
   DecodeEvent ev{.admitted = true};
   const int64_t joined_us = NowUnixMicros();
@@ -458,7 +471,8 @@ void DecodeScheduler::Admit(Landed landed) {
   }
   // The first token (sampled on the prefill node) may already end the request, exactly as in
   // LocalEngine::Generate.
-  model::StopReason stop = model::CheckStop(r->params, options_.eos_ids, r->last_token, 1);
+  model::StopReason stop =
+      model::CheckStop(r->params, options_.eos_ids, r->last_token, r->generated);
   if (stop == model::StopReason::kNone && r->num_tokens + 1 > config.max_position_embeddings) {
     stop = model::StopReason::kMaxTokens;
   }
@@ -482,10 +496,36 @@ absl::Status DecodeScheduler::CopyMirrorToPool(absl::Span<const kv::BlockId> blo
   return copied ? copied->Wait(DeadlineIn(options_.staging_timeout)) : absl::OkStatus();
 }
 
+std::vector<std::shared_ptr<DecodeScheduler::Request>> DecodeScheduler::GrowOrPreempt(
+    std::vector<std::shared_ptr<Request>> live) {
+  // live[0, end) still run; the newest (admitted last) is at end - 1.
+  size_t end = live.size();
+  for (size_t i = 0; i < end; ++i) {
+    Request& r = *live[i];
+    while (true) {
+      absl::Status s = r.table->Reserve(r.table->num_tokens() + 1);
+      if (s.ok()) break;
+      const std::shared_ptr<Request> victim = live[--end];
+      const kv::BlockPoolStats stats = pool_->Stats();
+      DUET_LOG(INFO) << options_.name << ": preempting request " << victim->id << " ("
+                     << victim->table->blocks().size() << " blocks, " << victim->generated
+                     << " tokens generated) for request " << r.id
+                     << ": the KV pool cannot grow it (" << stats.available() << " of "
+                     << stats.total << " blocks available)";
+      Finish(victim, DecodeEvent{.finish = FinishReason::kPreempted,
+                                 .error = Annotate(s, absl::StrCat(options_.name, ": request ",
+                                                                   victim->id, " preempted"))});
+      if (end == i) break;  // it was the newest itself
+    }
+  }
+  live.resize(end);
+  return live;
+}
+
 void DecodeScheduler::Step() {
-  // Cancellations, then room for this step's token in every table: a request the pool cannot
-  // grow fails alone (Forward would fail the whole batch).
-  std::vector<std::shared_ptr<Request>> batch_requests;
+  // Cancellations, then room for this step's token in every table (Forward would fail the whole
+  // batch for one request it cannot grow): the newest requests are preempted for it.
+  std::vector<std::shared_ptr<Request>> live;
   for (std::shared_ptr<Request>& r : running_) {
     bool cancelled;
     {
@@ -496,14 +536,9 @@ void DecodeScheduler::Step() {
       Finish(r, DecodeEvent{.finish = FinishReason::kCancelled});
       continue;
     }
-    if (absl::Status s = r->table->Reserve(r->table->num_tokens() + 1); !s.ok()) {
-      Fail(r, Annotate(s, absl::StrCat(options_.name, ": growing the KV of request ", r->id, " to ",
-                                       r->table->num_tokens() + 1, " tokens")));
-      continue;
-    }
-    batch_requests.push_back(std::move(r));
+    live.push_back(std::move(r));
   }
-  running_ = std::move(batch_requests);
+  running_ = GrowOrPreempt(std::move(live));
   if (running_.empty()) return;
 
   std::vector<model::SequenceInput> batch;

@@ -4,7 +4,9 @@
 // ModelRunner::Forward over every running sequence per step, samples, and pushes the results
 // to each request's TokenStream. Finished, cancelled and failed requests free their blocks at
 // once (blocks a late write may still reach stay quarantined until the sender confirms,
-// docs/design.md invariant 4).
+// docs/design.md invariant 4). When the pool cannot grow a running request by its next token,
+// the newest running request is preempted: its blocks go back (its full blocks into the prefix
+// cache) and its stream ends with kPreempted, for the coordinator to continue it elsewhere.
 //
 // Staging (options.host_mirror set): the transport exports a host mirror of the pool, the KV
 // lands there, and admission copies the request's blocks (all layers) mirror -> pool
@@ -86,6 +88,10 @@ struct ReserveArgs {
   int64_t num_tokens = 0;  // prompt tokens whose KV the sender writes
   // The prompt (num_tokens ids): its leading full blocks are looked up in the prefix cache.
   std::vector<int32_t> prompt;
+  // A resumed request (preempted elsewhere, or its decode node died): the last
+  // generated_tokens of `prompt` are output tokens already streamed. They count against
+  // max_tokens, and this node's tokens are numbered after them.
+  int32_t generated_tokens = 0;
   model::SamplingParams sampling;
   kv::KvLayout expected_layout;                // the sender's layout; refused unless it equals ours
   std::string sender_name;                     // for error messages
@@ -190,6 +196,7 @@ class DecodeScheduler {
     std::unique_ptr<kv::BlockTable> table;
     int32_t last_token = -1;
     int generated = 0;  // output tokens so far, the prefill node's first one included
+    int generated_before = 0;  // of them, streamed before this node (a resumed request)
   };
   // What admission took out of the tracker for one request: the final notice's payload (the
   // blocks are then the request's) or why its KV never landed (blocks already given back).
@@ -210,6 +217,9 @@ class DecodeScheduler {
   // Staging: copies every layer of `blocks` from the host mirror into the pool and waits.
   absl::Status CopyMirrorToPool(absl::Span<const kv::BlockId> blocks);
   void Step();
+  // Takes every running request's next token's room, oldest first, preempting the newest while
+  // the pool has none; returns the requests still running, in order.
+  std::vector<std::shared_ptr<Request>> GrowOrPreempt(std::vector<std::shared_ptr<Request>> live);
   // Frees the request's table, marks it done and pushes `last` (finish set by the caller).
   void Finish(const std::shared_ptr<Request>& r, DecodeEvent last);
   void Fail(const std::shared_ptr<Request>& r, absl::Status error);

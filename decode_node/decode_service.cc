@@ -95,6 +95,7 @@ absl::StatusOr<v1::ReserveResponse> DecodeService::DoReserve(const v1::ReserveRe
       .num_tokens = request.num_tokens() > 0 ? request.num_tokens() : request.prompt_tokens(),
       .prompt = std::vector<int32_t>(request.prompt_token_ids().begin(),
                                      request.prompt_token_ids().end()),
+      .generated_tokens = request.generated_tokens(),
       .sampling = rpc::FromProto(request.sampling()),
       .expected_layout = *expected,
       .sender_name = request.sender_node_id(),

@@ -45,18 +45,20 @@ PrefillMetrics::PrefillMetrics(metrics::Registry* registry, const kv::KvLayout& 
   requests_.WithLabels({"ok"});
 }
 
-void PrefillMetrics::AddNodeGauges(
-    std::function<kv::BlockPoolStats()> pool,
-    std::function<std::pair<int64_t, int32_t>()> queued_tokens_and_running) {
+void PrefillMetrics::AddNodeGauges(std::function<kv::BlockPoolStats()> pool,
+                                   std::function<PrefillLoad()> load) {
   kv::AddBlockPoolGauge(registry_, "duet_prefill_kv_blocks", "The prefill node's KV pool by state",
                         std::move(pool));
-  registry_->AddGaugeCallback("duet_prefill_queue", "Queued prompt tokens and running requests",
-                              {"what"}, [queued_tokens_and_running] {
-                                const auto [tokens, running] = queued_tokens_and_running();
-                                return std::vector<metrics::Sample>{
-                                    {{"queued_tokens"}, static_cast<double>(tokens)},
-                                    {{"running_requests"}, static_cast<double>(running)}};
-                              });
+  registry_->AddGaugeCallback(
+      "duet_prefill_queue",
+      "Queued prompt tokens, running requests, and prompts waiting for room in the KV pool",
+      {"what"}, [load] {
+        const PrefillLoad l = load();
+        return std::vector<metrics::Sample>{
+            {{"queued_tokens"}, static_cast<double>(l.queued_tokens)},
+            {{"running_requests"}, static_cast<double>(l.running_requests)},
+            {{"waiting_for_room"}, static_cast<double>(l.waiting_for_room)}};
+      });
 }
 
 void PrefillMetrics::RecordPrefill(const absl::Status& status, int64_t prompt_tokens,

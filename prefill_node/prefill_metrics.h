@@ -15,6 +15,7 @@
 #include "common/kv/kv_layout.h"
 #include "common/metrics/metrics.h"
 #include "duet/v1/prefill.pb.h"
+#include "prefill_node/prefill_scheduler.h"
 
 namespace duet::prefill {
 
@@ -22,8 +23,7 @@ class PrefillMetrics {
  public:
   PrefillMetrics(metrics::Registry* registry, const kv::KvLayout& layout);
   // Gauges over the node's pool and scheduler, read when /metrics is scraped.
-  void AddNodeGauges(std::function<kv::BlockPoolStats()> pool,
-                     std::function<std::pair<int64_t, int32_t>()> queued_tokens_and_running);
+  void AddNodeGauges(std::function<kv::BlockPoolStats()> pool, std::function<PrefillLoad()> load);
   void RecordPrefill(const absl::Status& status, int64_t prompt_tokens, int64_t remote_blocks,
                      const v1::PrefillResponse* response);
 

@@ -66,11 +66,7 @@ absl::Status PrefillNode::Init() {
   metrics_ = std::make_unique<PrefillMetrics>(&runtime_->metrics_registry(), layout_);
   PrefillScheduler* sched = scheduler_.get();
   kv::BlockPool* pool = pool_;
-  metrics_->AddNodeGauges([pool] { return pool->Stats(); },
-                          [sched] {
-                            const PrefillLoad l = sched->Load();
-                            return std::make_pair(l.queued_tokens, l.running_requests);
-                          });
+  metrics_->AddNodeGauges([pool] { return pool->Stats(); }, [sched] { return sched->Load(); });
   kv::AddPrefixCacheCounters(
       &runtime_->metrics_registry(), "duet_prefill",
       [sched] { return sched->PrefixCacheCounters(); }, [pool] { return pool->Stats(); });

@@ -139,7 +139,7 @@ absl::StatusOr<PrefillResult> PrefillScheduler::Run(PrefillJob job,
     --active_runs_;
   };
   const std::string id = job.request_id;
-  DUET_ASSIGN_OR_RETURN(std::shared_ptr<Entry> e, Admit(std::move(job)));
+  DUET_ASSIGN_OR_RETURN(std::shared_ptr<Entry> e, Admit(std::move(job), caller_gone));
   absl::Status status = Drive(*e, caller_gone, on_first_token);
   absl::StatusOr<PrefillResult> result;
   if (status.ok()) {
@@ -173,7 +173,9 @@ PrefillLoad PrefillScheduler::Load() const {
       load.queued_tokens += static_cast<int64_t>(e->job.prompt.size()) - e->done_tokens;
     }
   }
+  load.queued_tokens += waiting_tokens_;
   load.running_requests = static_cast<int32_t>(by_id_.size());
+  load.waiting_for_room = waiting_for_room_;
   return load;
 }
 
@@ -197,7 +199,16 @@ absl::Status PrefillScheduler::Validate(const PrefillJob& job) const {
                                                    c.max_position_embeddings));
   }
   DUET_RETURN_IF_ERROR(Annotate(job.sampling.Validate(c.vocab_size), what));
+  if (job.sample_step < 0 || job.sample_step >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": sample step ", job.sample_step, " for a prompt of ", n, " tokens"));
+  }
   const int64_t want = layout.BlocksForTokens(n);
+  if (want > pool_->Stats().total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": a prompt of ", n, " tokens can never fit: it needs ", want, " blocks of ",
+        layout.block_size, " tokens; the prefill node's pool holds ", pool_->Stats().total));
+  }
   const int64_t max_cached = kv_.MaxCachedTokens(n) / layout.block_size;
   if (job.remote_cached_blocks < 0 || job.remote_cached_blocks > max_cached) {
     return absl::InvalidArgumentError(
@@ -214,7 +225,65 @@ absl::Status PrefillScheduler::Validate(const PrefillJob& job) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<PrefillScheduler::Entry>> PrefillScheduler::Admit(PrefillJob job) {
+absl::StatusOr<kv::SequenceBlocks> PrefillScheduler::AllocateWaiting(
+    Entry& e, const std::function<bool()>& caller_gone) {
+  const int64_t n = static_cast<int64_t>(e.job.prompt.size());
+  const absl::Time since = absl::Now();
+  bool waiting = false;
+  absl::Cleanup leave = [&] {
+    if (!waiting) return;
+    absl::MutexLock lock(&mu_);
+    --waiting_for_room_;
+    waiting_tokens_ -= n;
+  };
+  while (true) {
+    uint64_t frees;
+    {
+      absl::MutexLock lock(&mu_);
+      frees = frees_;
+    }
+    absl::StatusOr<kv::SequenceBlocks> blocks = kv_.AllocateSequence(e.job.prompt, n);
+    if (blocks.ok() || !absl::IsResourceExhausted(blocks.status())) return blocks;
+    const std::string what = absl::StrCat("prefill of request ", e.job.request_id);
+    if (!waiting) {
+      absl::MutexLock lock(&mu_);
+      if (waiting_for_room_ >= options_.max_waiting_for_room) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            what, ": the prefill node's KV pool has no room (", blocks.status().message(), ") and ",
+            waiting_for_room_, " prompts already wait for it (max_waiting_for_room)"));
+      }
+      waiting = true;
+      ++waiting_for_room_;
+      waiting_tokens_ += n;
+      DUET_LOG(INFO) << what << " waits for room in the KV pool: " << blocks.status().message();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      auto freed = [this, frees]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return frees_ != frees || stopping_; };
+      mu_.AwaitWithDeadline(absl::Condition(&freed),
+                            std::min(e.job.deadline, absl::Now() + options_.poll_interval));
+      if (stopping_) return absl::UnavailableError("the prefill node is shutting down");
+      if (!e.stop.ok()) return e.stop;
+    }
+    if (absl::Now() >= e.job.deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": waited ", absl::FormatDuration(absl::Now() - since),
+                       " for room in the prefill node's KV pool until the deadline: ",
+                       blocks.status().message()));
+    }
+    if (caller_gone && caller_gone()) {
+      return absl::CancelledError(absl::StrCat(what, ": the caller went away"));
+    }
+    if (absl::Status peer = transport_->PeerStatus(e.job.peer); !peer.ok()) {
+      return absl::UnavailableError(absl::StrCat(what, ": decode node ", e.job.peer_name,
+                                                 " is unavailable: ", peer.message()));
+    }
+  }
+}
+
+absl::StatusOr<std::shared_ptr<PrefillScheduler::Entry>> PrefillScheduler::Admit(
+    PrefillJob job, const std::function<bool()>& caller_gone) {
   const std::string what = absl::StrCat("prefill of request ", job.request_id);
   DUET_RETURN_IF_ERROR(Validate(job));
   if (job.peer == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": no decode peer"));
@@ -239,12 +308,8 @@ absl::StatusOr<std::shared_ptr<PrefillScheduler::Entry>> PrefillScheduler::Admit
     by_id_.erase(e->job.request_id);
     return s;
   };
-  const int64_t n = static_cast<int64_t>(e->job.prompt.size());
-  absl::StatusOr<kv::SequenceBlocks> blocks = kv_.AllocateSequence(e->job.prompt, n);
-  if (!blocks.ok()) {
-    return forget(absl::ResourceExhaustedError(absl::StrCat(
-        what, ": the prefill node's KV pool has no room: ", blocks.status().message())));
-  }
+  absl::StatusOr<kv::SequenceBlocks> blocks = AllocateWaiting(*e, caller_gone);
+  if (!blocks.ok()) return forget(blocks.status());
   e->cached_tokens = blocks->cached_tokens;
   e->done_tokens = e->cached_tokens;
   e->table = std::move(*blocks).MakeTable(pool_);
@@ -391,6 +456,8 @@ void PrefillScheduler::Release(Entry& e, const absl::Status& reason) {
   if (e.table != nullptr) {
     absl::Status s = e.table->Release();
     if (!s.ok()) DUET_LOG(ERROR) << "prefill of request " << e.job.request_id << ": free: " << s;
+    absl::MutexLock lock(&mu_);
+    ++frees_;  // wakes prompts waiting for room
   }
 }
 
@@ -575,7 +642,7 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
         .table = it.entry->table.get(),
         .want_logits = false,
         .sample = it.final ? &it.entry->job.sampling : nullptr,
-        .sample_step = 0});
+        .sample_step = it.entry->job.sample_step});
   }
   const absl::Time t0 = absl::Now();
   absl::StatusOr<model::ForwardOutput> out = runner_->Forward(

@@ -79,6 +79,10 @@ struct PrefillSchedulerOptions {
   // Reuse the KV of cached prompt prefixes (common/kv/kv_cache_manager.h): compute only the
   // rest of the prompt over the cached blocks.
   bool enable_prefix_caching = true;
+  // A prompt the pool has no room for now waits (in Run, until its deadline) for other
+  // requests to free blocks; at most this many wait at once, beyond that Run refuses
+  // (ResourceExhausted). A prompt larger than the whole pool is refused at once.
+  int max_waiting_for_room = 256;
 };
 
 // One request, as the service hands it over (already connected to its decode peer).
@@ -87,6 +91,9 @@ struct PrefillJob {
   uint64_t transfer_id = 0;  // the decode node's id for the request on the data path
   std::vector<int32_t> prompt;
   model::SamplingParams sampling;
+  // The output index of the token sampled after the prompt: 0, or for a resumed request the
+  // tokens already generated (the prompt then ends with them).
+  int32_t sample_step = 0;
   transfer::PeerId peer = 0;               // the decode node on the scheduler's transport
   std::string peer_name;                   // names the decode node in errors
   // The decode node's leading prompt blocks it already holds (not sent), and its blocks for the
@@ -109,8 +116,9 @@ struct PrefillResult {
 };
 
 struct PrefillLoad {
-  int64_t queued_tokens = 0;     // prompt tokens not yet computed
+  int64_t queued_tokens = 0;     // prompt tokens not yet computed (waiting for room included)
   int32_t running_requests = 0;  // admitted and not yet answered
+  int32_t waiting_for_room = 0;  // of them, prompts waiting for the pool to have room
 };
 
 class PrefillScheduler {
@@ -126,8 +134,10 @@ class PrefillScheduler {
   PrefillScheduler& operator=(const PrefillScheduler&) = delete;
 
   // Prefills one request and streams its KV; returns once the final notice and every write
-  // completed. Errors: InvalidArgument (bad prompt, block count, sampling), AlreadyExists (id
-  // in flight), ResourceExhausted (P's pool is full), DeadlineExceeded, Cancelled (Cancel or
+  // completed. A prompt the pool has no room for waits for it (options.max_waiting_for_room).
+  // Errors: InvalidArgument (bad prompt, block count, sampling, a prompt larger than the pool),
+  // AlreadyExists (id in flight), ResourceExhausted (too many prompts already wait for room),
+  // DeadlineExceeded (also while waiting for room, naming it), Cancelled (Cancel or
   // `caller_gone` returned true), Unavailable (decode peer lost, or shutting down).
   // `on_first_token`, when set, is called on the caller's thread as soon as the first token is
   // sampled, before the KV has landed, with the token, queue_us, prefill_compute_us, chunks and
@@ -158,7 +168,11 @@ class PrefillScheduler {
   PrefillScheduler(model::ModelRunner* runner, kv::BlockPool* pool, transfer::Transport* transport,
                    transfer::KvStreamSender* sender, PrefillSchedulerOptions options);
 
-  absl::StatusOr<std::shared_ptr<Entry>> Admit(PrefillJob job);
+  absl::StatusOr<std::shared_ptr<Entry>> Admit(PrefillJob job,
+                                               const std::function<bool()>& caller_gone);
+  // P's blocks for `e`, waiting (bounded) while the pool has no room for them.
+  absl::StatusOr<kv::SequenceBlocks> AllocateWaiting(Entry& e,
+                                                     const std::function<bool()>& caller_gone);
   absl::Status Drive(Entry& e, const std::function<bool()>& caller_gone,
                      const FirstTokenCallback& on_first_token);
   absl::Status CheckStillWanted(const Entry& e, const std::function<bool()>& caller_gone);
@@ -196,6 +210,9 @@ class PrefillScheduler {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_seq_id_ ABSL_GUARDED_BY(mu_) = 1;
   int active_runs_ ABSL_GUARDED_BY(mu_) = 0;
+  int waiting_for_room_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t waiting_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // their prompt tokens
+  uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;          // requests that gave their blocks back
   std::deque<std::shared_ptr<Entry>> queue_ ABSL_GUARDED_BY(mu_);             // FIFO, chunked stay
   std::map<std::string, std::shared_ptr<Entry>> by_id_ ABSL_GUARDED_BY(mu_);  // in flight
   std::deque<StagedLayer> staged_ ABSL_GUARDED_BY(mu_);  // in copy order

@@ -111,6 +111,7 @@ absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(
   job.transfer_id = dest.transfer_id();
   job.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   job.sampling = rpc::FromProto(request.sampling());
+  job.sample_step = request.sample_step();
   job.peer_name = decode_name;
   job.remote_cached_blocks = dest.cached_blocks();
   job.remote_blocks.assign(dest.block_ids().begin(), dest.block_ids().end());

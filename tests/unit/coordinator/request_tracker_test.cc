@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace duet::coordinator {
@@ -14,11 +15,14 @@ const NodeIncarnation kP0{"p0", 1};
 const NodeIncarnation kP1{"p1", 1};
 
 TrackerOptions Opts() {
-  return TrackerOptions{.reserve_timeout = absl::Seconds(1),
+  return TrackerOptions{.queue_timeout = absl::Seconds(3),
+                        .reserve_timeout = absl::Seconds(1),
+                        .reserve_grace = absl::Seconds(1),
                         .prefill_timeout = absl::Seconds(10),
                         .transfer_timeout = absl::Seconds(2),
                         .decode_stall_timeout = absl::Seconds(5),
-                        .max_prefill_attempts = 2};
+                        .max_prefill_attempts = 2,
+                        .max_resumes = 2};
 }
 
 bool Contains(absl::string_view haystack, const std::string& needle) {
@@ -41,6 +45,13 @@ class RequestTrackerTest : public ::testing::Test {
     ASSERT_TRUE(tracker_.OnFirstToken("r1", kP0, now).ok());
     ASSERT_TRUE(tracker_.OnAdmitted("r1", kD, now).ok());
   }
+  // After a resume: reserved on kD again, prefilled on kP1, admitted.
+  void ToDecodeAgain(absl::Time now = kT0) {
+    ASSERT_TRUE(tracker_.OnReserved("r1", kD, {4, 5}, now).empty());
+    ASSERT_TRUE(tracker_.OnPrefillStarted("r1", kP1, now).ok());
+    ASSERT_TRUE(tracker_.OnFirstToken("r1", kP1, now).ok());
+    ASSERT_TRUE(tracker_.OnAdmitted("r1", kD, now).ok());
+  }
   void ExpectGone(const RequestId& r) {
     EXPECT_FALSE(tracker_.Find(r).has_value());
     EXPECT_EQ(dir_.StateOf(r), KvState::kAbsent);
@@ -55,7 +66,8 @@ TEST_F(RequestTrackerTest, HappyPathWalksThePhasesAndTheDirectory) {
   ASSERT_TRUE(tracker_.Start("r1", kT0).ok());
   EXPECT_EQ(tracker_.Start("r1", kT0).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(tracker_.Find("r1")->phase, Phase::kReserve);
-  EXPECT_EQ(tracker_.Find("r1")->deadline, kT0 + absl::Seconds(1));
+  // Waiting for room (3 s) and the Reserve RPC (1 s), with a margin (1 s) over the RPC.
+  EXPECT_EQ(tracker_.Find("r1")->deadline, kT0 + absl::Seconds(5));
   EXPECT_TRUE(tracker_.OnReserved("r1", kD, {1, 2}, kT0).empty());
   EXPECT_EQ(dir_.StateOf("r1"), KvState::kReserved);
 
@@ -121,7 +133,7 @@ TEST_F(RequestTrackerTest, PrefillFailureIsRetriedOnceOnAnotherNodeThenEnds) {
   EXPECT_EQ(r->phase, Phase::kReserve);
   EXPECT_FALSE(r->decode.has_value());
   EXPECT_EQ(r->failed_prefill, (std::vector<NodeId>{"p0"}));
-  EXPECT_EQ(r->deadline, kT0 + absl::Seconds(2));  // a fresh reserve deadline
+  EXPECT_EQ(r->deadline, kT0 + absl::Seconds(6));  // a fresh reserve deadline
   EXPECT_EQ(dir_.StateOf("r1"), KvState::kAbsent);
 
   // Re-route: a new reservation; the failed prefill node is refused, another one accepted.
@@ -228,8 +240,10 @@ TEST_F(RequestTrackerTest, DuplicateOrOrphanReservationsAreHandled) {
 TEST_F(RequestTrackerTest, ReserveDeadline) {
   ASSERT_TRUE(tracker_.Start("r1", kT0).ok());
   tracker_.OnReserved("r1", kD, {1}, kT0);
-  EXPECT_TRUE(tracker_.ExpireDeadlines(kT0 + absl::Seconds(1) - absl::Nanoseconds(1)).empty());
-  Effects fx = tracker_.ExpireDeadlines(kT0 + absl::Seconds(1));
+  // Never while the caller may still be within its queue wait and Reserve RPC.
+  EXPECT_TRUE(tracker_.ExpireDeadlines(kT0 + absl::Seconds(4)).empty());
+  EXPECT_TRUE(tracker_.ExpireDeadlines(kT0 + absl::Seconds(5) - absl::Nanoseconds(1)).empty());
+  Effects fx = tracker_.ExpireDeadlines(kT0 + absl::Seconds(5));
   ASSERT_EQ(fx.finished.size(), 1u);
   EXPECT_EQ(fx.finished[0].status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(Contains(fx.finished[0].status.message(), "reserve phase")) << fx.finished[0].status;
@@ -271,7 +285,7 @@ TEST_F(RequestTrackerTest, DecodeStallDeadlineIsReArmedByTokens) {
   ExpectGone("r1");
 }
 
-TEST_F(RequestTrackerTest, DeadDecodeNodeEndsItsRequestsAndDeadPrefillNodeRetries) {
+TEST_F(RequestTrackerTest, DeadDecodeNodeResumesItsRequestsAndDeadPrefillNodeRetries) {
   // r1 prefills on p0 into d0; r2 decodes on d1 after prefill on p0; r3 prefills on p1 into d1.
   const NodeIncarnation d1{"d1", 1};
   ToPrefill(kP0);
@@ -290,20 +304,77 @@ TEST_F(RequestTrackerTest, DeadDecodeNodeEndsItsRequestsAndDeadPrefillNodeRetrie
   EXPECT_TRUE(fx.prefill_cancels.empty());  // nobody to cancel on a dead node
   EXPECT_TRUE(fx.finished.empty());
 
-  // d1 dies: r2 and r3 end with an error naming it, no Release sent to the dead node, and r3's
-  // prefill on p1 is cancelled.
+  // d1 dies: r2 and r3 go back to be resumed elsewhere (d1 excluded), no Release sent to the
+  // dead node, and r3's prefill on p1 (writing into d1) is cancelled without counting against p1.
   fx = tracker_.OnNodeDead(d1, kT0);
-  ASSERT_EQ(fx.finished.size(), 2u);
-  for (const auto& f : fx.finished) {
-    EXPECT_EQ(f.status.code(), absl::StatusCode::kUnavailable);
-    EXPECT_TRUE(Contains(f.status.message(), "decode node d1@1")) << f.status;
-  }
+  EXPECT_TRUE(fx.finished.empty());
+  EXPECT_EQ(fx.retries, (std::vector<RequestId>{"r2", "r3"}));
   EXPECT_TRUE(fx.releases.empty());
   EXPECT_EQ(fx.prefill_cancels, (std::vector<Effects::CancelPrefill>{{"r3", kP1}}));
-  ExpectGone("r2");
-  ExpectGone("r3");
+  for (const char* id : {"r2", "r3"}) {
+    std::optional<TrackedRequest> t = tracker_.Find(id);
+    ASSERT_TRUE(t.has_value()) << id;
+    EXPECT_EQ(t->phase, Phase::kReserve) << id;
+    EXPECT_EQ(t->failed_decode, (std::vector<NodeId>{"d1"})) << id;
+    EXPECT_EQ(t->resumes, 1) << id;
+    EXPECT_TRUE(t->failed_prefill.empty()) << id;
+    EXPECT_EQ(dir_.StateOf(id), KvState::kAbsent) << id;
+  }
+  EXPECT_EQ(tracker_.Find("r3")->prefill_attempts, 0);
   EXPECT_EQ(dir_.Usage(d1), NodeUsage{});
-  EXPECT_EQ(tracker_.size(), 1u);  // r1, waiting to be re-routed
+  EXPECT_EQ(tracker_.size(), 3u);
+}
+
+// A decode node that preempts a request gave its blocks back (no Release); the request is
+// resumed, on any node (none excluded), up to max_resumes times; then it ends naming each cause.
+TEST_F(RequestTrackerTest, PreemptedRequestIsResumedUpToMaxResumes) {
+  ToDecode(kT0);
+  for (int i = 1; i <= 3; ++i) {
+    absl::StatusOr<Effects> fx =
+        tracker_.OnDecodeLost("r1", kD, absl::ResourceExhaustedError(absl::StrCat("pool full ", i)),
+                              /*decode_gone=*/true, /*exclude=*/false, kT0);
+    ASSERT_TRUE(fx.ok()) << fx.status();
+    EXPECT_TRUE(fx->releases.empty());
+    if (i <= 2) {
+      EXPECT_EQ(fx->retries, (std::vector<RequestId>{"r1"}));
+      EXPECT_TRUE(fx->finished.empty());
+      EXPECT_TRUE(tracker_.Find("r1")->failed_decode.empty());
+      EXPECT_EQ(dir_.StateOf("r1"), KvState::kAbsent);
+      ToDecodeAgain();
+      continue;
+    }
+    ASSERT_EQ(fx->finished.size(), 1u);
+    const absl::Status& s = fx->finished[0].status;
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+    EXPECT_TRUE(Contains(s.message(), "max_resumes")) << s;
+    for (const char* cause : {"pool full 1", "pool full 2", "pool full 3"}) {
+      EXPECT_TRUE(Contains(s.message(), cause)) << s;
+    }
+    ExpectGone("r1");
+  }
+  // A stale report from a node that no longer holds the request changes nothing.
+  ToDecode(kT0);
+  absl::StatusOr<Effects> stale = tracker_.OnDecodeLost(
+      "r1", NodeIncarnation{"d9", 1}, absl::UnavailableError("x"), true, true, kT0);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A prefill node that never answered is excluded, but its attempt does not use up the retry.
+TEST_F(RequestTrackerTest, UnreachedPrefillNodeIsExcludedWithoutUsingAnAttempt) {
+  ToPrefill(kP0);
+  absl::StatusOr<Effects> fx =
+      tracker_.OnPrefillFailed("r1", kP0, absl::UnavailableError("connection refused"), kT0,
+                               /*unreached=*/true);
+  ASSERT_TRUE(fx.ok());
+  EXPECT_EQ(fx->retries, (std::vector<RequestId>{"r1"}));
+  EXPECT_EQ(tracker_.Find("r1")->failed_prefill, (std::vector<NodeId>{"p0"}));
+  // The retry on p1 fails for real: one more attempt is still allowed.
+  tracker_.OnReserved("r1", kD, {7}, kT0);
+  ASSERT_TRUE(tracker_.OnPrefillStarted("r1", kP1, kT0).ok());
+  fx = tracker_.OnPrefillFailed("r1", kP1, absl::InternalError("boom"), kT0);
+  ASSERT_TRUE(fx.ok());
+  EXPECT_EQ(fx->retries, (std::vector<RequestId>{"r1"}));
+  EXPECT_TRUE(fx->finished.empty());
 }
 
 }  // namespace

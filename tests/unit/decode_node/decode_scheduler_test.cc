@@ -335,11 +335,12 @@ TEST_F(DecodeSchedulerTest, ReserveRefusals) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("decode-0"), std::string::npos) << r.status();
   EXPECT_NE(r.status().message().find("prefill-0"), std::string::npos) << r.status();
-  // More blocks than the pool has: nothing held.
+  // More blocks than the pool has: it can never fit; nothing held.
   std::vector<int32_t> huge(4 * 256 + 1, 65);
   r = h_.scheduler().Reserve(h_.Args("r2", huge, {}));
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_TRUE(AllFree(h_));
+
   // Bad sampling, empty prompt, unreachable sender.
   EXPECT_EQ(h_.scheduler().Reserve(h_.Args("r3", prompt, {.max_tokens = 0})).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -465,38 +466,94 @@ TEST_F(DecodeSchedulerTest, ReleaseWhileRunningFreesAtOnce) {
   EXPECT_TRUE(Eventually([&] { return AllFree(h_); }));
 }
 
-// A pool too small for the requests to grow: a request that cannot get a block fails with
-// RESOURCE_EXHAUSTED (no crash), the tokens it produced until then are right, and every
-// block comes back.
-TEST(DecodeSchedulerLimits, PoolExhaustedMidDecodeFailsTheRequest) {
+// A pool too small for two requests to grow (each fits alone): when one cannot get a block,
+// the newest is preempted (kPreempted, its blocks back at once) and the other runs on. The
+// preempted one, resumed from its prompt and the tokens it streamed (generated_tokens), ends
+// with exactly the tokens of an uninterrupted run, numbered on from where it stopped, and
+// max_tokens counts the tokens of both runs.
+TEST(DecodeSchedulerLimits, PoolExhaustedMidDecodePreemptsTheNewestAndItResumesExactly) {
   DecodeHarness h;
   ASSERT_TRUE(h.Init({.block_size = 4, .d_blocks = 6}).ok());
-  const model::SamplingParams p{.max_tokens = 100, .ignore_eos = true};  // 27 blocks each
-  const std::vector<int32_t> a(8, 97), b(8, 98);                         // 2 blocks each
+  const model::SamplingParams p{.max_tokens = 14, .ignore_eos = true};  // 22 tokens: 6 blocks
+  const std::vector<int32_t> a(8, 97), b(8, 98);                        // 2 blocks each
   auto ra = h.scheduler().Reserve(h.Args("a", a, p));
   auto rb = h.scheduler().Reserve(h.Args("b", b, p));
   ASSERT_TRUE(ra.ok() && rb.ok());
   auto sa = h.scheduler().Subscribe("a");
   auto sb = h.scheduler().Subscribe("b");
   ASSERT_TRUE(sa.ok() && sb.ok());
-  auto fa = h.Prefill(a, p, *ra);
-  auto fb = h.Prefill(b, p, *rb);
+  // Both land before either is admitted (the final notices go last): they decode together.
+  std::string final_a, final_b;
+  auto fa = h.Prefill(a, p, *ra, -1, &final_a);
+  auto fb = h.Prefill(b, p, *rb, -1, &final_b);
   ASSERT_TRUE(fa.ok() && fb.ok());
+  ASSERT_TRUE(h.sender().Finish(ra->transfer_id, final_a).ok());
+  ASSERT_TRUE(h.sender().Finish(rb->transfer_id, final_b).ok());
   std::vector<DecodeEvent> ea = DrainStream(**sa, absl::Seconds(10));
   std::vector<DecodeEvent> eb = DrainStream(**sb, absl::Seconds(10));
-  for (auto [events, prompt, first] : {std::tuple(&ea, &a, fa->id), std::tuple(&eb, &b, fb->id)}) {
-    ASSERT_FALSE(events->empty());
-    EXPECT_EQ(events->back().finish, FinishReason::kError);
-    EXPECT_EQ(events->back().error.code(), absl::StatusCode::kResourceExhausted)
-        << events->back().error;
-    std::vector<int32_t> got = Tokens(first, *events);
-    auto ref = h.Reference(*prompt, p);
-    ASSERT_TRUE(ref.ok());
-    ASSERT_LT(got.size(), ref->generated_ids.size());
-    EXPECT_EQ(got, std::vector<int32_t>(ref->generated_ids.begin(),
-                                        ref->generated_ids.begin() + got.size()));
-  }
+  ASSERT_FALSE(ea.empty());
+  ASSERT_FALSE(eb.empty());
+  // Exactly one was preempted (the one admitted last); the other ran to max_tokens.
+  const bool a_preempted = ea.back().finish == FinishReason::kPreempted;
+  const std::vector<int32_t>& kept_prompt = a_preempted ? b : a;
+  const std::vector<int32_t>& lost_prompt = a_preempted ? a : b;
+  const std::vector<DecodeEvent>& kept = a_preempted ? eb : ea;
+  const std::vector<DecodeEvent>& lost = a_preempted ? ea : eb;
+  const int32_t kept_first = a_preempted ? fb->id : fa->id;
+  const int32_t lost_first = a_preempted ? fa->id : fb->id;
+  auto ref_kept = h.Reference(kept_prompt, p);
+  auto ref_lost = h.Reference(lost_prompt, p);
+  ASSERT_TRUE(ref_kept.ok() && ref_lost.ok());
+  EXPECT_EQ(kept.back().finish, FinishReason::kMaxTokens) << kept.back().error;
+  EXPECT_EQ(Tokens(kept_first, kept), ref_kept->generated_ids);
+  ASSERT_EQ(lost.back().finish, FinishReason::kPreempted) << lost.back().error;
+  EXPECT_EQ(lost.back().error.code(), absl::StatusCode::kResourceExhausted) << lost.back().error;
+  const std::vector<int32_t> got = Tokens(lost_first, lost);
+  ASSERT_LT(got.size(), ref_lost->generated_ids.size());
+  ASSERT_EQ(got, std::vector<int32_t>(ref_lost->generated_ids.begin(),
+                                      ref_lost->generated_ids.begin() + got.size()));
   EXPECT_TRUE(Eventually([&] { return AllFree(h); }));
+
+  // Resume it: its prompt and every token it streamed, the next one sampled by the sender.
+  std::vector<int32_t> seq = lost_prompt;
+  seq.insert(seq.end(), got.begin(), got.end());
+  ReserveArgs args = h.Args("resumed", seq, p);
+  args.generated_tokens = static_cast<int32_t>(got.size());
+  auto rr = h.scheduler().Reserve(args);
+  ASSERT_TRUE(rr.ok()) << rr.status();
+  auto sr = h.scheduler().Subscribe("resumed");
+  ASSERT_TRUE(sr.ok());
+  auto fr = h.Prefill(seq, p, *rr);  // greedy: the sampling step does not change the token
+  ASSERT_TRUE(fr.ok());
+  std::vector<DecodeEvent> er = DrainStream(**sr, absl::Seconds(10));
+  ASSERT_FALSE(er.empty());
+  EXPECT_EQ(er.back().finish, FinishReason::kMaxTokens) << er.back().error;
+  for (const DecodeEvent& e : er) {
+    if (e.has_token) EXPECT_GT(e.index, static_cast<int>(got.size()));
+  }
+  std::vector<int32_t> all = got;
+  for (int32_t t : Tokens(fr->id, er)) all.push_back(t);
+  EXPECT_EQ(all, ref_lost->generated_ids);
+  EXPECT_TRUE(Eventually([&] { return AllFree(h); }));
+}
+
+// A request whose prompt and next token could never fit the pool is refused at Reserve,
+// naming the numbers, instead of being preempted forever.
+TEST(DecodeSchedulerLimits, ReserveRefusesWhatCanNeverFitThePool) {
+  DecodeHarness h;
+  ASSERT_TRUE(h.Init({.block_size = 4, .d_blocks = 6}).ok());
+  auto r = h.scheduler().Reserve(h.Args("big", std::vector<int32_t>(24, 97), {.max_tokens = 4}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("can never fit"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("holds 6"), std::string::npos) << r.status();
+  EXPECT_TRUE(AllFree(h));
+  // One that fits the pool but not what is free now: ResourceExhausted (it may pass), nothing
+  // more held.
+  ASSERT_TRUE(h.scheduler().Reserve(h.Args("held", std::vector<int32_t>(16, 97), {})).ok());
+  r = h.scheduler().Reserve(h.Args("later", std::vector<int32_t>(12, 98), {}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_EQ(h.d_pool().Stats().available(), 2);
 }
 
 // KV that never lands fails at its deadline; a sender whose endpoint dies fails its request at

@@ -146,10 +146,21 @@ TEST_F(DecodeServiceTest, ErrorsKeepTheirCodes) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(st.error_message().find("decode-0"), std::string::npos) << st.error_message();
   EXPECT_NE(st.error_message().find("prefill-0"), std::string::npos) << st.error_message();
-  // Out of blocks: RESOURCE_EXHAUSTED.
+  // More than the whole pool: INVALID_ARGUMENT (it can never fit). Out of blocks now (the
+  // pool is held by another reservation): RESOURCE_EXHAUSTED, which may pass.
   grpc::ClientContext c2;
   st = stub_->Reserve(&c2, MakeReserve("huge", std::vector<int32_t>(4 * 256 + 1, 66), {}), &resp);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("can never fit"), std::string::npos) << st.error_message();
+  grpc::ClientContext c2a, c2b, c2c;
+  v1::ReserveRequest most = MakeReserve("most", std::vector<int32_t>(4 * 250, 66), {});
+  ASSERT_TRUE(stub_->Reserve(&c2a, most, &resp).ok());
+  st = stub_->Reserve(&c2b, MakeReserve("more", std::vector<int32_t>(40, 67), {}), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  v1::ReleaseRequest rel;
+  rel.set_request_id("most");
+  v1::ReleaseResponse rel_resp;
+  ASSERT_TRUE(stub_->Release(&c2c, rel, &rel_resp).ok());
   // Unknown stream: NOT_FOUND.
   std::vector<v1::TokenEvent> events;
   EXPECT_EQ(ReadAll("nope", &events).error_code(), grpc::StatusCode::NOT_FOUND);

@@ -519,6 +519,53 @@ TEST_F(PrefillSchedulerTest, CancelAndDeadlineWhileQueuedAbortAndFree) {
   r.ExpectNoLeaks();
 }
 
+// P's pool holds one prompt at a time: the next waits for room (and says so in its load)
+// instead of failing, then lands exact KV; one that runs out of time while waiting fails with
+// DeadlineExceeded naming the pool; past max_waiting_for_room a prompt is refused at once.
+TEST_F(PrefillSchedulerTest, PromptWithoutRoomWaitsForItThenLandsExactKv) {
+  Gate gate;
+  PrefillSchedulerOptions opts;
+  opts.on_batch = [&](const BatchInfo&) { gate.Block(); };
+  opts.max_waiting_for_room = 2;
+  Rig r(std::move(opts), /*p_blocks=*/4);
+  Reference ref = Reference::Load(16);
+  const std::vector<int32_t> first = Prompt(60, 1, r.vocab()), second = Prompt(40, 2, r.vocab());
+  absl::StatusOr<PrefillResult> r0 = absl::UnknownError(""), r1 = r0, r2 = r0, r3 = r0;
+  std::thread t0([&] { r0 = r.sched->Run(r.Job("holder", 1, first)); });
+  gate.AwaitReached();  // holds all 4 blocks in its pass
+  PrefillJob j1 = r.Job("waiter", 2, second);
+  const std::vector<kv::BlockId> dest = j1.remote_blocks;
+  std::thread t1([&] { r1 = r.sched->Run(std::move(j1)); });
+  std::thread t2([&] {
+    r2 = r.sched->Run(r.Job("late", 3, Prompt(30, 3, r.vocab()), absl::Milliseconds(300)));
+  });
+  const absl::Time until = DeadlineIn(absl::Seconds(10));
+  while (r.sched->Load().waiting_for_room < 2 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(r.sched->Load().waiting_for_room, 2);
+  EXPECT_GE(r.sched->Load().queued_tokens, 70);
+  // A third waiter is one too many.
+  r3 = r.sched->Run(r.Job("refused", 4, Prompt(20, 4, r.vocab())));
+  EXPECT_TRUE(absl::IsResourceExhausted(r3.status())) << r3.status();
+  EXPECT_NE(r3.status().message().find("max_waiting_for_room"), std::string::npos) << r3.status();
+  t2.join();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r2.status())) << r2.status();
+  EXPECT_NE(r2.status().message().find("for room in the prefill node's KV pool"), std::string::npos)
+      << r2.status();
+  gate.Open();
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_EQ(r1->first_token.id, ref.FirstToken(second));
+  ref.ExpectKvEquals(second, *r.dpool, dest);
+  r.DrainD();
+  ExpectCompleteStream(r.got[2], r.layout.num_layers);
+  EXPECT_EQ(r.sched->Load().waiting_for_room, 0);
+  r.ExpectNoLeaks();
+}
+
 TEST_F(PrefillSchedulerTest, CancelDuringThePassAbortsAndTheNextRequestStillWorks) {
   PrefillScheduler* sched = nullptr;
   std::atomic<bool> cancel_armed{true};
@@ -599,9 +646,11 @@ TEST_F(PrefillSchedulerTest, RefusesBadRequestsCleanly) {
   bad_sampling.sampling.top_p = 2.f;
   EXPECT_TRUE(absl::IsInvalidArgument(run(bad_sampling)));
 
-  // P's pool holds 4 blocks: a 5-block prompt is refused, nothing allocated.
+  // P's pool holds 4 blocks: a 5-block prompt can never fit, refused at once naming both.
   s = run(r.Job("big", 6, Prompt(80, 1, vocab)));
-  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("can never fit: it needs 5 blocks"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("holds 4"), std::string::npos) << s;
 
   // A transfer id already streaming is refused by the sender; the request id check first.
   EXPECT_TRUE(
