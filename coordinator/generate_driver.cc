@@ -412,12 +412,16 @@ CoordinatorServer::Impl::Outcome CoordinatorServer::Impl::TryStart(
         arp->Push(RequestEvent{.kind = RequestEvent::kToken, .attempt = attempt, .token = ev});
       }
     }
+    if (last && last->finish_reason() != v1::FINISH_REASON_ERROR) {
+      // At once: a finished or preempted request's blocks are already free on D.
+      arp->Push(RequestEvent{.kind = RequestEvent::kFinished, .attempt = attempt, .token = *last});
+    }
     // D ends the stream right after its finishing event; its status carries a failure's cause.
     absl::Status s = rpc::FromGrpcStatus(reader->Finish());
-    if (last) {
+    if (last && last->finish_reason() == v1::FINISH_REASON_ERROR) {
       arp->Push(RequestEvent{
           .kind = RequestEvent::kFinished, .attempt = attempt, .status = s, .token = *last});
-    } else {
+    } else if (!last) {
       if (s.ok()) s = absl::UnavailableError("the decode node ended the stream without finishing");
       arp->Push(RequestEvent{.kind = RequestEvent::kDecodeFailed, .attempt = attempt, .status = s});
     }
@@ -582,7 +586,10 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
       if (ev.attempt != ar.attempt) continue;  // from an abandoned attempt
     }
     const absl::Time now = absl::Now();
-    if (!attempt_first && (ev.kind == RequestEvent::kToken || ev.kind == RequestEvent::kFinished)) {
+    const bool preempted = ev.kind == RequestEvent::kFinished &&
+                           ev.token.finish_reason() == v1::FINISH_REASON_PREEMPTED;
+    if (!attempt_first && !preempted &&
+        (ev.kind == RequestEvent::kToken || ev.kind == RequestEvent::kFinished)) {
       held.push_back(std::move(ev));
       continue;
     }
@@ -649,7 +656,10 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
       case RequestEvent::kFinished: {
         const v1::TokenEvent& t = ev.token;
         if (t.finish_reason() == v1::FINISH_REASON_PREEMPTED) {
-          // D had no room to grow it and gave it back: continue on a node with room.
+          // D had no room to grow it and gave it back (its blocks are free there already, so
+          // the directory must let go at once): continue on a node with room from the tokens
+          // sent so far. Tokens held for P's first one are dropped; the resume recomputes them.
+          held.clear();
           metrics_.resumes.WithLabels({"preempted"}).Increment();
           resume_started = now;
           absl::StatusOr<Effects> fx = tracker_.OnDecodeLost(

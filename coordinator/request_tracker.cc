@@ -121,10 +121,9 @@ void RequestTracker::DecodeLostLocked(Map::iterator it, const absl::Status& erro
   (void)directory_->Release(r.request_id);
   if (!decode_gone) fx.releases.push_back({r.request_id, decode});
   if (r.prefill && Prefilling(r.phase)) {
-    // P was writing into the lost reservation: stop it. It did not fail, so its attempt does
-    // not count.
+    // P was writing into the lost reservation: stop it. It did not fail, so nothing counts
+    // against it.
     fx.prefill_cancels.push_back({r.request_id, *r.prefill});
-    r.prefill_attempts = std::max(0, r.prefill_attempts - 1);
   }
   r.resumes += 1;
   fx.retries.push_back(r.request_id);
@@ -132,18 +131,21 @@ void RequestTracker::DecodeLostLocked(Map::iterator it, const absl::Status& erro
 }
 
 void RequestTracker::PrefillFailedLocked(Map::iterator it, const absl::Status& error,
-                                         bool cancel_on_prefill, absl::Time now, Effects& fx) {
+                                         bool cancel_on_prefill, absl::Time now, Effects& fx,
+                                         bool counts) {
   TrackedRequest& r = it->second;
+  // An unreached node does not count, but it is excluded: still bounded (there are finitely many).
+  if (counts) r.prefill_failures += 1;
   const NodeIncarnation prefill = *r.prefill;
   r.failed_prefill.push_back(prefill.node_id);
   r.prefill_errors.push_back(absl::StrCat(prefill.ToString(), ": ", Msg(error)));
-  if (r.prefill_attempts >= options_.max_prefill_attempts) {
+  if (r.prefill_failures >= options_.max_prefill_attempts) {
     const absl::StatusCode code = error.code() == absl::StatusCode::kDeadlineExceeded
                                       ? absl::StatusCode::kDeadlineExceeded
                                       : absl::StatusCode::kUnavailable;
     EndLocked(it,
               absl::Status(code, absl::StrCat("request ", r.request_id, ": prefill failed ",
-                                              r.prefill_attempts,
+                                              r.prefill_failures,
                                               " time(s): ", absl::StrJoin(r.prefill_errors, "; "))),
               /*decode_gone=*/false, /*prefill_gone=*/!cancel_on_prefill, fx);
     return;
@@ -267,9 +269,7 @@ absl::StatusOr<Effects> RequestTracker::OnPrefillFailed(const RequestId& request
   if (!Prefilling(r.phase)) return WrongPhase(r, "prefill failed");
   if (r.prefill != prefill) return WrongNode(r, "prefill failed", "prefill", prefill, r.prefill);
   Effects fx;
-  // Bounded all the same: an unreached node is excluded, and there are finitely many.
-  if (unreached) r.prefill_attempts = std::max(0, r.prefill_attempts - 1);
-  PrefillFailedLocked(it, error, /*cancel_on_prefill=*/false, now, fx);
+  PrefillFailedLocked(it, error, /*cancel_on_prefill=*/false, now, fx, /*counts=*/!unreached);
   return fx;
 }
 

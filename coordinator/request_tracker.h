@@ -12,7 +12,7 @@
 //   kDecode   OnAdmitted                       OnFinished; OnToken re-arms    decode_stall_timeout
 //
 // Failures: a prefill node failing (error, death, or the kPrefill/kTransfer deadline) releases
-// the reservation and, if the request has had fewer than max_prefill_attempts prefills, asks for
+// the reservation and, if fewer than max_prefill_attempts prefills failed it, asks for
 // a retry on another prefill node (Effects::retries; TrackedRequest::failed_prefill are the nodes
 // to exclude); otherwise the request ends with an error listing every attempt. A prefill node
 // that was never reached (dead before its heartbeat lapsed) is excluded but uses up no attempt.
@@ -79,6 +79,7 @@ struct TrackedRequest {
   std::optional<NodeIncarnation> decode;   // once reserved
   std::optional<NodeIncarnation> prefill;  // while in kPrefill / kTransfer
   int prefill_attempts = 0;                // prefills started
+  int prefill_failures = 0;  // of them, failed by their prefill node (not unreached ones)
   bool first_token = false;
   std::vector<NodeId> failed_prefill;  // exclude these when re-routing
   std::vector<std::string> prefill_errors;
@@ -189,8 +190,10 @@ class RequestTracker {
   // and a CancelPrefill to P while it may be writing (unless `prefill_gone`).
   void EndLocked(Map::iterator it, absl::Status status, bool decode_gone, bool prefill_gone,
                  Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `counts`: the failure counts against max_prefill_attempts (not for an unreached node).
   void PrefillFailedLocked(Map::iterator it, const absl::Status& error, bool cancel_on_prefill,
-                           absl::Time now, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                           absl::Time now, Effects& fx, bool counts = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DecodeLostLocked(Map::iterator it, const absl::Status& error, bool decode_gone, bool exclude,
                         absl::Time now, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Back to kReserve for another route, its deadline re-armed.

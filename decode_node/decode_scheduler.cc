@@ -186,6 +186,22 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
     return error;
   };
 
+  // Room to grow: besides its own blocks, keep one free block for each other request here, so
+  // that admitting it does not at once preempt a running one (a request alone is always taken).
+  {
+    int others;
+    {
+      absl::MutexLock lock(&mu_);
+      others = active_ - 1;
+    }
+    const int64_t available = pool_->Stats().available();
+    if (others > 0 && available < r->num_blocks + others) {
+      return rollback(absl::ResourceExhaustedError(absl::StrCat(
+          options_.name, ": no room to grow request ", r->id, ": ", available,
+          " blocks available, ", r->num_blocks, " needed for its ", r->num_tokens,
+          " tokens and one of headroom for each of the ", others, " other requests here")));
+    }
+  }
   absl::StatusOr<kv::SequenceBlocks> blocks = kv_.AllocateSequence(r->tokens, r->num_tokens);
   if (!blocks.ok()) {
     return rollback(Annotate(

@@ -320,7 +320,7 @@ TEST_F(RequestTrackerTest, DeadDecodeNodeResumesItsRequestsAndDeadPrefillNodeRet
     EXPECT_TRUE(t->failed_prefill.empty()) << id;
     EXPECT_EQ(dir_.StateOf(id), KvState::kAbsent) << id;
   }
-  EXPECT_EQ(tracker_.Find("r3")->prefill_attempts, 0);
+  EXPECT_EQ(tracker_.Find("r3")->prefill_failures, 0);
   EXPECT_EQ(dir_.Usage(d1), NodeUsage{});
   EXPECT_EQ(tracker_.size(), 3u);
 }
@@ -374,6 +374,23 @@ TEST_F(RequestTrackerTest, UnreachedPrefillNodeIsExcludedWithoutUsingAnAttempt) 
   fx = tracker_.OnPrefillFailed("r1", kP1, absl::InternalError("boom"), kT0);
   ASSERT_TRUE(fx.ok());
   EXPECT_EQ(fx->retries, (std::vector<RequestId>{"r1"}));
+  EXPECT_TRUE(fx->finished.empty());
+}
+
+// Prefills of resumed attempts are not failures: a request resumed after its first prefill
+// still has its retry when a later prefill node fails.
+TEST_F(RequestTrackerTest, ResumesDoNotUseUpThePrefillRetry) {
+  ToDecode(kT0);  // prefilled once on p0
+  ASSERT_TRUE(tracker_
+                  .OnDecodeLost("r1", kD, absl::ResourceExhaustedError("full"),
+                                /*decode_gone=*/true, /*exclude=*/false, kT0)
+                  .ok());
+  tracker_.OnReserved("r1", kD, {3}, kT0);
+  ASSERT_TRUE(tracker_.OnPrefillStarted("r1", kP1, kT0).ok());  // the resume's prefill
+  absl::StatusOr<Effects> fx =
+      tracker_.OnPrefillFailed("r1", kP1, absl::InternalError("boom"), kT0);
+  ASSERT_TRUE(fx.ok());
+  EXPECT_EQ(fx->retries, (std::vector<RequestId>{"r1"})) << "the retry was used up";
   EXPECT_TRUE(fx->finished.empty());
 }
 
