@@ -346,6 +346,11 @@ int64_t KvArrivalTracker::quarantined_overdue_blocks() const {
   return n;
 }
 
+bool KvArrivalTracker::IsFenced(PeerId sender) const {
+  absl::MutexLock lock(&mu_);
+  return fenced_.count(sender) > 0;
+}
+
 int64_t KvArrivalTracker::fenced_senders() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(fenced_.size());

@@ -80,6 +80,8 @@ class KvArrivalTracker {
   int64_t quarantined_overdue_blocks() const;
   // Senders fenced so far (each once).
   int64_t fenced_senders() const;
+  // Whether `sender` was fenced (Expect refuses it; a new instance of it must connect).
+  bool IsFenced(PeerId sender) const;
 
  private:
   struct Request {

@@ -10,6 +10,13 @@
 
 namespace duet::transfer {
 
+namespace {
+absl::Status AbandonedError(uint64_t request_id) {
+  return absl::AbortedError(
+      absl::StrCat("request ", request_id, ": the receiver gave up on it (asked for quiet)"));
+}
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<KvStreamSender>> KvStreamSender::Create(Transport* transport,
                                                                        const kv::KvLayout& layout,
                                                                        int64_t local_num_blocks) {
@@ -89,6 +96,10 @@ absl::Status KvStreamSender::OnLayerDone(int layer, absl::Span<const uint64_t> r
       continue;
     }
     Active& a = it->second;
+    if (a.abandoned) {
+      if (first_error.ok()) first_error = AbandonedError(id);
+      continue;
+    }
     if (layer < 0 || layer >= layout_.num_layers || a.layer_posted[layer] || a.staged[layer]) {
       if (first_error.ok()) {
         first_error = absl::InvalidArgumentError(
@@ -108,6 +119,7 @@ absl::Status KvStreamSender::OnLayerStaged(int layer, uint64_t request_id, Stage
   auto it = active_.find(request_id);
   if (it == active_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " not streaming"));
   Active& a = it->second;
+  if (a.abandoned) return AbandonedError(request_id);
   if (layer < 0 || layer >= layout_.num_layers || a.layer_posted[layer] || a.staged[layer] ||
       a.finished) {
     return absl::InvalidArgumentError(absl::StrCat("request ", request_id, ": layer ", layer,
@@ -165,6 +177,7 @@ absl::Status KvStreamSender::Finish(uint64_t request_id, std::string payload) {
   auto it = active_.find(request_id);
   if (it == active_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " not streaming"));
   Active& a = it->second;
+  if (a.abandoned) return AbandonedError(request_id);
   for (int l = 0; l < layout_.num_layers; ++l) {
     if (!a.layer_posted[l] && !a.staged[l]) {
       return absl::FailedPreconditionError(

@@ -505,15 +505,6 @@ absl::StatusOr<FenceResult> UcxTransport::Fence(PeerId peer, absl::Time deadline
         return absl::OkStatus();
       },
       deadline));
-  {
-    absl::MutexLock lock(&peers_mu_);
-    auto it = peers_.find(peer);
-    if (it != peers_.end()) {
-      it->second->closed = true;
-      it->second->status = absl::UnavailableError(
-          absl::StrCat("peer '", name, "' fenced: it did not confirm a transfer quiet in time"));
-    }
-  }
   auto inflight = std::make_shared<std::atomic<int>>(0);
   while (true) {
     DUET_RETURN_IF_ERROR(RunOnWorker(
@@ -530,6 +521,16 @@ absl::StatusOr<FenceResult> UcxTransport::Fence(PeerId peer, absl::Time deadline
                                                       " receives of its data still in flight"));
     }
     absl::SleepFor(absl::Milliseconds(1));
+  }
+  {
+    // Only now: PeerStatus reporting it closed lets the tracker release its blocks.
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peers_.find(peer);
+    if (it != peers_.end()) {
+      it->second->closed = true;
+      it->second->status = absl::UnavailableError(
+          absl::StrCat("peer '", name, "' fenced: it did not confirm a transfer quiet in time"));
+    }
   }
   DUET_LOG(WARNING) << "ucx '" << options_.name << "': fenced peer '" << name
                     << "': its data is dropped and its endpoint closed";
