@@ -171,6 +171,7 @@ TEST_P(QuarantineTwoProcessTest, StoppedSenderIsFencedOrReportedOverdue) {
     ASSERT_TRUE(PumpUntil([&] { return tracker_->quarantined_blocks() == 0; }, kBound + kMargin))
         << tracker_->quarantined_blocks() << " blocks still quarantined after "
         << since_abort.ElapsedSeconds() << " s";
+    RecordProperty("released_after_abort_s", absl::StrCat(since_abort.ElapsedSeconds()));
     EXPECT_GE(since_abort.ElapsedSeconds(), absl::ToDoubleSeconds(kBound) - 0.1);
     EXPECT_EQ(tracker_->fenced_senders(), 1);
     EXPECT_EQ(pool_->Stats().free, kBlocks);
@@ -184,8 +185,10 @@ TEST_P(QuarantineTwoProcessTest, StoppedSenderIsFencedOrReportedOverdue) {
 
   // It wakes up: it answers the quiet requests it was sent (shm: that releases the blocks).
   ASSERT_EQ(::kill(pid_, SIGCONT), 0);
+  const Stopwatch since_cont;
   ASSERT_TRUE(PumpUntil([&] { return tracker_->quarantined_blocks() == 0; }, absl::Seconds(5)))
       << tracker_->quarantined_blocks() << " blocks still quarantined after SIGCONT";
+  RecordProperty("released_after_sigcont_s", absl::StrCat(since_cont.ElapsedSeconds()));
   EXPECT_EQ(tracker_->quarantined_overdue_blocks(), 0);
   EXPECT_EQ(pool_->Stats().free, kBlocks);
   EXPECT_EQ(pool_->Stats().quarantined, 0);
