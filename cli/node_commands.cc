@@ -32,6 +32,10 @@ ABSL_FLAG(int64_t, max_batch_tokens, 2048, "prefill: token budget of one forward
 ABSL_FLAG(bool, no_layer_pipelining, false,
           "prefill: send all layers after the forward pass instead of as each layer finishes");
 ABSL_FLAG(int, max_running, 64, "decode: most requests in the running batch");
+ABSL_FLAG(absl::Duration, kv_quarantine_bound, absl::Seconds(10),
+          "decode: how long blocks of an abandoned transfer wait for the prefill node to confirm "
+          "it is quiet before that node is fenced (its writes revoked where the transport can, "
+          "else the blocks are reported overdue)");
 ABSL_FLAG(std::string, kv_staging, "auto",
           "prefill/decode: stage KV through a host mirror of the pool that the transport exports: "
           "auto (iff the compute backend's KV pool is device memory), always (also on cpu), "
@@ -188,6 +192,7 @@ int RunDecode(const std::vector<char*>& args) {
   opt.transfer = NodeTransferOptionsFromFlags();
   if (opt.transfer.transport == "inproc") return Fail("decode", InprocRefused());
   opt.max_running = absl::GetFlag(FLAGS_max_running);
+  opt.kv_quarantine_bound = absl::GetFlag(FLAGS_kv_quarantine_bound);
   auto node = decode::DecodeNode::Start(opt);
   if (!node.ok()) return Fail("decode", node.status());
   std::printf("decode node %s serving on %s\n", opt.runtime.node_id.c_str(),

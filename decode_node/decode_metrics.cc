@@ -55,6 +55,22 @@ void DecodeMetrics::AddNodeGauges(std::function<kv::BlockPoolStats()> pool,
                               });
 }
 
+void DecodeMetrics::AddQuarantineGauges(std::function<QuarantineStats()> stats) {
+  registry_->AddGaugeCallback(
+      "duet_decode_kv_quarantined_overdue_blocks",
+      "KV blocks quarantined for longer than --kv_quarantine_bound (their prefill node was "
+      "fenced but its writes could not be revoked, or the fence is under way)",
+      {}, [stats] {
+        return std::vector<metrics::Sample>{{{}, static_cast<double>(stats().overdue_blocks)}};
+      });
+  registry_->AddGaugeCallback(
+      "duet_decode_kv_fenced_senders",
+      "Prefill nodes this node fenced for not confirming an abandoned transfer quiet in time", {},
+      [stats] {
+        return std::vector<metrics::Sample>{{{}, static_cast<double>(stats().fenced_senders)}};
+      });
+}
+
 void DecodeMetrics::OnEvent(const DecodeEvent& ev) {
   if (ev.admitted) {
     admitted_.Increment();

@@ -1,7 +1,8 @@
 // DecodeMetrics: a decode node's Prometheus metrics (duet_decode_*): tokens generated, requests
 // finished by reason, per-layer KV arrival latency (layer computed on P -> landed here) and
 // admission delay from each admitted request, and gauges over the KV pool (free, used,
-// quarantined) and the scheduler (running, pending admission, queued tokens) read at scrape.
+// quarantined), quarantine past its bound, and the scheduler (running, pending admission,
+// queued tokens) read at scrape.
 //
 //   DecodeMetrics m(&registry);
 //   m.AddNodeGauges([&] { return pool->Stats(); }, [&] { return scheduler->Load(); });
@@ -20,6 +21,9 @@ class DecodeMetrics {
  public:
   explicit DecodeMetrics(metrics::Registry* registry);
   void AddNodeGauges(std::function<kv::BlockPoolStats()> pool, std::function<SchedulerLoad()> load);
+  // duet_decode_kv_quarantined_overdue_blocks (blocks quarantined longer than the bound) and
+  // duet_decode_kv_fenced_senders.
+  void AddQuarantineGauges(std::function<QuarantineStats()> stats);
   void OnEvent(const DecodeEvent& ev);
   // A token stream that ended without a finishing event (client gone, shutdown).
   void OnStreamDropped() { dropped_.Increment(); }

@@ -80,7 +80,8 @@ absl::Status DecodeNode::Init() {
                                                  .max_running = o.max_running,
                                                  .eos_ids = engine.tokenizer().eos_ids(),
                                                  .host_mirror = mirror_view,
-                                                 .enable_prefix_caching = ro.enable_prefix_caching},
+                                                 .enable_prefix_caching = ro.enable_prefix_caching,
+                                                 .kv_quarantine_bound = o.kv_quarantine_bound},
                                                 &engine.runner(), pool_.get(), transport_.get()));
   service_ =
       std::make_unique<DecodeService>(scheduler_.get(),
@@ -94,6 +95,7 @@ absl::Status DecodeNode::Init() {
   DecodeScheduler* scheduler = scheduler_.get();
   metrics_->AddNodeGauges([pool] { return pool->Stats(); },
                           [scheduler] { return scheduler->Load(); });
+  metrics_->AddQuarantineGauges([scheduler] { return scheduler->quarantine_stats(); });
   kv::AddPrefixCacheCounters(
       &runtime_->metrics_registry(), "duet_decode",
       [scheduler] { return scheduler->PrefixCacheCounters(); }, [pool] { return pool->Stats(); });

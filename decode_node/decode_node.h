@@ -36,6 +36,8 @@ struct DecodeNodeOptions {
   cluster::NodeRuntimeOptions runtime{.node_id = "decode-0"};  // model, compute, pool, /metrics
   cluster::NodeTransferOptions transfer;
   int max_running = 64;  // running + pending admission
+  // Quarantined blocks wait this long for their sender's confirmation before it is fenced.
+  absl::Duration kv_quarantine_bound = absl::Seconds(10);
 };
 
 class DecodeNode {

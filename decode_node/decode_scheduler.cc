@@ -44,7 +44,7 @@ DecodeScheduler::DecodeScheduler(DecodeSchedulerOptions options, model::ModelRun
       pool_(pool),
       kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size), options_.enable_prefix_caching),
       transport_(transport),
-      tracker_(transport, pool),
+      tracker_(transport, pool, {.quarantine_bound = options_.kv_quarantine_bound}),
       transfer_id_base_(RandomTransferBase()) {}
 
 absl::StatusOr<std::unique_ptr<DecodeScheduler>> DecodeScheduler::Create(
@@ -80,7 +80,8 @@ absl::StatusOr<transfer::PeerId> DecodeScheduler::PeerFor(const std::string& add
     if (auto it = peers_.find(address); it != peers_.end()) cached = it->second;
   }
   if (cached.has_value()) {
-    if (transport_->PeerStatus(*cached).ok()) return *cached;
+    // A fenced sender (invariant 4) is refused by Connect below, so the coordinator re-routes.
+    if (transport_->PeerStatus(*cached).ok() && !tracker_.IsFenced(*cached)) return *cached;
     absl::MutexLock lock(&mu_);
     peers_.erase(address);
   }

@@ -139,6 +139,16 @@ struct DecodeSchedulerOptions {
   // Keep finished requests' full blocks (prompt and generated tokens) in the prefix cache and
   // reserve only what a new prompt's cached prefix does not cover.
   bool enable_prefix_caching = true;
+  // Quarantined blocks wait this long for their sender's confirmation before it is fenced
+  // (transfer::KvArrivalTrackerOptions::quarantine_bound).
+  absl::Duration kv_quarantine_bound = absl::Seconds(10);
+};
+
+// Quarantined blocks, for the gauges.
+struct QuarantineStats {
+  int64_t blocks = 0;          // quarantined now
+  int64_t overdue_blocks = 0;  // ... for longer than the bound
+  int64_t fenced_senders = 0;  // prefill nodes fenced by this node's transport
 };
 
 class DecodeScheduler {
@@ -170,6 +180,10 @@ class DecodeScheduler {
   const kv::KvLayout& layout() const { return pool_->layout(); }
   kv::BlockPoolStats PoolStats() const { return pool_->Stats(); }
   int64_t quarantined_blocks() const { return tracker_.quarantined_blocks(); }
+  QuarantineStats quarantine_stats() const {
+    return {tracker_.quarantined_blocks(), tracker_.quarantined_overdue_blocks(),
+            tracker_.fenced_senders()};
+  }
   kv::PrefixCacheCounters PrefixCacheCounters() const { return kv_.counters(); }
 
  private:

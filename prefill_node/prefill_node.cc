@@ -15,6 +15,7 @@
 #include "prefill_node/prefill_service.h"
 #include "proto/channel.h"
 #include "transfer/kv_stream/kv_stream_sender.h"
+#include "transfer/kv_stream/quiet_responder.h"
 #include "transfer/transport.h"
 
 namespace duet::prefill {
@@ -55,6 +56,7 @@ absl::Status PrefillNode::Init() {
   DUET_ASSIGN_OR_RETURN(transfer_address_, transport_->LocalAddress());
   DUET_ASSIGN_OR_RETURN(sender_,
                         transfer::KvStreamSender::Create(transport_.get(), layout_, num_blocks));
+  quiet_responder_ = std::make_unique<transfer::QuietResponder>(transport_.get(), sender_.get());
 
   // Scheduler and service.
   DUET_ASSIGN_OR_RETURN(

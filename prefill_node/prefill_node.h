@@ -35,6 +35,7 @@ namespace duet::transfer {
 class Transport;
 class MemoryRegion;
 class KvStreamSender;
+class QuietResponder;
 }  // namespace duet::transfer
 
 namespace duet::prefill {
@@ -81,6 +82,9 @@ class PrefillNode {
   std::unique_ptr<transfer::MemoryRegion> region_;
   std::string transfer_address_;
   std::unique_ptr<transfer::KvStreamSender> sender_;
+  // Answers decode nodes that gave up on a transfer (docs/design.md invariant 4); before sender_
+  // in destruction.
+  std::unique_ptr<transfer::QuietResponder> quiet_responder_;
   std::unique_ptr<PrefillScheduler> scheduler_;
   std::unique_ptr<PrefillService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -75,6 +75,7 @@ std::string EncodePeerAddress(const PeerAddress& a) {
   PutStr(out, a.host);
   PutU64(out, a.pid);
   PutU64(out, a.start_time);
+  PutStr(out, a.write_mode);
   return out;
 }
 
@@ -111,6 +112,7 @@ absl::StatusOr<PeerAddress> DecodePeerAddress(const std::string& blob) {
   DUET_ASSIGN_OR_RETURN(a.host, r.Str());
   DUET_ASSIGN_OR_RETURN(a.pid, r.U64());
   DUET_ASSIGN_OR_RETURN(a.start_time, r.U64());
+  DUET_ASSIGN_OR_RETURN(a.write_mode, r.Str());
   if (!r.done()) return absl::InvalidArgumentError("peer address: trailing bytes");
   return a;
 }

@@ -27,6 +27,9 @@ struct PeerAddress {
   std::string host;  // boot id (same machine iff equal)
   uint64_t pid = 0;
   uint64_t start_time = 0;  // /proc/<pid>/stat field 22
+  // How this side writes into its peers' regions (TransportOptions::write_mode): a receiver
+  // that fences this peer needs it to know whether it can stop the peer's writes.
+  std::string write_mode;
 };
 
 // This process's identity (host = boot id, pid, start time).

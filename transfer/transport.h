@@ -92,6 +92,19 @@ struct TransportOptions {
   // The progress thread keeps polling this long after its last work before it sleeps on the
   // worker's event fd (lower latency vs. CPU left to others). InfiniteDuration: never sleep.
   absl::Duration idle_spin = absl::Microseconds(200);
+  // inproc only: false models a peer that maps this side's region (shared memory), whose
+  // writes Fence cannot stop (FenceResult::revoked false). For tests of the fencing rules.
+  bool inproc_revocable = true;
+};
+
+// What Transport::Fence could guarantee about a fenced peer.
+struct FenceResult {
+  // True: no write of the peer can land in this side's region from now on (its data reaches
+  // the region only through this side, which now drops it, and its endpoint is closed). False:
+  // the peer can still write (it maps the region, or writes it one-sidedly on a lane this side
+  // cannot revoke, e.g. shared memory or cma); only its exit, or its own word, ends that.
+  bool revoked = false;
+  std::string detail;  // why, for logs ("region mapped by the peer: not revocable")
 };
 
 enum class TransferState { kPending, kDone, kFailed, kCancelled };
@@ -215,6 +228,14 @@ class Transport {
   virtual absl::Status PeerStatus(PeerId peer) = 0;
   // Closes the endpoint after in-flight writes finish or `deadline` passes (then forcibly).
   virtual absl::Status Disconnect(PeerId peer, absl::Time deadline) = 0;
+  // Fences a peer that stopped answering (docs/design.md invariant 4): from now on Connect to
+  // its instance is refused (FailedPrecondition), and whatever of its writes this side can stop
+  // is stopped: data that arrives through this side is dropped and the endpoint is closed
+  // (PeerStatus then reports it). Returns whether that revoked every way the peer could still
+  // write into the exported region; a peer that is not revoked keeps its endpoint, so that its
+  // notices and its death are still seen. DeadlineExceeded: receives of the peer's data were
+  // still in flight at `deadline` (call again). Idempotent.
+  virtual absl::StatusOr<FenceResult> Fence(PeerId peer, absl::Time deadline) = 0;
 
   // Posts writes into the peer's region; `notice` (if any) reaches the peer after all of them.
   // Ops are checked against both regions' bounds here.

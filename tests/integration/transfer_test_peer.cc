@@ -5,12 +5,17 @@
 //   transfer_test_peer --dir=/tmp/x --profile=shm --layers=4 --mode=stream --seed=7
 // Modes: stream (all layers, then the final notice), slow (sleeps --layer_ms per layer; the
 // test kills it mid-stream), abort (posts half the layers of even requests, then aborts them),
-// receiver (the roles swapped: it only exports its pool and waits to be killed).
+// receiver (the roles swapped: it only exports its pool and waits to be killed), stall (posts
+// layer 0 of every request, then answers quiet requests (QuietResponder) until the receiver is
+// done; the test stops and continues it; once the file `late` appears it writes request 0's
+// destination blocks once more, bypassing KvStreamSender, and reports how that went in
+// `send.late`).
 #include <sys/prctl.h>
 
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -20,7 +25,9 @@
 #include "common/base/logging.h"
 #include "common/kv/block_pool.h"
 #include "tests/integration/transfer_test_util.h"
+#include "transfer/kv_stream/block_ops.h"
 #include "transfer/kv_stream/kv_stream_sender.h"
+#include "transfer/kv_stream/quiet_responder.h"
 #include "transfer/transport.h"
 #include "transfer/ucx/ucx_transport.h"
 
@@ -120,6 +127,31 @@ int Run(int argc, char** argv) {
     ids.push_back(plan[r].id);
   }
   const size_t bb = layout.BlockBytes();
+  if (mode == "stall") {
+    QuietResponder responder(&transport, sender->get());
+    std::vector<uint64_t> all;
+    for (size_t r = 0; r < plan.size(); ++r) {
+      for (size_t i = 0; i < local[r].size(); ++i) {
+        FillBlock((*pool)->BlockAddress(0, local[r][i]), bb, seed, plan[r].id, 0, i);
+      }
+      all.push_back(plan[r].id);
+    }
+    if (absl::Status s = (*sender)->OnLayerDone(0, all); !s.ok()) return Fail(dir, s);
+    WriteFileAtomic(dir + "/send.layer0", "");
+    if (!WaitForFile(dir + "/late", deadline).ok())
+      return Fail(dir, absl::DeadlineExceededError("no late"));
+    std::string late = "no write";
+    for (int l = 0; l < layout.num_layers; ++l) {
+      for (kv::BlockId b : local[0]) std::memset((*pool)->BlockAddress(l, b), 0xAB, bb);
+      auto ops = LayerWriteOps(layout, num_blocks, num_blocks, l, local[0], plan[0].remote_blocks);
+      if (!ops.ok()) return Fail(dir, ops.status());
+      auto h = transport.PostWrite(*peer, *ops, std::nullopt);
+      late = h.ok() ? h->Wait(DeadlineIn(absl::Seconds(5))).ToString() : h.status().ToString();
+    }
+    WriteFileAtomic(dir + "/send.late", late);
+    auto done = WaitForFile(dir + "/recv.done", deadline);
+    return done.ok() ? 0 : Fail(dir, done.status());
+  }
   if (mode == "abort") {
     // Handle-level cancel: one large write into blocks that no request uses, cancelled at
     // once; it must end (cancelled, or done if it was faster) well before the deadline, leave

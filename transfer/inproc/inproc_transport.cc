@@ -4,6 +4,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
@@ -20,6 +21,8 @@ struct Endpoint {
   uint64_t bytes ABSL_GUARDED_BY(mu) = 0;
   std::deque<Notice> notices ABSL_GUARDED_BY(mu);
   std::map<uint64_t, PeerId> peer_by_instance ABSL_GUARDED_BY(mu);
+  // Writers whose writes are refused from now on (Fence on a revocable transport).
+  std::set<uint64_t> fenced_writers ABSL_GUARDED_BY(mu);
 };
 
 absl::Mutex fabric_mu(absl::kConstInit);
@@ -113,6 +116,15 @@ class InprocTransport : public Transport {
                                                      "' (", a.backend, ")"));
     }
     DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(options_.layout, a.layout, options_.name, a.name));
+    {
+      absl::MutexLock lock(&mu_);
+      if (fenced_.count(a.instance)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("transport '", options_.name, "': peer '", a.name,
+                         "' was fenced (it did not confirm "
+                         "a transfer quiet in time); a new instance of it may connect"));
+      }
+    }
     std::shared_ptr<Endpoint> ep;
     {
       absl::MutexLock lock(&fabric_mu);
@@ -157,6 +169,31 @@ class InprocTransport : public Transport {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<FenceResult> Fence(PeerId peer, absl::Time deadline) override {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) {
+      return absl::NotFoundError(absl::StrCat("transport '", options_.name, "': no peer ", peer));
+    }
+    Peer& p = it->second;
+    fenced_.insert(p.address.instance);
+    if (!options_.inproc_revocable) {
+      // Models a peer that maps our region: nothing stops its writes; the endpoint stays so its
+      // notices and its end are still seen.
+      return FenceResult{false,
+                         "inproc (modelled shared memory): the peer's writes cannot be "
+                         "revoked"};
+    }
+    {
+      // Its writes copy under our endpoint's lock: once this returns, none is half done and
+      // every later one is refused.
+      absl::MutexLock self_lock(&self_->mu);
+      self_->fenced_writers.insert(p.address.instance);
+    }
+    p.closed = true;
+    return FenceResult{true, "inproc: the peer's writes are refused and its endpoint closed"};
+  }
+
   absl::StatusOr<TransferHandle> PostWrite(PeerId peer, std::vector<WriteOp> ops,
                                            std::optional<std::string> notice) override {
     std::shared_ptr<Endpoint> ep;
@@ -178,6 +215,11 @@ class InprocTransport : public Transport {
     absl::MutexLock lock(&ep->mu);
     if (!ep->alive || ep->base == nullptr) {
       return absl::UnavailableError(absl::StrCat("peer '", peer_name, "' is gone"));
+    }
+    if (ep->fenced_writers.count(instance_)) {
+      stats_.Ended(TransferState::kFailed);
+      return absl::UnavailableError(
+          absl::StrCat("peer '", peer_name, "' fenced '", options_.name, "': write refused"));
     }
     DUET_RETURN_IF_ERROR(ValidateOps(ops, local_bytes, ep->bytes));
     for (const WriteOp& op : ops) {
@@ -239,6 +281,7 @@ class InprocTransport : public Transport {
   const std::shared_ptr<Endpoint> self_;
   absl::Mutex mu_;
   std::map<PeerId, Peer> peers_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> fenced_ ABSL_GUARDED_BY(mu_);  // instances Fence refused
   PeerId next_peer_ ABSL_GUARDED_BY(mu_) = 1;
   internal::StatsCounters stats_;
 };

@@ -2,10 +2,14 @@
 // node's blocks; a request is ready when every layer's notice and the final notice are in.
 // Owns the blocks of a request until it is ready (then the caller owns them) or has failed
 // (then the tracker gives them back to the pool). Blocks that a write might still reach after an
-// abort or timeout are quarantined until the sender confirms nothing is in flight (its kAborted
-// or kFinal notice) or its endpoint is lost or closed (docs/design.md invariant 4). Thread-safe.
+// abort or timeout are quarantined until no write can land (docs/design.md invariant 4): the
+// sender's kAborted, kFinal or kQuiet notice (the tracker asks each quarantined request's sender
+// with a kQuietRequest), or the loss of its endpoint. A sender that has not answered within
+// `quarantine_bound` is fenced (Transport::Fence): where that revokes its writes, its
+// quarantined blocks are released at once; where it cannot (shared memory), they stay, are
+// counted as overdue and logged, until it answers or exits. Thread-safe.
 //
-//   KvArrivalTracker tracker(transport, pool);
+//   KvArrivalTracker tracker(transport, pool, {.quarantine_bound = absl::Seconds(10)});
 //   DUET_RETURN_IF_ERROR(tracker.Expect(7, prefill_peer, blocks, DeadlineIn(absl::Seconds(30))));
 //   DUET_ASSIGN_OR_RETURN(std::string first_token, tracker.WaitReady(7, deadline));
 //   // or from a scheduler loop:  tracker.Pump();  tracker.Query(7) ...
@@ -14,10 +18,12 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/kv/block_pool.h"
 #include "transfer/kv_stream/kv_notice.h"
@@ -35,9 +41,16 @@ struct ArrivalStatus {
   std::string payload;  // the final notice's payload (kReady)
 };
 
+struct KvArrivalTrackerOptions {
+  // How long a quarantined request waits for its sender to confirm before the sender is fenced.
+  absl::Duration quarantine_bound = absl::Seconds(10);
+  // How long one Pump may wait for Transport::Fence (a pending fence is retried next Pump).
+  absl::Duration fence_wait = absl::Milliseconds(100);
+};
+
 class KvArrivalTracker {
  public:
-  KvArrivalTracker(Transport* transport, kv::BlockPool* pool);
+  KvArrivalTracker(Transport* transport, kv::BlockPool* pool, KvArrivalTrackerOptions options = {});
   KvArrivalTracker(const KvArrivalTracker&) = delete;
   KvArrivalTracker& operator=(const KvArrivalTracker&) = delete;
 
@@ -46,7 +59,8 @@ class KvArrivalTracker {
   // aborted (DeadlineExceeded) and its blocks quarantined.
   absl::Status Expect(uint64_t request_id, PeerId sender, std::vector<kv::BlockId> blocks,
                       absl::Time deadline);
-  // Applies notices, lost peers and deadlines. Cheap; WaitReady calls it.
+  // Applies notices, lost peers and deadlines; asks the senders of quarantined requests to
+  // confirm, and fences those that do not within the bound. Cheap; WaitReady calls it.
   void Pump();
   // Applies one notice (Pump does this for notices it drains).
   void OnNotice(const Notice& notice);
@@ -61,11 +75,19 @@ class KvArrivalTracker {
 
   int64_t waiting() const;
   int64_t quarantined_blocks() const;
+  // Blocks quarantined for longer than the bound (their sender was fenced and its writes could
+  // not be revoked, or the fence is still under way).
+  int64_t quarantined_overdue_blocks() const;
+  // Senders fenced so far (each once).
+  int64_t fenced_senders() const;
+  // Whether `sender` was fenced (Expect refuses it; a new instance of it must connect).
+  bool IsFenced(PeerId sender) const;
 
  private:
   struct Request {
     PeerId sender = 0;
     uint64_t sender_instance = 0;  // matched against Notice::sender_instance
+    std::string sender_name;
     std::vector<kv::BlockId> blocks;
     absl::Time deadline;
     std::vector<bool> landed;
@@ -78,18 +100,35 @@ class KvArrivalTracker {
   struct Quarantined {
     PeerId sender = 0;
     uint64_t sender_instance = 0;
+    std::string sender_name;
     std::vector<kv::BlockId> blocks;
+    absl::Time since;     // when it was quarantined
+    bool asked = false;   // the kQuietRequest went out
+    absl::Time next_ask;  // when to try again after a failed ask
+    bool overdue_logged = false;
+  };
+  // A sender Fence was called on, and what it guaranteed.
+  struct Fenced {
+    bool done = false;  // Fence returned (else: retried next Pump)
+    FenceResult result;
   };
   void FailLocked(uint64_t id, Request& r, absl::Status error, bool quarantine)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives a quarantined request's blocks back; `why` is logged if it was overdue.
+  void ReleaseLocked(uint64_t id, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks, fences and releases quarantined requests (the part of Pump after the notices).
+  void PumpQuarantine(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  void LogOverdueLocked(uint64_t id, Quarantined& q, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Transport* const transport_;
   kv::BlockPool* const pool_;
   const int num_layers_;
+  const KvArrivalTrackerOptions options_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Request> requests_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Quarantined> quarantine_ ABSL_GUARDED_BY(mu_);
+  std::map<PeerId, Fenced> fenced_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace duet::transfer

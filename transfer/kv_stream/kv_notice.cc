@@ -11,6 +11,22 @@ constexpr uint8_t kMagic = 0xD7;
 constexpr size_t kHeader = 1 + 1 + 8 + 4;
 }  // namespace
 
+const char* KvNoticeKindName(KvNoticeKind kind) {
+  switch (kind) {
+    case KvNoticeKind::kLayer:
+      return "layer";
+    case KvNoticeKind::kFinal:
+      return "final";
+    case KvNoticeKind::kAborted:
+      return "aborted";
+    case KvNoticeKind::kQuietRequest:
+      return "quiet-request";
+    case KvNoticeKind::kQuiet:
+      return "quiet";
+  }
+  return "unknown";
+}
+
 std::string EncodeKvNotice(const KvNotice& n) {
   std::string out(kHeader, '\0');
   out[0] = static_cast<char>(kMagic);
@@ -28,7 +44,7 @@ absl::StatusOr<KvNotice> DecodeKvNotice(const std::string& bytes) {
   }
   KvNotice n;
   const uint8_t kind = static_cast<uint8_t>(bytes[1]);
-  if (kind < 1 || kind > 3)
+  if (kind < 1 || kind > 5)
     return absl::InvalidArgumentError(absl::StrCat("bad notice kind ", kind));
   n.kind = static_cast<KvNoticeKind>(kind);
   std::memcpy(&n.request_id, bytes.data() + 2, 8);

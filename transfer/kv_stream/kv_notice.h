@@ -1,6 +1,9 @@
 // KvNotice: the payload of transport notices in a KV stream. Per request: one kLayer notice per
 // layer (its data has landed), one kFinal notice after the last layer (carries the first token
-// and metadata), or one kAborted notice (the sender stopped and has nothing in flight).
+// and metadata), or one kAborted notice (the sender stopped and has nothing in flight). The
+// other way, from the receiver: kQuietRequest ("I gave up on this request: stop writing it and
+// confirm"), answered by the sender with kQuiet once none of its writes for the request can
+// still land (docs/design.md invariant 4).
 //
 //   std::string bytes = EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = 7, .layer =
 //   3}); DUET_ASSIGN_OR_RETURN(KvNotice n, DecodeKvNotice(bytes));
@@ -13,7 +16,14 @@
 
 namespace duet::transfer {
 
-enum class KvNoticeKind : uint8_t { kLayer = 1, kFinal = 2, kAborted = 3 };
+enum class KvNoticeKind : uint8_t {
+  kLayer = 1,
+  kFinal = 2,
+  kAborted = 3,
+  kQuietRequest = 4,  // receiver -> sender
+  kQuiet = 5,         // sender -> receiver, the answer to kQuietRequest
+};
+const char* KvNoticeKindName(KvNoticeKind kind);
 
 struct KvNotice {
   KvNoticeKind kind = KvNoticeKind::kLayer;

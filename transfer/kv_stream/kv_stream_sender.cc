@@ -3,11 +3,19 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/base/status.h"
 #include "transfer/kv_stream/block_ops.h"
 #include "transfer/kv_stream/kv_notice.h"
 
 namespace duet::transfer {
+
+namespace {
+absl::Status AbandonedError(uint64_t request_id) {
+  return absl::AbortedError(
+      absl::StrCat("request ", request_id, ": the receiver gave up on it (asked for quiet)"));
+}
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<KvStreamSender>> KvStreamSender::Create(Transport* transport,
                                                                        const kv::KvLayout& layout,
@@ -29,6 +37,11 @@ absl::Status KvStreamSender::Begin(const StreamRequest& request) {
   absl::MutexLock lock(&mu_);
   if (active_.count(request.request_id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", request.request_id, " already streaming"));
+  }
+  if (answered_.count({info.instance, request.request_id})) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", request.request_id, ": receiver '", info.name,
+                     "' gave up on it and was told nothing would be written"));
   }
   Active& a = active_[request.request_id];
   a.request = request;
@@ -83,6 +96,10 @@ absl::Status KvStreamSender::OnLayerDone(int layer, absl::Span<const uint64_t> r
       continue;
     }
     Active& a = it->second;
+    if (a.abandoned) {
+      if (first_error.ok()) first_error = AbandonedError(id);
+      continue;
+    }
     if (layer < 0 || layer >= layout_.num_layers || a.layer_posted[layer] || a.staged[layer]) {
       if (first_error.ok()) {
         first_error = absl::InvalidArgumentError(
@@ -102,6 +119,7 @@ absl::Status KvStreamSender::OnLayerStaged(int layer, uint64_t request_id, Stage
   auto it = active_.find(request_id);
   if (it == active_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " not streaming"));
   Active& a = it->second;
+  if (a.abandoned) return AbandonedError(request_id);
   if (layer < 0 || layer >= layout_.num_layers || a.layer_posted[layer] || a.staged[layer] ||
       a.finished) {
     return absl::InvalidArgumentError(absl::StrCat("request ", request_id, ": layer ", layer,
@@ -159,6 +177,7 @@ absl::Status KvStreamSender::Finish(uint64_t request_id, std::string payload) {
   auto it = active_.find(request_id);
   if (it == active_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " not streaming"));
   Active& a = it->second;
+  if (a.abandoned) return AbandonedError(request_id);
   for (int l = 0; l < layout_.num_layers; ++l) {
     if (!a.layer_posted[l] && !a.staged[l]) {
       return absl::FailedPreconditionError(
@@ -259,6 +278,73 @@ absl::StatusOr<TransferHandle> KvStreamSender::LayerHandle(uint64_t request_id, 
     return absl::NotFoundError(absl::StrCat("request ", request_id, ": layer ", layer, " not posted"));
   }
   return a.handles[a.layer_handle[layer]];
+}
+
+int KvStreamSender::ServeQuietRequests() {
+  std::vector<Notice> notices = transport_->DrainNotices();
+  std::vector<std::pair<PeerId, uint64_t>> answers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Notice& n : notices) {
+      absl::StatusOr<KvNotice> kn = DecodeKvNotice(n.payload);
+      if (!kn.ok() || kn->kind != KvNoticeKind::kQuietRequest) {
+        DUET_LOG(WARNING) << "KvStreamSender: unexpected notice dropped: "
+                          << (kn.ok() ? KvNoticeKindName(kn->kind) : kn.status().message());
+        continue;
+      }
+      if (n.peer == 0) {
+        DUET_LOG(WARNING) << "KvStreamSender: quiet request " << kn->request_id
+                          << " from a receiver we are not connected to; dropped";
+        continue;
+      }
+      quiet_asks_.push_back({n.peer, n.sender_instance, kn->request_id});
+    }
+    const absl::Time now = absl::Now();
+    for (auto it = answered_.begin(); it != answered_.end();) {
+      it = now - it->second > absl::Hours(1) ? answered_.erase(it) : std::next(it);
+    }
+    for (auto ask = quiet_asks_.begin(); ask != quiet_asks_.end();) {
+      auto it = active_.find(ask->request_id);
+      if (it != active_.end() && it->second.request.peer == ask->peer) {
+        Active& a = it->second;
+        if (!a.abandoned) {
+          // As Abort, without the wait: no further posts, cancel what is in flight.
+          a.abandoned = true;
+          a.finished = true;
+          a.layer_posted.assign(layout_.num_layers, true);
+          a.staged.assign(layout_.num_layers, nullptr);
+          a.final_payload.reset();
+          for (TransferHandle& h : a.handles) h.Cancel();
+        }
+        bool quiet = true;
+        for (const TransferHandle& h : a.handles) quiet &= h.Poll() != TransferState::kPending;
+        if (!quiet) {
+          ++ask;
+          continue;
+        }
+      }
+      answered_[{ask->receiver_instance, ask->request_id}] = now;
+      answers.emplace_back(ask->peer, ask->request_id);
+      ask = quiet_asks_.erase(ask);
+    }
+  }
+  int sent = 0;
+  for (const auto& [peer, id] : answers) {
+    // Not waited for: the receiver releases on arrival; a lost receiver needs no answer.
+    absl::StatusOr<TransferHandle> h = transport_->PostWrite(
+        peer, {}, EncodeKvNotice({.kind = KvNoticeKind::kQuiet, .request_id = id}));
+    if (h.ok()) {
+      ++sent;
+    } else {
+      DUET_LOG(WARNING) << "request " << id << ": cannot answer quiet: " << h.status().message();
+    }
+  }
+  return sent;
+}
+
+int64_t KvStreamSender::pending_quiet_requests() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(quiet_asks_.size());
 }
 
 int64_t KvStreamSender::active_requests() const {

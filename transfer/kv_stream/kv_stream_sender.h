@@ -3,8 +3,8 @@
 // each (request, layer) becomes one PostWrite whose notice tells the receiver the layer landed.
 // Thread-safe.
 //
-//   DUET_ASSIGN_OR_RETURN(auto sender, KvStreamSender::Create(transport, layout, pool->num_blocks()));
-//   DUET_RETURN_IF_ERROR(sender->Begin({.request_id = 7, .peer = decode_peer,
+//   DUET_ASSIGN_OR_RETURN(auto sender, KvStreamSender::Create(transport, layout,
+//   pool->num_blocks())); DUET_RETURN_IF_ERROR(sender->Begin({.request_id = 7, .peer = decode_peer,
 //                                       .local_blocks = mine, .remote_blocks = dest.block_ids}));
 //   // layer-done hook:  sender->OnLayerDone(layer, {7});
 //   // or, when the exported region is a host mirror a copy fills (staging, see below):
@@ -13,14 +13,18 @@
 //   DUET_RETURN_IF_ERROR(sender->Finish(7, first_token_and_metadata));
 //   DUET_RETURN_IF_ERROR(sender->Wait(7, DeadlineIn(absl::Seconds(10))));
 //   // or, to give up:  sender->Abort(7, deadline);   // receiver may then reuse the blocks
+//   // and, from one thread (QuietResponder), answer receivers that gave up on a request:
+//   sender->ServeQuietRequests();
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -81,6 +85,15 @@ class KvStreamSender {
   // Cancels the request's writes, waits until none is in flight, then sends kAborted (unless
   // the peer is gone) so the receiver can reuse its blocks; forgets the request.
   absl::Status Abort(uint64_t request_id, absl::Time deadline, const std::string& reason = "");
+  // Answers receivers that gave up on a request (docs/design.md invariant 4): drains this
+  // transport's notices and, for each kQuietRequest, stops the request's writes (as Abort
+  // does, without waiting) and answers kQuiet once none of them can still land. A request it
+  // does not stream (never begun, or over) is answered at once, and a later Begin of it to
+  // that receiver is refused (FailedPrecondition), so an answer is never followed by a write.
+  // Returns the number of answers sent. Call from one thread, often (QuietResponder).
+  int ServeQuietRequests();
+  // Quiet requests waiting for their request's writes to end.
+  int64_t pending_quiet_requests() const;
   int64_t active_requests() const;
   // The write of `layer` of a request once it was posted (to time when it lands); NotFound for
   // an unknown request or a layer not posted (yet).
@@ -95,7 +108,13 @@ class KvStreamSender {
     std::vector<StagedWait> staged;  // per layer: staged, not yet posted (else empty)
     std::optional<std::string> final_payload;  // Finish came while staged layers were pending
     bool finished = false;
+    bool abandoned = false;  // the receiver asked for quiet: nothing more is posted
     std::vector<TransferHandle> handles;
+  };
+  struct QuietAsk {
+    PeerId peer = 0;
+    uint64_t receiver_instance = 0;
+    uint64_t request_id = 0;
   };
   // Posts one layer's write / the final notice (the caller checked the layer is unposted).
   absl::Status PostLayerLocked(uint64_t id, Active& a, int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -111,6 +130,9 @@ class KvStreamSender {
   const int64_t local_num_blocks_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Active> active_ ABSL_GUARDED_BY(mu_);
+  std::vector<QuietAsk> quiet_asks_ ABSL_GUARDED_BY(mu_);  // not answered yet
+  // (receiver instance, request id) answered quiet: Begin refuses them. Pruned after an hour.
+  std::map<std::pair<uint64_t, uint64_t>, absl::Time> answered_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace duet::transfer

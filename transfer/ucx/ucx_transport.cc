@@ -164,6 +164,7 @@ absl::StatusOr<std::string> UcxTransport::LocalAddress() {
     a.region_key = slot_->rkey;
   }
   a.worker_address = worker_address_;
+  a.write_mode = options_.write_mode;
   FillProcessIdentity(a);
   return EncodePeerAddress(a);
 }
@@ -184,6 +185,12 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& blob, absl::Time
   PeerId id;
   {
     absl::MutexLock lock(&peers_mu_);
+    if (fenced_instances_.count(a.instance)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ucx transport '", options_.name, "': peer '", a.name,
+                       "' was fenced (it did not "
+                       "confirm a transfer quiet in time); a new instance of it may connect"));
+    }
     auto it = peer_by_instance_.find(a.instance);
     if (it != peer_by_instance_.end() && !peers_[it->second]->closed &&
         peers_[it->second]->status.ok()) {
@@ -340,6 +347,14 @@ absl::Status UcxTransport::FinishConnect(std::unique_ptr<PeerConn> conn) {
         absl::StrCat("unknown write_mode '", options_.write_mode, "'"));
   }
   conn->meta->lane = conn->mapped_base != nullptr ? "memcpy" : (conn->use_put ? "put" : "am");
+  // Can this side stop the peer's writes into our region (Fence)? Only if all of them come as
+  // our "am" data messages, which our handler can drop: the peer does not force puts (UCX
+  // applies puts itself, even emulated ones), and no lane between us could map our region
+  // (posix, sysv), write it directly (cma, knem, xpmem) or put into it (an rma_bw lane).
+  conn->meta->revocable = a.write_mode != "put" && !has_rma_lane;
+  for (const char* tl : {"posix/", "sysv/", "cma/", "knem/", "xpmem/", "self/"}) {
+    if (absl::StrContains(ep_info, tl)) conn->meta->revocable = false;
+  }
   DUET_LOG(DEBUG) << "ucx '" << options_.name << "' -> '" << a.name << "': lane "
                   << conn->meta->lane << (is_mapped ? " (remote region mapped)" : "")
                   << (conn->peer_err_mode ? ", err mode peer" : ", err mode none + watchdog")
@@ -430,6 +445,98 @@ absl::Status UcxTransport::Disconnect(PeerId peer, absl::Time deadline) {
   auto it = peers_.find(peer);
   if (it != peers_.end()) it->second->closed = true;
   return s;
+}
+
+absl::StatusOr<FenceResult> UcxTransport::Fence(PeerId peer, absl::Time deadline) {
+  std::string name;
+  uint64_t instance;
+  bool revocable;
+  {
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("ucx transport '", options_.name, "': no peer ", peer));
+    }
+    PeerMeta& m = *it->second;
+    name = m.address.name;
+    instance = m.address.instance;
+    revocable = m.revocable;
+    fenced_instances_.insert(instance);  // no new Connect to it
+    m.fenced = true;
+  }
+  if (!revocable) {
+    // It may map our region or write it with puts UCX applies itself: nothing here can stop
+    // that. Keep the endpoint, so that its notices and its process's exit are still seen.
+    DUET_LOG(WARNING) << "ucx '" << options_.name << "': fenced peer '" << name
+                      << "'; its writes cannot be revoked (shared memory or one-sided lane)";
+    return FenceResult{false, absl::StrCat("peer '", name,
+                                           "' writes over shared memory or a "
+                                           "one-sided lane: not revocable")};
+  }
+  // From now on the worker drops its data messages and its data-bearing notices; then close
+  // the endpoint, and wait until no receive of its data that was already posted can land.
+  DUET_RETURN_IF_ERROR(RunOnWorker(
+      [this, peer, instance] {
+        dropped_senders_.insert(instance);
+        for (auto it = arrivals_.begin(); it != arrivals_.end();) {
+          it = it->first.first == instance ? arrivals_.erase(it) : std::next(it);
+        }
+        stats_.SetPendingArrivals(static_cast<int64_t>(arrivals_.size()));
+        auto it = conns_.find(peer);
+        if (it != conns_.end()) {
+          PeerConn& c = *it->second;
+          for (auto& t : active_) {
+            if (t->peer == &c) {
+              if (!t->completed) {
+                t->rec->Complete(absl::UnavailableError("endpoint closed: peer fenced"));
+                t->completed = true;
+              }
+              t->peer = nullptr;
+            }
+          }
+          c.rkey.reset();
+          if (c.ep != nullptr) {
+            c.ep.get_deleter().force = true;  // a silent peer would stall a graceful close
+            c.ep.reset();
+          }
+          conns_.erase(it);
+        }
+        return absl::OkStatus();
+      },
+      deadline));
+  auto inflight = std::make_shared<std::atomic<int>>(0);
+  while (true) {
+    DUET_RETURN_IF_ERROR(RunOnWorker(
+        [this, instance, inflight] {
+          auto it = rndv_inflight_.find(instance);
+          inflight->store(it == rndv_inflight_.end() ? 0 : it->second);
+          return absl::OkStatus();
+        },
+        deadline));
+    if (inflight->load() == 0) break;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("ucx transport '", options_.name,
+                                                      "': fencing '", name, "': ", inflight->load(),
+                                                      " receives of its data still in flight"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  {
+    // Only now: PeerStatus reporting it closed lets the tracker release its blocks.
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peers_.find(peer);
+    if (it != peers_.end()) {
+      it->second->closed = true;
+      it->second->status = absl::UnavailableError(
+          absl::StrCat("peer '", name, "' fenced: it did not confirm a transfer quiet in time"));
+    }
+  }
+  DUET_LOG(WARNING) << "ucx '" << options_.name << "': fenced peer '" << name
+                    << "': its data is dropped and its endpoint closed";
+  return FenceResult{true, absl::StrCat("peer '", name,
+                                        "' writes through our data messages "
+                                        "(am lane): dropped from now on, endpoint closed")};
 }
 
 // ---------------------------------------------------------------------------------------------

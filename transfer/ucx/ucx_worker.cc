@@ -372,7 +372,13 @@ void UcxTransport::Landed(uint64_t sender, uint64_t xfer, uint64_t bytes) {
 
 void UcxTransport::OnRecvDone(void* request, ucs_status_t status, size_t length, void* user_data) {
   auto* ctx = static_cast<RecvCtx*>(user_data);
-  if (status == UCS_OK) {
+  if (auto it = ctx->self->rndv_inflight_.find(ctx->sender);
+      it != ctx->self->rndv_inflight_.end() && --it->second <= 0) {
+    ctx->self->rndv_inflight_.erase(it);
+  }
+  if (ctx->self->dropped_senders_.count(ctx->sender)) {
+    // Landed (or failed) after the sender was fenced: a record of it would never settle.
+  } else if (status == UCS_OK) {
     if (ctx->tracked) ctx->self->Landed(ctx->sender, ctx->xfer, ctx->length);
   } else {
     DUET_LOG(WARNING) << "ucx: rendezvous receive of " << ctx->length
@@ -392,6 +398,7 @@ ucs_status_t UcxTransport::OnData(void* arg, const void* header, size_t header_l
   }
   DataHeader h;
   std::memcpy(&h, header, sizeof(h));
+  if (self->dropped_senders_.count(h.sender)) return UCS_OK;  // fenced: never lands
   uint8_t* dst = nullptr;
   {
     absl::MutexLock lock(&self->slot_->mu);
@@ -419,7 +426,9 @@ ucs_status_t UcxTransport::OnData(void* arg, const void* header, size_t header_l
   if (UCS_PTR_IS_ERR(r)) {
     DUET_LOG(WARNING) << "ucx: ucp_am_recv_data_nbx: " << ucs_status_string(UCS_PTR_STATUS(r));
     delete ctx;
-  } else if (r == nullptr) {
+  } else if (r != nullptr) {
+    ++self->rndv_inflight_[h.sender];  // Fence waits for these (OnRecvDone)
+  } else {
     if (ctx->tracked) self->Landed(ctx->sender, ctx->xfer, ctx->length);
     delete ctx;
   }
@@ -436,6 +445,8 @@ ucs_status_t UcxTransport::OnNotice(void* arg, const void* header, size_t header
   NoticeHeader h;
   std::memcpy(&h, header, sizeof(h));
   std::string payload(static_cast<const char*>(data), length);
+  // A fenced sender's data is dropped, so a notice that waits for data would never settle.
+  if (h.data_bytes != 0 && self->dropped_senders_.count(h.sender)) return UCS_OK;
   if (h.data_bytes == 0) {
     if ((h.flags & kNoticeDiscard) == 0) self->Deliver(h.sender, std::move(payload));
     return UCS_OK;

@@ -624,5 +624,30 @@ TEST_F(DecodeSchedulerTest, ShutdownEndsEverything) {
   EXPECT_EQ(stats.available() + stats.quarantined, stats.total);
 }
 
+// A sender that never confirms a released transfer quiet is fenced after the bound: over inproc
+// (its writes revoked) the blocks come back, the fence is counted, and a new Reserve naming it
+// fails as an unreachable sender (the coordinator then routes again without it).
+TEST(DecodeSchedulerQuarantine, SilentSenderIsFencedAfterTheBound) {
+  DecodeHarness h;
+  ASSERT_TRUE(h.Init({.kv_quarantine_bound = absl::Milliseconds(200)}).ok());
+  const std::vector<int32_t> prompt = h.Encode("a sender that stops answering");
+  auto res = h.scheduler().Reserve(h.Args("q", prompt, {.max_tokens = 4}));
+  ASSERT_TRUE(res.ok()) << res.status();
+  ASSERT_TRUE(h.Prefill(prompt, {.max_tokens = 4}, *res, /*layers_to_send=*/1).ok());
+  const absl::Time released = absl::Now();
+  EXPECT_TRUE(h.scheduler().Release("q").found);
+  const int64_t held = static_cast<int64_t>(res->blocks.size());
+  EXPECT_TRUE(Eventually([&] { return h.scheduler().quarantine_stats().blocks == held; }));
+  EXPECT_TRUE(Eventually([&] { return AllFree(h); }, absl::Seconds(3)));
+  EXPECT_GE(absl::Now() - released, absl::Milliseconds(200));
+  const QuarantineStats q = h.scheduler().quarantine_stats();
+  EXPECT_EQ(q.fenced_senders, 1);
+  EXPECT_EQ(q.overdue_blocks, 0);
+  auto again = h.scheduler().Reserve(h.Args("r", prompt, {.max_tokens = 4}));
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find("connecting to sender"), std::string::npos)
+      << again.status();
+}
+
 }  // namespace
 }  // namespace duet::decode

@@ -140,7 +140,8 @@ absl::Status DecodeHarness::Init(const HarnessOptions& o) {
                                                  .finished_linger = absl::Seconds(30),
                                                  .idle_wait = absl::Milliseconds(2),
                                                  .release_wait = o.release_wait,
-                                                 .host_mirror = mirror},
+                                                 .host_mirror = mirror,
+                                                 .kv_quarantine_bound = o.kv_quarantine_bound},
                                                 &d_engine_->runner(), d_pool_.get(), d_.get()));
   return absl::OkStatus();
 }

@@ -35,6 +35,8 @@ struct HarnessOptions {
   // D's pool in its backend's KV memory and the transport region a host mirror of it that
   // admission copies from (the --kv_staging path), instead of the pool being the region.
   bool staged = false;
+  // DecodeSchedulerOptions::kv_quarantine_bound.
+  absl::Duration kv_quarantine_bound = absl::Seconds(10);
 };
 
 // The prefill side: a LocalEngine (also the single-process reference) whose KV pool is

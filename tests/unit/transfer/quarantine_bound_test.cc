@@ -1,0 +1,195 @@
+// The bound on quarantine (docs/design.md invariant 4): a quarantined request's sender is asked
+// to confirm it is quiet; one that does not answer within the bound is fenced, and its blocks
+// are released only where the fence revokes its writes (inproc as tcp), else reported overdue
+// until it answers or is gone (inproc modelling shared memory).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "common/base/clock.h"
+#include "common/kv/block_pool.h"
+#include "transfer/kv_stream/kv_arrival_tracker.h"
+#include "transfer/kv_stream/kv_notice.h"
+#include "transfer/kv_stream/kv_stream_sender.h"
+#include "transfer/kv_stream/quiet_responder.h"
+#include "transfer/transport.h"
+
+namespace duet::transfer {
+namespace {
+
+constexpr int kLayers = 2;
+constexpr int kBlocks = 16;
+constexpr absl::Duration kBound = absl::Milliseconds(150);
+
+kv::KvLayout Layout() {
+  return kv::KvLayout{.model_id = "tiny",
+                      .num_layers = kLayers,
+                      .num_kv_heads = 1,
+                      .head_dim = 4,
+                      .block_size = 2,
+                      .dtype = kv::KvDtype::kF32};
+}
+
+// P (sender) and D (receiver) over inproc; D's fence revokes P's writes unless `shm`.
+class QuarantineBoundTest : public ::testing::TestWithParam<bool> {
+ protected:
+  bool shm() const { return GetParam(); }
+  void SetUp() override {
+    p_ = *CreateTransport("inproc", {.name = "prefill", .layout = Layout()});
+    d_ = *CreateTransport("inproc",
+                          {.name = "decode", .layout = Layout(), .inproc_revocable = !shm()});
+    p_region_ = *p_->AllocateRegion(Layout().RegionBytes(kBlocks));
+    d_region_ = *d_->AllocateRegion(Layout().RegionBytes(kBlocks));
+    p_pool_ = *kv::BlockPool::CreateOver(Layout(), kBlocks, p_region_->base(), p_region_->bytes());
+    d_pool_ = *kv::BlockPool::CreateOver(Layout(), kBlocks, d_region_->base(), d_region_->bytes());
+    to_d_ = *p_->Connect(*d_->LocalAddress(), DeadlineIn(absl::Seconds(1)));
+    to_p_ = *d_->Connect(*p_->LocalAddress(), DeadlineIn(absl::Seconds(1)));
+    sender_ = *KvStreamSender::Create(p_.get(), Layout(), kBlocks);
+    tracker_ = std::make_unique<KvArrivalTracker>(
+        d_.get(), d_pool_.get(), KvArrivalTrackerOptions{.quarantine_bound = kBound});
+  }
+
+  // Request `id`: expected by D, begun by P, layer 0 posted, then aborted by D (quarantined).
+  std::vector<kv::BlockId> BeginAndAbort(uint64_t id, int n) {
+    std::vector<kv::BlockId> local = *p_pool_->Allocate(n);
+    std::vector<kv::BlockId> remote = *d_pool_->Allocate(n);
+    EXPECT_TRUE(tracker_->Expect(id, to_p_, remote, DeadlineIn(absl::Seconds(30))).ok());
+    EXPECT_TRUE(sender_->Begin({id, to_d_, local, remote}).ok());
+    EXPECT_TRUE(sender_->OnLayerDone(0, {id}).ok());
+    tracker_->Pump();
+    EXPECT_TRUE(tracker_->Abort(id, "client went away").ok());
+    EXPECT_EQ(tracker_->WaitReady(id, DeadlineIn(absl::Seconds(1))).status().code(),
+              absl::StatusCode::kAborted);
+    return local;
+  }
+
+  // Pumps D until `done` or `limit`; true if `done`.
+  bool PumpUntil(const std::function<bool()>& done, absl::Duration limit) {
+    const absl::Time deadline = DeadlineIn(limit);
+    while (!done()) {
+      if (absl::Now() >= deadline) return false;
+      tracker_->Pump();
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return true;
+  }
+
+  std::unique_ptr<Transport> p_, d_;
+  std::unique_ptr<MemoryRegion> p_region_, d_region_;
+  std::unique_ptr<kv::BlockPool> p_pool_, d_pool_;
+  PeerId to_d_ = 0, to_p_ = 0;
+  std::unique_ptr<KvStreamSender> sender_;
+  std::unique_ptr<KvArrivalTracker> tracker_;
+};
+
+TEST_P(QuarantineBoundTest, SenderThatAnswersQuietReleasesWithinTheBound) {
+  BeginAndAbort(1, 3);
+  EXPECT_EQ(tracker_->quarantined_blocks(), 3);
+  tracker_->Pump();  // asks P
+  EXPECT_EQ(tracker_->quarantined_blocks(), 3);
+  EXPECT_EQ(sender_->ServeQuietRequests(), 1);      // P stops request 1 and answers
+  EXPECT_FALSE(sender_->OnLayerDone(1, {1}).ok());  // nothing more is posted for it
+  tracker_->Pump();
+  EXPECT_EQ(tracker_->quarantined_blocks(), 0);
+  EXPECT_EQ(d_pool_->Stats().free, kBlocks);
+  EXPECT_EQ(tracker_->fenced_senders(), 0);
+  EXPECT_EQ(tracker_->quarantined_overdue_blocks(), 0);
+}
+
+TEST_P(QuarantineBoundTest, UnknownRequestIsAnsweredAndALaterBeginRefused) {
+  // D timed out before P began (the Prefill call is late): P must not write after answering.
+  std::vector<kv::BlockId> remote = *d_pool_->Allocate(2);
+  ASSERT_TRUE(tracker_->Expect(2, to_p_, remote, DeadlineIn(absl::Milliseconds(10))).ok());
+  absl::SleepFor(absl::Milliseconds(20));
+  tracker_->Pump();  // deadline: quarantined, asked
+  EXPECT_EQ(tracker_->quarantined_blocks(), 2);
+  EXPECT_EQ(sender_->ServeQuietRequests(), 1);
+  tracker_->Pump();
+  EXPECT_EQ(tracker_->quarantined_blocks(), 0);
+  std::vector<kv::BlockId> local = *p_pool_->Allocate(2);
+  absl::Status begin = sender_->Begin({2, to_d_, local, remote});
+  EXPECT_EQ(begin.code(), absl::StatusCode::kFailedPrecondition) << begin;
+}
+
+TEST_P(QuarantineBoundTest, QuietResponderThreadAnswers) {
+  QuietResponder responder(p_.get(), sender_.get());
+  BeginAndAbort(3, 2);
+  EXPECT_TRUE(PumpUntil([&] { return tracker_->quarantined_blocks() == 0; }, kBound / 2));
+  EXPECT_EQ(responder.answers_sent(), 1);
+  EXPECT_EQ(tracker_->fenced_senders(), 0);
+}
+
+TEST_P(QuarantineBoundTest, SilentSenderIsFencedAfterTheBound) {
+  std::vector<kv::BlockId> local = BeginAndAbort(4, 4);
+  const absl::Time quarantined = absl::Now();
+  tracker_->Pump();
+  EXPECT_EQ(tracker_->quarantined_blocks(), 4);
+  EXPECT_EQ(tracker_->quarantined_overdue_blocks(), 0);
+  // P is alive and says nothing (stopped). Within the bound nothing changes.
+  ASSERT_TRUE(PumpUntil([&] { return tracker_->fenced_senders() == 1; }, kBound * 4));
+  EXPECT_GE(absl::Now() - quarantined, kBound);
+  // A late write of the fenced sender (it wakes up and posts layer 1).
+  const absl::Status late = sender_->OnLayerDone(1, {4});
+  if (!shm()) {
+    // tcp-like: the fence revoked P's writes, so the blocks are back at once.
+    EXPECT_EQ(tracker_->quarantined_blocks(), 0);
+    EXPECT_EQ(tracker_->quarantined_overdue_blocks(), 0);
+    EXPECT_EQ(d_pool_->Stats().free, kBlocks);
+    EXPECT_FALSE(late.ok());  // refused: it cannot land
+  } else {
+    // Shared memory: the write still lands, so the blocks stay quarantined and are overdue.
+    EXPECT_TRUE(late.ok()) << late;
+    tracker_->Pump();
+    EXPECT_EQ(tracker_->quarantined_blocks(), 4);
+    EXPECT_EQ(tracker_->quarantined_overdue_blocks(), 4);
+    // Once it answers quiet they are released.
+    EXPECT_EQ(sender_->ServeQuietRequests(), 1);
+    tracker_->Pump();
+    EXPECT_EQ(tracker_->quarantined_blocks(), 0);
+    EXPECT_EQ(tracker_->quarantined_overdue_blocks(), 0);
+    EXPECT_EQ(d_pool_->Stats().free, kBlocks);
+  }
+  // The fenced sender gets no new transfer from this node.
+  std::vector<kv::BlockId> remote = *d_pool_->Allocate(1);
+  EXPECT_EQ(tracker_->Expect(5, to_p_, remote, DeadlineIn(absl::Seconds(1))).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d_->Connect(*p_->LocalAddress(), DeadlineIn(absl::Seconds(1))).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(d_pool_->Free(remote).ok());
+}
+
+TEST_P(QuarantineBoundTest, OverdueBlocksOfASilentSenderAreReleasedWhenItIsGone) {
+  BeginAndAbort(6, 3);
+  ASSERT_TRUE(PumpUntil([&] { return tracker_->fenced_senders() == 1; }, kBound * 4));
+  if (!shm()) {
+    EXPECT_EQ(tracker_->quarantined_blocks(), 0);
+    return;
+  }
+  EXPECT_EQ(tracker_->quarantined_overdue_blocks(), 3);
+  absl::SleepFor(kBound);
+  tracker_->Pump();
+  EXPECT_EQ(tracker_->quarantined_blocks(), 3);  // alive and mapped: still held
+  sender_.reset();
+  p_.reset();  // its process is gone: nothing can land any more
+  tracker_->Pump();
+  EXPECT_EQ(tracker_->quarantined_blocks(), 0);
+  EXPECT_EQ(d_pool_->Stats().free, kBlocks);
+}
+
+TEST_P(QuarantineBoundTest, WaitingRequestsOfAFencedSenderFail) {
+  BeginAndAbort(7, 2);
+  std::vector<kv::BlockId> remote = *d_pool_->Allocate(2);
+  ASSERT_TRUE(tracker_->Expect(8, to_p_, remote, DeadlineIn(absl::Seconds(30))).ok());
+  ASSERT_TRUE(PumpUntil([&] { return tracker_->fenced_senders() == 1; }, kBound * 4));
+  absl::StatusOr<std::string> r = tracker_->WaitReady(8, DeadlineIn(absl::Seconds(1)));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_EQ(tracker_->quarantined_blocks(), shm() ? 4 : 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, QuarantineBoundTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "SharedMemory" : "Revocable";
+                         });
+
+}  // namespace
+}  // namespace duet::transfer
