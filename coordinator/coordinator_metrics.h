@@ -1,5 +1,6 @@
 // The coordinator's metrics (Prometheus names duet_coordinator_*): requests by outcome, TTFT,
-// TPOT and end-to-end latency histograms, requests in flight, node heartbeats and deaths, routing
+// TPOT and end-to-end latency histograms, requests in flight, node heartbeats and deaths, the
+// coordinator's own stalls, routing
 // decisions by reason (RouteReasonName). The node-load and index gauges are callbacks the server
 // registers over its NodeRegistry and PrefixIndex.
 //
@@ -33,6 +34,9 @@ struct CoordinatorMetrics {
   metrics::Gauge& active;
   metrics::Family<metrics::Counter>& heartbeats;
   metrics::Counter& node_deaths;
+  // The coordinator's own stalls (timer ticks late by more than max_tick_gap), not counted as
+  // node silence.
+  metrics::Counter& stalled_seconds;
   metrics::Family<metrics::Counter>& routing_decisions;  // {reason}
   metrics::Counter& prompt_blocks_cached;  // prompt blocks the chosen D held (not sent)
 };
