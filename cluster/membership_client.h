@@ -9,9 +9,9 @@
 // which must not wait on the engine's compute. The channel to the coordinator retries a lost
 // connection every 200 ms at most (rpc::ReconnectBackoff, not gRPC's backoff that grows to
 // 120 s), and heartbeats and registrations wait for it (wait_for_ready, within their deadline),
-// so after a coordinator restart the pending heartbeat goes out as soon as the coordinator
-// listens again, is answered NOT_FOUND, and the node is registered again within about one
-// heartbeat interval of the coordinator's return.
+// so after a coordinator restart the pending heartbeat goes out within 200 ms of the coordinator
+// listening again, is answered NOT_FOUND, and the node is registered again within one heartbeat
+// interval of the coordinator's return.
 //
 // Prefix cache (optional): with `kv_events` set, every heartbeat carries the node's cache events
 // (v1::KvEvents). A snapshot of the whole cache goes with the first heartbeat after every
