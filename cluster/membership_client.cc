@@ -22,7 +22,8 @@ uint64_t NextEpoch(uint64_t previous) {
 
 MembershipClient::MembershipClient(MembershipClientOptions options)
     : options_(std::move(options)),
-      stub_(duet::v1::Membership::NewStub(rpc::MakeChannel(options_.coordinator_address))) {}
+      stub_(duet::v1::Membership::NewStub(
+          rpc::MakeChannel(options_.coordinator_address, rpc::ReconnectBackoff{}))) {}
 
 absl::StatusOr<std::unique_ptr<MembershipClient>> MembershipClient::Start(
     MembershipClientOptions options) {
@@ -47,7 +48,11 @@ absl::Status MembershipClient::Register(absl::Time deadline) {
   absl::Duration backoff = absl::Milliseconds(50);
   while (true) {
     grpc::ClientContext ctx;
-    rpc::SetDeadline(ctx, absl::Seconds(5));
+    // A coordinator not up yet (or restarting) is waited for: the call goes out as soon as the
+    // channel connects, instead of failing at once and sleeping.
+    ctx.set_wait_for_ready(true);
+    rpc::SetDeadline(ctx,
+                     std::clamp(deadline - absl::Now(), absl::Milliseconds(100), absl::Seconds(5)));
     duet::v1::RegisterResponse resp;
     last = rpc::FromGrpcStatus(
         stub_->Register(&ctx, req, &resp),
@@ -66,9 +71,13 @@ absl::Status MembershipClient::Register(absl::Time deadline) {
         last.code() != absl::StatusCode::kDeadlineExceeded) {
       return last;
     }
-    if (absl::Now() + backoff > deadline || stop_.HasBeenNotified()) return last;
+    if (stop_.HasBeenNotified()) return last;
+    if (absl::Now() + backoff > deadline) {
+      return Annotate(last, absl::StrCat("no answer from the coordinator within ",
+                                         absl::FormatDuration(options_.register_timeout)));
+    }
     absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(1));
+    backoff = std::min(backoff * 2, absl::Milliseconds(250));
   }
 }
 
@@ -103,9 +112,21 @@ bool MembershipClient::SendHeartbeat(const duet::v1::KvEvents* events) {
   if (options_.load) *req.mutable_load() = options_.load();
   if (events != nullptr) *req.mutable_kv_events() = *events;
   grpc::ClientContext ctx;
+  // Waits for a lost connection to come back (within the deadline) rather than failing at once,
+  // so the first heartbeat after a coordinator restart goes out as soon as it listens again.
+  ctx.set_wait_for_ready(true);
   rpc::SetDeadline(ctx, std::max(interval_, absl::Seconds(1)));
   duet::v1::HeartbeatResponse resp;
-  absl::Status s = rpc::FromGrpcStatus(stub_->Heartbeat(&ctx, req, &resp));
+  absl::Status s = rpc::FromGrpcStatus(
+      stub_->Heartbeat(&ctx, req, &resp),
+      absl::StrCat("heartbeat of ", node_id(), " to ", options_.coordinator_address));
+  if (s.ok() || s.code() == absl::StatusCode::kNotFound) {
+    if (failed_heartbeats_ > 0) {
+      DUET_LOG(INFO) << "the coordinator " << options_.coordinator_address
+                     << " answers again after " << failed_heartbeats_ << " failed heartbeats";
+    }
+    failed_heartbeats_ = 0;
+  }
   if (s.ok()) {
     if (events != nullptr && events->snapshot()) want_snapshot_ = false;
     if (resp.want_kv_snapshot()) want_snapshot_ = true;
@@ -123,8 +144,8 @@ bool MembershipClient::SendHeartbeat(const duet::v1::KvEvents* events) {
       return true;
     }
     DUET_LOG(ERROR) << "re-registration failed: " << r;
-  } else {
-    DUET_LOG(WARNING) << "heartbeat to " << options_.coordinator_address << " failed: " << s;
+  } else if (failed_heartbeats_++ == 0) {  // one line per outage, not one per heartbeat
+    DUET_LOG(WARNING) << s << " (retrying every heartbeat interval)";
   }
   return false;
 }

@@ -5,6 +5,14 @@
 // (a larger epoch), because the coordinator already dropped everything the old one owned.
 // Deregisters on destruction.
 //
+// Liveness: the heartbeat thread is the client's own and calls only `load` and `kv_events`,
+// which must not wait on the engine's compute. The channel to the coordinator retries a lost
+// connection every 200 ms at most (rpc::ReconnectBackoff, not gRPC's backoff that grows to
+// 120 s), and heartbeats and registrations wait for it (wait_for_ready, within their deadline),
+// so after a coordinator restart the pending heartbeat goes out within 200 ms of the coordinator
+// listening again, is answered NOT_FOUND, and the node is registered again within one heartbeat
+// interval of the coordinator's return.
+//
 // Prefix cache (optional): with `kv_events` set, every heartbeat carries the node's cache events
 // (v1::KvEvents). A snapshot of the whole cache goes with the first heartbeat after every
 // (re-)registration (the coordinator starts each incarnation from one), when the coordinator
@@ -75,6 +83,8 @@ class MembershipClient {
   absl::Duration interval_ = absl::Seconds(1);
   // Heartbeat thread only (and Start, before it runs): send a snapshot with the next heartbeat.
   bool want_snapshot_ = true;
+  // Heartbeat thread only: heartbeats failed in a row (logged when it starts and ends).
+  int failed_heartbeats_ = 0;
   absl::Notification stop_;
   std::thread thread_;
 };

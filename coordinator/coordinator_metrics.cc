@@ -35,6 +35,12 @@ CoordinatorMetrics::CoordinatorMetrics()
                       .AddCounter("duet_coordinator_node_deaths_total",
                                   "Nodes declared dead (missed heartbeats) or deregistered", {})
                       .WithLabels({})),
+      stalled_seconds(registry
+                          .AddCounter("duet_coordinator_stalled_seconds_total",
+                                      "Time the coordinator itself did not run (its timer ticked "
+                                      "late), not counted as node silence",
+                                      {})
+                          .WithLabels({})),
       routing_decisions(registry.AddCounter(
           "duet_coordinator_routing_decisions_total",
           "Requests routed, by the prompt blocks the chosen nodes held in their prefix caches "

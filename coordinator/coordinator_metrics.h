@@ -1,8 +1,9 @@
 // The coordinator's metrics (Prometheus names duet_coordinator_*): requests by outcome, TTFT,
-// TPOT and end-to-end latency histograms, requests in flight, node heartbeats and deaths, routing
-// decisions by reason (RouteReasonName), resumes on another decode node by cause, requests
-// waiting for room, re-routes away from unresponsive nodes. The node-load and index gauges are
-// callbacks the server registers over its NodeRegistry and PrefixIndex.
+// TPOT and end-to-end latency histograms, requests in flight, node heartbeats and deaths, the
+// coordinator's own stalls, routing decisions by reason (RouteReasonName), resumes on another
+// decode node by cause, requests waiting for room, re-routes away from unresponsive nodes. The
+// node-load and index gauges are callbacks the server registers over its NodeRegistry and
+// PrefixIndex.
 //
 //   CoordinatorMetrics m;
 //   m.RecordRequest(status, start, first_token_at, last_token_at, tokens);
@@ -34,6 +35,9 @@ struct CoordinatorMetrics {
   metrics::Gauge& active;
   metrics::Family<metrics::Counter>& heartbeats;
   metrics::Counter& node_deaths;
+  // The coordinator's own stalls (timer ticks late by more than max_tick_gap), not counted as
+  // node silence.
+  metrics::Counter& stalled_seconds;
   metrics::Family<metrics::Counter>& routing_decisions;  // {reason}
   metrics::Counter& prompt_blocks_cached;  // prompt blocks the chosen D held (not sent)
   // Requests continued on another decode node, by cause (preempted, decode_lost).

@@ -306,10 +306,21 @@ void CoordinatorServer::Impl::TimerLoop() {
     if (stopping_.load()) break;
     lock.unlock();
     const absl::Time now = absl::Now();
-    for (const NodeIncarnation& dead : registry_.ExpireDead(now)) {
-      DUET_LOG(WARNING) << "node " << dead.ToString() << " missed its heartbeat deadline: dead";
+    // The registry measures silence only while this loop runs: a late tick is our own stall.
+    const ExpireOutcome expired = registry_.ExpireDead(now);
+    if (expired.stall > absl::ZeroDuration()) {
+      metrics_.stalled_seconds.Increment(absl::ToDoubleSeconds(expired.stall));
+      DUET_LOG(WARNING) << "the coordinator's timer did not run for "
+                        << absl::FormatDuration(expired.stall + registry_.max_tick_gap())
+                        << " (the process was stopped or starved): "
+                        << absl::FormatDuration(expired.stall)
+                        << " of it not counted as node silence";
+    }
+    for (const NodeInfo& dead : expired.dead) {
+      DUET_LOG(WARNING) << "node " << dead.node.ToString()
+                        << " declared dead: " << DeathCause(dead);
       metrics_.node_deaths.Increment();
-      DropNode(dead, now);
+      DropNode(dead.node, now);
     }
     Apply(tracker_.ExpireDeadlines(now));
     lock.lock();

@@ -8,7 +8,19 @@
 
 namespace duet::coordinator {
 
-NodeRegistry::NodeRegistry(Options options) : options_(std::move(options)) {
+std::string DeathCause(const NodeInfo& info) {
+  const absl::Duration discounted =
+      std::max(info.died_at - info.last_heartbeat - info.silence, absl::ZeroDuration());
+  return absl::StrCat("no heartbeat since ", absl::FormatTime(info.last_heartbeat), ": silent for ",
+                      absl::FormatDuration(info.silence), " while the coordinator ran",
+                      discounted > absl::Milliseconds(1)
+                          ? absl::StrCat(" (and ", absl::FormatDuration(discounted),
+                                         " more while the coordinator itself stalled, not counted)")
+                          : "");
+}
+
+NodeRegistry::NodeRegistry(Options options)
+    : options_(std::move(options)), clock_(options_.max_tick_gap) {
   if (options_.cluster_layout) {
     cluster_layout_ = options_.cluster_layout;
     cluster_layout_source_ = "cluster (configured)";
@@ -87,6 +99,7 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
   info.prefix_cache = registration.prefix_cache;
   info.registered_at = now;
   info.last_heartbeat = now;
+  info.heard_at = clock_.At(now);
   info.alive = true;
   nodes_[node.node_id] = info;
   outcome.info = std::move(info);
@@ -109,10 +122,9 @@ absl::Status CheckCurrent(const absl::btree_map<NodeId, NodeInfo>& nodes,
         node.epoch < cur.node.epoch ? " (this one was superseded)" : " (register first)"));
   }
   if (!cur.alive) {
-    return absl::NotFoundError(
-        absl::StrCat(op, " ", node.ToString(), ": declared dead at ", absl::FormatTime(cur.died_at),
-                     " after no heartbeat since ", absl::FormatTime(cur.last_heartbeat),
-                     "; re-register with a larger epoch"));
+    return absl::NotFoundError(absl::StrCat(op, " ", node.ToString(), ": declared dead at ",
+                                            absl::FormatTime(cur.died_at), " (", DeathCause(cur),
+                                            "); re-register with a larger epoch"));
   }
   return absl::OkStatus();
 }
@@ -127,6 +139,7 @@ absl::Status NodeRegistry::Heartbeat(const NodeIncarnation& node, const NodeLoad
   info.load = load;
   ++info.heartbeats;
   if (now > info.last_heartbeat) info.last_heartbeat = now;
+  info.heard_at = std::max(info.heard_at, clock_.At(now));
   return absl::OkStatus();
 }
 
@@ -141,17 +154,20 @@ absl::Status NodeRegistry::Deregister(const NodeIncarnation& node) {
   return absl::OkStatus();
 }
 
-std::vector<NodeIncarnation> NodeRegistry::ExpireDead(absl::Time now) {
-  std::vector<NodeIncarnation> dead;
+ExpireOutcome NodeRegistry::ExpireDead(absl::Time now) {
+  ExpireOutcome out;
   absl::MutexLock lock(&mu_);
+  out.stall = clock_.Tick(now);
   for (auto& [id, info] : nodes_) {
-    if (info.alive && now - info.last_heartbeat > options_.heartbeat_timeout) {
+    const absl::Duration silence = clock_.now() - info.heard_at;
+    if (info.alive && silence > options_.heartbeat_timeout) {
       info.alive = false;
       info.died_at = now;
-      dead.push_back(info.node);
+      info.silence = silence;
+      out.dead.push_back(info);
     }
   }
-  return dead;
+  return out;
 }
 
 namespace {
@@ -229,10 +245,16 @@ std::optional<absl::Time> NodeRegistry::NextExpiry() const {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, info] : nodes_) {
     if (!info.alive) continue;
-    absl::Time t = info.last_heartbeat + options_.heartbeat_timeout;
+    const absl::Time t = clock_.WallTimeOf(info.heard_at + options_.heartbeat_timeout);
+    if (t == absl::InfiniteFuture()) continue;  // no tick yet
     if (!next || t < *next) next = t;
   }
   return next;
+}
+
+absl::Duration NodeRegistry::stalled() const {
+  absl::MutexLock lock(&mu_);
+  return clock_.stalled();
 }
 
 }  // namespace duet::coordinator

@@ -7,7 +7,8 @@
 //   DUET_ASSIGN_OR_RETURN(RegisterOutcome out, registry.Register(reg, now));
 //   if (out.replaced) tracker.OnNodeDead(*out.replaced, now);   // the old incarnation is gone
 //   DUET_RETURN_IF_ERROR(registry.Heartbeat(reg.node, load, now));
-//   for (const NodeIncarnation& dead : registry.ExpireDead(now)) tracker.OnNodeDead(dead, now);
+//   // The timer loop, every 50 ms: the registry's clock of the coordinator's own running time.
+//   for (const NodeInfo& dead : registry.ExpireDead(now).dead) tracker.OnNodeDead(dead.node, now);
 //
 // Rules:
 // - Register with an epoch larger than the registered one replaces the old incarnation (returned
@@ -24,9 +25,13 @@
 //   the first such node (it stays the cluster's when that node leaves). A different seed is
 //   refused (FAILED_PRECONDITION naming both); the coordinator hashes prompts with this seed to
 //   look them up in its PrefixIndex. Nodes with caching off are not checked.
-// - A node whose last heartbeat (or registration) is older than heartbeat_timeout is dead from
-//   the next ExpireDead; its heartbeats are then refused (NOT_FOUND) until it re-registers with a
-//   newer epoch.
+// - Silence is measured on a RunningClock that ExpireDead ticks: time counts only while the
+//   coordinator itself runs. A gap between two ExpireDead calls longer than max_tick_gap (the
+//   coordinator was stopped, paused or starved) counts as max_tick_gap, so on resume no node is
+//   blamed for the coordinator's stall and each has what was left of its timeout to be heard
+//   from. A node silent for longer than heartbeat_timeout of that running time is dead from that
+//   ExpireDead on; its heartbeats are then refused (NOT_FOUND, naming the silence) until it
+//   re-registers with a newer epoch.
 #pragma once
 
 #include <optional>
@@ -41,6 +46,7 @@
 #include "absl/time/time.h"
 #include "common/kv/block_hash.h"
 #include "common/kv/kv_layout.h"
+#include "coordinator/running_clock.h"
 #include "coordinator/types.h"
 
 namespace duet::coordinator {
@@ -69,10 +75,16 @@ struct NodeInfo {
   cluster::PrefixCacheInfo prefix_cache;
   absl::Time registered_at;
   absl::Time last_heartbeat;
+  absl::Duration heard_at;  // last_heartbeat on the registry's running clock
   uint64_t heartbeats = 0;  // load reports received from this incarnation
   bool alive = true;
   absl::Time died_at = absl::InfinitePast();  // when ExpireDead declared it dead
+  absl::Duration silence;  // at death: running time without a heartbeat (> heartbeat_timeout)
 };
+
+// Why `info` was declared dead: its silence while the coordinator ran, and the coordinator's own
+// stalls in between that were not counted.
+std::string DeathCause(const NodeInfo& info);
 
 // One optimistic load change, to take back with NodeRegistry::UndoLoad.
 struct LoadAdjustment {
@@ -81,6 +93,12 @@ struct LoadAdjustment {
   int64_t delta_free_blocks = 0;
   int32_t delta_running = 0;
   int64_t delta_queued_tokens = 0;
+};
+
+// One tick of the registry's running clock (ExpireDead).
+struct ExpireOutcome {
+  absl::Duration stall;        // the part of the gap since the last tick not counted as silence
+  std::vector<NodeInfo> dead;  // declared dead by this tick, sorted by node id
 };
 
 struct RegisterOutcome {
@@ -92,6 +110,9 @@ class NodeRegistry {
  public:
   struct Options {
     absl::Duration heartbeat_timeout = absl::Seconds(3);
+    // The longest gap between two ExpireDead calls counted in full as node silence; the rest of
+    // a longer one is the coordinator's stall. Above the timer's period (50 ms) plus jitter.
+    absl::Duration max_tick_gap = absl::Milliseconds(250);
     std::optional<kv::KvLayout> cluster_layout;
   };
 
@@ -104,8 +125,9 @@ class NodeRegistry {
   absl::Status Heartbeat(const NodeIncarnation& node, const NodeLoad& load, absl::Time now);
   // A graceful leave: the node is removed. NOT_FOUND when `node` is not the current incarnation.
   absl::Status Deregister(const NodeIncarnation& node);
-  // Declares dead every live node silent for longer than heartbeat_timeout; returns them, sorted.
-  std::vector<NodeIncarnation> ExpireDead(absl::Time now);
+  // Ticks the running clock to `now`, then declares dead every live node silent for longer than
+  // heartbeat_timeout of running time. Called by the coordinator's timer on every tick.
+  ExpireOutcome ExpireDead(absl::Time now);
   // Optimistic load change between heartbeats (after a Reserve, Release, or Prefill was sent);
   // the next heartbeat overwrites it. NOT_FOUND unless `node` is current and alive.
   absl::StatusOr<LoadAdjustment> AdjustLoad(const NodeIncarnation& node,
@@ -128,13 +150,18 @@ class NodeRegistry {
   std::optional<kv::KvLayout> cluster_layout() const;
   // The seed of the first node registered with its prefix cache on; nullopt before one.
   std::optional<kv::BlockHash> cluster_cache_seed() const;
-  // The earliest time a live node can be declared dead (when to run ExpireDead next).
+  // The earliest time a live node can be declared dead if the coordinator does not stall (when
+  // to run ExpireDead next); nullopt without live nodes or before the first ExpireDead.
   std::optional<absl::Time> NextExpiry() const;
+  // The coordinator's own stalls so far, in total (not counted as node silence).
+  absl::Duration stalled() const;
   absl::Duration heartbeat_timeout() const { return options_.heartbeat_timeout; }
+  absl::Duration max_tick_gap() const { return options_.max_tick_gap; }
 
  private:
   const Options options_;
   mutable absl::Mutex mu_;
+  RunningClock clock_ ABSL_GUARDED_BY(mu_);
   absl::btree_map<NodeId, NodeInfo> nodes_ ABSL_GUARDED_BY(mu_);
   std::optional<kv::KvLayout> cluster_layout_ ABSL_GUARDED_BY(mu_);
   std::string cluster_layout_source_ ABSL_GUARDED_BY(mu_);

@@ -2,19 +2,42 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 
 namespace duet::rpc {
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+namespace {
+
+grpc::ChannelArguments CommonArgs() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetMaxReceiveMessageSize(64 << 20);
+  return args;
+}
+
+int Millis(absl::Duration d) {
+  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, 1 << 30));
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), CommonArgs());
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const ReconnectBackoff& backoff) {
+  grpc::ChannelArguments args = CommonArgs();
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, Millis(backoff.initial));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, Millis(backoff.max));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, Millis(backoff.connect_timeout));
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 

@@ -1,7 +1,9 @@
 // gRPC channels and servers for duet's control plane, with the settings every process wants:
-// no HTTP proxy (loopback traffic must never leave the box), keepalive, large messages.
+// no HTTP proxy (loopback traffic must never leave the box), keepalive, large messages; and, for
+// a peer that must be found again soon after it restarts, a short reconnect backoff.
 //
 //   std::shared_ptr<grpc::Channel> ch = duet::rpc::MakeChannel("127.0.0.1:5000");
+//   auto member = duet::rpc::MakeChannel(coordinator, duet::rpc::ReconnectBackoff{});
 //   auto stub = duet::v1::DecodeNode::NewStub(ch);
 //   grpc::ClientContext ctx;  duet::rpc::SetDeadline(ctx, absl::Seconds(2));
 //   DUET_ASSIGN_OR_RETURN(auto server, duet::rpc::StartServer("127.0.0.1:0", {&service}, &port));
@@ -18,6 +20,20 @@
 namespace duet::rpc {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// How soon a channel tries again after failing to connect. gRPC's defaults (1 s, growing 1.6x
+// per failure up to 120 s, a 20 s connect timeout) keep a client away from a restarted server
+// for seconds to minutes; these retry every `max` at most, so a call waiting for the channel
+// (wait_for_ready) goes out within about `max` of the server's return.
+struct ReconnectBackoff {
+  absl::Duration initial = absl::Milliseconds(100);  // GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS
+  absl::Duration max = absl::Milliseconds(200);      // GRPC_ARG_MAX_RECONNECT_BACKOFF_MS
+  // How long one connection attempt may take (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS): a peer that
+  // does not answer at all (a lost host) is given up on after this and tried again.
+  absl::Duration connect_timeout = absl::Seconds(1);
+};
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const ReconnectBackoff& backoff);
 
 // "host:port" that other machines reach a server at: the host of its listen address with the
 // port it bound; a wildcard host (empty, 0.0.0.0, ::) becomes this machine's host name, so a

@@ -117,39 +117,117 @@ TEST(NodeRegistryTest, ConfiguredClusterLayoutAppliesToTheFirstNodeToo) {
   EXPECT_EQ(reg.cluster_layout()->head_dim, 64);
 }
 
+// The coordinator's timer: ExpireDead every `tick` from `from` (exclusive) to `to` (inclusive);
+// every node declared dead, with when.
+struct Death {
+  NodeIncarnation node;
+  absl::Time at;
+};
+std::vector<Death> TickUntil(NodeRegistry& reg, absl::Time from, absl::Time to,
+                             absl::Duration tick = absl::Milliseconds(50)) {
+  std::vector<Death> dead;
+  for (absl::Time t = from + tick; t <= to; t += tick) {
+    for (const NodeInfo& d : reg.ExpireDead(t).dead) dead.push_back({d.node, t});
+  }
+  return dead;
+}
+
 TEST(NodeRegistryTest, MissedHeartbeatDeadlineDeclaresDeadOnce) {
   NodeRegistry reg({.heartbeat_timeout = absl::Seconds(3)});
+  EXPECT_TRUE(reg.ExpireDead(kT0).dead.empty());  // the timer's first tick
   ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
   ASSERT_TRUE(reg.Register(Reg("d1", 1), kT0).ok());
+  EXPECT_TRUE(TickUntil(reg, kT0, kT0 + absl::Seconds(2)).empty());
   ASSERT_TRUE(reg.Heartbeat({"d0", 1}, {}, kT0 + absl::Seconds(2)).ok());
   EXPECT_EQ(reg.NextExpiry(), kT0 + absl::Seconds(3));  // d1's
-  // Exactly at the timeout nobody is dead yet; just past it d1 is (d0 heartbeat at +2).
-  EXPECT_TRUE(reg.ExpireDead(kT0 + absl::Seconds(3)).empty());
-  auto dead = reg.ExpireDead(kT0 + absl::Seconds(4));
+  // Exactly at the timeout nobody is dead yet; on the next tick d1 is (d0 heartbeat at +2).
+  EXPECT_TRUE(TickUntil(reg, kT0 + absl::Seconds(2), kT0 + absl::Seconds(3)).empty());
+  std::vector<Death> dead =
+      TickUntil(reg, kT0 + absl::Seconds(3), kT0 + absl::Seconds(3) + absl::Milliseconds(50));
   ASSERT_EQ(dead.size(), 1u);
-  EXPECT_EQ(dead[0], (NodeIncarnation{"d1", 1}));
-  EXPECT_TRUE(reg.ExpireDead(kT0 + absl::Seconds(4)).empty()) << "reported twice";
-  dead = reg.ExpireDead(kT0 + absl::Seconds(5) + absl::Milliseconds(1));
-  ASSERT_EQ(dead.size(), 1u);
-  EXPECT_EQ(dead[0].node_id, "d0");
+  EXPECT_EQ(dead[0].node, (NodeIncarnation{"d1", 1}));
+  dead = TickUntil(reg, kT0 + absl::Seconds(3) + absl::Milliseconds(50),
+                   kT0 + absl::Seconds(5) + absl::Milliseconds(50));
+  ASSERT_EQ(dead.size(), 1u) << "d1 reported twice, or d0 not at all";
+  EXPECT_EQ(dead[0].node.node_id, "d0");
+  EXPECT_EQ(dead[0].at, kT0 + absl::Seconds(5) + absl::Milliseconds(50));
   EXPECT_TRUE(reg.LiveNodes(NodeKind::kDecode).empty());
   EXPECT_FALSE(reg.NextExpiry().has_value());
   EXPECT_FALSE(reg.IsLive({"d0", 1}));
+  EXPECT_EQ(reg.stalled(), absl::ZeroDuration());
 }
 
 TEST(NodeRegistryTest, DeadNodeMustReRegisterWithANewerEpoch) {
   NodeRegistry reg({.heartbeat_timeout = absl::Seconds(3)});
+  reg.ExpireDead(kT0);
   ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
-  ASSERT_EQ(reg.ExpireDead(kT0 + absl::Seconds(10)).size(), 1u);
+  ASSERT_EQ(TickUntil(reg, kT0, kT0 + absl::Seconds(10)).size(), 1u);
   absl::Status hb = reg.Heartbeat({"d0", 1}, {}, kT0 + absl::Seconds(11));
   EXPECT_EQ(hb.code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(Contains(hb.message(), "declared dead")) << hb;
+  EXPECT_TRUE(Contains(hb.message(), "while the coordinator ran")) << hb;
   EXPECT_FALSE(reg.Register(Reg("d0", 1), kT0 + absl::Seconds(11)).ok());
   auto out = reg.Register(Reg("d0", 2), kT0 + absl::Seconds(12));
   ASSERT_TRUE(out.ok()) << out.status();
   // The dead incarnation was already reported by ExpireDead: not reported again as replaced.
   EXPECT_FALSE(out->replaced.has_value());
   EXPECT_TRUE(reg.Heartbeat({"d0", 2}, {}, kT0 + absl::Seconds(13)).ok());
+}
+
+// A coordinator stall (SIGSTOP, a paused VM) longer than the heartbeat timeout is not the nodes'
+// silence: when they heartbeat right after it, nobody is declared dead. A node that stays silent
+// once the coordinator runs again is still declared dead within its timeout.
+TEST(NodeRegistryTest, CoordinatorStallIsNotCountedAsNodeSilence) {
+  const absl::Duration kTimeout = absl::Seconds(3);
+  const absl::Duration kInterval = absl::Milliseconds(500);
+  NodeRegistry reg({.heartbeat_timeout = kTimeout});
+  reg.ExpireDead(kT0);
+  for (const char* id : {"d0", "d1", "p0"}) ASSERT_TRUE(reg.Register(Reg(id, 1), kT0).ok());
+  // Running normally: everyone heartbeats every interval.
+  absl::Time t = kT0;
+  for (; t < kT0 + absl::Seconds(2); t += kInterval) {
+    ASSERT_TRUE(TickUntil(reg, t, t + kInterval).empty());
+    for (const char* id : {"d0", "d1", "p0"}) {
+      ASSERT_TRUE(reg.Heartbeat({id, 1}, {}, t + kInterval).ok());
+    }
+  }
+  // The coordinator stops for 20 s (nodes heartbeat into the void); its first tick after.
+  const absl::Time resumed = t + absl::Seconds(20);
+  ExpireOutcome first = reg.ExpireDead(resumed);
+  EXPECT_TRUE(first.dead.empty()) << "declared " << first.dead.size() << " dead on resume";
+  EXPECT_EQ(first.stall, absl::Seconds(20) - absl::Milliseconds(250));
+  EXPECT_EQ(reg.stalled(), first.stall);
+  // d0 and p0 heartbeat right after (their queued calls); d1 stays silent.
+  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, {}, resumed + absl::Milliseconds(10)).ok());
+  ASSERT_TRUE(reg.Heartbeat({"p0", 1}, {}, resumed + absl::Milliseconds(10)).ok());
+  std::vector<Death> dead;
+  for (absl::Time u = resumed; u < resumed + absl::Seconds(6); u += kInterval) {
+    for (const Death& d : TickUntil(reg, u, u + kInterval)) dead.push_back(d);
+    ASSERT_TRUE(reg.Heartbeat({"d0", 1}, {}, u + kInterval).ok());
+    ASSERT_TRUE(reg.Heartbeat({"p0", 1}, {}, u + kInterval).ok());
+  }
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].node, (NodeIncarnation{"d1", 1}));
+  // d1 was last heard at t: it had been silent 250 ms of running time when the stall's tick came
+  // (the stall's first 250 ms count), so it dies 2.75 s of running after the resume, and in any
+  // case within one timeout of it.
+  EXPECT_GT(dead[0].at, resumed + kTimeout - absl::Milliseconds(250) - absl::Milliseconds(50));
+  EXPECT_LE(dead[0].at, resumed + kTimeout);
+  absl::Status hb = reg.Heartbeat({"d1", 1}, {}, resumed + absl::Seconds(7));
+  EXPECT_TRUE(Contains(hb.message(), "while the coordinator itself stalled, not counted")) << hb;
+}
+
+// A starved coordinator whose timer ticks 400 ms apart counts 250 ms per tick: its nodes' silence
+// is what it could have observed, so deaths come later, never early.
+TEST(NodeRegistryTest, StarvedTimerCountsAtMostMaxTickGapPerTick) {
+  NodeRegistry reg({.heartbeat_timeout = absl::Seconds(3)});
+  reg.ExpireDead(kT0);
+  ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
+  // 3 s of running time at 250 ms per 400 ms tick: 12 ticks (4.8 s); dead on the 13th.
+  std::vector<Death> dead = TickUntil(reg, kT0, kT0 + absl::Seconds(8), absl::Milliseconds(400));
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].at, kT0 + 13 * absl::Milliseconds(400));
+  EXPECT_EQ(reg.stalled(), 20 * absl::Milliseconds(150));  // 20 ticks to 8 s
 }
 
 TEST(NodeRegistryTest, HeartbeatCarriesLoadAndAdjustLoadIsOverwritten) {
