@@ -375,7 +375,8 @@ class HttpFront::Handlers {
   std::atomic<uint64_t> next_id_{1};
   std::atomic<int> active_{0};
   std::atomic<bool> stopping_{false};
-  GenerationThreads threads_;  // last: joined before the members its threads use go
+  GenerationThreads threads_{
+      options_.generation_nice};  // last: joined before the members its threads use go
 };
 
 absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptions& options,

@@ -63,6 +63,9 @@ struct HttpFrontOptions {
   absl::Duration body_timeout = absl::Seconds(30);    // header's end to body's end
   absl::Duration idle_timeout = absl::Seconds(30);    // a kept-alive connection between requests
   int io_threads = 2;                                 // the event loop's threads
+  // How much lower than the event loop the generation threads run (nice; 0: the same), so that
+  // /health, accepts and deadlines are served first when every generation wakes at once.
+  int generation_nice = 5;
   std::string model_name = "duet";
   int64_t context_length = 2048;
   // The model's vocabulary (its embedding rows, which may exceed the tokenizer's entries); prompt
