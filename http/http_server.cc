@@ -352,17 +352,9 @@ class Session : public std::enable_shared_from_this<Session> {
     for (std::string& s : out_) batch_ += s;
     out_.clear();
     last_write_ = std::chrono::steady_clock::now();
-    const uint64_t gen = ++write_gen_;
-    write_timer_.expires_after(Chrono(options_.write_timeout));
-    write_timer_.async_wait([self = shared_from_this(), gen](error_code ec) {
-      if (ec || gen != self->write_gen_) return;
-      self->Close(absl::StrCat("a response write did not finish within ",
-                               Seconds(self->options_.write_timeout)));
-    });
+    if (!write_watch_armed_) ArmWriteWatch(Chrono(options_.write_timeout));
     asio::async_write(socket_, asio::buffer(batch_),
                       [self = shared_from_this()](error_code ec, size_t n) {
-                        ++self->write_gen_;
-                        self->write_timer_.cancel();
                         const size_t p = self->pending_bytes_.load();
                         self->pending_bytes_.fetch_sub(std::min(p, n));
                         if (ec) {
@@ -372,6 +364,24 @@ class Session : public std::enable_shared_from_this<Session> {
                         self->WriteNext();
                       });
   }
+  // One timer per connection watches the write in progress (cheaper than a timer per write):
+  // a write that has not finished write_timeout after it started closes the connection.
+  void ArmWriteWatch(std::chrono::nanoseconds after) {
+    write_watch_armed_ = true;
+    write_timer_.expires_after(after);
+    write_timer_.async_wait([self = shared_from_this()](error_code ec) {
+      self->write_watch_armed_ = false;
+      if (ec || self->state_ == State::kClosed || !self->writing_) return;
+      const auto limit = Chrono(self->options_.write_timeout);
+      const auto took = std::chrono::steady_clock::now() - self->last_write_;
+      if (took >= limit) {
+        return self->Close(absl::StrCat("a response write did not finish within ",
+                                        Seconds(self->options_.write_timeout)));
+      }
+      self->ArmWriteWatch(std::chrono::duration_cast<std::chrono::nanoseconds>(limit - took));
+    });
+  }
+
   void OnWritesDrained() {
     if (!response_done_) return;
     if (state_ == State::kClosing || !keep_alive_ || server_->stopping_.load()) {
@@ -413,7 +423,7 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::steady_timer ping_timer_;
   State state_ = State::kHeader;
   uint64_t read_gen_ = 0;
-  uint64_t write_gen_ = 0;
+  bool write_watch_armed_ = false;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   bool reading_ = false;         // an async_read_some is pending
@@ -426,7 +436,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::deque<std::string> out_;
   std::string batch_;  // being written
   bool writing_ = false;
-  std::chrono::steady_clock::time_point last_write_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_write_ =
+      std::chrono::steady_clock::now();  // the start of the last write
 };
 
 namespace {
