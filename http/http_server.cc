@@ -151,7 +151,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (state_ != State::kHandling || response_started_) return;
     response_started_ = true;
     std::string out = Head(status, headers, content_type);
-    absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n", body);
+    absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n");
+    if (!head_only_) out += body;  // HEAD: the GET's head alone
     server_->Log(path_, status);
     response_done_ = true;
     Enqueue(std::move(out));
@@ -429,6 +430,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool reading_ = false;         // an async_read_some is pending
   bool restart_header_ = false;  // it was cancelled to parse a pipelined request
   std::string path_;
+  bool head_only_ = false;
   bool keep_alive_ = true;
   bool response_started_ = false;
   bool response_done_ = false;
@@ -500,6 +502,7 @@ void Session::Dispatch() {
   }
   req.body = std::move(msg.body());
   path_ = req.path;
+  head_only_ = msg.method() == bhttp::verb::head;
   keep_alive_ = msg.keep_alive();
   response_started_ = false;
   response_done_ = false;
