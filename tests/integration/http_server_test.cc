@@ -195,5 +195,34 @@ TEST_F(HttpServerTest, ResponderSeesItsClientGo) {
   EXPECT_EQ(server_->connections(), 0);
 }
 
+// A client that never reads: a streamed response is cut off once max_pending_bytes are queued,
+// a whole one once its write has not finished within write_timeout.
+TEST_F(HttpServerTest, ClientThatDoesNotReadIsCutOff) {
+  std::atomic<bool> refused{false};
+  Start({.write_timeout = absl::Milliseconds(500), .max_pending_bytes = 1 << 20},
+        [&](HttpRequest req, std::shared_ptr<HttpResponder> res) {
+          if (req.path == "/whole") {
+            return res->Reply(200, {}, "text/plain", std::string(64 << 20, 'w'));
+          }
+          res->StartChunked(200, {}, "text/plain", "");
+          threads_.emplace_back([res, &refused] {
+            const std::string chunk(64 << 10, 's');
+            const absl::Time end = absl::Now() + absl::Seconds(10);
+            while (absl::Now() < end && res->WriteChunk(chunk)) absl::SleepFor(absl::Milliseconds(1));
+            refused = res->gone();
+          });
+        });
+  Client streamed(server_->port());
+  ASSERT_TRUE(streamed.Send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"));
+  Client whole(server_->port());
+  ASSERT_TRUE(whole.Send("GET /whole HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const absl::Time end = absl::Now() + absl::Seconds(8);
+  while ((server_->connections() > 0 || !refused.load()) && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(refused.load()) << "the stream was never refused";
+  EXPECT_EQ(server_->connections(), 0) << "a connection that does not read is still open";
+}
+
 }  // namespace
 }  // namespace duet::http
