@@ -208,7 +208,8 @@ TEST_F(HttpServerTest, ClientThatDoesNotReadIsCutOff) {
           threads_.emplace_back([res, &refused] {
             const std::string chunk(64 << 10, 's');
             const absl::Time end = absl::Now() + absl::Seconds(10);
-            while (absl::Now() < end && res->WriteChunk(chunk)) absl::SleepFor(absl::Milliseconds(1));
+            while (absl::Now() < end && res->WriteChunk(chunk))
+              absl::SleepFor(absl::Milliseconds(1));
             refused = res->gone();
           });
         });
