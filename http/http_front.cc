@@ -138,10 +138,10 @@ class HttpFront::Handlers {
                             .code = "invalid_api_key"});
     }
     if (req.method == "POST" && req.path == "/v1/completions") {
-      return Generate(Endpoint::kCompletions, req, std::move(res));
+      return Spawn(Endpoint::kCompletions, std::move(req), std::move(res));
     }
     if (req.method == "POST" && req.path == "/v1/chat/completions") {
-      return Generate(Endpoint::kChat, req, std::move(res));
+      return Spawn(Endpoint::kChat, std::move(req), std::move(res));
     }
     const bool get = req.method == "GET" || req.method == "HEAD";
     if (get && req.path == "/v1/models") {
@@ -196,6 +196,15 @@ class HttpFront::Handlers {
     res.Reply(e.http_status, headers, kJson, ErrorBody(e));
   }
 
+  // Parsing and tokenizing (up to max_body_bytes of prompt) happen off the event loop too, on
+  // the thread that then runs the generation; a request refused on the way (400, 429) ends it.
+  void Spawn(Endpoint endpoint, HttpRequest req, std::shared_ptr<HttpResponder> res) {
+    threads_.Run([this, endpoint, req = std::move(req), res = std::move(res)]() mutable {
+      Generate(endpoint, req, std::move(res));
+    });
+  }
+
+  // On a generation thread: checks, admission, then the generation itself.
   void Generate(Endpoint endpoint, const HttpRequest& hreq, std::shared_ptr<HttpResponder> res) {
     auto parsed = std::make_shared<ParsedRequest>();
     if (std::optional<ApiError> e = ParseRequest(endpoint, hreq.body, parsed.get())) {
@@ -264,11 +273,9 @@ class HttpFront::Handlers {
       g->builder = std::make_unique<ResponseBuilder>(*parsed, tokenizer_);
     }
     g->parsed = std::move(parsed);
-    threads_.Run([this, g] {
-      Run(*g);
-      active_.fetch_sub(1);
-      streams_.Add(-1);
-    });
+    Run(*g);
+    active_.fetch_sub(1);
+    streams_.Add(-1);
   }
 
   // True when the request must end: a stop string matched, the front stops, or the client has

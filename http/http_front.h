@@ -4,11 +4,12 @@
 //   POST /v1/completions, POST /v1/chat/completions (stream: true -> server-sent events),
 //   GET /v1/models, GET /health (200 only when the backend can prefill and decode),
 //   GET /metrics (Prometheus text from the server's registry).
-// It runs each request in-process through a GenerationBackend (the coordinator's request path,
-// or the colocated server's) on a thread of its own, at most max_concurrent_streams at once (429
-// beyond), maps failures to OpenAI-shaped errors (429/503 with Retry-After when there is no
-// capacity), and cancels a request whose client disconnects, streamed or not. /health, /metrics
-// and /v1/models are answered on the I/O threads and never wait for a generation.
+// It parses, checks and runs each request in-process through a GenerationBackend (the
+// coordinator's request path, or the colocated server's) on a thread of its own, at most
+// max_concurrent_streams generations at once (429 beyond), maps failures to OpenAI-shaped
+// errors (429/503 with Retry-After when there is no capacity), and cancels a request whose
+// client disconnects, streamed or not. /health, /metrics and /v1/models are answered on the I/O
+// threads and never wait for a generation.
 //
 //   HttpFrontOptions o{.host = "127.0.0.1", .port = 8000, .model_name = "smollm2"};
 //   DUET_ASSIGN_OR_RETURN(auto front, HttpFront::Start(o, backend, tokenizer, context, &registry));
