@@ -2,7 +2,8 @@
 // its caller until the request ends), joined when done. Run() only queues the work: a launcher
 // thread creates the threads, so a burst of requests never holds up the caller (the HTTP
 // front's event loop) for the cost of creating a thousand threads. The front bounds how many
-// run at once (max_concurrent_streams); this class only owns the threads.
+// generate at once (max_concurrent_streams; a request refused ends its thread at once); this
+// class only owns the threads.
 //
 //   GenerationThreads threads(/*nice=*/5);
 //   threads.Run([&] { backend->GenerateTo(req, sink); });

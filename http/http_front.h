@@ -12,7 +12,7 @@
 // threads and never wait for a generation.
 //
 //   HttpFrontOptions o{.host = "127.0.0.1", .port = 8000, .model_name = "smollm2"};
-//   DUET_ASSIGN_OR_RETURN(auto front, HttpFront::Start(o, backend, tokenizer, context, &registry));
+//   DUET_ASSIGN_OR_RETURN(auto front, HttpFront::Start(o, backend, tokenizer, &registry));
 //   // curl http://127.0.0.1:8000/v1/completions -d '{"prompt": "Hi", "max_tokens": 8}'
 #pragma once
 
