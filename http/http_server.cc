@@ -1,5 +1,6 @@
 #include "http/http_server.h"
 
+#include <array>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -188,7 +189,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<size_t> pending_bytes_{0};  // handed to the strand, not yet written
 
  private:
-  enum class State { kIdle, kHeader, kBody, kHandling, kClosing, kClosed };
+  // kClosing: an error of the server's own is being written; kLingering: it was, the write side
+  // is shut and what the client still sends is read and dropped for a while, so that closing
+  // does not reset the connection before the client has read the answer.
+  enum class State { kIdle, kHeader, kBody, kHandling, kClosing, kLingering, kClosed };
 
   std::string Head(int status, const HttpHeaders& headers, absl::string_view content_type) {
     std::string out = StatusLine(status);
@@ -316,7 +320,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   void OnReadSome(error_code ec, size_t n) {
     reading_ = false;
-    if (state_ == State::kClosed || state_ == State::kClosing) return;
+    if (state_ == State::kClosed || state_ == State::kClosing || state_ == State::kLingering) {
+      return;
+    }
     if (ec) {
       if (ec == asio::error::operation_aborted && restart_header_) {
         restart_header_ = false;
@@ -385,7 +391,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void OnWritesDrained() {
     if (!response_done_) return;
-    if (state_ == State::kClosing || !keep_alive_ || server_->stopping_.load()) {
+    if (state_ == State::kClosing) return Linger();
+    if (!keep_alive_ || server_->stopping_.load()) {
       return Close("the response is complete and the connection is not kept alive");
     }
     if (state_ != State::kHandling) return;
@@ -402,6 +409,30 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     ArmRead(options_.idle_timeout);
     ReadSome();
+  }
+
+  // After an error answer: FIN to the client, then drop what it still sends (the rest of an
+  // oversized body, say) until it closes, kLingerBytes arrived, or kLingerTime passed.
+  static constexpr size_t kLingerBytes = 16 << 20;
+  static constexpr absl::Duration kLingerTime = absl::Seconds(2);
+  void Linger() {
+    state_ = State::kLingering;
+    error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    ArmRead(kLingerTime);
+    discard_ = std::make_unique<char[]>(kDiscardSize);
+    Discard();
+  }
+  void Discard() {
+    socket_.async_read_some(asio::buffer(discard_.get(), kDiscardSize),
+                            [self = shared_from_this()](error_code ec, size_t n) {
+                              if (self->state_ != State::kLingering) return;
+                              self->lingered_ += n;
+                              if (ec || self->lingered_ > kLingerBytes) {
+                                return self->Close("closed after an error answer");
+                              }
+                              self->Discard();
+                            });
   }
 
   void ArmPing() {
@@ -435,6 +466,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool response_started_ = false;
   bool response_done_ = false;
   std::string idle_chunk_;
+  static constexpr size_t kDiscardSize = 16 << 10;
+  std::unique_ptr<char[]> discard_;  // kLingering only
+  size_t lingered_ = 0;
   std::deque<std::string> out_;
   std::string batch_;  // being written
   bool writing_ = false;
@@ -443,6 +477,45 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 namespace {
+
+// A connection over the limit: its 503, then FIN and what the client still sends dropped for up
+// to 2 s, so that the close does not reset the connection before the client reads the answer.
+class Refusal : public std::enable_shared_from_this<Refusal> {
+ public:
+  Refusal(tcp::socket socket, std::string out)
+      : socket_(std::move(socket)), timer_(socket_.get_executor()), out_(std::move(out)) {}
+  void Start() {
+    timer_.expires_after(std::chrono::seconds(2));
+    timer_.async_wait([self = shared_from_this()](error_code ec) {
+      if (!ec) self->Close();
+    });
+    asio::async_write(socket_, asio::buffer(out_),
+                      [self = shared_from_this()](error_code ec, size_t) {
+                        if (ec) return self->Close();
+                        error_code ignored;
+                        self->socket_.shutdown(tcp::socket::shutdown_send, ignored);
+                        self->Discard();
+                      });
+  }
+
+ private:
+  void Discard() {
+    socket_.async_read_some(asio::buffer(buf_), [self = shared_from_this()](error_code ec, size_t) {
+      if (ec) return self->Close();
+      self->Discard();
+    });
+  }
+  void Close() {
+    error_code ignored;
+    timer_.cancel();
+    socket_.close(ignored);
+  }
+
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  const std::string out_;
+  std::array<char, 4096> buf_;
+};
 
 class SessionResponder : public HttpResponder {
  public:
@@ -569,22 +642,17 @@ void HttpServer::Impl::Accept() {
   });
 }
 
-// Over the connection limit: a 503 naming it, then close.
+// Over the connection limit: a 503 naming it, then a lingering close (Refusal).
 void HttpServer::Impl::Refuse(tcp::socket socket) {
   const std::string message = absl::StrCat(
       "the server holds its limit of ", options_.max_connections, " open connections; retry later");
   DUET_LOG(DEBUG) << "http: refusing a connection: " << message;
   const HttpErrorBody e = ErrorBody(503, "too_many_connections", message);
-  auto out = std::make_shared<std::string>(
+  std::string out =
       absl::StrCat(StatusLine(503), "Retry-After: 1\r\nContent-Type: ", e.content_type,
-                   "\r\nConnection: close\r\nContent-Length: ", e.body.size(), "\r\n\r\n", e.body));
+                   "\r\nConnection: close\r\nContent-Length: ", e.body.size(), "\r\n\r\n", e.body);
   Log("other", 503);
-  auto sock = std::make_shared<tcp::socket>(std::move(socket));
-  asio::async_write(*sock, asio::buffer(*out), [sock, out](error_code, size_t) {
-    error_code ignored;
-    sock->shutdown(tcp::socket::shutdown_send, ignored);
-    sock->close(ignored);
-  });
+  std::make_shared<Refusal>(std::move(socket), std::move(out))->Start();
 }
 
 void HttpServer::Impl::Stop() {

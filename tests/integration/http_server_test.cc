@@ -37,7 +37,13 @@ class Client {
   }
   bool connected() const { return connected_; }
   bool Send(const std::string& s) {
-    return write(fd_, s.data(), s.size()) == static_cast<ssize_t>(s.size());
+    size_t sent = 0;
+    while (sent < s.size()) {
+      const ssize_t n = send(fd_, s.data() + sent, s.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
   }
   // Reads until `until` appears in what arrived, the server closes, or `limit` passes.
   std::string Read(absl::Duration limit, const std::string& until = "") {
@@ -147,6 +153,20 @@ TEST_F(HttpServerTest, MalformedAndOversizedHeadersNameTheirCause) {
     EXPECT_TRUE(absl::StartsWith(in, "HTTP/1.1 431")) << in;
     EXPECT_NE(in.find("limit 512 bytes"), std::string::npos) << in;
   }
+}
+
+// The client sends all of an oversized body before it reads: it still gets the 413 (the server
+// drops the rest of the body before it closes, rather than resetting the connection).
+TEST_F(HttpServerTest, OversizedBodySentWholeStillGetsItsAnswer) {
+  Start({.max_body_bytes = 1 << 20}, Echo);
+  Client c(server_->port());
+  const std::string body(4 << 20, 'b');
+  EXPECT_TRUE(c.Send(absl::StrCat("POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(),
+                                  "\r\n\r\n", body)))
+      << "the server reset the connection while the body was being sent";
+  const std::string in = c.Read(absl::Seconds(5));
+  EXPECT_TRUE(absl::StartsWith(in, "HTTP/1.1 413")) << in.substr(0, 200);
+  EXPECT_NE(in.find("limit 1048576 bytes"), std::string::npos) << in.substr(0, 300);
 }
 
 TEST_F(HttpServerTest, ChunkedResponseWithIdlePing) {
