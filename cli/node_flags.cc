@@ -27,6 +27,22 @@ ABSL_DECLARE_FLAG(std::string, api_key);
 ABSL_DECLARE_FLAG(int64_t, max_body_bytes);
 ABSL_DECLARE_FLAG(int, max_concurrent_streams);
 
+// The HTTP front's connection limits (http/http_server.h), beside the generation limit above.
+ABSL_FLAG(int, http_max_connections, duet::http::HttpFrontOptions{}.max_connections,
+          "coordinator/serve --colocated: open HTTP connections, idle or not; more get 503 "
+          "(mind the process's file-descriptor limit)");
+ABSL_FLAG(double, http_header_timeout_s,
+          absl::ToDoubleSeconds(duet::http::HttpFrontOptions{}.header_timeout),
+          "coordinator/serve --colocated: seconds a client has to send a request's header; then "
+          "408 and close");
+ABSL_FLAG(double, http_body_timeout_s,
+          absl::ToDoubleSeconds(duet::http::HttpFrontOptions{}.body_timeout),
+          "coordinator/serve --colocated: seconds after the header to send the body; then 408");
+ABSL_FLAG(double, http_idle_timeout_s,
+          absl::ToDoubleSeconds(duet::http::HttpFrontOptions{}.idle_timeout),
+          "coordinator/serve --colocated: seconds a kept-alive HTTP connection may idle between "
+          "requests");
+
 namespace duet::cli {
 
 cluster::NodeRuntimeOptions NodeRuntimeOptionsFromFlags(const std::string& kind) {
@@ -75,7 +91,18 @@ std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags() {
       .api_key = absl::GetFlag(FLAGS_api_key),
       .max_body_bytes =
           static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_body_bytes))),
-      .max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams)};
+      .max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams),
+      .max_connections = std::max(1, absl::GetFlag(FLAGS_http_max_connections)),
+      .header_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_header_timeout_s)),
+      .body_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_body_timeout_s)),
+      .idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_idle_timeout_s))};
+}
+
+std::vector<std::string> HttpFrontFlagsForChild() {
+  return {absl::StrCat("--http_max_connections=", absl::GetFlag(FLAGS_http_max_connections)),
+          absl::StrCat("--http_header_timeout_s=", absl::GetFlag(FLAGS_http_header_timeout_s)),
+          absl::StrCat("--http_body_timeout_s=", absl::GetFlag(FLAGS_http_body_timeout_s)),
+          absl::StrCat("--http_idle_timeout_s=", absl::GetFlag(FLAGS_http_idle_timeout_s))};
 }
 
 }  // namespace duet::cli

@@ -190,24 +190,25 @@ int RunServe(const std::vector<char*>& args) {
   std::vector<Child> children;
   // Coordinator first: its address is what the nodes need.
   const std::string coord_file = (run_dir / "coordinator.addr").string();
-  children.push_back(
-      {"coordinator",
-       Spawn(
-           {"duet", "coordinator", "--model=" + model,
-            absl::StrCat("--listen=127.0.0.1:", absl::GetFlag(FLAGS_port)),
-            "--address_file=" + coord_file,
-            absl::StrCat("--heartbeat_timeout_ms=", absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
-            "--router=" + absl::GetFlag(FLAGS_router),
-            absl::StrCat("--router_prefill_weight=", absl::GetFlag(FLAGS_router_prefill_weight)),
-            absl::StrCat("--router_queue_weight=", absl::GetFlag(FLAGS_router_queue_weight)),
-            absl::StrCat("--router_transfer_weight=", absl::GetFlag(FLAGS_router_transfer_weight)),
-            absl::StrCat("--router_decode_weight=", absl::GetFlag(FLAGS_router_decode_weight)),
-            absl::StrCat("--http_port=", absl::GetFlag(FLAGS_http_port)),
-            "--http_host=" + absl::GetFlag(FLAGS_http_host),
-            "--api_key=" + absl::GetFlag(FLAGS_api_key),
-            absl::StrCat("--max_body_bytes=", absl::GetFlag(FLAGS_max_body_bytes)),
-            absl::StrCat("--max_concurrent_streams=", absl::GetFlag(FLAGS_max_concurrent_streams))},
-           (run_dir / "coordinator.log").string())});
+  std::vector<std::string> coord_argv = {
+      "duet",
+      "coordinator",
+      "--model=" + model,
+      absl::StrCat("--listen=127.0.0.1:", absl::GetFlag(FLAGS_port)),
+      "--address_file=" + coord_file,
+      absl::StrCat("--heartbeat_timeout_ms=", absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+      "--router=" + absl::GetFlag(FLAGS_router),
+      absl::StrCat("--router_prefill_weight=", absl::GetFlag(FLAGS_router_prefill_weight)),
+      absl::StrCat("--router_queue_weight=", absl::GetFlag(FLAGS_router_queue_weight)),
+      absl::StrCat("--router_transfer_weight=", absl::GetFlag(FLAGS_router_transfer_weight)),
+      absl::StrCat("--router_decode_weight=", absl::GetFlag(FLAGS_router_decode_weight)),
+      absl::StrCat("--http_port=", absl::GetFlag(FLAGS_http_port)),
+      "--http_host=" + absl::GetFlag(FLAGS_http_host),
+      "--api_key=" + absl::GetFlag(FLAGS_api_key),
+      absl::StrCat("--max_body_bytes=", absl::GetFlag(FLAGS_max_body_bytes)),
+      absl::StrCat("--max_concurrent_streams=", absl::GetFlag(FLAGS_max_concurrent_streams))};
+  for (std::string& f : HttpFrontFlagsForChild()) coord_argv.push_back(std::move(f));
+  children.push_back({"coordinator", Spawn(coord_argv, (run_dir / "coordinator.log").string())});
   std::string coord_addr;
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
   while (coord_addr.empty() && absl::Now() < deadline && !g_serve_stop.load()) {

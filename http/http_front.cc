@@ -1,18 +1,14 @@
 #include "http/http_front.h"
 
-#include <httplib.h>
-
-#include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
 #include <random>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
+#include "http/generation_threads.h"
 #include "http/openai_protocol.h"
 
 namespace duet::http {
@@ -21,71 +17,6 @@ namespace {
 using nlohmann::json;
 
 constexpr char kJson[] = "application/json";
-
-// One generation on its own thread; the HTTP side drains its responses from a queue, and
-// Cancel() (or destruction) makes the backend end the request and free its blocks.
-class RunningRequest {
- public:
-  RunningRequest(GenerationBackend* backend, v1::GenerateRequest req) {
-    thread_ = std::thread([this, backend, req = std::move(req)] {
-      GenerateSink sink;
-      sink.write = [this](const v1::GenerateResponse& r) {
-        if (cancelled_.load()) return false;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          queue_.push_back(r);
-        }
-        cv_.notify_all();
-        return true;
-      };
-      sink.cancelled = [this] { return cancelled_.load(); };
-      sink.satisfied = [this] { return satisfied_.load(); };
-      absl::Status s = backend->GenerateTo(req, sink);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        status_ = std::move(s);
-        ended_ = true;
-      }
-      cv_.notify_all();
-    });
-  }
-  ~RunningRequest() {
-    Cancel();
-    thread_.join();
-  }
-  void Cancel() { cancelled_.store(true); }
-  // Ends the request because the front has what it asked for (a stop string).
-  void EndSatisfied() {
-    satisfied_.store(true);
-    cancelled_.store(true);
-  }
-  bool cancelled() const { return cancelled_.load(); }
-  // Moves queued responses to *out, waiting up to `timeout` for one; true once the request has
-  // ended and everything it produced has been taken.
-  bool Next(std::vector<v1::GenerateResponse>* out, std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, timeout, [&] { return !queue_.empty() || ended_; });
-    while (!queue_.empty()) {
-      out->push_back(std::move(queue_.front()));
-      queue_.pop_front();
-    }
-    return ended_;
-  }
-  absl::Status status() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return status_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::GenerateResponse> queue_;
-  bool ended_ = false;
-  absl::Status status_;
-  std::atomic<bool> cancelled_{false};
-  std::atomic<bool> satisfied_{false};
-  std::thread thread_;  // last: started once the members it uses exist
-};
 
 // Turns GenerateResponses into OpenAI text, logprobs and a finish reason.
 class ResponseBuilder {
@@ -149,6 +80,27 @@ class ResponseBuilder {
   std::string full_text_;
 };
 
+// One generation's state, shared by the backend's sink calls (the backend's thread) and the
+// generation thread that ends the response once GenerateTo returns.
+struct Generation {
+  Endpoint endpoint;
+  std::shared_ptr<ParsedRequest> parsed;
+  v1::GenerateRequest request;
+  std::string id;
+  int64_t prompt_tokens = 0;
+  std::shared_ptr<HttpResponder> res;
+  std::atomic<bool> cancelled{false};  // the front ended it: a stop string matched
+  std::atomic<bool> satisfied{false};
+  std::atomic<bool> client_gone{false};
+  absl::Mutex mu;
+  std::unique_ptr<ResponseBuilder> builder ABSL_GUARDED_BY(mu);
+  bool responded ABSL_GUARDED_BY(mu) = false;  // a first response arrived (the head is sent)
+  bool first_chunk ABSL_GUARDED_BY(mu) = true;
+  size_t text_offset ABSL_GUARDED_BY(mu) = 0;
+  int64_t created ABSL_GUARDED_BY(mu) = 0;
+  std::vector<TokenOut> logprobs ABSL_GUARDED_BY(mu);  // not streamed: every token's
+};
+
 }  // namespace
 
 class HttpFront::Handlers {
@@ -168,73 +120,66 @@ class HttpFront::Handlers {
                      .WithLabels({})),
         disconnects_(registry
                          ->AddCounter("duet_http_client_disconnects_total",
-                                      "Streams whose client went away before the end", {})
+                                      "Generation requests whose client went away before the end",
+                                      {})
                          .WithLabels({})) {
     std::random_device rd;
     id_prefix_ = absl::StrCat(absl::Hex(rd() & 0xffffff));
   }
 
-  void Install(httplib::Server& s) {
-    s.set_payload_max_length(options_.max_body_bytes);
-    s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (!options_.api_key.empty() && absl::StartsWith(req.path, "/v1/") &&
-          req.get_header_value("Authorization") != "Bearer " + options_.api_key) {
-        ApiError e{.http_status = 401,
-                   .type = "authentication_error",
-                   .message = "a valid API key is required (Authorization: Bearer KEY)",
-                   .code = "invalid_api_key"};
-        Reply(res, e);
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      return httplib::Server::HandlerResponse::Unhandled;
-    });
-    s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      ApiError e{.http_status = res.status};
-      if (res.status == 404) {
-        e.message = absl::StrCat("no route for ", req.method, " ", req.path);
-        e.code = "not_found";
-      } else if (res.status == 413) {
-        e.message = "the request body is larger than the server accepts";
-        e.code = "body_too_large";
-      } else {
-        e.message = absl::StrCat("HTTP ", res.status);
-      }
-      res.set_content(ErrorBody(e), kJson);
-    });
-    s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      http_requests_.WithLabels({PathLabel(req.path), absl::StrCat(res.status)}).Increment();
-    });
-    s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      Generate(Endpoint::kCompletions, req, res);
-    });
-    s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      Generate(Endpoint::kChat, req, res);
-    });
-    s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  // On an I/O thread: quick routes are answered here, generations go to their own thread.
+  void Handle(HttpRequest req, std::shared_ptr<HttpResponder> res) {
+    if (!options_.api_key.empty() && absl::StartsWith(req.path, "/v1/") &&
+        req.Header("Authorization") != "Bearer " + options_.api_key) {
+      return Reply(*res,
+                   ApiError{.http_status = 401,
+                            .type = "authentication_error",
+                            .message = "a valid API key is required (Authorization: Bearer KEY)",
+                            .code = "invalid_api_key"});
+    }
+    if (req.method == "POST" && req.path == "/v1/completions") {
+      return Spawn(Endpoint::kCompletions, std::move(req), std::move(res));
+    }
+    if (req.method == "POST" && req.path == "/v1/chat/completions") {
+      return Spawn(Endpoint::kChat, std::move(req), std::move(res));
+    }
+    const bool get = req.method == "GET" || req.method == "HEAD";
+    if (get && req.path == "/v1/models") {
       json m = {{"id", options_.model_name},
                 {"object", "model"},
                 {"created", created_},
                 {"owned_by", "duet"},
                 {"max_model_len", options_.context_length}};
-      res.set_content(Dump(json{{"object", "list"}, {"data", json::array({m})}}), kJson);
-    });
-    s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      return res->Reply(200, {}, kJson, Dump(json{{"object", "list"}, {"data", json::array({m})}}));
+    }
+    if (get && req.path == "/health") {
       const v1::HealthResponse h = backend_->Health();
       json j = {{"status", h.ready() ? "ok" : "not_ready"},
                 {"prefill_nodes", h.prefill_nodes()},
                 {"decode_nodes", h.decode_nodes()},
                 {"running_requests", h.running_requests()}};
-      res.status = h.ready() ? 200 : 503;
-      if (!h.ready()) res.set_header("Retry-After", "1");
-      res.set_content(Dump(j), kJson);
-    });
-    s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(registry_->Render(), "text/plain; version=0.0.4; charset=utf-8");
-    });
+      HttpHeaders headers;
+      if (!h.ready()) headers.emplace_back("Retry-After", "1");
+      return res->Reply(h.ready() ? 200 : 503, headers, kJson, Dump(j));
+    }
+    if (get && req.path == "/metrics") {
+      return res->Reply(200, {}, "text/plain; version=0.0.4; charset=utf-8", registry_->Render());
+    }
+    Reply(*res, ApiError{.http_status = 404,
+                         .message = absl::StrCat("no route for ", req.method, " ", req.path),
+                         .code = "not_found"});
   }
 
-  void Stop() { stopping_.store(true); }
+  // Counts a response for duet_http_requests_total.
+  void Log(const std::string& path, int status) {
+    http_requests_.WithLabels({PathLabel(path), absl::StrCat(status)}).Increment();
+  }
+
+  // The generations are told to end; waits for their threads.
+  void Stop() {
+    stopping_.store(true);
+    threads_.JoinAll(absl::Seconds(30));
+  }
 
  private:
   static std::string PathLabel(const std::string& path) {
@@ -245,26 +190,25 @@ class HttpFront::Handlers {
     return "other";
   }
 
-  static void Reply(httplib::Response& res, const ApiError& e) {
-    res.status = e.http_status;
-    if (e.retry_after_s > 0) res.set_header("Retry-After", absl::StrCat(e.retry_after_s));
-    res.set_content(ErrorBody(e), kJson);
+  static void Reply(HttpResponder& res, const ApiError& e) {
+    HttpHeaders headers;
+    if (e.retry_after_s > 0) headers.emplace_back("Retry-After", absl::StrCat(e.retry_after_s));
+    res.Reply(e.http_status, headers, kJson, ErrorBody(e));
   }
 
-  // Holds one of the max_concurrent_streams slots while alive.
-  struct Slot {
-    explicit Slot(Handlers* h) : h(h) {}
-    ~Slot() {
-      h->active_.fetch_sub(1);
-      h->streams_.Add(-1);
-    }
-    Handlers* h;
-  };
+  // Parsing and tokenizing (up to max_body_bytes of prompt) happen off the event loop too, on
+  // the thread that then runs the generation; a request refused on the way (400, 429) ends it.
+  void Spawn(Endpoint endpoint, HttpRequest req, std::shared_ptr<HttpResponder> res) {
+    threads_.Run([this, endpoint, req = std::move(req), res = std::move(res)]() mutable {
+      Generate(endpoint, req, std::move(res));
+    });
+  }
 
-  void Generate(Endpoint endpoint, const httplib::Request& hreq, httplib::Response& res) {
+  // On a generation thread: checks, admission, then the generation itself.
+  void Generate(Endpoint endpoint, const HttpRequest& hreq, std::shared_ptr<HttpResponder> res) {
     auto parsed = std::make_shared<ParsedRequest>();
     if (std::optional<ApiError> e = ParseRequest(endpoint, hreq.body, parsed.get())) {
-      return Reply(res, *e);
+      return Reply(*res, *e);
     }
     // ---- The prompt as token ids, checked against the vocabulary and the context.
     std::vector<int32_t> ids;
@@ -274,10 +218,10 @@ class HttpFront::Handlers {
           options_.vocab_size > 0 ? options_.vocab_size : tokenizer_->vocab_size();
       for (int32_t id : ids) {
         if (id >= vocab) {
-          return Reply(res, ApiError{.message = absl::StrCat(
-                                         "token id ", id, " is outside the vocabulary of ", vocab),
-                                     .param = "prompt",
-                                     .code = "invalid_value"});
+          return Reply(*res, ApiError{.message = absl::StrCat(
+                                          "token id ", id, " is outside the vocabulary of ", vocab),
+                                      .param = "prompt",
+                                      .code = "invalid_value"});
         }
       }
     } else {
@@ -285,151 +229,145 @@ class HttpFront::Handlers {
       if (endpoint == Endpoint::kChat) {
         absl::StatusOr<std::string> chat =
             model::RenderChat(model::ChatTemplateOf(*tokenizer_), parsed->messages);
-        if (!chat.ok()) return Reply(res, ErrorFromStatus(chat.status()));
+        if (!chat.ok()) return Reply(*res, ErrorFromStatus(chat.status()));
         text = *std::move(chat);
       }
       absl::StatusOr<std::vector<int32_t>> enc = tokenizer_->Encode(text, /*add_bos=*/true);
-      if (!enc.ok()) return Reply(res, ErrorFromStatus(enc.status()));
+      if (!enc.ok()) return Reply(*res, ErrorFromStatus(enc.status()));
       ids = *std::move(enc);
     }
     if (std::optional<ApiError> e =
             CheckLengths(parsed.get(), static_cast<int64_t>(ids.size()), options_.context_length)) {
-      return Reply(res, *e);
+      return Reply(*res, *e);
     }
     // ---- Admission: a bounded number of generations in flight.
+    if (stopping_.load()) {
+      return Reply(*res, ApiError{.http_status = 503,
+                                  .type = "server_error",
+                                  .message = "the server is shutting down",
+                                  .code = "shutting_down",
+                                  .retry_after_s = 1});
+    }
     if (active_.fetch_add(1) >= options_.max_concurrent_streams) {
       active_.fetch_sub(1);
-      return Reply(res, ApiError{.http_status = 429,
-                                 .type = "rate_limit_error",
-                                 .message = absl::StrCat("too many concurrent requests (limit ",
-                                                         options_.max_concurrent_streams, ")"),
-                                 .code = "too_many_requests",
-                                 .retry_after_s = 1});
+      return Reply(*res, ApiError{.http_status = 429,
+                                  .type = "rate_limit_error",
+                                  .message = absl::StrCat("too many concurrent requests (limit ",
+                                                          options_.max_concurrent_streams, ")"),
+                                  .code = "too_many_requests",
+                                  .retry_after_s = 1});
     }
     streams_.Add(1);
-    auto slot = std::make_shared<Slot>(this);
 
-    v1::GenerateRequest greq;
-    const std::string id = absl::StrCat(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-",
-                                        id_prefix_, "-", next_id_.fetch_add(1));
-    greq.set_request_id(id);
-    greq.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
-    *greq.mutable_sampling() = ToSampling(*parsed);
-    auto run = std::make_shared<RunningRequest>(backend_, std::move(greq));
-
-    // Wait for the first response or the end: failures before any token get a real status.
-    std::vector<v1::GenerateResponse> first;
-    bool ended = false;
-    while (first.empty() && !ended) {
-      ended = run->Next(&first, std::chrono::milliseconds(100));
-      if (stopping_.load()) run->Cancel();
+    auto g = std::make_shared<Generation>();
+    g->endpoint = endpoint;
+    g->id = absl::StrCat(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", id_prefix_, "-",
+                         next_id_.fetch_add(1));
+    g->request.set_request_id(g->id);
+    g->request.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
+    *g->request.mutable_sampling() = ToSampling(*parsed);
+    g->prompt_tokens = static_cast<int64_t>(ids.size());
+    g->res = std::move(res);
+    {
+      absl::MutexLock lock(&g->mu);
+      g->builder = std::make_unique<ResponseBuilder>(*parsed, tokenizer_);
     }
-    if (first.empty()) {
-      absl::Status s = run->status();
-      if (s.ok()) s = absl::InternalError("the request ended without a response");
-      return Reply(res, ErrorFromStatus(s));
-    }
-    const int64_t created = absl::ToUnixSeconds(absl::Now());
-    const int64_t prompt_tokens = static_cast<int64_t>(ids.size());
-    auto builder = std::make_shared<ResponseBuilder>(*parsed, tokenizer_);
+    g->parsed = std::move(parsed);
+    Run(*g);
+    active_.fetch_sub(1);
+    streams_.Add(-1);
+  }
 
-    if (!parsed->stream) {
+  // True when the request must end: a stop string matched, the front stops, or the client has
+  // gone (counted once).
+  bool Ended(Generation& g) {
+    if (g.res->gone() && !g.client_gone.exchange(true)) disconnects_.Increment();
+    return g.cancelled.load() || stopping_.load() || g.client_gone.load();
+  }
+
+  // One response from the backend: the head on the first, then SSE events (streamed) or
+  // accumulation (not streamed). False: stop producing.
+  bool Write(Generation& g, const v1::GenerateResponse& r) {
+    if (Ended(g)) return false;
+    absl::MutexLock lock(&g.mu);
+    ResponseBuilder& b = *g.builder;
+    if (!g.responded) {
+      g.responded = true;
+      g.created = absl::ToUnixSeconds(absl::Now());
+      if (g.parsed->stream) {
+        g.res->StartChunked(200, {{"Cache-Control", "no-cache"}, {"X-Request-Id", g.id}},
+                            "text/event-stream", ": ping\n\n");
+      }
+    }
+    if (!g.parsed->stream) {
+      b.Consume(r, &g.logprobs);
+    } else {
       std::vector<TokenOut> lp;
-      std::vector<v1::GenerateResponse> batch = std::move(first);
-      while (true) {
-        for (const v1::GenerateResponse& r : batch) builder->Consume(r, &lp);
-        if (builder->stopped()) run->EndSatisfied();
-        if (ended || builder->stopped()) break;
-        batch.clear();
-        ended = run->Next(&batch, std::chrono::milliseconds(100));
-        if (stopping_.load()) run->Cancel();
+      const std::string piece = b.Consume(r, &lp);
+      if (!piece.empty() || !lp.empty() || g.first_chunk) {
+        json logprobs =
+            g.parsed->logprobs ? LogprobsJson(g.endpoint, lp, g.text_offset) : json(nullptr);
+        g.text_offset += piece.size();
+        if (!g.res->WriteChunk(
+                Event(ChunkJson(g.endpoint, g.id, g.created, options_.model_name, piece,
+                                g.first_chunk, logprobs, "", std::nullopt)))) {
+          Ended(g);
+          return false;
+        }
+        g.first_chunk = false;
       }
-      builder->Finish();
-      absl::Status s = run->status();
-      if (!builder->stopped() && builder->finish_reason().empty()) {
-        if (s.ok()) s = absl::InternalError("the request ended without a finish reason");
-        return Reply(res, ErrorFromStatus(s));
-      }
-      json logprobs = parsed->logprobs ? LogprobsJson(endpoint, lp, 0) : json(nullptr);
-      res.set_content(
-          Dump(ResponseJson(endpoint, id, created, options_.model_name, builder->full_text(),
-                            logprobs, builder->finish_reason(), builder->usage(prompt_tokens))),
-          kJson);
+    }
+    if (b.stopped()) {
+      // The front has what it asked for: the request ends as satisfied.
+      g.satisfied.store(true);
+      g.cancelled.store(true);
+    }
+    return true;
+  }
+
+  static std::string Event(const json& j) { return "data: " + Dump(j) + "\n\n"; }
+
+  // On the generation's thread: drives the backend, then ends the response.
+  void Run(Generation& g) {
+    GenerateSink sink;
+    sink.write = [this, &g](const v1::GenerateResponse& r) { return Write(g, r); };
+    sink.cancelled = [this, &g] { return Ended(g); };
+    sink.satisfied = [&g] { return g.satisfied.load(); };
+    absl::Status s = backend_->GenerateTo(g.request, sink);
+    Ended(g);  // a client that left near the end is counted too
+    absl::MutexLock lock(&g.mu);
+    ResponseBuilder& b = *g.builder;
+    if (g.client_gone.load() && !b.stopped()) return;  // nobody to answer
+    if (!g.responded) {
+      // Failures before any token get a real status.
+      if (s.ok()) s = absl::InternalError("the request ended without a response");
+      return Reply(*g.res, ErrorFromStatus(s));
+    }
+    const std::string rest = b.Finish();
+    const bool finished = b.stopped() || !b.finish_reason().empty();
+    if (!finished && s.ok()) s = absl::InternalError("the request ended without a finish reason");
+    if (!g.parsed->stream) {
+      if (!finished) return Reply(*g.res, ErrorFromStatus(s));
+      json logprobs = g.parsed->logprobs ? LogprobsJson(g.endpoint, g.logprobs, 0) : json(nullptr);
+      g.res->Reply(
+          200, {}, kJson,
+          Dump(ResponseJson(g.endpoint, g.id, g.created, options_.model_name, b.full_text(),
+                            logprobs, b.finish_reason(), b.usage(g.prompt_tokens))));
       return;
     }
-
-    // ---- Streaming: server-sent events until the finish reason, then [DONE].
-    auto pending = std::make_shared<std::vector<v1::GenerateResponse>>(std::move(first));
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Request-Id", id);
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, run, slot, parsed, builder, pending, id, created, prompt_tokens,
-                              endpoint, ended](size_t, httplib::DataSink& sink) mutable {
-          bool first_chunk = true;
-          size_t text_offset = 0;
-          auto last_write = std::chrono::steady_clock::now();
-          auto send = [&](const json& j) {
-            const std::string event = "data: " + Dump(j) + "\n\n";
-            last_write = std::chrono::steady_clock::now();
-            return sink.write(event.data(), event.size());
-          };
-          auto gone = [&] {
-            run->Cancel();
-            disconnects_.Increment();
-            return false;
-          };
-          std::vector<v1::GenerateResponse> batch = std::move(*pending);
-          while (true) {
-            for (const v1::GenerateResponse& r : batch) {
-              std::vector<TokenOut> lp;
-              const std::string piece = builder->Consume(r, &lp);
-              if (piece.empty() && lp.empty() && !first_chunk) continue;
-              json logprobs =
-                  parsed->logprobs ? LogprobsJson(endpoint, lp, text_offset) : json(nullptr);
-              text_offset += piece.size();
-              if (!send(ChunkJson(endpoint, id, created, options_.model_name, piece, first_chunk,
-                                  logprobs, "", std::nullopt))) {
-                return gone();
-              }
-              first_chunk = false;
-            }
-            if (builder->stopped()) run->EndSatisfied();
-            if (ended || builder->stopped()) break;
-            batch.clear();
-            ended = run->Next(&batch, std::chrono::milliseconds(500));
-            if (stopping_.load()) {
-              run->Cancel();
-              return false;
-            }
-            // A stream without new text (idle, or tokens that hold no text yet) still finds
-            // out that its client has gone.
-            if (!ended && std::chrono::steady_clock::now() - last_write > std::chrono::seconds(1)) {
-              last_write = std::chrono::steady_clock::now();
-              static constexpr char kPing[] = ": ping\n\n";
-              if (!sink.is_writable() || !sink.write(kPing, sizeof(kPing) - 1)) return gone();
-            }
-          }
-          const std::string rest = builder->Finish();
-          if (!builder->stopped() && builder->finish_reason().empty()) {
-            absl::Status s = run->status();
-            if (s.ok()) s = absl::InternalError("the request ended without a finish reason");
-            const std::string event = "data: " + ErrorBody(ErrorFromStatus(s)) + "\n\n";
-            sink.write(event.data(), event.size());
-          } else {
-            std::optional<Usage> usage;
-            if (parsed->include_usage) usage = builder->usage(prompt_tokens);
-            json logprobs =
-                parsed->logprobs ? LogprobsJson(endpoint, {}, text_offset) : json(nullptr);
-            if (!send(ChunkJson(endpoint, id, created, options_.model_name, rest, first_chunk,
-                                logprobs, builder->finish_reason(), usage))) {
-              return gone();
-            }
-          }
-          static constexpr char kDone[] = "data: [DONE]\n\n";
-          sink.write(kDone, sizeof(kDone) - 1);
-          sink.done();
-          return true;
-        });
+    // ---- Streaming: the last chunk (finish reason, usage) or the error, then [DONE].
+    if (!finished) {
+      g.res->WriteChunk("data: " + ErrorBody(ErrorFromStatus(s)) + "\n\n");
+    } else {
+      std::optional<Usage> usage;
+      if (g.parsed->include_usage) usage = b.usage(g.prompt_tokens);
+      json logprobs =
+          g.parsed->logprobs ? LogprobsJson(g.endpoint, {}, g.text_offset) : json(nullptr);
+      g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, options_.model_name, rest,
+                                        g.first_chunk, logprobs, b.finish_reason(), usage)));
+    }
+    g.res->WriteChunk("data: [DONE]\n\n");
+    g.res->EndChunked();
   }
 
   const HttpFrontOptions options_;
@@ -444,6 +382,8 @@ class HttpFront::Handlers {
   std::atomic<uint64_t> next_id_{1};
   std::atomic<int> active_{0};
   std::atomic<bool> stopping_{false};
+  GenerationThreads threads_{
+      options_.generation_nice};  // last: joined before the members its threads use go
 };
 
 absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptions& options,
@@ -452,31 +392,40 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
                                                             metrics::Registry* registry) {
   std::unique_ptr<HttpFront> f(new HttpFront());
   f->handlers_ = std::make_unique<Handlers>(options, backend, tokenizer, registry);
-  f->server_ = std::make_unique<httplib::Server>();
-  const int threads = std::max(4, options.max_concurrent_streams + 4);
-  f->server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  f->handlers_->Install(*f->server_);
-  if (options.port == 0) {
-    f->port_ = f->server_->bind_to_any_port(options.host);
-  } else {
-    f->port_ = f->server_->bind_to_port(options.host, options.port) ? options.port : -1;
-  }
-  if (f->port_ <= 0) {
-    return absl::UnavailableError(
-        absl::StrCat("http: cannot bind ", options.host, ":", options.port));
-  }
-  httplib::Server* s = f->server_.get();
-  f->thread_ = std::thread([s] { s->listen_after_bind(); });
-  while (!s->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Handlers* h = f->handlers_.get();
+  HttpServerOptions so{.host = options.host,
+                       .port = options.port,
+                       .io_threads = options.io_threads,
+                       .max_body_bytes = options.max_body_bytes,
+                       .max_connections = options.max_connections,
+                       .header_timeout = options.header_timeout,
+                       .body_timeout = options.body_timeout,
+                       .idle_timeout = options.idle_timeout};
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
+      so,
+      [h](HttpRequest req, std::shared_ptr<HttpResponder> res) {
+        h->Handle(std::move(req), std::move(res));
+      },
+      [h](const std::string& path, int status) { h->Log(path, status); },
+      [](int status, const std::string& code, const std::string& message) {
+        ApiError e{.http_status = status, .message = message, .code = code};
+        if (status >= 500) e.type = "server_error";
+        return HttpErrorBody{kJson, ErrorBody(e)};
+      });
+  if (!server.ok()) return server.status();
+  f->server_ = *std::move(server);
+  f->port_ = f->server_->port();
   return f;
 }
 
 HttpFront::~HttpFront() { Stop(); }
 
 void HttpFront::Stop() {
+  // Generations first: their responders hold connections of the server. Again after the server
+  // stopped, for one admitted while the first wait ran.
   if (handlers_) handlers_->Stop();
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (server_) server_->Stop();
+  if (handlers_) handlers_->Stop();
 }
 
 std::string ModelNameFromPath(std::string model_path) {

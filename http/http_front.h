@@ -1,14 +1,18 @@
-// HttpFront: the OpenAI-compatible HTTP API (cpp-httplib) of every process that serves clients:
-// the coordinator and the colocated server.
+// HttpFront: the OpenAI-compatible HTTP API of every process that serves clients: the
+// coordinator and the colocated server. It runs on HttpServer (http/http_server.h, event-driven:
+// slow and idle clients hold no thread; header, body and idle deadlines; a connection limit).
 //   POST /v1/completions, POST /v1/chat/completions (stream: true -> server-sent events),
 //   GET /v1/models, GET /health (200 only when the backend can prefill and decode),
 //   GET /metrics (Prometheus text from the server's registry).
-// It runs each request in-process through a GenerationBackend (the coordinator's request path,
-// or the colocated server's), maps failures to OpenAI-shaped errors (429/503 with Retry-After when
-// there is no capacity), and cancels a request whose client disconnects mid-stream.
+// It parses, checks and runs each request in-process through a GenerationBackend (the
+// coordinator's request path, or the colocated server's) on a thread of its own, at most
+// max_concurrent_streams generations at once (429 beyond), maps failures to OpenAI-shaped
+// errors (429/503 with Retry-After when there is no capacity), and cancels a request whose
+// client disconnects, streamed or not. /health, /metrics and /v1/models are answered on the I/O
+// threads and never wait for a generation.
 //
 //   HttpFrontOptions o{.host = "127.0.0.1", .port = 8000, .model_name = "smollm2"};
-//   DUET_ASSIGN_OR_RETURN(auto front, HttpFront::Start(o, backend, tokenizer, context, &registry));
+//   DUET_ASSIGN_OR_RETURN(auto front, HttpFront::Start(o, backend, tokenizer, &registry));
 //   // curl http://127.0.0.1:8000/v1/completions -d '{"prompt": "Hi", "max_tokens": 8}'
 #pragma once
 
@@ -17,17 +21,14 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/metrics/metrics.h"
 #include "common/model/tokenizer.h"
 #include "duet/v1/client.pb.h"
-
-namespace httplib {
-class Server;
-}
+#include "http/http_server.h"
 
 namespace duet::http {
 
@@ -56,6 +57,16 @@ struct HttpFrontOptions {
   std::string api_key;  // non-empty: require "Authorization: Bearer <api_key>"
   size_t max_body_bytes = 1 << 20;
   int max_concurrent_streams = 64;  // generation requests in flight (streamed or not)
+  // Open connections, idle or not (beyond: 503). Separate from max_concurrent_streams: a
+  // connection costs a socket, not a thread. Mind RLIMIT_NOFILE.
+  int max_connections = 2048;
+  absl::Duration header_timeout = absl::Seconds(10);  // accept (or first byte) to header's end
+  absl::Duration body_timeout = absl::Seconds(30);    // header's end to body's end
+  absl::Duration idle_timeout = absl::Seconds(30);    // a kept-alive connection between requests
+  int io_threads = 2;                                 // the event loop's threads
+  // How much lower than the event loop the generation threads run (nice; 0: the same), so that
+  // /health, accepts and deadlines are served first when every generation wakes at once.
+  int generation_nice = 5;
   std::string model_name = "duet";
   int64_t context_length = 2048;
   // The model's vocabulary (its embedding rows, which may exceed the tokenizer's entries); prompt
@@ -86,9 +97,9 @@ class HttpFront {
 
  private:
   HttpFront() = default;
-  std::unique_ptr<Handlers> handlers_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  std::unique_ptr<Handlers>
+      handlers_;  // routes and generation threads (joined before server_ stops)
+  std::unique_ptr<HttpServer> server_;
   int port_ = 0;
 };
 

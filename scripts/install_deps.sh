@@ -9,7 +9,7 @@ PACKAGES=(
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils
   clang clang-format libclang-rt-14-dev
-  libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libxxhash-dev
+  libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libboost1.81-dev libxxhash-dev
   iproute2 curl python3-venv
   libgtest-dev libgmock-dev libbenchmark-dev
 )

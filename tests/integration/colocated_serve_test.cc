@@ -1,10 +1,14 @@
 // `duet serve --colocated` as a real process, over the client API: the same tokens as the
 // in-process engine and as a disaggregated loopback cluster (invariant 1), the same errors as
 // the coordinator for bad input, RequestTimings filled, a cancel (client or Cancel RPC)
-// mid-stream gives every KV block back (invariant 3, seen through Health), and /metrics
-// (--node_metrics) moves with requests.
+// mid-stream gives every KV block back (invariant 3, seen through Health), an HTTP client that
+// leaves before its non-streamed answer cancels its request, and /metrics (--node_metrics) moves
+// with requests.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"
@@ -413,6 +418,60 @@ TEST_F(ColocatedServeTest, CancelMidStreamFreesEveryBlock) {
     ASSERT_TRUE(stub->Cancel(&ctx, creq, &cresp).ok());
   }
   EXPECT_FALSE(cresp.found());
+}
+
+// A non-streamed HTTP completion whose client goes away is cancelled on the real server, not
+// run to its end: the front reads the socket while the request runs (nothing is written to it
+// until the end), so it sees the close at once and the scheduler frees the request's blocks.
+TEST_F(ColocatedServeTest, OpenAiRequestWhoseClientLeavesIsCancelled) {
+  std::vector<std::string> flags = ColocatedFlags();
+  flags.push_back("--http_port=0");
+  ServeProcess colocated(DUET_BIN, flags);
+  ASSERT_TRUE(colocated.ready());
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(colocated.http_url().substr(17), &port)) << colocated.http_url();
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string body =
+      nlohmann::json{{"prompt", Prompt(200, 7)}, {"max_tokens", 3000}, {"ignore_eos", true}}.dump();
+  const std::string req = absl::StrCat(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+      "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  // Running (its blocks held), then the client leaves.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  bool running = false;
+  while (!running && absl::Now() < deadline) {
+    const v1::HealthResponse h = Health(*stub);
+    running = h.running_requests() == 1 && h.nodes_size() == 1 &&
+              h.nodes(0).load().free_blocks() < h.nodes(0).load().total_blocks();
+    if (!running) absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(running);
+  close(fd);
+  EXPECT_TRUE(EverythingFree(*stub));
+  // It ended as a cancelled request, well before its 3000 tokens.
+  const testing::Reply m = testing::Exchange(port, "GET", "/metrics", "");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("duet_colocated_requests_total{outcome=\"cancelled\"} 1"),
+            std::string::npos)
+      << m.body;
+  EXPECT_NE(m.body.find("duet_http_client_disconnects_total 1"), std::string::npos) << m.body;
+  double tokens = -1;
+  for (absl::string_view line : absl::StrSplit(m.body, '\n')) {
+    if (absl::ConsumePrefix(&line, "duet_colocated_generated_tokens_total ")) {
+      ASSERT_TRUE(absl::SimpleAtod(line, &tokens)) << line;
+    }
+  }
+  EXPECT_GE(tokens, 0) << m.body;
+  EXPECT_LT(tokens, 3000) << m.body;
 }
 
 // The OpenAI-compatible HTTP API over the colocated server (the coordinator's front, with the

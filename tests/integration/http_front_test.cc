@@ -1,7 +1,7 @@
 // HttpFront over a scripted GenerationBackend, on 127.0.0.1: status codes and OpenAI error
 // bodies (429/503 with Retry-After, 401, 413), server-sent events, the concurrency limit, stop
-// strings (ending the request as satisfied), chat templates, and a client disconnect
-// mid-stream reaching the backend as a cancellation.
+// strings (ending the request as satisfied), chat templates, and a client disconnect (mid-stream
+// or before a non-streamed answer) reaching the backend as a cancellation.
 #include "http/http_front.h"
 
 #include <arpa/inet.h>
@@ -13,6 +13,7 @@
 #include <atomic>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -112,6 +113,20 @@ class HttpFrontTest : public ::testing::Test {
     return Exchange(front_->port(), "POST", path, body.dump(), headers);
   }
   static json Error(const Reply& r) { return json::parse(r.body)["error"]; }
+  // Each of `lines` appears in /metrics' registry within 5 s (a generation's thread updates the
+  // counters just after the backend returns).
+  void ExpectMetricsSoon(const std::vector<std::string>& lines) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    std::string m;
+    while (absl::Now() < deadline) {
+      m = registry_.Render();
+      bool all = true;
+      for (const std::string& l : lines) all = all && m.find(l) != std::string::npos;
+      if (all) return;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    for (const std::string& l : lines) EXPECT_NE(m.find(l), std::string::npos) << l << "\n" << m;
+  }
 
   FakeBackend backend_;
   std::unique_ptr<model::Tokenizer> tokenizer_;
@@ -302,9 +317,37 @@ TEST_F(HttpFrontTest, DisconnectMidStreamCancelsTheRequest) {
   }
   EXPECT_TRUE(backend_.cancelled.load());
   EXPECT_FALSE(backend_.satisfied.load());  // a disconnect is a real cancellation
-  const std::string m = registry_.Render();
-  EXPECT_NE(m.find("duet_http_client_disconnects_total 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("duet_http_active_generations 0"), std::string::npos) << m;
+  ExpectMetricsSoon({"duet_http_client_disconnects_total 1", "duet_http_active_generations 0"});
+}
+
+// Not streamed: nothing is written to the client until the end, so only reading the socket
+// shows that it has gone; the request must still be cancelled, not run to its end.
+TEST_F(HttpFrontTest, DisconnectBeforeANonStreamedAnswerCancelsTheRequest) {
+  StartFront();
+  backend_.text = std::string(2000, 'x');  // 10 s at 5 ms a token
+  backend_.gap = absl::Milliseconds(5);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(front_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string body = R"({"prompt": "Hi", "max_tokens": 60})";
+  const std::string req = absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                       "Content-Length: ", body.size(), "\r\n\r\n", body);
+  ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  while (backend_.calls.load() == 0) absl::SleepFor(absl::Milliseconds(5));
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time closed = absl::Now();
+  close(fd);
+  const absl::Time deadline = closed + absl::Seconds(5);
+  while (!backend_.cancelled.load() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(backend_.cancelled.load()) << "the request ran on after its client had gone";
+  EXPECT_LT(absl::Now() - closed, absl::Seconds(2));
+  EXPECT_FALSE(backend_.satisfied.load());
+  ExpectMetricsSoon({"duet_http_client_disconnects_total 1", "duet_http_active_generations 0"});
 }
 
 }  // namespace
