@@ -10,6 +10,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
 #include "cli/node_flags.h"
@@ -43,6 +44,13 @@ ABSL_FLAG(std::string, kv_staging, "auto",
 ABSL_FLAG(std::string, address_file, "",
           "write this process's bound address here once it serves (for launchers)");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "coordinator: silence that declares a node dead");
+ABSL_FLAG(int64_t, queue_timeout_ms,
+          absl::ToInt64Milliseconds(duet::coordinator::TrackerOptions{}.queue_timeout),
+          "coordinator: how long a request may wait for a prefill and a decode node with room "
+          "before it is refused (RESOURCE_EXHAUSTED, HTTP 429)");
+ABSL_FLAG(int32_t, max_resumes, duet::coordinator::TrackerOptions{}.max_resumes,
+          "coordinator: how many times a request may be continued on another decode node "
+          "(preempted there for room, or the node died) before it fails");
 ABSL_FLAG(std::string, router, "cache_aware",
           "coordinator: how requests are routed: cache_aware (the prefill/decode pair of lowest "
           "cost: prompt tokens to compute, queue, KV blocks to send, decode batch; prefixes the "
@@ -137,6 +145,14 @@ int RunCoordinator(const std::vector<char*>& args) {
   opt.listen_address = absl::GetFlag(FLAGS_listen);
   opt.model_dir = absl::GetFlag(FLAGS_model);
   opt.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  if (absl::GetFlag(FLAGS_queue_timeout_ms) < 0 || absl::GetFlag(FLAGS_max_resumes) < 0) {
+    return Fail("coordinator",
+                absl::InvalidArgumentError(absl::StrCat(
+                    "--queue_timeout_ms (", absl::GetFlag(FLAGS_queue_timeout_ms),
+                    ") and --max_resumes (", absl::GetFlag(FLAGS_max_resumes), ") must be >= 0")));
+  }
+  opt.tracker.queue_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_queue_timeout_ms));
+  opt.tracker.max_resumes = absl::GetFlag(FLAGS_max_resumes);
   opt.router = absl::GetFlag(FLAGS_router);
   opt.router_weights = {.prefill = absl::GetFlag(FLAGS_router_prefill_weight),
                         .queue = absl::GetFlag(FLAGS_router_queue_weight),

@@ -32,6 +32,8 @@ ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
 ABSL_DECLARE_FLAG(bool, no_layer_pipelining);
 ABSL_DECLARE_FLAG(int, max_running);
 ABSL_DECLARE_FLAG(int64_t, heartbeat_timeout_ms);
+ABSL_DECLARE_FLAG(int64_t, queue_timeout_ms);
+ABSL_DECLARE_FLAG(int32_t, max_resumes);
 ABSL_DECLARE_FLAG(std::string, router);
 ABSL_DECLARE_FLAG(double, router_prefill_weight);
 ABSL_DECLARE_FLAG(double, router_queue_weight);
@@ -197,6 +199,8 @@ int RunServe(const std::vector<char*>& args) {
       absl::StrCat("--listen=127.0.0.1:", absl::GetFlag(FLAGS_port)),
       "--address_file=" + coord_file,
       absl::StrCat("--heartbeat_timeout_ms=", absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+      absl::StrCat("--queue_timeout_ms=", absl::GetFlag(FLAGS_queue_timeout_ms)),
+      absl::StrCat("--max_resumes=", absl::GetFlag(FLAGS_max_resumes)),
       "--router=" + absl::GetFlag(FLAGS_router),
       absl::StrCat("--router_prefill_weight=", absl::GetFlag(FLAGS_router_prefill_weight)),
       absl::StrCat("--router_queue_weight=", absl::GetFlag(FLAGS_router_queue_weight)),

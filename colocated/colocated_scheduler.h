@@ -138,6 +138,7 @@ class ColocatedScheduler {
 
   ColocatedLoad Load() const;
   kv::BlockPoolStats PoolStats() const { return pool_->Stats(); }
+  const kv::KvLayout& layout() const { return pool_->layout(); }
   kv::PrefixCacheCounters PrefixCacheCounters() const { return kv_.counters(); }
 
  private:

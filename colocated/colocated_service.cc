@@ -174,6 +174,8 @@ v1::HealthResponse ColocatedService::Health() {
   h.set_decode_nodes(up ? 1 : 0);
   h.set_running_requests(load.running_requests + load.waiting_requests);
   h.set_directory_entries(0);
+  // The longest request its pool can hold (the front caps it by the model's context).
+  h.set_max_model_len(load.total_blocks * scheduler_->layout().block_size);
   v1::NodeStatus* n = h.add_nodes();
   n->set_node_id(identity_.node_id);
   n->set_epoch(1);

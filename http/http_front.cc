@@ -1,5 +1,6 @@
 #include "http/http_front.h"
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -127,6 +128,13 @@ class HttpFront::Handlers {
     id_prefix_ = absl::StrCat(absl::Hex(rd() & 0xffffff));
   }
 
+  // The longest request (prompt + max_tokens) served: the backend's max_model_len (what its
+  // KV pools can hold for one request) when it knows one, capped by the model's context.
+  int64_t MaxModelLen() {
+    const int64_t served = backend_->Health().max_model_len();
+    return served > 0 ? std::min(served, options_.context_length) : options_.context_length;
+  }
+
   // On an I/O thread: quick routes are answered here, generations go to their own thread.
   void Handle(HttpRequest req, std::shared_ptr<HttpResponder> res) {
     if (!options_.api_key.empty() && absl::StartsWith(req.path, "/v1/") &&
@@ -149,7 +157,7 @@ class HttpFront::Handlers {
                 {"object", "model"},
                 {"created", created_},
                 {"owned_by", "duet"},
-                {"max_model_len", options_.context_length}};
+                {"max_model_len", MaxModelLen()}};
       return res->Reply(200, {}, kJson, Dump(json{{"object", "list"}, {"data", json::array({m})}}));
     }
     if (get && req.path == "/health") {
@@ -237,7 +245,7 @@ class HttpFront::Handlers {
       ids = *std::move(enc);
     }
     if (std::optional<ApiError> e =
-            CheckLengths(parsed.get(), static_cast<int64_t>(ids.size()), options_.context_length)) {
+            CheckLengths(parsed.get(), static_cast<int64_t>(ids.size()), MaxModelLen())) {
       return Reply(*res, *e);
     }
     // ---- Admission: a bounded number of generations in flight.

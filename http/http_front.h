@@ -68,6 +68,8 @@ struct HttpFrontOptions {
   // /health, accepts and deadlines are served first when every generation wakes at once.
   int generation_nice = 5;
   std::string model_name = "duet";
+  // The model's context; /v1/models and the length checks use the backend's max_model_len
+  // (HealthResponse) when it reports one, capped by this.
   int64_t context_length = 2048;
   // The model's vocabulary (its embedding rows, which may exceed the tokenizer's entries); prompt
   // ids are checked against it. 0: the tokenizer's size.
