@@ -81,7 +81,9 @@ class GrpcClient : public Client {
                         .decode_admission_us = t.decode_admission_us(),
                         .ttft_us = t.time_to_first_token_us(),
                         .decode_us = t.decode_us(),
-                        .prefill_attempts = t.prefill_attempts()};
+                        .prefill_attempts = t.prefill_attempts(),
+                        .resumes = t.resumes(),
+                        .resume_us = t.resume_us()};
           rec.cache = {.prefill_cached_tokens = t.prefill_cached_tokens(),
                        .decode_cached_tokens = t.decode_cached_tokens(),
                        .kv_bytes_sent = t.kv_bytes_sent()};

@@ -35,9 +35,10 @@ nlohmann::json SummaryJson(const Summary& s) {
 nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, double duration_s,
                               const ReportOptions& options) {
   std::vector<double> ttft, tpot, itl, e2e, gap, lag, prompt, output;
-  std::vector<double> queue, reserve, prefill, tail, admission, server_ttft, tail_share;
+  std::vector<double> queue, reserve, prefill, tail, admission, server_ttft, tail_share, resume;
   std::vector<double> last_layer, max_layer;
-  int completed = 0, failed = 0, cut = 0, good = 0, retried = 0, short_output = 0;
+  int completed = 0, failed = 0, cut = 0, good = 0, retried = 0, short_output = 0, resumed = 0,
+      resumes = 0;
   int64_t out_tokens = 0, in_tokens = 0;
   std::map<std::string, std::pair<std::string, int>> errors;  // pattern -> (example, count)
   for (const RequestRecord* r : records) {
@@ -91,6 +92,11 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
       if (s.last_layer_transfer_us >= 0) last_layer.push_back(s.last_layer_transfer_us / 1e3);
       if (s.max_layer_transfer_us >= 0) max_layer.push_back(s.max_layer_transfer_us / 1e3);
       if (s.prefill_attempts > 1) ++retried;
+      if (s.resumes > 0) {
+        ++resumed;
+        resumes += s.resumes;
+        resume.push_back(s.resume_us / 1e3 / s.resumes);
+      }
     }
   }
   const double d = duration_s > 0 ? duration_s : 1;
@@ -99,11 +105,10 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
     err.push_back({{"message", e.first}, {"pattern", pattern}, {"count", e.second}});
   }
   nlohmann::json j;
-  j["requests"] = {{"completed", completed},
-                   {"failed", failed},
-                   {"cut_at_end", cut},
-                   {"short_output", short_output},
-                   {"prefill_retried", retried}};
+  j["requests"] = {{"completed", completed},     {"failed", failed},
+                   {"cut_at_end", cut},          {"short_output", short_output},
+                   {"prefill_retried", retried}, {"resumed", resumed},
+                   {"resumes", resumes}};
   j["errors"] = err;
   j["throughput"] = {{"requests_per_s", completed / d},
                      {"output_tokens_per_s", out_tokens / d},
@@ -124,7 +129,8 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
                     {"decode_admission", SummaryJson(Summarize(admission))},
                     {"ttft", SummaryJson(Summarize(server_ttft))},
                     {"last_layer_transfer", SummaryJson(Summarize(last_layer))},
-                    {"slowest_layer_transfer", SummaryJson(Summarize(max_layer))}};
+                    {"slowest_layer_transfer", SummaryJson(Summarize(max_layer))},
+                    {"resume", SummaryJson(Summarize(resume))}};
   j["transfer_tail_pct_of_ttft"] = SummaryJson(Summarize(tail_share));
   j["prompt_tokens"] = SummaryJson(Summarize(prompt));
   j["output_tokens"] = SummaryJson(Summarize(output));

@@ -23,6 +23,8 @@ struct ServerTimings {
   int64_t ttft_us = 0;              // server's time to first token
   int64_t decode_us = 0;            // first token -> finish
   int prefill_attempts = 0;
+  int resumes = 0;        // continued on another decode node (preempted, or its node died)
+  int64_t resume_us = 0;  // stream stopped -> next token, summed over the resumes
   // Per layer, compute done on the prefill node -> landed on the decode node: the last layer's
   // and the slowest layer's (-1 when the nodes did not report per-layer times).
   int64_t last_layer_transfer_us = -1;
