@@ -146,6 +146,9 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
     uint64_t heartbeats = 0;  // its heartbeat count when it became suspect
   };
   absl::flat_hash_map<NodeId, Suspect> suspects_ ABSL_GUARDED_BY(route_mu_);
+  // Resumed requests (preempted, or their decode node died) waiting for room: new requests let
+  // them go first, or a preempted request could wait behind every later arrival.
+  std::atomic<int> resumes_waiting_{0};
   void MarkSuspect(const NodeInfo& node, const absl::Status& why);
   std::vector<NodeId> SuspectsLocked(const std::vector<NodeInfo>& live)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(route_mu_);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -167,9 +168,21 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar, const Atte
     if (waiting) metrics_.waiting.Add(-1);
     waiting = false;
   };
+  const bool resume = in.generated > 0;
+  if (resume) resumes_waiting_.fetch_add(1);
+  absl::Cleanup resumed = [&] {
+    if (resume) resumes_waiting_.fetch_sub(1);
+  };
   while (true) {
     absl::Status why;
-    const Outcome o = TryStart(ar, in, sampling, prefill_out, decode_out, &why);
+    Outcome o;
+    if (!resume && resumes_waiting_.load() > 0) {
+      o = Outcome::kNoRoom;  // resumed requests go first
+      why = absl::ResourceExhaustedError(
+          absl::StrCat(resumes_waiting_.load(), " resumed request(s) wait for room and go first"));
+    } else {
+      o = TryStart(ar, in, sampling, prefill_out, decode_out, &why);
+    }
     if (o == Outcome::kStarted) {
       stop_waiting();
       return absl::OkStatus();
