@@ -517,6 +517,13 @@ TEST_F(ClusterFailureTest, HungPrefillNodeIsRetriedWithoutWaitingForTheAbandoned
   ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 2, 1));
   ASSERT_TRUE(cluster.ready());
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  // First a few requests, so that the decode node is connected to prefill-0 (ties go to it):
+  // then a Reserve naming it succeeds, and the Prefill call to it is what hangs.
+  for (int i = 0; i < 3; ++i) {
+    v1::SamplingParams s;
+    s.set_max_tokens(2);
+    ASSERT_TRUE(Generate(*stub, Prompt(30, 90 + i), s).status.ok());
+  }
   Stopped hung(cluster.pid_of("prefill-0"));
   const absl::Time start = absl::Now();
   std::vector<std::thread> threads;
