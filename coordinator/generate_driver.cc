@@ -255,13 +255,9 @@ CoordinatorServer::Impl::Outcome CoordinatorServer::Impl::TryStart(
     route.cached_blocks = prefix_index_.LeadingBlocksAll(chain);
   }
   // Earlier failures, so that "no node available" says why.
-  auto with_history = [&](absl::Status s) {
-    std::vector<std::string> history = t->prefill_errors;
-    history.insert(history.end(), t->decode_errors.begin(), t->decode_errors.end());
-    if (history.empty()) return s;
-    return absl::Status(s.code(),
-                        absl::StrCat(s.message(), "; earlier: ", absl::StrJoin(history, "; ")));
-  };
+  route.earlier_failures = t->prefill_errors;
+  route.earlier_failures.insert(route.earlier_failures.end(), t->decode_errors.begin(),
+                                t->decode_errors.end());
   std::optional<NodeInfo> d, p;
   {
     // Concurrent requests must see each other's picks, or they all land on the same node.
@@ -272,7 +268,7 @@ CoordinatorServer::Impl::Outcome CoordinatorServer::Impl::TryStart(
     absl::StatusOr<RoutePick> pick =
         router_->Pick(decodes, registry_.LiveNodes(NodeKind::kPrefill), route);
     if (!pick.ok()) {
-      *status = with_history(pick.status());
+      *status = pick.status();
       // No room now, or only suspect decode nodes left (each heartbeats again or is declared
       // dead soon): wait. Anything else will not change by waiting.
       return absl::IsResourceExhausted(pick.status()) ||

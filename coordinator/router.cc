@@ -293,6 +293,16 @@ absl::StatusOr<RoutePick> Router::PickByCost(const std::vector<NodeInfo>& decode
 absl::StatusOr<RoutePick> Router::Pick(const std::vector<NodeInfo>& decode_nodes,
                                        const std::vector<NodeInfo>& prefill_nodes,
                                        const RouteRequest& request) {
+  absl::StatusOr<RoutePick> pick = PickUnexplained(decode_nodes, prefill_nodes, request);
+  if (pick.ok() || request.earlier_failures.empty()) return pick;
+  return absl::Status(pick.status().code(),
+                      absl::StrCat(pick.status().message(),
+                                   "; earlier: ", absl::StrJoin(request.earlier_failures, "; ")));
+}
+
+absl::StatusOr<RoutePick> Router::PickUnexplained(const std::vector<NodeInfo>& decode_nodes,
+                                                  const std::vector<NodeInfo>& prefill_nodes,
+                                                  const RouteRequest& request) {
   RoutePick pick;
   if (mode_ == RouterMode::kCacheAware) {
     DUET_ASSIGN_OR_RETURN(std::vector<NodeInfo> fitting, FittingDecode(decode_nodes, request));

@@ -57,6 +57,9 @@ struct RouteRequest {
   // Blocks the whole request may come to hold (prompt and every output token): a decode node
   // whose pool is smaller could never finish it. A prefill node's pool must hold blocks_needed.
   int64_t total_blocks_needed = 0;
+  // What went wrong on earlier attempts ("node: error"): appended to a refusal, so that "no
+  // node available" says why the excluded ones are excluded.
+  std::vector<std::string> earlier_failures;
   // Prefix caches: tokens per block, how many leading blocks of the prompt a node can hold
   // (KvCacheManager::MaxCachedTokens(n) / block_size) and how many each node holds
   // (PrefixIndex::LeadingBlocksAll; absent: none).
@@ -147,7 +150,8 @@ class Router {
   RouterMode mode() const { return mode_; }
   const RouterWeights& weights() const { return weights_; }
 
-  // Both nodes of a request: the errors of PickDecode, then of PickPrefill.
+  // Both nodes of a request: the errors of PickDecode, then of PickPrefill, each followed by
+  // the request's earlier_failures (why the excluded nodes were excluded).
   absl::StatusOr<RoutePick> Pick(const std::vector<NodeInfo>& decode_nodes,
                                  const std::vector<NodeInfo>& prefill_nodes,
                                  const RouteRequest& request);
@@ -172,6 +176,9 @@ class Router {
                                                       const RouteRequest& request) const;
   absl::StatusOr<std::vector<NodeInfo>> EligiblePrefill(const std::vector<NodeInfo>& nodes,
                                                         const RouteRequest& request) const;
+  absl::StatusOr<RoutePick> PickUnexplained(const std::vector<NodeInfo>& decode_nodes,
+                                            const std::vector<NodeInfo>& prefill_nodes,
+                                            const RouteRequest& request);
   absl::StatusOr<RoutePick> PickByCost(const std::vector<NodeInfo>& decode,
                                        const std::vector<NodeInfo>& prefill,
                                        const RouteRequest& request) const;

@@ -87,6 +87,48 @@ TEST(RouterTest, NoLiveDecodeNodeIsUnavailable) {
             absl::StatusCode::kUnavailable);
 }
 
+// A refusal keeps the causes of earlier attempts: "no prefill node available (1 live,
+// excluded: p0)" says why p0 is excluded (its transfer timed out).
+TEST(RouterTest, RefusalNamesWhyTheExcludedNodesFailedBefore) {
+  Router router = DefaultRouter();
+  RouteRequest req = Req(1);
+  req.excluded_prefill = {"p0"};
+  req.earlier_failures = {"p0@1: request r1: transfer phase exceeded its 10s deadline"};
+  auto picked = router.Pick({D("d0", 90, 0)}, {P("p0", 0)}, req);
+  ASSERT_FALSE(picked.ok());
+  EXPECT_EQ(picked.status().code(), absl::StatusCode::kUnavailable);
+  const absl::string_view msg = picked.status().message();
+  EXPECT_NE(msg.find("no prefill node available (1 live, excluded: p0)"), absl::string_view::npos)
+      << msg;
+  EXPECT_NE(msg.find("earlier: p0@1: request r1: transfer phase exceeded its 10s deadline"),
+            absl::string_view::npos)
+      << msg;
+}
+
+// Nodes whose whole pool is smaller than the request can grow to (decode) or than its prompt
+// (prefill) are never picked, and the refusal says so.
+TEST(RouterTest, NodesWhosePoolCanNeverHoldTheRequestAreSkipped) {
+  Router router = DefaultRouter();
+  NodeInfo small = D("d0", 50, 0), big = D("d1", 10, 3);
+  small.load.total_blocks = 50;
+  big.load.total_blocks = 200;
+  RouteRequest req = Req(4);
+  req.total_blocks_needed = 120;
+  auto picked = router.Pick({small, big}, {P("p0", 0)}, req);
+  ASSERT_TRUE(picked.ok()) << picked.status();
+  EXPECT_EQ(picked->decode.node.node_id, "d1");
+  auto refused = router.PickDecode({small}, req);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("d0@1 holds 50 blocks in all"), absl::string_view::npos)
+      << refused.status();
+  NodeInfo tiny_p = P("p0", 0);
+  tiny_p.load.total_blocks = 3;
+  auto no_p = router.Pick({big}, {tiny_p}, req);
+  ASSERT_FALSE(no_p.ok());
+  EXPECT_NE(no_p.status().message().find("no prefill node can hold"), absl::string_view::npos)
+      << no_p.status();
+}
+
 TEST(RouterTest, PrefillPrefersFewestQueuedTokensThenRunningThenId) {
   Router router = DefaultRouter();
   auto pick = [&](const std::vector<NodeInfo>& nodes, RouteRequest req) {
