@@ -172,6 +172,80 @@ ApiError ErrorFromStatus(const absl::Status& s) {
   return e;
 }
 
+namespace {
+
+// A field of the OpenAI or vLLM API this server does not implement, and the values that mean
+// "not used" (absent and null always do): any other value is refused naming the field.
+struct Unimplemented {
+  const char* field;
+  bool (*no_op)(const json& v);
+  const char* why;
+};
+
+bool Empty(const json& v) {
+  if (v.is_string()) return v.get_ref<const std::string&>().empty();
+  return (v.is_array() || v.is_object()) && v.empty();
+}
+bool IsFalse(const json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool IsTrue(const json& v) { return v.is_boolean() && v.get<bool>(); }
+bool IsZero(const json& v) { return v.is_number() && v.get<double>() == 0; }
+bool IsOne(const json& v) { return v.is_number() && v.get<double>() == 1; }
+bool Never(const json&) { return false; }
+bool TextFormat(const json& v) {
+  return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
+}
+bool NoTool(const json& v) { return v.is_string() && v.get<std::string>() == "none"; }
+
+constexpr char kTools[] =
+    "tool calling is not supported (it needs a grammar engine and per-model parsers)";
+constexpr char kStructured[] = "structured output is not supported (it needs a grammar engine)";
+
+const Unimplemented kUnimplemented[] = {
+    {"tools", Empty, kTools},
+    {"tool_choice", NoTool, kTools},
+    {"functions", Empty, kTools},
+    {"function_call", NoTool, kTools},
+    {"response_format", TextFormat, kStructured},
+    {"guided_json", Never, kStructured},
+    {"guided_regex", Never, kStructured},
+    {"guided_choice", Empty, kStructured},
+    {"guided_grammar", Never, kStructured},
+    {"structured_outputs", Never, kStructured},
+    {"logit_bias", Empty, "logit_bias is not supported"},
+    {"min_p", IsZero, "min_p is not supported (0 only)"},
+    {"repetition_penalty", IsOne, "repetition_penalty is not supported (1 only)"},
+    {"length_penalty", IsOne, "length_penalty is not supported (1 only)"},
+    {"min_tokens", IsZero, "min_tokens is not supported (0 only)"},
+    {"suffix", Empty, "suffix is not supported"},
+    {"prompt_logprobs", IsZero, "prompt_logprobs is not supported"},
+    {"use_beam_search", IsFalse, "beam search is not supported"},
+    {"continue_final_message", IsFalse, "continue_final_message is not supported"},
+    {"add_generation_prompt", IsTrue, "add_generation_prompt false is not supported"},
+    {"chat_template", Never, "a per-request chat template is not supported"},
+    {"chat_template_kwargs", Empty, "chat_template_kwargs is not supported"},
+    {"bad_words", Empty, "bad_words is not supported"},
+    {"allowed_token_ids", Empty, "allowed_token_ids is not supported"},
+    {"truncate_prompt_tokens", Never, "truncate_prompt_tokens is not supported"},
+    {"include_stop_str_in_output", IsFalse, "include_stop_str_in_output is not supported"},
+    {"skip_special_tokens", IsTrue, "skip_special_tokens false is not supported"},
+    {"spaces_between_special_tokens", IsTrue,
+     "spaces_between_special_tokens false is not supported"},
+    {"logits_processors", Empty, "logits_processors are not supported"},
+};
+
+std::optional<ApiError> RefuseUnimplemented(const json& j) {
+  for (const Unimplemented& u : kUnimplemented) {
+    auto it = j.find(u.field);
+    if (it == j.end() || it->is_null() || u.no_op(*it)) continue;
+    return ApiError{.message = absl::StrCat("'", u.field, "': ", u.why),
+                    .param = u.field,
+                    .code = "unsupported"};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
                                      ParsedRequest* out) {
   *out = ParsedRequest();
@@ -181,6 +255,7 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
     return Invalid("the request body is not valid JSON", "", "invalid_json");
   }
   if (!j.is_object()) return Invalid("the request body must be a JSON object", "", "invalid_json");
+  if (auto e = RefuseUnimplemented(j)) return e;
 
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return WrongType("model", "a string", *it);
@@ -277,10 +352,17 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
           GetInt(j, "max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens, &has_max)) {
     return e;
   }
-  if (!has_max && endpoint == Endpoint::kChat) {
+  if (endpoint == Endpoint::kChat) {
+    // As in vLLM, max_completion_tokens wins when both are given.
+    int64_t completion_tokens = -1;
+    bool has_completion = false;
     if (auto e = GetInt(j, "max_completion_tokens", 1, std::numeric_limits<int32_t>::max(),
-                        &max_tokens, &has_max)) {
+                        &completion_tokens, &has_completion)) {
       return e;
+    }
+    if (has_completion) {
+      max_tokens = completion_tokens;
+      has_max = true;
     }
   }
   out->max_tokens = has_max ? max_tokens : -1;
@@ -297,6 +379,24 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
       out->seed = static_cast<uint64_t>(it->get<int64_t>());  // negative seeds wrap
     } else {
       return WrongType("seed", "an integer", *it);
+    }
+  }
+  // top_k as vLLM has it: -1 (or 0) is off.
+  int64_t top_k = 0;
+  if (auto e = GetInt(j, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k)) return e;
+  out->top_k = top_k > 0 ? static_cast<int>(top_k) : 0;
+  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return WrongType("stop_token_ids", "an array of token ids", *it);
+    for (const json& t : *it) {
+      if (!t.is_number_integer() && !t.is_number_unsigned()) {
+        return WrongType("stop_token_ids[]", "an integer token id", t);
+      }
+      const int64_t id = t.get<int64_t>();
+      if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+        return Invalid(absl::StrCat("token id ", id, " is out of range"), "stop_token_ids",
+                       "invalid_value");
+      }
+      out->stop_token_ids.push_back(static_cast<int32_t>(id));
     }
   }
   for (const char* zero_only : {"presence_penalty", "frequency_penalty"}) {
@@ -359,6 +459,8 @@ v1::SamplingParams ToSampling(const ParsedRequest& req) {
   p.set_temperature(req.temperature);
   p.set_top_p(req.top_p >= 1.0f ? 0.0f : req.top_p);
   if (req.seed) p.set_seed(*req.seed);
+  p.set_top_k(req.top_k);
+  p.mutable_stop_token_ids()->Assign(req.stop_token_ids.begin(), req.stop_token_ids.end());
   p.set_max_tokens(static_cast<int32_t>(req.max_tokens));
   p.set_logprobs(req.top_logprobs);
   p.set_ignore_eos(req.ignore_eos);

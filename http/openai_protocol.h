@@ -56,7 +56,9 @@ struct ParsedRequest {
   int64_t max_tokens = -1;            // -1: not given
   float temperature = 1.0f;
   float top_p = 1.0f;
+  int top_k = 0;  // 0: off (vLLM's -1 too)
   std::optional<uint64_t> seed;
+  std::vector<int32_t> stop_token_ids;  // extension (as vLLM): stop after any of these
   std::vector<std::string> stop;
   bool logprobs = false;  // completions: logprobs given; chat: logprobs true
   int top_logprobs = 0;   // alternatives per token
@@ -66,7 +68,10 @@ struct ParsedRequest {
 };
 
 // Parses and checks the body: malformed JSON, a known field of the wrong type, values out of
-// range, n != 1 and missing prompt/messages are errors; unknown fields are ignored.
+// range, n != 1, missing prompt/messages, and any field of the OpenAI or vLLM API that this
+// server does not implement set to a value that would change the answer (tools, response_format,
+// logit_bias, min_p, ...) are errors naming the field; fields of neither API are ignored, as
+// vLLM does. Chat's max_completion_tokens wins over max_tokens.
 std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
                                      ParsedRequest* out);
 

@@ -201,6 +201,22 @@ def client_main(base_url, prompt_ids, max_tokens):
         err = None
     except openai.BadRequestError as e:
         err = e.status_code
+    # Fields the server does not implement are refused by name, never ignored.
+    refused = {}
+    for field, value, known in [("logit_bias", {"1234": -100}, True), ("min_p", 0.1, False),
+                                ("response_format", {"type": "json_object"}, True)]:
+        # Fields the client does not know (vLLM's) go through extra_body, as vLLM users send them.
+        kw = {field: value} if known else {"extra_body": {field: value}}
+        try:
+            c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                      max_tokens=2, temperature=0, **kw)
+            refused[field] = None
+        except openai.BadRequestError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            refused[field] = [e.status_code, body.get("param"), body.get("code")]
+    # vLLM's top_k through extra_body reaches the sampler: top_k 1 samples greedily.
+    top1 = c.completions.create(model=model, prompt=prompt_ids, max_tokens=max_tokens,
+                                temperature=1.5, seed=3, extra_body={"top_k": 1})
     print(json.dumps({
         "model": model, "text": text, "finish": finish,
         "usage": [usage.prompt_tokens, usage.completion_tokens, usage.total_tokens],
@@ -215,6 +231,8 @@ def client_main(base_url, prompt_ids, max_tokens):
         if chat_usage else None,
         "chat_whole": chat_whole.choices[0].message.content,
         "bad_request_status": err,
+        "refused": refused,
+        "top1_text": top1.choices[0].text,
     }))
 
 
@@ -295,6 +313,12 @@ def main():
               out["chat_usage"])
         check(out["chat"] == out["chat_whole"], "chat: streamed == non-streamed (greedy)")
         check(out["bad_request_status"] == 400, "openai.BadRequestError for max_tokens")
+        for field, got in out["refused"].items():
+            check(got == [400, field, "unsupported"],
+                  "%s: refused with 400 naming it (got %s)" % (field, got))
+        check(out["top1_text"] == out["whole_text"],
+              "top_k 1 at temperature 1.5 equals greedy: %r vs %r" %
+              (out["top1_text"], out["whole_text"]))
 
         # ---- A `stop` string ends the request early; it counts as ok, not cancelled.
         gen = ref["generated_ids"]
@@ -363,17 +387,17 @@ def main():
         after = samples(fetch(base + "/metrics"))
         ok_delta = (value(after, "duet_coordinator_requests_total", outcome="ok") -
                     value(before, "duet_coordinator_requests_total", outcome="ok"))
-        check(ok_delta == 5, "coordinator requests_total{outcome=ok} moved by 5, the stop-string "
-              "request included (%s)" % ok_delta)
+        check(ok_delta == 6, "coordinator requests_total{outcome=ok} moved by 6, the top_k and "
+              "the stop-string requests included (%s)" % ok_delta)
         cancelled_delta = (value(after, "duet_coordinator_requests_total", outcome="cancelled") -
                            value(before, "duet_coordinator_requests_total", outcome="cancelled"))
         check(cancelled_delta == 0, "no request counted as cancelled (%s)" % cancelled_delta)
         ttft = (value(after, "duet_coordinator_ttft_seconds_count") -
                 value(before, "duet_coordinator_ttft_seconds_count"))
-        check(ttft == 5, "TTFT histogram counted 5 requests")
+        check(ttft == 6, "TTFT histogram counted 6 requests (%s)" % ttft)
         e2e = (value(after, "duet_coordinator_e2e_seconds_count") -
                value(before, "duet_coordinator_e2e_seconds_count"))
-        check(e2e == 5, "e2e histogram counted 5 requests")
+        check(e2e == 6, "e2e histogram counted 6 requests (%s)" % e2e)
         check(value(after, "duet_http_requests_total", path="/v1/completions", code="400") >= 8,
               "HTTP 400s counted by path")
         check(value(after, "duet_coordinator_nodes", kind="decode") == 1, "node gauge: 1 decode")

@@ -113,6 +113,100 @@ TEST(OpenAiParseTest, CompletionFieldsAndUnknownFieldsIgnored) {
   EXPECT_TRUE(sp.ignore_eos());
 }
 
+// A field of the OpenAI or vLLM API that the server does not implement is a 400 naming it, as
+// soon as its value would change the answer; its no-op values are accepted.
+TEST(OpenAiParseTest, UnimplementedFieldsAreRefusedNamingThem) {
+  struct Case {
+    const char* field;
+    const char* used;   // a value that would change the answer
+    const char* no_op;  // a value that does not (besides null); empty: none
+  } cases[] = {
+      {"tools", R"([{"type": "function", "function": {"name": "f"}}])", "[]"},
+      {"tool_choice", R"("auto")", R"("none")"},
+      {"functions", R"([{"name": "f"}])", "[]"},
+      {"function_call", R"("auto")", R"("none")"},
+      {"response_format", R"({"type": "json_object"})", R"({"type": "text"})"},
+      {"guided_json", R"({"type": "object"})", ""},
+      {"guided_choice", R"(["a", "b"])", "[]"},
+      {"logit_bias", R"({"1234": -100})", "{}"},
+      {"min_p", "0.1", "0"},
+      {"repetition_penalty", "1.2", "1"},
+      {"min_tokens", "5", "0"},
+      {"suffix", R"("tail")", R"("")"},
+      {"prompt_logprobs", "1", "0"},
+      {"use_beam_search", "true", "false"},
+      {"continue_final_message", "true", "false"},
+      {"add_generation_prompt", "false", "true"},
+      {"chat_template", R"("{{ x }}")", ""},
+      {"bad_words", R"(["x"])", "[]"},
+      {"allowed_token_ids", "[1, 2]", "[]"},
+      {"include_stop_str_in_output", "true", "false"},
+      {"skip_special_tokens", "false", "true"},
+  };
+  for (const Case& c : cases) {
+    for (Endpoint ep : {Endpoint::kCompletions, Endpoint::kChat}) {
+      const std::string base = ep == Endpoint::kChat
+                                   ? R"({"messages": [{"role": "user", "content": "x"}])"
+                                   : R"({"prompt": "x")";
+      auto e = Parse(ep, base + ", \"" + c.field + "\": " + c.used + "}");
+      ASSERT_TRUE(e) << c.field << " was accepted";
+      EXPECT_EQ(e->http_status, 400) << c.field;
+      EXPECT_EQ(e->param, c.field) << e->message;
+      EXPECT_EQ(e->code, "unsupported") << c.field;
+      EXPECT_NE(e->message.find(c.field), std::string::npos) << e->message;
+      EXPECT_FALSE(Parse(ep, base + ", \"" + c.field + "\": null}")) << c.field << ": null";
+      if (*c.no_op) {
+        auto ok = Parse(ep, base + ", \"" + c.field + "\": " + c.no_op + "}");
+        EXPECT_FALSE(ok) << c.field << ": " << c.no_op << ": " << ok->message;
+      }
+    }
+  }
+  // Tool calling and structured output say what they would need.
+  auto e = Parse(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}],
+                                      "response_format": {"type": "json_schema"}})");
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("grammar engine"), std::string::npos) << e->message;
+}
+
+// top_k (vLLM's -1 is off) and stop_token_ids reach the sampler; out of range is a 400.
+TEST(OpenAiParseTest, TopKAndStopTokenIdsReachTheSampler) {
+  ParsedRequest r;
+  ASSERT_FALSE(Parse(Endpoint::kCompletions,
+                     R"({"prompt": "x", "top_k": 40, "stop_token_ids": [7, 42]})", &r));
+  v1::SamplingParams sp = ToSampling(r);
+  EXPECT_EQ(sp.top_k(), 40);
+  EXPECT_EQ(std::vector<int32_t>(sp.stop_token_ids().begin(), sp.stop_token_ids().end()),
+            (std::vector<int32_t>{7, 42}));
+  for (const char* off : {R"({"prompt": "x", "top_k": -1})", R"({"prompt": "x", "top_k": 0})",
+                          R"({"prompt": "x"})"}) {
+    ASSERT_FALSE(Parse(Endpoint::kCompletions, off, &r)) << off;
+    EXPECT_EQ(ToSampling(r).top_k(), 0) << off;
+  }
+  for (const auto& [body, param] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"prompt": "x", "top_k": -2})", "top_k"},
+           {R"({"prompt": "x", "top_k": "many"})", "top_k"},
+           {R"({"prompt": "x", "stop_token_ids": 5})", "stop_token_ids"},
+           {R"({"prompt": "x", "stop_token_ids": ["a"]})", "stop_token_ids[]"},
+           {R"({"prompt": "x", "stop_token_ids": [-1]})", "stop_token_ids"}}) {
+    auto e = Parse(Endpoint::kCompletions, body);
+    ASSERT_TRUE(e) << body;
+    EXPECT_EQ(e->param, param) << body << ": " << e->message;
+  }
+}
+
+// As in vLLM, chat's max_completion_tokens wins over max_tokens when both are given.
+TEST(OpenAiParseTest, MaxCompletionTokensWinsOverMaxTokens) {
+  ParsedRequest r;
+  ASSERT_FALSE(Parse(Endpoint::kChat,
+                     R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 50,
+                         "max_completion_tokens": 7})",
+                     &r));
+  EXPECT_EQ(r.max_tokens, 7);
+  ASSERT_FALSE(Parse(Endpoint::kChat,
+                     R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 50})", &r));
+  EXPECT_EQ(r.max_tokens, 50);
+}
+
 TEST(OpenAiParseTest, PromptAsTokenIdsOrListOfOne) {
   ParsedRequest r;
   ASSERT_FALSE(Parse(Endpoint::kCompletions, R"({"prompt": [1, 2, 3]})", &r));
