@@ -115,7 +115,12 @@ absl::Status CoordinatorServer::Impl::GenerateUnmetered(const v1::GenerateReques
     absl::MutexLock lock(&mu_);
     active_.erase(ar->id);
   }
-  if (!status.ok()) DUET_LOG(INFO) << "request " << ar->id << " ended: " << status;
+  if (absl::IsCancelled(status) && sink.satisfied && sink.satisfied()) {
+    DUET_LOG(INFO) << "request " << ar->id
+                   << " finished: a stop string matched, the client has all it asked for";
+  } else if (!status.ok()) {
+    DUET_LOG(INFO) << "request " << ar->id << " ended: " << status;
+  }
   return status;
 }
 

@@ -151,14 +151,31 @@ class HttpFront::Handlers {
     if (req.method == "POST" && req.path == "/v1/chat/completions") {
       return Spawn(Endpoint::kChat, std::move(req), std::move(res));
     }
+    if (req.method == "POST" && (req.path == "/tokenize" || req.path == "/detokenize")) {
+      // Tokenizing may take a while (a megabyte prompt): off the event loop.
+      return threads_.Run([this, req = std::move(req), res = std::move(res)]() mutable {
+        Reply(*res, req.path == "/tokenize" ? Tokenize(req.body) : Detokenize(req.body));
+      });
+    }
     const bool get = req.method == "GET" || req.method == "HEAD";
     if (get && req.path == "/v1/models") {
-      json m = {{"id", options_.model_name},
-                {"object", "model"},
-                {"created", created_},
-                {"owned_by", "duet"},
-                {"max_model_len", MaxModelLen()}};
-      return res->Reply(200, {}, kJson, Dump(json{{"object", "list"}, {"data", json::array({m})}}));
+      return res->Reply(200, {}, kJson,
+                        Dump(json{{"object", "list"}, {"data", json::array({ModelCard()})}}));
+    }
+    if (get && absl::StartsWith(req.path, "/v1/models/")) {
+      const std::string id = req.path.substr(std::string("/v1/models/").size());
+      if (id != options_.model_name) {
+        return Reply(*res, ApiError{.http_status = 404,
+                                    .message = absl::StrCat("the model '", id,
+                                                            "' does not exist; this server has '",
+                                                            options_.model_name, "'"),
+                                    .param = "model",
+                                    .code = "model_not_found"});
+      }
+      return res->Reply(200, {}, kJson, Dump(ModelCard()));
+    }
+    if (get && req.path == "/version") {
+      return res->Reply(200, {}, kJson, Dump(json{{"version", DUET_VERSION}}));
     }
     if (get && req.path == "/health") {
       const v1::HealthResponse h = backend_->Health();
@@ -178,6 +195,95 @@ class HttpFront::Handlers {
                          .code = "not_found"});
   }
 
+  // A JSON body answered 200, or an error.
+  struct Answer {
+    Answer(json j) : body(std::move(j)) {}       // NOLINT: implicit, as a return value
+    Answer(ApiError e) : error(std::move(e)) {}  // NOLINT
+    json body;
+    std::optional<ApiError> error;
+  };
+  static void Reply(HttpResponder& res, const Answer& a) {
+    if (a.error) return Reply(res, *a.error);
+    res.Reply(200, {}, kJson, Dump(a.body));
+  }
+
+  json ModelCard() {
+    return {{"id", options_.model_name},
+            {"object", "model"},
+            {"created", created_},
+            {"owned_by", "duet"},
+            {"max_model_len", MaxModelLen()}};
+  }
+
+  // POST /tokenize, as vLLM has it: {"prompt": "..."} or {"messages": [...]} (rendered with the
+  // chat template) -> {"count", "max_model_len", "tokens"}: the ids a completion or chat request
+  // with that body would be prefilled with.
+  Answer Tokenize(const std::string& body) {
+    const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) {
+      return ApiError{.message = "the request body must be a JSON object", .code = "invalid_json"};
+    }
+    bool add_special = true;
+    if (auto it = j.find("add_special_tokens"); it != j.end() && !it->is_null()) {
+      if (!it->is_boolean()) {
+        return ApiError{.message = "'add_special_tokens' must be a boolean",
+                        .param = "add_special_tokens",
+                        .code = "invalid_type"};
+      }
+      add_special = it->get<bool>();
+    }
+    json stripped = j;
+    stripped.erase("add_special_tokens");
+    const Endpoint ep = j.contains("messages") ? Endpoint::kChat : Endpoint::kCompletions;
+    ParsedRequest parsed;
+    if (std::optional<ApiError> e = ParseRequest(ep, stripped.dump(), &parsed)) return *e;
+    std::vector<int32_t> ids = parsed.prompt_ids;
+    if (!parsed.prompt_is_ids) {
+      std::string text = parsed.prompt;
+      if (ep == Endpoint::kChat) {
+        absl::StatusOr<std::string> chat =
+            model::RenderChat(model::ChatTemplateOf(*tokenizer_), parsed.messages);
+        if (!chat.ok()) return ErrorFromStatus(chat.status());
+        text = *std::move(chat);
+      }
+      absl::StatusOr<std::vector<int32_t>> enc = tokenizer_->Encode(text, add_special);
+      if (!enc.ok()) return ErrorFromStatus(enc.status());
+      ids = *std::move(enc);
+    }
+    return json{{"count", ids.size()},
+                {"max_model_len", MaxModelLen()},
+                {"tokens", ids},
+                {"token_strs", nullptr}};
+  }
+
+  // POST /detokenize, as vLLM has it: {"tokens": [...]} -> {"prompt": "..."}.
+  Answer Detokenize(const std::string& body) {
+    const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) {
+      return ApiError{.message = "the request body must be a JSON object", .code = "invalid_json"};
+    }
+    auto it = j.find("tokens");
+    if (it == j.end() || !it->is_array()) {
+      return ApiError{.message = "'tokens' must be an array of token ids",
+                      .param = "tokens",
+                      .code = "invalid_type"};
+    }
+    const int32_t vocab = options_.vocab_size > 0 ? options_.vocab_size : tokenizer_->vocab_size();
+    std::vector<int32_t> ids;
+    for (const json& t : *it) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
+        return ApiError{.message = absl::StrCat("'tokens' holds ", t.dump(),
+                                                ", not a token id of the vocabulary of ", vocab),
+                        .param = "tokens",
+                        .code = "invalid_value"};
+      }
+      ids.push_back(t.get<int32_t>());
+    }
+    absl::StatusOr<std::string> text = tokenizer_->Decode(ids);
+    if (!text.ok()) return ErrorFromStatus(text.status());
+    return json{{"prompt", *text}};
+  }
+
   // Counts a response for duet_http_requests_total.
   void Log(const std::string& path, int status) {
     http_requests_.WithLabels({PathLabel(path), absl::StrCat(status)}).Increment();
@@ -191,8 +297,8 @@ class HttpFront::Handlers {
 
  private:
   static std::string PathLabel(const std::string& path) {
-    for (const char* p :
-         {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}) {
+    for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+                          "/metrics", "/tokenize", "/detokenize", "/version"}) {
       if (path == p) return p;
     }
     return "other";

@@ -2,8 +2,9 @@
 // coordinator and the colocated server. It runs on HttpServer (http/http_server.h, event-driven:
 // slow and idle clients hold no thread; header, body and idle deadlines; a connection limit).
 //   POST /v1/completions, POST /v1/chat/completions (stream: true -> server-sent events),
-//   GET /v1/models, GET /health (200 only when the backend can prefill and decode),
-//   GET /metrics (Prometheus text from the server's registry).
+//   GET /v1/models and /v1/models/{id}, GET /health (200 only when the backend can prefill and
+//   decode), GET /metrics (Prometheus text from the server's registry), GET /version,
+//   POST /tokenize and /detokenize (vLLM's shapes; on a thread of their own).
 // It parses, checks and runs each request in-process through a GenerationBackend (the
 // coordinator's request path, or the colocated server's) on a thread of its own, at most
 // max_concurrent_streams generations at once (429 beyond), maps failures to OpenAI-shaped

@@ -1,6 +1,7 @@
 #include "common/metrics/metrics.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 
@@ -152,10 +153,12 @@ std::string FormatValue(double v) {
   char buf[64];
   if (v == std::floor(v) && std::fabs(v) < 1e15) {
     std::snprintf(buf, sizeof(buf), "%.0f", v);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    return buf;
   }
-  return buf;
+  // The shortest decimal that reads back as the same double ("0.0025", not
+  // "0.0025000000000000001").
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
 }
 
 std::string Registry::Render() const {

@@ -202,6 +202,49 @@ TEST_F(HttpFrontTest, ChatRendersTheTemplateAndRefusesRolesItCannotTake) {
   EXPECT_EQ(backend_.calls.load(), calls);  // refused before generating
 }
 
+// vLLM's /tokenize and /detokenize, /version and /v1/models/{id}.
+TEST_F(HttpFrontTest, TokenizeDetokenizeVersionAndModelById) {
+  StartFront({.model_name = "tiny"});
+  Reply r = Post("/tokenize", {{"prompt", "Hi!"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  auto want = tokenizer_->Encode("Hi!", /*add_bos=*/true);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), *want);
+  EXPECT_EQ(j["count"], want->size());
+  EXPECT_EQ(j["max_model_len"], 64);
+  r = Post("/tokenize", {{"prompt", "Hi!"}, {"add_special_tokens", false}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto bare = tokenizer_->Encode("Hi!", /*add_bos=*/false);
+  EXPECT_EQ(json::parse(r.body)["tokens"].get<std::vector<int32_t>>(), *bare);
+  r = Post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_GT(json::parse(r.body)["count"].get<int>(), 2);
+  r = Post("/tokenize", {{"prompt", "x"}, {"logit_bias", {{"5", 1}}}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Error(r)["param"], "logit_bias");
+
+  r = Post("/detokenize", {{"tokens", *bare}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["prompt"], "Hi!");
+  r = Post("/detokenize", {{"tokens", {1, 100000}}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Error(r)["param"], "tokens");
+  r = Post("/detokenize", {{"tokens", "abc"}});
+  EXPECT_EQ(r.status, 400);
+
+  r = Exchange(front_->port(), "GET", "/version", "");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_FALSE(json::parse(r.body)["version"].get<std::string>().empty());
+  r = Exchange(front_->port(), "GET", "/v1/models/tiny", "");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["id"], "tiny");
+  r = Exchange(front_->port(), "GET", "/v1/models/gpt-4", "");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(Error(r)["code"], "model_not_found");
+  EXPECT_EQ(backend_.calls.load(), 0) << "none of these reach the generation backend";
+}
+
 TEST_F(HttpFrontTest, NoCapacityIs429Or503WithRetryAfter) {
   StartFront();
   backend_.fail = absl::ResourceExhaustedError("no free KV blocks");

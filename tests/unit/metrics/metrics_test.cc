@@ -94,6 +94,12 @@ TEST(MetricsTest, FormatsSpecialValues) {
   EXPECT_EQ(FormatValue(3), "3");
   EXPECT_EQ(FormatValue(-2), "-2");
   EXPECT_EQ(FormatValue(0.25), "0.25");
+  // The shortest decimal that reads back as the same double, as Prometheus clients print.
+  EXPECT_EQ(FormatValue(0.0025), "0.0025");
+  EXPECT_EQ(FormatValue(0.1), "0.1");
+  EXPECT_EQ(FormatValue(1.0 / 3), "0.3333333333333333");
+  EXPECT_EQ(std::stod(FormatValue(1.0 / 3)), 1.0 / 3);
+  EXPECT_EQ(FormatValue(2.5e-7), "2.5e-07");
   EXPECT_EQ(FormatValue(1.0 / 0.0), "+Inf");
   EXPECT_EQ(FormatValue(0.0 / 0.0), "NaN");
 }
