@@ -383,8 +383,22 @@ TEST_F(ClusterFailureTest, KilledDecodeNodesRequestsContinueElsewhereTokenExact)
   while (streaming.load() < 6 && absl::Now() - start < absl::Seconds(30)) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  ASSERT_GT(cluster.pid_of("decode-0"), 0);
-  kill(cluster.pid_of("decode-0"), SIGKILL);
+  // Kill the decode node running the most requests (as its heartbeats report them).
+  std::string victim;
+  for (const absl::Time until = absl::Now() + absl::Seconds(5);
+       victim.empty() && absl::Now() < until; absl::SleepFor(absl::Milliseconds(20))) {
+    int most = 0;
+    const v1::HealthResponse h = Health(*stub);
+    for (const v1::NodeStatus& n : h.nodes()) {
+      if (n.kind() == v1::NODE_KIND_DECODE && n.load().running_requests() > most) {
+        most = n.load().running_requests();
+        victim = n.node_id();
+      }
+    }
+  }
+  ASSERT_FALSE(victim.empty()) << "no decode node reported a running request";
+  ASSERT_GT(cluster.pid_of(victim), 0);
+  kill(cluster.pid_of(victim), SIGKILL);
   for (auto& t : threads) t.join();
   int resumed = 0;
   for (int i = 0; i < 6; ++i) {
