@@ -473,12 +473,17 @@ class HttpFront::Handlers {
     if (!finished) {
       g.res->WriteChunk("data: " + ErrorBody(ErrorFromStatus(s)) + "\n\n");
     } else {
-      std::optional<Usage> usage;
-      if (g.parsed->include_usage) usage = b.usage(g.prompt_tokens);
       json logprobs =
           g.parsed->logprobs ? LogprobsJson(g.endpoint, {}, g.text_offset) : json(nullptr);
       g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, options_.model_name, rest,
-                                        g.first_chunk, logprobs, b.finish_reason(), usage)));
+                                        g.first_chunk, logprobs, b.finish_reason(), std::nullopt)));
+      if (g.parsed->include_usage) {
+        // As OpenAI and vLLM: only when asked, in a last chunk of its own with no choices.
+        json u = ChunkJson(g.endpoint, g.id, g.created, options_.model_name, "", false,
+                           json(nullptr), "", b.usage(g.prompt_tokens));
+        u["choices"] = json::array();
+        g.res->WriteChunk(Event(u));
+      }
     }
     g.res->WriteChunk("data: [DONE]\n\n");
     g.res->EndChunked();

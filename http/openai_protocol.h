@@ -63,7 +63,7 @@ struct ParsedRequest {
   bool logprobs = false;  // completions: logprobs given; chat: logprobs true
   int top_logprobs = 0;   // alternatives per token
   bool stream = false;
-  bool include_usage = true;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool ignore_eos = false;  // extension (as vLLM): keep generating past EOS, for benchmarks
 };
 

@@ -167,15 +167,23 @@ def client_main(base_url, prompt_ids, max_tokens):
     models = c.models.list()
     model = models.data[0].id
     # A streamed completion (greedy), prompt given as token ids.
-    text, usage, finish = "", None, None
+    text, usage, finish, usage_chunk_choices = "", None, None, None
     for chunk in c.completions.create(model=model, prompt=prompt_ids, max_tokens=max_tokens,
-                                      temperature=0, stream=True):
+                                      temperature=0, stream=True,
+                                      stream_options={"include_usage": True}):
         if chunk.choices:
             text += chunk.choices[0].text or ""
             finish = chunk.choices[0].finish_reason or finish
         if getattr(chunk, "usage", None):
             usage = chunk.usage
-    assert usage is not None, "no usage in the final chunk"
+            usage_chunk_choices = len(chunk.choices)
+    assert usage is not None, "no usage chunk with include_usage"
+    assert usage_chunk_choices == 0, "the usage chunk has choices"
+    # Without include_usage, no chunk carries usage (as OpenAI and vLLM).
+    unasked = [ch for ch in c.completions.create(model=model, prompt=prompt_ids, max_tokens=2,
+                                                 temperature=0, stream=True)
+               if getattr(ch, "usage", None)]
+    assert not unasked, "usage sent without include_usage"
     # The same completion, not streamed.
     whole = c.completions.create(model=model, prompt=prompt_ids, max_tokens=max_tokens,
                                  temperature=0)
@@ -305,7 +313,7 @@ def main():
         check(out["usage"][0] == len(prompt_ids) and
               out["usage"][1] == len(ref["generated_ids"]) and
               out["usage"][2] == out["usage"][0] + out["usage"][1],
-              "usage in the final chunk: %s" % out["usage"])
+              "usage in the include_usage chunk: %s" % out["usage"])
         check(out["finish"] in ("length", "stop"), "finish_reason %s" % out["finish"])
         check(out["roles"] == ["assistant"], "chat stream: one role delta")
         check(out["chat_finish"] in ("length", "stop") and out["chat_usage"] and
@@ -387,17 +395,17 @@ def main():
         after = samples(fetch(base + "/metrics"))
         ok_delta = (value(after, "duet_coordinator_requests_total", outcome="ok") -
                     value(before, "duet_coordinator_requests_total", outcome="ok"))
-        check(ok_delta == 6, "coordinator requests_total{outcome=ok} moved by 6, the top_k and "
-              "the stop-string requests included (%s)" % ok_delta)
+        check(ok_delta == 7, "coordinator requests_total{outcome=ok} moved by 7, the usage, "
+              "top_k and stop-string requests included (%s)" % ok_delta)
         cancelled_delta = (value(after, "duet_coordinator_requests_total", outcome="cancelled") -
                            value(before, "duet_coordinator_requests_total", outcome="cancelled"))
         check(cancelled_delta == 0, "no request counted as cancelled (%s)" % cancelled_delta)
         ttft = (value(after, "duet_coordinator_ttft_seconds_count") -
                 value(before, "duet_coordinator_ttft_seconds_count"))
-        check(ttft == 6, "TTFT histogram counted 6 requests (%s)" % ttft)
+        check(ttft == 7, "TTFT histogram counted 7 requests (%s)" % ttft)
         e2e = (value(after, "duet_coordinator_e2e_seconds_count") -
                value(before, "duet_coordinator_e2e_seconds_count"))
-        check(e2e == 6, "e2e histogram counted 6 requests (%s)" % e2e)
+        check(e2e == 7, "e2e histogram counted 7 requests (%s)" % e2e)
         check(value(after, "duet_http_requests_total", path="/v1/completions", code="400") >= 8,
               "HTTP 400s counted by path")
         check(value(after, "duet_coordinator_nodes", kind="decode") == 1, "node gauge: 1 decode")

@@ -148,37 +148,52 @@ TEST_F(HttpFrontTest, CompletionNotStreamed) {
   EXPECT_EQ(backend_.last_request.sampling().max_tokens(), 5);
 }
 
+// Usage comes only with stream_options.include_usage, as OpenAI and vLLM send it: in a last
+// chunk of its own, with no choices, just before [DONE].
 TEST_F(HttpFrontTest, ChatStreamedAsServerSentEvents) {
   StartFront();
-  Reply r = Post("/v1/chat/completions",
-                 {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"stream", true}});
-  ASSERT_EQ(r.status, 200) << r.body;
-  EXPECT_NE(r.head.find("text/event-stream"), std::string::npos);
-  std::string text;
-  int events = 0;
-  bool done = false, usage = false;
-  std::string finish;
-  size_t pos = 0;
-  while ((pos = r.body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = r.body.find("\n\n", pos);
-    const std::string data = r.body.substr(pos + 6, end - pos - 6);
-    pos = end;
-    if (data == "[DONE]") {
-      done = true;
-      continue;
+  for (bool include_usage : {false, true}) {
+    SCOPED_TRACE(include_usage ? "include_usage" : "no usage asked");
+    json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"stream", true}};
+    if (include_usage) body["stream_options"] = {{"include_usage", true}};
+    Reply r = Post("/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_NE(r.head.find("text/event-stream"), std::string::npos);
+    std::string text;
+    std::vector<json> chunks;
+    bool done = false;
+    std::string finish;
+    size_t pos = 0;
+    while ((pos = r.body.find("data: ", pos)) != std::string::npos) {
+      const size_t end = r.body.find("\n\n", pos);
+      const std::string data = r.body.substr(pos + 6, end - pos - 6);
+      pos = end;
+      if (data == "[DONE]") {
+        done = true;
+        continue;
+      }
+      chunks.push_back(json::parse(data));
     }
-    json c = json::parse(data);
-    ++events;
-    EXPECT_EQ(c["object"], "chat.completion.chunk");
-    if (events == 1) EXPECT_EQ(c["choices"][0]["delta"]["role"], "assistant");
-    text += c["choices"][0]["delta"].value("content", "");
-    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
-    if (c.contains("usage")) usage = c["usage"]["completion_tokens"] == 5;
+    ASSERT_GE(chunks.size(), 2u);
+    const size_t with_choices = include_usage ? chunks.size() - 1 : chunks.size();
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const json& c = chunks[i];
+      EXPECT_EQ(c["object"], "chat.completion.chunk");
+      if (i >= with_choices) continue;
+      EXPECT_FALSE(c.contains("usage")) << c.dump();
+      if (i == 0) EXPECT_EQ(c["choices"][0]["delta"]["role"], "assistant");
+      text += c["choices"][0]["delta"].value("content", "");
+      if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+    }
+    if (include_usage) {
+      const json& u = chunks.back();
+      EXPECT_EQ(u["choices"], json::array()) << u.dump();
+      EXPECT_EQ(u["usage"]["completion_tokens"], 5) << u.dump();
+    }
+    EXPECT_EQ(text, "Hello");
+    EXPECT_EQ(finish, "length");
+    EXPECT_TRUE(done);
   }
-  EXPECT_EQ(text, "Hello");
-  EXPECT_EQ(finish, "length");
-  EXPECT_TRUE(usage);
-  EXPECT_TRUE(done);
 }
 
 TEST_F(HttpFrontTest, ChatRendersTheTemplateAndRefusesRolesItCannotTake) {
