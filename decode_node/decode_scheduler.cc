@@ -276,10 +276,13 @@ void DecodeScheduler::MarkDoneLocked(Request& r) {
   }
 }
 
-ReleaseResult DecodeScheduler::Release(const std::string& request_id) {
+ReleaseResult DecodeScheduler::Release(const std::string& request_id,
+                                       const TokenStream* only_stream) {
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return ReleaseResult{};
+  // A token stream that ends releases its own reservation, never a newer one of the same id.
+  if (only_stream != nullptr && it->second->stream.get() != only_stream) return ReleaseResult{};
   std::shared_ptr<Request> r = it->second;
   switch (r->state) {
     case State::kDone:

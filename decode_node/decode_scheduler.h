@@ -168,7 +168,9 @@ class DecodeScheduler {
   // when the sender cannot be reached; Unavailable after Shutdown.
   absl::StatusOr<Reservation> Reserve(const ReserveArgs& args);
   // Cancels the request in any phase; its stream ends with kCancelled. Unknown: found=false.
-  ReleaseResult Release(const std::string& request_id);
+  // With `only_stream`, only while the request's stream is that one (an older attempt's stream
+  // ending must not release a newer reservation of the same id).
+  ReleaseResult Release(const std::string& request_id, const TokenStream* only_stream = nullptr);
   // The request's event stream (NotFound for an unknown id, AlreadyExists on a second call).
   absl::StatusOr<std::shared_ptr<TokenStream>> Subscribe(const std::string& request_id);
   // Cancels every request (e.g. the coordinator dropped this node's incarnation).

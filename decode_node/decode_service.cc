@@ -149,13 +149,13 @@ grpc::Status DecodeService::StreamTokens(grpc::ServerContext* ctx,
   while (true) {
     if (ctx->IsCancelled()) {
       if (identity_.metrics != nullptr) identity_.metrics->OnStreamDropped();
-      scheduler_->Release(id);
+      scheduler_->Release(id, stream->get());
       return rpc::ToGrpcStatus(absl::CancelledError(
           absl::StrCat(identity_.node_id, ": the token stream of ", id, " was cancelled")));
     }
     std::vector<DecodeEvent> events = (*stream)->Pop(DeadlineIn(kStreamPoll));
     if (events.empty() && shutting_down_.load()) {
-      scheduler_->Release(id);
+      scheduler_->Release(id, stream->get());
       return rpc::ToGrpcStatus(
           absl::UnavailableError(absl::StrCat(identity_.node_id, " is shutting down")));
     }
@@ -163,7 +163,7 @@ grpc::Status DecodeService::StreamTokens(grpc::ServerContext* ctx,
       if (identity_.metrics != nullptr) identity_.metrics->OnEvent(ev);
       if (!writer->Write(ToProto(id, ev, tokenizer_))) {
         if (identity_.metrics != nullptr) identity_.metrics->OnStreamDropped();
-        scheduler_->Release(id);  // the client is gone: nobody reads the rest
+        scheduler_->Release(id, stream->get());  // the client is gone: nobody reads the rest
         return rpc::ToGrpcStatus(absl::CancelledError(
             absl::StrCat(identity_.node_id, ": the client of ", id, "'s token stream left")));
       }

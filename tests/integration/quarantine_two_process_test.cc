@@ -163,8 +163,12 @@ TEST_P(QuarantineTwoProcessTest, StoppedSenderIsFencedOrReportedOverdue) {
     EXPECT_EQ(tracker_->WaitReady(r.id, absl::InfinitePast()).status().code(),
               absl::StatusCode::kAborted);
   }
-  const int64_t held = kRequests * kBlocksPerRequest;
-  EXPECT_EQ(tracker_->quarantined_blocks(), held);
+  // Every request's blocks, except those of a request whose writes all ended (and whose sender
+  // said so) before the stop took effect: nothing more can land in those.
+  const int64_t held = tracker_->quarantined_blocks();
+  ASSERT_GT(held, 0);
+  EXPECT_LE(held, kRequests * kBlocksPerRequest);
+  EXPECT_EQ(held % kBlocksPerRequest, 0);
   const Stopwatch since_abort;
   if (revocable) {
     // Fenced after the bound; the fence revokes its writes, so the blocks come back.
