@@ -22,6 +22,7 @@
 #include "common/model/synthetic_model.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "proto/channel.h"
+#include "proto/sampling_convert.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/serve_process.h"
 
@@ -368,12 +369,7 @@ TEST_F(ClusterFailureTest, KilledDecodeNodesRequestsContinueElsewhereTokenExact)
   const absl::Time start = absl::Now();
   for (int i = 0; i < 6; ++i) {
     threads.emplace_back([&, i] {
-      const model::SamplingParams p = params(i);
-      v1::SamplingParams s;
-      s.set_max_tokens(p.max_tokens);
-      s.set_ignore_eos(true);
-      s.set_temperature(p.temperature);
-      s.set_seed(p.seed);
+      const v1::SamplingParams s = rpc::ToProto(params(i));
       results[i] =
           Generate(*stub, Prompt(50, i), s, absl::Seconds(60), [&](grpc::ClientContext&, int n) {
             if (n == 2) streaming++;
@@ -433,12 +429,7 @@ TEST_F(ClusterFailureTest, FullDecodePoolPreemptsAndResumesTokenExact) {
   std::vector<Result> results(4);
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] {
-      const model::SamplingParams p = params(i);
-      v1::SamplingParams s;
-      s.set_max_tokens(p.max_tokens);
-      s.set_ignore_eos(true);
-      s.set_temperature(p.temperature);
-      s.set_seed(p.seed);
+      const v1::SamplingParams s = rpc::ToProto(params(i));
       results[i] = Generate(*stub, Prompt(40, i), s);
     });
   }
@@ -613,12 +604,7 @@ TEST_F(ClusterFailureTest, SoakAtSaturationWithAKilledAndAPausedNodeLosesNothing
   for (int c = 0; c < kClients; ++c) {
     clients.emplace_back([&] {
       for (int i = next++; i < kRequests; i = next++) {
-        const model::SamplingParams p = params(i);
-        v1::SamplingParams s;
-        s.set_max_tokens(p.max_tokens);
-        s.set_ignore_eos(true);
-        s.set_temperature(p.temperature);
-        s.set_seed(p.seed);
+        const v1::SamplingParams s = rpc::ToProto(params(i));
         results[i] = Generate(*stub, Prompt(prompt_len(i), 100 + i), s, absl::Seconds(120));
         done++;
       }
