@@ -359,7 +359,8 @@ TEST_F(ClusterFailureTest, KilledDecodeNodesRequestsContinueElsewhereTokenExact)
   std::vector<std::thread> threads;
   std::vector<Result> results(6);
   auto params = [](int i) {
-    model::SamplingParams p{.max_tokens = i % 2 ? 1500 : 40, .ignore_eos = true};
+    // Long enough that every request still runs when the node is killed.
+    model::SamplingParams p{.max_tokens = 1500 + 10 * i, .ignore_eos = true};
     if (i % 3 == 0) {
       p.temperature = 0.8f;
       p.seed = 77 + i;

@@ -183,8 +183,10 @@ TEST_P(QuarantineTwoProcessTest, StoppedSenderIsFencedOrReportedOverdue) {
     // Shared memory: fenced, but a mapping cannot be revoked: held, and reported overdue.
     EXPECT_TRUE(PumpUntil([&] { return tracker_->fenced_senders() == 1; }, kBound + kMargin));
     PumpUntil([] { return false; }, absl::Milliseconds(300));
-    EXPECT_EQ(tracker_->quarantined_blocks(), held);
-    EXPECT_EQ(tracker_->quarantined_overdue_blocks(), held);
+    // Held and overdue (a notice already in flight at the stop may have released one request).
+    EXPECT_GT(tracker_->quarantined_blocks(), 0);
+    EXPECT_LE(tracker_->quarantined_blocks(), held);
+    EXPECT_EQ(tracker_->quarantined_overdue_blocks(), tracker_->quarantined_blocks());
   }
 
   // It wakes up: it answers the quiet requests it was sent (shm: that releases the blocks).
