@@ -3,13 +3,15 @@
 //   engine_bench [--model DIR|FILE.gguf | --preset smollm2-135m] [--prefill 128,512,2048]
 //                [--decode-batch 1,8,32] [--gemm invariant,openblas] [--json FILE]
 //                [--decode_sample logits,host,backend [--temperature T --top_p P]]
+//                [--kv_dtypes f32,bf16,f16,int8,fp8] [--context N] [--kv_cache_bytes B]
 //
 // Prefill: tokens/s of one prompt's forward pass (best of --reps). Decode: tokens/s of one
 // decode step over a batch of sequences, each with --context tokens already cached. Beside
 // the decode figures it prints the memory-bound limit: weight bytes / measured read bandwidth.
 // --decode_sample adds decode steps that also pick each row's token: "host" copies the logits
 // out and samples with model::Sample (the schedulers' old path), "backend" asks Forward for
-// sampled tokens (ComputeBackend::SampleRows, their path now).
+// sampled tokens (ComputeBackend::SampleRows, their path now). --kv_dtypes repeats the sweep
+// for each KV cache dtype (decode at a long --context shows what reading fewer KV bytes buys).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +39,8 @@ ABSL_FLAG(std::string, preset, "smollm2-135m", "synthetic preset when --model is
 ABSL_FLAG(std::string, prefill, "128,512,2048", "prompt lengths");
 ABSL_FLAG(std::string, decode_batch, "1,8,32", "decode batch sizes");
 ABSL_FLAG(int, context, 128, "cached tokens per sequence in the decode benchmark");
+ABSL_FLAG(std::string, kv_dtypes, "f32", "KV cache dtypes to compare (f32, bf16, f16, int8, fp8)");
+ABSL_FLAG(int64_t, kv_cache_bytes, 512ll << 20, "bytes of the KV pool");
 ABSL_FLAG(std::string, gemm, "invariant,openblas", "CPU GEMMs to compare");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
 ABSL_FLAG(int, reps, 3, "repetitions (best is reported)");
@@ -94,7 +98,7 @@ double WeightBytes(const duet::model::ModelConfig& c) {
 }
 
 struct Row {
-  std::string gemm, phase;
+  std::string gemm, kv_dtype, phase;
   int size;
   double ms, tokens_per_s;
 };
@@ -135,9 +139,18 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   duet::model::ModelConfig config;
 
+  std::vector<std::pair<std::string, std::string>> variants;  // (gemm, kv dtype)
   for (absl::string_view gemm : absl::StrSplit(absl::GetFlag(FLAGS_gemm), ',')) {
-    duet::model::EngineOptions opts{.device = "cpu", .num_threads = absl::GetFlag(FLAGS_threads),
-                                    .cpu_gemm = std::string(gemm)};
+    for (absl::string_view kvd : absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',')) {
+      variants.emplace_back(std::string(gemm), std::string(kvd));
+    }
+  }
+  for (const auto& [gemm, kv_dtype] : variants) {
+    duet::model::EngineOptions opts{.device = "cpu",
+                                    .num_threads = absl::GetFlag(FLAGS_threads),
+                                    .cpu_gemm = gemm,
+                                    .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
+                                    .kv_dtype = kv_dtype};
     int64_t max_tokens = 0;
     for (int p : prefill) max_tokens = std::max<int64_t>(max_tokens, p);
     for (int b : batches) max_tokens = std::max<int64_t>(max_tokens, int64_t{b} * (context + 1));
@@ -151,7 +164,7 @@ int main(int argc, char** argv) {
     duet::kv::BlockPool& pool = engine.pool();
     if (pool.layout().BytesForTokens(max_tokens + 64 * pool.layout().block_size) >
         pool.region_bytes()) {
-      std::fprintf(stderr, "engine_bench: KV pool too small for the sweep\n");
+      std::fprintf(stderr, "engine_bench: KV pool too small for the sweep (--kv_cache_bytes)\n");
       return 1;
     }
     auto token = [&](int i) { return static_cast<int32_t>((i * 7919 + 13) % config.vocab_size); };
@@ -172,7 +185,7 @@ int main(int argc, char** argv) {
         }
         best = std::min(best, sw.ElapsedMs());
       }
-      rows.push_back({std::string(gemm), "prefill", len, best, len / best * 1e3});
+      rows.push_back({gemm, kv_dtype, "prefill", len, best, len / best * 1e3});
     }
     for (int b : batches) {
       std::vector<std::unique_ptr<duet::kv::BlockTable>> tables;
@@ -224,7 +237,7 @@ int main(int argc, char** argv) {
       }
       for (size_t m = 0; m < modes.size(); ++m) {
         const std::string phase = modes[m] == "logits" ? "decode" : "decode+" + modes[m];
-        rows.push_back({std::string(gemm), phase, b, best[m], b / best[m] * 1e3});
+        rows.push_back({gemm, kv_dtype, phase, b, best[m], b / best[m] * 1e3});
       }
     }
   }
@@ -237,8 +250,8 @@ int main(int argc, char** argv) {
               wbytes / 1e6);
   std::printf("measured read bandwidth %.1f GB/s -> memory-bound decode limit %.1f steps/s "
               "(x batch tokens/s)\n\n", bw, bound);
-  std::printf("%-10s %-20s %6s %10s %12s %12s\n", "gemm", "phase", "size", "ms", "tokens/s",
-              "vs_mem_bound");
+  std::printf("%-10s %-5s %-20s %6s %10s %12s %12s\n", "gemm", "kv", "phase", "size", "ms",
+              "tokens/s", "vs_mem_bound");
   nlohmann::json j;
   j["model"] = model_dir;
   j["read_bandwidth_gbps"] = bw;
@@ -247,9 +260,14 @@ int main(int argc, char** argv) {
   for (const Row& r : rows) {
     const bool decode = r.phase.rfind("decode", 0) == 0;
     const double vs = decode ? (1e3 / r.ms) / bound : 0;
-    std::printf("%-10s %-20s %6d %10.2f %12.1f %12s\n", r.gemm.c_str(), r.phase.c_str(), r.size,
-                r.ms, r.tokens_per_s, decode ? (std::to_string(vs).substr(0, 5)).c_str() : "-");
-    j["rows"].push_back({{"gemm", r.gemm}, {"phase", r.phase}, {"size", r.size}, {"ms", r.ms},
+    std::printf("%-10s %-5s %-20s %6d %10.2f %12.1f %12s\n", r.gemm.c_str(), r.kv_dtype.c_str(),
+                r.phase.c_str(), r.size, r.ms, r.tokens_per_s,
+                decode ? (std::to_string(vs).substr(0, 5)).c_str() : "-");
+    j["rows"].push_back({{"gemm", r.gemm},
+                         {"kv_dtype", r.kv_dtype},
+                         {"phase", r.phase},
+                         {"size", r.size},
+                         {"ms", r.ms},
                          {"tokens_per_s", r.tokens_per_s},
                          {"decode_steps_vs_memory_bound", vs}});
   }

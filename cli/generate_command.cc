@@ -34,6 +34,9 @@ ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores)");
 ABSL_FLAG(std::string, cpu_gemm, "invariant",
           "CPU GEMM: invariant (batch-invariant, default) or openblas");
 ABSL_FLAG(int, block_size, 16, "KV cache block size in tokens");
+ABSL_FLAG(std::string, kv_dtype, "auto",
+          "KV cache dtype: f32, bf16, f16, int8, fp8 (e4m3), or auto (the compute dtype: f32 on "
+          "cpu, the GEMM dtype on cuda); int8 and fp8 keep a scale per token and KV head");
 ABSL_FLAG(bool, add_bos, true,
           "prepend BOS to --prompt when the model's tokenizer does (GGUF add_bos_token)");
 ABSL_FLAG(bool, chat, false,
@@ -83,7 +86,8 @@ int RunGenerate(const std::vector<char*>& args) {
   model::EngineOptions options{.device = absl::GetFlag(FLAGS_device),
                                .num_threads = absl::GetFlag(FLAGS_threads),
                                .cpu_gemm = absl::GetFlag(FLAGS_cpu_gemm),
-                               .block_size = absl::GetFlag(FLAGS_block_size)};
+                               .block_size = absl::GetFlag(FLAGS_block_size),
+                               .kv_dtype = absl::GetFlag(FLAGS_kv_dtype)};
   auto engine = model::LocalEngine::Load(model_dir, options);
   if (!engine.ok()) return Fail(engine.status());
 
@@ -162,6 +166,16 @@ int RunGenerate(const std::vector<char*>& args) {
   }
   j["logprobs"] = lps;
   j["timings"] = {{"prefill_ms", result->prefill_ms}, {"decode_ms", result->decode_ms}};
+  // What one token's K/V cost: from the pool's layout, and from 2 x L x Hkv x d x b (+ scales).
+  const kv::KvLayout& layout = (*engine)->pool().layout();
+  const model::ModelConfig& c = (*engine)->config();
+  j["kv_cache"] = {
+      {"dtype", kv::KvDtypeName(layout.dtype)},
+      {"scales", kv::KvScaleSchemeName(layout.dtype)},
+      {"bytes_per_token", layout.BytesForTokens(1)},
+      {"bytes_per_token_formula",
+       kv::KvBytesPerToken(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, layout.dtype)},
+      {"block_bytes", layout.BlockBytes()}};
   std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
   return 0;
 }

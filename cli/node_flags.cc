@@ -11,6 +11,7 @@ ABSL_DECLARE_FLAG(std::string, device);           // generate_command.cc
 ABSL_DECLARE_FLAG(int, threads);                  // generate_command.cc
 ABSL_DECLARE_FLAG(std::string, cpu_gemm);         // generate_command.cc
 ABSL_DECLARE_FLAG(int, block_size);               // generate_command.cc
+ABSL_DECLARE_FLAG(std::string, kv_dtype);         // generate_command.cc
 ABSL_DECLARE_FLAG(std::string, ucx_net_devices);  // transfer/transport_flags.cc
 ABSL_DECLARE_FLAG(std::string, listen);           // node_commands.cc, as are the rest
 ABSL_DECLARE_FLAG(std::string, coordinator);
@@ -57,6 +58,7 @@ cluster::NodeRuntimeOptions NodeRuntimeOptionsFromFlags(const std::string& kind)
   o.cpu_gemm = absl::GetFlag(FLAGS_cpu_gemm);
   o.block_size = absl::GetFlag(FLAGS_block_size);
   o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  o.kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
   o.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
@@ -76,6 +78,7 @@ std::vector<std::string> NodeFlagsForChild() {
           "--cpu_gemm=" + absl::GetFlag(FLAGS_cpu_gemm),
           absl::StrCat("--block_size=", absl::GetFlag(FLAGS_block_size)),
           absl::StrCat("--kv_cache_bytes=", absl::GetFlag(FLAGS_kv_cache_bytes)),
+          "--kv_dtype=" + absl::GetFlag(FLAGS_kv_dtype),
           absl::StrCat("--enable_prefix_caching=", absl::GetFlag(FLAGS_enable_prefix_caching)),
           "--metrics_host=" + absl::GetFlag(FLAGS_metrics_host),
           "--transport=" + absl::GetFlag(FLAGS_transport),

@@ -43,7 +43,8 @@ absl::Status NodeRuntime::Init(const NodeRuntimeRole& role) {
                                                                         .num_threads = o.threads,
                                                                         .cpu_gemm = o.cpu_gemm,
                                                                         .block_size = o.block_size,
-                                                                        .kv_cache_bytes = 1}));
+                                                                        .kv_cache_bytes = 1,
+                                                                        .kv_dtype = o.kv_dtype}));
   if (role.needs_tokenizer && !engine_->has_tokenizer()) {
     return absl::FailedPreconditionError(
         absl::StrCat(o.model_dir, ": the ", role.role, " needs the model's tokenizer files"));
@@ -69,9 +70,19 @@ absl::Status NodeRuntime::Init(const NodeRuntimeRole& role) {
         return std::vector<metrics::Sample>{
             {{id, r, c.backend, c.cpu_gemm, absl::StrCat(c.threads), absl::StrCat(bs)}, 1.0}};
       });
+  // What one token's K/V cost here (in this pool, on the wire, in the peer's pool).
+  metrics_registry_.AddGaugeCallback(
+      "duet_kv_bytes_per_token",
+      "Bytes of one token's K/V over all layers in this node's KV dtype, scales included",
+      {"node", "role", "dtype"}, [id = o.node_id, r = std::string(role.role), l = layout_] {
+        return std::vector<metrics::Sample>{
+            {{id, r, kv::KvDtypeName(l.dtype)}, static_cast<double>(l.BytesForTokens(1))}};
+      });
   DUET_LOG(INFO) << o.node_id << ": " << role.role << " computes with " << compute_.Numerics()
                  << ", " << o.threads << " threads; " << layout_.Describe() << ", " << num_blocks_
-                 << " KV blocks (" << region_bytes_ << " bytes)";
+                 << " KV blocks (" << region_bytes_ << " bytes, " << layout_.BytesForTokens(1)
+                 << " bytes per token in " << kv::KvDtypeName(layout_.dtype) << ", "
+                 << num_blocks_ * layout_.block_size << " tokens)";
   return absl::OkStatus();
 }
 

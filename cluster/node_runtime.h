@@ -50,6 +50,7 @@ struct NodeRuntimeOptions {
   std::string cpu_gemm = "invariant";    // invariant | openblas: every node of a cluster alike
   int block_size = 16;                   // tokens per KV block
   int64_t kv_cache_bytes = 256ll << 20;  // the node's KV pool
+  std::string kv_dtype = "auto";         // model::EngineOptions::kv_dtype
   bool enable_prefix_caching = true;     // reuse the KV of cached prompt prefixes
   int metrics_port = 0;                  // GET /metrics: 0 off, -1 any free port
   std::string metrics_host = "127.0.0.1";

@@ -101,6 +101,10 @@ absl::StatusOr<PeerAddress> DecodePeerAddress(const std::string& blob) {
   a.layout.head_dim = static_cast<int>(dim);
   a.layout.block_size = static_cast<int>(block);
   a.layout.dtype = static_cast<kv::KvDtype>(dtype);
+  if (dtype > 255 || kv::KvDtypeBytes(a.layout.dtype) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer address of '", a.name, "': unknown KV dtype code ", dtype));
+  }
   if (a.layout.Fingerprint() != fingerprint) {
     return absl::InvalidArgumentError(absl::StrCat(
         "peer address of '", a.name, "': layout fingerprint does not match its fields"));

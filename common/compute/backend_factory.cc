@@ -129,6 +129,14 @@ class DoneMarker : public WorkMarker {
 };
 }  // namespace
 
+absl::Status ComputeBackend::CheckKvDtype(kv::KvDtype dtype) const {
+  if (kv::KvDtypeBytes(dtype) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown KV dtype code ", static_cast<int>(dtype)));
+  }
+  return absl::OkStatus();
+}
+
 std::shared_ptr<WorkMarker> ComputeBackend::MarkQueuedWork() {
   static const auto done = std::make_shared<DoneMarker>();
   return done;

@@ -108,6 +108,13 @@ class ComputeBackend {
   // backend records launch and runtime errors here). OK on cpu, whose kernels DUET_CHECK.
   virtual absl::Status status() const { return absl::OkStatus(); }
 
+  // KV dtypes this backend's WriteKv and PagedAttention implement (InvalidArgument naming the
+  // dtype otherwise); the cpu backend implements every kv::KvDtype.
+  virtual absl::Status CheckKvDtype(kv::KvDtype dtype) const;
+  // The KV dtype `--kv_dtype auto` picks: the backend's compute dtype (f32 on cpu; the GEMM
+  // dtype on cuda).
+  virtual kv::KvDtype NativeKvDtype() const { return kv::KvDtype::kF32; }
+
   // KV memory (kv_memory.h). The defaults suit backends whose kernels read host memory: zeroed,
   // 64-byte aligned host memory, and memcpy staging that is done on return.
   //

@@ -13,6 +13,10 @@ size_t KvDtypeBytes(KvDtype dtype) {
     case KvDtype::kF32: return 4;
     case KvDtype::kF16: return 2;
     case KvDtype::kBF16: return 2;
+    case KvDtype::kInt8:
+      return 1;
+    case KvDtype::kFp8E4M3:
+      return 1;
   }
   return 0;
 }
@@ -22,16 +26,36 @@ const char* KvDtypeName(KvDtype dtype) {
     case KvDtype::kF32: return "f32";
     case KvDtype::kF16: return "f16";
     case KvDtype::kBF16: return "bf16";
+    case KvDtype::kInt8:
+      return "int8";
+    case KvDtype::kFp8E4M3:
+      return "fp8";
   }
   return "unknown";
+}
+
+bool KvDtypeHasScales(KvDtype dtype) {
+  return dtype == KvDtype::kInt8 || dtype == KvDtype::kFp8E4M3;
+}
+
+const char* KvScaleSchemeName(KvDtype dtype) {
+  return KvDtypeHasScales(dtype) ? "f32/token/head" : "none";
+}
+
+double KvBytesPerToken(int num_layers, int num_kv_heads, int head_dim, KvDtype dtype) {
+  const double scale_bytes = KvDtypeHasScales(dtype) ? static_cast<double>(kKvScaleBytes) : 0.0;
+  return 2.0 * num_layers * num_kv_heads *
+         (static_cast<double>(head_dim) * static_cast<double>(KvDtypeBytes(dtype)) + scale_bytes);
 }
 
 absl::StatusOr<KvDtype> ParseKvDtype(const std::string& name) {
   if (name == "f32" || name == "float32") return KvDtype::kF32;
   if (name == "f16" || name == "float16") return KvDtype::kF16;
   if (name == "bf16" || name == "bfloat16") return KvDtype::kBF16;
+  if (name == "int8") return KvDtype::kInt8;
+  if (name == "fp8" || name == "fp8_e4m3") return KvDtype::kFp8E4M3;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown KV dtype '", name, "' (expected f32, f16 or bf16)"));
+      absl::StrCat("unknown KV dtype '", name, "' (expected f32, f16, bf16, int8 or fp8)"));
 }
 
 absl::Status KvLayout::Validate() const {
@@ -43,13 +67,23 @@ absl::Status KvLayout::Validate() const {
   if (num_kv_heads <= 0) return bad("num_kv_heads", num_kv_heads);
   if (head_dim <= 0) return bad("head_dim", head_dim);
   if (block_size <= 0) return bad("block_size", block_size);
-  if (KvDtypeBytes(dtype) == 0) return absl::InvalidArgumentError("KV layout: bad dtype");
+  if (KvDtypeBytes(dtype) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV layout: unknown dtype code ", static_cast<int>(dtype)));
+  }
+  if (has_scales() && HalfBlockDataBytes() % kKvScaleBytes != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KV layout: %s codes of a block (%d bytes) must be a multiple of %d bytes so that its "
+        "scales are aligned (%s)",
+        KvDtypeName(dtype), HalfBlockDataBytes(), kKvScaleBytes, Describe()));
+  }
   return absl::OkStatus();
 }
 
 uint64_t KvLayout::Fingerprint() const {
-  const std::string canon = absl::StrCat(model_id, "|", num_layers, "|", num_kv_heads, "|",
-                                         head_dim, "|", block_size, "|", KvDtypeName(dtype));
+  const std::string canon = absl::StrCat(
+      model_id, "|", num_layers, "|", num_kv_heads, "|", head_dim, "|", block_size, "|",
+      KvDtypeName(dtype), has_scales() ? "|" : "", has_scales() ? KvScaleSchemeName(dtype) : "");
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : canon) {
     h ^= c;
@@ -59,9 +93,10 @@ uint64_t KvLayout::Fingerprint() const {
 }
 
 std::string KvLayout::Describe() const {
-  return absl::StrFormat("model=%s layers=%d kv_heads=%d head_dim=%d block=%d dtype=%s fp=%016x",
-                         model_id, num_layers, num_kv_heads, head_dim, block_size,
-                         KvDtypeName(dtype), Fingerprint());
+  return absl::StrFormat(
+      "model=%s layers=%d kv_heads=%d head_dim=%d block=%d dtype=%s%s fp=%016x", model_id,
+      num_layers, num_kv_heads, head_dim, block_size, KvDtypeName(dtype),
+      has_scales() ? absl::StrCat(" scales=", KvScaleSchemeName(dtype)) : "", Fingerprint());
 }
 
 absl::Status CheckLayoutsMatch(const KvLayout& local, const KvLayout& remote,

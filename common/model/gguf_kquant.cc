@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-#include "common/model/float16.h"
+#include "common/base/float16.h"
 
 namespace duet::model {
 namespace {

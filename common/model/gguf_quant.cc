@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "common/model/float16.h"
+#include "common/base/float16.h"
 #include "common/model/gguf_kquant.h"
 
 namespace duet::model {

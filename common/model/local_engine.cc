@@ -28,6 +28,14 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string
   return Create(files.config, std::move(files.weights), *std::move(tokenizer), options);
 }
 
+absl::StatusOr<kv::KvDtype> ResolveKvDtype(const std::string& name,
+                                           const compute::ComputeBackend& backend) {
+  if (name == "auto" || name.empty()) return backend.NativeKvDtype();
+  absl::StatusOr<kv::KvDtype> d = kv::ParseKvDtype(name);
+  if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("kv_dtype: ", d.status().message()));
+  return *d;
+}
+
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
     const ModelConfig& config, ModelWeights weights, std::unique_ptr<Tokenizer> tokenizer,
     const EngineOptions& options) {
@@ -37,6 +45,8 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   e->tokenizer_ = std::move(tokenizer);
   DUET_ASSIGN_OR_RETURN(e->runner_,
                         ModelRunner::Create(config, std::move(weights), e->backend_.get()));
+  DUET_ASSIGN_OR_RETURN(const kv::KvDtype kv_dtype, ResolveKvDtype(options.kv_dtype, *e->backend_));
+  DUET_RETURN_IF_ERROR(e->runner_->SetKvDtype(kv_dtype));
   const kv::KvLayout layout = e->runner_->MakeKvLayout(options.block_size);
   DUET_RETURN_IF_ERROR(layout.Validate());
   const int64_t num_blocks =

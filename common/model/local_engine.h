@@ -30,7 +30,14 @@ struct EngineOptions {
   std::string cpu_gemm = "invariant";  // invariant | openblas
   int block_size = 16;
   int64_t kv_cache_bytes = 512ll << 20;  // size of the KV pool (in the backend's KV memory)
+  // KV cache dtype: f32, bf16, f16, int8, fp8, or auto (the backend's compute dtype: f32 on
+  // cpu, the GEMM dtype on cuda).
+  std::string kv_dtype = "auto";
 };
+
+// The KV dtype EngineOptions::kv_dtype names on `backend` ("auto": its NativeKvDtype).
+absl::StatusOr<kv::KvDtype> ResolveKvDtype(const std::string& name,
+                                           const compute::ComputeBackend& backend);
 
 struct GenerationResult {
   std::vector<int32_t> prompt_ids;

@@ -232,10 +232,7 @@ kv::BlockHash ModelRunner::PrefixCacheSeed(int block_size) const {
 }
 
 absl::Status ModelRunner::SetKvDtype(kv::KvDtype dtype) {
-  if (dtype != kv::KvDtype::kF32 && backend_->name() == "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat("KV dtype ", kv::KvDtypeName(dtype),
-                                                   ": the cpu backend stores only f32 KV"));
-  }
+  DUET_RETURN_IF_ERROR(backend_->CheckKvDtype(dtype));
   kv_dtype_ = dtype;
   return absl::OkStatus();
 }
@@ -294,6 +291,10 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
                                                        c.vocab_size, ")"));
       }
     }
+    if (s.all_logits && s.sample != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Forward: sequence ", s.seq_id, " asks for all_logits and to sample; choose one"));
+    }
     if (s.sample != nullptr) {
       const compute::RowSampling row = ToRowSampling(*s.sample, s.sample_step);
       if (absl::Status st = compute::ValidateRowSampling(1, c.vocab_size, {row}); !st.ok()) {
@@ -347,7 +348,14 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
         .num_table_blocks = static_cast<int32_t>(s.table->blocks().size())});
     spans.push_back(LayerSpan{.seq_id = s.seq_id, .start_pos = s.start_pos, .num_tokens = n,
                               .blocks = &s.table->blocks()});
-    if (s.want_logits || s.sample != nullptr) {
+    if (s.all_logits) {
+      for (int32_t i = 0; i < n; ++i) {
+        last_rows.push_back(row + i);
+        out.seq_ids.push_back(s.seq_id);
+        row_sampling.push_back(std::nullopt);
+      }
+      any_logits = true;
+    } else if (s.want_logits || s.sample != nullptr) {
       last_rows.push_back(row + n - 1);
       out.seq_ids.push_back(s.seq_id);
       any_logits = any_logits || s.want_logits;
@@ -417,7 +425,8 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
     }
   }
 
-  // Only the last token of each sequence that wants logits goes through the LM head.
+  // Only the last token of each sequence that wants logits (every token with all_logits) goes
+  // through the LM head.
   const int nl = static_cast<int>(last_rows.size());
   if (nl > 0) {
     for (int i = 0; i < nl; ++i) {

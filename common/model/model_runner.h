@@ -41,6 +41,9 @@ struct SequenceInput {
   int32_t start_pos = 0;         // position of tokens[0]; must equal table->num_tokens()
   kv::BlockTable* table = nullptr;  // grown by Forward to hold start_pos + tokens.size() tokens
   bool want_logits = true;       // logits of the last new token
+  // Logits of every new token (one output row each, in order), e.g. to score a text; not with
+  // `sample`.
+  bool all_logits = false;
   // Non-null: the next token is sampled from the last new token's logits on the backend, as
   // Sample(logits, vocab, *sample, sample_step) would (ForwardOutput::tokens). Must outlive
   // Forward. sample_step: index of the output token being generated (0 for the first).
@@ -61,7 +64,8 @@ struct LayerSpan {
 
 using LayerDoneHook = std::function<void(int layer, absl::Span<const LayerSpan> spans)>;
 
-// One row per sequence with want_logits or a `sample`, in batch order.
+// One row per sequence with want_logits or a `sample` (one per new token with all_logits), in
+// batch order.
 struct ForwardOutput {
   std::vector<float> logits;  // [rows, vocab] when some sequence has want_logits, else empty
   // [rows] when some sequence has a `sample`, else empty; id -1 in rows of sequences without.
@@ -95,8 +99,9 @@ class ModelRunner {
   // KV at `block_size`: the layout (with its dtype) and the whole config (RoPE, norms, dims),
   // everything that changes K/V besides the tokens.
   kv::BlockHash PrefixCacheSeed(int block_size) const;
-  // f16/bf16 KV caches halve KV memory and traffic; only backends other than cpu store them
-  // (InvalidArgument on cpu). Call before the first Forward; pools must use MakeKvLayout.
+  // The KV dtype (kv_layout.h): f16/bf16 halve KV memory and traffic, int8/fp8 quarter it (plus
+  // a scale per token and kv head). InvalidArgument for a dtype the backend does not implement
+  // (ComputeBackend::CheckKvDtype). Call before the first Forward; pools must use MakeKvLayout.
   absl::Status SetKvDtype(kv::KvDtype dtype);
   // false (default): the device is synchronised before each layer-done hook call. true: the hook
   // runs as soon as the layer's work is queued and each LayerSpan::ready marks its completion;

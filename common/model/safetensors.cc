@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/float16.h"
 #include "common/base/status.h"
-#include "common/model/float16.h"
 #include "common/model/json_util.h"
 #include "nlohmann/json.hpp"
 

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/float16.h"
 #include "common/base/status.h"
-#include "common/model/float16.h"
 #include "nlohmann/json.hpp"
 
 namespace duet::model {

@@ -9,9 +9,9 @@
 #include <random>
 #include <vector>
 
+#include "common/base/float16.h"
 #include "common/compute/cuda/cuda_backend.h"
 #include "common/kv/block_pool.h"
-#include "common/model/float16.h"
 #include "common/model/model_config.h"
 #include "common/model/rope.h"
 #include "gtest/gtest.h"
@@ -209,8 +209,8 @@ std::string AttnName(const ::testing::TestParamInfo<AttnCase>& info) {
 
 // Rounds to what a KV cache of `dtype` stores.
 float RoundTo(kv::KvDtype dtype, float v) {
-  if (dtype == kv::KvDtype::kBF16) return model::Bf16ToFloat(model::FloatToBf16(v));
-  if (dtype == kv::KvDtype::kF16) return model::HalfToFloat(model::FloatToHalf(v));
+  if (dtype == kv::KvDtype::kBF16) return Bf16ToFloat(FloatToBf16(v));
+  if (dtype == kv::KvDtype::kF16) return HalfToFloat(FloatToHalf(v));
   return v;
 }
 
@@ -282,8 +282,10 @@ TEST_P(CudaAttentionTest, MatchesCpu) {
     for (int i = 0; i < count; ++i) {
       float got;
       if (c.dtype == kv::KvDtype::kF32) got = reinterpret_cast<const float*>(gbytes.data())[i];
-      else if (c.dtype == kv::KvDtype::kBF16) got = model::Bf16ToFloat(reinterpret_cast<const uint16_t*>(gbytes.data())[i]);
-      else got = model::HalfToFloat(reinterpret_cast<const uint16_t*>(gbytes.data())[i]);
+      else if (c.dtype == kv::KvDtype::kBF16)
+        got = Bf16ToFloat(reinterpret_cast<const uint16_t*>(gbytes.data())[i]);
+      else
+        got = HalfToFloat(reinterpret_cast<const uint16_t*>(gbytes.data())[i]);
       ASSERT_EQ(got, want[i]) << "K element " << i;
     }
   }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/base/logging.h"
+#include "common/compute/cpu/kv_codec.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -26,9 +27,7 @@ float ReduceLanes(const float* s) {
   return u0 + u1;
 }
 
-void CheckF32(const kv::KvCacheView& cache, int layer) {
-  DUET_CHECK(cache.layout.dtype == kv::KvDtype::kF32)
-      << "CPU backend supports only f32 KV caches, got " << kv::KvDtypeName(cache.layout.dtype);
+void CheckLayer(const kv::KvCacheView& cache, int layer) {
   DUET_CHECK(layer >= 0 && layer < cache.layout.num_layers)
       << "layer " << layer << " out of range [0, " << cache.layout.num_layers << ")";
 }
@@ -154,6 +153,56 @@ struct RowTile {
   int32_t rows;
 };
 
+// The f32 K (or V) rows of one kv head at consecutive positions of one sequence: pointers into
+// the cache for f32, rows decoded into a small buffer (kKeyBlock rows, in L1) otherwise.
+class RowFetcher {
+ public:
+  RowFetcher(const kv::KvCacheView& cache, int layer)
+      : cache_(cache),
+        layer_(layer),
+        dtype_(cache.layout.dtype),
+        bs_(cache.layout.block_size),
+        d_(cache.layout.head_dim),
+        head_bytes_(static_cast<int64_t>(cache.layout.head_dim) * cache.layout.dtype_bytes()),
+        buf_(dtype_ == kv::KvDtype::kF32 ? 0 : static_cast<size_t>(kKeyBlock) * d_) {}
+
+  // rows[i] = head kvh's K (value: V) at position t0 + i, i < n <= kKeyBlock. Rows decoded into
+  // the buffer stay valid until the next Fetch.
+  void Fetch(const int32_t* block_table, int32_t t0, int n, int kvh, bool value,
+             const float** rows) {
+    for (int i = 0; i < n; ++i) {
+      const int32_t t = t0 + i;
+      const kv::BlockId b = block_table[t / bs_];
+      const int off = t % bs_;
+      if (dtype_ == kv::KvDtype::kF32) {
+        rows[i] = (value ? cache_.ValuePtr<float>(layer_, b, off)
+                         : cache_.KeyPtr<float>(layer_, b, off)) +
+                  static_cast<int64_t>(kvh) * d_;
+        continue;
+      }
+      const uint8_t* codes =
+          (value ? cache_.ValuePtr<uint8_t>(layer_, b, 0) : cache_.KeyPtr<uint8_t>(layer_, b, 0)) +
+          (static_cast<int64_t>(off) * cache_.layout.num_kv_heads + kvh) * head_bytes_;
+      const float scale = cache_.layout.has_scales()
+                              ? (value ? cache_.ValueScalePtr(layer_, b, off)
+                                       : cache_.KeyScalePtr(layer_, b, off))[kvh]
+                              : 1.f;
+      float* row = buf_.data() + static_cast<size_t>(i) * d_;
+      DecodeKvHead(dtype_, codes, scale, d_, row);
+      rows[i] = row;
+    }
+  }
+
+ private:
+  const kv::KvCacheView& cache_;
+  const int layer_;
+  const kv::KvDtype dtype_;
+  const int bs_;
+  const int d_;
+  const int64_t head_bytes_;
+  std::vector<float> buf_;
+};
+
 struct Query {
   const float* q;
   float* out;
@@ -165,9 +214,11 @@ struct Query {
 
 void WriteKvRows(const kv::KvCacheView& cache, int layer, const float* k, const float* v,
                  const int64_t* slots, int n) {
-  CheckF32(cache, layer);
-  const int64_t elems = cache.layout.token_elems();
-  const int bs = cache.layout.block_size;
+  CheckLayer(cache, layer);
+  const kv::KvLayout& l = cache.layout;
+  const int64_t elems = l.token_elems();
+  const int bs = l.block_size;
+  const bool scaled = l.has_scales();
   for (int i = 0; i < n; ++i) {
     const int64_t slot = slots[i];
     const int64_t block = slot / bs;
@@ -175,15 +226,19 @@ void WriteKvRows(const kv::KvCacheView& cache, int layer, const float* k, const 
         << "KV slot " << slot << " outside " << cache.num_blocks << " blocks of " << bs;
     const int offset = static_cast<int>(slot % bs);
     const auto b = static_cast<kv::BlockId>(block);
-    std::memcpy(cache.KeyPtr<float>(layer, b, offset), k + i * elems, elems * sizeof(float));
-    std::memcpy(cache.ValuePtr<float>(layer, b, offset), v + i * elems, elems * sizeof(float));
+    EncodeKvToken(l.dtype, k + i * elems, l.num_kv_heads, l.head_dim,
+                  cache.KeyPtr<uint8_t>(layer, b, 0) + offset * elems * l.dtype_bytes(),
+                  scaled ? cache.KeyScalePtr(layer, b, offset) : nullptr);
+    EncodeKvToken(l.dtype, v + i * elems, l.num_kv_heads, l.head_dim,
+                  cache.ValuePtr<uint8_t>(layer, b, 0) + offset * elems * l.dtype_bytes(),
+                  scaled ? cache.ValueScalePtr(layer, b, offset) : nullptr);
   }
 }
 
-void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer, const float* q,
-                       absl::Span<const AttentionSeq> seqs, const AttentionParams& params,
-                       float* out) {
-  CheckF32(cache, layer);
+void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, const float* q,
+                    absl::Span<const AttentionSeq> seqs, const AttentionParams& params,
+                    float* out) {
+  CheckLayer(cache, layer);
   const int nq = params.num_q_heads;
   const int nkv = params.num_kv_heads;
   const int d = params.head_dim;
@@ -213,20 +268,14 @@ void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer
   const int64_t items = static_cast<int64_t>(tiles.size()) * nkv;
   const int max_queries = kTileRows * group;
 
-  // Layer-local addressing: K of (block, offset) = layer_base + block * block_stride +
-  // offset * token_elems; V follows K by v_offset floats.
-  const float* layer_base = cache.KeyPtr<float>(layer, 0, 0);
-  const int64_t token_elems = cache.layout.token_elems();
-  const int64_t block_stride = 2 * static_cast<int64_t>(bs) * token_elems;
-  const int64_t v_offset = static_cast<int64_t>(bs) * token_elems;
-
   // Work item = (row tile, kv head): its queries are the tile's rows x the kv head's q heads.
   // Query qi's scores live in scores[qi * max_ctx + (t - lo)], its V sum in acc[qi * d ...].
   auto run = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(static_cast<size_t>(max_queries) * max_ctx);
     std::vector<float> acc(static_cast<size_t>(max_queries) * d);
     std::vector<float> sums(max_queries);
-    std::vector<const float*> keys(max_ctx);
+    const float* rows[kKeyBlock];
+    RowFetcher fetch(cache, layer);
     std::vector<Query> qs(max_queries);
     std::vector<int> active(max_queries);
     for (int64_t item = begin; item < end; ++item) {
@@ -247,31 +296,31 @@ void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer
                         out + row_off + static_cast<int64_t>(h) * d, lo, pos};
         }
       }
-      for (int32_t t = tile_lo; t <= tile_hi; ++t) {
-        keys[t - tile_lo] = layer_base + s.block_table[t / bs] * block_stride +
-                            (t % bs) * token_elems + static_cast<int64_t>(kvh) * d;
-      }
       // Scores: each is exactly DotF32(query, key), four queries per key load.
-      for (int32_t t = tile_lo; t <= tile_hi; ++t) {
-        const float* key = keys[t - tile_lo];
-        int na = 0;
-        for (int qi = 0; qi < nqry; ++qi) {
-          if (qs[qi].lo <= t && t <= qs[qi].pos) active[na++] = qi;
-        }
-        int a = 0;
-        for (; a + 4 <= na; a += 4) {
-          const float* qp[4] = {qs[active[a]].q, qs[active[a + 1]].q, qs[active[a + 2]].q,
-                                qs[active[a + 3]].q};
-          float dots[4];
-          DotF32x4(key, qp, d, dots);
-          for (int j = 0; j < 4; ++j) {
-            const Query& qq = qs[active[a + j]];
-            scores[static_cast<size_t>(active[a + j]) * max_ctx + (t - qq.lo)] = dots[j];
+      for (int32_t t0 = tile_lo; t0 <= tile_hi; t0 += kKeyBlock) {
+        const int n = std::min(kKeyBlock, tile_hi - t0 + 1);
+        fetch.Fetch(s.block_table, t0, n, kvh, /*value=*/false, rows);
+        for (int32_t t = t0; t < t0 + n; ++t) {
+          const float* key = rows[t - t0];
+          int na = 0;
+          for (int qi = 0; qi < nqry; ++qi) {
+            if (qs[qi].lo <= t && t <= qs[qi].pos) active[na++] = qi;
           }
-        }
-        for (; a < na; ++a) {
-          const Query& qq = qs[active[a]];
-          scores[static_cast<size_t>(active[a]) * max_ctx + (t - qq.lo)] = DotF32(qq.q, key, d);
+          int a = 0;
+          for (; a + 4 <= na; a += 4) {
+            const float* qp[4] = {qs[active[a]].q, qs[active[a + 1]].q, qs[active[a + 2]].q,
+                                  qs[active[a + 3]].q};
+            float dots[4];
+            DotF32x4(key, qp, d, dots);
+            for (int j = 0; j < 4; ++j) {
+              const Query& qq = qs[active[a + j]];
+              scores[static_cast<size_t>(active[a + j]) * max_ctx + (t - qq.lo)] = dots[j];
+            }
+          }
+          for (; a < na; ++a) {
+            const Query& qq = qs[active[a]];
+            scores[static_cast<size_t>(active[a]) * max_ctx + (t - qq.lo)] = DotF32(qq.q, key, d);
+          }
         }
       }
       // Softmax numerators and sums, per query in key order.
@@ -297,12 +346,13 @@ void PagedAttentionF32(ThreadPool* pool, const kv::KvCacheView& cache, int layer
       // keys; the float accumulator is stored and reloaded exactly between blocks).
       for (int32_t t0 = tile_lo; t0 <= tile_hi; t0 += kKeyBlock) {
         const int32_t t1 = std::min(tile_hi, t0 + kKeyBlock - 1);
+        fetch.Fetch(s.block_table, t0, t1 - t0 + 1, kvh, /*value=*/true, rows);
         for (int qi = 0; qi < nqry; ++qi) {
           const int32_t ta = std::max(t0, qs[qi].lo), tb = std::min(t1, qs[qi].pos);
           if (ta > tb) continue;
           AccumulateWeightedRows(
               scores.data() + static_cast<size_t>(qi) * max_ctx + (ta - qs[qi].lo),
-              keys.data() + (ta - tile_lo), v_offset, tb - ta + 1, d,
+              rows + (ta - t0), /*offset=*/0, tb - ta + 1, d,
               acc.data() + static_cast<size_t>(qi) * d);
         }
       }

@@ -182,7 +182,7 @@ void CpuBackend::PagedAttention(const kv::KvCacheView& cache, int layer, const f
                                 absl::Span<const AttentionSeq> seqs,
                                 const AttentionParams& params, float* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  cpu::PagedAttentionF32(&pool_, cache, layer, q, seqs, params, out);
+  cpu::PagedAttention(&pool_, cache, layer, q, seqs, params, out);
 }
 
 absl::StatusOr<std::vector<SampledToken>> CpuBackend::SampleRows(

@@ -119,6 +119,24 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
   return b;
 }
 
+absl::Status CudaBackend::CheckKvDtype(kv::KvDtype dtype) const {
+  switch (dtype) {
+    case kv::KvDtype::kF32:
+    case kv::KvDtype::kF16:
+    case kv::KvDtype::kBF16:
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV dtype ", kv::KvDtypeName(dtype), ": the cuda backend stores f32, f16 or bf16 KV"));
+  }
+}
+
+kv::KvDtype CudaBackend::NativeKvDtype() const {
+  return gemm_dtype_ == ElemType::kBF16  ? kv::KvDtype::kBF16
+         : gemm_dtype_ == ElemType::kF16 ? kv::KvDtype::kF16
+                                         : kv::KvDtype::kF32;
+}
+
 CudaBackend::CudaBackend(int device, ElemType gemm_dtype, bool tensor_prefill)
     : device_(device), gemm_dtype_(gemm_dtype), tensor_prefill_(tensor_prefill) {}
 

@@ -52,6 +52,8 @@ class CudaBackend : public ComputeBackend {
   // page-locked (cudaMallocHost / cudaHostRegister), staging on the copy stream.
   absl::StatusOr<std::unique_ptr<KvMemory>> AllocateKvMemory(size_t bytes) override;
   bool kv_memory_is_host() const override { return false; }
+  absl::Status CheckKvDtype(kv::KvDtype dtype) const override;
+  kv::KvDtype NativeKvDtype() const override;
   absl::StatusOr<std::unique_ptr<KvMemory>> AllocateHostMirror(size_t bytes) override;
   absl::StatusOr<std::unique_ptr<HostPinning>> PinHostMemory(void* p, size_t bytes) override;
   absl::StatusOr<std::shared_ptr<WorkMarker>> CopyKvToHost(const kv::KvCacheView& pool, int layer,

@@ -1,3 +1,5 @@
+#include "common/compute/cpu/attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -6,7 +8,7 @@
 #include <vector>
 
 #include "common/compute/compute_backend.h"
-#include "common/compute/cpu/attention.h"
+#include "common/compute/cpu/kv_codec.h"
 #include "common/kv/kv_layout.h"
 #include "gtest/gtest.h"
 #include "tests/unit/compute/test_util.h"
@@ -27,21 +29,49 @@ struct SeqSpec {
   int q_len;
 };
 
+constexpr kv::KvDtype kAllDtypes[] = {kv::KvDtype::kF32, kv::KvDtype::kBF16, kv::KvDtype::kF16,
+                                      kv::KvDtype::kInt8, kv::KvDtype::kFp8E4M3};
+
 // A sequence's K/V kept contiguously ([context_len][kv_heads * head_dim]) for the reference,
-// and scattered over random non-contiguous blocks of the paged cache.
+// and scattered over random non-contiguous blocks of the paged cache. For dtypes other than
+// f32 the reference's K/V are what the codec gives back for each token on its own (so the
+// reference checks the paged addressing of codes and scales, not the rounding).
 struct SeqData {
   SeqSpec spec;
-  std::vector<float> k, v;
+  std::vector<float> k, v;                // as written
+  std::vector<float> k_stored, v_stored;  // as the cache holds them, decoded
   std::vector<kv::BlockId> blocks;
 };
 
+// x [tokens][nkv * d] through EncodeKvToken and DecodeKvHeadPortable, token by token.
+std::vector<float> RoundTrip(kv::KvDtype dtype, const std::vector<float>& x, int nkv) {
+  const int elems = nkv * kHeadDim;
+  std::vector<float> out(x.size());
+  std::vector<uint8_t> codes(static_cast<size_t>(elems) * 4);
+  std::vector<float> scales(nkv, 1.f);
+  for (size_t t = 0; t * elems < x.size(); ++t) {
+    cpu::EncodeKvToken(dtype, x.data() + t * elems, nkv, kHeadDim, codes.data(), scales.data());
+    for (int h = 0; h < nkv; ++h) {
+      cpu::DecodeKvHeadPortable(dtype, codes.data() + h * kHeadDim * kv::KvDtypeBytes(dtype),
+                                kv::KvDtypeHasScales(dtype) ? scales[h] : 1.f, kHeadDim,
+                                out.data() + t * elems + h * kHeadDim);
+    }
+  }
+  return out;
+}
+
 class AttentionFixture {
  public:
-  AttentionFixture(int num_kv_heads, const std::vector<SeqSpec>& specs, uint32_t seed)
+  AttentionFixture(int num_kv_heads, const std::vector<SeqSpec>& specs, uint32_t seed,
+                   kv::KvDtype dtype = kv::KvDtype::kF32)
       : nkv_(num_kv_heads) {
-    cache_.layout = {.model_id = "t", .num_layers = 2, .num_kv_heads = num_kv_heads,
-                     .head_dim = kHeadDim, .block_size = kBlockSize,
-                     .dtype = kv::KvDtype::kF32};
+    cache_.layout = {.model_id = "t",
+                     .num_layers = 2,
+                     .num_kv_heads = num_kv_heads,
+                     .head_dim = kHeadDim,
+                     .block_size = kBlockSize,
+                     .dtype = dtype};
+    EXPECT_TRUE(cache_.layout.Validate().ok());
     cache_.num_blocks = kNumBlocks;
     region_.assign(cache_.layout.RegionBytes(kNumBlocks) / sizeof(float), NAN);
     cache_.base = region_.data();
@@ -67,6 +97,8 @@ class AttentionFixture {
                         t % kBlockSize);
       }
       writer->WriteKv(cache_, kLayer, s.k.data(), s.v.data(), slots.data(), spec.context_len);
+      s.k_stored = RoundTrip(dtype, s.k, num_kv_heads);
+      s.v_stored = RoundTrip(dtype, s.v, num_kv_heads);
       seqs_.push_back(std::move(s));
     }
   }
@@ -106,7 +138,8 @@ class AttentionFixture {
       for (int t = lo; t <= pos; ++t) {
         double dot = 0;
         for (int j = 0; j < kHeadDim; ++j) {
-          dot += static_cast<double>(q_row[h * kHeadDim + j]) * s.k[t * elems + kvh * kHeadDim + j];
+          dot += static_cast<double>(q_row[h * kHeadDim + j]) *
+                 s.k_stored[t * elems + kvh * kHeadDim + j];
         }
         w.push_back(dot * p.scale);
         mx = std::max(mx, w.back());
@@ -115,7 +148,7 @@ class AttentionFixture {
       for (double& x : w) sum += (x = std::exp(x - mx));
       for (int t = lo; t <= pos; ++t) {
         for (int j = 0; j < kHeadDim; ++j) {
-          out[h * kHeadDim + j] += w[t - lo] / sum * s.v[t * elems + kvh * kHeadDim + j];
+          out[h * kHeadDim + j] += w[t - lo] / sum * s.v_stored[t * elems + kvh * kHeadDim + j];
         }
       }
     }
@@ -158,17 +191,66 @@ void CheckAgainstReference(const AttentionFixture& f, const std::vector<int>& or
   }
 }
 
-class PagedAttentionGqaTest : public ::testing::TestWithParam<int> {};
+class PagedAttentionGqaTest : public ::testing::TestWithParam<std::tuple<int, kv::KvDtype>> {};
 
 TEST_P(PagedAttentionGqaTest, MatchesContiguousReference) {
-  const int ratio = GetParam();
+  const auto [ratio, dtype] = GetParam();
   const int nkv = 2;
-  AttentionFixture f(nkv, kMixed, 1000 + ratio);
+  AttentionFixture f(nkv, kMixed, 1000 + ratio, dtype);
   CheckAgainstReference(f, {0, 1, 2, 3, 4, 5, 6}, Params(nkv * ratio, nkv), 2);
   CheckAgainstReference(f, {6, 2, 0}, Params(nkv * ratio, nkv), 3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ratios, PagedAttentionGqaTest, ::testing::Values(1, 3, 4));
+INSTANTIATE_TEST_SUITE_P(RatiosAndDtypes, PagedAttentionGqaTest,
+                         ::testing::Combine(::testing::Values(1, 3, 4),
+                                            ::testing::ValuesIn(kAllDtypes)),
+                         [](const auto& info) {
+                           return "ratio" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  kv::KvDtypeName(std::get<1>(info.param));
+                         });
+
+// What the cache holds is within each dtype's rounding of what was written: half an ulp for
+// bf16/f16, half a step (scale / 2) for int8, half an ulp of the scaled value for fp8.
+TEST(PagedAttentionTest, StoredKvIsWithinTheDtypesRounding) {
+  for (kv::KvDtype dtype : kAllDtypes) {
+    AttentionFixture f(2, kMixed, 31, dtype);
+    const SeqData& s = f.seq(6);
+    const int elems = 2 * kHeadDim;
+    double worst = 0;
+    for (size_t t = 0; t * elems < s.k.size(); ++t) {
+      for (int h = 0; h < 2; ++h) {
+        const float* x = s.k.data() + t * elems + h * kHeadDim;
+        const float* y = s.k_stored.data() + t * elems + h * kHeadDim;
+        float amax = 0;
+        for (int j = 0; j < kHeadDim; ++j) amax = std::max(amax, std::fabs(x[j]));
+        for (int j = 0; j < kHeadDim; ++j) {
+          double bound = 0;
+          switch (dtype) {
+            case kv::KvDtype::kF32:
+              bound = 0;
+              break;
+            case kv::KvDtype::kBF16:
+              bound = std::fabs(x[j]) * 0x1p-8;
+              break;
+            case kv::KvDtype::kF16:
+              bound = std::fabs(x[j]) * 0x1p-11 + 0x1p-25;
+              break;
+            case kv::KvDtype::kInt8:
+              bound = amax / 127.0 / 2 * 1.0001;
+              break;
+            case kv::KvDtype::kFp8E4M3:
+              bound = std::max(std::fabs(x[j]) * 0x1p-4, amax / 448.0 * 0x1p-10) * 1.0001;
+              break;
+          }
+          EXPECT_LE(std::fabs(x[j] - y[j]), bound)
+              << kv::KvDtypeName(dtype) << " token " << t << " head " << h << " elem " << j;
+          worst = std::max(worst, std::fabs(double(x[j]) - y[j]) / std::max(amax, 1e-30f));
+        }
+      }
+    }
+    if (dtype != kv::KvDtype::kF32) EXPECT_GT(worst, 0) << kv::KvDtypeName(dtype);
+  }
+}
 
 TEST(PagedAttentionTest, SlidingWindowDropsExactlyOldTokens) {
   AttentionFixture f(1, kMixed, 7);
@@ -189,9 +271,11 @@ TEST(PagedAttentionTest, SlidingWindowDropsExactlyOldTokens) {
   EXPECT_EQ(full, windowed);
 }
 
-TEST(PagedAttentionTest, SequenceIsBitwiseBatchAndThreadInvariant) {
+class PagedAttentionDtypeTest : public ::testing::TestWithParam<kv::KvDtype> {};
+
+TEST_P(PagedAttentionDtypeTest, SequenceIsBitwiseBatchAndThreadInvariant) {
   const int nkv = 2, nq = 6, width = nq * kHeadDim;
-  AttentionFixture f(nkv, kMixed, 77);
+  AttentionFixture f(nkv, kMixed, 77, GetParam());
   const AttentionParams p = Params(nq, nkv, 0);
   for (int target : {0, 1, 2}) {
     const int q_len = f.seq(target).spec.q_len;
@@ -224,6 +308,9 @@ TEST(PagedAttentionTest, SequenceIsBitwiseBatchAndThreadInvariant) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, PagedAttentionDtypeTest, ::testing::ValuesIn(kAllDtypes),
+                         [](const auto& info) { return kv::KvDtypeName(info.param); });
 
 TEST(PagedAttentionTest, DotProductPathsAgreeBitwise) {
   for (int n = 1; n <= 70; ++n) {

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "common/compute/compute_backend.h"
+#include "common/compute/cpu/kv_codec.h"
 #include "common/kv/kv_layout.h"
 #include "gtest/gtest.h"
 #include "tests/unit/compute/test_util.h"
@@ -157,18 +158,49 @@ TEST(WriteKvTest, LandsInLayerBlockOffsetAndNowhereElse) {
   EXPECT_EQ(region, want);
 }
 
-TEST(WriteKvDeathTest, RefusesNonF32Cache) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");  // OpenBLAS keeps worker threads alive
-  auto backend = MakeCpuBackend(1);
-  kv::KvCacheView cache;
-  cache.layout = {.model_id = "t", .num_layers = 1, .num_kv_heads = 1, .head_dim = 4,
-                  .block_size = 4, .dtype = kv::KvDtype::kF16};
-  cache.num_blocks = 1;
-  std::vector<uint8_t> region(cache.layout.RegionBytes(1));
-  cache.base = region.data();
-  const std::vector<float> k(4, 1.f), v(4, 2.f);
-  const int64_t slot = 0;
-  EXPECT_DEATH(backend->WriteKv(cache, 0, k.data(), v.data(), &slot, 1), "only f32");
+// WriteKv stores each token's codes and scales (kv_codec.h) exactly where KvLayout's
+// arithmetic puts them, and touches nothing else.
+TEST(WriteKvTest, StoresCodesAndScalesWhereTheLayoutSays) {
+  for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kBF16, kv::KvDtype::kF16,
+                            kv::KvDtype::kInt8, kv::KvDtype::kFp8E4M3}) {
+    auto backend = MakeCpuBackend(1);
+    kv::KvCacheView cache;
+    cache.layout = {.model_id = "t",
+                    .num_layers = 2,
+                    .num_kv_heads = 2,
+                    .head_dim = 8,
+                    .block_size = 4,
+                    .dtype = dtype};
+    ASSERT_TRUE(cache.layout.Validate().ok());
+    cache.num_blocks = 3;
+    std::vector<uint8_t> region(cache.layout.RegionBytes(3), 0xab);
+    cache.base = region.data();
+    const auto k = RandomVector(2 * 16, 1), v = RandomVector(2 * 16, 2);
+    const int64_t slots[2] = {2 * 4 + 1, 0 * 4 + 3};  // block 2 offset 1, block 0 offset 3
+    backend->WriteKv(cache, 1, k.data(), v.data(), slots, 2);
+    std::vector<uint8_t> want(region.size(), 0xab);
+    const kv::KvCacheView expect{cache.layout, want.data(), 3};
+    const size_t code_bytes = 16 * kv::KvDtypeBytes(dtype);
+    for (int i = 0; i < 2; ++i) {
+      const auto b = static_cast<kv::BlockId>(slots[i] / 4);
+      const int off = static_cast<int>(slots[i] % 4);
+      cpu::EncodeKvToken(dtype, k.data() + i * 16, 2, 8,
+                         expect.KeyPtr<uint8_t>(1, b, 0) + off * code_bytes,
+                         cache.layout.has_scales() ? expect.KeyScalePtr(1, b, off) : nullptr);
+      cpu::EncodeKvToken(dtype, v.data() + i * 16, 2, 8,
+                         expect.ValuePtr<uint8_t>(1, b, 0) + off * code_bytes,
+                         cache.layout.has_scales() ? expect.ValueScalePtr(1, b, off) : nullptr);
+    }
+    EXPECT_EQ(region, want) << kv::KvDtypeName(dtype);
+    // The scales sit inside the block's run: after its codes, before the next half.
+    if (cache.layout.has_scales()) {
+      EXPECT_EQ(reinterpret_cast<uint8_t*>(cache.KeyScalePtr(1, 2, 0)),
+                cache.KeyPtr<uint8_t>(1, 2, 0) + cache.layout.HalfBlockDataBytes());
+      EXPECT_EQ(reinterpret_cast<uint8_t*>(cache.KeyScalePtr(1, 2, 4)),
+                cache.ValuePtr<uint8_t>(1, 2, 0));
+      EXPECT_EQ(cache.layout.BlockBytes(), 2u * 4 * (16 * kv::KvDtypeBytes(dtype) + 2 * 4));
+    }
+  }
 }
 
 }  // namespace

@@ -21,6 +21,42 @@ TEST(KvLayoutTest, AccountingMatchesFormula) {
   EXPECT_EQ(l.BlocksForTokens(5), 2);
 }
 
+// Quantized dtypes: 1-byte codes plus one f32 scale per (token, kv head) in each half, and the
+// layout's figure equals the formula's.
+TEST(KvLayoutTest, QuantizedAccountingIncludesScales) {
+  for (KvDtype d :
+       {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kInt8, KvDtype::kFp8E4M3}) {
+    KvLayout l = Tiny();
+    l.dtype = d;
+    ASSERT_TRUE(l.Validate().ok()) << KvDtypeName(d);
+    const size_t scale = l.has_scales() ? 2 * 4 : 0;  // 2 kv heads x f32
+    EXPECT_EQ(l.HalfBlockBytes(), 4 * (2 * 8 * KvDtypeBytes(d) + scale)) << KvDtypeName(d);
+    EXPECT_EQ(l.BytesForTokens(10), 2u * 3 * 10 * (2 * 8 * KvDtypeBytes(d) + scale));
+    EXPECT_EQ(static_cast<double>(l.BytesForTokens(1)), KvBytesPerToken(3, 2, 8, d));
+    EXPECT_EQ(l.RegionBytes(5), l.BytesForTokens(5 * 4));
+  }
+  KvLayout q = Tiny();
+  q.dtype = KvDtype::kInt8;
+  EXPECT_EQ(q.BytesForTokens(1), 2u * 3 * (16 + 8));  // vs 2 * 3 * 64 in f32
+  EXPECT_NE(q.Describe().find("dtype=int8 scales=f32/token/head"), std::string::npos);
+  KvLayout odd = q;  // 1 token x 1 head x 3 codes: the scales would not be 4-byte aligned
+  odd.num_kv_heads = 1;
+  odd.head_dim = 3;
+  odd.block_size = 1;
+  EXPECT_FALSE(odd.Validate().ok());
+  odd.block_size = 4;
+  EXPECT_TRUE(odd.Validate().ok());
+  EXPECT_EQ(*ParseKvDtype("int8"), KvDtype::kInt8);
+  EXPECT_EQ(*ParseKvDtype("fp8"), KvDtype::kFp8E4M3);
+  EXPECT_EQ(*ParseKvDtype("fp8_e4m3"), KvDtype::kFp8E4M3);
+  const KvLayout unknown{.model_id = "x",
+                         .num_layers = 1,
+                         .num_kv_heads = 1,
+                         .head_dim = 4,
+                         .dtype = static_cast<KvDtype>(7)};
+  EXPECT_FALSE(unknown.Validate().ok());
+}
+
 TEST(KvLayoutTest, OffsetsAreLayerMajorAndContiguousPerBlockRun) {
   KvLayout l = Tiny();
   const int64_t nb = 7;
@@ -39,14 +75,17 @@ TEST(KvLayoutTest, OffsetsAreLayerMajorAndContiguousPerBlockRun) {
 
 TEST(KvLayoutTest, FingerprintCoversEveryField) {
   const KvLayout base = Tiny();
-  std::vector<KvLayout> variants(6, base);
+  std::vector<KvLayout> variants(8, base);
   variants[0].model_id = "other";
   variants[1].num_layers = 4;
   variants[2].num_kv_heads = 1;
   variants[3].head_dim = 16;
   variants[4].block_size = 8;
   variants[5].dtype = KvDtype::kBF16;
+  variants[6].dtype = KvDtype::kInt8;
+  variants[7].dtype = KvDtype::kFp8E4M3;
   for (const KvLayout& v : variants) EXPECT_NE(v.Fingerprint(), base.Fingerprint()) << v.Describe();
+  EXPECT_NE(variants[6].Fingerprint(), variants[7].Fingerprint());
   EXPECT_EQ(Tiny().Fingerprint(), base.Fingerprint());
 }
 

@@ -52,14 +52,20 @@ TEST(ModelRandomTest, SameSeedSameModelOtherSeedOtherModel) {
   EXPECT_GT(norm, 0.0);
 }
 
-TEST(ModelRandomTest, CpuRefusesHalfPrecisionKv) {
+TEST(ModelRandomTest, CpuStoresEveryKvDtypeAndRefusesUnknownCodes) {
   auto config = SyntheticConfig("tiny", {});
   auto backend = compute::CreateBackend("cpu", {.num_threads = 1});
   auto runner = ModelRunner::CreateRandom(*config, 1, backend->get());
   ASSERT_TRUE(runner.ok()) << runner.status();
-  EXPECT_EQ((*runner)->SetKvDtype(kv::KvDtype::kBF16).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*runner)->MakeKvLayout(16).dtype, kv::KvDtype::kF32);
-  EXPECT_TRUE((*runner)->SetKvDtype(kv::KvDtype::kF32).ok());
+  for (kv::KvDtype d : {kv::KvDtype::kBF16, kv::KvDtype::kF16, kv::KvDtype::kInt8,
+                        kv::KvDtype::kFp8E4M3, kv::KvDtype::kF32}) {
+    EXPECT_TRUE((*runner)->SetKvDtype(d).ok()) << kv::KvDtypeName(d);
+    EXPECT_EQ((*runner)->MakeKvLayout(16).dtype, d);
+  }
+  EXPECT_EQ((*runner)->SetKvDtype(static_cast<kv::KvDtype>(9)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*runner)->MakeKvLayout(16).dtype, kv::KvDtype::kF32);
 }
 
 TEST(ModelRandomTest, AsyncLayerHookOnCpuGetsDoneMarkers) {

@@ -32,7 +32,7 @@ struct Model {
 };
 
 Model MakeModel(const SyntheticOverrides& o, int block_size = 16, int64_t num_blocks = 256,
-                int threads = 2) {
+                int threads = 2, kv::KvDtype kv_dtype = kv::KvDtype::kF32) {
   static int counter = 0;
   const fs::path dir = fs::temp_directory_path() /
                        ("duet_runner_test_" + std::to_string(getpid()) + "_" +
@@ -48,6 +48,7 @@ Model MakeModel(const SyntheticOverrides& o, int block_size = 16, int64_t num_bl
   auto runner = ModelRunner::Create(*config, std::move(*weights), m.backend.get());
   EXPECT_TRUE(runner.ok()) << runner.status();
   m.runner = std::move(*runner);
+  EXPECT_TRUE(m.runner->SetKvDtype(kv_dtype).ok());
   m.pool = *kv::BlockPool::Create(m.runner->MakeKvLayout(block_size), num_blocks);
   return m;
 }
@@ -191,12 +192,62 @@ TEST(ModelRunnerTest, ChunkedPrefillMatchesOneShot) {
   EXPECT_LT(RelErr(chunked, one), 1e-4);
 }
 
+constexpr kv::KvDtype kKvDtypes[] = {kv::KvDtype::kF32, kv::KvDtype::kBF16, kv::KvDtype::kF16,
+                                     kv::KvDtype::kInt8, kv::KvDtype::kFp8E4M3};
+
+class KvDtypeTest : public ::testing::TestWithParam<kv::KvDtype> {};
+
+// In every KV dtype the cache is exact: decode with the cache, and a prefill in chunks, give
+// bitwise the logits of a full recompute (each token is quantized once, on its own, when it is
+// written), across block boundaries.
+TEST_P(KvDtypeTest, DecodeAndChunksEqualRecomputeBitwise) {
+  Model m = MakeModel({}, /*block_size=*/8, 256, 2, GetParam());
+  const int vocab = m.runner->config().vocab_size;
+  for (int prefix : {1, 8, 13}) {
+    const std::vector<int32_t> all = Tokens(prefix + 3, prefix, vocab);
+    kv::BlockTable cached(m.pool.get());
+    RunOne(m, cached, std::vector<int32_t>(all.begin(), all.begin() + prefix));
+    for (int step = 0; step < 3; ++step) {
+      const int pos = prefix + step;
+      std::vector<float> dec = RunOne(m, cached, {all[pos]});
+      kv::BlockTable fresh(m.pool.get());
+      std::vector<float> full =
+          RunOne(m, fresh, std::vector<int32_t>(all.begin(), all.begin() + pos + 1));
+      EXPECT_EQ(dec, full) << kv::KvDtypeName(GetParam()) << " prefix " << prefix << " step "
+                           << step;
+    }
+  }
+  const auto t = Tokens(40, 3, vocab);
+  kv::BlockTable a(m.pool.get()), b(m.pool.get());
+  std::vector<float> one = RunOne(m, a, t);
+  RunOne(m, b, std::vector<int32_t>(t.begin(), t.begin() + 17));
+  EXPECT_EQ(RunOne(m, b, std::vector<int32_t>(t.begin() + 17, t.end())), one);
+  ASSERT_TRUE(a.Release().ok());
+  ASSERT_TRUE(b.Release().ok());
+  EXPECT_EQ(m.pool->num_available(), m.pool->num_blocks());
+}
+
+// A narrower KV dtype changes the logits (it is really used), but only by its rounding.
+class NarrowKvDtypeTest : public ::testing::TestWithParam<kv::KvDtype> {};
+
+TEST_P(NarrowKvDtypeTest, LogitsStayCloseToF32Kv) {
+  Model f32 = MakeModel({}, 16, 64, 2, kv::KvDtype::kF32);
+  Model q = MakeModel({}, 16, 64, 2, GetParam());
+  EXPECT_NE(q.pool->layout().BytesForTokens(1), f32.pool->layout().BytesForTokens(1));
+  const auto t = Tokens(40, 9, f32.runner->config().vocab_size);
+  kv::BlockTable a(f32.pool.get()), b(q.pool.get());
+  const std::vector<float> want = RunOne(f32, a, t), got = RunOne(q, b, t);
+  const double err = RelErr(got, want);
+  EXPECT_GT(err, 0.0) << kv::KvDtypeName(GetParam());
+  EXPECT_LT(err, GetParam() == kv::KvDtype::kFp8E4M3 ? 0.1 : 0.03) << kv::KvDtypeName(GetParam());
+}
+
 // A sequence's logits are bitwise identical alone and inside a batch that mixes prefill and
-// decode sequences, whatever its position and the thread count.
-TEST(ModelRunnerTest, ResultsAreBatchInvariant) {
+// decode sequences, whatever its position and the thread count, in every KV dtype.
+TEST_P(KvDtypeTest, ResultsAreBatchInvariant) {
   for (int threads : {1, 2, 3}) {
-    Model m = MakeModel({}, 16, 256, threads);
-    Model alone_model = MakeModel({}, 16, 256, 1);
+    Model m = MakeModel({}, 16, 256, threads, GetParam());
+    Model alone_model = MakeModel({}, 16, 256, 1, GetParam());
     const int vocab = m.runner->config().vocab_size;
     const auto a_prompt = Tokens(21, 1, vocab);
     // Alone: prefill then two decode steps.
@@ -234,6 +285,49 @@ TEST(ModelRunnerTest, ResultsAreBatchInvariant) {
     }
   }
 }
+
+// all_logits gives one row per new token, each bitwise the last-token logits of that prefix (so
+// a text scored in chunks is scored as token-by-token decoding would), in every KV dtype.
+TEST_P(KvDtypeTest, AllLogitsRowsAreEachPrefixsLogits) {
+  Model m = MakeModel({}, 8, 256, 2, GetParam());
+  const int vocab = m.runner->config().vocab_size;
+  const auto t = Tokens(12, 4, vocab);
+  kv::BlockTable table(m.pool.get());
+  RunOne(m, table, std::vector<int32_t>(t.begin(), t.begin() + 5));
+  std::vector<SequenceInput> b = {{.seq_id = 7,
+                                   .tokens = std::vector<int32_t>(t.begin() + 5, t.end()),
+                                   .start_pos = 5,
+                                   .table = &table,
+                                   .all_logits = true}};
+  auto out = m.runner->Forward(absl::MakeSpan(b), m.pool->View());
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->seq_ids.size(), 7u);
+  for (int i = 0; i < 7; ++i) {
+    kv::BlockTable fresh(m.pool.get());
+    const std::vector<float> want =
+        RunOne(m, fresh, std::vector<int32_t>(t.begin(), t.begin() + 6 + i));
+    EXPECT_EQ(0, std::memcmp(out->Row(i), want.data(), vocab * sizeof(float))) << "row " << i;
+    EXPECT_EQ(out->seq_ids[i], 7);
+  }
+  SamplingParams greedy;
+  kv::BlockTable other(m.pool.get());
+  std::vector<SequenceInput> both = {{.seq_id = 8,
+                                      .tokens = {1, 2},
+                                      .start_pos = 0,
+                                      .table = &other,
+                                      .all_logits = true,
+                                      .sample = &greedy}};
+  EXPECT_EQ(m.runner->Forward(absl::MakeSpan(both), m.pool->View()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(other.num_tokens(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, KvDtypeTest, ::testing::ValuesIn(kKvDtypes),
+                         [](const auto& info) { return kv::KvDtypeName(info.param); });
+INSTANTIATE_TEST_SUITE_P(Dtypes, NarrowKvDtypeTest,
+                         ::testing::Values(kv::KvDtype::kBF16, kv::KvDtype::kF16,
+                                           kv::KvDtype::kInt8, kv::KvDtype::kFp8E4M3),
+                         [](const auto& info) { return kv::KvDtypeName(info.param); });
 
 TEST(ModelRunnerTest, LayerHookFiresPerLayerWithKvAlreadyInThePool) {
   Model m = MakeModel({});

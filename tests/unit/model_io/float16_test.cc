@@ -1,4 +1,4 @@
-#include "common/model/float16.h"
+#include "common/base/float16.h"
 
 #include <gtest/gtest.h>
 

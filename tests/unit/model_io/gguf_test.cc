@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/model/float16.h"
+#include "common/base/float16.h"
 #include "common/model/gguf_model.h"
 #include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"

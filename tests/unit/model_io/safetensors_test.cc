@@ -6,7 +6,7 @@
 #include <cstring>
 #include <random>
 
-#include "common/model/float16.h"
+#include "common/base/float16.h"
 #include "common/model/safetensors_writer.h"
 #include "tests/unit/model_io/test_util.h"
 

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "common/model/float16.h"
+#include "common/base/float16.h"
 #include "common/model/safetensors.h"
 #include "common/model/safetensors_writer.h"
 #include "common/model/synthetic_model.h"

@@ -7,7 +7,7 @@
 #include <bit>
 #include <cstdint>
 
-namespace duet::model {
+namespace duet {
 
 inline float Bf16ToFloat(uint16_t bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
@@ -73,4 +73,4 @@ inline uint16_t FloatToHalf(float f) {
   return static_cast<uint16_t>(sign | v);
 }
 
-}  // namespace duet::model
+}  // namespace duet
