@@ -5,6 +5,8 @@ Starts `duet serve --loopback` (1 prefill + 1 decode node, tiny synthetic model,
 only) with the HTTP API and node metrics on, then:
   - the official `openai` client (installed into a venv under the build dir) streams a
     completion and a chat completion; the completion is token-exact against `duet generate`;
+  - min_p, the penalties, logit_bias and min_tokens change the answer as specified (a banned
+    greedy token never comes, min_tokens holds a boosted EOS back, bad values are 400s);
   - a `stop` string ends a completion early and counts as ok (not cancelled) in /metrics;
   - malformed bodies get OpenAI-shaped errors with the documented status codes, through
     http.client and through curl (malformed JSON, a wrong-typed field, an oversized body);
@@ -166,7 +168,8 @@ def sampling_checks(c, model, prompt_ids, max_tokens, gen_ids, eos_id):
     import openai
 
     def complete(**kw):
-        extra = {k: kw.pop(k) for k in ("min_p", "repetition_penalty", "min_tokens") if k in kw}
+        extra = {k: kw.pop(k) for k in ("min_p", "repetition_penalty", "min_tokens", "ignore_eos")
+                 if k in kw}
         r = c.completions.create(model=model, prompt=prompt_ids, max_tokens=kw.pop("n", max_tokens),
                                  extra_body=extra or None, **kw)
         return {"text": r.choices[0].text, "finish": r.choices[0].finish_reason,
@@ -189,9 +192,13 @@ def sampling_checks(c, model, prompt_ids, max_tokens, gen_ids, eos_id):
         "min_p1": complete(temperature=1.5, seed=5, min_p=1.0),
         "eos_now": complete(temperature=0, n=40, logit_bias={str(eos_id): 100}),
         "eos_min5": complete(temperature=0, n=40, logit_bias={str(eos_id): 100}, min_tokens=5),
-        "penalised": [complete(temperature=0, presence_penalty=2, frequency_penalty=2),
-                      complete(temperature=0, repetition_penalty=2.0)],
-        "penalised_again": complete(temperature=0, presence_penalty=2, frequency_penalty=2),
+        # 60 greedy tokens repeat some: the penalties change what follows a repeat.
+        "plain60": complete(temperature=0, n=60, ignore_eos=True),
+        "penalised": [complete(temperature=0, n=60, ignore_eos=True, presence_penalty=2,
+                               frequency_penalty=2),
+                      complete(temperature=0, n=60, ignore_eos=True, repetition_penalty=2.0)],
+        "penalised_again": complete(temperature=0, n=60, ignore_eos=True, presence_penalty=2,
+                                    frequency_penalty=2),
         "bad_bias_id": status(temperature=0, logit_bias={"1000000": 1}),
         "bad_repetition": status(temperature=0, repetition_penalty=0),
         "bad_min_tokens": status(temperature=0, n=4, min_tokens=5),
@@ -385,7 +392,8 @@ def main():
         check(smp["eos_min5"]["tokens"] == 6 and smp["eos_min5"]["finish"] == "stop",
               "min_tokens 5 holds EOS back for 5 tokens: %s" % smp["eos_min5"])
         for p in smp["penalised"]:
-            check(p["text"] != ref["text"], "a penalty changes the greedy text: %r" % p["text"])
+            check(p["text"] != smp["plain60"]["text"],
+                  "a penalty changes the greedy text: %r" % p["text"])
         check(smp["penalised_again"] == smp["penalised"][0], "penalised greedy is deterministic")
         check(smp["bad_bias_id"] == [400, None] or smp["bad_bias_id"] == [400, "logit_bias"],
               "logit_bias with a token id outside the vocabulary is a 400: %s" %
@@ -465,17 +473,17 @@ def main():
         after = samples(fetch(base + "/metrics"))
         ok_delta = (value(after, "duet_coordinator_requests_total", outcome="ok") -
                     value(before, "duet_coordinator_requests_total", outcome="ok"))
-        check(ok_delta == 7, "coordinator requests_total{outcome=ok} moved by 7, the usage, "
-              "top_k and stop-string requests included (%s)" % ok_delta)
+        check(ok_delta == 15, "coordinator requests_total{outcome=ok} moved by 15, the usage, "
+              "top_k, sampling-parameter (8) and stop-string requests included (%s)" % ok_delta)
         cancelled_delta = (value(after, "duet_coordinator_requests_total", outcome="cancelled") -
                            value(before, "duet_coordinator_requests_total", outcome="cancelled"))
         check(cancelled_delta == 0, "no request counted as cancelled (%s)" % cancelled_delta)
         ttft = (value(after, "duet_coordinator_ttft_seconds_count") -
                 value(before, "duet_coordinator_ttft_seconds_count"))
-        check(ttft == 7, "TTFT histogram counted 7 requests (%s)" % ttft)
+        check(ttft == 15, "TTFT histogram counted 15 requests (%s)" % ttft)
         e2e = (value(after, "duet_coordinator_e2e_seconds_count") -
                value(before, "duet_coordinator_e2e_seconds_count"))
-        check(e2e == 7, "e2e histogram counted 7 requests (%s)" % e2e)
+        check(e2e == 16, "e2e histogram counted 16 requests (the bad logit_bias id too) (%s)" % e2e)
         check(value(after, "duet_http_requests_total", path="/v1/completions", code="400") >= 8,
               "HTTP 400s counted by path")
         check(value(after, "duet_coordinator_nodes", kind="decode") == 1, "node gauge: 1 decode")
