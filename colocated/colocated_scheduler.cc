@@ -20,6 +20,7 @@ struct ColocatedScheduler::Request {
   std::string id;
   std::vector<int32_t> prompt;
   model::SamplingParams params;
+  model::SamplingState sampling_state;  // the prompt, then each token in `output`
   absl::Time submitted;
   absl::Time deadline;
   int64_t seq_id = 0;
@@ -116,6 +117,7 @@ absl::StatusOr<std::shared_ptr<ColocatedStream>> ColocatedScheduler::Submit(Subm
   r->id = std::move(args.request_id);
   r->prompt = std::move(args.prompt);
   r->params = std::move(args.sampling);
+  r->sampling_state = model::SamplingState(r->params, options_.eos_ids, r->prompt, {});
   r->submitted = absl::Now();
   r->deadline = args.deadline == absl::InfiniteFuture() ? r->submitted + options_.default_deadline
                                                         : args.deadline;
@@ -326,7 +328,8 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
                                          .table = r.table.get(),
                                          .want_logits = false,
                                          .sample = it.final ? &r.params : nullptr,
-                                         .sample_step = r.generated});
+                                         .sample_step = r.generated,
+                                         .sample_state = &r.sampling_state});
     (it.decode ? info.decode_tokens : info.prefill_tokens) += it.tokens;
     info.request_ids.push_back(r.id);
     info.tokens.push_back(it.tokens);
@@ -388,6 +391,7 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
       ev.cached_tokens = r.cached_tokens;
     }
     r.output.push_back(ev.token.id);
+    r.sampling_state.AddGenerated(ev.token.id);
     // The stop rules of LocalEngine::Generate and the decode node.
     model::StopReason stop = model::CheckStop(r.params, options_.eos_ids, ev.token.id, r.generated);
     if (stop == model::StopReason::kNone &&

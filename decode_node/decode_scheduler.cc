@@ -461,8 +461,15 @@ void DecodeScheduler::Admit(Landed landed) {
     return;
   }
   kv_.Publish(*r->table, r->tokens);  // the prompt's KV is complete here now
+  // The tokens end with the generated_before already streamed (a resumed request): output
+  // tokens for the penalties, as on the prefill node.
+  const absl::Span<const int32_t> tokens = r->tokens;
+  r->sampling_state = model::SamplingState(r->params, options_.eos_ids,
+                                           tokens.first(tokens.size() - r->generated_before),
+                                           tokens.last(r->generated_before));
   r->last_token = completion.first_token_id();
   r->tokens.push_back(r->last_token);
+  r->sampling_state.AddGenerated(r->last_token);
   r->generated = r->generated_before + 1;
 
   DecodeEvent ev{.admitted = true};
@@ -571,7 +578,8 @@ void DecodeScheduler::Step() {
                                          .table = r.table.get(),
                                          .want_logits = false,
                                          .sample = &r.params,
-                                         .sample_step = r.generated});
+                                         .sample_step = r.generated,
+                                         .sample_state = &r.sampling_state});
   }
   absl::StatusOr<model::ForwardOutput> out = runner_->Forward(absl::MakeSpan(batch), pool_->View());
   if (!out.ok() || out->seq_ids.size() != running_.size() ||
@@ -615,6 +623,7 @@ void DecodeScheduler::Step() {
     }
     r.last_token = ev.token.id;
     r.tokens.push_back(r.last_token);
+    r.sampling_state.AddGenerated(r.last_token);
     r.stream->Push(std::move(ev));
     still_running.push_back(rp);
   }

@@ -213,6 +213,7 @@ class DecodeScheduler {
     int32_t last_token = -1;
     int generated = 0;  // output tokens so far, the prefill node's first one included
     int generated_before = 0;  // of them, streamed before this node (a resumed request)
+    model::SamplingState sampling_state;  // from admission: the prompt and every output token
   };
   // What admission took out of the tracker for one request: the final notice's payload (the
   // blocks are then the request's) or why its KV never landed (blocks already given back).

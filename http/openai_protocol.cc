@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace duet::http {
@@ -211,11 +212,7 @@ const Unimplemented kUnimplemented[] = {
     {"guided_choice", Empty, kStructured},
     {"guided_grammar", Never, kStructured},
     {"structured_outputs", Never, kStructured},
-    {"logit_bias", Empty, "logit_bias is not supported"},
-    {"min_p", IsZero, "min_p is not supported (0 only)"},
-    {"repetition_penalty", IsOne, "repetition_penalty is not supported (1 only)"},
     {"length_penalty", IsOne, "length_penalty is not supported (1 only)"},
-    {"min_tokens", IsZero, "min_tokens is not supported (0 only)"},
     {"suffix", Empty, "suffix is not supported"},
     {"prompt_logprobs", IsZero, "prompt_logprobs is not supported"},
     {"use_beam_search", IsFalse, "beam search is not supported"},
@@ -244,6 +241,58 @@ std::optional<ApiError> RefuseUnimplemented(const json& j) {
   return std::nullopt;
 }
 
+// min_p, the penalties, logit_bias and min_tokens, with vLLM's ranges (logit_bias: OpenAI's).
+std::optional<ApiError> ParseSamplingExtras(const json& j, ParsedRequest* out) {
+  double min_p = 0, repetition = 1, presence = 0, frequency = 0;
+  if (auto e = GetNumber(j, "min_p", 0, 1, &min_p)) return e;
+  if (auto e =
+          GetNumber(j, "repetition_penalty", 0, std::numeric_limits<double>::max(), &repetition)) {
+    return e;
+  }
+  if (repetition == 0) {
+    return Invalid("'repetition_penalty' must be > 0", "repetition_penalty", "invalid_value");
+  }
+  if (auto e = GetNumber(j, "presence_penalty", -2, 2, &presence)) return e;
+  if (auto e = GetNumber(j, "frequency_penalty", -2, 2, &frequency)) return e;
+  out->min_p = static_cast<float>(min_p);
+  out->repetition_penalty = static_cast<float>(repetition);
+  out->presence_penalty = static_cast<float>(presence);
+  out->frequency_penalty = static_cast<float>(frequency);
+  int64_t min_tokens = 0;
+  if (auto e = GetInt(j, "min_tokens", 0, std::numeric_limits<int32_t>::max(), &min_tokens)) {
+    return e;
+  }
+  out->min_tokens = min_tokens;
+  // logit_bias: {"<token id>": bias in [-100, 100]}; the ids are checked against the vocabulary
+  // once the request reaches the model (an unknown id is a 400 too).
+  auto it = j.find("logit_bias");
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return WrongType("logit_bias", "an object of token id to bias", *it);
+  for (const auto& [key, value] : it->items()) {
+    int64_t id = -1;
+    if (!absl::SimpleAtoi(key, &id) || id < 0 || id > std::numeric_limits<int32_t>::max()) {
+      return Invalid(absl::StrCat("logit_bias key '", key, "' is not a token id"), "logit_bias",
+                     "invalid_value");
+    }
+    if (!value.is_number()) return WrongType("logit_bias[]", "a number", value);
+    const double bias = value.get<double>();
+    if (!(bias >= -100 && bias <= 100)) {
+      return Invalid(
+          absl::StrCat("logit_bias of token ", id, " must be in [-100, 100], got ", bias),
+          "logit_bias", "invalid_value");
+    }
+    out->logit_bias.push_back({.id = static_cast<int32_t>(id), .bias = static_cast<float>(bias)});
+  }
+  std::sort(out->logit_bias.begin(), out->logit_bias.end(),
+            [](const compute::LogitBias& a, const compute::LogitBias& b) { return a.id < b.id; });
+  for (size_t i = 1; i < out->logit_bias.size(); ++i) {
+    if (out->logit_bias[i - 1].id == out->logit_bias[i].id) {
+      return Invalid(absl::StrCat("logit_bias names token ", out->logit_bias[i].id, " twice"),
+                     "logit_bias", "invalid_value");
+    }
+  }
+  return std::nullopt;
+}
 }  // namespace
 
 std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
@@ -399,14 +448,7 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
       out->stop_token_ids.push_back(static_cast<int32_t>(id));
     }
   }
-  for (const char* zero_only : {"presence_penalty", "frequency_penalty"}) {
-    double v = 0;
-    if (auto e = GetNumber(j, zero_only, -2, 2, &v)) return e;
-    if (v != 0) {
-      return Invalid(absl::StrCat("'", zero_only, "' is not supported (must be 0)"), zero_only,
-                     "invalid_value");
-    }
-  }
+  if (auto e = ParseSamplingExtras(j, out)) return e;
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     if (it->is_string()) {
       out->stop.push_back(it->get<std::string>());
@@ -451,6 +493,11 @@ std::optional<ApiError> CheckLengths(ParsedRequest* req, int64_t prompt_tokens,
                      " tokens leaves ", room, " after the prompt's ", prompt_tokens),
         "max_tokens", "context_length_exceeded");
   }
+  if (req->min_tokens > req->max_tokens) {
+    return Invalid(absl::StrCat("min_tokens (", req->min_tokens, ") must be at most max_tokens (",
+                                req->max_tokens, ")"),
+                   "min_tokens", "invalid_value");
+  }
   return std::nullopt;
 }
 
@@ -464,6 +511,16 @@ v1::SamplingParams ToSampling(const ParsedRequest& req) {
   p.set_max_tokens(static_cast<int32_t>(req.max_tokens));
   p.set_logprobs(req.top_logprobs);
   p.set_ignore_eos(req.ignore_eos);
+  p.set_min_p(req.min_p);
+  p.set_repetition_penalty(req.repetition_penalty);
+  p.set_presence_penalty(req.presence_penalty);
+  p.set_frequency_penalty(req.frequency_penalty);
+  for (const compute::LogitBias& b : req.logit_bias) {
+    v1::LogitBias* e = p.add_logit_bias();
+    e->set_token_id(b.id);
+    e->set_bias(b.bias);
+  }
+  p.set_min_tokens(static_cast<int32_t>(req.min_tokens));
   return p;
 }
 

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/compute/sampling.h"
 #include "common/model/chat_template.h"
 #include "duet/v1/common.pb.h"
 #include "nlohmann/json.hpp"
@@ -59,6 +60,13 @@ struct ParsedRequest {
   int top_k = 0;  // 0: off (vLLM's -1 too)
   std::optional<uint64_t> seed;
   std::vector<int32_t> stop_token_ids;  // extension (as vLLM): stop after any of these
+  // As vLLM (common/compute/sampling.h): min_p, repetition_penalty, min_tokens are extensions.
+  float min_p = 0.f;
+  float repetition_penalty = 1.f;
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  std::vector<compute::LogitBias> logit_bias;  // ids increasing and distinct
+  int64_t min_tokens = 0;                      // <= max_tokens (CheckLengths)
   std::vector<std::string> stop;
   bool logprobs = false;  // completions: logprobs given; chat: logprobs true
   int top_logprobs = 0;   // alternatives per token
@@ -70,13 +78,14 @@ struct ParsedRequest {
 // Parses and checks the body: malformed JSON, a known field of the wrong type, values out of
 // range, n != 1, missing prompt/messages, and any field of the OpenAI or vLLM API that this
 // server does not implement set to a value that would change the answer (tools, response_format,
-// logit_bias, min_p, ...) are errors naming the field; fields of neither API are ignored, as
+// bad_words, ...) are errors naming the field; fields of neither API are ignored, as
 // vLLM does. Chat's max_completion_tokens wins over max_tokens.
 std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
                                      ParsedRequest* out);
 
-// After tokenizing: the prompt must leave room in the context, and max_tokens (default 16 for
-// completions, the rest of the context for chat) must be in [1, context - prompt].
+// After tokenizing: the prompt must leave room in the context, max_tokens (default 16 for
+// completions, the rest of the context for chat) must be in [1, context - prompt], and
+// min_tokens at most max_tokens.
 std::optional<ApiError> CheckLengths(ParsedRequest* req, int64_t prompt_tokens,
                                      int64_t context_length);
 

@@ -62,6 +62,7 @@ absl::Status PrefillNode::Init() {
   DUET_ASSIGN_OR_RETURN(
       scheduler_, PrefillScheduler::Create(&runner, pool_, transport_.get(), sender_.get(),
                                            {.max_batch_tokens = o.max_batch_tokens,
+                                            .eos_ids = runtime_->engine().eos_ids(),
                                             .no_layer_pipelining = o.no_layer_pipelining,
                                             .host_mirror = mirror_view,
                                             .enable_prefix_caching = ro.enable_prefix_caching}));

@@ -28,8 +28,14 @@ int64_t NowUnixMicros() { return absl::ToUnixMicros(absl::Now()); }
 enum class Phase { kAdmitting, kQueued, kRunning, kComputed, kStopped };
 
 struct PrefillScheduler::Entry {
-  explicit Entry(PrefillJob j) : job(std::move(j)) {}
+  Entry(PrefillJob j, absl::Span<const int32_t> eos_ids)
+      : job(std::move(j)),
+        // The prompt ends with the sample_step tokens already generated (a resumed request).
+        sampling_state(job.sampling, eos_ids,
+                       absl::MakeConstSpan(job.prompt).first(job.prompt.size() - job.sample_step),
+                       absl::MakeConstSpan(job.prompt).last(job.sample_step)) {}
   const PrefillJob job;
+  const model::SamplingState sampling_state;
   int64_t seq_id = 0;
   absl::Time admitted = absl::Now();
   // Set during admission, before the entry is queued; read-only afterwards.
@@ -291,7 +297,7 @@ absl::StatusOr<std::shared_ptr<PrefillScheduler::Entry>> PrefillScheduler::Admit
     return absl::DeadlineExceededError(
         absl::StrCat(what, ": the deadline passed before admission"));
   }
-  auto e = std::make_shared<Entry>(std::move(job));
+  auto e = std::make_shared<Entry>(std::move(job), options_.eos_ids);
   e->layer_done_us.assign(num_layers_, 0);
   e->landed_us.assign(num_layers_, 0);
   {
@@ -642,7 +648,8 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
         .table = it.entry->table.get(),
         .want_logits = false,
         .sample = it.final ? &it.entry->job.sampling : nullptr,
-        .sample_step = it.entry->job.sample_step});
+        .sample_step = it.entry->job.sample_step,
+        .sample_state = &it.entry->sampling_state});
   }
   const absl::Time t0 = absl::Now();
   absl::StatusOr<model::ForwardOutput> out = runner_->Forward(

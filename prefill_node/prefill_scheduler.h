@@ -62,6 +62,9 @@ struct BatchInfo {
 
 struct PrefillSchedulerOptions {
   int64_t max_batch_tokens = 2048;  // token budget of one forward pass
+  // The model's EOS ids: min_tokens bans them (with stop_token_ids) from the first token, as the
+  // decode node does from the rest.
+  std::vector<int32_t> eos_ids;
   // Post every layer after the Forward returns instead of from the layer-done hook (benchmarks
   // of pipelined vs bulk transfer).
   bool no_layer_pipelining = false;

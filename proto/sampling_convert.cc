@@ -1,5 +1,7 @@
 #include "proto/sampling_convert.h"
 
+#include <algorithm>
+
 namespace duet::rpc {
 
 model::SamplingParams FromProto(const v1::SamplingParams& proto) {
@@ -12,6 +14,18 @@ model::SamplingParams FromProto(const v1::SamplingParams& proto) {
   p.stop_token_ids.assign(proto.stop_token_ids().begin(), proto.stop_token_ids().end());
   p.ignore_eos = proto.ignore_eos();
   p.logprobs = proto.logprobs();
+  p.min_p = proto.min_p();
+  p.repetition_penalty = proto.repetition_penalty() == 0.f ? 1.f : proto.repetition_penalty();
+  p.presence_penalty = proto.presence_penalty();
+  p.frequency_penalty = proto.frequency_penalty();
+  for (const v1::LogitBias& b : proto.logit_bias()) {
+    p.logit_bias.push_back({.id = b.token_id(), .bias = b.bias()});
+  }
+  // Increasing ids (SamplingParams::Validate refuses a repeated one).
+  std::stable_sort(
+      p.logit_bias.begin(), p.logit_bias.end(),
+      [](const compute::LogitBias& a, const compute::LogitBias& b) { return a.id < b.id; });
+  p.min_tokens = proto.min_tokens();
   return p;
 }
 
@@ -25,6 +39,16 @@ v1::SamplingParams ToProto(const model::SamplingParams& params) {
   for (int32_t id : params.stop_token_ids) p.add_stop_token_ids(id);
   p.set_ignore_eos(params.ignore_eos);
   p.set_logprobs(params.logprobs);
+  p.set_min_p(params.min_p);
+  p.set_repetition_penalty(params.repetition_penalty);
+  p.set_presence_penalty(params.presence_penalty);
+  p.set_frequency_penalty(params.frequency_penalty);
+  for (const compute::LogitBias& b : params.logit_bias) {
+    v1::LogitBias* e = p.add_logit_bias();
+    e->set_token_id(b.id);
+    e->set_bias(b.bias);
+  }
+  p.set_min_tokens(params.min_tokens);
   return p;
 }
 

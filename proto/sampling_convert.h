@@ -1,6 +1,7 @@
 // duet.v1.SamplingParams <-> duet::model::SamplingParams, the one place the wire form of
 // sampling options is interpreted (coordinator, prefill and decode nodes all use it).
-// top_p 0 on the wire means "off" (1.0).
+// top_p 0 and repetition_penalty 0 on the wire mean "off" (1.0); logit_bias entries are sorted
+// by token id.
 //
 //   model::SamplingParams p = duet::rpc::FromProto(request.sampling());
 //   DUET_RETURN_IF_ERROR(p.Validate(vocab_size));

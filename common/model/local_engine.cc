@@ -73,7 +73,8 @@ absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t
   GenerationResult result;
   result.prompt_ids = prompt_ids;
   kv::BlockTable table(pool_.get());
-  const std::vector<int32_t> eos = tokenizer_ ? tokenizer_->eos_ids() : c.eos_token_ids;
+  const std::vector<int32_t> eos = eos_ids();
+  SamplingState state(params, eos, prompt_ids, /*generated=*/{});
 
   Stopwatch sw;
   std::vector<SequenceInput> batch(1);
@@ -83,7 +84,8 @@ absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t
                            .table = &table,
                            .want_logits = false,
                            .sample = &params,
-                           .sample_step = 0};
+                           .sample_step = 0,
+                           .sample_state = &state};
   DUET_ASSIGN_OR_RETURN(ForwardOutput out, runner_->Forward(absl::MakeSpan(batch), pool_->View()));
   while (true) {
     const int step = static_cast<int>(result.generated_ids.size());
@@ -91,6 +93,7 @@ absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t
     const int32_t id = tok.id;
     result.generated_ids.push_back(id);
     result.tokens.push_back(std::move(tok));
+    state.AddGenerated(id);
     if (step == 0) {
       result.prefill_ms = sw.ElapsedMs();
     } else {
@@ -108,7 +111,8 @@ absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t
                              .table = &table,
                              .want_logits = false,
                              .sample = &params,
-                             .sample_step = step + 1};
+                             .sample_step = step + 1,
+                             .sample_state = &state};
     DUET_ASSIGN_OR_RETURN(out, runner_->Forward(absl::MakeSpan(batch), pool_->View()));
   }
   return result;

@@ -68,6 +68,10 @@ class LocalEngine {
   const ModelConfig& config() const { return runner_->config(); }
   // A model directory without tokenizer files loads without one: ids in, ids out.
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  // The tokenizer's EOS ids, or the model config's without a tokenizer.
+  std::vector<int32_t> eos_ids() const {
+    return tokenizer_ ? tokenizer_->eos_ids() : config().eos_token_ids;
+  }
   const Tokenizer& tokenizer() const {
     DUET_CHECK(tokenizer_ != nullptr) << "LocalEngine::tokenizer(): the model has no tokenizer";
     return *tokenizer_;

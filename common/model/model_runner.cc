@@ -296,7 +296,17 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
           "Forward: sequence ", s.seq_id, " asks for all_logits and to sample; choose one"));
     }
     if (s.sample != nullptr) {
-      const compute::RowSampling row = ToRowSampling(*s.sample, s.sample_step);
+      if (s.sample->NeedsState() && s.sample_state == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Forward: sequence ", s.seq_id,
+                         " samples with penalties or min_tokens but has no sampling state"));
+      }
+      if (s.sample_state != nullptr && s.sample_state->generated() != s.sample_step) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Forward: sequence ", s.seq_id, " samples step ", s.sample_step,
+            " but its sampling state has ", s.sample_state->generated(), " output tokens"));
+      }
+      const compute::RowSampling row = ToRowSampling(*s.sample, s.sample_step, s.sample_state);
       if (absl::Status st = compute::ValidateRowSampling(1, c.vocab_size, {row}); !st.ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat("Forward: sequence ", s.seq_id, ": ", st.message()));
@@ -359,9 +369,9 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
       last_rows.push_back(row + n - 1);
       out.seq_ids.push_back(s.seq_id);
       any_logits = any_logits || s.want_logits;
-      row_sampling.push_back(s.sample == nullptr
-                                 ? std::nullopt
-                                 : std::optional(ToRowSampling(*s.sample, s.sample_step)));
+      row_sampling.push_back(s.sample == nullptr ? std::nullopt
+                                                 : std::optional(ToRowSampling(
+                                                       *s.sample, s.sample_step, s.sample_state)));
     }
     row += n;
   }

@@ -31,6 +31,7 @@
 #include "common/kv/block_table.h"
 #include "common/model/model_config.h"
 #include "common/model/sampler.h"
+#include "common/model/sampling_state.h"
 #include "common/model/weights.h"
 
 namespace duet::model {
@@ -49,6 +50,10 @@ struct SequenceInput {
   // Forward. sample_step: index of the output token being generated (0 for the first).
   const SamplingParams* sample = nullptr;
   int64_t sample_step = 0;
+  // The sequence's tokens so far for the penalties and min_tokens: required when
+  // sample->NeedsState(), with generated() == sample_step (else InvalidArgument). Must outlive
+  // Forward.
+  const SamplingState* sample_state = nullptr;
 };
 
 // What one layer wrote for one sequence: positions [start_pos, start_pos + num_tokens).

@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/model/sampling_state.h"
 
 namespace duet::model {
 
@@ -22,6 +24,40 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
     return absl::InvalidArgumentError(
         absl::StrCat("logprobs must be in [0, ", compute::kMaxTopLogprobs, "], got ", logprobs));
   }
+  if (!(min_p >= 0.f && min_p <= 1.f)) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
+  }
+  if (!(repetition_penalty > 0.f) || !std::isfinite(repetition_penalty)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_penalty must be > 0, got ", repetition_penalty));
+  }
+  if (!(presence_penalty >= -2.f && presence_penalty <= 2.f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("presence_penalty must be in [-2, 2], got ", presence_penalty));
+  }
+  if (!(frequency_penalty >= -2.f && frequency_penalty <= 2.f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frequency_penalty must be in [-2, 2], got ", frequency_penalty));
+  }
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_tokens must be in [0, max_tokens = ", max_tokens, "], got ", min_tokens));
+  }
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const compute::LogitBias& b = logit_bias[i];
+    if (b.id < 0 || b.id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias token id ", b.id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (!(b.bias >= -100.f && b.bias <= 100.f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias of token ", b.id, " must be in [-100, 100], got ", b.bias));
+    }
+    if (i > 0 && logit_bias[i - 1].id >= b.id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias token ids must be distinct and increasing (", b.id, ")"));
+    }
+  }
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return absl::InvalidArgumentError(
@@ -30,6 +66,8 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
   }
   return absl::OkStatus();
 }
+
+bool SamplingParams::NeedsState() const { return HasPenalties() || min_tokens > 0; }
 
 const char* StopReasonName(StopReason r) {
   switch (r) {
@@ -41,21 +79,38 @@ const char* StopReasonName(StopReason r) {
   return "unknown";
 }
 
-compute::RowSampling ToRowSampling(const SamplingParams& params, int64_t step) {
-  return compute::RowSampling{.temperature = params.temperature,
-                              .top_p = params.top_p,
-                              .top_k = params.top_k,
-                              .seed = params.seed,
-                              .step = step,
-                              .num_logprobs = params.logprobs};
+compute::RowSampling ToRowSampling(const SamplingParams& params, int64_t step,
+                                   const SamplingState* state) {
+  compute::RowSampling row{.temperature = params.temperature,
+                           .top_p = params.top_p,
+                           .top_k = params.top_k,
+                           .seed = params.seed,
+                           .step = step,
+                           .num_logprobs = params.logprobs,
+                           .min_p = params.min_p,
+                           .repetition_penalty = params.repetition_penalty,
+                           .presence_penalty = params.presence_penalty,
+                           .frequency_penalty = params.frequency_penalty,
+                           .logit_bias = params.logit_bias};
+  if (state != nullptr) {
+    row.penalty_tokens = state->penalty_tokens();
+    if (step < params.min_tokens) row.banned_ids = state->stop_ids();
+  }
+  return row;
 }
 
-SampledToken Sample(const float* logits, int vocab, const SamplingParams& params, int64_t step) {
-  return compute::SampleRowOnHost(logits, vocab, ToRowSampling(params, step));
+SampledToken Sample(const float* logits, int vocab, const SamplingParams& params, int64_t step,
+                    const SamplingState* state) {
+  DUET_CHECK(state != nullptr || !params.NeedsState())
+      << "Sample: penalties and min_tokens need the sequence's SamplingState";
+  return compute::SampleRowOnHost(logits, vocab, ToRowSampling(params, step, state));
 }
 
 StopReason CheckStop(const SamplingParams& params, const std::vector<int32_t>& eos_ids,
                      int32_t token, int generated) {
+  if (generated < params.min_tokens) {
+    return generated >= params.max_tokens ? StopReason::kMaxTokens : StopReason::kNone;
+  }
   if (!params.ignore_eos &&
       std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end()) {
     return StopReason::kEos;

@@ -175,6 +175,85 @@ INSTANTIATE_TEST_SUITE_P(
         SampleCase{"mixed_rows_odd", 41, 257, Shape::kTies, {}, /*mixed=*/true}),
     [](const auto& info) { return info.param.name; });
 
+// Rows with logit processing (bias, bans, penalties) and min_p, mixed with plain rows: the
+// device's processed rows equal the CPU's bit for bit (the same float operations), so greedy
+// tokens are equal; sampled ones as above; logprobs (of the raw logits) within kLogprobTol.
+TEST(CudaSamplingTest, ProcessedRowsAndMinPMatchCpu) {
+  DUET_CUDA_OR_SKIP(cuda, "f32");
+  for (int vocab : {kLlama3Vocab, 1000, 33}) {
+    SCOPED_TRACE(vocab);
+    const int rows = 24;
+    const std::vector<float> logits = MakeLogits(rows, vocab, Shape::kPeaked, 5 + vocab);
+    DeviceVec d(cuda.get(), logits);
+    std::mt19937 rng(vocab);
+    std::vector<std::vector<PenaltyToken>> penalty(rows);
+    std::vector<std::vector<LogitBias>> bias(rows);
+    std::vector<std::vector<int32_t>> banned(rows);
+    std::vector<RowSampling> params(rows);
+    for (int r = 0; r < rows; ++r) {
+      for (int id = r % 3; id < vocab; id += 1 + static_cast<int>(rng() % 97)) {
+        penalty[r].push_back({id, static_cast<int32_t>(rng() % 4)});
+      }
+      for (int id = static_cast<int>(rng() % 7); id < vocab;
+           id += 1 + static_cast<int>(rng() % 501)) {
+        bias[r].push_back({id, static_cast<float>(static_cast<int>(rng() % 201) - 100) / 3.f});
+      }
+      for (int id = 1; id < vocab && banned[r].size() < 3; id += 11) banned[r].push_back(id);
+      RowSampling& p = params[r];
+      p = RowSampling{.seed = 40u + r, .step = r, .num_logprobs = r % 3 == 0 ? 5 : 0};
+      if (r % 2) p.temperature = 0.6f + 0.1f * (r % 5);
+      if (r % 4 == 1) p.min_p = 0.05f * (r % 3);
+      if (r % 4 == 3) p.top_k = 30;
+      switch (r % 6) {
+        case 0:
+          break;  // plain
+        case 1:
+          p.repetition_penalty = 1.3f;
+          p.penalty_tokens = penalty[r];
+          break;
+        case 2:
+          p.presence_penalty = 0.7f;
+          p.frequency_penalty = -0.4f;
+          p.penalty_tokens = penalty[r];
+          break;
+        case 3:
+          p.logit_bias = bias[r];
+          break;
+        case 4:
+          p.banned_ids = banned[r];
+          p.repetition_penalty = 0.9f;
+          p.penalty_tokens = penalty[r];
+          break;
+        default:
+          p.logit_bias = bias[r];
+          p.banned_ids = banned[r];
+          p.frequency_penalty = 1.f;
+          p.penalty_tokens = penalty[r];
+          break;
+      }
+    }
+    auto got = cuda->SampleRows(d.get(), rows, vocab, params);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int r = 0; r < rows; ++r) {
+      SCOPED_TRACE(r);
+      const float* row = logits.data() + static_cast<size_t>(r) * vocab;
+      std::vector<float> processed(row, row + vocab);
+      ProcessLogitsOnHost(processed.data(), vocab, params[r]);
+      const SampledToken want = SampleRowOnHost(row, vocab, params[r]);
+      const SampledToken& g = (*got)[r];
+      if (!SamplingMargins(processed.data(), vocab, params[r]).Near(kSamplingBoundaryTol)) {
+        EXPECT_EQ(g.id, want.id);
+        EXPECT_NEAR(g.logprob, want.logprob, kLogprobTol);
+      }
+      ASSERT_EQ(g.top_logprobs.size(), want.top_logprobs.size());
+      for (size_t i = 0; i < want.top_logprobs.size(); ++i) {
+        EXPECT_EQ(g.top_logprobs[i].first, want.top_logprobs[i].first) << "top " << i;
+      }
+    }
+  }
+  ASSERT_TRUE(cuda->status().ok()) << cuda->status();
+}
+
 TEST(CudaSamplingTest, NoRowsAndBadParameters) {
   DUET_CUDA_OR_SKIP(cuda, "f32");
   DeviceVec d(cuda.get(), std::vector<float>(64, 0.f));

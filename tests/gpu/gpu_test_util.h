@@ -87,7 +87,8 @@ inline double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-// How close the CPU's decisions for one row come to a boundary: the top-p cut's cumulative
+// How close the CPU's decisions for one row come to a boundary (`logits` already processed,
+// ProcessLogitsOnHost): the min-p cut's weights against min_p and the top-p cut's cumulative
 // probability against top_p, and the draw against each kept cumulative weight (relative to
 // the kept weight). Both infinite for greedy rows.
 struct Margins {
@@ -107,14 +108,23 @@ inline Margins SamplingMargins(const float* logits, int vocab, const RowSampling
   std::iota(idx.begin(), idx.end(), 0);
   std::stable_sort(idx.begin(), idx.end(),
                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  const int n = p.top_k > 0 ? std::min(p.top_k, vocab) : vocab;
+  int n = p.top_k > 0 ? std::min(p.top_k, vocab) : vocab;
   const double max_l = logits[idx[0]];
   std::vector<double> w(n);
-  double sum = 0;
   for (int i = 0; i < n; ++i) {
     w[i] = std::exp((logits[idx[i]] - max_l) / static_cast<double>(p.temperature));
-    sum += w[i];
   }
+  if (p.min_p > 0.f) {  // the min-p cut: its weights against min_p count as a top-p margin
+    for (int i = 1; i < n; ++i) {
+      m.top_p = std::min(m.top_p, std::abs(w[i] - p.min_p));
+      if (w[i] < p.min_p) {
+        n = i;
+        break;
+      }
+    }
+  }
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += w[i];
   int keep = n;
   if (p.top_p < 1.f) {
     double acc = 0;

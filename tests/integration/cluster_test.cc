@@ -412,7 +412,7 @@ TEST_F(ClusterFailureTest, KilledDecodeNodesRequestsContinueElsewhereTokenExact)
 // A decode pool too small for the requests in flight (20 blocks, four requests that grow to 10
 // each): the decode node preempts the newest and the coordinator re-prefills it (prompt and
 // tokens so far) and continues its stream. Every request finishes with the single-process
-// tokens (greedy and seeded), and nothing is held afterwards.
+// tokens (greedy and seeded, with and without penalties), and nothing is held afterwards.
 TEST_F(ClusterFailureTest, FullDecodePoolPreemptsAndResumesTokenExact) {
   ServeProcess cluster(DUET_BIN,
                        ClusterFlags(model_dir_, "shm", 1, 1, {"--kv_cache_bytes=163840"}));
@@ -423,6 +423,12 @@ TEST_F(ClusterFailureTest, FullDecodePoolPreemptsAndResumesTokenExact) {
     if (i % 2) {
       p.temperature = 0.9f;
       p.seed = 11 + i;
+    }
+    if (i >= 2) {  // the resumed prefill and decode count the streamed tokens as output
+      p.repetition_penalty = 1.2f;
+      p.presence_penalty = 0.5f;
+      p.frequency_penalty = 0.3f;
+      p.min_p = 0.02f;
     }
     return p;
   };
@@ -442,6 +448,81 @@ TEST_F(ClusterFailureTest, FullDecodePoolPreemptsAndResumesTokenExact) {
     resumed += results[i].timings.resumes();
   }
   EXPECT_GT(resumed, 0) << "the pool was expected to force a preemption";
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+class ClusterSamplingTest : public ClusterTest {};
+
+// min_p, the penalties, logit_bias and min_tokens give the single-process tokens on the cluster
+// (the prefill node samples the first token, the decode node the rest, each from the prompt and
+// the output so far), greedy and seeded, concurrently, and each changes the tokens.
+TEST_F(ClusterSamplingTest, SamplingParametersAreTokenExactAgainstOneProcess) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 1, 1));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  const std::vector<int> lengths = {3, 17, 40, 300};
+  auto params = [&](int i) {
+    model::SamplingParams p{.max_tokens = 24, .ignore_eos = true};
+    if (i % 2) {
+      p.temperature = 0.9f;
+      p.seed = 500 + i;
+    }
+    switch (i % 4) {
+      case 0:
+        p.repetition_penalty = 1.5f;
+        break;
+      case 1:
+        p.presence_penalty = 1.f;
+        p.frequency_penalty = 0.7f;
+        p.min_p = 0.05f;
+        break;
+      case 2: {
+        // The greedy first token is banned; a stop token boosted to come at once waits for
+        // min_tokens.
+        const int32_t first = Reference(Prompt(lengths[i / 4 % 4], i), p)[0];
+        const int32_t stop = (first + 1) % 256;
+        p.logit_bias = {{std::min(first, stop), 0.f}, {std::max(first, stop), 0.f}};
+        for (compute::LogitBias& b : p.logit_bias) b.bias = b.id == first ? -100.f : 30.f;
+        p.stop_token_ids = {stop};
+        p.min_tokens = 5;
+        break;
+      }
+      default:
+        p.repetition_penalty = 0.8f;
+        p.frequency_penalty = -0.5f;
+        p.top_k = 40;
+        break;
+    }
+    return p;
+  };
+  const int n = static_cast<int>(lengths.size()) * 4;
+  std::vector<model::SamplingParams> ps;
+  for (int i = 0; i < n; ++i) ps.push_back(params(i));
+  std::vector<std::thread> threads;
+  std::vector<Result> results(n);
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = Generate(*stub, Prompt(lengths[i / 4 % 4], i), rpc::ToProto(ps[i]));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < n; ++i) {
+    SCOPED_TRACE(i);
+    const Result& r = results[i];
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    const std::vector<int32_t> prompt = Prompt(lengths[i / 4 % 4], i);
+    EXPECT_EQ(r.ids, Reference(prompt, ps[i]));
+    model::SamplingParams plain = ps[i];
+    plain.repetition_penalty = 1.f;
+    plain.presence_penalty = plain.frequency_penalty = plain.min_p = 0.f;
+    plain.logit_bias.clear();
+    plain.min_tokens = 0;
+    EXPECT_NE(r.ids, Reference(prompt, plain)) << "the parameters changed nothing";
+    if (i % 4 == 2) {  // the stop token came right after min_tokens
+      EXPECT_EQ(r.ids.size(), 6u);
+      EXPECT_EQ(r.ids.back(), ps[i].stop_token_ids[0]);
+    }
+  }
   EXPECT_TRUE(EverythingFree(*stub));
 }
 

@@ -5,6 +5,8 @@ Starts `duet serve --loopback` (1 prefill + 1 decode node, tiny synthetic model,
 only) with the HTTP API and node metrics on, then:
   - the official `openai` client (installed into a venv under the build dir) streams a
     completion and a chat completion; the completion is token-exact against `duet generate`;
+  - min_p, the penalties, logit_bias and min_tokens change the answer as specified (a banned
+    greedy token never comes, min_tokens holds a boosted EOS back, bad values are 400s);
   - a `stop` string ends a completion early and counts as ok (not cancelled) in /metrics;
   - malformed bodies get OpenAI-shaped errors with the documented status codes, through
     http.client and through curl (malformed JSON, a wrong-typed field, an oversized body);
@@ -160,7 +162,50 @@ def run_child(args):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def client_main(base_url, prompt_ids, max_tokens):
+def sampling_checks(c, model, prompt_ids, max_tokens, gen_ids, eos_id):
+    """min_p, the penalties, logit_bias and min_tokens through the openai client (vLLM's names
+    go through extra_body): what each request answered, for main() to check."""
+    import openai
+
+    def complete(**kw):
+        extra = {k: kw.pop(k) for k in ("min_p", "repetition_penalty", "min_tokens", "ignore_eos")
+                 if k in kw}
+        r = c.completions.create(model=model, prompt=prompt_ids, max_tokens=kw.pop("n", max_tokens),
+                                 extra_body=extra or None, **kw)
+        return {"text": r.choices[0].text, "finish": r.choices[0].finish_reason,
+                "tokens": r.usage.completion_tokens}
+
+    def status(**kw):
+        try:
+            complete(**kw)
+            return None
+        except openai.BadRequestError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            return [e.status_code, body.get("param")]
+
+    # The first printable token of the greedy output that has not come before it.
+    k = next(i for i in range(1, len(gen_ids)) if 32 < gen_ids[i] < 127 and
+             gen_ids[i] not in gen_ids[:i])
+    return {
+        "k": k,
+        "banned": complete(temperature=0, logit_bias={str(gen_ids[k]): -100}),
+        "min_p1": complete(temperature=1.5, seed=5, min_p=1.0),
+        "eos_now": complete(temperature=0, n=40, logit_bias={str(eos_id): 100}),
+        "eos_min5": complete(temperature=0, n=40, logit_bias={str(eos_id): 100}, min_tokens=5),
+        # 60 greedy tokens repeat some: the penalties change what follows a repeat.
+        "plain60": complete(temperature=0, n=60, ignore_eos=True),
+        "penalised": [complete(temperature=0, n=60, ignore_eos=True, presence_penalty=2,
+                               frequency_penalty=2),
+                      complete(temperature=0, n=60, ignore_eos=True, repetition_penalty=2.0)],
+        "penalised_again": complete(temperature=0, n=60, ignore_eos=True, presence_penalty=2,
+                                    frequency_penalty=2),
+        "bad_bias_id": status(temperature=0, logit_bias={"1000000": 1}),
+        "bad_repetition": status(temperature=0, repetition_penalty=0),
+        "bad_min_tokens": status(temperature=0, n=4, min_tokens=5),
+    }
+
+
+def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
     """Runs inside the venv: the official openai client against the cluster."""
     import openai
     c = openai.OpenAI(base_url=base_url + "/v1", api_key="unused")
@@ -211,7 +256,7 @@ def client_main(base_url, prompt_ids, max_tokens):
         err = e.status_code
     # Fields the server does not implement are refused by name, never ignored.
     refused = {}
-    for field, value, known in [("logit_bias", {"1234": -100}, True), ("min_p", 0.1, False),
+    for field, value, known in [("bad_words", ["x"], False),
                                 ("response_format", {"type": "json_object"}, True)]:
         # Fields the client does not know (vLLM's) go through extra_body, as vLLM users send them.
         kw = {field: value} if known else {"extra_body": {field: value}}
@@ -225,7 +270,9 @@ def client_main(base_url, prompt_ids, max_tokens):
     # vLLM's top_k through extra_body reaches the sampler: top_k 1 samples greedily.
     top1 = c.completions.create(model=model, prompt=prompt_ids, max_tokens=max_tokens,
                                 temperature=1.5, seed=3, extra_body={"top_k": 1})
+    sampling = sampling_checks(c, model, prompt_ids, max_tokens, gen_ids, eos_id)
     print(json.dumps({
+        "sampling": sampling,
         "model": model, "text": text, "finish": finish,
         "usage": [usage.prompt_tokens, usage.completion_tokens, usage.total_tokens],
         "whole_text": whole.choices[0].text, "whole_finish": whole.choices[0].finish_reason,
@@ -268,10 +315,13 @@ def main():
     ap.add_argument("--work")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
+    ap.add_argument("--gen-ids", help=argparse.SUPPRESS)
+    ap.add_argument("--eos-id", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--max-tokens", type=int, default=12)
     a = ap.parse_args()
     if a.client:
-        client_main(a.client, [int(x) for x in a.prompt_ids.split(",")], a.max_tokens)
+        client_main(a.client, [int(x) for x in a.prompt_ids.split(",")], a.max_tokens,
+                    [int(x) for x in a.gen_ids.split(",")], a.eos_id)
         return 0
 
     os.makedirs(a.work, exist_ok=True)
@@ -297,8 +347,13 @@ def main():
         before = samples(fetch(base + "/metrics"))
 
         # ---- The official openai client.
+        with open(os.path.join(model, "config.json")) as f:
+            eos = json.load(f)["eos_token_id"]
+        eos = eos[0] if isinstance(eos, list) else eos
         out = run_child([py, os.path.abspath(__file__), "--client", base, "--prompt-ids",
-                         ",".join(map(str, prompt_ids)), "--max-tokens", str(a.max_tokens)])
+                         ",".join(map(str, prompt_ids)), "--max-tokens", str(a.max_tokens),
+                         "--gen-ids", ",".join(map(str, ref["generated_ids"])),
+                         "--eos-id", str(eos)])
         check(out["text"] == ref["text"],
               "streamed completion is token-exact vs duet generate (%r)" % out["text"])
         check(out["whole_text"] == ref["text"], "non-streamed completion matches too")
@@ -324,6 +379,29 @@ def main():
         for field, got in out["refused"].items():
             check(got == [400, field, "unsupported"],
                   "%s: refused with 400 naming it (got %s)" % (field, got))
+        # ---- Sampling parameters through the client.
+        smp, gen = out["sampling"], ref["generated_ids"]
+        k, banned = smp["k"], smp["banned"]["text"]
+        check(banned[:k] == ref["text"][:k] and chr(gen[k]) not in banned,
+              "logit_bias -100 on greedy token %d (%r) removes it: %r vs %r" %
+              (k, chr(gen[k]), banned, ref["text"]))
+        check(smp["min_p1"]["text"] == ref["text"],
+              "min_p 1 at temperature 1.5 equals greedy: %r" % smp["min_p1"]["text"])
+        check(smp["eos_now"]["tokens"] == 1 and smp["eos_now"]["finish"] == "stop",
+              "EOS biased +100 ends at once: %s" % smp["eos_now"])
+        check(smp["eos_min5"]["tokens"] == 6 and smp["eos_min5"]["finish"] == "stop",
+              "min_tokens 5 holds EOS back for 5 tokens: %s" % smp["eos_min5"])
+        for p in smp["penalised"]:
+            check(p["text"] != smp["plain60"]["text"],
+                  "a penalty changes the greedy text: %r" % p["text"])
+        check(smp["penalised_again"] == smp["penalised"][0], "penalised greedy is deterministic")
+        check(smp["bad_bias_id"] == [400, None] or smp["bad_bias_id"] == [400, "logit_bias"],
+              "logit_bias with a token id outside the vocabulary is a 400: %s" %
+              smp["bad_bias_id"])
+        check(smp["bad_repetition"] == [400, "repetition_penalty"],
+              "repetition_penalty 0 is a 400 naming it: %s" % smp["bad_repetition"])
+        check(smp["bad_min_tokens"] == [400, "min_tokens"],
+              "min_tokens above max_tokens is a 400 naming it: %s" % smp["bad_min_tokens"])
         check(out["top1_text"] == out["whole_text"],
               "top_k 1 at temperature 1.5 equals greedy: %r vs %r" %
               (out["top1_text"], out["whole_text"]))
@@ -395,17 +473,17 @@ def main():
         after = samples(fetch(base + "/metrics"))
         ok_delta = (value(after, "duet_coordinator_requests_total", outcome="ok") -
                     value(before, "duet_coordinator_requests_total", outcome="ok"))
-        check(ok_delta == 7, "coordinator requests_total{outcome=ok} moved by 7, the usage, "
-              "top_k and stop-string requests included (%s)" % ok_delta)
+        check(ok_delta == 15, "coordinator requests_total{outcome=ok} moved by 15, the usage, "
+              "top_k, sampling-parameter (8) and stop-string requests included (%s)" % ok_delta)
         cancelled_delta = (value(after, "duet_coordinator_requests_total", outcome="cancelled") -
                            value(before, "duet_coordinator_requests_total", outcome="cancelled"))
         check(cancelled_delta == 0, "no request counted as cancelled (%s)" % cancelled_delta)
         ttft = (value(after, "duet_coordinator_ttft_seconds_count") -
                 value(before, "duet_coordinator_ttft_seconds_count"))
-        check(ttft == 7, "TTFT histogram counted 7 requests (%s)" % ttft)
+        check(ttft == 15, "TTFT histogram counted 15 requests (%s)" % ttft)
         e2e = (value(after, "duet_coordinator_e2e_seconds_count") -
                value(before, "duet_coordinator_e2e_seconds_count"))
-        check(e2e == 7, "e2e histogram counted 7 requests (%s)" % e2e)
+        check(e2e == 16, "e2e histogram counted 16 requests (the bad logit_bias id too) (%s)" % e2e)
         check(value(after, "duet_http_requests_total", path="/v1/completions", code="400") >= 8,
               "HTTP 400s counted by path")
         check(value(after, "duet_coordinator_nodes", kind="decode") == 1, "node gauge: 1 decode")

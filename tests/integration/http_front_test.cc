@@ -235,9 +235,9 @@ TEST_F(HttpFrontTest, TokenizeDetokenizeVersionAndModelById) {
   r = Post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_GT(json::parse(r.body)["count"].get<int>(), 2);
-  r = Post("/tokenize", {{"prompt", "x"}, {"logit_bias", {{"5", 1}}}});
+  r = Post("/tokenize", {{"prompt", "x"}, {"bad_words", {"y"}}});
   EXPECT_EQ(r.status, 400);
-  EXPECT_EQ(Error(r)["param"], "logit_bias");
+  EXPECT_EQ(Error(r)["param"], "bad_words");
 
   r = Post("/detokenize", {{"tokens", *bare}});
   ASSERT_EQ(r.status, 200) << r.body;

@@ -152,11 +152,12 @@ class CudaBackend : public ComputeBackend {
   DeviceBuffer attn_partials_;
   DeviceBuffer argmax_out_;
   // SampleRows scratch: the sorted rows' (logit, id) pairs, twice (the sort ping-pongs), CUB's
-  // temporary storage and the per-row results.
+  // temporary storage, the per-row results and the processed rows.
   DeviceBuffer sort_keys_[2];
   DeviceBuffer sort_ids_[2];
   DeviceBuffer sort_temp_;
   DeviceBuffer sample_results_;
+  DeviceBuffer processed_logits_;  // processed rows (compute/sampling.h), [processed, vocab]
   UploadSlot slots_[kNumSlots];
   std::vector<DeviceBuffer> vectors_;  // UploadVector results, alive as long as the backend
 

@@ -53,9 +53,36 @@ struct DevRowSampling {
   int32_t top_k = 0;
   int32_t num_logprobs = 0;
   // Segment of this row's sorted candidates (LaunchGatherRows + SortSegmentsDescending); -1 for
-  // rows that need none (greedy without logprobs). Required for temperature > 0 or logprobs.
+  // rows that need none (greedy). Required for temperature > 0; sorted from the processed row
+  // when the row has one.
   int32_t sorted_index = -1;
-  int32_t unused = 0;
+  // Segment of the raw row sorted, for the top logprobs (required for num_logprobs > 0): the
+  // same as sorted_index unless the row is processed.
+  int32_t logprob_index = -1;
+  float min_p = 0.f;
+  float repetition_penalty = 1.f;
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  // Row of the processed logits (LaunchProcessRows); -1: sample from the raw row.
+  int32_t processed_index = -1;
+  // This row's logit processing inputs: [begin, begin + count) of the arrays LaunchProcessRows
+  // takes.
+  int32_t bias_begin = 0;
+  int32_t bias_count = 0;
+  int32_t banned_begin = 0;
+  int32_t banned_count = 0;
+  int32_t penalty_begin = 0;
+  int32_t penalty_count = 0;
+};
+
+// compute::LogitBias and compute::PenaltyToken as the kernel reads them.
+struct DevLogitBias {
+  int32_t id;
+  float bias;
+};
+struct DevPenaltyToken {
+  int32_t id;
+  int32_t output_count;
 };
 
 struct DevSampledRow {
@@ -65,10 +92,19 @@ struct DevSampledRow {
   float top_logprobs[kDevMaxTopLogprobs];
 };
 
-// keys[s * vocab + j] = logits[segment_rows[s] * vocab + j] and ids[s * vocab + j] = j for
-// s < num_segments (segment_rows in device memory).
-void LaunchGatherRows(const float* logits, int vocab, const int32_t* segment_rows, int num_segments,
-                      float* keys, int32_t* ids, cudaStream_t s);
+// processed[i * vocab + j] = logits[processed_rows[i] * vocab + j], then the logit processing of
+// common/compute/sampling.h with params[processed_rows[i]]'s inputs (bias, banned, penalties),
+// for i < num_processed (everything in device memory).
+void LaunchProcessRows(const float* logits, int vocab, const DevRowSampling* params,
+                       const int32_t* processed_rows, int num_processed, const DevLogitBias* biases,
+                       const int32_t* banned, const DevPenaltyToken* penalties, float* processed,
+                       cudaStream_t s);
+// keys[s * vocab + j] = source row of segment s at j and ids[s * vocab + j] = j for
+// s < num_segments (segment_rows in device memory): segment_rows[s] = r >= 0 is logits' row r,
+// -(i + 1) is processed's row i.
+void LaunchGatherRows(const float* logits, const float* processed, int vocab,
+                      const int32_t* segment_rows, int num_segments, float* keys, int32_t* ids,
+                      cudaStream_t s);
 // Sorts each segment [offsets[s], offsets[s + 1]) of (keys[0], ids[0]) by key, descending and
 // stable (CUB segmented radix sort), ping-ponging with (keys[1], ids[1]): the result is in
 // (keys[*selector], ids[*selector]). With temp == nullptr only sets *temp_bytes (no work).
@@ -76,11 +112,12 @@ void LaunchGatherRows(const float* logits, int vocab, const int32_t* segment_row
 cudaError_t SortSegmentsDescending(void* temp, size_t* temp_bytes, float* keys[2], int32_t* ids[2],
                                    int* selector, int num_segments, int vocab,
                                    const int32_t* offsets, cudaStream_t s);
-// One token per row of logits [rows, vocab]: argmax for greedy rows, else the walk over the
-// row's sorted candidates; logprob and top logprobs from log-softmax of the raw row.
-void LaunchSampleRows(const float* logits, int rows, int vocab, const DevRowSampling* params,
-                      const float* sorted_keys, const int32_t* sorted_ids, DevSampledRow* out,
-                      cudaStream_t s);
+// One token per row of logits [rows, vocab]: argmax (of the processed row where there is one)
+// for greedy rows, else the walk over the row's sorted candidates; logprob and top logprobs from
+// log-softmax of the raw row.
+void LaunchSampleRows(const float* logits, const float* processed, int rows, int vocab,
+                      const DevRowSampling* params, const float* sorted_keys,
+                      const int32_t* sorted_ids, DevSampledRow* out, cudaStream_t s);
 
 // ---- KV cache and attention (attention_kernels.cu, prefill_tensor_kernels.cu)
 struct KvCacheArgs {

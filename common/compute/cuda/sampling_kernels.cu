@@ -1,6 +1,12 @@
-// Sampling kernels: greedy argmax, and temperature / top-k / top-p sampling with the chosen
-// token's log-probability and the top-N alternatives: common/compute/sampling.h's algorithm on
-// the device, so that a decode step copies back a few bytes per row instead of [rows, vocab].
+// Sampling kernels: the logit processing (bias, bans, penalties), greedy argmax, and temperature
+// / top-k / min-p / top-p sampling with the chosen token's log-probability and the top-N
+// alternatives: common/compute/sampling.h's algorithm on the device, so that a decode step copies
+// back a few bytes per row instead of [rows, vocab].
+//
+// The processing writes a copy of each processed row (the raw row stays for the logprobs); its
+// inputs are sparse (a few biases, bans and penalty tokens per row), one thread per entry, in
+// float with the CPU's operations spelled out (__fadd_rn, __fdiv_rn, __fmul_rn, __fmaf_rn,
+// __fsub_rn: no contraction, no fast-math division), so the processed rows are bit-equal.
 //
 // Why a sort. The CPU algorithm is defined on the candidates sorted by (logit desc, id asc):
 // top-k keeps a prefix of that order, top-p the shortest prefix that reaches the mass, and the
@@ -14,6 +20,8 @@
 // (temperature > 0 or top logprobs), and greedy rows take the argmax reduction alone.
 // Sums are in double, like the CPU's; their order differs, so a draw within rounding distance of
 // a cumulative boundary may pick the neighbouring candidate (tests/gpu/cuda_sampling_test.cc).
+#include <math_constants.h>
+
 #include <cfloat>
 #include <climits>
 #include <cstdint>
@@ -151,10 +159,25 @@ __device__ Found FirstPrefix(int n, Weight weight, Pred pred, SampleShared& sh) 
 // SampleWithTemperature in sampling.cc, with the sequential sums as block reductions/scans.
 __device__ int32_t SampleSorted(const float* __restrict__ keys, const int32_t* __restrict__ ids,
                                 int vocab, const DevRowSampling& p, SampleShared& sh) {
-  const int n = p.top_k > 0 ? min(p.top_k, vocab) : vocab;
+  int n = p.top_k > 0 ? min(p.top_k, vocab) : vocab;
   const double inv_t = 1.0 / static_cast<double>(p.temperature);
   const double max_l = keys[0];
   auto weight = [&](int i) { return exp((static_cast<double>(keys[i]) - max_l) * inv_t); };
+  if (p.min_p > 0.f) {
+    // The first candidate whose weight is below min_p ends the kept prefix (as the CPU's walk).
+    const double min_p = p.min_p;
+    __syncthreads();  // earlier readers of sh.found are done
+    if (threadIdx.x == 0) sh.found = INT_MAX;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      if (weight(i) < min_p) {
+        atomicMin(&sh.found, i);
+        break;
+      }
+    }
+    __syncthreads();
+    if (sh.found < n) n = max(sh.found, 1);
+  }
   double part = 0.0;
   for (int i = threadIdx.x; i < n; i += kThreads) part += weight(i);
   const double sum = BlockSumAll(part, sh);
@@ -175,10 +198,46 @@ __device__ int32_t SampleSorted(const float* __restrict__ keys, const int32_t* _
   return ids[pick.index < keep ? pick.index : keep - 1];
 }
 
+// One block per processed row: ProcessLogitsOnHost on a copy of the raw row.
+__global__ void __launch_bounds__(kThreads)
+    ProcessRowsKernel(const float* __restrict__ logits, int vocab,
+                      const DevRowSampling* __restrict__ params,
+                      const int32_t* __restrict__ processed_rows,
+                      const DevLogitBias* __restrict__ biases, const int32_t* __restrict__ banned,
+                      const DevPenaltyToken* __restrict__ penalties,
+                      float* __restrict__ processed) {
+  const int r = processed_rows[blockIdx.x];
+  const DevRowSampling p = params[r];
+  const float* row = logits + static_cast<int64_t>(r) * vocab;
+  float* out = processed + static_cast<int64_t>(blockIdx.x) * vocab;
+  for (int j = threadIdx.x; j < vocab; j += kThreads) out[j] = row[j];
+  __syncthreads();
+  for (int i = threadIdx.x; i < p.bias_count; i += kThreads) {  // distinct ids
+    const DevLogitBias b = biases[p.bias_begin + i];
+    out[b.id] = __fadd_rn(out[b.id], b.bias);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < p.banned_count; i += kThreads) {
+    out[banned[p.banned_begin + i]] = -CUDART_INF_F;
+  }
+  __syncthreads();
+  const float rep = p.repetition_penalty;
+  for (int i = threadIdx.x; i < p.penalty_count; i += kThreads) {  // distinct ids
+    const DevPenaltyToken t = penalties[p.penalty_begin + i];
+    float l = out[t.id];
+    if (rep != 1.f) l = l > 0.f ? __fdiv_rn(l, rep) : __fmul_rn(l, rep);
+    if (t.output_count > 0) {
+      l = __fsub_rn(__fmaf_rn(-p.frequency_penalty, static_cast<float>(t.output_count), l),
+                    p.presence_penalty);
+    }
+    out[t.id] = l;
+  }
+}
+
 // One block per row.
 __global__ void __launch_bounds__(kThreads)
-    SampleRowsKernel(const float* __restrict__ logits, int vocab,
-                     const DevRowSampling* __restrict__ params,
+    SampleRowsKernel(const float* __restrict__ logits, const float* __restrict__ processed,
+                     int vocab, const DevRowSampling* __restrict__ params,
                      const float* __restrict__ sorted_keys, const int32_t* __restrict__ sorted_ids,
                      DevSampledRow* __restrict__ out) {
   __shared__ SampleShared sh;
@@ -191,6 +250,12 @@ __global__ void __launch_bounds__(kThreads)
     keys = sorted_keys + static_cast<int64_t>(p.sorted_index) * vocab;
     ids = sorted_ids + static_cast<int64_t>(p.sorted_index) * vocab;
   }
+  const float* lp_keys = nullptr;
+  const int32_t* lp_ids = nullptr;
+  if (p.logprob_index >= 0) {
+    lp_keys = sorted_keys + static_cast<int64_t>(p.logprob_index) * vocab;
+    lp_ids = sorted_ids + static_cast<int64_t>(p.logprob_index) * vocab;
+  }
   const int argmax = BlockArgMax(row, vocab, sh);
   // log Z of the raw logits (temperature 1), as SampleRowOnHost computes it.
   const double max_l = row[argmax];
@@ -200,29 +265,36 @@ __global__ void __launch_bounds__(kThreads)
   }
   const double log_z = max_l + log(BlockSumAll(part, sh));
   int32_t id = argmax;
-  if (p.temperature > 0.f && keys != nullptr) id = SampleSorted(keys, ids, vocab, p, sh);
+  if (p.temperature > 0.f && keys != nullptr) {
+    id = SampleSorted(keys, ids, vocab, p, sh);
+  } else if (p.processed_index >= 0) {
+    id = BlockArgMax(processed + static_cast<int64_t>(p.processed_index) * vocab, vocab, sh);
+  }
   DevSampledRow& o = out[r];
   if (threadIdx.x == 0) {
     o.id = id;
     o.logprob = static_cast<float>(static_cast<double>(row[id]) - log_z);
   }
-  const int num_top = keys != nullptr ? min(min(p.num_logprobs, vocab), kDevMaxTopLogprobs) : 0;
+  const int num_top = lp_keys != nullptr ? min(min(p.num_logprobs, vocab), kDevMaxTopLogprobs) : 0;
   if (static_cast<int>(threadIdx.x) < num_top) {
-    o.top_ids[threadIdx.x] = ids[threadIdx.x];
+    o.top_ids[threadIdx.x] = lp_ids[threadIdx.x];
     o.top_logprobs[threadIdx.x] =
-        static_cast<float>(static_cast<double>(keys[threadIdx.x]) - log_z);
+        static_cast<float>(static_cast<double>(lp_keys[threadIdx.x]) - log_z);
   }
 }
 
-// keys[i] = logits[row_of_segment * vocab + j], ids[i] = j, for i = segment * vocab + j < n.
-__global__ void GatherRowsKernel(const float* __restrict__ logits, int vocab,
+// keys[i] = (source row of the segment)[j], ids[i] = j, for i = segment * vocab + j < n.
+__global__ void GatherRowsKernel(const float* __restrict__ logits,
+                                 const float* __restrict__ processed, int vocab,
                                  const int32_t* __restrict__ segment_rows, int64_t n,
                                  float* __restrict__ keys, int32_t* __restrict__ ids) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t segment = i / vocab;
     const int j = static_cast<int>(i - segment * vocab);
-    keys[i] = logits[static_cast<int64_t>(segment_rows[segment]) * vocab + j];
+    const int32_t src = segment_rows[segment];
+    keys[i] = src >= 0 ? logits[static_cast<int64_t>(src) * vocab + j]
+                       : processed[static_cast<int64_t>(-src - 1) * vocab + j];
     ids[i] = j;
   }
 }
@@ -242,12 +314,22 @@ void LaunchArgMax(const float* logits, int rows, int vocab, int32_t* out, cudaSt
   ArgMaxKernel<<<rows, kThreads, 0, s>>>(logits, vocab, out);
 }
 
-void LaunchGatherRows(const float* logits, int vocab, const int32_t* segment_rows, int num_segments,
-                      float* keys, int32_t* ids, cudaStream_t s) {
+void LaunchProcessRows(const float* logits, int vocab, const DevRowSampling* params,
+                       const int32_t* processed_rows, int num_processed, const DevLogitBias* biases,
+                       const int32_t* banned, const DevPenaltyToken* penalties, float* processed,
+                       cudaStream_t s) {
+  if (num_processed <= 0 || vocab <= 0) return;
+  ProcessRowsKernel<<<num_processed, kThreads, 0, s>>>(logits, vocab, params, processed_rows,
+                                                       biases, banned, penalties, processed);
+}
+
+void LaunchGatherRows(const float* logits, const float* processed, int vocab,
+                      const int32_t* segment_rows, int num_segments, float* keys, int32_t* ids,
+                      cudaStream_t s) {
   const int64_t n = static_cast<int64_t>(num_segments) * vocab;
   if (n <= 0) return;
-  GatherRowsKernel<<<BlocksFor(n, kThreads), kThreads, 0, s>>>(logits, vocab, segment_rows, n, keys,
-                                                               ids);
+  GatherRowsKernel<<<BlocksFor(n, kThreads), kThreads, 0, s>>>(logits, processed, vocab,
+                                                               segment_rows, n, keys, ids);
 }
 
 cudaError_t SortSegmentsDescending(void* temp, size_t* temp_bytes, float* keys[2], int32_t* ids[2],
@@ -263,11 +345,12 @@ cudaError_t SortSegmentsDescending(void* temp, size_t* temp_bytes, float* keys[2
   return err;
 }
 
-void LaunchSampleRows(const float* logits, int rows, int vocab, const DevRowSampling* params,
-                      const float* sorted_keys, const int32_t* sorted_ids, DevSampledRow* out,
-                      cudaStream_t s) {
+void LaunchSampleRows(const float* logits, const float* processed, int rows, int vocab,
+                      const DevRowSampling* params, const float* sorted_keys,
+                      const int32_t* sorted_ids, DevSampledRow* out, cudaStream_t s) {
   if (rows <= 0 || vocab <= 0) return;
-  SampleRowsKernel<<<rows, kThreads, 0, s>>>(logits, vocab, params, sorted_keys, sorted_ids, out);
+  SampleRowsKernel<<<rows, kThreads, 0, s>>>(logits, processed, vocab, params, sorted_keys,
+                                             sorted_ids, out);
 }
 
 }  // namespace duet::compute::cuda

@@ -61,13 +61,29 @@ TEST(OpenAiParseTest, KnownFieldsWithWrongTypesNameTheField) {
 }
 
 TEST(OpenAiParseTest, ValuesOutOfRange) {
-  for (const char* body :
-       {R"({"prompt": "hi", "max_tokens": 0})", R"({"prompt": "hi", "max_tokens": -3})",
-        R"({"prompt": "hi", "temperature": 2.5})", R"({"prompt": "hi", "top_p": 1.5})",
-        R"({"prompt": "hi", "n": 2})", R"({"prompt": "hi", "logprobs": 21})",
-        R"({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})", R"({"prompt": "hi", "stop": ""})",
-        R"({"prompt": "hi", "frequency_penalty": 0.5})", R"({"prompt": "hi", "echo": true})",
-        R"({"prompt": ""})", R"({"prompt": []})", R"({"prompt": [-1]})", R"({"max_tokens": 4})"}) {
+  for (const char* body : {R"({"prompt": "hi", "max_tokens": 0})",
+                           R"({"prompt": "hi", "max_tokens": -3})",
+                           R"({"prompt": "hi", "temperature": 2.5})",
+                           R"({"prompt": "hi", "top_p": 1.5})",
+                           R"({"prompt": "hi", "n": 2})",
+                           R"({"prompt": "hi", "logprobs": 21})",
+                           R"({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})",
+                           R"({"prompt": "hi", "stop": ""})",
+                           R"({"prompt": "hi", "frequency_penalty": 2.5})",
+                           R"({"prompt": "hi", "echo": true})",
+                           R"({"prompt": "hi", "presence_penalty": -3})",
+                           R"({"prompt": "hi", "min_p": 1.5})",
+                           R"({"prompt": "hi", "repetition_penalty": 0})",
+                           R"({"prompt": "hi", "min_tokens": -1})",
+                           R"({"prompt": "hi", "logit_bias": {"5": 101}})",
+                           R"({"prompt": "hi", "logit_bias": [1]})",
+                           R"({"prompt": "hi", "logit_bias": {"x": 1}})",
+                           R"({"prompt": "hi", "logit_bias": {"-1": 1}})",
+                           R"({"prompt": "hi", "logit_bias": {"5": 1, "05": 2}})",
+                           R"({"prompt": ""})",
+                           R"({"prompt": []})",
+                           R"({"prompt": [-1]})",
+                           R"({"max_tokens": 4})"}) {
     auto e = Parse(Endpoint::kCompletions, body);
     ASSERT_TRUE(e) << body;
     EXPECT_EQ(e->http_status, 400) << body;
@@ -128,10 +144,6 @@ TEST(OpenAiParseTest, UnimplementedFieldsAreRefusedNamingThem) {
       {"response_format", R"({"type": "json_object"})", R"({"type": "text"})"},
       {"guided_json", R"({"type": "object"})", ""},
       {"guided_choice", R"(["a", "b"])", "[]"},
-      {"logit_bias", R"({"1234": -100})", "{}"},
-      {"min_p", "0.1", "0"},
-      {"repetition_penalty", "1.2", "1"},
-      {"min_tokens", "5", "0"},
       {"suffix", R"("tail")", R"("")"},
       {"prompt_logprobs", "1", "0"},
       {"use_beam_search", "true", "false"},
@@ -166,6 +178,40 @@ TEST(OpenAiParseTest, UnimplementedFieldsAreRefusedNamingThem) {
                                       "response_format": {"type": "json_schema"}})");
   ASSERT_TRUE(e);
   EXPECT_NE(e->message.find("grammar engine"), std::string::npos) << e->message;
+}
+
+// min_p, the penalties, logit_bias and min_tokens reach the sampler (vLLM's names and ranges).
+TEST(OpenAiParseTest, PenaltiesLogitBiasMinPAndMinTokensReachTheSampler) {
+  ParsedRequest r;
+  ASSERT_FALSE(Parse(Endpoint::kChat,
+                     R"({"messages": [{"role": "user", "content": "x"}], "min_p": 0.05,
+                         "repetition_penalty": 1.3, "presence_penalty": -0.5,
+                         "frequency_penalty": 1.5, "logit_bias": {"42": -100, "7": 2.5},
+                         "min_tokens": 3})",
+                     &r));
+  ASSERT_FALSE(CheckLengths(&r, 10, 100));
+  const v1::SamplingParams sp = ToSampling(r);
+  EXPECT_FLOAT_EQ(sp.min_p(), 0.05f);
+  EXPECT_FLOAT_EQ(sp.repetition_penalty(), 1.3f);
+  EXPECT_FLOAT_EQ(sp.presence_penalty(), -0.5f);
+  EXPECT_FLOAT_EQ(sp.frequency_penalty(), 1.5f);
+  EXPECT_EQ(sp.min_tokens(), 3);
+  ASSERT_EQ(sp.logit_bias_size(), 2);  // by token id
+  EXPECT_EQ(sp.logit_bias(0).token_id(), 7);
+  EXPECT_FLOAT_EQ(sp.logit_bias(0).bias(), 2.5f);
+  EXPECT_EQ(sp.logit_bias(1).token_id(), 42);
+  EXPECT_FLOAT_EQ(sp.logit_bias(1).bias(), -100.f);
+  // Defaults: off (repetition_penalty 1).
+  ASSERT_FALSE(Parse(Endpoint::kCompletions, R"({"prompt": "x"})", &r));
+  const v1::SamplingParams off = ToSampling(r);
+  EXPECT_EQ(off.min_p(), 0.f);
+  EXPECT_EQ(off.repetition_penalty(), 1.f);
+  EXPECT_EQ(off.logit_bias_size(), 0);
+  // min_tokens beyond max_tokens is a 400 naming it, once max_tokens is known.
+  ASSERT_FALSE(Parse(Endpoint::kCompletions, R"({"prompt": "x", "min_tokens": 17})", &r));
+  auto e = CheckLengths(&r, 4, 100);  // max_tokens defaults to 16
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "min_tokens");
 }
 
 // top_k (vLLM's -1 is off) and stop_token_ids reach the sampler; out of range is a 400.

@@ -460,6 +460,55 @@ TEST(ModelRunnerTest, SamplingInForwardEqualsSampleOfTheLogits) {
   EXPECT_EQ(t.num_tokens(), 0);
 }
 
+// Penalties and min_tokens sample from the sequence's SamplingState, which Forward requires
+// (and checks against sample_step).
+TEST(ModelRunnerTest, PenaltiesSampleFromTheSequencesState) {
+  Model m = MakeModel({});
+  const int vocab = m.runner->config().vocab_size;
+  const SamplingParams p{.temperature = 0.8f,
+                         .seed = 3,
+                         .min_p = 0.02f,
+                         .repetition_penalty = 1.4f,
+                         .presence_penalty = 0.5f,
+                         .frequency_penalty = 0.3f,
+                         .logit_bias = {{1, 3.f}},
+                         .min_tokens = 2};
+  const std::vector<int32_t> prompt = Tokens(6, 1, vocab);
+  SamplingState state(p, {0}, prompt, {});
+  kv::BlockTable ref_table(m.pool.get()), table(m.pool.get());
+  std::vector<int32_t> next = prompt;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<SequenceInput> ref = {{.tokens = next,
+                                       .start_pos = static_cast<int32_t>(ref_table.num_tokens()),
+                                       .table = &ref_table}};
+    std::vector<SequenceInput> b = {{.tokens = next,
+                                     .start_pos = static_cast<int32_t>(table.num_tokens()),
+                                     .table = &table,
+                                     .want_logits = false,
+                                     .sample = &p,
+                                     .sample_step = step,
+                                     .sample_state = &state}};
+    auto want = m.runner->Forward(absl::MakeSpan(ref), m.pool->View());
+    ASSERT_TRUE(want.ok()) << want.status();
+    auto got = m.runner->Forward(absl::MakeSpan(b), m.pool->View());
+    ASSERT_TRUE(got.ok()) << got.status();
+    const SampledToken expect = Sample(want->Row(0), vocab, p, step, &state);
+    EXPECT_EQ(got->tokens[0].id, expect.id);
+    EXPECT_EQ(got->tokens[0].logprob, expect.logprob);
+    state.AddGenerated(expect.id);
+    next = {expect.id};
+  }
+  kv::BlockTable t(m.pool.get());
+  std::vector<SequenceInput> no_state = {{.tokens = {1, 2}, .table = &t, .sample = &p}};
+  EXPECT_EQ(m.runner->Forward(absl::MakeSpan(no_state), m.pool->View()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<SequenceInput> wrong_step = {
+      {.tokens = {1, 2}, .table = &t, .sample = &p, .sample_step = 1, .sample_state = &state}};
+  EXPECT_EQ(m.runner->Forward(absl::MakeSpan(wrong_step), m.pool->View()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.num_tokens(), 0);
+}
+
 TEST(LocalEngineTest, GreedyGenerationIsDeterministicAndStops) {
   const fs::path dir = fs::temp_directory_path() / ("duet_engine_test_" + std::to_string(getpid()));
   ASSERT_TRUE(WriteSyntheticModel("tiny", 5, dir.string()).ok());
