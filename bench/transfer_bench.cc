@@ -46,7 +46,11 @@
 ABSL_FLAG(bool, quick, false, "run a small subset (under 30 s)");
 ABSL_FLAG(std::string, json, "", "write results as JSON to this file");
 ABSL_FLAG(std::string, transports, "shm,tcp", "ucx profiles to sweep");
-ABSL_FLAG(std::string, geometries, "tiny,llama3-8b,llama3-70b", "KV geometries to sweep");
+ABSL_FLAG(std::string, geometries, "tiny,llama3-8b,llama3-70b",
+          "KV geometries to sweep (tiny, smollm2-135m, llama3-8b, llama3-70b)");
+ABSL_FLAG(std::string, kv_dtypes, "",
+          "KV dtypes to sweep each geometry in (f32, bf16, f16, int8, fp8; empty: the "
+          "geometry's own); a geometry in dtype D is named GEOMETRY-D");
 ABSL_FLAG(std::string, prompts, "128,512,2048,8192", "prompt lengths (tokens)");
 ABSL_FLAG(std::string, block_sizes, "16,32", "tokens per block");
 ABSL_FLAG(int, iters, 5, "measured iterations per mode");
@@ -89,6 +93,7 @@ struct Geometry {
 };
 const Geometry kGeometries[] = {
     {"tiny", 2, 2, 16, kv::KvDtype::kF32, 64, 4, 128},
+    {"smollm2-135m", 30, 3, 64, kv::KvDtype::kF32, 576, 9, 1536},
     {"llama3-8b", 32, 8, 128, kv::KvDtype::kBF16, 4096, 32, 14336},
     {"llama3-70b", 80, 8, 128, kv::KvDtype::kBF16, 8192, 64, 28672},
 };
@@ -480,6 +485,8 @@ absl::StatusOr<json> RunConfig(const Config& c, int iters) {
   const double one_layer_ms = total_ms / L;
   json row = {
       {"geometry", c.geometry.name},
+      {"kv_dtype", kv::KvDtypeName(c.geometry.dtype)},
+      {"kv_bytes_per_token", layout.BytesForTokens(1)},
       {"transport", c.transport},
       {"lane", info.lane},
       {"prompt_tokens", c.prompt},
@@ -529,9 +536,28 @@ int RunSweep() {
     std::vector<std::string> geos = absl::StrSplit(absl::GetFlag(FLAGS_geometries), ',');
     std::vector<std::string> prompts = absl::StrSplit(absl::GetFlag(FLAGS_prompts), ',');
     std::vector<std::string> bss = absl::StrSplit(absl::GetFlag(FLAGS_block_sizes), ',');
+    std::vector<Geometry> swept;
+    for (const Geometry& g : kGeometries) {
+      if (std::find(geos.begin(), geos.end(), g.name) == geos.end()) continue;
+      if (absl::GetFlag(FLAGS_kv_dtypes).empty()) {
+        swept.push_back(g);
+        continue;
+      }
+      for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',')) {
+        absl::StatusOr<kv::KvDtype> dtype = kv::ParseKvDtype(std::string(d));
+        if (!dtype.ok()) {
+          std::fprintf(stderr, "transfer_bench: --kv_dtypes: %s\n",
+                       std::string(dtype.status().message()).c_str());
+          return 2;
+        }
+        Geometry v = g;
+        v.dtype = *dtype;
+        v.name = absl::StrCat(g.name, "-", kv::KvDtypeName(*dtype));
+        swept.push_back(v);
+      }
+    }
     for (const std::string& tr : trs)
-      for (const Geometry& g : kGeometries) {
-        if (std::find(geos.begin(), geos.end(), g.name) == geos.end()) continue;
+      for (const Geometry& g : swept) {
         for (const std::string& p : prompts)
           for (const std::string& b : bss) configs.push_back({g, tr, std::stoi(p), std::stoi(b)});
       }
@@ -539,7 +565,7 @@ int RunSweep() {
   const int iters = quick ? 3 : absl::GetFlag(FLAGS_iters);
   json rows = json::array();
   std::printf(
-      "%-11s %-4s %-6s %6s %3s %9s %9s %7s %9s %9s %8s %6s %8s %6s %7s %6s %7s %6s %9s %9s %6s "
+      "%-17s %-4s %-6s %6s %3s %9s %9s %7s %9s %9s %8s %6s %8s %6s %7s %6s %7s %6s %9s %9s %6s "
       "%9s\n",
       "geometry", "tr", "lane", "prompt", "bs", "layer_KiB", "total_ms", "GB/s", "lat_p50us",
       "lat_p99us", "pt_GB/s", "x_pt", "ptL_GB/s", "x_ptL", "mc_GB/s", "x_mc", "kv_GB/s", "x_kv",
@@ -555,13 +581,13 @@ int RunSweep() {
     if (bytes > static_cast<uint64_t>(absl::GetFlag(FLAGS_max_bytes))) continue;
     auto row = RunConfig(c, iters);
     if (!row.ok()) {
-      std::printf("%-11s %-4s %6d %3d  FAILED: %s\n", c.geometry.name.c_str(), c.transport.c_str(),
+      std::printf("%-17s %-4s %6d %3d  FAILED: %s\n", c.geometry.name.c_str(), c.transport.c_str(),
                   c.prompt, c.block, std::string(row.status().message()).c_str());
       continue;
     }
     const json& r = *row;
     std::printf(
-        "%-11s %-4s %-6s %6d %3d %9.0f %9.2f %7.2f %9.0f %9.0f %8.2f %6.2f %8.2f %6.2f %7.2f %6.2f "
+        "%-17s %-4s %-6s %6d %3d %9.0f %9.2f %7.2f %9.0f %9.0f %8.2f %6.2f %8.2f %6.2f %7.2f %6.2f "
         "%7.2f %6.2f %9.2f %9.2f %6.2f %9.2f\n",
         c.geometry.name.c_str(), c.transport.c_str(), r["lane"].get<std::string>().c_str(),
         c.prompt, c.block, r["layer_bytes"].get<double>() / 1024, r["total_ms"].get<double>(),

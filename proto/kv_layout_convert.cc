@@ -10,6 +10,8 @@ namespace duet::rpc {
 static_assert(static_cast<int>(kv::KvDtype::kF32) == v1::KV_DTYPE_F32);
 static_assert(static_cast<int>(kv::KvDtype::kF16) == v1::KV_DTYPE_F16);
 static_assert(static_cast<int>(kv::KvDtype::kBF16) == v1::KV_DTYPE_BF16);
+static_assert(static_cast<int>(kv::KvDtype::kInt8) == v1::KV_DTYPE_INT8);
+static_assert(static_cast<int>(kv::KvDtype::kFp8E4M3) == v1::KV_DTYPE_FP8_E4M3);
 
 v1::KvLayout ToProto(const kv::KvLayout& layout) {
   v1::KvLayout proto;
@@ -39,6 +41,12 @@ absl::StatusOr<kv::KvLayout> FromProto(const v1::KvLayout& proto) {
       break;
     case v1::KV_DTYPE_BF16:
       layout.dtype = kv::KvDtype::kBF16;
+      break;
+    case v1::KV_DTYPE_INT8:
+      layout.dtype = kv::KvDtype::kInt8;
+      break;
+    case v1::KV_DTYPE_FP8_E4M3:
+      layout.dtype = kv::KvDtype::kFp8E4M3;
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("KV layout of model '", proto.model_id(),

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -121,31 +122,43 @@ class ClusterTest : public ::testing::TestWithParam<std::string> {
     for (int i = 0; i < n; ++i) p[i] = (i * 31 + salt * 17 + 3) % 256;
     return p;
   }
+  // What one process (`duet generate`'s engine) gives, with its KV in `kv_dtype`.
   std::vector<int32_t> Reference(const std::vector<int32_t>& prompt,
-                                 const model::SamplingParams& params) {
-    if (!engine_) {
+                                 const model::SamplingParams& params,
+                                 const std::string& kv_dtype = "auto") {
+    std::unique_ptr<model::LocalEngine>& engine = engines_[kv_dtype];
+    if (!engine) {
       auto e = model::LocalEngine::Load(
-          model_dir_, {.device = "cpu", .num_threads = 1, .kv_cache_bytes = 64 << 20});
+          model_dir_,
+          {.device = "cpu", .num_threads = 1, .kv_cache_bytes = 64 << 20, .kv_dtype = kv_dtype});
       EXPECT_TRUE(e.ok()) << e.status();
-      engine_ = std::move(*e);
+      if (!e.ok()) return {};
+      engine = std::move(*e);
     }
-    auto r = engine_->Generate(prompt, params);
+    auto r = engine->Generate(prompt, params);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->generated_ids : std::vector<int32_t>();
   }
 
-  void ExpectTokenExactAndEverythingFree(const std::vector<std::string>& extra = {});
+  void ExpectTokenExactAndEverythingFree(const std::vector<std::string>& extra = {},
+                                         const std::string& transport = "",
+                                         const std::string& kv_dtype = "auto");
 
   static std::string model_dir_;
-  std::unique_ptr<model::LocalEngine> engine_;
+  std::map<std::string, std::unique_ptr<model::LocalEngine>> engines_;
 };
 std::string ClusterTest::model_dir_;
 
 // Invariant 1: greedy and seeded tokens from a 2-prefill/2-decode cluster equal the in-process
 // engine's, for prompt lengths crossing block boundaries, with requests running concurrently;
 // afterwards nothing is held anywhere.
-void ClusterTest::ExpectTokenExactAndEverythingFree(const std::vector<std::string>& extra) {
-  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, GetParam(), 2, 2, extra));
+void ClusterTest::ExpectTokenExactAndEverythingFree(const std::vector<std::string>& extra,
+                                                    const std::string& transport,
+                                                    const std::string& kv_dtype) {
+  std::vector<std::string> flags = extra;
+  flags.push_back("--kv_dtype=" + kv_dtype);
+  ServeProcess cluster(
+      DUET_BIN, ClusterFlags(model_dir_, transport.empty() ? GetParam() : transport, 2, 2, flags));
   ASSERT_TRUE(cluster.ready());
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
   const std::vector<int> lengths = {1, 15, 16, 17, 100, 700, 2000};
@@ -177,8 +190,8 @@ void ClusterTest::ExpectTokenExactAndEverythingFree(const std::vector<std::strin
         p.top_p = 0.9f;
         p.seed = 1234 + i;
       }
-      EXPECT_EQ(r.ids, Reference(Prompt(lengths[i], i), p))
-          << "length " << lengths[i] << (seeded ? " seeded" : " greedy");
+      EXPECT_EQ(r.ids, Reference(Prompt(lengths[i], i), p, kv_dtype))
+          << "length " << lengths[i] << (seeded ? " seeded" : " greedy") << ", KV " << kv_dtype;
       // The coordinator timed a real Reserve RPC to D (microseconds even on loopback).
       EXPECT_GT(r.timings.reserve_us(), 0) << r.timings.DebugString();
       EXPECT_GE(r.timings.queue_us(), r.timings.reserve_us()) << r.timings.DebugString();
@@ -297,6 +310,27 @@ TEST_P(ClusterTest, ClientCancelFreesEverything) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ClusterTest, ::testing::Values("shm", "tcp"));
+
+// Invariant 1 in every KV dtype: the nodes store, send and attend over bf16, f16, int8 or fp8
+// K/V (int8/fp8 with their scales, in the blocks' bytes), and the tokens equal one process's
+// with the same KV dtype; nothing is held afterwards. int8 over both transports.
+class ClusterKvDtypeTest : public ClusterTest {};
+
+TEST_F(ClusterKvDtypeTest, Bf16OverShmIsTokenExact) {
+  ExpectTokenExactAndEverythingFree({}, "shm", "bf16");
+}
+TEST_F(ClusterKvDtypeTest, F16OverShmIsTokenExact) {
+  ExpectTokenExactAndEverythingFree({}, "shm", "f16");
+}
+TEST_F(ClusterKvDtypeTest, Int8OverShmIsTokenExact) {
+  ExpectTokenExactAndEverythingFree({}, "shm", "int8");
+}
+TEST_F(ClusterKvDtypeTest, Int8OverTcpIsTokenExact) {
+  ExpectTokenExactAndEverythingFree({}, "tcp", "int8");
+}
+TEST_F(ClusterKvDtypeTest, Fp8OverShmIsTokenExact) {
+  ExpectTokenExactAndEverythingFree({}, "shm", "fp8");
+}
 
 // Gemma 3's block (sliding and global layers with RoPE bases of their own, q/k and sandwich
 // norms, GeGLU) through the cluster: greedy tokens equal one process's, past the window too.
@@ -754,6 +788,23 @@ TEST_F(ClusterFailureTest, MismatchedLayoutIsRefusedAtRegistration) {
   EXPECT_GT(decode.Wait(absl::Seconds(10)), 0) << out;
   EXPECT_NE(out.find("block=16"), std::string::npos) << out;
   EXPECT_NE(out.find("block=32"), std::string::npos) << out;
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  EXPECT_EQ(Health(*stub).decode_nodes(), 1);
+}
+
+// A decode node whose KV dtype differs from the cluster's is refused at registration, naming
+// both dtypes (an int8 block with its scales is not an f32 block).
+TEST_F(ClusterFailureTest, MismatchedKvDtypeIsRefusedAtRegistration) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 1, 1));
+  ASSERT_TRUE(cluster.ready());
+  ChildProcess decode(
+      {DUET_BIN, "decode", "--coordinator=" + cluster.address(), "--model=" + model_dir_,
+       "--node_id=decode-int8", "--kv_dtype=int8", "--threads=1", "--kv_cache_bytes=8388608"},
+      {.merge_stderr = true});
+  const std::string out = decode.ReadAll(absl::Now() + absl::Seconds(60));
+  EXPECT_GT(decode.Wait(absl::Seconds(10)), 0) << out;
+  EXPECT_NE(out.find("dtype=f32"), std::string::npos) << out;
+  EXPECT_NE(out.find("dtype=int8 scales=f32/token/head"), std::string::npos) << out;
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
   EXPECT_EQ(Health(*stub).decode_nodes(), 1);
 }

@@ -17,7 +17,8 @@ kv::KvLayout Tiny() {
 }
 
 TEST(KvLayoutConvertTest, RoundTrip) {
-  for (kv::KvDtype dt : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16}) {
+  for (kv::KvDtype dt : {kv::KvDtype::kF32, kv::KvDtype::kF16, kv::KvDtype::kBF16,
+                         kv::KvDtype::kInt8, kv::KvDtype::kFp8E4M3}) {
     kv::KvLayout layout = Tiny();
     layout.dtype = dt;
     v1::KvLayout proto = ToProto(layout);
