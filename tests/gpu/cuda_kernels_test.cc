@@ -533,10 +533,17 @@ namespace {
 // The staging path: a layer's blocks copied into a pinned host mirror behind a compute-stream
 // marker equal the pool's bytes at the same offsets (runs of consecutive ids become one copy),
 // nothing else of the mirror is touched, and copying back into another layer restores them.
-TEST(CudaStagingTest, HostMirrorRoundTripsThePool) {
+// Whole blocks move, so a quantized pool's scales travel with their codes.
+class CudaStagingTest : public ::testing::TestWithParam<kv::KvDtype> {};
+
+TEST_P(CudaStagingTest, HostMirrorRoundTripsThePool) {
   DUET_CUDA_OR_SKIP(cuda, "f32");
-  const kv::KvLayout layout{.model_id = "t", .num_layers = 3, .num_kv_heads = 8, .head_dim = 128,
-                            .block_size = 16, .dtype = kv::KvDtype::kBF16};
+  const kv::KvLayout layout{.model_id = "t",
+                            .num_layers = 3,
+                            .num_kv_heads = 8,
+                            .head_dim = 128,
+                            .block_size = 16,
+                            .dtype = GetParam()};
   const int64_t num_blocks = 12;
   const size_t bytes = layout.RegionBytes(num_blocks);
   auto region = cuda->AllocateKvMemory(bytes);
@@ -594,6 +601,11 @@ TEST(CudaStagingTest, HostMirrorRoundTripsThePool) {
   pin->reset();
   ASSERT_TRUE(cuda->status().ok()) << cuda->status();
 }
+
+INSTANTIATE_TEST_SUITE_P(KvDtypes, CudaStagingTest,
+                         ::testing::Values(kv::KvDtype::kBF16, kv::KvDtype::kInt8,
+                                           kv::KvDtype::kFp8E4M3),
+                         [](const auto& info) { return std::string(kv::KvDtypeName(info.param)); });
 
 }  // namespace
 }  // namespace duet::compute
