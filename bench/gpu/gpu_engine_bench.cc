@@ -42,7 +42,7 @@ ABSL_FLAG(std::string, prefill, "512,2048,8192", "prompt lengths");
 ABSL_FLAG(std::string, decode_batch, "1,32,128", "decode batch sizes");
 ABSL_FLAG(int, context, 1024, "cached tokens per sequence in the decode benchmark");
 ABSL_FLAG(std::string, dtype, "bf16", "weights/GEMM dtype: bf16, f16, f32");
-ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache dtype: bf16, f16, f32");
+ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache dtype: bf16, f16, f32, int8, fp8");
 ABSL_FLAG(std::string, prefill_attention, "simt,tensor",
           "prefill attention kernels to time (the first also runs decode)");
 ABSL_FLAG(int, reps, 5, "timed repetitions (median reported) after one warm-up");
@@ -175,13 +175,17 @@ duet::kv::KvDtype ParseKv(const std::string& s) {
 }
 
 // Fills the whole KV region with random values of its dtype (timing on zeros can mislead).
+// int8/fp8 regions get random f32 values: each scale (4-byte aligned) is then a finite float in
+// [-1, 1] and the codes are random bytes (fp8's two NaN codes included; timing does not depend
+// on the values).
 void FillKv(CudaBackend* b, const duet::kv::BlockPool& pool) {
   using duet::compute::cuda::ElemType;
   const auto dt = pool.layout().dtype;
   const ElemType et = dt == duet::kv::KvDtype::kBF16  ? ElemType::kBF16
                       : dt == duet::kv::KvDtype::kF16 ? ElemType::kF16
                                                       : ElemType::kF32;
-  const int64_t n = int64_t(pool.region_bytes() / pool.layout().dtype_bytes());
+  const size_t elem_bytes = et == ElemType::kF32 ? 4 : 2;
+  const int64_t n = int64_t(pool.region_bytes() / elem_bytes);
   duet::compute::cuda::LaunchFillUniform(pool.region(), et, n, 3, 1.0f, b->stream());
   b->Synchronize();
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/base/float16.h"
+#include "common/base/float8.h"
 #include "common/compute/cuda/cuda_backend.h"
 #include "common/kv/block_pool.h"
 #include "common/model/model_config.h"
@@ -224,9 +225,15 @@ TEST_P(CudaAttentionTest, MatchesCpu) {
   int64_t total_blocks = 0;
   for (auto [past, now] : c.seqs) total_blocks += (past + now + c.block_size - 1) / c.block_size;
   const int64_t num_blocks = total_blocks + 5;
-  kv::KvLayout cpu_layout{.model_id = "t", .num_layers = layers, .num_kv_heads = c.kv_heads,
-                          .head_dim = c.head_dim, .block_size = c.block_size,
-                          .dtype = kv::KvDtype::kF32};
+  // Quantized caches: the CPU cache has the same dtype (and must hold the same bytes); other
+  // dtypes: an f32 CPU cache of the values rounded to the GPU's dtype.
+  const bool quantized = kv::KvDtypeHasScales(c.dtype);
+  kv::KvLayout cpu_layout{.model_id = "t",
+                          .num_layers = layers,
+                          .num_kv_heads = c.kv_heads,
+                          .head_dim = c.head_dim,
+                          .block_size = c.block_size,
+                          .dtype = quantized ? c.dtype : kv::KvDtype::kF32};
   kv::KvLayout gpu_layout = cpu_layout;
   gpu_layout.dtype = c.dtype;
   auto cpu_pool = kv::BlockPool::Create(cpu_layout, num_blocks);
@@ -265,7 +272,10 @@ TEST_P(CudaAttentionTest, MatchesCpu) {
       cuda->WriteKv(gview, layer, dk.get(), dv.get(), slots.data() + start, cnt);
     }
     std::vector<float> kr(k.size()), vr(v.size());
-    for (size_t i = 0; i < k.size(); ++i) { kr[i] = RoundTo(c.dtype, k[i]); vr[i] = RoundTo(c.dtype, v[i]); }
+    for (size_t i = 0; i < k.size(); ++i) {
+      kr[i] = quantized ? k[i] : RoundTo(c.dtype, k[i]);
+      vr[i] = quantized ? v[i] : RoundTo(c.dtype, v[i]);
+    }
     cpu->WriteKv(cview, layer, kr.data(), vr.data(), slots.data(), ctx);
     seqs.push_back(AttentionSeq{.q_start = rows, .q_len = now, .context_len = ctx,
                                 .block_table = nullptr, .num_table_blocks = nb});
@@ -273,8 +283,39 @@ TEST_P(CudaAttentionTest, MatchesCpu) {
   }
   for (size_t i = 0; i < seqs.size(); ++i) seqs[i].block_table = tables[i].data();
 
-  // The GPU cache holds exactly the rounded values (checked on one block of K and V).
-  {
+  // The GPU cache holds exactly the rounded values (checked on one block of K and V); a quantized
+  // one exactly the CPU's bytes, codes and scales (every block of every sequence).
+  if (quantized) {
+    std::vector<uint8_t> gbytes(gpu_layout.BlockBytes());
+    for (size_t si = 0; si < tables.size(); ++si) {
+      const int ctx = c.seqs[si].first + c.seqs[si].second;
+      for (size_t bi = 0; bi < tables[si].size(); ++bi) {
+        const kv::BlockId b = tables[si][bi];
+        ASSERT_EQ(cudaMemcpy(gbytes.data(), gview.BlockPtr(layer, b), gbytes.size(),
+                             cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        // Tokens past the sequence's end were never written on either side.
+        const int written = std::min<int>(c.block_size, ctx - int(bi) * c.block_size);
+        for (int t = 0; t < written; ++t) {
+          const size_t code_bytes = static_cast<size_t>(te);
+          const size_t scale_bytes = static_cast<size_t>(c.kv_heads) * kv::kKvScaleBytes;
+          for (int half = 0; half < 2; ++half) {
+            const uint8_t* want_codes = half == 0 ? cview.KeyPtr<uint8_t>(layer, b, t)
+                                                  : cview.ValuePtr<uint8_t>(layer, b, t);
+            const uint8_t* want_scales = reinterpret_cast<const uint8_t*>(
+                half == 0 ? cview.KeyScalePtr(layer, b, t) : cview.ValueScalePtr(layer, b, t));
+            const uint8_t* blk = cview.BlockPtr(layer, b);
+            const uint8_t* got_codes = gbytes.data() + (want_codes - blk);
+            const uint8_t* got_scales = gbytes.data() + (want_scales - blk);
+            ASSERT_EQ(std::memcmp(got_codes, want_codes, code_bytes), 0)
+                << (half == 0 ? "K" : "V") << " codes of block " << b << " token " << t;
+            ASSERT_EQ(std::memcmp(got_scales, want_scales, scale_bytes), 0)
+                << (half == 0 ? "K" : "V") << " scales of block " << b << " token " << t;
+          }
+        }
+      }
+    }
+  } else {
     std::vector<uint8_t> gbytes(gpu_layout.BlockBytes());
     cudaMemcpy(gbytes.data(), gview.BlockPtr(layer, tables[0][0]), gbytes.size(), cudaMemcpyDeviceToHost);
     const float* want = cview.KeyPtr<float>(layer, tables[0][0], 0);
@@ -318,7 +359,8 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{4, 4, 64, 16, 0, kv::KvDtype::kF32, P{{0, 77}}, 1e-5},
         AttnCase{32, 8, 128, 16, 0, kv::KvDtype::kF32, P{{0, 300}}, 1e-5},
         // chunked prefill on a cached prefix + decode rows in one call (both paths)
-        AttnCase{8, 2, 128, 16, 0, kv::KvDtype::kF32, P{{100, 40}, {37, 1}, {0, 1}, {500, 3}}, 1e-5},
+        AttnCase{8, 2, 128, 16, 0, kv::KvDtype::kF32, P{{100, 40}, {37, 1}, {0, 1}, {500, 3}},
+                 1e-5},
         // long decode contexts: several 256-key splits, GQA group of 4 (Llama-3-8B heads)
         AttnCase{32, 8, 128, 16, 0, kv::KvDtype::kF32, P{{3000, 1}, {1025, 1}, {255, 1}}, 1e-5},
         // GQA group of 16 (two chunks of 8 heads per kv head), head_dim 64 and 80
@@ -331,7 +373,22 @@ INSTANTIATE_TEST_SUITE_P(
         // half-precision caches
         AttnCase{32, 8, 128, 16, 0, kv::KvDtype::kBF16, P{{0, 130}, {900, 1}}, 1e-5},
         AttnCase{8, 8, 128, 16, 0, kv::KvDtype::kF16, P{{60, 64}, {300, 1}}, 1e-5},
-        AttnCase{4, 4, 256, 16, 0, kv::KvDtype::kBF16, P{{0, 40}, {290, 1}}, 1e-5}),
+        AttnCase{4, 4, 256, 16, 0, kv::KvDtype::kBF16, P{{0, 40}, {290, 1}}, 1e-5},
+        // quantized caches against a CPU cache of the same dtype (the same codes and scales, so
+        // f32-level agreement): prefill, chunked prefill + decode, long splits, GQA 16, head
+        // dims 16-256, sliding window, block size 32
+        AttnCase{8, 2, 128, 16, 0, kv::KvDtype::kInt8, P{{100, 40}, {37, 1}, {0, 1}, {500, 3}},
+                 1e-5},
+        AttnCase{8, 2, 128, 16, 0, kv::KvDtype::kFp8E4M3, P{{100, 40}, {37, 1}, {0, 1}, {500, 3}},
+                 1e-5},
+        AttnCase{32, 8, 128, 16, 0, kv::KvDtype::kInt8, P{{0, 130}, {3000, 1}, {1025, 1}}, 1e-5},
+        AttnCase{32, 8, 128, 16, 0, kv::KvDtype::kFp8E4M3, P{{0, 130}, {3000, 1}, {1025, 1}}, 1e-5},
+        AttnCase{16, 1, 64, 8, 0, kv::KvDtype::kInt8, P{{600, 1}, {20, 50}}, 1e-5},
+        AttnCase{4, 2, 80, 16, 0, kv::KvDtype::kFp8E4M3, P{{33, 70}, {400, 2}}, 1e-5},
+        AttnCase{8, 2, 64, 16, 64, kv::KvDtype::kInt8, P{{0, 200}, {700, 1}, {90, 35}}, 1e-5},
+        AttnCase{8, 2, 64, 16, 64, kv::KvDtype::kFp8E4M3, P{{0, 200}, {700, 1}, {90, 35}}, 1e-5},
+        AttnCase{4, 2, 16, 32, 0, kv::KvDtype::kInt8, P{{10, 5}, {0, 45}}, 1e-5},
+        AttnCase{4, 4, 256, 16, 0, kv::KvDtype::kFp8E4M3, P{{0, 40}, {290, 1}}, 1e-5}),
     AttnName);
 
 // The tensor-core prefill kernel: Q, K, V and P in bf16, so bf16-level tolerances. Shapes cover
@@ -339,13 +396,133 @@ INSTANTIATE_TEST_SUITE_P(
 // and decode rows in the same call (those take the split-K kernel, exact as above).
 INSTANTIATE_TEST_SUITE_P(
     TensorPrefill, CudaAttentionTest,
-    ::testing::Values(
-        AttnCase{4, 4, 64, 16, 0, kv::KvDtype::kF32, P{{0, 77}}, 1.5e-2, true},
-        AttnCase{32, 8, 128, 16, 0, kv::KvDtype::kBF16, P{{0, 300}, {1000, 1}}, 1.5e-2, true},
-        AttnCase{8, 2, 128, 16, 0, kv::KvDtype::kF32, P{{100, 40}, {37, 1}, {500, 130}}, 1.5e-2, true},
-        AttnCase{8, 2, 64, 16, 64, kv::KvDtype::kF16, P{{0, 200}, {90, 35}, {700, 1}}, 1.5e-2, true},
-        AttnCase{4, 2, 128, 32, 0, kv::KvDtype::kBF16, P{{0, 1}, {0, 5}, {0, 64}, {64, 65}}, 1.5e-2, true}),
+    ::testing::Values(AttnCase{4, 4, 64, 16, 0, kv::KvDtype::kF32, P{{0, 77}}, 1.5e-2, true},
+                      AttnCase{32, 8, 128, 16, 0, kv::KvDtype::kBF16, P{{0, 300}, {1000, 1}},
+                               1.5e-2, true},
+                      AttnCase{8, 2, 128, 16, 0, kv::KvDtype::kF32,
+                               P{{100, 40}, {37, 1}, {500, 130}}, 1.5e-2, true},
+                      AttnCase{8, 2, 64, 16, 64, kv::KvDtype::kF16, P{{0, 200}, {90, 35}, {700, 1}},
+                               1.5e-2, true},
+                      AttnCase{4, 2, 128, 32, 0, kv::KvDtype::kBF16,
+                               P{{0, 1}, {0, 5}, {0, 64}, {64, 65}}, 1.5e-2, true},
+                      AttnCase{8, 2, 128, 16, 0, kv::KvDtype::kInt8,
+                               P{{100, 40}, {37, 1}, {500, 130}}, 1.5e-2, true},
+                      AttnCase{8, 2, 64, 16, 64, kv::KvDtype::kFp8E4M3,
+                               P{{0, 200}, {90, 35}, {700, 1}}, 1.5e-2, true}),
     AttnName);
+
+// The quantized KV write alone, on values chosen to hit the codecs' corners (all-zero heads,
+// -0, one huge element, exact ties of the int8 rounding, magnitudes down to fp8 subnormals):
+// the GPU region's bytes, codes and scales, equal the CPU backend's WriteKv into a region of the
+// same layout, for every written token, and the bytes of unwritten tokens stay untouched.
+struct WriteCase {
+  kv::KvDtype dtype;
+  int kv_heads, head_dim, block_size;
+};
+
+class CudaQuantWriteKvTest : public ::testing::TestWithParam<WriteCase> {};
+
+TEST_P(CudaQuantWriteKvTest, CodesAndScalesEqualCpu) {
+  const WriteCase& c = GetParam();
+  DUET_CUDA_OR_SKIP(cuda, "f32");
+  auto cpu = MakeCpuBackend(2);
+  const kv::KvLayout layout{.model_id = "t",
+                            .num_layers = 2,
+                            .num_kv_heads = c.kv_heads,
+                            .head_dim = c.head_dim,
+                            .block_size = c.block_size,
+                            .dtype = c.dtype};
+  ASSERT_TRUE(layout.Validate().ok()) << layout.Validate();
+  const int64_t num_blocks = 6;
+  const size_t bytes = layout.RegionBytes(num_blocks);
+  auto region = cuda->AllocateKvRegion(bytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_EQ(cudaMemset(region->get(), 0x5a, bytes), cudaSuccess);
+  std::vector<uint8_t> host(bytes, 0x5a);
+  const kv::KvCacheView gview{layout, region->get(), num_blocks};
+  const kv::KvCacheView cview{layout, host.data(), num_blocks};
+
+  const int te = c.kv_heads * c.head_dim;
+  const int n = 3 * c.block_size - 5;  // the last block partly written
+  std::vector<float> k(size_t(n) * te), v(size_t(n) * te);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> mant(-1.f, 1.f);
+  std::uniform_int_distribution<int> expo(-24, 12);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = std::ldexp(mant(rng), expo(rng));
+    v[i] = std::ldexp(mant(rng), expo(rng));
+  }
+  for (int t = 0; t < n; ++t) {
+    float* kt = k.data() + size_t(t) * te;
+    float* vt = v.data() + size_t(t) * te;
+    const int h = t % c.kv_heads;
+    float* kh = kt + size_t(h) * c.head_dim;
+    float* vh = vt + size_t(h) * c.head_dim;
+    switch (t % 5) {
+      case 0:  // all-zero head (K), -0 everywhere in V's
+        std::fill(kh, kh + c.head_dim, 0.f);
+        std::fill(vh, vh + c.head_dim, -0.f);
+        break;
+      case 1:  // one huge element: everything else rounds to tiny codes
+        kh[c.head_dim / 2] = 3e8f;
+        vh[0] = -1e30f;
+        break;
+      case 2:  // K: scale 0.5 (max 63.5), quarters: x / scale hits int8 ties (k + 0.5)
+        for (int i = 0; i < c.head_dim; ++i) {
+          kh[i] = static_cast<float>((i * 37) % 255 - 127) * 0.25f;
+          vh[i] = static_cast<float>(i % 17) - 8.5f;
+        }
+        kh[0] = 63.5f;
+        break;
+      case 3:  // fp8 values and midpoints times a power of two
+        for (int i = 0; i < c.head_dim; ++i) {
+          kh[i] = Fp8E4M3ToFloat(static_cast<uint8_t>(i % 127)) / 64.f;
+          vh[i] = (Fp8E4M3ToFloat(static_cast<uint8_t>(i % 126)) +
+                   Fp8E4M3ToFloat(static_cast<uint8_t>(i % 126 + 1))) /
+                  2.f;
+        }
+        vh[1] = 448.f;
+        break;
+      default:
+        break;
+    }
+  }
+  // Shuffled slots over blocks 4, 1, 2 (offsets in order within each).
+  const std::vector<kv::BlockId> blocks = {4, 1, 2};
+  std::vector<int64_t> slots(n);
+  for (int t = 0; t < n; ++t) {
+    slots[t] = int64_t(blocks[t / c.block_size]) * c.block_size + t % c.block_size;
+  }
+  const int layer = 1;
+  DeviceVec dk(cuda.get(), k), dv(cuda.get(), v);
+  cuda->WriteKv(gview, layer, dk.get(), dv.get(), slots.data(), n);
+  cpu->WriteKv(cview, layer, k.data(), v.data(), slots.data(), n);
+  std::vector<uint8_t> got(bytes);
+  ASSERT_EQ(cudaMemcpy(got.data(), region->get(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_TRUE(cuda->status().ok()) << cuda->status();
+  for (size_t i = 0; i < bytes; ++i) {
+    ASSERT_EQ(got[i], host[i]) << kv::KvDtypeName(c.dtype) << ": byte " << i << " of " << bytes
+                               << " (block bytes " << layout.BlockBytes() << ", half "
+                               << layout.HalfBlockBytes() << ", codes "
+                               << layout.HalfBlockDataBytes() << ")";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaQuantWriteKvTest,
+                         ::testing::Values(WriteCase{kv::KvDtype::kInt8, 2, 16, 32},
+                                           WriteCase{kv::KvDtype::kFp8E4M3, 2, 16, 32},
+                                           WriteCase{kv::KvDtype::kInt8, 8, 128, 16},
+                                           WriteCase{kv::KvDtype::kFp8E4M3, 8, 128, 16},
+                                           WriteCase{kv::KvDtype::kInt8, 3, 80, 8},
+                                           WriteCase{kv::KvDtype::kFp8E4M3, 3, 80, 8},
+                                           WriteCase{kv::KvDtype::kInt8, 1, 256, 16},
+                                           WriteCase{kv::KvDtype::kFp8E4M3, 4, 64, 16}),
+                         [](const auto& info) {
+                           const WriteCase& c = info.param;
+                           return std::string(kv::KvDtypeName(c.dtype)) + "_kv" +
+                                  std::to_string(c.kv_heads) + "d" + std::to_string(c.head_dim) +
+                                  "b" + std::to_string(c.block_size);
+                         });
 
 }  // namespace
 }  // namespace duet::compute
@@ -356,10 +533,17 @@ namespace {
 // The staging path: a layer's blocks copied into a pinned host mirror behind a compute-stream
 // marker equal the pool's bytes at the same offsets (runs of consecutive ids become one copy),
 // nothing else of the mirror is touched, and copying back into another layer restores them.
-TEST(CudaStagingTest, HostMirrorRoundTripsThePool) {
+// Whole blocks move, so a quantized pool's scales travel with their codes.
+class CudaStagingTest : public ::testing::TestWithParam<kv::KvDtype> {};
+
+TEST_P(CudaStagingTest, HostMirrorRoundTripsThePool) {
   DUET_CUDA_OR_SKIP(cuda, "f32");
-  const kv::KvLayout layout{.model_id = "t", .num_layers = 3, .num_kv_heads = 8, .head_dim = 128,
-                            .block_size = 16, .dtype = kv::KvDtype::kBF16};
+  const kv::KvLayout layout{.model_id = "t",
+                            .num_layers = 3,
+                            .num_kv_heads = 8,
+                            .head_dim = 128,
+                            .block_size = 16,
+                            .dtype = GetParam()};
   const int64_t num_blocks = 12;
   const size_t bytes = layout.RegionBytes(num_blocks);
   auto region = cuda->AllocateKvMemory(bytes);
@@ -417,6 +601,11 @@ TEST(CudaStagingTest, HostMirrorRoundTripsThePool) {
   pin->reset();
   ASSERT_TRUE(cuda->status().ok()) << cuda->status();
 }
+
+INSTANTIATE_TEST_SUITE_P(KvDtypes, CudaStagingTest,
+                         ::testing::Values(kv::KvDtype::kBF16, kv::KvDtype::kInt8,
+                                           kv::KvDtype::kFp8E4M3),
+                         [](const auto& info) { return std::string(kv::KvDtypeName(info.param)); });
 
 }  // namespace
 }  // namespace duet::compute

@@ -194,6 +194,36 @@ TEST_P(CudaModelParityTest, Bf16TensorPrefillLogitsWithinTolerance) {
   }
 }
 
+// Quantized KV caches on both sides (f32 GEMMs): the CUDA write kernel quantizes as the CPU
+// does, so the caches differ only where an f32-level difference in K/V moves a code across a
+// rounding boundary. int8: greedy tokens equal the CPU's with int8 KV; fp8 (3 mantissa bits, so
+// one moved code weighs more): first-step logits within the bf16 test's tolerance.
+TEST_P(CudaModelParityTest, QuantizedKvMatchesCpuWithTheSameKvDtype) {
+  if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
+  for (kv::KvDtype dtype : {kv::KvDtype::kInt8, kv::KvDtype::kFp8E4M3}) {
+    SCOPED_TRACE(kv::KvDtypeName(dtype));
+    Engine cpu = MakeEngine("cpu", "f32", GetParam().o);
+    Engine gpu = MakeEngine("cuda", "f32", GetParam().o);
+    for (Engine* e : {&cpu, &gpu}) {
+      ASSERT_TRUE(e->runner->SetKvDtype(dtype).ok());
+      MakePool(*e, 512);
+      ASSERT_EQ(e->pool->layout().dtype, dtype);
+    }
+    const auto prompts = Prompts(cpu.runner->config().vocab_size);
+    const int steps = dtype == kv::KvDtype::kInt8 ? 24 : 0;
+    const Trace want = RunGreedy(cpu, prompts, steps);
+    const Trace got = RunGreedy(gpu, prompts, steps);
+    ASSERT_EQ(got.tokens.size(), want.tokens.size());
+    for (size_t i = 0; i < want.tokens.size(); ++i) {
+      if (dtype == kv::KvDtype::kInt8) {
+        EXPECT_EQ(got.tokens[i], want.tokens[i]) << "sequence " << i;
+      }
+      EXPECT_LT(RelErr(got.first_logits[i], want.first_logits[i]), 3e-2) << "sequence " << i;
+    }
+    EXPECT_TRUE(gpu.backend->status().ok()) << gpu.backend->status();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Models, CudaModelParityTest,
     ::testing::Values(

@@ -7,8 +7,9 @@
 #
 # 1. builds the engine only (-DDUET_ENGINE_ONLY=ON: common/ + the CUDA backend, sm_90) against
 #    the packed Abseil/GoogleTest/nlohmann-json;
-# 2. runs the gpu-labelled tests (kernels vs the CPU backend, whole-model parity, KV staging
-#    pool <-> pinned host mirror through ComputeBackend::CopyKvToHost/CopyKvFromHost);
+# 2. runs the gpu-labelled tests (kernels vs the CPU backend, f32/f16/bf16/int8/fp8 KV,
+#    whole-model parity, KV staging pool <-> pinned host mirror through
+#    ComputeBackend::CopyKvToHost/CopyKvFromHost);
 # 3. times prefill (512/2048/8192 tokens) and decode (batch 1/32/128) on a random Llama-3-8B
 #    geometry model plus the staged copy bandwidth through CopyKvToHost/CopyKvFromHost (device
 #    pool <-> pinned host mirror, the nodes' --kv_staging path): engine.md and engine.json;

@@ -6,6 +6,8 @@
 //    kDecodeSplitKeys keys); its 4 warps share the GQA group's query heads, and a combine kernel
 //    merges the splits. The split count depends only on the row's own context.
 // Every output row depends only on its own query and its sequence's keys (batch-invariant).
+// int8/fp8 caches are quantized per (token, kv head) by the write kernel exactly as the CPU
+// backend does (kv_quant.h) and dequantized (code * scale) as the attention kernels load them.
 #include <cfloat>
 #include <cstdint>
 
@@ -15,32 +17,7 @@
 namespace duet::compute::cuda {
 namespace {
 
-// Element offset of K of (block, token offset, kv head) within a layer; V is v_off further.
-struct LayerAddr {
-  int64_t layer_base;   // elements
-  int64_t block_stride; // 2 * block_size * token_elems
-  int64_t token_elems;  // kv_heads * head_dim
-  int64_t v_off;        // block_size * token_elems
-  int block_size;
-};
-
-__host__ LayerAddr MakeLayerAddr(const KvCacheArgs& c) {
-  LayerAddr a;
-  a.token_elems = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
-  a.block_stride = 2 * static_cast<int64_t>(c.block_size) * a.token_elems;
-  a.v_off = static_cast<int64_t>(c.block_size) * a.token_elems;
-  a.layer_base = static_cast<int64_t>(c.layer) * c.num_blocks * a.block_stride;
-  a.block_size = c.block_size;
-  return a;
-}
-
-__device__ __forceinline__ int64_t KeyOffset(const LayerAddr& a, const int32_t* table, int key,
-                                             int kvh, int head_dim) {
-  return a.layer_base + static_cast<int64_t>(table[key / a.block_size]) * a.block_stride +
-         static_cast<int64_t>(key % a.block_size) * a.token_elems +
-         static_cast<int64_t>(kvh) * head_dim;
-}
-
+// f32/f16/bf16: one block per token, each element converted.
 template <typename T>
 __global__ void WriteKvKernel(T* __restrict__ base, LayerAddr a, const float* __restrict__ k,
                               const float* __restrict__ v, const int64_t* __restrict__ slots) {
@@ -52,6 +29,33 @@ __global__ void WriteKvKernel(T* __restrict__ base, LayerAddr a, const float* __
   for (int j = threadIdx.x; j < a.token_elems; j += blockDim.x) {
     base[dst + j] = FromFloat<T>(k[src + j]);
     base[dst + a.v_off + j] = FromFloat<T>(v[src + j]);
+  }
+}
+
+// int8/fp8: grid (token, kv head), 2 warps: warp 0 quantizes the head's K, warp 1 its V, as
+// cpu::EncodeKvToken does: scale = max|x| / max code (the max is exact in any order), then each
+// code from x / scale; the scale goes after the half's codes.
+template <typename T>
+__global__ void __launch_bounds__(64)
+    WriteKvQuantKernel(T* __restrict__ base, LayerAddr a, int head_dim, const float* __restrict__ k,
+                       const float* __restrict__ v, const int64_t* __restrict__ slots) {
+  const int i = blockIdx.x, kvh = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float* x = (warp == 0 ? k : v) + static_cast<int64_t>(i) * a.token_elems +
+                   static_cast<int64_t>(kvh) * head_dim;
+  const int64_t slot = slots[i];
+  const KvSpot spot =
+      LocateKv(a, slot / a.block_size, static_cast<int>(slot % a.block_size), kvh, head_dim);
+  const int64_t half = warp == 0 ? 0 : a.v_off;
+  float amax = 0.f;
+  for (int d = lane; d < head_dim; d += 32) amax = fmaxf(amax, fabsf(x[d]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float scale = KvQuantScale(amax, KvTraits<T>::kMaxCode);
+  T* codes = base + spot.code + half;
+  for (int d = lane; d < head_dim; d += 32) codes[d] = QuantizeKv<T>(x[d], scale);
+  if (lane == 0) {
+    *reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(base) + spot.scale + half) = scale;
   }
 }
 
@@ -119,9 +123,10 @@ __global__ void __launch_bounds__(kPrefillThreads)
       const int key = k0 + j;
       float kv = 0.f, vv = 0.f;
       if (key < key_hi && d < head_dim) {
-        const int64_t off = KeyOffset(addr, table, key, kvh, head_dim) + d;
-        kv = ToFloat(cache[off]);
-        vv = ToFloat(cache[off + addr.v_off]);
+        const KvSpot spot = LocateKey(addr, table, key, kvh, head_dim);
+        const int64_t off = spot.code + d;
+        kv = DecodeKv(cache[off], LoadKvScale(cache, spot.scale));
+        vv = DecodeKv(cache[off + addr.v_off], LoadKvScale(cache, spot.scale + addr.v_off));
       }
       ks[j * (kD + 1) + d] = kv;
       vs[j * kD + d] = vv;
@@ -236,13 +241,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   }
 
   for (int key = k_begin + warp; key < k_end; key += kDecodeWarps) {
-    const int64_t off = KeyOffset(addr, table, key, kvh, head_dim);
+    const KvSpot spot = LocateKey(addr, table, key, kvh, head_dim);
+    const int64_t off = spot.code;
+    const float kscale = LoadKvScale(cache, spot.scale);
+    const float vscale = LoadKvScale(cache, spot.scale + addr.v_off);
     float kr[kPerLane], vr[kPerLane];
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int d = lane + 32 * i;
-      kr[i] = d < head_dim ? ToFloat(cache[off + d]) : 0.f;
-      vr[i] = d < head_dim ? ToFloat(cache[off + addr.v_off + d]) : 0.f;
+      kr[i] = d < head_dim ? DecodeKv(cache[off + d], kscale) : 0.f;
+      vr[i] = d < head_dim ? DecodeKv(cache[off + addr.v_off + d], vscale) : 0.f;
     }
 #pragma unroll
     for (int g = 0; g < kMaxGroupPerBlock; ++g) {
@@ -328,7 +336,7 @@ __global__ void DecodeCombineKernel(const float* __restrict__ partials, Attentio
 template <typename T, int kD>
 void LaunchAttentionTyped(const KvCacheArgs& cache, const float* q, const AttentionMeta& meta,
                           float* out, float* partials, cudaStream_t s) {
-  const LayerAddr addr = MakeLayerAddr(cache);
+  const LayerAddr addr = MakeLayerAddr<T>(cache);
   const T* base = static_cast<const T*>(cache.base);
   const int group = meta.num_q_heads / cache.num_kv_heads;
   if (meta.num_prefill_tiles > 0 && meta.tensor_core_prefill) {
@@ -375,18 +383,32 @@ bool DispatchHeadDim(const KvCacheArgs& cache, const float* q, const AttentionMe
 void LaunchWriteKv(const KvCacheArgs& cache, const float* k, const float* v, const int64_t* slots,
                    int n, cudaStream_t s) {
   if (n <= 0) return;
-  const LayerAddr a = MakeLayerAddr(cache);
-  const int threads = a.token_elems >= 256 ? 256 : 128;
+  const int64_t token_elems = static_cast<int64_t>(cache.num_kv_heads) * cache.head_dim;
+  const int threads = token_elems >= 256 ? 256 : 128;
+  const dim3 qgrid(n, cache.num_kv_heads);
   switch (cache.dtype) {
-    case ElemType::kF32:
-      WriteKvKernel<float><<<n, threads, 0, s>>>(static_cast<float*>(cache.base), a, k, v, slots);
+    case KvElemType::kF32:
+      WriteKvKernel<float><<<n, threads, 0, s>>>(static_cast<float*>(cache.base),
+                                                 MakeLayerAddr<float>(cache), k, v, slots);
       break;
-    case ElemType::kF16:
-      WriteKvKernel<__half><<<n, threads, 0, s>>>(static_cast<__half*>(cache.base), a, k, v, slots);
+    case KvElemType::kF16:
+      WriteKvKernel<__half><<<n, threads, 0, s>>>(static_cast<__half*>(cache.base),
+                                                  MakeLayerAddr<__half>(cache), k, v, slots);
       break;
-    case ElemType::kBF16:
-      WriteKvKernel<__nv_bfloat16>
-          <<<n, threads, 0, s>>>(static_cast<__nv_bfloat16*>(cache.base), a, k, v, slots);
+    case KvElemType::kBF16:
+      WriteKvKernel<__nv_bfloat16><<<n, threads, 0, s>>>(static_cast<__nv_bfloat16*>(cache.base),
+                                                         MakeLayerAddr<__nv_bfloat16>(cache), k, v,
+                                                         slots);
+      break;
+    case KvElemType::kInt8:
+      WriteKvQuantKernel<KvInt8><<<qgrid, 64, 0, s>>>(static_cast<KvInt8*>(cache.base),
+                                                      MakeLayerAddr<KvInt8>(cache), cache.head_dim,
+                                                      k, v, slots);
+      break;
+    case KvElemType::kFp8E4M3:
+      WriteKvQuantKernel<KvFp8><<<qgrid, 64, 0, s>>>(static_cast<KvFp8*>(cache.base),
+                                                     MakeLayerAddr<KvFp8>(cache), cache.head_dim, k,
+                                                     v, slots);
       break;
   }
 }
@@ -399,12 +421,16 @@ int64_t DecodePartialFloats(const AttentionMeta& meta, int head_dim) {
 bool LaunchPagedAttention(const KvCacheArgs& cache, const float* q, const AttentionMeta& meta,
                           float* out, float* partials, cudaStream_t s) {
   switch (cache.dtype) {
-    case ElemType::kF32:
+    case KvElemType::kF32:
       return DispatchHeadDim<float>(cache, q, meta, out, partials, s);
-    case ElemType::kF16:
+    case KvElemType::kF16:
       return DispatchHeadDim<__half>(cache, q, meta, out, partials, s);
-    case ElemType::kBF16:
+    case KvElemType::kBF16:
       return DispatchHeadDim<__nv_bfloat16>(cache, q, meta, out, partials, s);
+    case KvElemType::kInt8:
+      return DispatchHeadDim<KvInt8>(cache, q, meta, out, partials, s);
+    case KvElemType::kFp8E4M3:
+      return DispatchHeadDim<KvFp8>(cache, q, meta, out, partials, s);
   }
   return false;
 }

@@ -36,18 +36,28 @@ absl::StatusOr<ElemType> ParseGemmDtype(const std::string& s) {
       absl::StrCat("unknown cuda_gemm_dtype '", s, "': valid values are 'bf16', 'f16', 'f32'"));
 }
 
-ElemType KvElemType(kv::KvDtype d) {
+// Every kv::KvDtype has a kernel type (CheckKvDtype accepts them all).
+KvElemType ToKvElemType(kv::KvDtype d) {
   switch (d) {
-    case kv::KvDtype::kF16: return ElemType::kF16;
-    case kv::KvDtype::kBF16: return ElemType::kBF16;
-    default: return ElemType::kF32;
+    case kv::KvDtype::kF32:
+      return KvElemType::kF32;
+    case kv::KvDtype::kF16:
+      return KvElemType::kF16;
+    case kv::KvDtype::kBF16:
+      return KvElemType::kBF16;
+    case kv::KvDtype::kInt8:
+      return KvElemType::kInt8;
+    case kv::KvDtype::kFp8E4M3:
+      return KvElemType::kFp8E4M3;
   }
+  DUET_CHECK(false) << "unknown KV dtype " << static_cast<int>(d);
+  return KvElemType::kF32;
 }
 
 KvCacheArgs CacheArgs(const kv::KvCacheView& cache, int layer) {
   KvCacheArgs a;
   a.base = cache.base;
-  a.dtype = KvElemType(cache.layout.dtype);
+  a.dtype = ToKvElemType(cache.layout.dtype);
   a.num_blocks = cache.num_blocks;
   a.layer = layer;
   a.block_size = cache.layout.block_size;
@@ -124,11 +134,13 @@ absl::Status CudaBackend::CheckKvDtype(kv::KvDtype dtype) const {
     case kv::KvDtype::kF32:
     case kv::KvDtype::kF16:
     case kv::KvDtype::kBF16:
+    case kv::KvDtype::kInt8:
+    case kv::KvDtype::kFp8E4M3:
       return absl::OkStatus();
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KV dtype ", kv::KvDtypeName(dtype), ": the cuda backend stores f32, f16 or bf16 KV"));
   }
+  return absl::InvalidArgumentError(
+      absl::StrCat("KV dtype ", static_cast<int>(dtype),
+                   ": the cuda backend stores f32, f16, bf16, int8 or fp8 KV"));
 }
 
 kv::KvDtype CudaBackend::NativeKvDtype() const {

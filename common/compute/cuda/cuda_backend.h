@@ -5,7 +5,8 @@
 // (BackendOptions::cuda_gemm_dtype: "bf16" (default), "f16" or "f32"), and for bf16/f16 the
 // activations are converted to that dtype right before each GEMM. Index arrays (ids, positions,
 // slots, block tables) arrive as host memory; each is uploaded once per distinct content
-// (layers of one forward pass reuse the copy). KV caches may be f32, f16 or bf16.
+// (layers of one forward pass reuse the copy). KV caches may be f32, f16, bf16, int8 or fp8 (e4m3;
+// quantized per (token, kv head) as the CPU backend does).
 //
 // Kernels return void: the first failure (launch error, bad argument, device fault) is kept in
 // status() and logged once; ModelRunner::Forward returns it.

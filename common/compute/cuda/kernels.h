@@ -120,9 +120,13 @@ void LaunchSampleRows(const float* logits, const float* processed, int rows, int
                       const int32_t* sorted_ids, DevSampledRow* out, cudaStream_t s);
 
 // ---- KV cache and attention (attention_kernels.cu, prefill_tensor_kernels.cu)
+// Element types of a KV cache (kv::KvDtype). kInt8 and kFp8E4M3 (OCP E4M3FN) store codes with
+// one f32 scale per (token, kv head), as kv::KvLayout lays them out (kv_quant.h).
+enum class KvElemType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kInt8 = 3, kFp8E4M3 = 4 };
+
 struct KvCacheArgs {
   void* base = nullptr;      // the pool's region (device memory)
-  ElemType dtype = ElemType::kF32;
+  KvElemType dtype = KvElemType::kF32;
   int64_t num_blocks = 0;    // blocks per layer
   int layer = 0;
   int block_size = 0;
@@ -130,7 +134,8 @@ struct KvCacheArgs {
   int head_dim = 0;
 };
 
-// k, v: [n, kv_heads * head_dim] f32; slots[n] = block * block_size + offset.
+// k, v: [n, kv_heads * head_dim] f32; slots[n] = block * block_size + offset. int8/fp8 caches
+// get each (token, kv head) quantized as cpu::EncodeKvToken does (the same codes and scales).
 void LaunchWriteKv(const KvCacheArgs& cache, const float* k, const float* v, const int64_t* slots,
                    int n, cudaStream_t s);
 

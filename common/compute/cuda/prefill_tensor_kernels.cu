@@ -5,6 +5,8 @@
 // apply the causal / sliding-window mask and the online softmax and write P (bf16); the row's
 // output accumulator (fp32, shared memory) is rescaled, then P V is accumulated onto it.
 // Q is rounded to bf16 after scaling, P to bf16: expect bf16-level error (~1e-3 relative).
+// int8/fp8 keys and values are dequantized (code * scale) in f32, then rounded to bf16 like the
+// others.
 #include <mma.h>
 
 #include <cfloat>
@@ -38,14 +40,9 @@ struct Smem {
   static constexpr int kBytes = kO + kRows * kLdo * 4;
 };
 
-struct LayerAddrT {
-  int64_t layer_base, block_stride, token_elems, v_off;
-  int block_size;
-};
-
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
-    TensorPrefillKernel(const T* __restrict__ cache, LayerAddrT addr, int group,
+    TensorPrefillKernel(const T* __restrict__ cache, LayerAddr addr, int group,
                         const float* __restrict__ q, AttentionMeta meta, float* __restrict__ out) {
   using S = Smem<kD>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -97,12 +94,10 @@ __global__ void __launch_bounds__(kThreads)
       const int key = k0 + j;
       float kv = 0.f, vv = 0.f;
       if (key < key_hi) {
-        const int64_t off = addr.layer_base +
-                            static_cast<int64_t>(table[key / addr.block_size]) * addr.block_stride +
-                            static_cast<int64_t>(key % addr.block_size) * addr.token_elems +
-                            static_cast<int64_t>(kvh) * kD + d;
-        kv = ToFloat(cache[off]);
-        vv = ToFloat(cache[off + addr.v_off]);
+        const KvSpot spot = LocateKey(addr, table, key, kvh, kD);
+        const int64_t off = spot.code + d;
+        kv = DecodeKv(cache[off], LoadKvScale(cache, spot.scale));
+        vv = DecodeKv(cache[off + addr.v_off], LoadKvScale(cache, spot.scale + addr.v_off));
       }
       ks[j * S::kLdq + d] = __float2bfloat16_rn(kv);
       vs[j * S::kLdq + d] = __float2bfloat16_rn(vv);
@@ -186,12 +181,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int kD>
 void Launch(const KvCacheArgs& c, const float* q, const AttentionMeta& meta, float* out,
             cudaStream_t s) {
-  LayerAddrT a;
-  a.token_elems = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
-  a.block_stride = 2 * static_cast<int64_t>(c.block_size) * a.token_elems;
-  a.v_off = static_cast<int64_t>(c.block_size) * a.token_elems;
-  a.layer_base = static_cast<int64_t>(c.layer) * c.num_blocks * a.block_stride;
-  a.block_size = c.block_size;
+  const LayerAddr a = MakeLayerAddr<T>(c);
   constexpr int smem = Smem<kD>::kBytes;
   cudaFuncSetAttribute(TensorPrefillKernel<T, kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                        smem);
@@ -221,9 +211,16 @@ bool LaunchTensorPrefill(const KvCacheArgs& cache, const float* q, const Attenti
                          float* out, cudaStream_t s) {
   if (meta.num_prefill_tiles == 0) return true;
   switch (cache.dtype) {
-    case ElemType::kF32: return ByHeadDim<float>(cache, q, meta, out, s);
-    case ElemType::kF16: return ByHeadDim<__half>(cache, q, meta, out, s);
-    case ElemType::kBF16: return ByHeadDim<__nv_bfloat16>(cache, q, meta, out, s);
+    case KvElemType::kF32:
+      return ByHeadDim<float>(cache, q, meta, out, s);
+    case KvElemType::kF16:
+      return ByHeadDim<__half>(cache, q, meta, out, s);
+    case KvElemType::kBF16:
+      return ByHeadDim<__nv_bfloat16>(cache, q, meta, out, s);
+    case KvElemType::kInt8:
+      return ByHeadDim<KvInt8>(cache, q, meta, out, s);
+    case KvElemType::kFp8E4M3:
+      return ByHeadDim<KvFp8>(cache, q, meta, out, s);
   }
   return false;
 }
