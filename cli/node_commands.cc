@@ -68,6 +68,10 @@ ABSL_FLAG(double, router_decode_weight, duet::coordinator::RouterWeights{}.decod
 ABSL_FLAG(int, http_port, -1,
           "coordinator/serve --colocated: port of the OpenAI-compatible HTTP API and /metrics "
           "(-1: off, 0: any)");
+ABSL_FLAG(std::string, served_model_name, "",
+          "coordinator/serve --colocated: comma-separated names the HTTP API serves the model "
+          "under (the first is reported; a request for another model is a 404). Empty: the "
+          "model path's last component");
 ABSL_FLAG(std::string, http_host, "127.0.0.1",
           "coordinator/serve --colocated: address the HTTP API binds");
 ABSL_FLAG(std::string, api_key, "",

@@ -4,7 +4,9 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 ABSL_DECLARE_FLAG(std::string, model);            // generate_command.cc
 ABSL_DECLARE_FLAG(std::string, device);           // generate_command.cc
@@ -24,6 +26,7 @@ ABSL_DECLARE_FLAG(int, metrics_port);
 ABSL_DECLARE_FLAG(std::string, metrics_host);
 ABSL_DECLARE_FLAG(int, http_port);
 ABSL_DECLARE_FLAG(std::string, http_host);
+ABSL_DECLARE_FLAG(std::string, served_model_name);
 ABSL_DECLARE_FLAG(std::string, api_key);
 ABSL_DECLARE_FLAG(int64_t, max_body_bytes);
 ABSL_DECLARE_FLAG(int, max_concurrent_streams);
@@ -88,6 +91,11 @@ std::vector<std::string> NodeFlagsForChild() {
 
 std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags() {
   if (absl::GetFlag(FLAGS_http_port) < 0) return std::nullopt;
+  std::vector<std::string> names;
+  for (absl::string_view n :
+       absl::StrSplit(absl::GetFlag(FLAGS_served_model_name), ',', absl::SkipWhitespace())) {
+    names.emplace_back(absl::StripAsciiWhitespace(n));
+  }
   return http::HttpFrontOptions{
       .host = absl::GetFlag(FLAGS_http_host),
       .port = absl::GetFlag(FLAGS_http_port),
@@ -98,14 +106,16 @@ std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags() {
       .max_connections = std::max(1, absl::GetFlag(FLAGS_http_max_connections)),
       .header_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_header_timeout_s)),
       .body_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_body_timeout_s)),
-      .idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_idle_timeout_s))};
+      .idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_idle_timeout_s)),
+      .served_model_names = names};
 }
 
 std::vector<std::string> HttpFrontFlagsForChild() {
   return {absl::StrCat("--http_max_connections=", absl::GetFlag(FLAGS_http_max_connections)),
           absl::StrCat("--http_header_timeout_s=", absl::GetFlag(FLAGS_http_header_timeout_s)),
           absl::StrCat("--http_body_timeout_s=", absl::GetFlag(FLAGS_http_body_timeout_s)),
-          absl::StrCat("--http_idle_timeout_s=", absl::GetFlag(FLAGS_http_idle_timeout_s))};
+          absl::StrCat("--http_idle_timeout_s=", absl::GetFlag(FLAGS_http_idle_timeout_s)),
+          "--served_model_name=" + absl::GetFlag(FLAGS_served_model_name)};
 }
 
 }  // namespace duet::cli

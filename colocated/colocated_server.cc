@@ -54,7 +54,8 @@ absl::Status ColocatedServer::Init() {
   DUET_RETURN_IF_ERROR(runtime_->StartMetricsExporter());
   if (o.http) {
     http::HttpFrontOptions ho = *o.http;
-    ho.model_name = http::ModelNameFromPath(ro.model_dir);
+    ho.model_name = ho.served_model_names.empty() ? http::ModelNameFromPath(ro.model_dir)
+                                                  : ho.served_model_names.front();
     ho.context_length = engine.config().max_position_embeddings;
     ho.vocab_size = engine.config().vocab_size;
     DUET_ASSIGN_OR_RETURN(http_, http::HttpFront::Start(ho, service_.get(), &engine.tokenizer(),

@@ -98,7 +98,8 @@ absl::Status CoordinatorServer::Impl::Init() {
   InstallNodeGauges();
   if (options_.http) {
     http::HttpFrontOptions ho = *options_.http;
-    ho.model_name = http::ModelNameFromPath(options_.model_dir);
+    ho.model_name = ho.served_model_names.empty() ? http::ModelNameFromPath(options_.model_dir)
+                                                  : ho.served_model_names.front();
     ho.context_length = model_config_.max_position_embeddings;
     ho.vocab_size = model_config_.vocab_size;
     DUET_ASSIGN_OR_RETURN(http_, http::HttpFront::Start(ho, this, tokenizer_.get(),

@@ -6,11 +6,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
 #include "http/generation_threads.h"
 #include "http/openai_protocol.h"
+#include "http/vllm_metrics.h"
 
 namespace duet::http {
 namespace {
@@ -85,6 +87,7 @@ class ResponseBuilder {
 // generation thread that ends the response once GenerateTo returns.
 struct Generation {
   Endpoint endpoint;
+  std::string model;  // the served name responses report: the request's, else the first
   std::shared_ptr<ParsedRequest> parsed;
   v1::GenerateRequest request;
   std::string id;
@@ -100,6 +103,8 @@ struct Generation {
   size_t text_offset ABSL_GUARDED_BY(mu) = 0;
   int64_t created ABSL_GUARDED_BY(mu) = 0;
   std::vector<TokenOut> logprobs ABSL_GUARDED_BY(mu);  // not streamed: every token's
+  std::optional<VllmMetrics::Request> vllm ABSL_GUARDED_BY(mu);   // the vllm:* series
+  std::optional<v1::RequestTimings> timings ABSL_GUARDED_BY(mu);  // from the finishing response
 };
 
 }  // namespace
@@ -123,7 +128,8 @@ class HttpFront::Handlers {
                          ->AddCounter("duet_http_client_disconnects_total",
                                       "Generation requests whose client went away before the end",
                                       {})
-                         .WithLabels({})) {
+                         .WithLabels({})),
+        vllm_(registry, ServedNames().front(), [backend] { return backend->Health(); }) {
     std::random_device rd;
     id_prefix_ = absl::StrCat(absl::Hex(rd() & 0xffffff));
   }
@@ -159,20 +165,14 @@ class HttpFront::Handlers {
     }
     const bool get = req.method == "GET" || req.method == "HEAD";
     if (get && req.path == "/v1/models") {
-      return res->Reply(200, {}, kJson,
-                        Dump(json{{"object", "list"}, {"data", json::array({ModelCard()})}}));
+      json data = json::array();
+      for (const std::string& name : ServedNames()) data.push_back(ModelCard(name));
+      return res->Reply(200, {}, kJson, Dump(json{{"object", "list"}, {"data", data}}));
     }
     if (get && absl::StartsWith(req.path, "/v1/models/")) {
       const std::string id = req.path.substr(std::string("/v1/models/").size());
-      if (id != options_.model_name) {
-        return Reply(*res, ApiError{.http_status = 404,
-                                    .message = absl::StrCat("the model '", id,
-                                                            "' does not exist; this server has '",
-                                                            options_.model_name, "'"),
-                                    .param = "model",
-                                    .code = "model_not_found"});
-      }
-      return res->Reply(200, {}, kJson, Dump(ModelCard()));
+      if (std::optional<ApiError> e = CheckModel(id)) return Reply(*res, *e);
+      return res->Reply(200, {}, kJson, Dump(ModelCard(id)));
     }
     if (get && req.path == "/version") {
       return res->Reply(200, {}, kJson, Dump(json{{"version", DUET_VERSION}}));
@@ -207,8 +207,25 @@ class HttpFront::Handlers {
     res.Reply(200, {}, kJson, Dump(a.body));
   }
 
-  json ModelCard() {
-    return {{"id", options_.model_name},
+  std::vector<std::string> ServedNames() const {
+    return options_.served_model_names.empty() ? std::vector<std::string>{options_.model_name}
+                                               : options_.served_model_names;
+  }
+
+  // A 404 model_not_found (as OpenAI and vLLM answer) unless `name` is one this server serves.
+  std::optional<ApiError> CheckModel(const std::string& name) const {
+    const std::vector<std::string> names = ServedNames();
+    if (std::find(names.begin(), names.end(), name) != names.end()) return std::nullopt;
+    return ApiError{
+        .http_status = 404,
+        .message = absl::StrCat("the model '", name, "' does not exist; this server serves '",
+                                absl::StrJoin(names, "', '"), "'"),
+        .param = "model",
+        .code = "model_not_found"};
+  }
+
+  json ModelCard(const std::string& name) {
+    return {{"id", name},
             {"object", "model"},
             {"created", created_},
             {"owned_by", "duet"},
@@ -237,6 +254,9 @@ class HttpFront::Handlers {
     const Endpoint ep = j.contains("messages") ? Endpoint::kChat : Endpoint::kCompletions;
     ParsedRequest parsed;
     if (std::optional<ApiError> e = ParseRequest(ep, stripped.dump(), &parsed)) return *e;
+    if (!parsed.model.empty()) {
+      if (std::optional<ApiError> e = CheckModel(parsed.model)) return *e;
+    }
     std::vector<int32_t> ids = parsed.prompt_ids;
     if (!parsed.prompt_is_ids) {
       std::string text = parsed.prompt;
@@ -324,6 +344,9 @@ class HttpFront::Handlers {
     if (std::optional<ApiError> e = ParseRequest(endpoint, hreq.body, parsed.get())) {
       return Reply(*res, *e);
     }
+    if (!parsed->model.empty()) {
+      if (std::optional<ApiError> e = CheckModel(parsed->model)) return Reply(*res, *e);
+    }
     // ---- The prompt as token ids, checked against the vocabulary and the context.
     std::vector<int32_t> ids;
     if (endpoint == Endpoint::kCompletions && parsed->prompt_is_ids) {
@@ -375,6 +398,7 @@ class HttpFront::Handlers {
 
     auto g = std::make_shared<Generation>();
     g->endpoint = endpoint;
+    g->model = parsed->model.empty() ? ServedNames().front() : parsed->model;
     g->id = absl::StrCat(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", id_prefix_, "-",
                          next_id_.fetch_add(1));
     g->request.set_request_id(g->id);
@@ -385,6 +409,7 @@ class HttpFront::Handlers {
     {
       absl::MutexLock lock(&g->mu);
       g->builder = std::make_unique<ResponseBuilder>(*parsed, tokenizer_);
+      g->vllm.emplace(vllm_.Start());
     }
     g->parsed = std::move(parsed);
     Run(*g);
@@ -402,6 +427,12 @@ class HttpFront::Handlers {
   // One response from the backend: the head on the first, then SSE events (streamed) or
   // accumulation (not streamed). False: stop producing.
   bool Write(Generation& g, const v1::GenerateResponse& r) {
+    {
+      // Every token the backend generated counts, also one that arrives after a stop string.
+      absl::MutexLock lock(&g.mu);
+      if (r.has_token()) g.vllm->OnToken(absl::Now());
+      if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) g.timings = r.timings();
+    }
     if (Ended(g)) return false;
     absl::MutexLock lock(&g.mu);
     ResponseBuilder& b = *g.builder;
@@ -422,9 +453,8 @@ class HttpFront::Handlers {
         json logprobs =
             g.parsed->logprobs ? LogprobsJson(g.endpoint, lp, g.text_offset) : json(nullptr);
         g.text_offset += piece.size();
-        if (!g.res->WriteChunk(
-                Event(ChunkJson(g.endpoint, g.id, g.created, options_.model_name, piece,
-                                g.first_chunk, logprobs, "", std::nullopt)))) {
+        if (!g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, g.model, piece,
+                                               g.first_chunk, logprobs, "", std::nullopt)))) {
           Ended(g);
           return false;
         }
@@ -459,14 +489,15 @@ class HttpFront::Handlers {
     }
     const std::string rest = b.Finish();
     const bool finished = b.stopped() || !b.finish_reason().empty();
+    g.vllm->Finish(g.prompt_tokens, finished ? b.finish_reason() : "abort",
+                   g.timings ? &*g.timings : nullptr);
     if (!finished && s.ok()) s = absl::InternalError("the request ended without a finish reason");
     if (!g.parsed->stream) {
       if (!finished) return Reply(*g.res, ErrorFromStatus(s));
       json logprobs = g.parsed->logprobs ? LogprobsJson(g.endpoint, g.logprobs, 0) : json(nullptr);
-      g.res->Reply(
-          200, {}, kJson,
-          Dump(ResponseJson(g.endpoint, g.id, g.created, options_.model_name, b.full_text(),
-                            logprobs, b.finish_reason(), b.usage(g.prompt_tokens))));
+      g.res->Reply(200, {}, kJson,
+                   Dump(ResponseJson(g.endpoint, g.id, g.created, g.model, b.full_text(), logprobs,
+                                     b.finish_reason(), b.usage(g.prompt_tokens))));
       return;
     }
     // ---- Streaming: the last chunk (finish reason, usage) or the error, then [DONE].
@@ -475,12 +506,12 @@ class HttpFront::Handlers {
     } else {
       json logprobs =
           g.parsed->logprobs ? LogprobsJson(g.endpoint, {}, g.text_offset) : json(nullptr);
-      g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, options_.model_name, rest,
-                                        g.first_chunk, logprobs, b.finish_reason(), std::nullopt)));
+      g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, g.model, rest, g.first_chunk,
+                                        logprobs, b.finish_reason(), std::nullopt)));
       if (g.parsed->include_usage) {
         // As OpenAI and vLLM: only when asked, in a last chunk of its own with no choices.
-        json u = ChunkJson(g.endpoint, g.id, g.created, options_.model_name, "", false,
-                           json(nullptr), "", b.usage(g.prompt_tokens));
+        json u = ChunkJson(g.endpoint, g.id, g.created, g.model, "", false, json(nullptr), "",
+                           b.usage(g.prompt_tokens));
         u["choices"] = json::array();
         g.res->WriteChunk(Event(u));
       }
@@ -496,6 +527,7 @@ class HttpFront::Handlers {
   metrics::Family<metrics::Counter>& http_requests_;
   metrics::Gauge& streams_;
   metrics::Counter& disconnects_;
+  VllmMetrics vllm_;
   const int64_t created_ = absl::ToUnixSeconds(absl::Now());
   std::string id_prefix_;
   std::atomic<uint64_t> next_id_{1};

@@ -68,6 +68,10 @@ struct HttpFrontOptions {
   // How much lower than the event loop the generation threads run (nice; 0: the same), so that
   // /health, accepts and deadlines are served first when every generation wakes at once.
   int generation_nice = 5;
+  // The names this server answers to (vLLM's --served-model-name): /v1/models lists each, and a
+  // request whose "model" is none of them is a 404 model_not_found. Empty: {model_name}, which
+  // the servers set from the model's path.
+  std::vector<std::string> served_model_names;
   std::string model_name = "duet";
   // The model's context; /v1/models and the length checks use the backend's max_model_len
   // (HealthResponse) when it reports one, capped by this.

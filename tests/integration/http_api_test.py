@@ -254,6 +254,14 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
         err = None
     except openai.BadRequestError as e:
         err = e.status_code
+    # A model the server does not serve: 404 model_not_found, as OpenAI and vLLM answer.
+    try:
+        c.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+        unknown_model = None
+    except openai.NotFoundError as e:
+        unknown_model = (e.status_code, e.code)
+    check(unknown_model == (404, "model_not_found"),
+          "an unknown model is a 404 model_not_found (%s)" % (unknown_model,))
     # Fields the server does not implement are refused by name, never ignored.
     refused = {}
     for field, value, known in [("bad_words", ["x"], False),
@@ -487,6 +495,34 @@ def main():
         check(value(after, "duet_http_requests_total", path="/v1/completions", code="400") >= 8,
               "HTTP 400s counted by path")
         check(value(after, "duet_coordinator_nodes", kind="decode") == 1, "node gauge: 1 decode")
+        # The same requests under vLLM's names (what a vLLM Grafana dashboard reads).
+        mn = os.path.basename(model)
+        vttft = (value(after, "vllm:time_to_first_token_seconds_count", model_name=mn) -
+                 value(before, "vllm:time_to_first_token_seconds_count", model_name=mn))
+        check(vttft == ttft, "vllm:time_to_first_token_seconds counted the %s requests (%s)" %
+              (ttft, vttft))
+        vgen = (value(after, "vllm:generation_tokens_total", model_name=mn) -
+                value(before, "vllm:generation_tokens_total", model_name=mn))
+        gen = (value(after, "duet_coordinator_generated_tokens_total") -
+               value(before, "duet_coordinator_generated_tokens_total"))
+        check(vgen == gen and gen > 0, "vllm:generation_tokens_total moved with duet's (%s, %s)" %
+              (vgen, gen))
+        vok = sum(value(after, "vllm:request_success_total", model_name=mn, finished_reason=r) -
+                  value(before, "vllm:request_success_total", model_name=mn, finished_reason=r)
+                  for r in ("stop", "length"))
+        check(vok == ok_delta, "vllm:request_success_total counted the %s finished requests (%s)"
+              % (ok_delta, vok))
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                     "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total",
+                     "vllm:inter_token_latency_seconds_count",
+                     "vllm:time_per_output_token_seconds_count",
+                     "vllm:e2e_request_latency_seconds_count",
+                     "vllm:request_queue_time_seconds_count",
+                     "vllm:request_prefill_time_seconds_count",
+                     "vllm:request_decode_time_seconds_count"):
+            check((name, frozenset({("model_name", mn)})) in after, name + " is exported")
+        check(0 <= value(after, "vllm:kv_cache_usage_perc", model_name=mn) <= 1,
+              "vllm:kv_cache_usage_perc is a fraction")
         check(value(after, "duet_coordinator_node_heartbeats_total", node="decode-0") > 0,
               "heartbeats counted")
         dec = samples(fetch(cl.metrics["decode-0"]))

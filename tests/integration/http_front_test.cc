@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +47,8 @@ class FakeBackend : public GenerationBackend {
       if (i + 1 == text.size()) {
         r.set_finish_reason(v1::FINISH_REASON_MAX_TOKENS);
         r.set_prompt_tokens(req.token_ids().ids_size());
+        r.mutable_timings()->set_queue_us(2000);
+        r.mutable_timings()->set_decode_us(40000);
       }
       if (sink.cancelled() || !sink.write(r)) {
         cancelled = true;
@@ -58,6 +62,15 @@ class FakeBackend : public GenerationBackend {
   v1::HealthResponse Health() override {
     v1::HealthResponse h;
     h.set_ready(ready);
+    // A decode pool 60 % used, and a prefill pool (not counted as the KV cache's usage).
+    v1::NodeStatus* d = h.add_nodes();
+    d->set_kind(v1::NODE_KIND_DECODE);
+    d->mutable_load()->set_total_blocks(10);
+    d->mutable_load()->set_free_blocks(4);
+    v1::NodeStatus* p = h.add_nodes();
+    p->set_kind(v1::NODE_KIND_PREFILL);
+    p->mutable_load()->set_total_blocks(100);
+    p->mutable_load()->set_free_blocks(0);
     return h;
   }
 
@@ -258,6 +271,99 @@ TEST_F(HttpFrontTest, TokenizeDetokenizeVersionAndModelById) {
   EXPECT_EQ(r.status, 404);
   EXPECT_EQ(Error(r)["code"], "model_not_found");
   EXPECT_EQ(backend_.calls.load(), 0) << "none of these reach the generation backend";
+}
+
+// --served-model-name: /v1/models lists every name, a request may name any of them (and is
+// answered under that name), and any other model is a 404 model_not_found that never reaches
+// the backend; a request naming no model is served under the first name.
+TEST_F(HttpFrontTest, ServedModelNamesAndUnknownModels) {
+  StartFront({.served_model_names = {"smollm2", "sm2"}, .model_name = "smollm2"});
+  Reply r = Exchange(front_->port(), "GET", "/v1/models", "");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json data = json::parse(r.body)["data"];
+  ASSERT_EQ(data.size(), 2u) << r.body;
+  EXPECT_EQ(data[0]["id"], "smollm2");
+  EXPECT_EQ(data[1]["id"], "sm2");
+  EXPECT_EQ(Exchange(front_->port(), "GET", "/v1/models/sm2", "").status, 200);
+  r = Post("/v1/completions", {{"model", "sm2"}, {"prompt", "Hi"}, {"max_tokens", 2}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["model"], "sm2");
+  r = Post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 2}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["model"], "smollm2");
+  const int calls = backend_.calls.load();
+  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/tokenize"}) {
+    json body = {{"model", "gpt-4"}, {"max_tokens", 2}};
+    if (std::string(path) == "/v1/chat/completions") {
+      body["messages"] = {{{"role", "user"}, {"content", "Hi"}}};
+    } else {
+      body["prompt"] = "Hi";
+    }
+    if (std::string(path) == "/tokenize") body.erase("max_tokens");
+    r = Post(path, body);
+    EXPECT_EQ(r.status, 404) << path << ": " << r.body;
+    EXPECT_EQ(Error(r)["code"], "model_not_found") << path;
+    EXPECT_EQ(Error(r)["param"], "model") << path;
+    EXPECT_NE(Error(r)["message"].get<std::string>().find("gpt-4"), std::string::npos) << path;
+  }
+  EXPECT_EQ(backend_.calls.load(), calls);
+}
+
+// Prometheus text -> {series (name and labels as printed): value}.
+std::map<std::string, double> ParseMetrics(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.rfind(' ');
+    out[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+  }
+  return out;
+}
+
+// The vLLM-named series a vLLM dashboard reads: a request waits until its first token, then
+// runs; its tokens, gaps, phases and finish reason land under vLLM's names with model_name.
+TEST_F(HttpFrontTest, VllmNamedMetrics) {
+  absl::Notification go;
+  backend_.block_until = &go;
+  backend_.gap = absl::Milliseconds(20);
+  StartFront({.model_name = "tiny"});
+  std::thread client([&] {
+    Reply r = Post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 5}});
+    EXPECT_EQ(r.status, 200) << r.body;
+  });
+  const std::string w = "{model_name=\"tiny\"}";
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (ParseMetrics(registry_.Render())["vllm:num_requests_waiting" + w] != 1 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  auto m = ParseMetrics(registry_.Render());
+  EXPECT_EQ(m["vllm:num_requests_waiting" + w], 1);
+  EXPECT_EQ(m["vllm:num_requests_running" + w], 0);
+  go.Notify();
+  client.join();
+  m = ParseMetrics(registry_.Render());
+  EXPECT_EQ(m["vllm:num_requests_waiting" + w], 0);
+  EXPECT_EQ(m["vllm:num_requests_running" + w], 0);
+  EXPECT_DOUBLE_EQ(m["vllm:kv_cache_usage_perc" + w], 0.6);
+  EXPECT_EQ(m["vllm:prompt_tokens_total" + w], 3);  // <|bos|> H i
+  EXPECT_EQ(m["vllm:generation_tokens_total" + w], 5);
+  EXPECT_EQ(m["vllm:request_success_total{model_name=\"tiny\",finished_reason=\"length\"}"], 1);
+  EXPECT_EQ(m["vllm:request_success_total{model_name=\"tiny\",finished_reason=\"stop\"}"], 0);
+  EXPECT_EQ(m["vllm:time_to_first_token_seconds_count" + w], 1);
+  EXPECT_EQ(m["vllm:inter_token_latency_seconds_count" + w], 4);
+  EXPECT_GE(m["vllm:inter_token_latency_seconds_sum" + w], 4 * 0.018);
+  EXPECT_EQ(m["vllm:time_per_output_token_seconds_count" + w], 1);
+  EXPECT_EQ(m["vllm:e2e_request_latency_seconds_count" + w], 1);
+  EXPECT_DOUBLE_EQ(m["vllm:request_queue_time_seconds_sum" + w], 0.002);
+  EXPECT_EQ(m["vllm:request_prefill_time_seconds_count" + w], 1);
+  EXPECT_DOUBLE_EQ(m["vllm:request_decode_time_seconds_sum" + w], 0.04);
+  // A cumulative bucket, its bound printed as the shortest decimal that round-trips.
+  EXPECT_EQ(m["vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"+Inf\"}"], 1);
+  EXPECT_TRUE(m.count("vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.0025\"}"))
+      << registry_.Render();
 }
 
 TEST_F(HttpFrontTest, NoCapacityIs429Or503WithRetryAfter) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/model/synthetic_model.h"
 #include "gtest/gtest.h"
 
@@ -51,6 +52,37 @@ TEST_F(NodeRuntimeTest, ComputeAndPoolFollowTheOptions) {
                       "cpu_gemm=\"openblas\",threads=\"2\",block_size=\"8\"} 1"),
             std::string::npos)
       << text;
+}
+
+// --kv_dtype reaches the pool's layout, and /metrics says what one token costs in it; an
+// unknown dtype is refused by name.
+TEST_F(NodeRuntimeTest, KvDtypeSetsTheLayoutAndIsReportedPerToken) {
+  NodeRuntimeOptions o = Options();
+  o.kv_cache_bytes = 1 << 20;
+  o.kv_dtype = "int8";
+  auto rt = NodeRuntime::Load(o, {.role = "test node"});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  const kv::KvLayout& l = (*rt)->layout();
+  EXPECT_EQ(l.dtype, kv::KvDtype::kInt8);
+  const double per_token =
+      kv::KvBytesPerToken(l.num_layers, l.num_kv_heads, l.head_dim, kv::KvDtype::kInt8);
+  EXPECT_EQ(static_cast<double>(l.BytesForTokens(1)), per_token);
+  const std::string text = (*rt)->metrics_registry().Render();
+  EXPECT_NE(text.find(absl::StrCat("duet_kv_bytes_per_token{node=\"node-t\",role=\"test node\","
+                                   "dtype=\"int8\"} ",
+                                   static_cast<int64_t>(per_token))),
+            std::string::npos)
+      << text;
+  o.kv_dtype = "auto";
+  auto f32 = NodeRuntime::Load(o, {.role = "test node"});
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  EXPECT_EQ((*f32)->layout().dtype, kv::KvDtype::kF32);  // the cpu backend computes in f32
+  EXPECT_GT((*f32)->layout().BytesForTokens(1), 3 * l.BytesForTokens(1));
+  o.kv_dtype = "int4";
+  auto bad = NodeRuntime::Load(o, {});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_NE(bad.status().message().find("kv_dtype"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("int4"), std::string::npos) << bad.status();
 }
 
 TEST_F(NodeRuntimeTest, APoolTooSmallForOneBlockIsRefusedNamingTheSizes) {
