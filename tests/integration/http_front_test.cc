@@ -10,7 +10,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <sstream>
 #include <string>
@@ -364,6 +366,83 @@ TEST_F(HttpFrontTest, VllmNamedMetrics) {
   EXPECT_EQ(m["vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"+Inf\"}"], 1);
   EXPECT_TRUE(m.count("vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.0025\"}"))
       << registry_.Render();
+}
+
+// A keep-alive client on 127.0.0.1: sends streamed completions on one connection and notes when
+// each SSE event with a token arrives.
+class KeepAliveClient {
+ public:
+  explicit KeepAliveClient(int port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok_ = fd_ >= 0 && connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  ~KeepAliveClient() {
+    if (fd_ >= 0) close(fd_);
+  }
+  // Arrival times of the token events of one streamed completion (empty on failure).
+  std::vector<absl::Time> Stream(const std::string& body) {
+    std::vector<absl::Time> at;
+    if (!ok_) return at;
+    const std::string req = absl::StrCat(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Content-Length: ",
+        body.size(), "\r\n\r\n", body);
+    if (send(fd_, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return at;
+    std::string seen;
+    size_t scanned = 0;
+    char buf[4096];
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    auto done = [&] {
+      const size_t d = seen.find("[DONE]");
+      return d != std::string::npos && seen.find("0\r\n\r\n", d) != std::string::npos;
+    };
+    while (!done()) {
+      if (absl::Now() > deadline) return {};
+      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) return {};
+      const absl::Time now = absl::Now();
+      seen.append(buf, static_cast<size_t>(n));
+      for (size_t p; (p = seen.find("\"text\":\"", scanned)) != std::string::npos;) {
+        if (seen.compare(p, 9, "\"text\":\"\"") != 0) at.push_back(now);  // a non-empty piece
+        scanned = p + 1;
+      }
+    }
+    return at;
+  }
+
+ private:
+  int fd_;
+  bool ok_ = false;
+};
+
+// Per-token streaming: the second token arrives one backend step after the first on a fresh
+// connection and on a kept-alive one alike (no Nagle hold-back of small writes: TCP_NODELAY).
+TEST_F(HttpFrontTest, SecondTokenGapIsTheSameOnAReusedConnection) {
+  backend_.gap = absl::Milliseconds(30);
+  StartFront();
+  const std::string body = json{{"prompt", "Hi"}, {"max_tokens", 5}, {"stream", true}}.dump();
+  std::vector<double> fresh, reused;
+  for (int i = 0; i < 3; ++i) {
+    KeepAliveClient c(front_->port());
+    const std::vector<absl::Time> a = c.Stream(body);  // fresh connection
+    const std::vector<absl::Time> b = c.Stream(body);  // the same connection again
+    const std::vector<absl::Time> d = c.Stream(body);
+    ASSERT_GE(a.size(), 2u);
+    ASSERT_GE(b.size(), 2u);
+    ASSERT_GE(d.size(), 2u);
+    fresh.push_back(absl::ToDoubleMilliseconds(a[1] - a[0]));
+    reused.push_back(absl::ToDoubleMilliseconds(b[1] - b[0]));
+    reused.push_back(absl::ToDoubleMilliseconds(d[1] - d[0]));
+  }
+  std::sort(fresh.begin(), fresh.end());
+  std::sort(reused.begin(), reused.end());
+  const double f = fresh[fresh.size() / 2], r = reused[reused.size() / 2];
+  EXPECT_GT(f, 20.0) << "fresh connection: first-to-second token gap " << f << " ms";
+  EXPECT_GT(r, 20.0) << "reused connection: first-to-second token gap " << r << " ms";
+  EXPECT_LT(std::fabs(f - r), 15.0) << "fresh " << f << " ms vs reused " << r << " ms";
 }
 
 TEST_F(HttpFrontTest, NoCapacityIs429Or503WithRetryAfter) {
