@@ -137,6 +137,7 @@ int main(int argc, char** argv) {
                                              .top_p = absl::GetFlag(FLAGS_top_p),
                                              .seed = 1};
   std::vector<Row> rows;
+  nlohmann::json capacity = nlohmann::json::array();
   duet::model::ModelConfig config;
 
   std::vector<std::pair<std::string, std::string>> variants;  // (gemm, kv dtype)
@@ -168,6 +169,19 @@ int main(int argc, char** argv) {
       return 1;
     }
     auto token = [&](int i) { return static_cast<int32_t>((i * 7919 + 13) % config.vocab_size); };
+    {
+      // What this dtype buys a decode node: requests of --context (+ 64 generated) tokens a pool
+      // of --kv_cache_bytes holds.
+      const duet::kv::KvLayout& l = pool.layout();
+      const int64_t per_request = l.BlocksForTokens(context + 64);
+      capacity.push_back({{"gemm", gemm},
+                          {"kv_dtype", kv_dtype},
+                          {"bytes_per_token", l.BytesForTokens(1)},
+                          {"pool_bytes", pool.region_bytes()},
+                          {"blocks", pool.num_blocks()},
+                          {"tokens", pool.num_blocks() * l.block_size},
+                          {"requests_of_context", pool.num_blocks() / per_request}});
+    }
 
     for (int len : prefill) {
       double best = 1e30;
@@ -250,10 +264,21 @@ int main(int argc, char** argv) {
               wbytes / 1e6);
   std::printf("measured read bandwidth %.1f GB/s -> memory-bound decode limit %.1f steps/s "
               "(x batch tokens/s)\n\n", bw, bound);
+  std::printf("%-10s %-5s %10s %12s %10s %12s %14s\n", "gemm", "kv", "bytes/tok", "pool_bytes",
+              "blocks", "tokens", "requests@ctx");
+  for (const auto& c : capacity) {
+    std::printf("%-10s %-5s %10lld %12lld %10lld %12lld %14lld\n",
+                c["gemm"].get<std::string>().c_str(), c["kv_dtype"].get<std::string>().c_str(),
+                c["bytes_per_token"].get<long long>(), c["pool_bytes"].get<long long>(),
+                c["blocks"].get<long long>(), c["tokens"].get<long long>(),
+                c["requests_of_context"].get<long long>());
+  }
+  std::printf("\n");
   std::printf("%-10s %-5s %-20s %6s %10s %12s %12s\n", "gemm", "kv", "phase", "size", "ms",
               "tokens/s", "vs_mem_bound");
   nlohmann::json j;
   j["model"] = model_dir;
+  j["kv_capacity"] = capacity;
   j["read_bandwidth_gbps"] = bw;
   j["weight_bytes"] = wbytes;
   j["decode_bound_steps_per_s"] = bound;

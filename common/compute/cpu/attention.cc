@@ -170,26 +170,33 @@ class RowFetcher {
   // the buffer stay valid until the next Fetch.
   void Fetch(const int32_t* block_table, int32_t t0, int n, int kvh, bool value,
              const float** rows) {
-    for (int i = 0; i < n; ++i) {
+    const kv::KvLayout& l = cache_.layout;
+    const int64_t token_elems = l.token_elems();
+    for (int i = 0; i < n;) {
+      // A run of positions in one block: rows a token apart, scales num_kv_heads apart.
       const int32_t t = t0 + i;
       const kv::BlockId b = block_table[t / bs_];
       const int off = t % bs_;
+      const int run = std::min(n - i, bs_ - off);
       if (dtype_ == kv::KvDtype::kF32) {
-        rows[i] = (value ? cache_.ValuePtr<float>(layer_, b, off)
-                         : cache_.KeyPtr<float>(layer_, b, off)) +
-                  static_cast<int64_t>(kvh) * d_;
-        continue;
+        const float* first = (value ? cache_.ValuePtr<float>(layer_, b, off)
+                                    : cache_.KeyPtr<float>(layer_, b, off)) +
+                             static_cast<int64_t>(kvh) * d_;
+        for (int j = 0; j < run; ++j) rows[i + j] = first + j * token_elems;
+      } else {
+        const uint8_t* codes = (value ? cache_.ValuePtr<uint8_t>(layer_, b, 0)
+                                      : cache_.KeyPtr<uint8_t>(layer_, b, 0)) +
+                               (static_cast<int64_t>(off) * l.num_kv_heads + kvh) * head_bytes_;
+        const float* scales = l.has_scales() ? (value ? cache_.ValueScalePtr(layer_, b, off)
+                                                      : cache_.KeyScalePtr(layer_, b, off)) +
+                                                   kvh
+                                             : nullptr;
+        float* out = buf_.data() + static_cast<size_t>(i) * d_;
+        DecodeKvRows(dtype_, codes, token_elems * static_cast<int64_t>(l.dtype_bytes()), scales,
+                     l.num_kv_heads, run, d_, out);
+        for (int j = 0; j < run; ++j) rows[i + j] = out + static_cast<int64_t>(j) * d_;
       }
-      const uint8_t* codes =
-          (value ? cache_.ValuePtr<uint8_t>(layer_, b, 0) : cache_.KeyPtr<uint8_t>(layer_, b, 0)) +
-          (static_cast<int64_t>(off) * cache_.layout.num_kv_heads + kvh) * head_bytes_;
-      const float scale = cache_.layout.has_scales()
-                              ? (value ? cache_.ValueScalePtr(layer_, b, off)
-                                       : cache_.KeyScalePtr(layer_, b, off))[kvh]
-                              : 1.f;
-      float* row = buf_.data() + static_cast<size_t>(i) * d_;
-      DecodeKvHead(dtype_, codes, scale, d_, row);
-      rows[i] = row;
+      i += run;
     }
   }
 

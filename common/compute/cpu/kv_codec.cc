@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/base/float16.h"
 #include "common/base/float8.h"
@@ -113,6 +114,82 @@ void DecodeKvHeadPortable(kv::KvDtype dtype, const void* codes, float scale, int
     }
   }
   DUET_CHECK(false) << "DecodeKvHead: unknown KV dtype " << static_cast<int>(dtype);
+}
+
+namespace {
+
+#if DUET_KV_AVX2
+// 8 codes at c -> 8 floats (times s for the scaled dtypes), the portable decoder's bits.
+template <kv::KvDtype D>
+inline __m256 Decode8(const uint8_t* c, __m256 s) {
+  if constexpr (D == kv::KvDtype::kBF16) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  } else if constexpr (D == kv::KvDtype::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+  } else if constexpr (D == kv::KvDtype::kInt8) {
+    const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(w), s);
+  } else {
+    // E4M3 -> the f16 with the same sign, exponent field and mantissa shifted into place: that
+    // f16 is the value times 2^-8 (normal and subnormal alike; the bias differs by 8), so
+    // scaling by 2^8 is exact. The NaN codes (S.1111.111) become NaN, as in the table.
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+    const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7),
+                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+    __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+    const __m256 nan =
+        _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
+    v = _mm256_blendv_ps(v, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan);
+    return _mm256_mul_ps(v, s);
+  }
+}
+
+template <kv::KvDtype D>
+void DecodeRowsSimd(const uint8_t* codes, int64_t code_stride, const float* scales,
+                    int64_t scale_stride, int n, int head_dim, float* out) {
+  constexpr size_t kBytes = D == kv::KvDtype::kBF16 || D == kv::KvDtype::kF16 ? 2 : 1;
+  constexpr bool kScaled = D == kv::KvDtype::kInt8 || D == kv::KvDtype::kFp8E4M3;
+  const int n8 = head_dim / 8 * 8;
+  for (int r = 0; r < n; ++r) {
+    const uint8_t* c = codes + r * code_stride;
+    const float scale = kScaled ? scales[r * scale_stride] : 1.f;
+    const __m256 s = _mm256_set1_ps(scale);
+    float* o = out + static_cast<int64_t>(r) * head_dim;
+    for (int i = 0; i < n8; i += 8) _mm256_storeu_ps(o + i, Decode8<D>(c + i * kBytes, s));
+    if (n8 < head_dim) DecodeKvHeadPortable(D, c + n8 * kBytes, scale, head_dim - n8, o + n8);
+  }
+}
+#endif
+
+}  // namespace
+
+void DecodeKvRows(kv::KvDtype dtype, const uint8_t* codes, int64_t code_stride, const float* scales,
+                  int64_t scale_stride, int n, int head_dim, float* out) {
+#if DUET_KV_AVX2 && defined(__F16C__)
+  switch (dtype) {
+    case kv::KvDtype::kBF16:
+      return DecodeRowsSimd<kv::KvDtype::kBF16>(codes, code_stride, scales, scale_stride, n,
+                                                head_dim, out);
+    case kv::KvDtype::kF16:
+      return DecodeRowsSimd<kv::KvDtype::kF16>(codes, code_stride, scales, scale_stride, n,
+                                               head_dim, out);
+    case kv::KvDtype::kInt8:
+      return DecodeRowsSimd<kv::KvDtype::kInt8>(codes, code_stride, scales, scale_stride, n,
+                                                head_dim, out);
+    case kv::KvDtype::kFp8E4M3:
+      return DecodeRowsSimd<kv::KvDtype::kFp8E4M3>(codes, code_stride, scales, scale_stride, n,
+                                                   head_dim, out);
+    default:
+      break;
+  }
+#endif
+  const bool scaled = kv::KvDtypeHasScales(dtype);
+  for (int r = 0; r < n; ++r) {
+    DecodeKvHeadPortable(dtype, codes + r * code_stride, scaled ? scales[r * scale_stride] : 1.f,
+                         head_dim, out + static_cast<int64_t>(r) * head_dim);
+  }
 }
 
 void DecodeKvHead(kv::KvDtype dtype, const void* codes, float scale, int head_dim, float* out) {

@@ -29,4 +29,10 @@ void DecodeKvHead(kv::KvDtype dtype, const void* codes, float scale, int head_di
 void DecodeKvHeadPortable(kv::KvDtype dtype, const void* codes, float scale, int head_dim,
                           float* out);
 
+// Decodes `n` rows of one head: row i's codes at codes + i * code_stride bytes, its scale at
+// scales[i * scale_stride] (int8/fp8; ignored otherwise), into out + i * head_dim. The same bits
+// as DecodeKvHead row by row, with the dtype dispatched once (attention's inner loop).
+void DecodeKvRows(kv::KvDtype dtype, const uint8_t* codes, int64_t code_stride, const float* scales,
+                  int64_t scale_stride, int n, int head_dim, float* out);
+
 }  // namespace duet::compute::cpu

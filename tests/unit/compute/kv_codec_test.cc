@@ -97,5 +97,43 @@ TEST(KvCodecTest, SimdAndPortableDecodersAgreeBitwise) {
   }
 }
 
+// DecodeKvRows (the dtype dispatched once, rows strided as in a block) gives DecodeKvHead's bits
+// row by row, every fp8 code included (NaN codes decode to NaN on both paths).
+TEST(KvCodecTest, RowDecoderAgreesWithTheHeadDecoder) {
+  std::mt19937 rng(9);
+  for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kBF16, kv::KvDtype::kF16,
+                            kv::KvDtype::kInt8, kv::KvDtype::kFp8E4M3}) {
+    for (int d : {8, 20, 64, 256}) {
+      const int rows = 5, nkv = 3;
+      const size_t eb = kv::KvDtypeBytes(dtype);
+      std::vector<uint8_t> codes(static_cast<size_t>(rows) * nkv * d * eb);
+      for (uint8_t& c : codes) c = static_cast<uint8_t>(rng());
+      if (dtype == kv::KvDtype::kF32 || dtype == kv::KvDtype::kF16 || dtype == kv::KvDtype::kBF16) {
+        // Real values, not random bit patterns (whose NaN payloads need not survive).
+        std::vector<float> x(static_cast<size_t>(rows) * nkv * d);
+        for (float& v : x) v = std::uniform_real_distribution<float>(-4.f, 4.f)(rng);
+        for (int r = 0; r < rows; ++r) {
+          EncodeKvToken(dtype, x.data() + r * nkv * d, nkv, d, codes.data() + r * nkv * d * eb,
+                        nullptr);
+        }
+      }
+      std::vector<float> scales(static_cast<size_t>(rows) * nkv);
+      for (float& s : scales) s = std::uniform_real_distribution<float>(0.001f, 2.f)(rng);
+      for (int h = 0; h < nkv; ++h) {
+        std::vector<float> got(static_cast<size_t>(rows) * d), want(got.size());
+        DecodeKvRows(dtype, codes.data() + h * d * eb, static_cast<int64_t>(nkv) * d * eb,
+                     scales.data() + h, nkv, rows, d, got.data());
+        for (int r = 0; r < rows; ++r) {
+          DecodeKvHeadPortable(dtype, codes.data() + (r * nkv + h) * d * eb,
+                               kv::KvDtypeHasScales(dtype) ? scales[r * nkv + h] : 1.f, d,
+                               want.data() + r * d);
+        }
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+            << kv::KvDtypeName(dtype) << " d=" << d << " head " << h;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace duet::compute::cpu
