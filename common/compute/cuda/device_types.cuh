@@ -53,7 +53,7 @@ struct KvTraits<KvFp8> {
 };
 
 __device__ __forceinline__ float ToFloat(KvInt8 c) { return static_cast<float>(c.v); }
-__device__ __forceinline__ float ToFloat(KvFp8 c) { return KvFp8ToFloat(c.v); }
+__device__ __forceinline__ float ToFloat(KvFp8 c) { return Fp8E4M3ToFloat(c.v); }
 
 template <typename T>
 __device__ __forceinline__ T QuantizeKv(float x, float scale);

@@ -1,9 +1,8 @@
 // The element codecs the CUDA KV kernels use (common/compute/cuda/kv_quant.h, host and device
-// source) against the CPU backend's definition (cpu/kv_codec.h, common/base/float8.h), compiled
-// here by the host compiler: every fp8 code decodes alike, float -> fp8 agrees on every float
-// below 512 in magnitude (a stride through all bit patterns, plus every bit pattern near the
-// code boundaries), and whole tokens quantized with the kernels' recipe (amax, scale, codes)
-// equal EncodeKvToken's bytes for int8 and fp8.
+// source) against the CPU backend's definition (cpu/kv_codec.h), compiled here by the host
+// compiler: whole tokens quantized with the kernels' recipe (amax, scale, codes) equal
+// EncodeKvToken's bytes for int8 and fp8 (both take the fp8 conversion from
+// common/base/float8.h).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -22,52 +21,6 @@ uint32_t Bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
   return u;
-}
-
-float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-TEST(CudaKvQuantTest, Fp8DecodeEqualsCpuForEveryCode) {
-  for (int c = 0; c < 256; ++c) {
-    const float want = Fp8E4M3ToFloat(static_cast<uint8_t>(c));
-    const float got = KvFp8ToFloat(static_cast<uint8_t>(c));
-    if (std::isnan(want)) {
-      EXPECT_TRUE(std::isnan(got)) << "code " << c;
-    } else {
-      EXPECT_EQ(Bits(got), Bits(want)) << "code " << c;
-    }
-  }
-}
-
-TEST(CudaKvQuantTest, Fp8EncodeEqualsCpu) {
-  int64_t checked = 0;
-  // A stride through every positive and negative bit pattern (NaNs and infinities included).
-  for (uint64_t u = 0; u <= 0xffffffffull; u += 997) {
-    const float f = FromBits(static_cast<uint32_t>(u));
-    ASSERT_EQ(KvFloatToFp8(f), FloatToFp8E4M3(f)) << "bits " << std::hex << u;
-    ++checked;
-  }
-  // Every bit pattern within 4096 ulps of each fp8 value and each midpoint between neighbours.
-  for (int c = 0; c < 127; ++c) {
-    const float lo = Fp8E4M3ToFloat(static_cast<uint8_t>(c));
-    const float hi = Fp8E4M3ToFloat(static_cast<uint8_t>(c + 1));
-    for (float center : {lo, (lo + hi) / 2, hi}) {
-      for (int sign : {1, -1}) {
-        const uint32_t b = Bits(sign * center);
-        for (int64_t d = -4096; d <= 4096; ++d) {
-          const int64_t v = static_cast<int64_t>(b) + d;
-          if (v < 0 || v > 0xffffffffll) continue;
-          const float f = FromBits(static_cast<uint32_t>(v));
-          ASSERT_EQ(KvFloatToFp8(f), FloatToFp8E4M3(f)) << "bits " << std::hex << v;
-          ++checked;
-        }
-      }
-    }
-  }
-  EXPECT_GT(checked, 4000000);
 }
 
 // One token quantized per kv head the way the CUDA write kernel does: amax by max (any order),
@@ -124,7 +77,7 @@ TEST(CudaKvQuantTest, TokensQuantizeLikeEncodeKvToken) {
             const uint8_t c = got[h * d + i];
             const float v = dtype == kv::KvDtype::kInt8
                                 ? static_cast<float>(static_cast<int8_t>(c)) * got_scales[h]
-                                : KvFp8ToFloat(c) * got_scales[h];
+                                : Fp8E4M3ToFloat(c) * got_scales[h];
             ASSERT_EQ(Bits(v), Bits(row[i])) << "head " << h << " dim " << i;
           }
         }
