@@ -1,0 +1,472 @@
+// Loopback cluster tests under faults and pressure: killed, hung and paused nodes, full pools,
+// prompts that never fit, mismatched layouts, and the sampling parameters across a resume;
+// requests finish token-exact (invariant 1), nothing leaks (3), every wait has a deadline (5).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/integration/cluster_fixture.h"
+
+namespace duet {
+namespace {
+
+using namespace cluster_testing;  // NOLINT: the fixture's helpers
+
+class ClusterFailureTest : public ClusterTest {};
+
+// Continues a stopped process when it goes out of scope (a stopped child cannot be shut down).
+class Stopped {
+ public:
+  explicit Stopped(pid_t pid) : pid_(pid) { kill(pid_, SIGSTOP); }
+  ~Stopped() { Resume(); }
+  void Resume() {
+    if (pid_ > 0) kill(pid_, SIGCONT);
+    pid_ = 0;
+  }
+
+ private:
+  pid_t pid_;
+};
+
+// Kill a decode node mid-stream: its requests continue on the other decode node from the prompt
+// and the tokens already streamed, with no error, no repeated and no missing token (greedy and
+// seeded equal the single-process run), within the deadline, and nothing leaks on the survivors.
+TEST_F(ClusterFailureTest, KilledDecodeNodesRequestsContinueElsewhereTokenExact) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 1, 2));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  std::atomic<int> streaming{0};
+  std::vector<std::thread> threads;
+  std::vector<Result> results(6);
+  auto params = [](int i) {
+    // Long enough that every request still runs when the node is killed.
+    model::SamplingParams p{.max_tokens = 1500 + 10 * i, .ignore_eos = true};
+    if (i % 3 == 0) {
+      p.temperature = 0.8f;
+      p.seed = 77 + i;
+    }
+    return p;
+  };
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      const v1::SamplingParams s = rpc::ToProto(params(i));
+      results[i] =
+          Generate(*stub, Prompt(50, i), s, absl::Seconds(60), [&](grpc::ClientContext&, int n) {
+            if (n == 2) streaming++;
+          });
+    });
+  }
+  while (streaming.load() < 6 && absl::Now() - start < absl::Seconds(30)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  // Kill the decode node running the most requests (as its heartbeats report them).
+  std::string victim;
+  for (const absl::Time until = absl::Now() + absl::Seconds(5);
+       victim.empty() && absl::Now() < until; absl::SleepFor(absl::Milliseconds(20))) {
+    int most = 0;
+    const v1::HealthResponse h = Health(*stub);
+    for (const v1::NodeStatus& n : h.nodes()) {
+      if (n.kind() == v1::NODE_KIND_DECODE && n.load().running_requests() > most) {
+        most = n.load().running_requests();
+        victim = n.node_id();
+      }
+    }
+  }
+  ASSERT_FALSE(victim.empty()) << "no decode node reported a running request";
+  ASSERT_GT(cluster.pid_of(victim), 0);
+  kill(cluster.pid_of(victim), SIGKILL);
+  for (auto& t : threads) t.join();
+  int resumed = 0;
+  for (int i = 0; i < 6; ++i) {
+    const Result& r = results[i];
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status;
+    EXPECT_EQ(r.ids, Reference(Prompt(50, i), params(i))) << i;
+    resumed += r.timings.resumes();
+  }
+  EXPECT_GT(resumed, 0) << "no request was on the killed decode node";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "requests did not end within the deadline";
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// A decode pool too small for the requests in flight (20 blocks, four requests that grow to 10
+// each): the decode node preempts the newest and the coordinator re-prefills it (prompt and
+// tokens so far) and continues its stream. Every request finishes with the single-process
+// tokens (greedy and seeded, with and without penalties), and nothing is held afterwards.
+TEST_F(ClusterFailureTest, FullDecodePoolPreemptsAndResumesTokenExact) {
+  ServeProcess cluster(DUET_BIN,
+                       ClusterFlags(model_dir_, "shm", 1, 1, {"--kv_cache_bytes=163840"}));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  auto params = [](int i) {
+    model::SamplingParams p{.max_tokens = 120, .ignore_eos = true};
+    if (i % 2) {
+      p.temperature = 0.9f;
+      p.seed = 11 + i;
+    }
+    if (i >= 2) {  // the resumed prefill and decode count the streamed tokens as output
+      p.repetition_penalty = 1.2f;
+      p.presence_penalty = 0.5f;
+      p.frequency_penalty = 0.3f;
+      p.min_p = 0.02f;
+    }
+    return p;
+  };
+  std::vector<std::thread> threads;
+  std::vector<Result> results(4);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      const v1::SamplingParams s = rpc::ToProto(params(i));
+      results[i] = Generate(*stub, Prompt(40, i), s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  int resumed = 0;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status;
+    EXPECT_EQ(results[i].ids, Reference(Prompt(40, i), params(i))) << i;
+    resumed += results[i].timings.resumes();
+  }
+  EXPECT_GT(resumed, 0) << "the pool was expected to force a preemption";
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+class ClusterSamplingTest : public ClusterTest {};
+
+// min_p, the penalties, logit_bias and min_tokens give the single-process tokens on the cluster
+// (the prefill node samples the first token, the decode node the rest, each from the prompt and
+// the output so far), greedy and seeded, concurrently, and each changes the tokens.
+TEST_F(ClusterSamplingTest, SamplingParametersAreTokenExactAgainstOneProcess) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 1, 1));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  const std::vector<int> lengths = {3, 17, 40, 300};
+  auto params = [&](int i) {
+    model::SamplingParams p{.max_tokens = 24, .ignore_eos = true};
+    if (i % 2) {
+      p.temperature = 0.9f;
+      p.seed = 500 + i;
+    }
+    switch (i % 4) {
+      case 0:
+        p.repetition_penalty = 1.5f;
+        break;
+      case 1:
+        p.presence_penalty = 1.f;
+        p.frequency_penalty = 0.7f;
+        p.min_p = 0.05f;
+        break;
+      case 2: {
+        // The greedy first token is banned; a stop token boosted to come at once waits for
+        // min_tokens.
+        const int32_t first = Reference(Prompt(lengths[i / 4 % 4], i), p)[0];
+        const int32_t stop = (first + 1) % 256;
+        p.logit_bias = {{std::min(first, stop), 0.f}, {std::max(first, stop), 0.f}};
+        for (compute::LogitBias& b : p.logit_bias) b.bias = b.id == first ? -100.f : 30.f;
+        p.stop_token_ids = {stop};
+        p.min_tokens = 5;
+        break;
+      }
+      default:
+        p.repetition_penalty = 0.8f;
+        p.frequency_penalty = -0.5f;
+        p.top_k = 40;
+        break;
+    }
+    return p;
+  };
+  const int n = static_cast<int>(lengths.size()) * 4;
+  std::vector<model::SamplingParams> ps;
+  for (int i = 0; i < n; ++i) ps.push_back(params(i));
+  std::vector<std::thread> threads;
+  std::vector<Result> results(n);
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = Generate(*stub, Prompt(lengths[i / 4 % 4], i), rpc::ToProto(ps[i]));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < n; ++i) {
+    SCOPED_TRACE(i);
+    const Result& r = results[i];
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    const std::vector<int32_t> prompt = Prompt(lengths[i / 4 % 4], i);
+    EXPECT_EQ(r.ids, Reference(prompt, ps[i]));
+    model::SamplingParams plain = ps[i];
+    plain.repetition_penalty = 1.f;
+    plain.presence_penalty = plain.frequency_penalty = plain.min_p = 0.f;
+    plain.logit_bias.clear();
+    plain.min_tokens = 0;
+    EXPECT_NE(r.ids, Reference(prompt, plain)) << "the parameters changed nothing";
+    if (i % 4 == 2) {  // the stop token came right after min_tokens
+      EXPECT_EQ(r.ids.size(), 6u);
+      EXPECT_EQ(r.ids.back(), ps[i].stop_token_ids[0]);
+    }
+  }
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// The cluster advertises what its pools can hold for one request (20 blocks of 16 = 320
+// tokens), and a request longer than that is refused at once, naming the numbers, instead of
+// failing mid-stream or being refused as retryable.
+TEST_F(ClusterFailureTest, RequestThatCanNeverFitIsRefusedNamingMaxModelLen) {
+  ServeProcess cluster(DUET_BIN,
+                       ClusterFlags(model_dir_, "shm", 1, 1, {"--kv_cache_bytes=163840"}));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  EXPECT_EQ(Health(*stub).max_model_len(), 320);
+  v1::SamplingParams s;
+  s.set_max_tokens(100);
+  Result r = Generate(*stub, Prompt(250, 1), s);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << r.status;
+  EXPECT_NE(r.status.message().find("exceeds max_model_len 320"), std::string::npos) << r.status;
+  s.set_max_tokens(70);
+  r = Generate(*stub, Prompt(250, 1), s);  // exactly 320
+  EXPECT_TRUE(r.status.ok()) << r.status;
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// Prompts that do not all fit the pools at once (six of 16 blocks, pools of 20) wait for room
+// on the coordinator and the prefill node instead of failing, and all finish token-exact.
+TEST_F(ClusterFailureTest, PromptsBeyondThePoolsWaitForRoomAndFinish) {
+  ServeProcess cluster(DUET_BIN,
+                       ClusterFlags(model_dir_, "shm", 1, 1, {"--kv_cache_bytes=163840"}));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  std::vector<std::thread> threads;
+  std::vector<Result> results(6);
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      v1::SamplingParams s;
+      s.set_max_tokens(4);
+      s.set_ignore_eos(true);
+      results[i] = Generate(*stub, Prompt(250, 10 + i), s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status;
+    EXPECT_EQ(results[i].ids, Reference(Prompt(250, 10 + i), {.max_tokens = 4, .ignore_eos = true}))
+        << i;
+  }
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// A decode node killed just before a burst: Reserves that fail on it are re-routed to the
+// healthy one at once (it is suspect from then on), long before its heartbeat deadline.
+TEST_F(ClusterFailureTest, ReserveOnADeadDecodeNodeIsReRouted) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 1, 2));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  kill(cluster.pid_of("decode-0"), SIGKILL);
+  std::vector<std::thread> threads;
+  std::vector<Result> results(16);
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      v1::SamplingParams s;
+      s.set_max_tokens(4);
+      s.set_ignore_eos(true);
+      results[i] = Generate(*stub, Prompt(20, i), s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status;
+    EXPECT_EQ(results[i].ids, Reference(Prompt(20, i), {.max_tokens = 4, .ignore_eos = true}));
+  }
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// A hung prefill node (SIGSTOP): requests routed to it are retried on the other one once it is
+// declared dead, and the retry does not wait for the abandoned call (which would end only at
+// the 60 s prefill deadline).
+TEST_F(ClusterFailureTest, HungPrefillNodeIsRetriedWithoutWaitingForTheAbandonedCall) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 2, 1));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  // First a few requests, so that the decode node is connected to prefill-0 (ties go to it):
+  // then a Reserve naming it succeeds, and the Prefill call to it is what hangs.
+  for (int i = 0; i < 3; ++i) {
+    v1::SamplingParams s;
+    s.set_max_tokens(2);
+    ASSERT_TRUE(Generate(*stub, Prompt(30, 90 + i), s).status.ok());
+  }
+  Stopped hung(cluster.pid_of("prefill-0"));
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> threads;
+  std::vector<Result> results(4);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      v1::SamplingParams s;
+      s.set_max_tokens(4);
+      s.set_ignore_eos(true);
+      results[i] = Generate(*stub, Prompt(30, i), s, absl::Seconds(30));
+    });
+  }
+  for (auto& t : threads) t.join();
+  const absl::Duration took = absl::Now() - start;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status;
+    EXPECT_EQ(results[i].ids, Reference(Prompt(30, i), {.max_tokens = 4, .ignore_eos = true}));
+  }
+  EXPECT_LT(took, absl::Seconds(12)) << "the retries waited for the hung node's calls";
+  hung.Resume();
+}
+
+// A hung decode node (SIGSTOP): a Reserve to it times out (5 s), and the request is re-routed to
+// the other decode node: the tracker's deadline outlasts the RPC, so the request is still there.
+TEST_F(ClusterFailureTest, ReserveOnAHungDecodeNodeTimesOutAndIsReRouted) {
+  ServeProcess cluster(DUET_BIN,
+                       ClusterFlags(model_dir_, "shm", 1, 2, {"--heartbeat_timeout_ms=30000"}));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  Stopped hung(cluster.pid_of("decode-0"));
+  std::vector<std::thread> threads;
+  std::vector<Result> results(4);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      v1::SamplingParams s;
+      s.set_max_tokens(4);
+      s.set_ignore_eos(true);
+      results[i] = Generate(*stub, Prompt(30, 20 + i), s, absl::Seconds(40));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status;
+    EXPECT_EQ(results[i].ids, Reference(Prompt(30, 20 + i), {.max_tokens = 4, .ignore_eos = true}));
+  }
+  hung.Resume();
+}
+
+// A bounded soak at saturation: 2 prefill and 2 decode nodes with 20-block pools, 40 requests
+// of mixed lengths from 8 clients (greedy and seeded), one decode node killed and one prefill
+// node paused for 3 s (past its heartbeat deadline) mid-run. Every request finishes with the
+// single-process tokens, and afterwards no block is held or quarantined on any live node. The
+// preemptions and what they cost are printed (docs/benchmarks.md quotes them).
+TEST_F(ClusterFailureTest, SoakAtSaturationWithAKilledAndAPausedNodeLosesNothing) {
+  ServeProcess cluster(DUET_BIN,
+                       ClusterFlags(model_dir_, "shm", 2, 2, {"--kv_cache_bytes=163840"}));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  constexpr int kRequests = 40, kClients = 8;
+  auto prompt_len = [](int i) { return 10 + (i * 37) % 80; };
+  auto params = [](int i) {
+    model::SamplingParams p{.max_tokens = 10 + (i * 53) % 80, .ignore_eos = true};
+    if (i % 2) {
+      p.temperature = 0.8f;
+      p.seed = 500 + i;
+    }
+    return p;
+  };
+  std::vector<Result> results(kRequests);
+  std::atomic<int> next{0}, done{0};
+  std::vector<std::thread> clients;
+  const absl::Time start = absl::Now();
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&] {
+      for (int i = next++; i < kRequests; i = next++) {
+        const v1::SamplingParams s = rpc::ToProto(params(i));
+        results[i] = Generate(*stub, Prompt(prompt_len(i), 100 + i), s, absl::Seconds(120));
+        done++;
+      }
+    });
+  }
+  while (done.load() < kRequests / 4 && absl::Now() - start < absl::Seconds(60)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  kill(cluster.pid_of("decode-1"), SIGKILL);
+  {
+    Stopped paused(cluster.pid_of("prefill-1"));
+    absl::SleepFor(absl::Seconds(3));
+  }
+  for (auto& t : clients) t.join();
+  int resumes = 0, resumed_requests = 0;
+  int64_t resume_us = 0;
+  std::vector<int64_t> ttft_us;
+  for (int i = 0; i < kRequests; ++i) {
+    const Result& r = results[i];
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status;
+    EXPECT_EQ(r.ids, Reference(Prompt(prompt_len(i), 100 + i), params(i))) << i;
+    resumes += r.timings.resumes();
+    resumed_requests += r.timings.resumes() > 0;
+    resume_us += r.timings.resume_us();
+    ttft_us.push_back(r.timings.time_to_first_token_us());
+  }
+  std::sort(ttft_us.begin(), ttft_us.end());
+  std::printf(
+      "soak: %d requests in %.1f s, 0 failed; %d resumes over %d requests, %.1f ms each on "
+      "average (stream stopped -> next token); TTFT p50 %.1f ms, p90 %.1f ms\n",
+      kRequests, absl::ToDoubleSeconds(absl::Now() - start), resumes, resumed_requests,
+      resumes ? resume_us / 1e3 / resumes : 0.0, ttft_us[kRequests / 2] / 1e3,
+      ttft_us[kRequests * 9 / 10] / 1e3);
+  EXPECT_GT(resumes, 0);
+  // Blocks the paused prefill node was writing stay quarantined until it answers that it is
+  // quiet, or for up to --kv_quarantine_bound (10 s) before it is fenced: a quarantine that began
+  // near the end of the run may need all of it, and a loaded machine a few heartbeats more.
+  EXPECT_TRUE(EverythingFree(*stub, absl::Seconds(25)));
+}
+
+// Kill a prefill node: a request routed to it is retried once on the other and finishes.
+TEST_F(ClusterFailureTest, KilledPrefillNodeIsRetriedElsewhere) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 2, 1));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  kill(cluster.pid_of("prefill-0"), SIGKILL);
+  v1::SamplingParams s;
+  s.set_max_tokens(6);
+  s.set_ignore_eos(true);
+  for (int i = 0; i < 4; ++i) {
+    Result r = Generate(*stub, Prompt(64, i), s);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.ids, Reference(Prompt(64, i), {.max_tokens = 6, .ignore_eos = true}));
+  }
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// A decode node whose KV layout differs from the cluster's is refused at registration, and the
+// message names both layouts.
+TEST_F(ClusterFailureTest, MismatchedLayoutIsRefusedAtRegistration) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 1, 1));
+  ASSERT_TRUE(cluster.ready());
+  ChildProcess decode(
+      {DUET_BIN, "decode", "--coordinator=" + cluster.address(), "--model=" + model_dir_,
+       "--node_id=decode-odd", "--block_size=32", "--threads=1", "--kv_cache_bytes=8388608"},
+      {.merge_stderr = true});
+  const std::string out = decode.ReadAll(absl::Now() + absl::Seconds(60));
+  EXPECT_GT(decode.Wait(absl::Seconds(10)), 0) << out;
+  EXPECT_NE(out.find("block=16"), std::string::npos) << out;
+  EXPECT_NE(out.find("block=32"), std::string::npos) << out;
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  EXPECT_EQ(Health(*stub).decode_nodes(), 1);
+}
+
+// A decode node whose KV dtype differs from the cluster's is refused at registration, naming
+// both dtypes (an int8 block with its scales is not an f32 block).
+TEST_F(ClusterFailureTest, MismatchedKvDtypeIsRefusedAtRegistration) {
+  ServeProcess cluster(DUET_BIN, ClusterFlags(model_dir_, "shm", 1, 1));
+  ASSERT_TRUE(cluster.ready());
+  ChildProcess decode(
+      {DUET_BIN, "decode", "--coordinator=" + cluster.address(), "--model=" + model_dir_,
+       "--node_id=decode-int8", "--kv_dtype=int8", "--threads=1", "--kv_cache_bytes=8388608"},
+      {.merge_stderr = true});
+  const std::string out = decode.ReadAll(absl::Now() + absl::Seconds(60));
+  EXPECT_GT(decode.Wait(absl::Seconds(10)), 0) << out;
+  EXPECT_NE(out.find("dtype=f32"), std::string::npos) << out;
+  EXPECT_NE(out.find("dtype=int8 scales=f32/token/head"), std::string::npos) << out;
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  EXPECT_EQ(Health(*stub).decode_nodes(), 1);
+}
+
+}  // namespace
+}  // namespace duet
