@@ -70,6 +70,12 @@ struct ActiveRequest {
   bool kv_landed = false;
   int32_t landed_cached_tokens = 0;
   int64_t kv_bytes_sent = 0;
+  // GenerateRequest.share_prompt_with: the sibling whose nodes this request prefers.
+  std::string share_prompt_with;
+  // The current attempt's picks (under the Impl's route_mu_), recorded once D admitted it
+  // (RecordLanded) for requests that share its prompt.
+  std::optional<NodeIncarnation> routed_prefill;
+  std::optional<NodeIncarnation> routed_decode;
 
   void Push(RequestEvent e) {
     {
@@ -149,6 +155,17 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
   // Resumed requests (preempted, or their decode node died) waiting for room: new requests let
   // them go first, or a preempted request could wait behind every later arrival.
   std::atomic<int> resumes_waiting_{0};
+  // Where the latest kLandedPicks requests' KV was admitted (their prefill and decode nodes), for
+  // later choices that share their prompt (GenerateRequest.share_prompt_with): a first choice
+  // may finish before the others are routed.
+  struct LandedPicks {
+    NodeIncarnation prefill;
+    NodeIncarnation decode;
+  };
+  static constexpr size_t kLandedPicks = 4096;
+  absl::flat_hash_map<RequestId, LandedPicks> landed_ ABSL_GUARDED_BY(route_mu_);
+  std::deque<RequestId> landed_order_ ABSL_GUARDED_BY(route_mu_);  // oldest first
+  void RecordLanded(const ActiveRequest& ar);
   void MarkSuspect(const NodeInfo& node, const absl::Status& why);
   std::vector<NodeId> SuspectsLocked(const std::vector<NodeInfo>& live)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(route_mu_);

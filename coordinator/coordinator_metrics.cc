@@ -70,7 +70,7 @@ CoordinatorMetrics::CoordinatorMetrics()
   for (const char* w : {"suspect_decode", "unreachable_prefill"}) reroutes.WithLabels({w});
   // Outcomes that exist before the first request, so rates start from zero.
   for (const char* o : {"ok", "cancelled"}) requests.WithLabels({o});
-  for (const char* r : {"both", "prefill_hit", "decode_hit", "load"}) {
+  for (const char* r : {"both", "prefill_hit", "decode_hit", "load", "sibling"}) {
     routing_decisions.WithLabels({r});
   }
 }

@@ -92,6 +92,7 @@ absl::Status CoordinatorServer::Impl::GenerateUnmetered(const v1::GenerateReques
   auto ar = std::make_shared<ActiveRequest>();
   ar->id = req.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
                                     : req.request_id();
+  ar->share_prompt_with = req.share_prompt_with();
   DUET_RETURN_IF_ERROR(tracker_.Start(ar->id, absl::Now()));
   {
     absl::MutexLock lock(&mu_);
@@ -137,6 +138,18 @@ int64_t CoordinatorServer::Impl::MaxModelLen() {
   if (decode == 0 || prefill == 0) return 0;
   return std::min<int64_t>({model_config_.max_position_embeddings, decode * layout->block_size,
                             prefill * layout->block_size});
+}
+
+void CoordinatorServer::Impl::RecordLanded(const ActiveRequest& ar) {
+  absl::MutexLock lock(&route_mu_);
+  if (!ar.routed_prefill || !ar.routed_decode) return;
+  const bool fresh = !landed_.contains(ar.id);
+  landed_[ar.id] = LandedPicks{.prefill = *ar.routed_prefill, .decode = *ar.routed_decode};
+  if (fresh) landed_order_.push_back(ar.id);
+  while (landed_order_.size() > kLandedPicks) {
+    landed_.erase(landed_order_.front());
+    landed_order_.pop_front();
+  }
 }
 
 void CoordinatorServer::Impl::MarkSuspect(const NodeInfo& node, const absl::Status& why) {
@@ -267,6 +280,17 @@ CoordinatorServer::Impl::Outcome CoordinatorServer::Impl::TryStart(
   {
     // Concurrent requests must see each other's picks, or they all land on the same node.
     absl::MutexLock lock(&route_mu_);
+    // A sibling sharing the prompt (n > 1) whose KV has landed: its nodes hold the prompt's
+    // cacheable blocks (whatever the index has heard yet) and are preferred.
+    if (auto it = landed_.find(ar.share_prompt_with);
+        !ar.share_prompt_with.empty() && it != landed_.end()) {
+      route.preferred_prefill = it->second.prefill;
+      route.preferred_decode = it->second.decode;
+      for (const NodeIncarnation& n : {it->second.prefill, it->second.decode}) {
+        int64_t& held = route.cached_blocks[n];
+        held = std::max(held, route.cacheable_blocks);
+      }
+    }
     std::vector<NodeInfo> decodes = registry_.LiveNodes(NodeKind::kDecode);
     const std::vector<NodeId> suspects = SuspectsLocked(decodes);
     route.excluded_decode.insert(route.excluded_decode.end(), suspects.begin(), suspects.end());
@@ -283,6 +307,8 @@ CoordinatorServer::Impl::Outcome CoordinatorServer::Impl::TryStart(
     }
     d = pick->decode;
     p = pick->prefill;
+    ar.routed_prefill = p->node;
+    ar.routed_decode = d->node;
     metrics_.routing_decisions.WithLabels({RouteReasonName(pick->reason)}).Increment();
     // A retry's new picks replace the previous attempt's, except on a prefill node that failed
     // it: that one keeps looking busy until its next heartbeat (if any), which steers other
@@ -650,6 +676,9 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
         if (absl::Status s = tracker_.OnAdmitted(ar.id, d.node, now); !s.ok()) {
           DUET_LOG(WARNING) << "request " << ar.id << ": " << s;
         }
+        // D holds the prompt's KV now (and P since its pass): choices sharing the prompt may
+        // be routed to them. Recorded before any decoded token reaches the client.
+        RecordLanded(ar);
         if (timings.resumes() == 0) {
           timings.set_transfer_tail_us(ev.token.transfer_tail_us());
           timings.set_decode_admission_us(ev.token.decode_admission_us());

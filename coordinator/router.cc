@@ -106,6 +106,8 @@ const char* RouteReasonName(RouteReason reason) {
       return "decode_hit";
     case RouteReason::kBoth:
       return "both";
+    case RouteReason::kSibling:
+      return "sibling";
   }
   return "unknown";
 }
@@ -300,26 +302,49 @@ absl::StatusOr<RoutePick> Router::Pick(const std::vector<NodeInfo>& decode_nodes
                                    "; earlier: ", absl::StrJoin(request.earlier_failures, "; ")));
 }
 
+namespace {
+
+// `nodes` narrowed to `preferred` when it is among them (it passed the hard rules).
+std::vector<NodeInfo> Preferred(std::vector<NodeInfo> nodes,
+                                const std::optional<NodeIncarnation>& preferred, bool* found) {
+  *found = false;
+  if (!preferred) return nodes;
+  for (const NodeInfo& n : nodes) {
+    if (n.node == *preferred) {
+      *found = true;
+      return {n};
+    }
+  }
+  return nodes;
+}
+
+}  // namespace
+
 absl::StatusOr<RoutePick> Router::PickUnexplained(const std::vector<NodeInfo>& decode_nodes,
                                                   const std::vector<NodeInfo>& prefill_nodes,
                                                   const RouteRequest& request) {
   RoutePick pick;
+  // The hard rules first; a preferred node that passes them is the only candidate of its kind.
+  DUET_ASSIGN_OR_RETURN(std::vector<NodeInfo> fitting, FittingDecode(decode_nodes, request));
+  DUET_ASSIGN_OR_RETURN(std::vector<NodeInfo> eligible, EligiblePrefill(prefill_nodes, request));
+  bool d_preferred = false, p_preferred = false;
+  fitting = Preferred(std::move(fitting), request.preferred_decode, &d_preferred);
+  eligible = Preferred(std::move(eligible), request.preferred_prefill, &p_preferred);
   if (mode_ == RouterMode::kCacheAware) {
-    DUET_ASSIGN_OR_RETURN(std::vector<NodeInfo> fitting, FittingDecode(decode_nodes, request));
-    DUET_ASSIGN_OR_RETURN(std::vector<NodeInfo> eligible, EligiblePrefill(prefill_nodes, request));
     DUET_ASSIGN_OR_RETURN(pick, PickByCost(fitting, eligible, request));
   } else {
-    DUET_ASSIGN_OR_RETURN(pick.decode, PickDecode(decode_nodes, request));
-    DUET_ASSIGN_OR_RETURN(pick.prefill, PickPrefill(prefill_nodes, request));
+    DUET_ASSIGN_OR_RETURN(pick.decode, PickDecode(fitting, request));
+    DUET_ASSIGN_OR_RETURN(pick.prefill, PickPrefill(eligible, request));
   }
   pick.prefill_cached_blocks = request.CachedBlocks(pick.prefill.node);
   pick.decode_cached_blocks = request.CachedBlocks(pick.decode.node);
   pick.decode_fresh_blocks = request.FreshBlocks(pick.decode.node);
   const bool p_hit = pick.prefill_cached_blocks > 0, d_hit = pick.decode_cached_blocks > 0;
-  pick.reason = p_hit && d_hit ? RouteReason::kBoth
-                : p_hit        ? RouteReason::kPrefillHit
-                : d_hit        ? RouteReason::kDecodeHit
-                               : RouteReason::kLoad;
+  pick.reason = d_preferred || p_preferred ? RouteReason::kSibling
+                : p_hit && d_hit           ? RouteReason::kBoth
+                : p_hit                    ? RouteReason::kPrefillHit
+                : d_hit                    ? RouteReason::kDecodeHit
+                                           : RouteReason::kLoad;
   return pick;
 }
 

@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +67,11 @@ struct RouteRequest {
   int block_size = 0;
   int64_t cacheable_blocks = 0;
   absl::flat_hash_map<NodeIncarnation, int64_t> cached_blocks;
+  // The nodes of a sibling that shares this prompt (an n > 1 request's first choice): each is
+  // picked, in every mode, when it passes the hard rules; the other node is then chosen by the
+  // mode as usual.
+  std::optional<NodeIncarnation> preferred_prefill;
+  std::optional<NodeIncarnation> preferred_decode;
 
   // Leading blocks of the prompt `node` holds, at most cacheable_blocks.
   int64_t CachedBlocks(const NodeIncarnation& node) const;
@@ -91,8 +97,9 @@ absl::Status ValidateRouterWeights(const RouterWeights& weights);
 inline constexpr int32_t kUnboundedSlots = 64;
 
 // Why a pair was chosen, by the prompt's blocks the chosen nodes hold (in any mode).
-enum class RouteReason : uint8_t { kLoad, kPrefillHit, kDecodeHit, kBoth };
-const char* RouteReasonName(RouteReason reason);  // "load", "prefill_hit", "decode_hit", "both"
+enum class RouteReason : uint8_t { kLoad, kPrefillHit, kDecodeHit, kBoth, kSibling };
+// "load", "prefill_hit", "decode_hit", "both"; "sibling" when a preferred node was picked.
+const char* RouteReasonName(RouteReason reason);
 
 struct RoutePick {
   NodeInfo prefill;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -83,28 +84,44 @@ class ResponseBuilder {
   std::string full_text_;
 };
 
-// One generation's state, shared by the backend's sink calls (the backend's thread) and the
-// generation thread that ends the response once GenerateTo returns.
+// One choice of a request: one backend generation (one prompt, one sample).
+struct Choice {
+  int index = 0;   // in the response: prompt * n + sample
+  int leader = 0;  // the index of the first choice of the same prompt (itself for the first)
+  v1::GenerateRequest request;
+  int64_t prompt_tokens = 0;
+  std::string echo;                    // text the choice starts with (echo: its prompt)
+  std::atomic<bool> satisfied{false};  // its stop string matched: it ends, as finished
+  std::atomic<bool> kv_shared{false};  // leader: the prompt's KV is in the caches, or it ended
+  absl::Status status;                 // GenerateTo's, once it returned
+};
+
+// What a choice's responses built so far.
+struct ChoiceState {
+  std::unique_ptr<ResponseBuilder> builder;
+  bool first_chunk = true;
+  size_t text_offset = 0;
+  std::vector<TokenOut> logprobs;             // not streamed: every token's
+  std::optional<VllmMetrics::Request> vllm;   // the vllm:* series
+  std::optional<v1::RequestTimings> timings;  // from the finishing response
+};
+
+// One request's state, shared by its choices' backend sink calls (each on its own thread) and
+// the generation thread that ends the response once every choice's GenerateTo returned.
 struct Generation {
   Endpoint endpoint;
   std::string model;  // the served name responses report: the request's, else the first
   std::shared_ptr<ParsedRequest> parsed;
-  v1::GenerateRequest request;
   std::string id;
-  int64_t prompt_tokens = 0;
   std::shared_ptr<HttpResponder> res;
-  std::atomic<bool> cancelled{false};  // the front ended it: a stop string matched
-  std::atomic<bool> satisfied{false};
+  std::vector<std::unique_ptr<Choice>> choices;
+  std::atomic<bool> failed{false};  // a choice failed: the others stop
   std::atomic<bool> client_gone{false};
   absl::Mutex mu;
-  std::unique_ptr<ResponseBuilder> builder ABSL_GUARDED_BY(mu);
+  absl::Status failure ABSL_GUARDED_BY(mu);            // the first failed choice's
+  std::vector<ChoiceState> state ABSL_GUARDED_BY(mu);  // one per choice
   bool responded ABSL_GUARDED_BY(mu) = false;  // a first response arrived (the head is sent)
-  bool first_chunk ABSL_GUARDED_BY(mu) = true;
-  size_t text_offset ABSL_GUARDED_BY(mu) = 0;
   int64_t created ABSL_GUARDED_BY(mu) = 0;
-  std::vector<TokenOut> logprobs ABSL_GUARDED_BY(mu);  // not streamed: every token's
-  std::optional<VllmMetrics::Request> vllm ABSL_GUARDED_BY(mu);   // the vllm:* series
-  std::optional<v1::RequestTimings> timings ABSL_GUARDED_BY(mu);  // from the finishing response
 };
 
 }  // namespace
@@ -257,18 +274,15 @@ class HttpFront::Handlers {
     if (!parsed.model.empty()) {
       if (std::optional<ApiError> e = CheckModel(parsed.model)) return *e;
     }
-    std::vector<int32_t> ids = parsed.prompt_ids;
-    if (!parsed.prompt_is_ids) {
-      std::string text = parsed.prompt;
-      if (ep == Endpoint::kChat) {
-        absl::StatusOr<std::string> chat =
-            model::RenderChat(model::ChatTemplateOf(*tokenizer_), parsed.messages);
-        if (!chat.ok()) return ErrorFromStatus(chat.status());
-        text = *std::move(chat);
-      }
-      absl::StatusOr<std::vector<int32_t>> enc = tokenizer_->Encode(text, add_special);
-      if (!enc.ok()) return ErrorFromStatus(enc.status());
-      ids = *std::move(enc);
+    if (ep == Endpoint::kCompletions && parsed.prompts.size() != 1) {
+      return ApiError{
+          .message = "/tokenize takes one prompt", .param = "prompt", .code = "invalid_value"};
+    }
+    std::vector<int32_t> ids;
+    if (std::optional<ApiError> e =
+            PromptIds(parsed, ep == Endpoint::kChat ? nullptr : &parsed.prompts[0], add_special,
+                      ep == Endpoint::kChat ? "messages" : "prompt", &ids)) {
+      return *e;
     }
     return json{{"count", ids.size()},
                 {"max_model_len", MaxModelLen()},
@@ -338,6 +352,55 @@ class HttpFront::Handlers {
     });
   }
 
+  int32_t VocabSize() const {
+    return options_.vocab_size > 0 ? options_.vocab_size : tokenizer_->vocab_size();
+  }
+
+  // The token ids a prompt is prefilled with: a completions prompt (tokenized unless given as
+  // ids; null for chat) or the chat messages rendered with the template. `param` names the
+  // prompt in errors.
+  std::optional<ApiError> PromptIds(const ParsedRequest& parsed,
+                                    const ParsedRequest::Prompt* prompt, bool add_special,
+                                    const std::string& param, std::vector<int32_t>* ids) const {
+    if (prompt != nullptr && prompt->is_ids) {
+      for (int32_t id : prompt->ids) {
+        if (id >= VocabSize()) {
+          return ApiError{.message = absl::StrCat("token id ", id, " is outside the vocabulary of ",
+                                                  VocabSize()),
+                          .param = param,
+                          .code = "invalid_value"};
+        }
+      }
+      *ids = prompt->ids;
+      return std::nullopt;
+    }
+    std::string text;
+    if (prompt != nullptr) {
+      text = prompt->text;
+    } else {
+      absl::StatusOr<std::string> chat =
+          model::RenderChat(model::ChatTemplateOf(*tokenizer_), parsed.messages);
+      if (!chat.ok()) return ErrorFromStatus(chat.status());
+      text = *std::move(chat);
+    }
+    absl::StatusOr<std::vector<int32_t>> enc = tokenizer_->Encode(text, add_special);
+    if (!enc.ok()) return ErrorFromStatus(enc.status());
+    *ids = *std::move(enc);
+    return std::nullopt;
+  }
+
+  // The text `echo` puts before a completion: the prompt as given, or its ids decoded (control
+  // tokens such as BOS are not text).
+  std::string EchoText(const ParsedRequest::Prompt& prompt) const {
+    if (!prompt.is_ids) return prompt.text;
+    std::vector<int32_t> ids;
+    for (int32_t id : prompt.ids) {
+      if (!tokenizer_->IsControl(id)) ids.push_back(id);
+    }
+    absl::StatusOr<std::string> text = tokenizer_->Decode(ids);
+    return text.ok() ? *text : "";
+  }
+
   // On a generation thread: checks, admission, then the generation itself.
   void Generate(Endpoint endpoint, const HttpRequest& hreq, std::shared_ptr<HttpResponder> res) {
     auto parsed = std::make_shared<ParsedRequest>();
@@ -347,37 +410,34 @@ class HttpFront::Handlers {
     if (!parsed->model.empty()) {
       if (std::optional<ApiError> e = CheckModel(parsed->model)) return Reply(*res, *e);
     }
-    // ---- The prompt as token ids, checked against the vocabulary and the context.
-    std::vector<int32_t> ids;
-    if (endpoint == Endpoint::kCompletions && parsed->prompt_is_ids) {
-      ids = parsed->prompt_ids;
-      const int32_t vocab =
-          options_.vocab_size > 0 ? options_.vocab_size : tokenizer_->vocab_size();
-      for (int32_t id : ids) {
-        if (id >= vocab) {
-          return Reply(*res, ApiError{.message = absl::StrCat(
-                                          "token id ", id, " is outside the vocabulary of ", vocab),
-                                      .param = "prompt",
-                                      .code = "invalid_value"});
-        }
+    // ---- Each prompt as token ids, checked against the vocabulary and the context.
+    const size_t num_prompts = endpoint == Endpoint::kChat ? 1 : parsed->prompts.size();
+    std::vector<std::vector<int32_t>> prompt_ids(num_prompts);
+    for (size_t i = 0; i < num_prompts; ++i) {
+      const ParsedRequest::Prompt* p = endpoint == Endpoint::kChat ? nullptr : &parsed->prompts[i];
+      const std::string param = endpoint == Endpoint::kChat ? "messages"
+                                : num_prompts > 1           ? absl::StrCat("prompt[", i, "]")
+                                                            : "prompt";
+      if (std::optional<ApiError> e =
+              PromptIds(*parsed, p, /*add_special=*/true, param, &prompt_ids[i])) {
+        return Reply(*res, *e);
       }
-    } else {
-      std::string text = parsed->prompt;
-      if (endpoint == Endpoint::kChat) {
-        absl::StatusOr<std::string> chat =
-            model::RenderChat(model::ChatTemplateOf(*tokenizer_), parsed->messages);
-        if (!chat.ok()) return Reply(*res, ErrorFromStatus(chat.status()));
-        text = *std::move(chat);
+      // (max_tokens' default is set by the first call: 16 for completions; chat has one prompt.)
+      if (std::optional<ApiError> e = CheckLengths(
+              parsed.get(), static_cast<int64_t>(prompt_ids[i].size()), MaxModelLen())) {
+        return Reply(*res, *e);
       }
-      absl::StatusOr<std::vector<int32_t>> enc = tokenizer_->Encode(text, /*add_bos=*/true);
-      if (!enc.ok()) return Reply(*res, ErrorFromStatus(enc.status()));
-      ids = *std::move(enc);
     }
-    if (std::optional<ApiError> e =
-            CheckLengths(parsed.get(), static_cast<int64_t>(ids.size()), MaxModelLen())) {
-      return Reply(*res, *e);
+    // ---- Admission: a bounded number of generations (choices) in flight.
+    const int total = static_cast<int>(num_prompts) * parsed->n;
+    if (total > options_.max_concurrent_streams) {
+      return Reply(*res,
+                   ApiError{.message = absl::StrCat(total, " choices (prompts x n) exceed the ",
+                                                    options_.max_concurrent_streams,
+                                                    " generations this server runs at once"),
+                            .param = "n",
+                            .code = "invalid_value"});
     }
-    // ---- Admission: a bounded number of generations in flight.
     if (stopping_.load()) {
       return Reply(*res, ApiError{.http_status = 503,
                                   .type = "server_error",
@@ -385,8 +445,8 @@ class HttpFront::Handlers {
                                   .code = "shutting_down",
                                   .retry_after_s = 1});
     }
-    if (active_.fetch_add(1) >= options_.max_concurrent_streams) {
-      active_.fetch_sub(1);
+    if (active_.fetch_add(total) + total > options_.max_concurrent_streams) {
+      active_.fetch_sub(total);
       return Reply(*res, ApiError{.http_status = 429,
                                   .type = "rate_limit_error",
                                   .message = absl::StrCat("too many concurrent requests (limit ",
@@ -394,48 +454,80 @@ class HttpFront::Handlers {
                                   .code = "too_many_requests",
                                   .retry_after_s = 1});
     }
-    streams_.Add(1);
+    streams_.Add(total);
 
     auto g = std::make_shared<Generation>();
     g->endpoint = endpoint;
     g->model = parsed->model.empty() ? ServedNames().front() : parsed->model;
     g->id = absl::StrCat(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", id_prefix_, "-",
                          next_id_.fetch_add(1));
-    g->request.set_request_id(g->id);
-    g->request.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
-    *g->request.mutable_sampling() = ToSampling(*parsed);
-    g->prompt_tokens = static_cast<int64_t>(ids.size());
     g->res = std::move(res);
+    const v1::SamplingParams sampling = ToSampling(*parsed);
     {
       absl::MutexLock lock(&g->mu);
-      g->builder = std::make_unique<ResponseBuilder>(*parsed, tokenizer_);
-      g->vllm.emplace(vllm_.Start());
+      g->state.reserve(total);
+      for (size_t i = 0; i < num_prompts; ++i) {
+        for (int j = 0; j < parsed->n; ++j) {
+          auto c = std::make_unique<Choice>();
+          c->index = static_cast<int>(i) * parsed->n + j;
+          c->leader = static_cast<int>(i) * parsed->n;
+          c->request.set_request_id(total == 1 ? g->id : absl::StrCat(g->id, "-", c->index));
+          c->request.mutable_token_ids()->mutable_ids()->Assign(prompt_ids[i].begin(),
+                                                                prompt_ids[i].end());
+          *c->request.mutable_sampling() = sampling;
+          // As vLLM: choice j of a seeded request draws with seed + j; without a seed every
+          // choice draws its own.
+          c->request.mutable_sampling()->set_seed(parsed->seed ? *parsed->seed + j : NewSeed());
+          if (j > 0) {
+            c->request.set_share_prompt_with(g->choices[c->leader]->request.request_id());
+          }
+          c->prompt_tokens = static_cast<int64_t>(prompt_ids[i].size());
+          if (parsed->echo) c->echo = EchoText(parsed->prompts[i]);
+          ChoiceState st;
+          st.builder = std::make_unique<ResponseBuilder>(*parsed, tokenizer_);
+          st.vllm.emplace(vllm_.Start());
+          g->state.push_back(std::move(st));
+          g->choices.push_back(std::move(c));
+        }
+      }
     }
     g->parsed = std::move(parsed);
     Run(*g);
-    active_.fetch_sub(1);
-    streams_.Add(-1);
+    active_.fetch_sub(total);
+    streams_.Add(-total);
   }
 
-  // True when the request must end: a stop string matched, the front stops, or the client has
-  // gone (counted once).
-  bool Ended(Generation& g) {
+  uint64_t NewSeed() {
+    absl::MutexLock lock(&seed_mu_);
+    return seeds_();
+  }
+
+  // True when the choice must end: its stop string matched, another choice failed, the front
+  // stops, or the client has gone (counted once).
+  bool Ended(Generation& g, const Choice& c) {
     if (g.res->gone() && !g.client_gone.exchange(true)) disconnects_.Increment();
-    return g.cancelled.load() || stopping_.load() || g.client_gone.load();
+    return c.satisfied.load() || g.failed.load() || stopping_.load() || g.client_gone.load();
   }
 
-  // One response from the backend: the head on the first, then SSE events (streamed) or
-  // accumulation (not streamed). False: stop producing.
-  bool Write(Generation& g, const v1::GenerateResponse& r) {
+  // One response of a choice from the backend: the head on the request's first, then SSE
+  // events (streamed) or accumulation (not streamed). False: stop producing.
+  bool Write(Generation& g, Choice& c, const v1::GenerateResponse& r) {
     {
       // Every token the backend generated counts, also one that arrives after a stop string.
       absl::MutexLock lock(&g.mu);
-      if (r.has_token()) g.vllm->OnToken(absl::Now());
-      if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) g.timings = r.timings();
+      ChoiceState& st = g.state[c.index];
+      if (r.has_token()) st.vllm->OnToken(absl::Now());
+      if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) st.timings = r.timings();
+      // A token after the first comes from the decode node, which holds the prompt's KV by then
+      // (and the prefill node since its pass): the other choices of the prompt may start.
+      if (r.index() >= 1 || r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+        c.kv_shared.store(true);
+      }
     }
-    if (Ended(g)) return false;
+    if (Ended(g, c)) return false;
     absl::MutexLock lock(&g.mu);
-    ResponseBuilder& b = *g.builder;
+    ChoiceState& st = g.state[c.index];
+    ResponseBuilder& b = *st.builder;
     if (!g.responded) {
       g.responded = true;
       g.created = absl::ToUnixSeconds(absl::Now());
@@ -445,76 +537,130 @@ class HttpFront::Handlers {
       }
     }
     if (!g.parsed->stream) {
-      b.Consume(r, &g.logprobs);
+      b.Consume(r, &st.logprobs);
     } else {
       std::vector<TokenOut> lp;
       const std::string piece = b.Consume(r, &lp);
-      if (!piece.empty() || !lp.empty() || g.first_chunk) {
+      if (!piece.empty() || !lp.empty() || st.first_chunk) {
+        // echo: a choice's first chunk starts with its prompt.
+        const std::string text = st.first_chunk ? c.echo + piece : piece;
+        if (st.first_chunk) st.text_offset += c.echo.size();
         json logprobs =
-            g.parsed->logprobs ? LogprobsJson(g.endpoint, lp, g.text_offset) : json(nullptr);
-        g.text_offset += piece.size();
-        if (!g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, g.model, piece,
-                                               g.first_chunk, logprobs, "", std::nullopt)))) {
-          Ended(g);
+            g.parsed->logprobs ? LogprobsJson(g.endpoint, lp, st.text_offset) : json(nullptr);
+        st.text_offset += piece.size();
+        if (!g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, g.model, c.index, text,
+                                               st.first_chunk, logprobs, "", std::nullopt)))) {
+          Ended(g, c);
           return false;
         }
-        g.first_chunk = false;
+        st.first_chunk = false;
       }
     }
-    if (b.stopped()) {
-      // The front has what it asked for: the request ends as satisfied.
-      g.satisfied.store(true);
-      g.cancelled.store(true);
-    }
+    // The front has what it asked for: the choice ends as satisfied.
+    if (b.stopped()) c.satisfied.store(true);
     return true;
   }
 
   static std::string Event(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 
-  // On the generation's thread: drives the backend, then ends the response.
+  // On the generation's thread: runs every choice (each on a thread of its own; the other
+  // choices of a prompt start once its first one's KV is in the caches, so that they share it),
+  // then ends the response.
   void Run(Generation& g) {
-    GenerateSink sink;
-    sink.write = [this, &g](const v1::GenerateResponse& r) { return Write(g, r); };
-    sink.cancelled = [this, &g] { return Ended(g); };
-    sink.satisfied = [&g] { return g.satisfied.load(); };
-    absl::Status s = backend_->GenerateTo(g.request, sink);
-    Ended(g);  // a client that left near the end is counted too
-    absl::MutexLock lock(&g.mu);
-    ResponseBuilder& b = *g.builder;
-    if (g.client_gone.load() && !b.stopped()) return;  // nobody to answer
-    if (!g.responded) {
-      // Failures before any token get a real status.
-      if (s.ok()) s = absl::InternalError("the request ended without a response");
-      return Reply(*g.res, ErrorFromStatus(s));
+    std::vector<std::thread> threads;
+    for (size_t k = 1; k < g.choices.size(); ++k) {
+      threads.emplace_back([this, &g, k] { RunChoice(g, *g.choices[k]); });
     }
+    RunChoice(g, *g.choices[0]);
+    for (std::thread& t : threads) t.join();
+    Respond(g);
+  }
+
+  void RunChoice(Generation& g, Choice& c) {
+    if (c.leader != c.index) {
+      // Bounded by the leader's own deadlines: it sets kv_shared at the latest when it ends.
+      const Choice& leader = *g.choices[c.leader];
+      absl::MutexLock lock(&g.mu);
+      while (!leader.kv_shared.load() && !Ended(g, c)) {
+        g.mu.AwaitWithTimeout(absl::Condition(
+                                  +[](const Choice* l) { return l->kv_shared.load(); }, &leader),
+                              absl::Milliseconds(50));
+      }
+    }
+    GenerateSink sink;
+    sink.write = [this, &g, &c](const v1::GenerateResponse& r) { return Write(g, c, r); };
+    sink.cancelled = [this, &g, &c] { return Ended(g, c); };
+    sink.satisfied = [&c] { return c.satisfied.load(); };
+    absl::Status s = Ended(g, c) ? absl::CancelledError("the request ended before this choice")
+                                 : backend_->GenerateTo(c.request, sink);
+    Ended(g, c);  // a client that left near the end is counted too
+    absl::MutexLock lock(&g.mu);
+    c.kv_shared.store(true);
+    ChoiceState& st = g.state[c.index];
+    ResponseBuilder& b = *st.builder;
     const std::string rest = b.Finish();
     const bool finished = b.stopped() || !b.finish_reason().empty();
-    g.vllm->Finish(g.prompt_tokens, finished ? b.finish_reason() : "abort",
-                   g.timings ? &*g.timings : nullptr);
-    if (!finished && s.ok()) s = absl::InternalError("the request ended without a finish reason");
-    if (!g.parsed->stream) {
-      if (!finished) return Reply(*g.res, ErrorFromStatus(s));
-      json logprobs = g.parsed->logprobs ? LogprobsJson(g.endpoint, g.logprobs, 0) : json(nullptr);
-      g.res->Reply(200, {}, kJson,
-                   Dump(ResponseJson(g.endpoint, g.id, g.created, g.model, b.full_text(), logprobs,
-                                     b.finish_reason(), b.usage(g.prompt_tokens))));
+    st.vllm->Finish(c.prompt_tokens, finished ? b.finish_reason() : "abort",
+                    st.timings ? &*st.timings : nullptr);
+    if (!finished) {
+      // The first failure is the request's (the others it cancelled follow it).
+      if (s.ok()) s = absl::InternalError("the request ended without a finish reason");
+      if (!g.failed.exchange(true)) g.failure = s;
       return;
     }
-    // ---- Streaming: the last chunk (finish reason, usage) or the error, then [DONE].
-    if (!finished) {
-      g.res->WriteChunk("data: " + ErrorBody(ErrorFromStatus(s)) + "\n\n");
-    } else {
-      json logprobs =
-          g.parsed->logprobs ? LogprobsJson(g.endpoint, {}, g.text_offset) : json(nullptr);
-      g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, g.model, rest, g.first_chunk,
-                                        logprobs, b.finish_reason(), std::nullopt)));
-      if (g.parsed->include_usage) {
-        // As OpenAI and vLLM: only when asked, in a last chunk of its own with no choices.
-        json u = ChunkJson(g.endpoint, g.id, g.created, g.model, "", false, json(nullptr), "",
-                           b.usage(g.prompt_tokens));
-        u["choices"] = json::array();
-        g.res->WriteChunk(Event(u));
+    if (!g.parsed->stream || g.client_gone.load()) return;
+    // ---- Streaming: this choice's last chunk (the rest of its text, its finish reason).
+    const std::string text = st.first_chunk ? c.echo + rest : rest;
+    if (st.first_chunk) st.text_offset += c.echo.size();
+    json logprobs =
+        g.parsed->logprobs ? LogprobsJson(g.endpoint, {}, st.text_offset) : json(nullptr);
+    g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, g.model, c.index, text,
+                                      st.first_chunk, logprobs, b.finish_reason(), std::nullopt)));
+    st.first_chunk = false;
+  }
+
+  // Once every choice ended: the whole response, or the end of the stream (usage, [DONE]), or
+  // the first failure.
+  void Respond(Generation& g) {
+    absl::MutexLock lock(&g.mu);
+    if (g.client_gone.load()) return;  // nobody to answer
+    if (g.failed.load() && (!g.responded || !g.parsed->stream)) {
+      // Failures before any token get a real status; so does any failure when not streamed.
+      return Reply(*g.res, ErrorFromStatus(g.failure));
+    }
+    // The usage of the request: each prompt once, every choice's tokens.
+    Usage usage;
+    for (const std::unique_ptr<Choice>& c : g.choices) {
+      const Usage u = g.state[c->index].builder->usage(c->prompt_tokens);
+      usage.completion_tokens += u.completion_tokens;
+      if (c->leader == c->index) {
+        usage.prompt_tokens += u.prompt_tokens;
+        usage.cached_tokens += u.cached_tokens;
       }
+    }
+    if (!g.parsed->stream) {
+      std::vector<ChoiceOut> out;
+      for (const std::unique_ptr<Choice>& c : g.choices) {
+        ChoiceState& st = g.state[c->index];
+        out.push_back(ChoiceOut{
+            .text = c->echo + st.builder->full_text(),
+            .logprobs = g.parsed->logprobs ? LogprobsJson(g.endpoint, st.logprobs, c->echo.size())
+                                           : json(nullptr),
+            .finish_reason = st.builder->finish_reason()});
+      }
+      g.res->Reply(200, {}, kJson,
+                   Dump(ResponseJson(g.endpoint, g.id, g.created, g.model, out, usage)));
+      return;
+    }
+    // ---- Streaming: the error, or the usage chunk, then [DONE].
+    if (g.failed.load()) {
+      g.res->WriteChunk("data: " + ErrorBody(ErrorFromStatus(g.failure)) + "\n\n");
+    } else if (g.parsed->include_usage) {
+      // As OpenAI and vLLM: only when asked, in a last chunk of its own with no choices.
+      json u =
+          ChunkJson(g.endpoint, g.id, g.created, g.model, 0, "", false, json(nullptr), "", usage);
+      u["choices"] = json::array();
+      g.res->WriteChunk(Event(u));
     }
     g.res->WriteChunk("data: [DONE]\n\n");
     g.res->EndChunked();
@@ -533,6 +679,8 @@ class HttpFront::Handlers {
   std::atomic<uint64_t> next_id_{1};
   std::atomic<int> active_{0};
   std::atomic<bool> stopping_{false};
+  absl::Mutex seed_mu_;
+  std::mt19937_64 seeds_ ABSL_GUARDED_BY(seed_mu_){std::random_device{}()};
   GenerationThreads threads_{
       options_.generation_nice};  // last: joined before the members its threads use go
 };

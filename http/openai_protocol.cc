@@ -311,47 +311,72 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
     out->model = it->get<std::string>();
   }
   int64_t n = 1;
-  if (auto e = GetInt(j, "n", 1, 128, &n)) return e;
-  if (n != 1) return Invalid("only n = 1 is supported", "n", "invalid_value");
+  if (auto e = GetInt(j, "n", 1, kMaxChoices, &n)) return e;
+  out->n = static_cast<int>(n);
   int64_t best_of = 1;
-  if (auto e = GetInt(j, "best_of", 1, 128, &best_of)) return e;
-  if (best_of != 1) return Invalid("only best_of = 1 is supported", "best_of", "invalid_value");
-  bool echo = false;
-  if (auto e = GetBool(j, "echo", &echo)) return e;
-  if (echo) return Invalid("echo is not supported", "echo", "invalid_value");
+  if (auto e = GetInt(j, "best_of", 1, kMaxChoices, &best_of)) return e;
+  if (best_of != 1 && best_of != n) {
+    return Invalid("best_of other than n (ranking choices by likelihood) is not supported",
+                   "best_of", "unsupported");
+  }
+  if (auto e = GetBool(j, "echo", &out->echo)) return e;
+  if (out->echo && endpoint == Endpoint::kChat) {
+    return Invalid("'echo' on chat completions is not supported", "echo", "unsupported");
+  }
 
   if (endpoint == Endpoint::kCompletions) {
     auto it = j.find("prompt");
     if (it == j.end() || it->is_null()) return Invalid("'prompt' is required", "prompt");
-    const json* p = &*it;
-    // A list of one prompt is the same as the prompt; batches are not supported.
-    if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
-      p = &(*p)[0];
-    }
-    if (p->is_string()) {
-      out->prompt = p->get<std::string>();
-    } else if (p->is_array()) {
-      if (p->empty()) return Invalid("'prompt' is empty", "prompt", "invalid_value");
-      for (const json& t : *p) {
-        if (t.is_string()) {
-          return Invalid("only one prompt per request is supported", "prompt", "invalid_value");
-        }
-        if (!t.is_number_integer() && !t.is_number_unsigned()) {
-          return WrongType("prompt[]", "an integer token id", t);
-        }
-        const int64_t id = t.get<int64_t>();
-        if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
-          return Invalid(absl::StrCat("token id ", id, " is out of range"), "prompt",
-                         "invalid_value");
-        }
-        out->prompt_ids.push_back(static_cast<int32_t>(id));
-      }
-      out->prompt_is_ids = true;
+    // One prompt (a string or an array of token ids), or a list of them.
+    const json& p = *it;
+    const bool batch = p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array());
+    std::vector<const json*> items;
+    if (batch) {
+      for (const json& e : p) items.push_back(&e);
     } else {
-      return WrongType("prompt", "a string or an array of token ids", *p);
+      items.push_back(&p);
     }
-    if (!out->prompt_is_ids && out->prompt.empty()) {
-      return Invalid("'prompt' is empty", "prompt", "invalid_value");
+    if (items.size() * n > static_cast<size_t>(kMaxChoices)) {
+      return Invalid(absl::StrCat(items.size(), " prompts x n = ", n, " is ", items.size() * n,
+                                  " choices; at most ", kMaxChoices, " per request"),
+                     batch ? "prompt" : "n", "invalid_value");
+    }
+    for (size_t i = 0; i < items.size(); ++i) {
+      const json& q = *items[i];
+      const std::string name = batch ? absl::StrCat("prompt[", i, "]") : "prompt";
+      ParsedRequest::Prompt prompt;
+      if (q.is_string()) {
+        prompt.text = q.get<std::string>();
+        if (prompt.text.empty())
+          return Invalid(absl::StrCat("'", name, "' is empty"), name, "invalid_value");
+      } else if (q.is_array()) {
+        if (q.empty()) return Invalid(absl::StrCat("'", name, "' is empty"), name, "invalid_value");
+        for (const json& t : q) {
+          if (!t.is_number_integer() && !t.is_number_unsigned()) {
+            return WrongType(name,
+                             batch ? "an array of integer token ids (a list of prompts holds "
+                                     "prompts of one kind)"
+                                   : "a string or an array of integer token ids",
+                             t);
+          }
+          const int64_t id = t.get<int64_t>();
+          if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+            return Invalid(absl::StrCat("token id ", id, " is out of range"), name,
+                           "invalid_value");
+          }
+          prompt.ids.push_back(static_cast<int32_t>(id));
+        }
+        prompt.is_ids = true;
+      } else {
+        return WrongType(name,
+                         batch ? "a string or an array of token ids"
+                               : "a string, an array of token ids or a list of prompts",
+                         q);
+      }
+      if (batch && i > 0 && prompt.is_ids != out->prompts[0].is_ids) {
+        return WrongType(name, out->prompts[0].is_ids ? "an array of token ids" : "a string", q);
+      }
+      out->prompts.push_back(std::move(prompt));
     }
     // logprobs: an integer count of alternatives (0..20).
     int64_t lp = 0;
@@ -359,6 +384,10 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
     if (auto e = GetInt(j, "logprobs", 0, 20, &lp, &has_lp)) return e;
     out->logprobs = has_lp;
     out->top_logprobs = static_cast<int>(lp);
+    if (out->echo && out->logprobs) {
+      return Invalid("'echo' with 'logprobs' (the prompt's logprobs) is not supported", "echo",
+                     "unsupported");
+    }
   } else {
     auto it = j.find("messages");
     if (it == j.end() || it->is_null()) return Invalid("'messages' is required", "messages");
@@ -624,10 +653,10 @@ nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& toke
 }
 
 nlohmann::json ChunkJson(Endpoint endpoint, const std::string& id, int64_t created,
-                         const std::string& model, const std::string& text, bool first,
+                         const std::string& model, int index, const std::string& text, bool first,
                          const nlohmann::json& logprobs, const std::string& finish_reason,
                          const std::optional<Usage>& usage) {
-  json choice = {{"index", 0},
+  json choice = {{"index", index},
                  {"logprobs", logprobs},
                  {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
   json out = {{"id", id}, {"created", created}, {"model", model}};
@@ -647,19 +676,22 @@ nlohmann::json ChunkJson(Endpoint endpoint, const std::string& id, int64_t creat
 }
 
 nlohmann::json ResponseJson(Endpoint endpoint, const std::string& id, int64_t created,
-                            const std::string& model, const std::string& text,
-                            const nlohmann::json& logprobs, const std::string& finish_reason,
+                            const std::string& model, const std::vector<ChoiceOut>& choices,
                             const Usage& usage) {
-  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
   json out = {{"id", id}, {"created", created}, {"model", model}};
-  if (endpoint == Endpoint::kChat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-    out["object"] = "chat.completion";
-  } else {
-    choice["text"] = text;
-    out["object"] = "text_completion";
+  out["object"] = endpoint == Endpoint::kChat ? "chat.completion" : "text_completion";
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOut& c = choices[i];
+    json choice = {{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", c.finish_reason}};
+    if (endpoint == Endpoint::kChat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    list.push_back(std::move(choice));
   }
-  out["choices"] = json::array({choice});
+  out["choices"] = std::move(list);
   out["usage"] = UsageJson(usage);
   return out;
 }

@@ -1,6 +1,6 @@
 // The OpenAI-compatible wire format of the HTTP front (http_front.h), without any server:
-// request JSON -> ParsedRequest (types, ranges, n == 1), the context/max_tokens checks once the
-// prompt is tokenized, streamed text assembly (UTF-8 boundaries and `stop` strings), and the
+// request JSON -> ParsedRequest (types, ranges, n, the prompts), the context/max_tokens checks once
+// the prompt is tokenized, streamed text assembly (UTF-8 boundaries and `stop` strings), and the
 // JSON of responses, chunks and errors. Chat messages become prompt text in
 // common/model/chat_template.h.
 //
@@ -30,6 +30,9 @@ namespace duet::http {
 
 enum class Endpoint { kCompletions, kChat };
 
+// The most choices one request may ask for: n x the number of prompts.
+inline constexpr int kMaxChoices = 128;
+
 // An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 struct ApiError {
   int http_status = 400;
@@ -50,10 +53,17 @@ using model::ChatMessage;
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;
-  std::string prompt;               // completions: the text prompt
-  std::vector<int32_t> prompt_ids;  // completions: a prompt given as token ids
-  bool prompt_is_ids = false;
+  // Completions: the prompts, in order (a list of several is a batch: each prompt gets n
+  // choices, indexed prompt * n + choice).
+  struct Prompt {
+    std::string text;
+    std::vector<int32_t> ids;  // a prompt given as token ids
+    bool is_ids = false;
+  };
+  std::vector<Prompt> prompts;
   std::vector<ChatMessage> messages;  // chat
+  int n = 1;                          // choices per prompt
+  bool echo = false;                  // completions: each choice's text starts with its prompt
   int64_t max_tokens = -1;            // -1: not given
   float temperature = 1.0f;
   float top_p = 1.0f;
@@ -76,7 +86,7 @@ struct ParsedRequest {
 };
 
 // Parses and checks the body: malformed JSON, a known field of the wrong type, values out of
-// range, n != 1, missing prompt/messages, and any field of the OpenAI or vLLM API that this
+// range, missing prompt/messages, and any field of the OpenAI or vLLM API that this
 // server does not implement set to a value that would change the answer (tools, response_format,
 // bad_words, ...) are errors naming the field; fields of neither API are ignored, as
 // vLLM does. Chat's max_completion_tokens wins over max_tokens.
@@ -136,17 +146,23 @@ nlohmann::json UsageJson(const Usage& u);
 nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& tokens,
                             size_t text_offset);
 
-// One streamed chunk ("text_completion" / "chat.completion.chunk"). finish_reason null when
-// empty; usage only on the final chunk; role only on the first chat chunk.
+// One streamed chunk ("text_completion" / "chat.completion.chunk") of choice `index`.
+// finish_reason null when empty; usage only on the final chunk; role only on a choice's first
+// chat chunk.
 nlohmann::json ChunkJson(Endpoint endpoint, const std::string& id, int64_t created,
-                         const std::string& model, const std::string& text, bool first,
+                         const std::string& model, int index, const std::string& text, bool first,
                          const nlohmann::json& logprobs, const std::string& finish_reason,
                          const std::optional<Usage>& usage);
 
-// The whole response of a non-streamed request.
+// One choice of a whole response.
+struct ChoiceOut {
+  std::string text;
+  nlohmann::json logprobs;  // null: not asked for
+  std::string finish_reason;
+};
+// The whole response of a non-streamed request; choice i has index i.
 nlohmann::json ResponseJson(Endpoint endpoint, const std::string& id, int64_t created,
-                            const std::string& model, const std::string& text,
-                            const nlohmann::json& logprobs, const std::string& finish_reason,
+                            const std::string& model, const std::vector<ChoiceOut>& choices,
                             const Usage& usage);
 
 // Serialises JSON for the wire; invalid UTF-8 becomes U+FFFD instead of throwing.

@@ -299,6 +299,56 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
     }))
 
 
+def choices_main(base_url, prompt_ids, max_tokens):
+    """Runs inside the venv: n, seeds per choice, lists of prompts and echo through the openai
+    client; prints what each request answered, for main() to check."""
+    import openai
+    c = openai.OpenAI(base_url=base_url + "/v1", api_key="unused")
+    model = c.models.list().data[0].id
+
+    def texts(r):
+        return [ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]
+
+    def once(**kw):
+        return c.completions.create(model=model, max_tokens=max_tokens, **kw)
+
+    out = {}
+    r = once(prompt=prompt_ids, temperature=1.0, seed=7, n=3)
+    out["n3"], out["n3_index"] = texts(r), [ch.index for ch in r.choices]
+    out["n3_usage"] = [r.usage.prompt_tokens, r.usage.completion_tokens]
+    out["n3_singles"] = [once(prompt=prompt_ids, temperature=1.0, seed=7 + j).choices[0].text
+                         for j in range(3)]
+    parts, finishes = {}, {}
+    for chunk in once(prompt=prompt_ids, temperature=1.0, seed=7, n=3, stream=True):
+        for ch in chunk.choices:
+            parts[ch.index] = parts.get(ch.index, "") + (ch.text or "")
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    out["n3_stream"] = [parts.get(j) for j in range(3)]
+    out["n3_stream_finishes"] = [finishes.get(j) for j in range(3)]
+    out["unseeded"] = texts(once(prompt=prompt_ids, temperature=1.0, n=2))
+    out["unseeded_singles"] = [once(prompt=prompt_ids, temperature=1.0).choices[0].text
+                               for _ in range(2)]
+    r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello there"}],
+                                  max_tokens=8, temperature=0, n=2)
+    out["chat_n2"] = [ch.message.content for ch in sorted(r.choices, key=lambda ch: ch.index)]
+    other = list(reversed(prompt_ids))
+    r = once(prompt=[prompt_ids, other], temperature=0, n=2)
+    out["batch"], out["batch_index"] = texts(r), [ch.index for ch in r.choices]
+    out["batch_usage"] = [r.usage.prompt_tokens, r.usage.completion_tokens]
+    out["other_single"] = once(prompt=other, temperature=0).choices[0].text
+    out["other_len"] = len(other)
+    r = once(prompt=["Hello, duet", "Hello, duet"], temperature=0, echo=True)
+    out["echo"] = texts(r)
+    try:
+        once(prompt="Hello, duet", temperature=0, echo=True, logprobs=1)
+        out["echo_logprobs"] = None
+    except openai.BadRequestError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        out["echo_logprobs"] = [e.status_code, body.get("param")]
+    print(json.dumps(out))
+
+
 def disconnect_mid_stream(cl, prompt_ids):
     """Opens a long stream, reads two events, closes the socket; returns events read."""
     body = json.dumps({"prompt": prompt_ids, "max_tokens": 4000, "temperature": 0,
@@ -322,6 +372,7 @@ def main():
     ap.add_argument("--make-model")
     ap.add_argument("--work")
     ap.add_argument("--client", help=argparse.SUPPRESS)
+    ap.add_argument("--client-choices", help=argparse.SUPPRESS)
     ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
     ap.add_argument("--gen-ids", help=argparse.SUPPRESS)
     ap.add_argument("--eos-id", type=int, help=argparse.SUPPRESS)
@@ -330,6 +381,9 @@ def main():
     if a.client:
         client_main(a.client, [int(x) for x in a.prompt_ids.split(",")], a.max_tokens,
                     [int(x) for x in a.gen_ids.split(",")], a.eos_id)
+        return 0
+    if a.client_choices:
+        choices_main(a.client_choices, [int(x) for x in a.prompt_ids.split(",")], a.max_tokens)
         return 0
 
     os.makedirs(a.work, exist_ok=True)
@@ -464,7 +518,7 @@ def main():
                      param="temperature")
         expect_error("/v1/completions", 400, body={"prompt": "hi", "max_tokens": 0},
                      param="max_tokens")
-        expect_error("/v1/completions", 400, body={"prompt": "hi", "n": 3}, param="n")
+        expect_error("/v1/completions", 400, body={"prompt": "hi", "n": 129}, param="n")
         expect_error("/v1/completions", 400, body={"max_tokens": 3}, param="prompt")
         expect_error("/v1/chat/completions", 400, body={"messages": "hi"}, param="messages")
         st, _, models = cl.request("GET", "/v1/models")
@@ -564,6 +618,58 @@ def main():
               % generated)
         st, _, _ = cl.request("GET", "/health")
         check(st == 200, "still healthy")
+
+        # ---- n, seeds per choice, a list of prompts and echo, through the openai client.
+        ch = run_child([py, os.path.abspath(__file__), "--client-choices", base, "--prompt-ids",
+                        ",".join(map(str, prompt_ids)), "--max-tokens", str(a.max_tokens)])
+        check(ch["n3_index"] == [0, 1, 2], "n=3: choices indexed 0, 1, 2 (%s)" % ch["n3_index"])
+        check(ch["n3"] == ch["n3_singles"],
+              "n=3 with seed 7: choice j is the n=1 request with seed 7+j (%s)" % ch["n3"])
+        check(len(set(ch["n3"])) == 3, "the three seeded choices differ")
+        check(ch["n3_stream"] == ch["n3"] and None not in ch["n3_stream_finishes"],
+              "streamed n=3, reassembled by index, equals the non-streamed choices, each with "
+              "its finish reason (%s)" % ch["n3_stream_finishes"])
+        check(ch["n3_usage"][0] == len(prompt_ids),
+              "usage counts the prompt once for its n choices (%s)" % ch["n3_usage"])
+        check(ch["unseeded"][0] != ch["unseeded"][1] and
+              ch["unseeded_singles"][0] != ch["unseeded_singles"][1],
+              "without a seed every choice and every request draws its own")
+        check(ch["chat_n2"] == [out["chat_whole"]] * 2,
+              "chat n=2 at temperature 0: both choices are the greedy answer")
+        ref_text = ref["text"]
+        check(ch["batch_index"] == [0, 1, 2, 3] and
+              ch["batch"] == [ref_text, ref_text, ch["other_single"], ch["other_single"]],
+              "a list of 2 prompts with n=2: choices prompt-major, each its prompt's greedy text")
+        check(ch["batch_usage"][0] == len(prompt_ids) + ch["other_len"],
+              "a list of prompts: usage.prompt_tokens sums the prompts (%s)" % ch["batch_usage"])
+        check(ch["echo"] == ["Hello, duet" + ref_text] * 2,
+              "echo: each choice starts with its prompt (%r)" % ch["echo"])
+        check(ch["echo_logprobs"] == [400, "echo"],
+              "echo with logprobs is a 400 naming echo (%s)" % ch["echo_logprobs"])
+
+        # ---- The choices of a prompt share its KV: computed, sent and held once.
+        long_ids = (prompt_ids * 4)[:40]  # 2 full blocks of 16 can be shared
+        m0 = samples(fetch(base + "/metrics"))
+        d0 = samples(fetch(cl.metrics["decode-0"]))
+        p0 = samples(fetch(cl.metrics["prefill-0"]))
+        st, _, payload = cl.request("POST", "/v1/completions", body={
+            "prompt": long_ids, "max_tokens": 4, "temperature": 0, "n": 3, "ignore_eos": True})
+        shared = json.loads(payload)
+        check(st == 200 and len({c["text"] for c in shared["choices"]}) == 1,
+              "n=3 greedy on a 40-token prompt: three equal choices")
+        m1 = samples(fetch(base + "/metrics"))
+        d1 = samples(fetch(cl.metrics["decode-0"]))
+        p1 = samples(fetch(cl.metrics["prefill-0"]))
+        sib = (value(m1, "duet_coordinator_routing_decisions_total", reason="sibling") -
+               value(m0, "duet_coordinator_routing_decisions_total", reason="sibling"))
+        check(sib == 2, "the 2 later choices were routed to the first one's nodes (%s)" % sib)
+        dh = (value(d1, "duet_decode_prefix_cache_hits_total") -
+              value(d0, "duet_decode_prefix_cache_hits_total"))
+        ph = (value(p1, "duet_prefill_prefix_cache_hits_total") -
+              value(p0, "duet_prefill_prefix_cache_hits_total"))
+        check(dh == 64 and ph == 64,
+              "each later choice took the prompt's 32 shareable tokens from the decode node's "
+              "and the prefill node's caches (decode %s, prefill %s)" % (dh, ph))
     finally:
         cl.stop()
     log("PASS")

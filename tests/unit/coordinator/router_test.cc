@@ -74,6 +74,36 @@ TEST(RouterTest, DecodeSkipsNodesThatCannotFitAndRefusesWhenNoneCan) {
   EXPECT_NE(msg.find("8/8 running"), absl::string_view::npos) << msg;
 }
 
+TEST(RouterTest, PreferredSiblingNodesWinInEveryModeWhenTheyPassTheHardRules) {
+  const std::vector<NodeInfo> decodes = {D("d0", 90, 0), D("d1", 50, 3, 8), D("d2", 2, 0)};
+  const std::vector<NodeInfo> prefills = {P("p0", 0), P("p1", 5000)};
+  for (RouterMode mode : {RouterMode::kCacheAware, RouterMode::kLoad, RouterMode::kRoundRobin}) {
+    Router router(mode);
+    RouteRequest req = Req(4);
+    req.preferred_decode = NodeIncarnation{"d1", 1};
+    req.preferred_prefill = NodeIncarnation{"p1", 1};
+    absl::StatusOr<RoutePick> pick = router.Pick(decodes, prefills, req);
+    ASSERT_TRUE(pick.ok()) << pick.status();
+    EXPECT_EQ(pick->decode.node.node_id, "d1") << RouterModeName(mode);
+    EXPECT_EQ(pick->prefill.node.node_id, "p1") << RouterModeName(mode);
+    EXPECT_EQ(pick->reason, RouteReason::kSibling);
+    // A preferred decode node without room (d2: 2 free blocks for 4) is passed over; the other
+    // kind's preference still holds.
+    req.preferred_decode = NodeIncarnation{"d2", 1};
+    pick = router.Pick(decodes, prefills, req);
+    ASSERT_TRUE(pick.ok()) << pick.status();
+    EXPECT_NE(pick->decode.node.node_id, "d2") << RouterModeName(mode);
+    EXPECT_EQ(pick->prefill.node.node_id, "p1") << RouterModeName(mode);
+    // An older incarnation of a node is not that node.
+    req.preferred_decode = NodeIncarnation{"d1", 0};
+    req.preferred_prefill = NodeIncarnation{"p1", 0};
+    pick = router.Pick(decodes, prefills, req);
+    ASSERT_TRUE(pick.ok()) << pick.status();
+    EXPECT_NE(pick->reason, RouteReason::kSibling) << RouterModeName(mode);
+    EXPECT_EQ(pick->prefill.node.node_id, "p0") << RouterModeName(mode);
+  }
+}
+
 TEST(RouterTest, NoLiveDecodeNodeIsUnavailable) {
   Router router = DefaultRouter();
   NodeInfo dead = D("d0", 90, 0);

@@ -65,12 +65,17 @@ TEST(OpenAiParseTest, ValuesOutOfRange) {
                            R"({"prompt": "hi", "max_tokens": -3})",
                            R"({"prompt": "hi", "temperature": 2.5})",
                            R"({"prompt": "hi", "top_p": 1.5})",
-                           R"({"prompt": "hi", "n": 2})",
+                           R"({"prompt": "hi", "n": 0})",
+                           R"({"prompt": "hi", "n": 129})",
+                           R"({"prompt": ["a", "b"], "n": 65})",
+                           R"({"prompt": ["a", [1, 2]]})",
+                           R"({"prompt": ["a", ""]})",
+                           R"({"prompt": "hi", "best_of": 3, "n": 2})",
+                           R"({"prompt": "hi", "echo": true, "logprobs": 1})",
                            R"({"prompt": "hi", "logprobs": 21})",
                            R"({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})",
                            R"({"prompt": "hi", "stop": ""})",
                            R"({"prompt": "hi", "frequency_penalty": 2.5})",
-                           R"({"prompt": "hi", "echo": true})",
                            R"({"prompt": "hi", "presence_penalty": -3})",
                            R"({"prompt": "hi", "min_p": 1.5})",
                            R"({"prompt": "hi", "repetition_penalty": 0})",
@@ -108,8 +113,11 @@ TEST(OpenAiParseTest, CompletionFieldsAndUnknownFieldsIgnored) {
                          "ignore_eos": true})",
                      &r));
   EXPECT_EQ(r.model, "m");
-  EXPECT_EQ(r.prompt, "Hello");
-  EXPECT_FALSE(r.prompt_is_ids);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "Hello");
+  EXPECT_FALSE(r.prompts[0].is_ids);
+  EXPECT_EQ(r.n, 1);
+  EXPECT_FALSE(r.echo);
   EXPECT_EQ(r.max_tokens, 7);
   EXPECT_EQ(r.temperature, 0.0f);
   EXPECT_FLOAT_EQ(r.top_p, 0.9f);
@@ -253,16 +261,37 @@ TEST(OpenAiParseTest, MaxCompletionTokensWinsOverMaxTokens) {
   EXPECT_EQ(r.max_tokens, 50);
 }
 
-TEST(OpenAiParseTest, PromptAsTokenIdsOrListOfOne) {
+TEST(OpenAiParseTest, PromptAsTokenIdsOrAList) {
   ParsedRequest r;
   ASSERT_FALSE(Parse(Endpoint::kCompletions, R"({"prompt": [1, 2, 3]})", &r));
-  EXPECT_TRUE(r.prompt_is_ids);
-  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_TRUE(r.prompts[0].is_ids);
+  EXPECT_EQ(r.prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
   ASSERT_FALSE(Parse(Endpoint::kCompletions, R"({"prompt": [[4, 5]]})", &r));
-  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{4, 5}));
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].ids, (std::vector<int32_t>{4, 5}));
   ASSERT_FALSE(Parse(Endpoint::kCompletions, R"({"prompt": ["one"]})", &r));
-  EXPECT_EQ(r.prompt, "one");
-  EXPECT_TRUE(Parse(Endpoint::kCompletions, R"({"prompt": ["one", "two"]})"));
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "one");
+  // A list of several prompts is a batch, in order; n choices each.
+  ASSERT_FALSE(Parse(Endpoint::kCompletions, R"({"prompt": ["one", "two"], "n": 3})", &r));
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[1].text, "two");
+  EXPECT_EQ(r.n, 3);
+  ASSERT_FALSE(Parse(Endpoint::kCompletions, R"({"prompt": [[1], [2, 3]], "echo": true})", &r));
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[1].ids, (std::vector<int32_t>{2, 3}));
+  EXPECT_TRUE(r.echo);
+  // best_of equal to n is n; chat takes n but not echo.
+  ASSERT_FALSE(Parse(Endpoint::kCompletions, R"({"prompt": "x", "n": 2, "best_of": 2})", &r));
+  EXPECT_EQ(r.n, 2);
+  ASSERT_FALSE(
+      Parse(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}], "n": 4})", &r));
+  EXPECT_EQ(r.n, 4);
+  auto e = Parse(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}],
+                                      "echo": true})");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "echo");
 }
 
 TEST(OpenAiParseTest, ChatMessagesAndLogprobs) {
@@ -364,23 +393,31 @@ TEST(OpenAiErrorTest, StatusMappingAndShape) {
 }
 
 TEST(OpenAiResponseTest, ChunksAndResponses) {
-  json c = ChunkJson(Endpoint::kChat, "id1", 7, "m", "Hi", true, nullptr, "", std::nullopt);
+  json c = ChunkJson(Endpoint::kChat, "id1", 7, "m", 0, "Hi", true, nullptr, "", std::nullopt);
   EXPECT_EQ(c["object"], "chat.completion.chunk");
   EXPECT_EQ(c["choices"][0]["delta"]["role"], "assistant");
   EXPECT_EQ(c["choices"][0]["delta"]["content"], "Hi");
   EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
   EXPECT_FALSE(c.contains("usage"));
-  c = ChunkJson(Endpoint::kChat, "id1", 7, "m", "", false, nullptr, "length", Usage{3, 4});
+  c = ChunkJson(Endpoint::kChat, "id1", 7, "m", 0, "", false, nullptr, "length", Usage{3, 4});
   EXPECT_FALSE(c["choices"][0]["delta"].contains("role"));
   EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(c["usage"]["total_tokens"], 7);
-  c = ChunkJson(Endpoint::kCompletions, "id2", 7, "m", "x", true, nullptr, "", std::nullopt);
+  c = ChunkJson(Endpoint::kCompletions, "id2", 7, "m", 3, "x", true, nullptr, "", std::nullopt);
   EXPECT_EQ(c["object"], "text_completion");
   EXPECT_EQ(c["choices"][0]["text"], "x");
+  EXPECT_EQ(c["choices"][0]["index"], 3);
 
-  json r = ResponseJson(Endpoint::kChat, "id3", 7, "m", "Hello", nullptr, "stop", Usage{2, 1});
+  json r = ResponseJson(Endpoint::kChat, "id3", 7, "m",
+                        {{.text = "Hello", .logprobs = nullptr, .finish_reason = "stop"},
+                         {.text = "Hi", .logprobs = nullptr, .finish_reason = "length"}},
+                        Usage{2, 1});
   EXPECT_EQ(r["object"], "chat.completion");
+  ASSERT_EQ(r["choices"].size(), 2u);
   EXPECT_EQ(r["choices"][0]["message"]["content"], "Hello");
+  EXPECT_EQ(r["choices"][1]["index"], 1);
+  EXPECT_EQ(r["choices"][1]["message"]["content"], "Hi");
+  EXPECT_EQ(r["choices"][1]["finish_reason"], "length");
   EXPECT_EQ(r["usage"]["prompt_tokens"], 2);
 }
 
