@@ -1,5 +1,6 @@
 // HttpFront over a scripted GenerationBackend, on 127.0.0.1: status codes and OpenAI error
-// bodies (429/503 with Retry-After, 401, 413), server-sent events, the concurrency limit, stop
+// bodies (429/503 with Retry-After, 401, 413), server-sent events, n choices and lists of
+// prompts (seeds, order, when later choices start, a failed choice), the concurrency limit, stop
 // strings (ending the request as satisfied), chat templates, and a client disconnect (mid-stream
 // or before a non-streamed answer) reaching the backend as a cancellation.
 #include "http/http_front.h"
@@ -19,7 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/model/byte_tokenizer.h"
@@ -37,8 +40,16 @@ class FakeBackend : public GenerationBackend {
  public:
   absl::Status GenerateTo(const v1::GenerateRequest& req, const GenerateSink& sink) override {
     ++calls;
-    last_request = req;
+    {
+      absl::MutexLock lock(&mu);
+      last_request = req;
+      requests[req.request_id()] = req;
+      started.push_back({req.request_id(), absl::Now()});
+    }
     if (!fail.ok()) return fail;
+    if (!fail_suffix.empty() && absl::EndsWith(req.request_id(), fail_suffix)) {
+      return absl::ResourceExhaustedError("no room for " + req.request_id());
+    }
     if (block_until != nullptr) block_until->WaitForNotification();
     for (size_t i = 0; i < text.size(); ++i) {
       v1::GenerateResponse r;
@@ -51,6 +62,10 @@ class FakeBackend : public GenerationBackend {
         r.set_prompt_tokens(req.token_ids().ids_size());
         r.mutable_timings()->set_queue_us(2000);
         r.mutable_timings()->set_decode_us(40000);
+      }
+      if (i == 1) {
+        absl::MutexLock lock(&mu);
+        second_token[req.request_id()] = absl::Now();
       }
       if (sink.cancelled() || !sink.write(r)) {
         cancelled = true;
@@ -84,7 +99,12 @@ class FakeBackend : public GenerationBackend {
   std::atomic<int> calls{0};
   std::atomic<bool> cancelled{false};
   std::atomic<bool> satisfied{false};  // the front said why it cancelled: it has what it wants
-  v1::GenerateRequest last_request;
+  std::string fail_suffix;             // requests whose id ends so fail with ResourceExhausted
+  absl::Mutex mu;
+  v1::GenerateRequest last_request ABSL_GUARDED_BY(mu);
+  std::vector<std::pair<std::string, absl::Time>> started ABSL_GUARDED_BY(mu);  // id, when
+  std::map<std::string, absl::Time> second_token ABSL_GUARDED_BY(mu);  // id: its index-1 write
+  std::map<std::string, v1::GenerateRequest> requests ABSL_GUARDED_BY(mu);
 };
 
 // The byte tokenizer with a chat template.
@@ -514,6 +534,75 @@ TEST_F(HttpFrontTest, ConcurrencyLimitAnswers429) {
   // The slot is back.
   backend_.block_until = nullptr;
   EXPECT_EQ(Post("/v1/completions", {{"prompt", "Hi"}}).status, 200);
+}
+
+TEST_F(HttpFrontTest, ChoicesOfAPromptStartOnceTheFirstHasDecodedAndShareItsPrompt) {
+  StartFront();
+  backend_.gap = absl::Milliseconds(20);
+  Reply r = Post("/v1/completions", {{"prompt", "Hi"}, {"n", 3}, {"seed", 5}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], "Hello");
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);  // "Hi" and BOS, once for the three choices
+  EXPECT_EQ(j["usage"]["completion_tokens"], 15);
+  absl::MutexLock lock(&backend_.mu);
+  ASSERT_EQ(backend_.started.size(), 3u);
+  const std::string first = backend_.started[0].first;
+  ASSERT_TRUE(absl::EndsWith(first, "-0")) << first;
+  ASSERT_TRUE(backend_.second_token.contains(first));
+  for (int k = 0; k < 3; ++k) {
+    const std::string id = absl::StrCat(first.substr(0, first.size() - 2), "-", k);
+    ASSERT_TRUE(backend_.requests.contains(id)) << id;
+    const v1::GenerateRequest& req = backend_.requests[id];
+    EXPECT_EQ(req.sampling().seed(), 5u + k) << id;  // seed + j, as vLLM
+    EXPECT_EQ(req.share_prompt_with(), k == 0 ? "" : first) << id;
+  }
+  // The later choices started after the first's second token (its KV on the decode node).
+  for (size_t k = 1; k < 3; ++k) {
+    EXPECT_GE(backend_.started[k].second, backend_.second_token[first])
+        << backend_.started[k].first;
+  }
+}
+
+TEST_F(HttpFrontTest, AListOfPromptsIsPromptMajorAndAFailedChoiceFailsTheRequest) {
+  StartFront();
+  Reply r = Post("/v1/completions",
+                 {{"prompt", {"a", "bb"}}, {"n", 2}, {"echo", true}, {"stream", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  // Each choice's first chunk starts with its prompt; every choice has a finish chunk.
+  std::map<int, std::string> text;
+  std::map<int, std::string> finish;
+  for (size_t pos = 0; (pos = r.body.find("data: {", pos)) != std::string::npos;) {
+    const size_t end = r.body.find("\n\n", pos);
+    const json chunk = json::parse(r.body.substr(pos + 6, end - pos - 6));
+    pos = end;
+    for (const json& c : chunk["choices"]) {
+      text[c["index"]] += c["text"].get<std::string>();
+      if (!c["finish_reason"].is_null()) finish[c["index"]] = c["finish_reason"];
+    }
+  }
+  EXPECT_EQ(text, (std::map<int, std::string>{
+                      {0, "aHello"}, {1, "aHello"}, {2, "bbHello"}, {3, "bbHello"}}));
+  EXPECT_EQ(finish.size(), 4u);
+  // One choice refused: the request is refused with its status, and the others end.
+  backend_.fail_suffix = "-1";
+  backend_.gap = absl::Milliseconds(20);
+  backend_.text = std::string(50, 'x');
+  backend_.cancelled = false;
+  r = Post("/v1/completions", {{"prompt", "Hi"}, {"n", 2}});
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_NE(Error(r)["message"].get<std::string>().find("no room"), std::string::npos) << r.body;
+  EXPECT_TRUE(backend_.cancelled.load());  // the first choice did not run to its end
+  // Too many choices for the server: a 400 naming n, before any generation.
+  const int calls = backend_.calls.load();
+  r = Post("/v1/completions", {{"prompt", "Hi"}, {"n", 65}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Error(r)["param"], "n");
+  EXPECT_EQ(backend_.calls.load(), calls);
 }
 
 TEST_F(HttpFrontTest, StopStringEndsTheRequest) {
