@@ -42,6 +42,9 @@ struct ColocatedScheduler::Request {
   int64_t cached_tokens = 0;    // of the prompt, taken from the prefix cache
   int generated = 0;    // output tokens so far
   int preemptions = 0;  // times its prefill was given up for a growing decode
+  // params.prompt_logprobs: the prompt is computed whole (no cache hits) and scored.
+  std::vector<model::SampledToken> prompt_logprobs;
+  bool ScoresPrompt() const { return params.prompt_logprobs >= 0; }
 };
 
 struct ColocatedScheduler::Item {
@@ -235,8 +238,10 @@ void ColocatedScheduler::Admit() {
     const int64_t need = pool_->layout().BlocksForTokens(n);
     const int64_t headroom = static_cast<int64_t>(active_.size());
     if (!active_.empty() && pool_->num_available() < need + headroom) return;  // wait (FIFO)
-    absl::StatusOr<kv::SequenceBlocks> blocks = kv_.AllocateSequence(r.prompt, n);
+    absl::StatusOr<kv::SequenceBlocks> blocks =
+        kv_.AllocateSequence(r.prompt, n, /*use_cache=*/!r.ScoresPrompt());
     if (!blocks.ok()) return;  // wait for blocks to come back
+    r.prompt_logprobs.clear();  // a preempted prefill starts over
     r.cached_tokens = blocks->cached_tokens;
     r.prefilled_tokens = r.cached_tokens;
     r.table = std::move(*blocks).MakeTable(pool_);
@@ -327,6 +332,7 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
                                          .start_pos = static_cast<int32_t>(it.start),
                                          .table = r.table.get(),
                                          .want_logits = false,
+                                         .all_logits = !it.decode && r.ScoresPrompt(),
                                          .sample = it.final ? &r.params : nullptr,
                                          .sample_step = r.generated,
                                          .sample_state = &r.sampling_state});
@@ -351,8 +357,12 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
     }
     return;
   }
-  std::map<int64_t, size_t> rows;
-  for (size_t i = 0; i < out->seq_ids.size(); ++i) rows[out->seq_ids[i]] = i;
+  // Each sequence's last row (its sampled token) and first row (a scored chunk's first).
+  std::map<int64_t, size_t> rows, first_rows;
+  for (size_t i = 0; i < out->seq_ids.size(); ++i) {
+    rows[out->seq_ids[i]] = i;
+    first_rows.emplace(out->seq_ids[i], i);
+  }
 
   const model::ModelConfig& config = runner_->config();
   for (const Item& it : items) {
@@ -362,6 +372,10 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
       r.compute_us += Micros(t1 - t0);
       ++r.chunks;
       kv_.Publish(*r.table, r.prompt);  // the blocks this chunk completed
+      if (r.ScoresPrompt() && first_rows.contains(r.seq_id)) {
+        model::ScorePromptChunk(out->Row(first_rows[r.seq_id]), out->vocab, it.tokens, it.start,
+                                r.prompt, r.params.prompt_logprobs, &r.prompt_logprobs);
+      }
       if (!it.final) continue;
     }
     auto row = rows.find(r.seq_id);
@@ -389,6 +403,7 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
       ev.prefill_compute_us = r.compute_us;
       ev.prefill_chunks = r.chunks;
       ev.cached_tokens = r.cached_tokens;
+      ev.prompt_logprobs = std::move(r.prompt_logprobs);
     }
     r.output.push_back(ev.token.id);
     r.sampling_state.AddGenerated(ev.token.id);

@@ -58,6 +58,7 @@ struct ColocatedEvent {
   int64_t prefill_compute_us = 0;  // wall time of the passes holding the prompt
   int prefill_chunks = 0;          // passes the prompt took
   int64_t cached_tokens = 0;       // prompt tokens taken from the prefix cache (not computed)
+  std::vector<model::SampledToken> prompt_logprobs;  // sampling.prompt_logprobs: tokens 1..n-1
   // Set on the event of the first decoded token (index 1).
   bool joined_decode = false;
   int64_t decode_admission_us = 0;  // prompt prefilled -> its first decode step started

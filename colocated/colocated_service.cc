@@ -10,6 +10,7 @@
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "proto/generate_request.h"
+#include "proto/sampling_convert.h"
 #include "proto/status_util.h"
 
 namespace duet::colocated {
@@ -101,6 +102,7 @@ absl::Status ColocatedService::DoGenerate(const v1::GenerateRequest& req,
       }
       if (text) r.set_text(piece(ev.token.id));
     }
+    rpc::AppendTokenLogprobs(ev.prompt_logprobs, r.mutable_prompt_logprobs());
     r.set_finish_reason(cluster::ToProto(ev.finish));
     if (ev.finished()) {
       timings.set_decode_us(

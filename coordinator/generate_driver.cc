@@ -540,40 +540,43 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
   absl::Time resume_started = absl::InfinitePast();
   std::vector<RequestEvent> held;  // D's events that overtook P's first token
 
-  auto write_token = [&](int32_t token, float logprob,
-                         const google::protobuf::RepeatedPtrField<v1::TopLogprob>& top, int index,
-                         v1::FinishReason finish, bool has_token) {
-    v1::GenerateResponse r;
-    r.set_request_id(ar.id);
-    r.set_has_token(has_token);
-    if (has_token) {
-      if (index != static_cast<int>(sent.size())) {
-        DUET_LOG(ERROR) << "request " << ar.id << ": token index " << index << " after "
-                        << sent.size() << " tokens";
-      }
-      sent.push_back(token);
-      if (resume_started != absl::InfinitePast()) {
-        timings.set_resume_us(timings.resume_us() + Micros(absl::Now() - resume_started));
-        resume_started = absl::InfinitePast();
-      }
-      r.set_token_id(token);
-      r.set_logprob(logprob);
-      r.set_index(index);
-      CopyTop(top, r.mutable_top_logprobs(), tokenizer_.get(), return_text);
-      if (return_text) {
-        auto s = tokenizer_->Decode({token});
-        if (s.ok()) r.set_text(*s);
-      }
-    }
-    r.set_finish_reason(finish);
-    if (finish != v1::FINISH_REASON_UNSPECIFIED) {
-      timings.set_decode_us(first_token_at == absl::InfinitePast()
-                                ? 0 : Micros(absl::Now() - first_token_at));
-      *r.mutable_timings() = timings;
-      r.set_prompt_tokens(static_cast<int32_t>(ids.size()));
-    }
-    return sink.write(r);
-  };
+  auto write_token =
+      [&](int32_t token, float logprob,
+          const google::protobuf::RepeatedPtrField<v1::TopLogprob>& top, int index,
+          v1::FinishReason finish, bool has_token,
+          const google::protobuf::RepeatedPtrField<v1::TokenLogprob>* prompt_logprobs = nullptr) {
+        v1::GenerateResponse r;
+        r.set_request_id(ar.id);
+        if (prompt_logprobs != nullptr) *r.mutable_prompt_logprobs() = *prompt_logprobs;
+        r.set_has_token(has_token);
+        if (has_token) {
+          if (index != static_cast<int>(sent.size())) {
+            DUET_LOG(ERROR) << "request " << ar.id << ": token index " << index << " after "
+                            << sent.size() << " tokens";
+          }
+          sent.push_back(token);
+          if (resume_started != absl::InfinitePast()) {
+            timings.set_resume_us(timings.resume_us() + Micros(absl::Now() - resume_started));
+            resume_started = absl::InfinitePast();
+          }
+          r.set_token_id(token);
+          r.set_logprob(logprob);
+          r.set_index(index);
+          CopyTop(top, r.mutable_top_logprobs(), tokenizer_.get(), return_text);
+          if (return_text) {
+            auto s = tokenizer_->Decode({token});
+            if (s.ok()) r.set_text(*s);
+          }
+        }
+        r.set_finish_reason(finish);
+        if (finish != v1::FINISH_REASON_UNSPECIFIED) {
+          timings.set_decode_us(
+              first_token_at == absl::InfinitePast() ? 0 : Micros(absl::Now() - first_token_at));
+          *r.mutable_timings() = timings;
+          r.set_prompt_tokens(static_cast<int32_t>(ids.size()));
+        }
+        return sink.write(r);
+      };
   auto client_gone = [&] {
     absl::StatusOr<Effects> fx = tracker_.Cancel(ar.id, absl::Now());
     if (fx.ok()) Apply(*std::move(fx));
@@ -656,7 +659,7 @@ absl::Status CoordinatorServer::Impl::Drive(const http::GenerateSink& sink, Acti
           timings.set_time_to_first_token_us(Micros(now - start));
           if (timings.prefill_attempts() == 0) timings.set_prefill_attempts(1);
           if (!write_token(pr.first_token_id(), pr.logprob(), pr.top_logprobs(), 0,
-                           v1::FINISH_REASON_UNSPECIFIED, true)) {
+                           v1::FINISH_REASON_UNSPECIFIED, true, &pr.prompt_logprobs())) {
             return client_gone();
           }
         }

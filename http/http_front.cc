@@ -22,6 +22,13 @@ using nlohmann::json;
 
 constexpr char kJson[] = "application/json";
 
+// A token's text as responses show it: control tokens (BOS, EOS, ...) are empty.
+std::string TokenText(const model::Tokenizer& tok, int32_t id) {
+  if (tok.IsControl(id)) return "";
+  absl::StatusOr<std::string> s = tok.Decode({id});
+  return s.ok() ? *s : "";
+}
+
 // Turns GenerateResponses into OpenAI text, logprobs and a finish reason.
 class ResponseBuilder {
  public:
@@ -68,11 +75,7 @@ class ResponseBuilder {
   }
 
  private:
-  std::string TokenText(int32_t id) const {
-    if (tok_->IsControl(id)) return "";
-    auto s = tok_->Decode({id});
-    return s.ok() ? *s : "";
-  }
+  std::string TokenText(int32_t id) const { return http::TokenText(*tok_, id); }
 
   const ParsedRequest& req_;
   const model::Tokenizer* tok_;
@@ -102,6 +105,9 @@ struct ChoiceState {
   bool first_chunk = true;
   size_t text_offset = 0;
   std::vector<TokenOut> logprobs;             // not streamed: every token's
+  // echo with logprobs: the prompt's tokens, the first without a logprob (set with the first
+  // response; a later choice of the prompt takes its first choice's).
+  std::optional<std::vector<TokenOut>> prompt_logprobs;
   std::optional<VllmMetrics::Request> vllm;   // the vllm:* series
   std::optional<v1::RequestTimings> timings;  // from the finishing response
 };
@@ -480,6 +486,9 @@ class HttpFront::Handlers {
           c->request.mutable_sampling()->set_seed(parsed->seed ? *parsed->seed + j : NewSeed());
           if (j > 0) {
             c->request.set_share_prompt_with(g->choices[c->leader]->request.request_id());
+            // The prompt's logprobs come from its first choice (scoring it again would compute
+            // the whole prompt again).
+            c->request.mutable_sampling()->clear_prompt_logprobs();
           }
           c->prompt_tokens = static_cast<int64_t>(prompt_ids[i].size());
           if (parsed->echo) c->echo = EchoText(parsed->prompts[i]);
@@ -495,6 +504,30 @@ class HttpFront::Handlers {
     Run(*g);
     active_.fetch_sub(total);
     streams_.Add(-total);
+  }
+
+  // The prompt's tokens with their logprobs (from the first response; the first token has
+  // none), as echo with logprobs reports them.
+  std::vector<TokenOut> PromptLogprobs(const v1::GenerateRequest& req,
+                                       const v1::GenerateResponse& r) const {
+    std::vector<TokenOut> out;
+    const auto& ids = req.token_ids().ids();
+    for (int i = 0; i < ids.size(); ++i) {
+      // The first token has no logprob; nor would one the backend did not score (null, never a
+      // made-up 0).
+      TokenOut t{.id = ids[i],
+                 .text = TokenText(*tokenizer_, ids[i]),
+                 .no_logprob = i == 0 || i - 1 >= r.prompt_logprobs_size()};
+      if (!t.no_logprob) {
+        const v1::TokenLogprob& p = r.prompt_logprobs(i - 1);
+        t.logprob = p.logprob();
+        for (const v1::TopLogprob& top : p.top_logprobs()) {
+          t.top.emplace_back(TokenText(*tokenizer_, top.token_id()), top.logprob());
+        }
+      }
+      out.push_back(std::move(t));
+    }
+    return out;
   }
 
   uint64_t NewSeed() {
@@ -528,6 +561,10 @@ class HttpFront::Handlers {
     absl::MutexLock lock(&g.mu);
     ChoiceState& st = g.state[c.index];
     ResponseBuilder& b = *st.builder;
+    if (g.parsed->prompt_logprobs >= 0 && !st.prompt_logprobs && r.has_token()) {
+      st.prompt_logprobs =
+          c.leader == c.index ? PromptLogprobs(c.request, r) : g.state[c.leader].prompt_logprobs;
+    }
     if (!g.responded) {
       g.responded = true;
       g.created = absl::ToUnixSeconds(absl::Now());
@@ -542,11 +579,15 @@ class HttpFront::Handlers {
       std::vector<TokenOut> lp;
       const std::string piece = b.Consume(r, &lp);
       if (!piece.empty() || !lp.empty() || st.first_chunk) {
-        // echo: a choice's first chunk starts with its prompt.
+        // echo: a choice's first chunk starts with its prompt (and its tokens' logprobs).
         const std::string text = st.first_chunk ? c.echo + piece : piece;
+        size_t offset = st.text_offset;
+        if (st.first_chunk && st.prompt_logprobs) {
+          lp.insert(lp.begin(), st.prompt_logprobs->begin(), st.prompt_logprobs->end());
+          offset = 0;
+        }
         if (st.first_chunk) st.text_offset += c.echo.size();
-        json logprobs =
-            g.parsed->logprobs ? LogprobsJson(g.endpoint, lp, st.text_offset) : json(nullptr);
+        json logprobs = g.parsed->logprobs ? LogprobsJson(g.endpoint, lp, offset) : json(nullptr);
         st.text_offset += piece.size();
         if (!g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, g.model, c.index, text,
                                                st.first_chunk, logprobs, "", std::nullopt)))) {
@@ -642,11 +683,17 @@ class HttpFront::Handlers {
       std::vector<ChoiceOut> out;
       for (const std::unique_ptr<Choice>& c : g.choices) {
         ChoiceState& st = g.state[c->index];
-        out.push_back(ChoiceOut{
-            .text = c->echo + st.builder->full_text(),
-            .logprobs = g.parsed->logprobs ? LogprobsJson(g.endpoint, st.logprobs, c->echo.size())
-                                           : json(nullptr),
-            .finish_reason = st.builder->finish_reason()});
+        json logprobs(nullptr);
+        if (g.parsed->logprobs && st.prompt_logprobs) {
+          std::vector<TokenOut> all = *st.prompt_logprobs;
+          all.insert(all.end(), st.logprobs.begin(), st.logprobs.end());
+          logprobs = LogprobsJson(g.endpoint, all, 0);
+        } else if (g.parsed->logprobs) {
+          logprobs = LogprobsJson(g.endpoint, st.logprobs, c->echo.size());
+        }
+        out.push_back(ChoiceOut{.text = c->echo + st.builder->full_text(),
+                                .logprobs = std::move(logprobs),
+                                .finish_reason = st.builder->finish_reason()});
       }
       g.res->Reply(200, {}, kJson,
                    Dump(ResponseJson(g.endpoint, g.id, g.created, g.model, out, usage)));

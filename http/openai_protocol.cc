@@ -214,7 +214,10 @@ const Unimplemented kUnimplemented[] = {
     {"structured_outputs", Never, kStructured},
     {"length_penalty", IsOne, "length_penalty is not supported (1 only)"},
     {"suffix", Empty, "suffix is not supported"},
-    {"prompt_logprobs", IsZero, "prompt_logprobs is not supported"},
+    // vLLM's prompt_logprobs (0 too: the prompt tokens' own logprobs); completions echo with
+    // logprobs gives them in OpenAI's shape.
+    {"prompt_logprobs", Never,
+     "prompt_logprobs is not supported (completions echo with logprobs gives them)"},
     {"use_beam_search", IsFalse, "beam search is not supported"},
     {"continue_final_message", IsFalse, "continue_final_message is not supported"},
     {"add_generation_prompt", IsTrue, "add_generation_prompt false is not supported"},
@@ -384,10 +387,8 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
     if (auto e = GetInt(j, "logprobs", 0, 20, &lp, &has_lp)) return e;
     out->logprobs = has_lp;
     out->top_logprobs = static_cast<int>(lp);
-    if (out->echo && out->logprobs) {
-      return Invalid("'echo' with 'logprobs' (the prompt's logprobs) is not supported", "echo",
-                     "unsupported");
-    }
+    // echo with logprobs: the prompt's tokens come first, scored (the first has no logprob).
+    if (out->echo && out->logprobs) out->prompt_logprobs = out->top_logprobs;
   } else {
     auto it = j.find("messages");
     if (it == j.end() || it->is_null()) return Invalid("'messages' is required", "messages");
@@ -535,6 +536,7 @@ v1::SamplingParams ToSampling(const ParsedRequest& req) {
   p.set_temperature(req.temperature);
   p.set_top_p(req.top_p >= 1.0f ? 0.0f : req.top_p);
   if (req.seed) p.set_seed(*req.seed);
+  if (req.prompt_logprobs >= 0) p.set_prompt_logprobs(req.prompt_logprobs);
   p.set_top_k(req.top_k);
   p.mutable_stop_token_ids()->Assign(req.stop_token_ids.begin(), req.stop_token_ids.end());
   p.set_max_tokens(static_cast<int32_t>(req.max_tokens));
@@ -641,10 +643,10 @@ nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& toke
   json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   for (const TokenOut& t : tokens) {
     toks.push_back(t.text);
-    lps.push_back(t.logprob);
+    lps.push_back(t.no_logprob ? json(nullptr) : json(t.logprob));
     json top = json::object();
     for (const auto& [text, lp] : t.top) top[text] = lp;
-    tops.push_back(top);
+    tops.push_back(t.no_logprob ? json(nullptr) : top);
     offs.push_back(text_offset);
     text_offset += t.text.size();
   }

@@ -80,6 +80,8 @@ struct ParsedRequest {
   std::vector<std::string> stop;
   bool logprobs = false;  // completions: logprobs given; chat: logprobs true
   int top_logprobs = 0;   // alternatives per token
+  // >= 0: the prompt's logprobs with this many alternatives (completions echo with logprobs).
+  int prompt_logprobs = -1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool ignore_eos = false;  // extension (as vLLM): keep generating past EOS, for benchmarks
@@ -130,6 +132,7 @@ size_t Utf8SafePrefix(const std::string& s, size_t limit);
 struct TokenOut {
   int32_t id = 0;
   std::string text;  // this token's (raw) text
+  bool no_logprob = false;  // a prompt's first token: null logprob and alternatives
   float logprob = 0;
   std::vector<std::pair<std::string, float>> top;  // alternatives, best first
 };

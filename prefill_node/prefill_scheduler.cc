@@ -36,6 +36,9 @@ struct PrefillScheduler::Entry {
                        absl::MakeConstSpan(job.prompt).last(job.sample_step)) {}
   const PrefillJob job;
   const model::SamplingState sampling_state;
+  // Scores its prompt (sampling.prompt_logprobs, not resumed): computed whole, every row's
+  // logits kept.
+  bool ScoresPrompt() const { return job.sampling.prompt_logprobs >= 0 && job.sample_step == 0; }
   int64_t seq_id = 0;
   absl::Time admitted = absl::Now();
   // Set during admission, before the entry is queued; read-only afterwards.
@@ -55,6 +58,7 @@ struct PrefillScheduler::Entry {
   std::vector<int64_t> layer_done_us;
   int64_t forward_done_us = 0;  // the first token sampled
   model::SampledToken first_token;
+  std::vector<model::SampledToken> prompt_logprobs;  // ScoresPrompt(): positions 1.. so far
   // Written by the Run thread only: when each layer's write was seen complete.
   std::vector<int64_t> landed_us;
   absl::Status error;      // the scheduler failed the request
@@ -248,7 +252,8 @@ absl::StatusOr<kv::SequenceBlocks> PrefillScheduler::AllocateWaiting(
       absl::MutexLock lock(&mu_);
       frees = frees_;
     }
-    absl::StatusOr<kv::SequenceBlocks> blocks = kv_.AllocateSequence(e.job.prompt, n);
+    absl::StatusOr<kv::SequenceBlocks> blocks =
+        kv_.AllocateSequence(e.job.prompt, n, /*use_cache=*/!e.ScoresPrompt());
     if (blocks.ok() || !absl::IsResourceExhausted(blocks.status())) return blocks;
     const std::string what = absl::StrCat("prefill of request ", e.job.request_id);
     if (!waiting) {
@@ -476,6 +481,7 @@ PrefillResult PrefillScheduler::MakeResult(const Entry& e, bool kv_landed) {
   r.layer_done_unix_us = e.layer_done_us;
   r.chunks = e.chunks;
   r.cached_tokens = e.cached_tokens;
+  r.prompt_logprobs = e.prompt_logprobs;
   if (!kv_landed) return r;
   r.kv_bytes_sent = static_cast<int64_t>(e.local_blocks.size()) * num_layers_ *
                     static_cast<int64_t>(pool_->layout().BlockBytes());
@@ -647,6 +653,7 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
         .start_pos = static_cast<int32_t>(it.start),
         .table = it.entry->table.get(),
         .want_logits = false,
+        .all_logits = it.entry->ScoresPrompt(),
         .sample = it.final ? &it.entry->job.sampling : nullptr,
         .sample_step = it.entry->job.sample_step,
         .sample_state = &it.entry->sampling_state});
@@ -667,11 +674,15 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
           absl::StrCat("prefill of request ", batch[i].entry->job.request_id, ": forward pass"));
       continue;
     }
+    // The sequence's rows: one (its last token's), or one per token when it scores its prompt.
+    size_t first = 0;
+    while (first < out->seq_ids.size() && out->seq_ids[first] != batch[i].entry->seq_id) ++first;
+    size_t end = first;
+    while (end < out->seq_ids.size() && out->seq_ids[end] == batch[i].entry->seq_id) ++end;
+    if (batch[i].entry->ScoresPrompt()) ScorePrompt(batch[i], *out, first, end);
     if (!batch[i].final) continue;
-    size_t row = 0;
-    while (row < out->seq_ids.size() && out->seq_ids[row] != batch[i].entry->seq_id) ++row;
-    results[i] = row < out->seq_ids.size()
-                     ? Complete(batch[i], *out, row, pass_us)
+    results[i] = end > first
+                     ? Complete(batch[i], *out, end - 1, pass_us)
                      : absl::InternalError("prefill: the forward pass returned no token row");
   }
 
@@ -702,6 +713,16 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
     }
   }
   for (const auto& e : orphans) Release(*e, e->stop);
+}
+
+void PrefillScheduler::ScorePrompt(const BatchItem& item, const model::ForwardOutput& out,
+                                   size_t first, size_t end) {
+  Entry& e = *item.entry;
+  std::vector<model::SampledToken> scored;
+  model::ScorePromptChunk(out.Row(first), out.vocab, static_cast<int64_t>(end - first), item.start,
+                          e.job.prompt, e.job.sampling.prompt_logprobs, &scored);
+  absl::MutexLock lock(&mu_);
+  for (model::SampledToken& t : scored) e.prompt_logprobs.push_back(std::move(t));
 }
 
 absl::Status PrefillScheduler::Complete(BatchItem& item, const model::ForwardOutput& out,

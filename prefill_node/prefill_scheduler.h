@@ -116,6 +116,8 @@ struct PrefillResult {
   int chunks = 0;                           // forward passes the prompt took
   int64_t cached_tokens = 0;                // prompt tokens taken from P's prefix cache
   int64_t kv_bytes_sent = 0;                // KV bytes written to the decode node (all layers)
+  // sampling.prompt_logprobs: prompt tokens 1..n-1 scored (a resumed request scores none).
+  std::vector<model::SampledToken> prompt_logprobs;
 };
 
 struct PrefillLoad {
@@ -197,6 +199,9 @@ class PrefillScheduler {
                              const compute::WorkMarker* ready);
   // The poster thread (staging only): posts queued layers once their copies are done.
   void PostLoop();
+  // Scores the prompt tokens after this pass's positions (rows [first, end) of `out`).
+  void ScorePrompt(const BatchItem& item, const model::ForwardOutput& out, size_t first,
+                   size_t end);
   absl::Status Complete(BatchItem& item, const model::ForwardOutput& out, size_t row,
                         int64_t pass_us);
   void RemoveFromQueue(const Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -41,6 +41,8 @@ v1::PrefillResponse ToResponse(const std::string& request_id, const PrefillResul
   resp.set_kv_landed(kv_landed);
   resp.set_cached_tokens(static_cast<int32_t>(r.cached_tokens));
   resp.set_kv_bytes_sent(r.kv_bytes_sent);
+  // With the first token only.
+  if (!kv_landed) rpc::AppendTokenLogprobs(r.prompt_logprobs, resp.mutable_prompt_logprobs());
   return resp;
 }
 

@@ -26,6 +26,7 @@ model::SamplingParams FromProto(const v1::SamplingParams& proto) {
       p.logit_bias.begin(), p.logit_bias.end(),
       [](const compute::LogitBias& a, const compute::LogitBias& b) { return a.id < b.id; });
   p.min_tokens = proto.min_tokens();
+  p.prompt_logprobs = proto.has_prompt_logprobs() ? proto.prompt_logprobs() : -1;
   return p;
 }
 
@@ -49,7 +50,23 @@ v1::SamplingParams ToProto(const model::SamplingParams& params) {
     e->set_bias(b.bias);
   }
   p.set_min_tokens(params.min_tokens);
+  if (params.prompt_logprobs >= 0) p.set_prompt_logprobs(params.prompt_logprobs);
   return p;
+}
+
+void AppendTokenLogprobs(const std::vector<model::SampledToken>& tokens,
+                         google::protobuf::RepeatedPtrField<v1::TokenLogprob>* out) {
+  out->Reserve(out->size() + static_cast<int>(tokens.size()));
+  for (const model::SampledToken& t : tokens) {
+    v1::TokenLogprob* p = out->Add();
+    p->set_token_id(t.id);
+    p->set_logprob(t.logprob);
+    for (const auto& [id, lp] : t.top_logprobs) {
+      v1::TopLogprob* top = p->add_top_logprobs();
+      top->set_token_id(id);
+      top->set_logprob(lp);
+    }
+  }
 }
 
 }  // namespace duet::rpc

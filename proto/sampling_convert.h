@@ -7,6 +7,8 @@
 //   DUET_RETURN_IF_ERROR(p.Validate(vocab_size));
 #pragma once
 
+#include <vector>
+
 #include "common/model/sampler.h"
 #include "duet/v1/common.pb.h"
 
@@ -14,5 +16,9 @@ namespace duet::rpc {
 
 model::SamplingParams FromProto(const v1::SamplingParams& proto);
 v1::SamplingParams ToProto(const model::SamplingParams& params);
+
+// Scored tokens (prompt logprobs) on the wire, appended to `out`.
+void AppendTokenLogprobs(const std::vector<model::SampledToken>& tokens,
+                         google::protobuf::RepeatedPtrField<v1::TokenLogprob>* out);
 
 }  // namespace duet::rpc

@@ -164,7 +164,6 @@ absl::Status ValidateRowSampling(int rows, int vocab, absl::Span<const RowSampli
 }
 
 SampledToken SampleRowOnHost(const float* logits, int vocab, const RowSampling& params) {
-  SampledToken out;
   const float* row = logits;
   std::vector<float> processed;
   if (HasLogitProcessing(params)) {
@@ -172,17 +171,23 @@ SampledToken SampleRowOnHost(const float* logits, int vocab, const RowSampling& 
     ProcessLogitsOnHost(processed.data(), vocab, params);
     row = processed.data();
   }
-  out.id =
+  const int32_t id =
       params.temperature <= 0.f ? Argmax(row, vocab) : SampleWithTemperature(row, vocab, params);
   // Log-probabilities of the raw distribution.
+  return ScoreRowOnHost(logits, vocab, id, params.num_logprobs);
+}
+
+SampledToken ScoreRowOnHost(const float* logits, int vocab, int32_t token, int num_logprobs) {
+  SampledToken out;
+  out.id = token;
   double max_l = logits[0];
   for (int i = 1; i < vocab; ++i) max_l = std::max<double>(max_l, logits[i]);
   double sum = 0;
   for (int i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max_l);
   const double log_z = max_l + std::log(sum);
-  out.logprob = static_cast<float>(logits[out.id] - log_z);
-  if (params.num_logprobs > 0) {
-    const int n = std::min(params.num_logprobs, vocab);
+  out.logprob = static_cast<float>(logits[token] - log_z);
+  if (num_logprobs > 0) {
+    const int n = std::min(num_logprobs, vocab);
     std::vector<int32_t> idx(vocab);
     std::iota(idx.begin(), idx.end(), 0);
     std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {

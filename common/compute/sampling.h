@@ -85,4 +85,9 @@ void ProcessLogitsOnHost(float* logits, int vocab, const RowSampling& params);
 // Samples one row of host logits (the CPU backend's SampleRows, row by row).
 SampledToken SampleRowOnHost(const float* logits, int vocab, const RowSampling& params);
 
+// The logprob of `token` in one row of host logits (log-softmax of the raw logits, as sampled
+// tokens report theirs) and the row's `num_logprobs` best alternatives, best first (ties: the
+// smaller id): what SampleRowOnHost reports for a row that drew `token`.
+SampledToken ScoreRowOnHost(const float* logits, int vocab, int32_t token, int num_logprobs);
+
 }  // namespace duet::compute

@@ -38,14 +38,16 @@ std::vector<BlockHash> KvCacheManager::Chain(absl::Span<const int32_t> tokens,
 }
 
 absl::StatusOr<SequenceBlocks> KvCacheManager::AllocateSequence(absl::Span<const int32_t> tokens,
-                                                                int64_t capacity_tokens) {
+                                                                int64_t capacity_tokens,
+                                                                bool use_cache) {
   if (capacity_tokens < static_cast<int64_t>(tokens.size())) {
     return absl::InvalidArgumentError(absl::StrCat("KvCacheManager: room for ", capacity_tokens,
                                                    " tokens is less than the ", tokens.size(),
                                                    " the sequence starts with"));
   }
   SequenceBlocks s;
-  if (enabled_) {
+  const bool lookup = enabled_ && use_cache;
+  if (lookup) {
     const int64_t max_blocks = MaxCachedTokens(static_cast<int64_t>(tokens.size())) / block_size_;
     s.cached = pool_->AcquirePrefix(Chain(tokens, max_blocks), tokens);
     s.cached_tokens = static_cast<int64_t>(s.cached.size()) * block_size_;
@@ -62,7 +64,7 @@ absl::StatusOr<SequenceBlocks> KvCacheManager::AllocateSequence(absl::Span<const
     }
     return fresh.status();
   }
-  if (enabled_) hit_tokens_.fetch_add(s.cached_tokens);
+  if (lookup) hit_tokens_.fetch_add(s.cached_tokens);
   s.fresh = *std::move(fresh);
   return s;
 }

@@ -65,9 +65,11 @@ class KvCacheManager {
 
   // Blocks for a sequence that starts with `tokens` and needs room for `capacity_tokens`
   // (>= tokens.size()): the cached prefix (up to MaxCachedTokens(tokens.size()), none when
-  // caching is off) and fresh blocks. All or nothing: ResourceExhausted naming the pool's state.
+  // caching is off, or `use_cache` is false: a sequence whose every position must be computed,
+  // e.g. to score its prompt) and fresh blocks. All or nothing: ResourceExhausted naming the
+  // pool's state.
   absl::StatusOr<SequenceBlocks> AllocateSequence(absl::Span<const int32_t> tokens,
-                                                  int64_t capacity_tokens);
+                                                  int64_t capacity_tokens, bool use_cache = true);
   // Publishes the full blocks of `table` that hold tokens[0, min(|tokens|, num_tokens())):
   // their K/V must be complete. Blocks already cached, or whose hash another block holds, are
   // left as they are. Returns the blocks newly published (0 when caching is off).

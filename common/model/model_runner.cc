@@ -291,10 +291,6 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
                                                        c.vocab_size, ")"));
       }
     }
-    if (s.all_logits && s.sample != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Forward: sequence ", s.seq_id, " asks for all_logits and to sample; choose one"));
-    }
     if (s.sample != nullptr) {
       if (s.sample->NeedsState() && s.sample_state == nullptr) {
         return absl::InvalidArgumentError(
@@ -359,10 +355,14 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
     spans.push_back(LayerSpan{.seq_id = s.seq_id, .start_pos = s.start_pos, .num_tokens = n,
                               .blocks = &s.table->blocks()});
     if (s.all_logits) {
+      // One row per new token; with `sample`, the last one also samples.
       for (int32_t i = 0; i < n; ++i) {
         last_rows.push_back(row + i);
         out.seq_ids.push_back(s.seq_id);
-        row_sampling.push_back(std::nullopt);
+        row_sampling.push_back(
+            s.sample == nullptr || i + 1 < n
+                ? std::nullopt
+                : std::optional(ToRowSampling(*s.sample, s.sample_step, s.sample_state)));
       }
       any_logits = true;
     } else if (s.want_logits || s.sample != nullptr) {

@@ -42,8 +42,8 @@ struct SequenceInput {
   int32_t start_pos = 0;         // position of tokens[0]; must equal table->num_tokens()
   kv::BlockTable* table = nullptr;  // grown by Forward to hold start_pos + tokens.size() tokens
   bool want_logits = true;       // logits of the last new token
-  // Logits of every new token (one output row each, in order), e.g. to score a text; not with
-  // `sample`.
+  // Logits of every new token (one output row each, in order), e.g. to score a text or the
+  // prompt; with `sample`, the last row's token is sampled.
   bool all_logits = false;
   // Non-null: the next token is sampled from the last new token's logits on the backend, as
   // Sample(logits, vocab, *sample, sample_step) would (ForwardOutput::tokens). Must outlive

@@ -24,6 +24,11 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
     return absl::InvalidArgumentError(
         absl::StrCat("logprobs must be in [0, ", compute::kMaxTopLogprobs, "], got ", logprobs));
   }
+  if (prompt_logprobs < -1 || prompt_logprobs > compute::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ",
+                                                   compute::kMaxTopLogprobs, "] (or off), got ",
+                                                   prompt_logprobs));
+  }
   if (!(min_p >= 0.f && min_p <= 1.f)) {
     return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
   }
@@ -121,6 +126,16 @@ StopReason CheckStop(const SamplingParams& params, const std::vector<int32_t>& e
   }
   if (generated >= params.max_tokens) return StopReason::kMaxTokens;
   return StopReason::kNone;
+}
+
+void ScorePromptChunk(const float* rows, int vocab, int64_t num_rows, int64_t start,
+                      absl::Span<const int32_t> prompt, int num_logprobs,
+                      std::vector<SampledToken>* out) {
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t next = start + r + 1;
+    if (next >= static_cast<int64_t>(prompt.size())) break;
+    out->push_back(compute::ScoreRowOnHost(rows + r * vocab, vocab, prompt[next], num_logprobs));
+  }
 }
 
 }  // namespace duet::model

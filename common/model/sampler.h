@@ -41,6 +41,10 @@ struct SamplingParams {
   // EOS (unless ignore_eos) and stop_token_ids cannot be sampled before this many output tokens
   // ([0, max_tokens]).
   int min_tokens = 0;
+  // >= 0: score every prompt token after the first (its logprob given the tokens before it)
+  // with this many alternatives ([0, kMaxTopLogprobs]); the prefill then computes the whole
+  // prompt (a cached prefix has no logits). -1: off.
+  int prompt_logprobs = -1;
 
   absl::Status Validate(int vocab_size) const;
   // Whether sampling needs the sequence's SamplingState (penalties or min_tokens).
@@ -63,6 +67,13 @@ const char* StopReasonName(StopReason r);
 // min_tokens ban; the result points into params and state.
 compute::RowSampling ToRowSampling(const SamplingParams& params, int64_t step,
                                    const SamplingState* state = nullptr);
+
+// Prompt logprobs of one chunk: `rows` (consecutive rows of all_logits output, vocab wide) hold
+// the logits after prompt positions start, start + 1, ...; each scores the prompt token after
+// its position (none after the last), with `num_logprobs` alternatives, appended to `out`.
+void ScorePromptChunk(const float* rows, int vocab, int64_t num_rows, int64_t start,
+                      absl::Span<const int32_t> prompt, int num_logprobs,
+                      std::vector<SampledToken>* out);
 
 // `step` is the index of the token being generated (0 for the first output token).
 // compute::SampleRowOnHost(logits, vocab, ToRowSampling(params, step, state)).

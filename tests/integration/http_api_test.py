@@ -299,7 +299,7 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
     }))
 
 
-def choices_main(base_url, prompt_ids, max_tokens):
+def choices_main(base_url, prompt_ids, max_tokens, gen_ids):
     """Runs inside the venv: n, seeds per choice, lists of prompts and echo through the openai
     client; prints what each request answered, for main() to check."""
     import openai
@@ -310,7 +310,8 @@ def choices_main(base_url, prompt_ids, max_tokens):
         return [ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]
 
     def once(**kw):
-        return c.completions.create(model=model, max_tokens=max_tokens, **kw)
+        kw.setdefault("max_tokens", max_tokens)
+        return c.completions.create(model=model, **kw)
 
     out = {}
     r = once(prompt=prompt_ids, temperature=1.0, seed=7, n=3)
@@ -340,12 +341,33 @@ def choices_main(base_url, prompt_ids, max_tokens):
     out["other_len"] = len(other)
     r = once(prompt=["Hello, duet", "Hello, duet"], temperature=0, echo=True)
     out["echo"] = texts(r)
-    try:
-        once(prompt="Hello, duet", temperature=0, echo=True, logprobs=1)
-        out["echo_logprobs"] = None
-    except openai.BadRequestError as e:
-        body = e.body if isinstance(e.body, dict) else {}
-        out["echo_logprobs"] = [e.status_code, body.get("param")]
+
+    # echo with logprobs: the prompt's tokens first (the first without a logprob), scored.
+    def lp(choice):
+        p = choice.logprobs
+        return {"tokens": p.tokens, "lps": p.token_logprobs, "tops": p.top_logprobs,
+                "offsets": p.text_offset, "text": choice.text}
+    out["echo_lp"] = lp(once(prompt=prompt_ids, temperature=0, echo=True, logprobs=2).choices[0])
+    out["echo_lp_n2"] = [lp(ch) for ch in sorted(
+        once(prompt=prompt_ids, temperature=0, echo=True, logprobs=2, n=2).choices,
+        key=lambda ch: ch.index)]
+    out["gen_lp"] = once(prompt=prompt_ids, temperature=0, logprobs=2).choices[0].logprobs.token_logprobs
+    # Teacher forcing: the prompt and its greedy output, sent as a prompt: the output's tokens
+    # are scored as generation scored them.
+    forced = prompt_ids + gen_ids[:-1]
+    out["forced_lp"] = once(prompt=forced, temperature=0, echo=True, logprobs=0,
+                            max_tokens=1).choices[0].logprobs.token_logprobs
+    # A 40-token prompt scored twice: the second time its prefix is in the caches, and still
+    # every token is scored, the same.
+    long_ids = (prompt_ids * 4)[:40]
+    out["long_lp"] = [once(prompt=long_ids, temperature=0, echo=True, logprobs=1,
+                           max_tokens=2).choices[0].logprobs.token_logprobs for _ in range(2)]
+    # A streamed echo with logprobs: the first chunk carries the prompt and its tokens.
+    first = None
+    for chunk in once(prompt=prompt_ids, temperature=0, echo=True, logprobs=2, stream=True):
+        if chunk.choices and first is None:
+            first = chunk.choices[0].logprobs.token_logprobs
+    out["stream_first_lp"] = first
     print(json.dumps(out))
 
 
@@ -383,7 +405,8 @@ def main():
                     [int(x) for x in a.gen_ids.split(",")], a.eos_id)
         return 0
     if a.client_choices:
-        choices_main(a.client_choices, [int(x) for x in a.prompt_ids.split(",")], a.max_tokens)
+        choices_main(a.client_choices, [int(x) for x in a.prompt_ids.split(",")], a.max_tokens,
+                     [int(x) for x in a.gen_ids.split(",")])
         return 0
 
     os.makedirs(a.work, exist_ok=True)
@@ -621,7 +644,8 @@ def main():
 
         # ---- n, seeds per choice, a list of prompts and echo, through the openai client.
         ch = run_child([py, os.path.abspath(__file__), "--client-choices", base, "--prompt-ids",
-                        ",".join(map(str, prompt_ids)), "--max-tokens", str(a.max_tokens)])
+                        ",".join(map(str, prompt_ids)), "--max-tokens", str(a.max_tokens),
+                        "--gen-ids", ",".join(map(str, ref["generated_ids"]))])
         check(ch["n3_index"] == [0, 1, 2], "n=3: choices indexed 0, 1, 2 (%s)" % ch["n3_index"])
         check(ch["n3"] == ch["n3_singles"],
               "n=3 with seed 7: choice j is the n=1 request with seed 7+j (%s)" % ch["n3"])
@@ -644,11 +668,33 @@ def main():
               "a list of prompts: usage.prompt_tokens sums the prompts (%s)" % ch["batch_usage"])
         check(ch["echo"] == ["Hello, duet" + ref_text] * 2,
               "echo: each choice starts with its prompt (%r)" % ch["echo"])
-        check(ch["echo_logprobs"] == [400, "echo"],
-              "echo with logprobs is a 400 naming echo (%s)" % ch["echo_logprobs"])
+        n_prompt, n_gen = len(prompt_ids), len(ref["generated_ids"])
+        e = ch["echo_lp"]
+        check(len(e["tokens"]) == n_prompt + n_gen and e["lps"][0] is None and
+              e["tops"][0] is None and all(isinstance(x, float) for x in e["lps"][1:]),
+              "echo with logprobs: %d prompt tokens (the first with null) then %d output tokens"
+              % (n_prompt, n_gen))
+        check(e["lps"][n_prompt:] == ch["gen_lp"],
+              "echo with logprobs: the output's logprobs are those of the same request without "
+              "echo")
+        check(all(len(t) == 2 for t in e["tops"][1:]), "two alternatives at every scored token")
+        check(e["offsets"][0] == 0 and e["offsets"] == sorted(e["offsets"]),
+              "text offsets start at 0 and never decrease: %s" % e["offsets"])
+        check(ch["forced_lp"][n_prompt:n_prompt + n_gen - 1] == ch["gen_lp"][:n_gen - 1],
+              "teacher forcing: the greedy output sent as a prompt is scored exactly as it was "
+              "generated (%s vs %s)" % (ch["forced_lp"][n_prompt:], ch["gen_lp"]))
+        check(ch["long_lp"][0] == ch["long_lp"][1] and ch["long_lp"][0][0] is None and
+              all(isinstance(x, float) for x in ch["long_lp"][0][1:]),
+              "a prompt in the prefix cache is still scored whole, the same")
+        check([c["lps"][:n_prompt] for c in ch["echo_lp_n2"]] == [e["lps"][:n_prompt]] * 2,
+              "n=2: both choices carry the prompt's logprobs")
+        check(ch["stream_first_lp"] is not None and
+              ch["stream_first_lp"][:n_prompt] == e["lps"][:n_prompt],
+              "streamed: the first chunk carries the prompt's logprobs")
 
         # ---- The choices of a prompt share its KV: computed, sent and held once.
-        long_ids = (prompt_ids * 4)[:40]  # 2 full blocks of 16 can be shared
+        # 2 full blocks of 16 can be shared; a prompt no earlier request began with.
+        long_ids = (list(reversed(prompt_ids)) * 4)[:40]
         m0 = samples(fetch(base + "/metrics"))
         d0 = samples(fetch(cl.metrics["decode-0"]))
         p0 = samples(fetch(cl.metrics["prefill-0"]))

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/clock.h"
+#include "common/compute/sampling.h"
 #include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"
 
@@ -494,6 +495,47 @@ TEST_F(ColocatedSchedulerTest, PrefixCacheHitsAreTokenExact) {
   EXPECT_EQ(CachedOf(c), (21 + 5 - 1) / 4 * 4);
   EXPECT_EQ(c.ids, Reference(turn2, greedy));
   EXPECT_GT(sched_->PrefixCacheCounters().hit_tokens, 0);
+  EXPECT_TRUE(AllFree());
+}
+
+// sampling.prompt_logprobs: the first token's event scores every prompt token after the first,
+// in chunks and with the prompt's prefix cached (it is computed whole then), as one pass over
+// the whole prompt does; tokens stay exact. Without it, the prefix comes from the cache.
+TEST_F(ColocatedSchedulerTest, PromptLogprobsScoreTheWholePromptInChunks) {
+  Start({.max_batch_tokens = 8, .max_running = 4});
+  const std::vector<int32_t> prompt = Prompt(30, 61);
+  model::SamplingParams greedy{.max_tokens = 3, .ignore_eos = true};
+  const std::vector<int32_t> want_ids = Reference(prompt, greedy);  // also loads ref_
+  kv::BlockTable table(&ref_->pool());
+  std::vector<model::SequenceInput> b = {
+      {.seq_id = 1, .tokens = prompt, .start_pos = 0, .table = &table, .all_logits = true}};
+  auto rows = ref_->runner().Forward(absl::MakeSpan(b), ref_->pool().View());
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  std::vector<model::SampledToken> runs[2];
+  for (int run = 0; run < 3; ++run) {
+    model::SamplingParams sp = greedy;
+    if (run < 2) sp.prompt_logprobs = 2;
+    Outcome o = Drain(*Submit(absl::StrCat("scored", run), prompt, sp));
+    ASSERT_EQ(o.finish, FinishReason::kMaxTokens) << o.error;
+    EXPECT_EQ(o.ids, want_ids) << run;
+    ASSERT_FALSE(o.events.empty());
+    const ColocatedEvent& first = o.events.front();
+    ASSERT_TRUE(first.prefilled);
+    EXPECT_EQ(first.cached_tokens, run < 2 ? 0 : 28) << run;
+    if (run == 2) {
+      EXPECT_TRUE(first.prompt_logprobs.empty());
+      continue;
+    }
+    runs[run] = first.prompt_logprobs;
+    ASSERT_EQ(runs[run].size(), prompt.size() - 1) << run;
+    for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+      const model::SampledToken want =
+          compute::ScoreRowOnHost(rows->Row(i), rows->vocab, prompt[i + 1], 2);
+      EXPECT_EQ(runs[run][i].id, prompt[i + 1]);
+      EXPECT_EQ(runs[run][i].logprob, want.logprob) << i;  // the rows are bitwise the same
+      EXPECT_EQ(runs[run][i].top_logprobs, want.top_logprobs) << i;
+    }
+  }
   EXPECT_TRUE(AllFree());
 }
 

@@ -71,7 +71,6 @@ TEST(OpenAiParseTest, ValuesOutOfRange) {
                            R"({"prompt": ["a", [1, 2]]})",
                            R"({"prompt": ["a", ""]})",
                            R"({"prompt": "hi", "best_of": 3, "n": 2})",
-                           R"({"prompt": "hi", "echo": true, "logprobs": 1})",
                            R"({"prompt": "hi", "logprobs": 21})",
                            R"({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})",
                            R"({"prompt": "hi", "stop": ""})",
@@ -153,7 +152,7 @@ TEST(OpenAiParseTest, UnimplementedFieldsAreRefusedNamingThem) {
       {"guided_json", R"({"type": "object"})", ""},
       {"guided_choice", R"(["a", "b"])", "[]"},
       {"suffix", R"("tail")", R"("")"},
-      {"prompt_logprobs", "1", "0"},
+      {"prompt_logprobs", "0", ""},  // 0 is not a no-op: the prompt tokens' own logprobs
       {"use_beam_search", "true", "false"},
       {"continue_final_message", "true", "false"},
       {"add_generation_prompt", "false", "true"},
@@ -282,6 +281,14 @@ TEST(OpenAiParseTest, PromptAsTokenIdsOrAList) {
   ASSERT_EQ(r.prompts.size(), 2u);
   EXPECT_EQ(r.prompts[1].ids, (std::vector<int32_t>{2, 3}));
   EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.prompt_logprobs, -1);
+  // echo with logprobs asks for the prompt's logprobs, with as many alternatives.
+  ASSERT_FALSE(
+      Parse(Endpoint::kCompletions, R"({"prompt": "x", "echo": true, "logprobs": 2})", &r));
+  EXPECT_EQ(r.prompt_logprobs, 2);
+  EXPECT_EQ(ToSampling(r).prompt_logprobs(), 2);
+  ASSERT_FALSE(Parse(Endpoint::kCompletions, R"({"prompt": "x", "logprobs": 2})", &r));
+  EXPECT_FALSE(ToSampling(r).has_prompt_logprobs());
   // best_of equal to n is n; chat takes n but not echo.
   ASSERT_FALSE(Parse(Endpoint::kCompletions, R"({"prompt": "x", "n": 2, "best_of": 2})", &r));
   EXPECT_EQ(r.n, 2);

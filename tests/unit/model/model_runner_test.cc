@@ -309,17 +309,29 @@ TEST_P(KvDtypeTest, AllLogitsRowsAreEachPrefixsLogits) {
     EXPECT_EQ(0, std::memcmp(out->Row(i), want.data(), vocab * sizeof(float))) << "row " << i;
     EXPECT_EQ(out->seq_ids[i], 7);
   }
-  SamplingParams greedy;
+  // With `sample`, the rows are the same and the last one's token is what sampling it alone
+  // draws; the other rows draw nothing.
+  SamplingParams params{.temperature = 0.8f, .seed = 11, .logprobs = 3};
   kv::BlockTable other(m.pool.get());
+  RunOne(m, other, std::vector<int32_t>(t.begin(), t.begin() + 5));
   std::vector<SequenceInput> both = {{.seq_id = 8,
-                                      .tokens = {1, 2},
-                                      .start_pos = 0,
+                                      .tokens = std::vector<int32_t>(t.begin() + 5, t.end()),
+                                      .start_pos = 5,
                                       .table = &other,
                                       .all_logits = true,
-                                      .sample = &greedy}};
-  EXPECT_EQ(m.runner->Forward(absl::MakeSpan(both), m.pool->View()).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(other.num_tokens(), 0);
+                                      .sample = &params}};
+  auto sampled = m.runner->Forward(absl::MakeSpan(both), m.pool->View());
+  ASSERT_TRUE(sampled.ok()) << sampled.status();
+  ASSERT_EQ(sampled->seq_ids.size(), 7u);
+  ASSERT_EQ(sampled->tokens.size(), 7u);
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(0, std::memcmp(sampled->Row(i), out->Row(i), vocab * sizeof(float))) << i;
+    if (i < 6) EXPECT_EQ(sampled->tokens[i].id, -1) << i;
+  }
+  const SampledToken want = Sample(out->Row(6), vocab, params, 0);
+  EXPECT_EQ(sampled->tokens[6].id, want.id);
+  EXPECT_EQ(sampled->tokens[6].logprob, want.logprob);
+  EXPECT_EQ(sampled->tokens[6].top_logprobs, want.top_logprobs);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, KvDtypeTest, ::testing::ValuesIn(kKvDtypes),

@@ -198,6 +198,44 @@ TEST_F(PrefillSchedulerTest, SampledFirstTokenAndLogprobsMatchTheReference) {
   r.ExpectNoLeaks();
 }
 
+// sampling.prompt_logprobs scores every prompt token after the first as one pass over the whole
+// prompt does: in chunks, and when the prompt's prefix is in P's cache (the prompt is then
+// computed whole). Without it the same prompt takes its prefix from the cache again.
+TEST_F(PrefillSchedulerTest, PromptLogprobsScoreEveryTokenInChunksAndPastTheCache) {
+  Rig r(PrefillSchedulerOptions{.max_batch_tokens = 48});
+  Reference ref = Reference::Load(16);
+  const std::vector<int32_t> prompt = Prompt(100, 9, r.vocab());
+  const std::vector<Reference::Scored> want = ref.PromptLogprobs(prompt, 3);
+  ASSERT_EQ(want.size(), 99u);
+  for (int run = 0; run < 3; ++run) {
+    const bool scored = run < 2;  // run 1 finds the prefix cached by run 0; run 2 takes it
+    PrefillJob job = r.Job("scored-" + std::to_string(run), 9100 + run, prompt);
+    if (scored) job.sampling.prompt_logprobs = 3;
+    const std::vector<kv::BlockId> dest = job.remote_blocks;
+    absl::StatusOr<PrefillResult> res = r.sched->Run(std::move(job));
+    ASSERT_TRUE(res.ok()) << res.status();
+    EXPECT_EQ(res->chunks, scored ? 3 : 1) << run;  // 100 tokens in passes of 48; 4 uncached
+    EXPECT_EQ(res->cached_tokens, scored ? 0 : 96) << run;
+    EXPECT_EQ(res->first_token.id, ref.FirstToken(prompt)) << run;
+    if (!scored) {
+      EXPECT_TRUE(res->prompt_logprobs.empty());
+    } else {
+      ASSERT_EQ(res->prompt_logprobs.size(), want.size()) << run;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const model::SampledToken& got = res->prompt_logprobs[i];
+        EXPECT_EQ(got.id, prompt[i + 1]) << i;
+        EXPECT_NEAR(got.logprob, want[i].logprob, 1e-5) << i;
+        ASSERT_EQ(got.top_logprobs.size(), 3u) << i;
+        for (int k = 0; k < 3; ++k) EXPECT_EQ(got.top_logprobs[k].first, want[i].top[k]) << i;
+      }
+    }
+    ref.ExpectKvEquals(prompt, *r.dpool, dest);
+    r.DrainD();
+    ASSERT_TRUE(r.dpool->Free(dest).ok());
+  }
+  r.ExpectNoLeaks();
+}
+
 TEST_F(PrefillSchedulerTest, BatchesWaitingPromptsUnderTheBudgetAndChunksTheRest) {
   constexpr int64_t kBudget = 128;
   Gate gate;

@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,34 @@ struct Reference {
     auto g = engine->Generate(prompt, one);
     EXPECT_TRUE(g.ok()) << g.status();
     return g.ok() ? g->generated_ids[0] : -1;
+  }
+  // The logprob of each prompt token after the first given the ones before it, and the best
+  // `top` ids at its position, from one pass over the whole prompt (log-softmax in doubles).
+  struct Scored {
+    float logprob;
+    std::vector<int32_t> top;
+  };
+  std::vector<Scored> PromptLogprobs(const std::vector<int32_t>& prompt, int top) {
+    kv::BlockTable table(&engine->pool());
+    std::vector<model::SequenceInput> b = {
+        {.seq_id = 1, .tokens = prompt, .start_pos = 0, .table = &table, .all_logits = true}};
+    auto out = engine->runner().Forward(absl::MakeSpan(b), engine->pool().View());
+    EXPECT_TRUE(out.ok()) << out.status();
+    std::vector<Scored> scored;
+    if (!out.ok()) return scored;
+    for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+      const float* row = out->Row(i);
+      double m = row[0], z = 0;
+      for (int v = 0; v < out->vocab; ++v) m = std::max<double>(m, row[v]);
+      for (int v = 0; v < out->vocab; ++v) z += std::exp(row[v] - m);
+      std::vector<int32_t> ids(out->vocab);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::stable_sort(ids.begin(), ids.end(),
+                       [&](int32_t a, int32_t c) { return row[a] > row[c]; });
+      ids.resize(top);
+      scored.push_back({static_cast<float>(row[prompt[i + 1]] - (m + std::log(z))), ids});
+    }
+    return scored;
   }
   // Checks that every prompt token's K and V in `dest` (blocks `dest_blocks` of `dest_pool`,
   // holding the prompt's blocks from `first_block` on) equal, bit for bit, what a one-shot
