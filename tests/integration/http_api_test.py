@@ -7,6 +7,13 @@ only) with the HTTP API and node metrics on, then:
     completion and a chat completion; the completion is token-exact against `duet generate`;
   - min_p, the penalties, logit_bias and min_tokens change the answer as specified (a banned
     greedy token never comes, min_tokens holds a boosted EOS back, bad values are 400s);
+    top_k, stop_token_ids and max_completion_tokens too; tools, tool_choice, response_format,
+    suffix, continue_final_message, bad_words and a tool message are 400s naming them;
+  - n choices (choice j is the n = 1 request with seed + j; streamed choices reassemble by
+    index), unseeded choices that differ, a list of prompts (prompt-major choices), echo, and
+    echo with logprobs (the prompt scored, exactly as generation scored the same tokens, also
+    with its prefix cached); the later choices of a prompt take its KV from both nodes' caches;
+  - /tokenize, /detokenize and /version;
   - a `stop` string ends a completion early and counts as ok (not cancelled) in /metrics;
   - malformed bodies get OpenAI-shaped errors with the documented status codes, through
     http.client and through curl (malformed JSON, a wrong-typed field, an oversized body);
@@ -264,8 +271,12 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
           "an unknown model is a 404 model_not_found (%s)" % (unknown_model,))
     # Fields the server does not implement are refused by name, never ignored.
     refused = {}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     for field, value, known in [("bad_words", ["x"], False),
-                                ("response_format", {"type": "json_object"}, True)]:
+                                ("response_format", {"type": "json_object"}, True),
+                                ("tools", [tool], True),
+                                ("tool_choice", "required", True),
+                                ("continue_final_message", True, False)]:
         # Fields the client does not know (vLLM's) go through extra_body, as vLLM users send them.
         kw = {field: value} if known else {"extra_body": {field: value}}
         try:
@@ -275,6 +286,29 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
         except openai.BadRequestError as e:
             body = e.body if isinstance(e.body, dict) else {}
             refused[field] = [e.status_code, body.get("param"), body.get("code")]
+    try:
+        c.completions.create(model=model, prompt="Hi", max_tokens=2, suffix="tail")
+        refused["suffix"] = None
+    except openai.BadRequestError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        refused["suffix"] = [e.status_code, body.get("param"), body.get("code")]
+    # A tool message (its role) is refused by name too.
+    try:
+        c.chat.completions.create(model=model, max_tokens=2, messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "tool", "content": "42", "tool_call_id": "x"}])
+        tool_role = None
+    except openai.BadRequestError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        tool_role = [e.status_code, body.get("param")]
+    # Chat's max_completion_tokens wins over max_tokens (as vLLM).
+    capped = c.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hello there"}], max_tokens=8,
+        max_completion_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    # stop_token_ids (vLLM's, through extra_body): the greedy output ends at the first of them.
+    stop_at = gen_ids[3]
+    stopped_ids = c.completions.create(model=model, prompt=prompt_ids, max_tokens=max_tokens,
+                                       temperature=0, extra_body={"stop_token_ids": [stop_at]})
     # vLLM's top_k through extra_body reaches the sampler: top_k 1 samples greedily.
     top1 = c.completions.create(model=model, prompt=prompt_ids, max_tokens=max_tokens,
                                 temperature=1.5, seed=3, extra_body={"top_k": 1})
@@ -296,6 +330,10 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
         "bad_request_status": err,
         "refused": refused,
         "top1_text": top1.choices[0].text,
+        "tool_role": tool_role,
+        "capped_tokens": capped.usage.completion_tokens,
+        "stop_ids": [stopped_ids.choices[0].finish_reason, stopped_ids.usage.completion_tokens,
+                     gen_ids.index(stop_at) + 1],
     }))
 
 
@@ -464,6 +502,23 @@ def main():
         for field, got in out["refused"].items():
             check(got == [400, field, "unsupported"],
                   "%s: refused with 400 naming it (got %s)" % (field, got))
+        check(len(out["refused"]) == 6, "six unimplemented fields tried: %s" % list(out["refused"]))
+        check(out["tool_role"] == [400, "messages[1].role"],
+              "a tool message is a 400 naming its role (%s)" % out["tool_role"])
+        check(out["capped_tokens"] == 3, "max_completion_tokens 3 wins over max_tokens 8 (%s)" %
+              out["capped_tokens"])
+        check(out["stop_ids"][0] == "stop" and out["stop_ids"][1] == out["stop_ids"][2],
+              "stop_token_ids ends the greedy output at its first stop id: %s" % out["stop_ids"])
+        # ---- /tokenize, /detokenize and /version, in vLLM's shapes.
+        st, _, body = cl.request("POST", "/tokenize", body={"prompt": "Hello, duet"})
+        tk = json.loads(body)
+        check(st == 200 and tk["tokens"] == prompt_ids and tk["count"] == len(prompt_ids),
+              "/tokenize gives the ids a completion is prefilled with (%s)" % tk)
+        st, _, body = cl.request("POST", "/detokenize", body={"tokens": ref["generated_ids"]})
+        check(st == 200 and json.loads(body)["prompt"] == ref["text"],
+              "/detokenize gives the text of the ids")
+        st, _, body = cl.request("GET", "/version")
+        check(st == 200 and json.loads(body).get("version"), "/version answers %s" % body)
         # ---- Sampling parameters through the client.
         smp, gen = out["sampling"], ref["generated_ids"]
         k, banned = smp["k"], smp["banned"]["text"]
@@ -558,17 +613,18 @@ def main():
         after = samples(fetch(base + "/metrics"))
         ok_delta = (value(after, "duet_coordinator_requests_total", outcome="ok") -
                     value(before, "duet_coordinator_requests_total", outcome="ok"))
-        check(ok_delta == 15, "coordinator requests_total{outcome=ok} moved by 15, the usage, "
-              "top_k, sampling-parameter (8) and stop-string requests included (%s)" % ok_delta)
+        check(ok_delta == 17, "coordinator requests_total{outcome=ok} moved by 17, the usage, "
+              "top_k, sampling-parameter (8), max_completion_tokens, stop_token_ids and "
+              "stop-string requests included (%s)" % ok_delta)
         cancelled_delta = (value(after, "duet_coordinator_requests_total", outcome="cancelled") -
                            value(before, "duet_coordinator_requests_total", outcome="cancelled"))
         check(cancelled_delta == 0, "no request counted as cancelled (%s)" % cancelled_delta)
         ttft = (value(after, "duet_coordinator_ttft_seconds_count") -
                 value(before, "duet_coordinator_ttft_seconds_count"))
-        check(ttft == 15, "TTFT histogram counted 15 requests (%s)" % ttft)
+        check(ttft == 17, "TTFT histogram counted 17 requests (%s)" % ttft)
         e2e = (value(after, "duet_coordinator_e2e_seconds_count") -
                value(before, "duet_coordinator_e2e_seconds_count"))
-        check(e2e == 16, "e2e histogram counted 16 requests (the bad logit_bias id too) (%s)" % e2e)
+        check(e2e == 18, "e2e histogram counted 18 requests (the bad logit_bias id too) (%s)" % e2e)
         check(value(after, "duet_http_requests_total", path="/v1/completions", code="400") >= 8,
               "HTTP 400s counted by path")
         check(value(after, "duet_coordinator_nodes", kind="decode") == 1, "node gauge: 1 decode")
