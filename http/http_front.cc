@@ -96,7 +96,6 @@ struct Choice {
   std::string echo;                    // text the choice starts with (echo: its prompt)
   std::atomic<bool> satisfied{false};  // its stop string matched: it ends, as finished
   std::atomic<bool> kv_shared{false};  // leader: the prompt's KV is in the caches, or it ended
-  absl::Status status;                 // GenerateTo's, once it returned
 };
 
 // What a choice's responses built so far.
