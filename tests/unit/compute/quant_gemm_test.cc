@@ -167,6 +167,35 @@ TEST(QuantGemmTest, EveryPathEqualsTheStatedArithmeticBitwise) {
   }
 }
 
+// Each activation code is the nearest step: |x - d q| <= d / 2 (to float rounding), |q| <= 127,
+// the block's largest |x| maps to +-127, and sum / dsum are the codes' sum and d times it.
+TEST(QuantGemmTest, ActivationCodesAreTheNearestStep) {
+  const int k = 256;
+  auto x = RandomVector(k, 31, -3.f, 3.f);
+  x[40] = 0.f;
+  for (int e = 64; e < 96; ++e) x[e] = 0.f;  // an all-zero block: d = 0, codes 0
+  std::vector<int8_t> q(k);
+  std::vector<float> d(k / 32), dsum(k / 32);
+  std::vector<int32_t> sum(k / 32);
+  cpu::QuantizeActivationRow(x.data(), k, q.data(), d.data(), sum.data(), dsum.data());
+  for (int b = 0; b < k / 32; ++b) {
+    int32_t s = 0;
+    float amax = 0;
+    for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(x[b * 32 + e]));
+    EXPECT_EQ(d[b], amax / 127.f);
+    for (int e = 0; e < 32; ++e) {
+      const int i = b * 32 + e;
+      EXPECT_LE(std::abs(q[i]), 127);
+      EXPECT_LE(std::fabs(x[i] - d[b] * q[i]), 0.5f * d[b] * (1 + 1e-5f)) << "element " << i;
+      if (std::fabs(x[i]) == amax && amax > 0) EXPECT_EQ(std::abs(q[i]), 127);
+      s += q[i];
+    }
+    EXPECT_EQ(sum[b], s);
+    EXPECT_EQ(dsum[b], d[b] * static_cast<float>(s));
+  }
+  EXPECT_EQ(d[2], 0.f);
+}
+
 // Against the float product of x and the dequantized weights (double precision): the error is
 // at most what quantizing the activations costs, sum over k of |w_k| * d_x(block of k) / 2,
 // plus float rounding (a few eps of sum |x_k w_k| per block).
