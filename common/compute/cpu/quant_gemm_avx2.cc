@@ -10,6 +10,8 @@
 namespace duet::compute::cpu::internal {
 namespace {
 
+// The row and step loops are unrolled (as in gemm.cc): their vectors must stay in registers.
+
 inline __m256i Broadcast32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -24,16 +26,20 @@ void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   constexpr int kCodes = F == QuantFormat::kQ4_1 ? 64 : 32;
   __m256 acc[R];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < w.blocks; ++b) {
     const uint8_t* gb = w.GroupBlock(g, b);
     const uint8_t* codes = gb + kCodes + h * 32;
     __m256i isum[R];
     if constexpr (F == QuantFormat::kQ8_0) {
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
       for (int s = 0; s < 8; ++s) {
         const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + s * 64));
         const __m256i aw = _mm256_abs_epi8(wv);
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const __m256i xb = Broadcast32(a.q + r * a.ldq + b * 32 + 4 * s);
           const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, wv));
@@ -42,11 +48,14 @@ void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
       }
     } else {
       __m256i s16[R];
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
       for (int s = 0; s < 4; ++s) {
         const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + s * 64));
         const __m256i lo = _mm256_and_si256(v, low4);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const int8_t* xq = a.q + r * a.ldq + b * 32 + 8 * s;
           // |each product pair| <= 2 * 15 * 127; 8 of them fit int16.
@@ -55,6 +64,7 @@ void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
           s16[r] = _mm256_add_epi16(s16[r], p);
         }
       }
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         isum[r] = _mm256_madd_epi16(s16[r], ones16);
         if constexpr (F == QuantFormat::kQ4_0) {
@@ -64,6 +74,7 @@ void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
     }
     const __m256 dw =
         _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(gb + h * 16)));
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[r * a.ldb + b]));
       acc[r] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(isum[r]), acc[r]);
@@ -71,11 +82,13 @@ void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
     if constexpr (F == QuantFormat::kQ4_1) {
       const __m256 mw =
           _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(gb + 32 + h * 16)));
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.dsum[r * a.ldb + b]), acc[r]);
       }
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r] + 8 * h, acc[r]);
 }
 
@@ -86,6 +99,7 @@ void Tile(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float
   for (int g = g0; g < g1; ++g) {
     GroupHalf<F, R>(w, a, g, 0, out);
     GroupHalf<F, R>(w, a, g, 1, out);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) StoreGroupRow(out[r], g, w.n, bias, y + r * ldy);
   }
 }
