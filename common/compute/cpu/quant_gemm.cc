@@ -207,10 +207,12 @@ void QuantGemm(ThreadPool* pool, const float* x, int m, const QuantWeights& w, c
   scratch->d.resize(static_cast<size_t>(m) * blocks);
   scratch->sum.resize(static_cast<size_t>(m) * blocks);
   scratch->dsum.resize(static_cast<size_t>(m) * blocks);
+  auto* quantize_row =
+      isa == CpuIsa::kScalar ? QuantizeActivationRow : internal::QuantizeActivationRowAvx2;
   auto quantize = [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      QuantizeActivationRow(x + r * k, k, scratch->q.data() + r * k, scratch->d.data() + r * blocks,
-                            scratch->sum.data() + r * blocks, scratch->dsum.data() + r * blocks);
+      quantize_row(x + r * k, k, scratch->q.data() + r * k, scratch->d.data() + r * blocks,
+                   scratch->sum.data() + r * blocks, scratch->dsum.data() + r * blocks);
     }
   };
   if (pool == nullptr || m < 8) {

@@ -114,6 +114,50 @@ struct Avx2Kernel {
 
 }  // namespace
 
+void QuantizeActivationRowAvx2(const float* x, int k, int8_t* q, float* d, int32_t* sum,
+                               float* dsum) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int b = 0; b < k / kQuantBlock; ++b) {
+    const float* xb = x + b * kQuantBlock;
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    // As QuantizeActivationRow: x * (1 / d) rounded to nearest even, clamped to +-127.
+    const float scale = amax / 127.f;
+    const float inv = scale != 0.f ? 1.f / scale : 0.f;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    __m256i c[4];
+    __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      c[i] =
+          _mm256_min_epi32(hi, _mm256_max_epi32(lo, _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vinv))));
+      s = _mm256_add_epi32(s, c[i]);
+    }
+    // packs work within 128-bit lanes: the permute puts the 32 codes back in order.
+    const __m256i packed = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3])), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kQuantBlock), packed);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    const int32_t total = _mm_cvtsi128_si32(s4);
+    d[b] = scale;
+    sum[b] = total;
+    dsum[b] = scale * static_cast<float>(total);
+  }
+}
+
 void QuantTileAvx2(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
                    const float* bias, float* y, int64_t ldy) {
   DispatchQuantTile<Avx2Kernel>(w, a, rows, g0, g1, bias, y, ldy);

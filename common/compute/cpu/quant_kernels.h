@@ -59,6 +59,10 @@ void DispatchQuantTile(const QuantWeights& w, const QuantActs& a, int rows, int 
 using QuantTileFn = void (*)(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
                              const float* bias, float* y, int64_t ldy);
 
+// QuantizeActivationRow with AVX2: the same codes, scales and sums bit for bit.
+void QuantizeActivationRowAvx2(const float* x, int k, int8_t* q, float* d, int32_t* sum,
+                               float* dsum);
+
 void QuantTileScalar(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
                      const float* bias, float* y, int64_t ldy);
 void QuantTileAvx2(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
