@@ -323,13 +323,14 @@ TEST(QuantGemmTest, UnsupportedFormatsAndGemmsAreRefusedByName) {
   auto odd = backend->PrepareStoredMatrix(
       {.format = WeightFormat::kQ4_1, .data = w.data(), .rows = 16, .cols = 48});
   EXPECT_FALSE(odd.ok());
-#if defined(DUET_HAVE_OPENBLAS)
-  auto blas = Backend(1, CpuIsa::kScalar, "openblas");
-  auto b = blas->PrepareStoredMatrix(
-      {.format = WeightFormat::kQ4_1, .data = w.data(), .rows = 16, .cols = 64});
-  ASSERT_FALSE(b.ok());
-  EXPECT_NE(b.status().message().find("openblas"), std::string::npos) << b.status();
-#endif
+  // The OpenBLAS GEMM takes f32 weights only (where this build has OpenBLAS).
+  auto blas = CpuBackend::Create({.num_threads = 1, .cpu_gemm = "openblas"});
+  if (blas.ok()) {
+    auto b = (*blas)->PrepareStoredMatrix(
+        {.format = WeightFormat::kQ4_1, .data = w.data(), .rows = 16, .cols = 64});
+    ASSERT_FALSE(b.ok());
+    EXPECT_NE(b.status().message().find("openblas"), std::string::npos) << b.status();
+  }
 }
 
 // Embedding rows from a kept matrix are ggml's dequantized values (times the scale).
