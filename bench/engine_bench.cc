@@ -4,6 +4,7 @@
 //                [--decode-batch 1,8,32] [--gemm invariant,openblas] [--json FILE]
 //                [--decode_sample logits,host,backend [--temperature T --top_p P]]
 //                [--kv_dtypes f32,bf16,f16,int8,fp8] [--context N] [--kv_cache_bytes B]
+//                [--weights_dtype f32,native] [--cpu_isa auto|avx2|...]
 //
 // Prefill: tokens/s of one prompt's forward pass (best of --reps). Decode: tokens/s of one
 // decode step over a batch of sequences, each with --context tokens already cached. Beside
@@ -11,12 +12,17 @@
 // --decode_sample adds decode steps that also pick each row's token: "host" copies the logits
 // out and samples with model::Sample (the schedulers' old path), "backend" asks Forward for
 // sampled tokens (ComputeBackend::SampleRows, their path now). --kv_dtypes repeats the sweep
-// for each KV cache dtype (decode at a long --context shows what reading fewer KV bytes buys).
+// for each KV cache dtype (decode at a long --context shows what reading fewer KV bytes buys),
+// --weights_dtype for each way of keeping the weight matrices (f32, or native: GGUF blocks as
+// stored). Every variant is loaded first and the variants run interleaved, repetition by
+// repetition, so that noise on a shared machine hits each alike; the memory-read bound of each
+// is its own matrix bytes (ModelRunner::MatrixBytes) over the measured read bandwidth.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +48,9 @@ ABSL_FLAG(int, context, 128, "cached tokens per sequence in the decode benchmark
 ABSL_FLAG(std::string, kv_dtypes, "f32", "KV cache dtypes to compare (f32, bf16, f16, int8, fp8)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 512ll << 20, "bytes of the KV pool");
 ABSL_FLAG(std::string, gemm, "invariant,openblas", "CPU GEMMs to compare");
+ABSL_FLAG(std::string, weights_dtype, "f32",
+          "ways of keeping the weight matrices to compare (f32, native)");
+ABSL_FLAG(std::string, cpu_isa, "auto", "CPU kernel path (auto, scalar, avx2, avx512, ...)");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
 ABSL_FLAG(int, reps, 3, "repetitions (best is reported)");
 ABSL_FLAG(std::string, json, "", "write results as JSON to this file");
@@ -89,16 +98,8 @@ double MeasureReadBandwidth() {
   return best;
 }
 
-double WeightBytes(const duet::model::ModelConfig& c) {
-  const double h = c.hidden_size, qd = c.num_attention_heads * c.head_dim,
-               kvd = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
-  const double per_layer = h * qd * 2 + h * kvd * 2 + 3 * h * inter + 2 * h;
-  const double lm_head = c.vocab_size * h;  // read once per step (embedding lookup is sparse)
-  return 4.0 * (per_layer * c.num_hidden_layers + lm_head + h);
-}
-
 struct Row {
-  std::string gemm, kv_dtype, phase;
+  std::string gemm, kv_dtype, weights, phase;
   int size;
   double ms, tokens_per_s;
 };
@@ -140,103 +141,122 @@ int main(int argc, char** argv) {
   nlohmann::json capacity = nlohmann::json::array();
   duet::model::ModelConfig config;
 
-  std::vector<std::pair<std::string, std::string>> variants;  // (gemm, kv dtype)
+  struct Variant {
+    std::string gemm, kv_dtype, weights;
+    std::unique_ptr<LocalEngine> engine;
+  };
+  std::vector<Variant> variants;
   for (absl::string_view gemm : absl::StrSplit(absl::GetFlag(FLAGS_gemm), ',')) {
     for (absl::string_view kvd : absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',')) {
-      variants.emplace_back(std::string(gemm), std::string(kvd));
+      for (absl::string_view wd : absl::StrSplit(absl::GetFlag(FLAGS_weights_dtype), ',')) {
+        variants.push_back({std::string(gemm), std::string(kvd), std::string(wd), nullptr});
+      }
     }
   }
-  for (const auto& [gemm, kv_dtype] : variants) {
+  int64_t max_tokens = 0;
+  for (int p : prefill) max_tokens = std::max<int64_t>(max_tokens, p);
+  for (int b : batches) max_tokens = std::max<int64_t>(max_tokens, int64_t{b} * (context + 1));
+  for (Variant& v : variants) {
     duet::model::EngineOptions opts{.device = "cpu",
                                     .num_threads = absl::GetFlag(FLAGS_threads),
-                                    .cpu_gemm = gemm,
+                                    .cpu_gemm = v.gemm,
                                     .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
-                                    .kv_dtype = kv_dtype};
-    int64_t max_tokens = 0;
-    for (int p : prefill) max_tokens = std::max<int64_t>(max_tokens, p);
-    for (int b : batches) max_tokens = std::max<int64_t>(max_tokens, int64_t{b} * (context + 1));
+                                    .kv_dtype = v.kv_dtype,
+                                    .cpu_isa = absl::GetFlag(FLAGS_cpu_isa),
+                                    .weights_dtype = v.weights};
     auto engine_or = LocalEngine::Load(model_dir, opts);
     if (!engine_or.ok()) {
       std::fprintf(stderr, "engine_bench: %s\n", std::string(engine_or.status().message()).c_str());
       return 1;
     }
-    LocalEngine& engine = **engine_or;
-    config = engine.config();
-    duet::kv::BlockPool& pool = engine.pool();
+    v.engine = *std::move(engine_or);
+    config = v.engine->config();
+    duet::kv::BlockPool& pool = v.engine->pool();
     if (pool.layout().BytesForTokens(max_tokens + 64 * pool.layout().block_size) >
         pool.region_bytes()) {
       std::fprintf(stderr, "engine_bench: KV pool too small for the sweep (--kv_cache_bytes)\n");
       return 1;
     }
-    auto token = [&](int i) { return static_cast<int32_t>((i * 7919 + 13) % config.vocab_size); };
-    {
-      // What this dtype buys a decode node: requests of --context (+ 64 generated) tokens a pool
-      // of --kv_cache_bytes holds.
-      const duet::kv::KvLayout& l = pool.layout();
-      const int64_t per_request = l.BlocksForTokens(context + 64);
-      capacity.push_back({{"gemm", gemm},
-                          {"kv_dtype", kv_dtype},
-                          {"bytes_per_token", l.BytesForTokens(1)},
-                          {"pool_bytes", pool.region_bytes()},
-                          {"blocks", pool.num_blocks()},
-                          {"tokens", pool.num_blocks() * l.block_size},
-                          {"requests_of_context", pool.num_blocks() / per_request}});
-    }
+    // What this dtype buys a decode node: requests of --context (+ 64 generated) tokens a pool
+    // of --kv_cache_bytes holds.
+    const duet::kv::KvLayout& l = pool.layout();
+    const int64_t per_request = l.BlocksForTokens(context + 64);
+    capacity.push_back({{"gemm", v.gemm},
+                        {"kv_dtype", v.kv_dtype},
+                        {"bytes_per_token", l.BytesForTokens(1)},
+                        {"pool_bytes", pool.region_bytes()},
+                        {"blocks", pool.num_blocks()},
+                        {"tokens", pool.num_blocks() * l.block_size},
+                        {"requests_of_context", pool.num_blocks() / per_request}});
+  }
+  auto token = [&](int i) { return static_cast<int32_t>((i * 7919 + 13) % config.vocab_size); };
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "engine_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  };
 
-    for (int len : prefill) {
-      double best = 1e30;
-      for (int r = 0; r < reps; ++r) {
-        duet::kv::BlockTable table(&pool);
+  for (int len : prefill) {
+    std::vector<double> best(variants.size(), 1e30);
+    for (int r = 0; r < reps; ++r) {
+      for (size_t vi = 0; vi < variants.size(); ++vi) {
+        LocalEngine& engine = *variants[vi].engine;
+        duet::kv::BlockTable table(&engine.pool());
         std::vector<SequenceInput> batch(1);
         batch[0].tokens.resize(len);
         for (int i = 0; i < len; ++i) batch[0].tokens[i] = token(i);
         batch[0].table = &table;
         duet::Stopwatch sw;
-        auto out = engine.runner().Forward(absl::MakeSpan(batch), pool.View());
-        if (!out.ok()) {
-          std::fprintf(stderr, "engine_bench: %s\n", std::string(out.status().message()).c_str());
-          return 1;
-        }
-        best = std::min(best, sw.ElapsedMs());
+        auto out = engine.runner().Forward(absl::MakeSpan(batch), engine.pool().View());
+        if (!out.ok()) return fail(out.status());
+        best[vi] = std::min(best[vi], sw.ElapsedMs());
       }
-      rows.push_back({gemm, kv_dtype, "prefill", len, best, len / best * 1e3});
     }
-    for (int b : batches) {
-      std::vector<std::unique_ptr<duet::kv::BlockTable>> tables;
-      std::vector<SequenceInput> batch(b);
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+      const Variant& v = variants[vi];
+      rows.push_back(
+          {v.gemm, v.kv_dtype, v.weights, "prefill", len, best[vi], len / best[vi] * 1e3});
+    }
+  }
+  for (int b : batches) {
+    // Each variant's b sequences of --context cached tokens.
+    std::vector<std::vector<std::unique_ptr<duet::kv::BlockTable>>> tables(variants.size());
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+      LocalEngine& engine = *variants[vi].engine;
       for (int s = 0; s < b; ++s) {
-        tables.push_back(std::make_unique<duet::kv::BlockTable>(&pool));
+        tables[vi].push_back(std::make_unique<duet::kv::BlockTable>(&engine.pool()));
         std::vector<SequenceInput> one(1);
         one[0].seq_id = s;
         one[0].tokens.resize(context);
         for (int i = 0; i < context; ++i) one[0].tokens[i] = token(i + s);
-        one[0].table = tables.back().get();
+        one[0].table = tables[vi].back().get();
         one[0].want_logits = false;
-        if (auto out = engine.runner().Forward(absl::MakeSpan(one), pool.View()); !out.ok()) {
-          std::fprintf(stderr, "engine_bench: %s\n", std::string(out.status().message()).c_str());
-          return 1;
+        if (auto out = engine.runner().Forward(absl::MakeSpan(one), engine.pool().View());
+            !out.ok()) {
+          return fail(out.status());
         }
       }
-      // Variants interleaved per repetition, so context growth and noise hit each alike.
-      std::vector<double> best(modes.size(), 1e30);
-      for (int r = 0; r < reps; ++r) {
+    }
+    // Variants and sampling modes interleaved per repetition, so context growth and noise hit
+    // each alike.
+    std::vector<std::vector<double>> best(variants.size(), std::vector<double>(modes.size(), 1e30));
+    std::vector<SequenceInput> batch(b);
+    for (int r = 0; r < reps; ++r) {
+      for (size_t vi = 0; vi < variants.size(); ++vi) {
+        LocalEngine& engine = *variants[vi].engine;
         for (size_t m = 0; m < modes.size(); ++m) {
           const bool on_backend = modes[m] == "backend";
           for (int s = 0; s < b; ++s) {
             batch[s] = SequenceInput{.seq_id = s,
                                      .tokens = {token(s)},
-                                     .start_pos = static_cast<int32_t>(tables[s]->num_tokens()),
-                                     .table = tables[s].get(),
+                                     .start_pos = static_cast<int32_t>(tables[vi][s]->num_tokens()),
+                                     .table = tables[vi][s].get(),
                                      .want_logits = !on_backend,
                                      .sample = on_backend ? &sampling : nullptr,
                                      .sample_step = r};
           }
           duet::Stopwatch sw;
-          auto out = engine.runner().Forward(absl::MakeSpan(batch), pool.View());
-          if (!out.ok()) {
-            std::fprintf(stderr, "engine_bench: %s\n", std::string(out.status().message()).c_str());
-            return 1;
-          }
+          auto out = engine.runner().Forward(absl::MakeSpan(batch), engine.pool().View());
+          if (!out.ok()) return fail(out.status());
           int64_t checksum = 0;  // keeps the sampling from being optimised away
           if (modes[m] == "host") {
             for (int s = 0; s < b; ++s) {
@@ -245,25 +265,38 @@ int main(int argc, char** argv) {
           } else if (on_backend) {
             for (const duet::model::SampledToken& t : out->tokens) checksum += t.id;
           }
-          best[m] = std::min(best[m], sw.ElapsedMs());
+          best[vi][m] = std::min(best[vi][m], sw.ElapsedMs());
           if (checksum < 0) std::fprintf(stderr, "engine_bench: negative token id\n");
         }
       }
+    }
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+      const Variant& v = variants[vi];
       for (size_t m = 0; m < modes.size(); ++m) {
         const std::string phase = modes[m] == "logits" ? "decode" : "decode+" + modes[m];
-        rows.push_back({gemm, kv_dtype, phase, b, best[m], b / best[m] * 1e3});
+        rows.push_back(
+            {v.gemm, v.kv_dtype, v.weights, phase, b, best[vi][m], b / best[vi][m] * 1e3});
       }
     }
   }
+  std::map<std::string, double> weight_bytes;  // weights dtype -> matrix bytes per step
+  for (const Variant& v : variants) {
+    weight_bytes[v.weights] = static_cast<double>(v.engine->runner().MatrixBytes());
+  }
+  variants.clear();  // frees the engines before the bandwidth probe
 
   const double bw = MeasureReadBandwidth();
-  const double wbytes = WeightBytes(config);
-  const double bound = bw * 1e9 / wbytes;  // decode steps/s if weights stream once per step
-  std::printf("model: %s (layers %d, hidden %d, vocab %d), fp32 weights %.0f MB\n",
-              model_dir.c_str(), config.num_hidden_layers, config.hidden_size, config.vocab_size,
-              wbytes / 1e6);
-  std::printf("measured read bandwidth %.1f GB/s -> memory-bound decode limit %.1f steps/s "
-              "(x batch tokens/s)\n\n", bw, bound);
+  std::printf("model: %s (layers %d, hidden %d, vocab %d)\n", model_dir.c_str(),
+              config.num_hidden_layers, config.hidden_size, config.vocab_size);
+  std::printf("measured read bandwidth %.1f GB/s\n", bw);
+  for (const auto& [wd, bytes] : weight_bytes) {
+    // Decode steps/s if the matrices stream from memory once per step.
+    std::printf(
+        "weights %-6s: %.1f MB of matrices read per step -> memory-bound decode limit "
+        "%.1f steps/s (x batch tokens/s)\n",
+        wd.c_str(), bytes / 1e6, bw * 1e9 / bytes);
+  }
+  std::printf("\n");
   std::printf("%-10s %-5s %10s %12s %10s %12s %14s\n", "gemm", "kv", "bytes/tok", "pool_bytes",
               "blocks", "tokens", "requests@ctx");
   for (const auto& c : capacity) {
@@ -274,22 +307,23 @@ int main(int argc, char** argv) {
                 c["requests_of_context"].get<long long>());
   }
   std::printf("\n");
-  std::printf("%-10s %-5s %-20s %6s %10s %12s %12s\n", "gemm", "kv", "phase", "size", "ms",
-              "tokens/s", "vs_mem_bound");
+  std::printf("%-10s %-5s %-7s %-20s %6s %10s %12s %12s\n", "gemm", "kv", "weights", "phase",
+              "size", "ms", "tokens/s", "vs_mem_bound");
   nlohmann::json j;
   j["model"] = model_dir;
   j["kv_capacity"] = capacity;
   j["read_bandwidth_gbps"] = bw;
-  j["weight_bytes"] = wbytes;
-  j["decode_bound_steps_per_s"] = bound;
+  j["weight_bytes"] = weight_bytes;
   for (const Row& r : rows) {
     const bool decode = r.phase.rfind("decode", 0) == 0;
+    const double bound = bw * 1e9 / weight_bytes[r.weights];
     const double vs = decode ? (1e3 / r.ms) / bound : 0;
-    std::printf("%-10s %-5s %-20s %6d %10.2f %12.1f %12s\n", r.gemm.c_str(), r.kv_dtype.c_str(),
-                r.phase.c_str(), r.size, r.ms, r.tokens_per_s,
-                decode ? (std::to_string(vs).substr(0, 5)).c_str() : "-");
+    std::printf("%-10s %-5s %-7s %-20s %6d %10.2f %12.1f %12s\n", r.gemm.c_str(),
+                r.kv_dtype.c_str(), r.weights.c_str(), r.phase.c_str(), r.size, r.ms,
+                r.tokens_per_s, decode ? (std::to_string(vs).substr(0, 5)).c_str() : "-");
     j["rows"].push_back({{"gemm", r.gemm},
                          {"kv_dtype", r.kv_dtype},
+                         {"weights_dtype", r.weights},
                          {"phase", r.phase},
                          {"size", r.size},
                          {"ms", r.ms},

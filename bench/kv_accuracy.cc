@@ -1,7 +1,10 @@
 // kv_accuracy: what a narrower KV cache dtype costs in accuracy, against f32 KV on the same model
-// and weights (the same CPU kernels; only the KV dtype differs).
+// and weights (the same CPU kernels; only the KV dtype differs); with --weights_dtypes, also what
+// keeping the weight matrices in another form costs (native: GGUF blocks as stored, integer dot
+// products), against f32 weights with f32 KV.
 //
 //   kv_accuracy --model models/smollm2-135m-instruct-q4_1.gguf [--kv_dtypes bf16,f16,int8,fp8]
+//               [--weights_dtypes native]
 //               [--prompts 50 --min_len 64 --max_len 1024 --gen 64]
 //               [--ppl_tokens 16384 --ppl_window 1024 --ppl_chunk 128]
 //               [--text_dir /usr/share/common-licenses] [--json FILE]
@@ -41,6 +44,8 @@
 
 ABSL_FLAG(std::string, model, "", "model directory or .gguf file");
 ABSL_FLAG(std::string, kv_dtypes, "bf16,f16,int8,fp8", "KV dtypes to compare against f32");
+ABSL_FLAG(std::string, weights_dtypes, "",
+          "weight forms to compare against f32 weights (native), each with f32 KV");
 ABSL_FLAG(int, prompts, 50, "number of prompts");
 ABSL_FLAG(int, min_len, 64, "shortest prompt (tokens)");
 ABSL_FLAG(int, max_len, 1024, "longest prompt (tokens)");
@@ -95,12 +100,13 @@ struct Generation {
 };
 
 std::unique_ptr<LocalEngine> Load(const std::string& model, const std::string& dtype,
-                                  int64_t kv_bytes) {
+                                  int64_t kv_bytes, const std::string& weights = "f32") {
   auto e = LocalEngine::Load(model, {.device = "cpu",
                                      .num_threads = absl::GetFlag(FLAGS_threads),
                                      .kv_cache_bytes = kv_bytes,
-                                     .kv_dtype = dtype});
-  if (!e.ok()) Die("load " + dtype, e.status());
+                                     .kv_dtype = dtype,
+                                     .weights_dtype = weights});
+  if (!e.ok()) Die("load " + dtype + " / weights " + weights, e.status());
   return *std::move(e);
 }
 
@@ -238,9 +244,15 @@ int main(int argc, char** argv) {
   const int n_prompts = absl::GetFlag(FLAGS_prompts), gen = absl::GetFlag(FLAGS_gen);
   const int min_len = absl::GetFlag(FLAGS_min_len), max_len = absl::GetFlag(FLAGS_max_len);
   const Text text = ReadText(absl::GetFlag(FLAGS_text_dir));
-  std::vector<std::string> dtypes = {"f32"};
-  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',')) {
-    dtypes.emplace_back(d);
+  // (kv dtype, weights dtype); the first is the reference.
+  std::vector<std::pair<std::string, std::string>> variants = {{"f32", "f32"}};
+  for (absl::string_view d :
+       absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',', absl::SkipWhitespace())) {
+    variants.emplace_back(std::string(d), "f32");
+  }
+  for (absl::string_view w :
+       absl::StrSplit(absl::GetFlag(FLAGS_weights_dtypes), ',', absl::SkipWhitespace())) {
+    variants.emplace_back("f32", std::string(w));
   }
   const int64_t kv_bytes = 2ll << 30;
 
@@ -276,13 +288,15 @@ int main(int argc, char** argv) {
   j["prompts"] = {{"count", n_prompts}, {"min_len", min_len}, {"max_len", max_len}, {"gen", gen}};
   std::vector<Generation> ref_gen;
   double ref_ppl = 0;
-  std::printf("\n%-5s %9s %8s %11s %11s %13s %13s %10s %9s\n", "kv", "bytes/tok", "exact",
-              "agree_tok", "mean_prefix", "max|dlogp|", "mean|dlogp|", "ppl", "ppl_vs_f32");
-  for (const std::string& dtype : dtypes) {
+  std::printf("\n%-5s %-7s %9s %8s %11s %11s %13s %13s %10s %9s\n", "kv", "weights", "bytes/tok",
+              "exact", "agree_tok", "mean_prefix", "max|dlogp|", "mean|dlogp|", "ppl",
+              "ppl_vs_f32");
+  for (size_t vi = 0; vi < variants.size(); ++vi) {
+    const auto& [dtype, weights] = variants[vi];
     std::unique_ptr<LocalEngine> owned;
     LocalEngine* e = ref.get();
-    if (dtype != "f32") {
-      owned = Load(model, dtype, kv_bytes);
+    if (vi > 0) {
+      owned = Load(model, dtype, kv_bytes, weights);
       e = owned.get();
     }
     duet::Stopwatch sw;
@@ -292,7 +306,7 @@ int main(int argc, char** argv) {
     int exact = 0;
     int64_t agreed = 0, compared = 0;
     double max_d = 0, sum_d = 0;
-    if (dtype == "f32") {
+    if (vi == 0) {
       ref_gen = g;
       ref_ppl = p.ppl();
     }
@@ -311,12 +325,14 @@ int main(int argc, char** argv) {
     const double bpt = static_cast<double>(e->pool().layout().BytesForTokens(1));
     const double agree = static_cast<double>(agreed) / (static_cast<double>(prompts.size()) * gen);
     const double mean_d = compared ? sum_d / static_cast<double>(compared) : 0;
-    std::printf("%-5s %9.0f %5d/%-3d %10.2f%% %11.1f %13.5f %13.5f %10.4f %+8.3f%%\n",
-                dtype.c_str(), bpt, exact, n_prompts, 100 * agree,
+    std::printf("%-5s %-7s %9.0f %5d/%-3d %10.2f%% %11.1f %13.5f %13.5f %10.4f %+8.3f%%\n",
+                dtype.c_str(), weights.c_str(), bpt, exact, n_prompts, 100 * agree,
                 static_cast<double>(agreed) / static_cast<double>(prompts.size()), max_d, mean_d,
                 p.ppl(), 100 * (p.ppl() / ref_ppl - 1));
     std::fflush(stdout);
     j["dtypes"].push_back({{"kv_dtype", dtype},
+                           {"weights_dtype", weights},
+                           {"matrix_bytes", e->runner().MatrixBytes()},
                            {"bytes_per_token", bpt},
                            {"exact_prompts", exact},
                            {"token_agreement", agree},

@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -15,6 +17,8 @@
 #include "common/model/chat_template.h"
 #include "common/model/local_engine.h"
 #include "nlohmann/json.hpp"
+
+ABSL_DECLARE_FLAG(int64_t, kv_cache_bytes);  // node_commands.cc
 
 ABSL_FLAG(std::string, model, "",
           "model: a directory (config.json, model.safetensors, tokenizer) or a .gguf file");
@@ -33,6 +37,12 @@ ABSL_FLAG(std::string, device, "auto", "compute device: auto, cpu or cuda");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores)");
 ABSL_FLAG(std::string, cpu_gemm, "invariant",
           "CPU GEMM: invariant (batch-invariant, default) or openblas");
+ABSL_FLAG(std::string, cpu_isa, "auto",
+          "CPU kernel path: auto (the best this CPU runs), scalar, avx2, avx512, avx512_vnni or "
+          "avx512_bf16; a path the CPU lacks is refused");
+ABSL_FLAG(std::string, weights_dtype, "auto",
+          "weight matrices: f32 (dequantized at load; also auto) or native (GGUF Q8_0/Q4_0/Q4_1 "
+          "kept as stored, other GGUF block types converted to Q8_0; cpu backend)");
 ABSL_FLAG(int, block_size, 16, "KV cache block size in tokens");
 ABSL_FLAG(std::string, kv_dtype, "auto",
           "KV cache dtype: f32, bf16, f16, int8, fp8 (e4m3), or auto (the compute dtype: f32 on "
@@ -87,7 +97,14 @@ int RunGenerate(const std::vector<char*>& args) {
                                .num_threads = absl::GetFlag(FLAGS_threads),
                                .cpu_gemm = absl::GetFlag(FLAGS_cpu_gemm),
                                .block_size = absl::GetFlag(FLAGS_block_size),
-                               .kv_dtype = absl::GetFlag(FLAGS_kv_dtype)};
+                               .kv_dtype = absl::GetFlag(FLAGS_kv_dtype),
+                               .cpu_isa = absl::GetFlag(FLAGS_cpu_isa),
+                               .weights_dtype = absl::GetFlag(FLAGS_weights_dtype)};
+  // generate's pool is EngineOptions' default unless --kv_cache_bytes is set.
+  if (const absl::CommandLineFlag* f = absl::FindCommandLineFlag("kv_cache_bytes");
+      f != nullptr && f->CurrentValue() != f->DefaultValue()) {
+    options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  }
   auto engine = model::LocalEngine::Load(model_dir, options);
   if (!engine.ok()) return Fail(engine.status());
 

@@ -12,6 +12,8 @@ ABSL_DECLARE_FLAG(std::string, model);            // generate_command.cc
 ABSL_DECLARE_FLAG(std::string, device);           // generate_command.cc
 ABSL_DECLARE_FLAG(int, threads);                  // generate_command.cc
 ABSL_DECLARE_FLAG(std::string, cpu_gemm);         // generate_command.cc
+ABSL_DECLARE_FLAG(std::string, cpu_isa);          // generate_command.cc
+ABSL_DECLARE_FLAG(std::string, weights_dtype);    // generate_command.cc
 ABSL_DECLARE_FLAG(int, block_size);               // generate_command.cc
 ABSL_DECLARE_FLAG(std::string, kv_dtype);         // generate_command.cc
 ABSL_DECLARE_FLAG(std::string, ucx_net_devices);  // transfer/transport_flags.cc
@@ -59,6 +61,8 @@ cluster::NodeRuntimeOptions NodeRuntimeOptionsFromFlags(const std::string& kind)
   o.device = absl::GetFlag(FLAGS_device);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.cpu_gemm = absl::GetFlag(FLAGS_cpu_gemm);
+  o.cpu_isa = absl::GetFlag(FLAGS_cpu_isa);
+  o.weights_dtype = absl::GetFlag(FLAGS_weights_dtype);
   o.block_size = absl::GetFlag(FLAGS_block_size);
   o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   o.kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
@@ -79,6 +83,8 @@ std::vector<std::string> NodeFlagsForChild() {
           "--device=" + absl::GetFlag(FLAGS_device),
           absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
           "--cpu_gemm=" + absl::GetFlag(FLAGS_cpu_gemm),
+          "--cpu_isa=" + absl::GetFlag(FLAGS_cpu_isa),
+          "--weights_dtype=" + absl::GetFlag(FLAGS_weights_dtype),
           absl::StrCat("--block_size=", absl::GetFlag(FLAGS_block_size)),
           absl::StrCat("--kv_cache_bytes=", absl::GetFlag(FLAGS_kv_cache_bytes)),
           "--kv_dtype=" + absl::GetFlag(FLAGS_kv_dtype),

@@ -39,12 +39,15 @@ absl::Status NodeRuntime::Init(const NodeRuntimeRole& role) {
     return absl::InvalidArgumentError(absl::StrCat("block size must be >= 1, got ", o.block_size));
   }
   // The model as `duet generate` loads it; its own pool is one block (the node sizes its own).
-  DUET_ASSIGN_OR_RETURN(engine_, model::LocalEngine::Load(o.model_dir, {.device = o.device,
-                                                                        .num_threads = o.threads,
-                                                                        .cpu_gemm = o.cpu_gemm,
-                                                                        .block_size = o.block_size,
-                                                                        .kv_cache_bytes = 1,
-                                                                        .kv_dtype = o.kv_dtype}));
+  DUET_ASSIGN_OR_RETURN(engine_,
+                        model::LocalEngine::Load(o.model_dir, {.device = o.device,
+                                                               .num_threads = o.threads,
+                                                               .cpu_gemm = o.cpu_gemm,
+                                                               .block_size = o.block_size,
+                                                               .kv_cache_bytes = 1,
+                                                               .kv_dtype = o.kv_dtype,
+                                                               .cpu_isa = o.cpu_isa,
+                                                               .weights_dtype = o.weights_dtype}));
   if (role.needs_tokenizer && !engine_->has_tokenizer()) {
     return absl::FailedPreconditionError(
         absl::StrCat(o.model_dir, ": the ", role.role, " needs the model's tokenizer files"));

@@ -48,6 +48,8 @@ struct NodeRuntimeOptions {
   std::string device = "auto";           // auto | cpu | cuda
   int threads = 0;                       // compute threads (0: all cores)
   std::string cpu_gemm = "invariant";    // invariant | openblas: every node of a cluster alike
+  std::string cpu_isa = "auto";          // model::EngineOptions::cpu_isa
+  std::string weights_dtype = "auto";    // model::EngineOptions::weights_dtype: nodes alike
   int block_size = 16;                   // tokens per KV block
   int64_t kv_cache_bytes = 256ll << 20;  // the node's KV pool
   std::string kv_dtype = "auto";         // model::EngineOptions::kv_dtype

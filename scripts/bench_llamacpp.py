@@ -6,9 +6,10 @@ plus a correctness cross-check (tokenizer ids and greedy continuation).
   python3 -m venv /tmp/llamavenv && /tmp/llamavenv/bin/pip install llama-cpp-python numpy
   /tmp/llamavenv/bin/python scripts/bench_llamacpp.py \
       --model models/smollm2-135m-instruct-q4_1.gguf --engine-bench build/bench/engine_bench \
-      --threads 2 --prefill 128,512 --context 128
+      --threads 2 --prefill 128,512 --context 128 [--weights-dtype f32,native]
 
-duet's figures come from bench/engine_bench (invariant GEMM, fp32 weights dequantised at load);
+duet's figures come from bench/engine_bench (invariant GEMM; --weights-dtype: f32 weights
+dequantised at load, and/or native: the GGUF blocks kept, integer dot products, one column each);
 llama.cpp's from llama-cpp-python (its own quantised kernels on the Q4_1 weights). Both use the
 same token ids (engine_bench's (i*7919+13) % vocab), the same thread count, best of --reps.
 Decode: one sequence, --context tokens already cached, one token per step.
@@ -36,10 +37,11 @@ def duet_figures(args, prefill):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [args.engine_bench, "--model", args.model, "--prefill", ",".join(map(str, prefill)),
                "--decode_batch", "1", "--context", str(args.context), "--gemm", "invariant",
-               "--threads", str(args.threads), "--reps", str(args.reps), "--json", out.name]
+               "--threads", str(args.threads), "--reps", str(args.reps),
+               "--weights_dtype", args.weights_dtype, "--json", out.name]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         rows = json.load(open(out.name))["rows"]
-    return {(r["phase"], r["size"]): r["tokens_per_s"] for r in rows}
+    return {(r.get("weights_dtype", "f32"), r["phase"], r["size"]): r["tokens_per_s"] for r in rows}
 
 
 def llama_figures(llm, args, prefill, vocab):
@@ -92,6 +94,8 @@ def main():
     ap.add_argument("--prefill", default="128,512")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--weights-dtype", default="f32",
+                    help="duet's weights, comma-separated: f32 and/or native")
     args = ap.parse_args()
     prefill = [int(x) for x in args.prefill.split(",")]
     llm = Llama(model_path=args.model, n_ctx=max(prefill + [args.context]) + 64,
@@ -102,12 +106,16 @@ def main():
     ours = duet_figures(args, prefill)
     theirs = llama_figures(llm, args, prefill, vocab)
     print(f"\nmodel {os.path.basename(args.model)}, {args.threads} threads, best of {args.reps}")
-    print(f"| phase | tokens | duet tok/s | llama.cpp tok/s | duet / llama.cpp |")
-    print(f"|---|---|---|---|---|")
+    dtypes = args.weights_dtype.split(",")
+    print("| phase | tokens | " + " | ".join(f"duet {d} tok/s" for d in dtypes) +
+          " | llama.cpp tok/s | " + " | ".join(f"duet {d} / llama.cpp" for d in dtypes) + " |")
+    print("|---|---|" + "---|" * (2 * len(dtypes) + 1))
     for key in [("prefill", n) for n in prefill] + [("decode", 1)]:
-        a, b = ours[key], theirs[key]
+        b = theirs[key]
+        a = [ours[(d,) + key] for d in dtypes]
         size = key[1] if key[0] == "prefill" else f"1 (context {args.context})"
-        print(f"| {key[0]} | {size} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+        print(f"| {key[0]} | {size} | " + " | ".join(f"{x:.1f}" for x in a) + f" | {b:.1f} | " +
+              " | ".join(f"{x / b:.2f}" for x in a) + " |")
 
 
 if __name__ == "__main__":

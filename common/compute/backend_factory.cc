@@ -149,3 +149,55 @@ void ComputeBackend::FillRandom(float* p, int64_t count, uint64_t seed, float sc
 }
 
 }  // namespace duet::compute
+
+namespace duet::compute {
+
+const char* WeightFormatName(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF32:
+      return "f32";
+    case WeightFormat::kBf16:
+      return "bf16";
+    case WeightFormat::kQ8_0:
+      return "Q8_0";
+    case WeightFormat::kQ4_0:
+      return "Q4_0";
+    case WeightFormat::kQ4_1:
+      return "Q4_1";
+  }
+  return "?";
+}
+
+int64_t StoredMatrixBytes(WeightFormat format, int64_t rows, int64_t cols) {
+  switch (format) {
+    case WeightFormat::kF32:
+      return rows * cols * 4;
+    case WeightFormat::kBf16:
+      return rows * cols * 2;
+    case WeightFormat::kQ8_0:
+      return rows * (cols / 32) * 34;
+    case WeightFormat::kQ4_0:
+      return rows * (cols / 32) * 18;
+    case WeightFormat::kQ4_1:
+      return rows * (cols / 32) * 20;
+  }
+  return 0;
+}
+
+absl::StatusOr<std::unique_ptr<PreparedMatrix>> ComputeBackend::PrepareStoredMatrix(
+    const StoredMatrix& w) {
+  if (w.format == WeightFormat::kF32) {
+    return PrepareMatrix(static_cast<const float*>(w.data), w.rows, w.cols);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("the ", name(), " backend cannot keep ",
+                                                 WeightFormatName(w.format),
+                                                 " weights (use --weights_dtype=f32)"));
+}
+
+absl::Status ComputeBackend::EmbedFromMatrix(const PreparedMatrix& table, const int32_t* ids, int n,
+                                             float scale, float* out) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the ", name(), " backend has no embedding lookup from a prepared matrix"));
+}
+
+}  // namespace duet::compute

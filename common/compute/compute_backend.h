@@ -36,6 +36,24 @@ class PreparedMatrix {
   virtual ~PreparedMatrix() = default;
   virtual int rows() const = 0;
   virtual int cols() const = 0;
+  // Bytes the backend holds for it (what one GEMM over it reads); -1 when not known.
+  virtual int64_t bytes() const { return -1; }
+};
+
+// The form a weight matrix is handed to PrepareStoredMatrix in: as the checkpoint stores it.
+//   kF32: float [rows][cols];  kBf16: uint16 bfloat16 bits [rows][cols];
+//   kQ8_0 / kQ4_0 / kQ4_1: ggml blocks of 32 along cols, rows of cols / 32 blocks (34 / 18 / 20
+//   bytes each; gguf_quant.h gives the layouts).
+enum class WeightFormat { kF32, kBf16, kQ8_0, kQ4_0, kQ4_1 };
+const char* WeightFormatName(WeightFormat format);
+// Bytes of a [rows, cols] matrix in `format` (cols a multiple of 32 for the block formats).
+int64_t StoredMatrixBytes(WeightFormat format, int64_t rows, int64_t cols);
+
+struct StoredMatrix {
+  WeightFormat format = WeightFormat::kF32;
+  const void* data = nullptr;
+  int rows = 0;  // out_features
+  int cols = 0;  // in_features
 };
 
 // One sequence of a paged-attention call.
@@ -77,6 +95,7 @@ class WorkMarker {
 struct BackendOptions {
   int num_threads = 0;         // 0: all hardware threads
   std::string cpu_gemm = "invariant";  // cpu: "invariant" (own packed kernel) or "openblas"
+  std::string cpu_isa = "auto";  // cpu: kernel path, cpu/cpu_isa.h ("auto": the best the CPU runs)
   int cuda_device = 0;                 // cuda: device ordinal
   std::string cuda_gemm_dtype = "bf16";  // cuda: weights and GEMM inputs in "bf16", "f16" or
                                          // "f32" (fp32 accumulation and activations always)
@@ -146,6 +165,19 @@ class ComputeBackend {
   // w: host float32 [rows, cols], row-major.
   virtual absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(const float* w, int rows,
                                                                        int cols) = 0;
+  // A matrix in its stored form, kept in it where the backend multiplies with it directly (cpu:
+  // the block formats, with integer dot products, cpu/quant_gemm.h). kF32 is PrepareMatrix.
+  // InvalidArgument naming the format where this backend cannot keep it (the default: every
+  // format but kF32); never converted silently.
+  virtual absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareStoredMatrix(
+      const StoredMatrix& w);
+  // Whether PrepareStoredMatrix keeps `format` (the default: kF32 only).
+  virtual bool KeepsWeightFormat(WeightFormat format) const { return format == WeightFormat::kF32; }
+  // out[i, :] = table row ids[i] (dequantized) * scale, for a table prepared by
+  // PrepareStoredMatrix in a format other than kF32 (embeddings kept in their stored form).
+  // The default: InvalidArgument.
+  virtual absl::Status EmbedFromMatrix(const PreparedMatrix& table, const int32_t* ids, int n,
+                                       float scale, float* out);
   // Uploads a host vector (norm weights, biases, embeddings) to backend memory; on cpu may
   // return the same pointer. The returned memory lives as long as the backend.
   virtual const float* UploadVector(const float* host, int64_t count) = 0;

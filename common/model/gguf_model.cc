@@ -1,14 +1,19 @@
 #include "common/model/gguf_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/float16.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/model/gguf_quant.h"
 
 namespace duet::model {
 namespace {
@@ -199,22 +204,58 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
   return c;
 }
 
-void UnpermuteGgufRopeRows(std::vector<float>& w, int n_heads, int head_dim, int64_t cols) {
+void UnpermuteGgufRopeRowBytes(uint8_t* w, int n_heads, int head_dim, size_t row_bytes) {
   const int half = head_dim / 2;
-  std::vector<float> head(static_cast<size_t>(head_dim * cols));
+  std::vector<uint8_t> head(static_cast<size_t>(head_dim) * row_bytes);
   for (int h = 0; h < n_heads; ++h) {
-    float* base = w.data() + static_cast<size_t>(h) * head_dim * cols;
+    uint8_t* base = w + static_cast<size_t>(h) * head_dim * row_bytes;
     for (int i = 0; i < 2; ++i) {
       for (int j = 0; j < half; ++j) {
-        std::memcpy(&head[static_cast<size_t>(i * half + j) * cols],
-                    base + static_cast<size_t>(2 * j + i) * cols, sizeof(float) * cols);
+        std::memcpy(&head[static_cast<size_t>(i * half + j) * row_bytes],
+                    base + static_cast<size_t>(2 * j + i) * row_bytes, row_bytes);
       }
     }
-    std::memcpy(base, head.data(), sizeof(float) * head.size());
+    std::memcpy(base, head.data(), head.size());
   }
 }
 
-absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfig& config) {
+void UnpermuteGgufRopeRows(std::vector<float>& w, int n_heads, int head_dim, int64_t cols) {
+  UnpermuteGgufRopeRowBytes(reinterpret_cast<uint8_t*>(w.data()), n_heads, head_dim,
+                            sizeof(float) * static_cast<size_t>(cols));
+}
+
+namespace {
+
+bool KeptNatively(uint32_t type) {
+  return type == static_cast<uint32_t>(GgmlType::kQ8_0) ||
+         type == static_cast<uint32_t>(GgmlType::kQ4_0) ||
+         type == static_cast<uint32_t>(GgmlType::kQ4_1);
+}
+
+// ggml's quantize_row_q8_0: per 32 elements d = amax / 127, q = roundf(x / d) (half away from
+// zero), d stored as a half.
+std::vector<uint8_t> QuantizeToQ8_0(const std::vector<float>& x) {
+  std::vector<uint8_t> out(x.size() / 32 * 34);
+  for (size_t b = 0; b < x.size() / 32; ++b) {
+    const float* xb = x.data() + b * 32;
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 127.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    const uint16_t dh = FloatToHalf(d);
+    uint8_t* ob = out.data() + b * 34;
+    std::memcpy(ob, &dh, 2);
+    for (int j = 0; j < 32; ++j) {
+      ob[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(xb[j] * id)));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfig& config,
+                                             WeightsDtype dtype) {
   DUET_RETURN_IF_ERROR(config.Validate());
   // Each layer has >= 9 tensors: refuse a lying block_count before allocating for it.
   if (static_cast<uint64_t>(config.num_hidden_layers) * 9 > g.tensors().size()) {
@@ -226,6 +267,7 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
   ModelWeights w;
   w.layers.resize(config.num_hidden_layers);
   std::set<std::string> used;
+  std::map<std::string, int> converted;  // ggml type name -> matrices converted to Q8_0
   for (const ExpectedTensor& e : ExpectedTensors(config)) {
     const std::string name = GgufTensorName(e.name, config.is_gemma());
     DUET_ASSIGN_OR_RETURN(const GgufTensorInfo* t, g.Tensor(name));
@@ -235,8 +277,47 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
                        "; expected ", ShapeToString(e.shape), e.what, " (HF ", e.name, ")"));
     }
     std::vector<float>* out = Destination(w, e);
+    const bool rope_rows = !config.is_gemma() && (e.layer_field == &LayerWeights::q_proj ||
+                                                  e.layer_field == &LayerWeights::k_proj);
+    const int rope_heads = e.layer_field == &LayerWeights::q_proj ? config.num_attention_heads
+                                                                  : config.num_key_value_heads;
+    const bool convert = dtype == WeightsDtype::kNative && IsMatrixTensor(e) &&
+                         t->type != static_cast<uint32_t>(GgmlType::kF32) && !KeptNatively(t->type);
+    if (dtype == WeightsDtype::kNative && IsMatrixTensor(e) &&
+        (t->type == static_cast<uint32_t>(GgmlType::kF16) ||
+         t->type == static_cast<uint32_t>(GgmlType::kBF16))) {
+      const GgmlTypeInfo* info = FindGgmlType(t->type);
+      return absl::UnimplementedError(absl::StrCat(
+          g.path(), ": tensor '", name, "' is ", info != nullptr ? info->name : "?",
+          ", which weights_dtype 'native' cannot keep yet (bf16 weights are not built); use "
+          "--weights_dtype=f32"));
+    }
+    if (dtype == WeightsDtype::kNative && IsMatrixTensor(e) && KeptNatively(t->type)) {
+      StoredWeight& sw = w.stored[e.name];
+      sw.ggml_type = t->type;
+      sw.bytes.assign(t->data, t->data + t->nbytes);
+      if (rope_rows) {
+        UnpermuteGgufRopeRowBytes(sw.bytes.data(), rope_heads, config.head_dim,
+                                  t->nbytes / static_cast<size_t>(e.shape[0]));
+      }
+      used.insert(name);
+      continue;
+    }
     out->resize(static_cast<size_t>(t->NumElements()));
     DUET_RETURN_IF_ERROR(g.Dequantize(*t, out->data()));
+    if (convert) {
+      const GgmlTypeInfo* info = FindGgmlType(t->type);
+      ++converted[info != nullptr ? info->name : "?"];
+      if (rope_rows) {
+        UnpermuteGgufRopeRows(*out, rope_heads, config.head_dim, config.hidden_size);
+      }
+      StoredWeight& sw = w.stored[e.name];
+      sw.ggml_type = static_cast<uint32_t>(GgmlType::kQ8_0);
+      sw.bytes = QuantizeToQ8_0(*out);
+      std::vector<float>().swap(*out);
+      used.insert(name);
+      continue;
+    }
     // llama.cpp stores Gemma's norms as (1 + w) already, and permutes q/k rows only for the
     // llama architecture (its gemma3 graph uses the half-split RoPE of HF).
     if (!config.is_gemma()) {
@@ -249,6 +330,10 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
       }
     }
     used.insert(name);
+  }
+  for (const auto& [type, count] : converted) {
+    DUET_LOG(INFO) << g.path() << ": weights_dtype native: " << count << " " << type << " matri"
+                   << (count == 1 ? "x" : "ces") << " converted to Q8_0 (not kept natively)";
   }
   std::vector<std::string> extra;
   for (const GgufTensorInfo& t : g.tensors()) {
@@ -269,16 +354,16 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_path) {
   return ModelConfig::FromJsonFile(model_path + "/config.json");
 }
 
-absl::StatusOr<ModelFiles> LoadModelFiles(const std::string& model_path) {
+absl::StatusOr<ModelFiles> LoadModelFiles(const std::string& model_path, WeightsDtype dtype) {
   ModelFiles files;
   if (std::optional<std::string> gguf_path = FindGgufModel(model_path)) {
     DUET_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(*gguf_path));
     DUET_ASSIGN_OR_RETURN(files.config, ConfigFromGguf(*gguf));
-    DUET_ASSIGN_OR_RETURN(files.weights, LoadGgufWeights(*gguf, files.config));
+    DUET_ASSIGN_OR_RETURN(files.weights, LoadGgufWeights(*gguf, files.config, dtype));
     return files;
   }
   DUET_ASSIGN_OR_RETURN(files.config, ModelConfig::FromJsonFile(model_path + "/config.json"));
-  DUET_ASSIGN_OR_RETURN(files.weights, LoadWeights(model_path, files.config));
+  DUET_ASSIGN_OR_RETURN(files.weights, LoadWeights(model_path, files.config, dtype));
   return files;
 }
 

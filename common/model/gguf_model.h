@@ -39,19 +39,25 @@ struct ModelFiles {
   ModelConfig config;
   ModelWeights weights;
 };
-absl::StatusOr<ModelFiles> LoadModelFiles(const std::string& model_path);
+// `dtype`: how the matrices are kept (weights.h WeightsDtype).
+absl::StatusOr<ModelFiles> LoadModelFiles(const std::string& model_path,
+                                          WeightsDtype dtype = WeightsDtype::kF32);
 
 // The GGUF name of an HF tensor name ("model.layers.3.self_attn.q_proj.weight" ->
 // "blk.3.attn_q.weight"); empty for a name with no GGUF counterpart. `gemma`: the names of
 // Gemma's sandwich norms (post_attention_layernorm is the attention output's norm there).
 std::string GgufTensorName(const std::string& hf_name, bool gemma = false);
 
-// Every tensor of ExpectedTensors(config), shape-checked and dequantised; attn_q/attn_k rows
-// un-permuted for llama (see above).
-absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& gguf, const ModelConfig& config);
+// Every tensor of ExpectedTensors(config), shape-checked and dequantised (kNative: matrices kept
+// or converted as WeightsDtype says, in ModelWeights::stored); attn_q/attn_k rows un-permuted
+// for llama (see above).
+absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& gguf, const ModelConfig& config,
+                                             WeightsDtype dtype = WeightsDtype::kF32);
 
 // Reorders the rows of a [n_heads * head_dim, cols] matrix from llama.cpp's interleaved RoPE
 // order to HF's half-split order (exposed for tests).
 void UnpermuteGgufRopeRows(std::vector<float>& w, int n_heads, int head_dim, int64_t cols);
+// The same on rows of `row_bytes` bytes (a quantized matrix: rows of whole blocks).
+void UnpermuteGgufRopeRowBytes(uint8_t* w, int n_heads, int head_dim, size_t row_bytes);
 
 }  // namespace duet::model

@@ -17,7 +17,9 @@ namespace duet::model {
 
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string& model_dir,
                                                                const EngineOptions& options) {
-  DUET_ASSIGN_OR_RETURN(ModelFiles files, LoadModelFiles(model_dir));
+  absl::StatusOr<WeightsDtype> dtype = ParseWeightsDtype(options.weights_dtype);
+  if (!dtype.ok()) return Annotate(dtype.status(), "weights_dtype");
+  DUET_ASSIGN_OR_RETURN(ModelFiles files, LoadModelFiles(model_dir, *dtype));
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(model_dir);
   if (absl::IsNotFound(tokenizer.status())) {
     // Ids in, ids out (vLLM's --skip-tokenizer-init): a model needs no tokenizer to run.
@@ -40,7 +42,8 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
     const ModelConfig& config, ModelWeights weights, std::unique_ptr<Tokenizer> tokenizer,
     const EngineOptions& options) {
   std::unique_ptr<LocalEngine> e(new LocalEngine());
-  compute::BackendOptions bo{.num_threads = options.num_threads, .cpu_gemm = options.cpu_gemm};
+  compute::BackendOptions bo{
+      .num_threads = options.num_threads, .cpu_gemm = options.cpu_gemm, .cpu_isa = options.cpu_isa};
   DUET_ASSIGN_OR_RETURN(e->backend_, compute::CreateBackend(options.device, bo));
   e->tokenizer_ = std::move(tokenizer);
   DUET_ASSIGN_OR_RETURN(e->runner_,

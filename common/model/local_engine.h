@@ -33,6 +33,10 @@ struct EngineOptions {
   // KV cache dtype: f32, bf16, f16, int8, fp8, or auto (the backend's compute dtype: f32 on
   // cpu, the GEMM dtype on cuda).
   std::string kv_dtype = "auto";
+  std::string cpu_isa = "auto";  // cpu kernel path (compute/cpu/cpu_isa.h)
+  // How weight matrices are kept (weights.h WeightsDtype): auto | f32 | native. Load only;
+  // Create takes the weights as they are.
+  std::string weights_dtype = "auto";
 };
 
 // The KV dtype EngineOptions::kv_dtype names on `backend` ("auto": its NativeKvDtype).

@@ -91,8 +91,29 @@ absl::Status ModelRunner::Prepare(ModelWeights weights) {
     const std::vector<float>& kept = host_vectors_.back();
     return backend_->UploadVector(kept.data(), static_cast<int64_t>(kept.size()));
   };
-  auto mat = [&](std::vector<float>& w, int rows, int cols,
+  // A matrix from its float copy, or from its stored form (weights_dtype native).
+  auto mat = [&](const std::string& name, std::vector<float>& w, int rows, int cols,
                  std::unique_ptr<compute::PreparedMatrix>* out) -> absl::Status {
+    if (auto it = weights.stored.find(name); it != weights.stored.end()) {
+      DUET_ASSIGN_OR_RETURN(compute::WeightFormat format, StoredFormat(name, it->second));
+      const int64_t expected = compute::StoredMatrixBytes(format, rows, cols);
+      if (cols % 32 != 0 || static_cast<int64_t>(it->second.bytes.size()) != expected) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ModelRunner: stored ", compute::WeightFormatName(format), " matrix '", name, "' has ",
+            it->second.bytes.size(), " bytes; [", rows, ", ", cols, "] needs ", expected));
+      }
+      absl::StatusOr<std::unique_ptr<compute::PreparedMatrix>> prepared =
+          backend_->PrepareStoredMatrix(
+              {.format = format, .data = it->second.bytes.data(), .rows = rows, .cols = cols});
+      if (!prepared.ok()) return Annotate(prepared.status(), "matrix '" + name + "'");
+      *out = *std::move(prepared);
+      weights.stored.erase(it);
+      return absl::OkStatus();
+    }
+    if (w.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ModelRunner: matrix '", name, "' is missing"));
+    }
     DUET_ASSIGN_OR_RETURN(*out, backend_->PrepareMatrix(w.data(), rows, cols));
     std::vector<float>().swap(w);  // repacked: drop the host copy
     return absl::OkStatus();
@@ -116,21 +137,40 @@ absl::Status ModelRunner::Prepare(ModelWeights weights) {
     l.q_bias = vec(lw.q_bias);
     l.k_bias = vec(lw.k_bias);
     l.v_bias = vec(lw.v_bias);
-    DUET_RETURN_IF_ERROR(mat(lw.q_proj, qd, hidden, &l.q));
-    DUET_RETURN_IF_ERROR(mat(lw.k_proj, kvd, hidden, &l.k));
-    DUET_RETURN_IF_ERROR(mat(lw.v_proj, kvd, hidden, &l.v));
-    DUET_RETURN_IF_ERROR(mat(lw.o_proj, hidden, qd, &l.o));
-    DUET_RETURN_IF_ERROR(mat(lw.gate_proj, c.intermediate_size, hidden, &l.gate));
-    DUET_RETURN_IF_ERROR(mat(lw.up_proj, c.intermediate_size, hidden, &l.up));
-    DUET_RETURN_IF_ERROR(mat(lw.down_proj, hidden, c.intermediate_size, &l.down));
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    DUET_RETURN_IF_ERROR(mat(p + "self_attn.q_proj.weight", lw.q_proj, qd, hidden, &l.q));
+    DUET_RETURN_IF_ERROR(mat(p + "self_attn.k_proj.weight", lw.k_proj, kvd, hidden, &l.k));
+    DUET_RETURN_IF_ERROR(mat(p + "self_attn.v_proj.weight", lw.v_proj, kvd, hidden, &l.v));
+    DUET_RETURN_IF_ERROR(mat(p + "self_attn.o_proj.weight", lw.o_proj, hidden, qd, &l.o));
+    DUET_RETURN_IF_ERROR(
+        mat(p + "mlp.gate_proj.weight", lw.gate_proj, c.intermediate_size, hidden, &l.gate));
+    DUET_RETURN_IF_ERROR(
+        mat(p + "mlp.up_proj.weight", lw.up_proj, c.intermediate_size, hidden, &l.up));
+    DUET_RETURN_IF_ERROR(
+        mat(p + "mlp.down_proj.weight", lw.down_proj, hidden, c.intermediate_size, &l.down));
   }
   final_norm_ = vec(weights.norm);
-  if (weights.lm_head.empty()) {  // tied embeddings
-    DUET_ASSIGN_OR_RETURN(lm_head_,
-                          backend_->PrepareMatrix(weights.embed_tokens.data(), c.vocab_size, hidden));
-  } else {
-    DUET_RETURN_IF_ERROR(mat(weights.lm_head, c.vocab_size, hidden, &lm_head_));
+  constexpr const char* kEmbed = "model.embed_tokens.weight";
+  if (weights.stored.count(kEmbed) != 0) {
+    // The embedding kept in its stored form: one prepared matrix serves the lookups
+    // (EmbedFromMatrix) and, when tied, the LM head.
+    std::vector<float> none;
+    DUET_RETURN_IF_ERROR(mat(kEmbed, none, c.vocab_size, hidden, &embed_matrix_));
   }
+  if (weights.lm_head.empty() && weights.stored.count("lm_head.weight") == 0) {  // tied
+    if (embed_matrix_ == nullptr) {
+      DUET_ASSIGN_OR_RETURN(
+          lm_head_, backend_->PrepareMatrix(weights.embed_tokens.data(), c.vocab_size, hidden));
+    }
+  } else {
+    DUET_RETURN_IF_ERROR(mat("lm_head.weight", weights.lm_head, c.vocab_size, hidden, &lm_head_));
+  }
+  if (!weights.stored.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("ModelRunner: stored matrix '",
+                                                   weights.stored.begin()->first,
+                                                   "' is not a matrix of ", c.architecture));
+  }
+  if (embed_matrix_ != nullptr) return absl::OkStatus();
   host_embed_ = std::move(weights.embed_tokens);
   // Gemma scales the embeddings it looks up (not the tied LM head, prepared above).
   if (const float scale = c.EmbeddingScale(); scale != 1.0f) {
@@ -138,6 +178,36 @@ absl::Status ModelRunner::Prepare(ModelWeights weights) {
   }
   embed_ = backend_->UploadVector(host_embed_.data(), static_cast<int64_t>(host_embed_.size()));
   return absl::OkStatus();
+}
+
+absl::StatusOr<compute::WeightFormat> ModelRunner::StoredFormat(const std::string& name,
+                                                                const StoredWeight& w) {
+  switch (w.ggml_type) {
+    case 8:
+      return compute::WeightFormat::kQ8_0;
+    case 2:
+      return compute::WeightFormat::kQ4_0;
+    case 3:
+      return compute::WeightFormat::kQ4_1;
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("ModelRunner: stored matrix '", name,
+                                                 "' has ggml type ", w.ggml_type,
+                                                 "; only Q8_0, Q4_0 and Q4_1 are kept"));
+}
+
+int64_t ModelRunner::MatrixBytes() const {
+  int64_t total = 0;
+  auto add = [&](const compute::PreparedMatrix* m) {
+    if (m == nullptr) return;
+    total += m->bytes() >= 0 ? m->bytes() : int64_t{m->rows()} * m->cols() * 4;
+  };
+  for (const Layer& l : layers_) {
+    for (const auto* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) add(m->get());
+  }
+  add(lm_head_ != nullptr ? lm_head_.get() : embed_matrix_.get());
+  return total;
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::CreateRandom(
@@ -385,7 +455,12 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
   compute::ComputeBackend& b = *backend_;
   Workspace& w = *ws_;
 
-  b.Embed(embed_, hidden, ids.data(), rows, w.x);
+  if (embed_matrix_ != nullptr) {
+    DUET_RETURN_IF_ERROR(
+        b.EmbedFromMatrix(*embed_matrix_, ids.data(), rows, c.EmbeddingScale(), w.x));
+  } else {
+    b.Embed(embed_, hidden, ids.data(), rows, w.x);
+  }
   b.RmsNorm(w.x, layers_[0].input_norm, rows, hidden, c.rms_norm_eps, w.h);
   for (int li = 0; li < c.num_hidden_layers; ++li) {
     const Layer& l = layers_[li];
@@ -448,7 +523,7 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
       w.logit_rows = nl;
     }
     b.RmsNorm(w.last, final_norm_, nl, hidden, c.rms_norm_eps, w.last);
-    b.MatMul(w.last, nl, *lm_head_, nullptr, w.logits);
+    b.MatMul(w.last, nl, lm_head_ != nullptr ? *lm_head_ : *embed_matrix_, nullptr, w.logits);
     if (any_logits) {
       out.logits.resize(int64_t{nl} * c.vocab_size);
       b.CopyToHost(out.logits.data(), w.logits, int64_t{nl} * c.vocab_size);

@@ -114,6 +114,9 @@ class ModelRunner {
   void set_async_layer_hook(bool async) { async_layer_hook_ = async; }
   kv::KvDtype kv_dtype() const { return kv_dtype_; }
   const ModelConfig& config() const { return config_; }
+  // Bytes of the matrices one decode step reads (every projection and the LM head), as the
+  // backend holds them (PreparedMatrix::bytes; rows * cols * 4 where it does not say).
+  int64_t MatrixBytes() const;
   compute::ComputeBackend* backend() const { return backend_; }
 
   // Runs the batch. Validates every input first (token ids, positions, table, layout), so a
@@ -128,6 +131,8 @@ class ModelRunner {
   struct Workspace;
   ModelRunner(const ModelConfig& config, compute::ComputeBackend* backend);
   absl::Status Prepare(ModelWeights weights);
+  static absl::StatusOr<compute::WeightFormat> StoredFormat(const std::string& name,
+                                                            const StoredWeight& w);
   absl::Status PrepareRandom(uint64_t seed);
   void EnsureWorkspace(int64_t rows);
   // Each layer's RoPE frequencies and attention window.
@@ -148,7 +153,9 @@ class ModelRunner {
   const float* embed_ = nullptr;
   float* owned_embed_ = nullptr;  // activation memory holding a random embedding table
   const float* final_norm_ = nullptr;
-  std::unique_ptr<compute::PreparedMatrix> lm_head_;
+  std::unique_ptr<compute::PreparedMatrix> lm_head_;  // null when tied to embed_matrix_
+  // The embedding kept in its stored form (weights_dtype native); null when embed_ is a table.
+  std::unique_ptr<compute::PreparedMatrix> embed_matrix_;
   std::vector<Layer> layers_;
   std::unique_ptr<Workspace> ws_;
 };

@@ -88,12 +88,34 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   return out;
 }
 
+absl::StatusOr<WeightsDtype> ParseWeightsDtype(const std::string& name) {
+  if (name.empty() || name == "auto" || name == "f32") return WeightsDtype::kF32;
+  if (name == "native") return WeightsDtype::kNative;
+  if (name == "bf16") {
+    return absl::UnimplementedError(
+        "weights_dtype 'bf16': bf16 weights are not built yet (use f32 or native)");
+  }
+  return absl::InvalidArgumentError("unknown weights_dtype '" + name +
+                                    "': valid values are auto, f32, native");
+}
+
+bool IsMatrixTensor(const ExpectedTensor& e) {
+  if (e.layer < 0) {
+    return e.model_field == &ModelWeights::embed_tokens || e.model_field == &ModelWeights::lm_head;
+  }
+  return e.layer_field == &LayerWeights::q_proj || e.layer_field == &LayerWeights::k_proj ||
+         e.layer_field == &LayerWeights::v_proj || e.layer_field == &LayerWeights::o_proj ||
+         e.layer_field == &LayerWeights::gate_proj || e.layer_field == &LayerWeights::up_proj ||
+         e.layer_field == &LayerWeights::down_proj;
+}
+
 std::vector<float>* Destination(ModelWeights& w, const ExpectedTensor& e) {
   if (e.layer < 0) return &(w.*e.model_field);
   return &(w.layers[static_cast<size_t>(e.layer)].*e.layer_field);
 }
 
-absl::StatusOr<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config) {
+absl::StatusOr<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config,
+                                         WeightsDtype dtype) {
   DUET_RETURN_IF_ERROR(config.Validate());
   DUET_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsCheckpoint> ckpt,
                         SafetensorsCheckpoint::OpenDir(model_dir));
@@ -107,6 +129,12 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& model_dir, const Mod
     if (t.dtype != Dtype::kF32 && t.dtype != Dtype::kF16 && t.dtype != Dtype::kBF16) {
       return absl::InvalidArgumentError(t.file + ": tensor '" + e.name + "' has dtype " +
                                         DtypeName(t.dtype) + "; expected F32, F16 or BF16");
+    }
+    if (dtype == WeightsDtype::kNative && IsMatrixTensor(e) && t.dtype != Dtype::kF32) {
+      return absl::UnimplementedError(t.file + ": tensor '" + e.name + "' is " +
+                                      DtypeName(t.dtype) +
+                                      ", which weights_dtype 'native' cannot keep yet (bf16 "
+                                      "weights are not built); use --weights_dtype=f32");
     }
     out->resize(static_cast<size_t>(t.NumElements()));
     DUET_RETURN_IF_ERROR(ConvertToFloat(t, out->data()));

@@ -7,6 +7,8 @@
 // Matrices are row-major [out_features, in_features] exactly as HF stores nn.Linear weights.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -39,11 +41,33 @@ struct LayerWeights {
   std::vector<float> down_proj;            // [hidden, intermediate]
 };
 
+// How the loaders keep the weight matrices (--weights_dtype):
+//   kF32 (also "auto" for now): every matrix dequantized / converted to float32.
+//   kNative: GGUF Q8_0, Q4_0 and Q4_1 matrices kept as stored (ModelWeights::stored) for a
+//     backend that multiplies with them directly; F32 matrices stay F32; the other GGUF block
+//     types (Q5_0, Q5_1, the K-quants) are converted to Q8_0 by a stated rule (dequantized,
+//     then ggml's quantize_row_q8_0: per 32 elements d = amax / 127, q = round(x / d)), logged
+//     per type. F16 / BF16 matrices (safetensors or GGUF) are refused: bf16 weights are not
+//     built yet.
+// Norm weights, biases and other vectors are always float32.
+enum class WeightsDtype { kF32, kNative };
+// "auto", "f32", "native"; "bf16" is Unimplemented (not built yet); others InvalidArgument.
+absl::StatusOr<WeightsDtype> ParseWeightsDtype(const std::string& name);
+
+// A matrix kept in its stored form: ggml type number (gguf.h GgmlType: Q8_0, Q4_0 or Q4_1) and
+// its bytes, rows of whole blocks in Hugging Face row order.
+struct StoredWeight {
+  uint32_t ggml_type = 0;
+  std::vector<uint8_t> bytes;
+};
+
 struct ModelWeights {
   std::vector<float> embed_tokens;  // [vocab, hidden]
   std::vector<float> norm;          // [hidden]
   std::vector<float> lm_head;       // [vocab, hidden]; empty when tie_word_embeddings
   std::vector<LayerWeights> layers;
+  // HF tensor name -> the matrix in its stored form; the float field it would fill stays empty.
+  std::map<std::string, StoredWeight> stored;
 };
 
 // One expected checkpoint tensor: its HF name, shape and a description of the shape
@@ -58,6 +82,8 @@ struct ExpectedTensor {
   std::vector<float> LayerWeights::*layer_field = nullptr;
   bool gemma_norm = false;  // an RMSNorm weight applied as (1 + w): HF files store w
 };
+// Whether the tensor is a weight matrix (projections, embedding, LM head), not a vector.
+bool IsMatrixTensor(const ExpectedTensor& e);
 // Every tensor LoadWeights reads for `config`, in load order.
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config);
 // The vector an expected tensor is loaded into.
@@ -65,7 +91,9 @@ std::vector<float>* Destination(ModelWeights& w, const ExpectedTensor& e);
 
 // Loads model_dir/model.safetensors or model_dir/model.safetensors.index.json, converting
 // F32/F16/BF16 to float32 and checking each tensor's presence and shape against the config.
-// Extra tensors (e.g. lm_head.weight of a tied model) are ignored.
-absl::StatusOr<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config);
+// Extra tensors (e.g. lm_head.weight of a tied model) are ignored. kNative keeps F32 matrices
+// and refuses F16 / BF16 ones, naming the tensor (see WeightsDtype).
+absl::StatusOr<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config,
+                                         WeightsDtype dtype = WeightsDtype::kF32);
 
 }  // namespace duet::model

@@ -5,6 +5,7 @@
 #endif
 
 #include <cstring>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,16 +19,34 @@
 namespace duet::compute {
 namespace {
 
+using CpuIsaLevel = int;
+
 // The invariant GEMM's packed panels.
 class PackedMatrix : public PreparedMatrix {
  public:
   explicit PackedMatrix(cpu::PackedWeights packed) : packed_(std::move(packed)) {}
   int rows() const override { return packed_.n; }
   int cols() const override { return packed_.k; }
+  int64_t bytes() const override {
+    return static_cast<int64_t>(packed_.num_panels) * packed_.k * cpu::kPanelCols * 4;
+  }
   const cpu::PackedWeights& packed() const { return packed_; }
 
  private:
   cpu::PackedWeights packed_;
+};
+
+// Weights kept in a GGUF block format.
+class QuantMatrix : public PreparedMatrix {
+ public:
+  explicit QuantMatrix(cpu::QuantWeights w) : w_(std::move(w)) {}
+  int rows() const override { return w_.n; }
+  int cols() const override { return w_.k; }
+  int64_t bytes() const override { return w_.bytes(); }
+  const cpu::QuantWeights& weights() const { return w_; }
+
+ private:
+  cpu::QuantWeights w_;
 };
 
 // A row-major copy of the weight for cblas_sgemm.
@@ -67,15 +86,26 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const BackendOpti
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown cpu_gemm '", options.cpu_gemm, "': valid values are 'invariant', 'openblas'"));
   }
-  auto backend = std::unique_ptr<CpuBackend>(new CpuBackend(options.num_threads, kind));
+  DUET_ASSIGN_OR_RETURN(cpu::CpuIsa isa, cpu::ResolveCpuIsa(options.cpu_isa));
+  {
+    // Once per process and path (tests create many backends).
+    static std::mutex log_mu;
+    static std::set<CpuIsaLevel> logged;
+    std::lock_guard<std::mutex> lock(log_mu);
+    if (logged.insert(static_cast<CpuIsaLevel>(isa)).second) {
+      DUET_LOG(INFO) << "cpu backend: " << cpu::CpuIsaName(isa) << " kernels (cpu_isa '"
+                     << (options.cpu_isa.empty() ? "auto" : options.cpu_isa) << "')";
+    }
+  }
+  auto backend = std::unique_ptr<CpuBackend>(new CpuBackend(options.num_threads, kind, isa));
 #if defined(DUET_HAVE_OPENBLAS)
   if (kind == GemmKind::kOpenBlas) openblas_set_num_threads(backend->num_threads());
 #endif
   return backend;
 }
 
-CpuBackend::CpuBackend(int num_threads, GemmKind gemm_kind)
-    : gemm_kind_(gemm_kind), pool_(num_threads) {}
+CpuBackend::CpuBackend(int num_threads, GemmKind gemm_kind, cpu::CpuIsa isa)
+    : gemm_kind_(gemm_kind), isa_(isa), pool_(num_threads) {}
 
 CpuBackend::~CpuBackend() = default;
 
@@ -115,6 +145,66 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareMatrix(const 
   return std::unique_ptr<PreparedMatrix>(new PackedMatrix(std::move(packed)));
 }
 
+bool CpuBackend::KeepsWeightFormat(WeightFormat format) const {
+  switch (format) {
+    case WeightFormat::kF32:
+      return true;
+    case WeightFormat::kQ8_0:
+    case WeightFormat::kQ4_0:
+    case WeightFormat::kQ4_1:
+      return gemm_kind_ == GemmKind::kInvariant;
+    case WeightFormat::kBf16:
+      return false;
+  }
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
+    const StoredMatrix& w) {
+  if (w.format == WeightFormat::kF32) {
+    return PrepareMatrix(static_cast<const float*>(w.data), w.rows, w.cols);
+  }
+  if (!KeepsWeightFormat(w.format)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the cpu backend cannot keep ", WeightFormatName(w.format), " weights",
+        gemm_kind_ == GemmKind::kOpenBlas ? " with cpu_gemm 'openblas' (f32 only)" : "",
+        " (use --weights_dtype=f32)"));
+  }
+  cpu::QuantFormat f = cpu::QuantFormat::kQ8_0;
+  if (w.format == WeightFormat::kQ4_0) f = cpu::QuantFormat::kQ4_0;
+  if (w.format == WeightFormat::kQ4_1) f = cpu::QuantFormat::kQ4_1;
+  DUET_ASSIGN_OR_RETURN(
+      cpu::QuantWeights packed,
+      cpu::PackQuantWeights(f, static_cast<const uint8_t*>(w.data), w.rows, w.cols));
+  return std::unique_ptr<PreparedMatrix>(new QuantMatrix(std::move(packed)));
+}
+
+absl::Status CpuBackend::EmbedFromMatrix(const PreparedMatrix& table, const int32_t* ids, int n,
+                                         float scale, float* out) {
+  const auto* qm = dynamic_cast<const QuantMatrix*>(&table);
+  if (qm == nullptr) {
+    return absl::InvalidArgumentError("EmbedFromMatrix: the table is not kept in a block format");
+  }
+  const cpu::QuantWeights& w = qm->weights();
+  for (int i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= w.n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("EmbedFromMatrix: id ", ids[i], " outside [0, ", w.n, ")"));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  pool_.ParallelFor(n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float* row = out + i * w.k;
+      cpu::DequantizeQuantRow(w, ids[i], row);
+      if (scale != 1.f) {
+        for (int j = 0; j < w.k; ++j) row[j] *= scale;
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
 const float* CpuBackend::UploadVector(const float* host, int64_t count) { return host; }
 
 void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const float* bias,
@@ -136,6 +226,10 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
     return;
   }
 #endif
+  if (const auto* qm = dynamic_cast<const QuantMatrix*>(&w)) {
+    cpu::QuantGemm(&pool_, x, m, qm->weights(), bias, y, isa_, &quant_scratch_);
+    return;
+  }
   const auto& pw = dynamic_cast<const PackedMatrix&>(w);
   cpu::InvariantGemm(&pool_, x, m, pw.packed(), bias, y);
 }

@@ -4,6 +4,10 @@
 //   "openblas": cblas_sgemm, for comparison only — NOT batch-invariant (a row's bits change
 //               with M and with its position), so it must not be used where docs/design.md
 //               invariant 1 (token-exactness) matters.
+// Weights in GGUF block formats (Q8_0, Q4_0, Q4_1) are kept as such (PrepareStoredMatrix) and
+// multiplied with integer dot products (quant_gemm.h), also bitwise batch- and thread-invariant.
+// BackendOptions::cpu_isa picks the kernel path once (cpu_isa.h; refused, naming the missing
+// feature, when the CPU lacks it).
 // All other kernels are batch-invariant. Calls are serialised by an internal mutex (the
 // thread pool is not reentrant); use one backend per calling thread for concurrency.
 //
@@ -19,6 +23,8 @@
 #include "absl/status/statusor.h"
 #include "common/base/thread_pool.h"
 #include "common/compute/compute_backend.h"
+#include "common/compute/cpu/cpu_isa.h"
+#include "common/compute/cpu/quant_gemm.h"
 
 namespace duet::compute {
 
@@ -26,13 +32,15 @@ class CpuBackend : public ComputeBackend {
  public:
   enum class GemmKind { kInvariant, kOpenBlas };
 
-  // InvalidArgumentError for an unknown cpu_gemm or a negative num_threads.
+  // InvalidArgumentError for an unknown cpu_gemm or cpu_isa, a cpu_isa this CPU lacks, or a
+  // negative num_threads.
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const BackendOptions& options);
   ~CpuBackend() override;
 
   std::string name() const override { return "cpu"; }
   int num_threads() const { return pool_.num_threads(); }
   GemmKind gemm_kind() const { return gemm_kind_; }
+  cpu::CpuIsa isa() const { return isa_; }
 
   float* AllocateActivations(int64_t count) override;
   void FreeActivations(float* p) override;
@@ -41,6 +49,12 @@ class CpuBackend : public ComputeBackend {
 
   absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(const float* w, int rows,
                                                                int cols) override;
+  // Q8_0 / Q4_0 / Q4_1 kept in their blocks (with the invariant GEMM; openblas takes f32 only).
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareStoredMatrix(
+      const StoredMatrix& w) override;
+  bool KeepsWeightFormat(WeightFormat format) const override;
+  absl::Status EmbedFromMatrix(const PreparedMatrix& table, const int32_t* ids, int n, float scale,
+                               float* out) override;
   // Returns `host` itself: the caller keeps the host vector alive as long as the backend.
   const float* UploadVector(const float* host, int64_t count) override;
 
@@ -64,9 +78,11 @@ class CpuBackend : public ComputeBackend {
       const float* logits, int rows, int vocab, absl::Span<const RowSampling> params) override;
 
  private:
-  CpuBackend(int num_threads, GemmKind gemm_kind);
+  CpuBackend(int num_threads, GemmKind gemm_kind, cpu::CpuIsa isa);
 
   GemmKind gemm_kind_;
+  cpu::CpuIsa isa_;
+  cpu::QuantScratch quant_scratch_;  // guarded by mu_
   std::mutex mu_;  // serialises kernels: ThreadPool::ParallelFor is not reentrant
   ThreadPool pool_;
 };

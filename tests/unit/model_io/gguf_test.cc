@@ -469,6 +469,32 @@ TEST(GgufModelTest, F16TensorsLoad) {
   }
 }
 
+// weights_dtype native keeps F32 matrices as they are (nothing to keep in blocks) and refuses
+// F16 ones by tensor and type (bf16 weights are not built), never converting them silently.
+TEST(GgufModelTest, NativeKeepsF32AndRefusesF16ByName) {
+  TempDir tmp;
+  TinyGguf t;
+  MakeTinyGguf(tmp, &t, /*f16_mlp=*/false);
+  auto g = GgufFile::Open(t.gguf);
+  ASSERT_TRUE(g.ok());
+  auto w = LoadGgufWeights(**g, *ConfigFromGguf(**g), WeightsDtype::kNative);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(w->stored.empty());
+  EXPECT_EQ(w->layers[0].q_proj, t.weights.layers[0].q_proj);
+
+  TempDir tmp16;
+  TinyGguf t16;
+  MakeTinyGguf(tmp16, &t16, /*f16_mlp=*/true);
+  auto g16 = GgufFile::Open(t16.gguf);
+  ASSERT_TRUE(g16.ok());
+  auto refused = LoadGgufWeights(**g16, *ConfigFromGguf(**g16), WeightsDtype::kNative);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(refused.status().message().find("blk.0.ffn_gate.weight"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("F16"), std::string::npos) << refused.status();
+}
+
 TEST(GgufModelTest, RefusesWrongModels) {
   auto config_error = [](GgufWriter& w) {
     auto f = Parse(w.Bytes());

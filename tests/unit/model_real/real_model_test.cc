@@ -217,15 +217,16 @@ double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-// Decode with the KV cache gives the logits of a full recompute (docs/design.md invariant 2).
-TEST_F(RealModelTest, KvCacheDecodeMatchesRecompute) {
-  auto ids = engine_->tokenizer().Encode(
+// Decode with the KV cache after a 12-token prefix, one token at a time across a 16-token block
+// boundary, against a full recompute of each prefix: within 1e-4 relative, or bit for bit.
+void ExpectDecodeMatchesRecompute(LocalEngine& engine, bool bitwise) {
+  auto ids = engine.tokenizer().Encode(
       "Once upon a time, in a small village by the sea, there lived an old fisherman who", false);
   ASSERT_TRUE(ids.ok());
   const std::vector<int32_t> all = *ids;  // 19 tokens: the cache crosses a 16-token block
   ASSERT_GE(all.size(), 18u);
-  ModelRunner& runner = engine_->runner();
-  kv::BlockPool& pool = engine_->pool();
+  ModelRunner& runner = engine.runner();
+  kv::BlockPool& pool = engine.pool();
   auto run = [&](kv::BlockTable& table, std::vector<int32_t> tokens) {
     std::vector<SequenceInput> b = {{.seq_id = 1,
                                      .tokens = std::move(tokens),
@@ -245,8 +246,67 @@ TEST_F(RealModelTest, KvCacheDecodeMatchesRecompute) {
     std::vector<float> full = run(fresh, std::vector<int32_t>(all.begin(), all.begin() + pos + 1));
     ASSERT_EQ(dec.size(), full.size());
     ASSERT_EQ(dec.size(), 49152u);
-    EXPECT_LT(RelErr(dec, full), 1e-4) << "position " << pos;
+    if (bitwise) {
+      EXPECT_EQ(dec, full) << "position " << pos;
+    } else {
+      EXPECT_LT(RelErr(dec, full), 1e-4) << "position " << pos;
+    }
   }
+}
+
+// Decode with the KV cache gives the logits of a full recompute (docs/design.md invariant 2).
+TEST_F(RealModelTest, KvCacheDecodeMatchesRecompute) {
+  ExpectDecodeMatchesRecompute(*engine_, /*bitwise=*/false);
+}
+
+// weights_dtype native: the Q4_1 matrices and the Q8_0 embedding kept as stored and multiplied
+// with integer dot products (compute/cpu/quant_gemm.h), as llama.cpp does.
+struct NativeWeights {
+  static EngineOptions Options() { return {.num_threads = 2, .weights_dtype = "native"}; }
+};
+// The model loaded once per suite with W::Options(); every test skips when the file is absent.
+template <typename W>
+class LoadedModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(kModel)) return;
+    auto e = LocalEngine::Load(kModel, W::Options());
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = e->release();
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    engine_ = nullptr;
+  }
+  void SetUp() override {
+    if (engine_ == nullptr) GTEST_SKIP() << kModel << " is absent (scripts/get_model.sh smollm2)";
+  }
+  static inline LocalEngine* engine_ = nullptr;
+};
+using RealModelNativeTest = LoadedModelTest<NativeWeights>;
+
+// The matrices take what the file's blocks take (one 16-row group's padding at most), not f32's.
+TEST_F(RealModelNativeTest, MatricesKeepTheFilesBytes) {
+  const ModelConfig& c = engine_->config();
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
+  const int64_t layer = (2 * h * q + 2 * h * kv + 3 * h * inter) / 32 * 20;  // Q4_1
+  const int64_t lm_head = c.vocab_size * h / 32 * 34;                        // Q8_0 (tied)
+  EXPECT_EQ(engine_->runner().MatrixBytes(), c.num_hidden_layers * layer + lm_head);
+}
+
+// Integer dot products on 8-bit activations round otherwise than both f32 and llama.cpp (whose KV
+// is f16 and whose activation codes round half away from zero): on this fixture f32's own margin
+// at the first token of "dialogue" is 0.015 where llama.cpp's is 0.11, and native picks the other
+// token there. Compared: the cases where every llama.cpp margin is >= 0.25.
+TEST_F(RealModelNativeTest, GreedyIdsEqualLlamaCppWhereItsChoiceIsVeryClear) {
+  testing::ExpectGreedyEqualsLlamaCpp(*engine_, kData + "smollm2_llamacpp_greedy.json", 20,
+                                      /*min_margin=*/0.25);
+}
+
+// With native weights the cache is exact bit for bit: decode equals a full recompute.
+TEST_F(RealModelNativeTest, KvCacheDecodeEqualsRecomputeBitwise) {
+  ExpectDecodeMatchesRecompute(*engine_, /*bitwise=*/true);
 }
 
 }  // namespace

@@ -1,0 +1,50 @@
+// Runtime CPU dispatch: which instruction-set path the CPU backend's kernels run, chosen once
+// when the backend is created (BackendOptions::cpu_isa, flag --cpu_isa).
+//
+//   DUET_ASSIGN_OR_RETURN(CpuIsa isa, ResolveCpuIsa("auto"));  // the best this CPU runs
+//   DUET_LOG(INFO) << "cpu kernels: " << CpuIsaName(isa);
+//
+// Paths, each a superset of the one before:
+//   scalar       portable C++ (the reference the others are tested against)
+//   avx2         AVX2 + FMA + F16C: the baseline every x86-64 build runs on
+//   avx512       + AVX-512 F/BW/VL
+//   avx512_vnni  + AVX512_VNNI (vpdpbusd for the int8 dot products)
+//   avx512_bf16  + AVX512_BF16 (vdpbf16ps)
+// A path the CPU (or this build) cannot run is refused, naming the missing feature; it is never
+// replaced by another one silently. Every path gives the same bits for the integer-exact kernels
+// (quant_gemm.h), so nodes of a cluster on different paths still agree token for token there.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace duet::compute::cpu {
+
+enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kAvx512Bf16 = 4 };
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512vnni = false;
+  bool avx512bf16 = false;
+};
+
+// The features of the CPU this process runs on (cpuid, once).
+const CpuFeatures& HostCpuFeatures();
+
+const char* CpuIsaName(CpuIsa isa);
+
+// Empty when `features` allow `isa`, else the first missing feature's name ("avx512_vnni").
+std::string MissingFeature(CpuIsa isa, const CpuFeatures& features);
+
+// "auto" (or empty): the best path `features` allow; else the named path, InvalidArgument
+// naming the missing feature when `features` lack it, or listing the valid names when unknown.
+absl::StatusOr<CpuIsa> ResolveCpuIsa(const std::string& name,
+                                     const CpuFeatures& features = HostCpuFeatures());
+
+}  // namespace duet::compute::cpu

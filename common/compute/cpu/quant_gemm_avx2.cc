@@ -1,0 +1,166 @@
+// QuantGemm's AVX2 tile kernel (compiled with -mavx2 -mfma -mf16c; run only where the CPU has
+// them, see cpu_isa.h): vpmaddubsw / vpmaddwd integer dot products, the arithmetic of
+// quant_gemm.h exactly.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "common/compute/cpu/quant_kernels.h"
+
+namespace duet::compute::cpu::internal {
+namespace {
+
+// The row and step loops are unrolled (as in gemm.cc): their vectors must stay in registers.
+
+inline __m256i Broadcast32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Rows [0, R) x group g, half h (outputs 8h .. 8h+7), into out[r][8h ..].
+template <QuantFormat F, int R>
+void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
+               float out[][kQuantGroupRows]) {
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  constexpr int kCodes = F == QuantFormat::kQ4_1 ? 64 : 32;
+  __m256 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < w.blocks; ++b) {
+    const uint8_t* gb = w.GroupBlock(g, b);
+    const uint8_t* codes = gb + kCodes + h * 32;
+    __m256i isum[R];
+    if constexpr (F == QuantFormat::kQ8_0) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {
+        const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + s * 64));
+        const __m256i aw = _mm256_abs_epi8(wv);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m256i xb = Broadcast32(a.q + r * a.ldq + b * 32 + 4 * s);
+          const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, wv));
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, ones16));
+        }
+      }
+    } else {
+      __m256i s16[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int s = 0; s < 4; ++s) {
+        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + s * 64));
+        const __m256i lo = _mm256_and_si256(v, low4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xq = a.q + r * a.ldq + b * 32 + 8 * s;
+          // |each product pair| <= 2 * 15 * 127; 8 of them fit int16.
+          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, Broadcast32(xq)),
+                                             _mm256_maddubs_epi16(hi, Broadcast32(xq + 4)));
+          s16[r] = _mm256_add_epi16(s16[r], p);
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        isum[r] = _mm256_madd_epi16(s16[r], ones16);
+        if constexpr (F == QuantFormat::kQ4_0) {
+          isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(8 * a.sum[r * a.ldb + b]));
+        }
+      }
+    }
+    const __m256 dw =
+        _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(gb + h * 16)));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[r * a.ldb + b]));
+      acc[r] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(isum[r]), acc[r]);
+    }
+    if constexpr (F == QuantFormat::kQ4_1) {
+      const __m256 mw =
+          _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(gb + 32 + h * 16)));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.dsum[r * a.ldb + b]), acc[r]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r] + 8 * h, acc[r]);
+}
+
+template <QuantFormat F, int R>
+void Tile(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float* bias, float* y,
+          int64_t ldy) {
+  alignas(32) float out[R][kQuantGroupRows];
+  for (int g = g0; g < g1; ++g) {
+    GroupHalf<F, R>(w, a, g, 0, out);
+    GroupHalf<F, R>(w, a, g, 1, out);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) StoreGroupRow(out[r], g, w.n, bias, y + r * ldy);
+  }
+}
+
+struct Avx2Kernel {
+  template <QuantFormat F, int R>
+  static void Run(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float* bias,
+                  float* y, int64_t ldy) {
+    Tile<F, R>(w, a, g0, g1, bias, y, ldy);
+  }
+};
+
+}  // namespace
+
+void QuantizeActivationRowAvx2(const float* x, int k, int8_t* q, float* d, int32_t* sum,
+                               float* dsum) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int b = 0; b < k / kQuantBlock; ++b) {
+    const float* xb = x + b * kQuantBlock;
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    // As QuantizeActivationRow: x * (1 / d) rounded to nearest even, clamped to +-127.
+    const float scale = amax / 127.f;
+    const float inv = scale != 0.f ? 1.f / scale : 0.f;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    __m256i c[4];
+    __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      c[i] =
+          _mm256_min_epi32(hi, _mm256_max_epi32(lo, _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vinv))));
+      s = _mm256_add_epi32(s, c[i]);
+    }
+    // packs work within 128-bit lanes: the permute puts the 32 codes back in order.
+    const __m256i packed = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3])), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kQuantBlock), packed);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    const int32_t total = _mm_cvtsi128_si32(s4);
+    d[b] = scale;
+    sum[b] = total;
+    dsum[b] = scale * static_cast<float>(total);
+  }
+}
+
+void QuantTileAvx2(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
+                   const float* bias, float* y, int64_t ldy) {
+  DispatchQuantTile<Avx2Kernel>(w, a, rows, g0, g1, bias, y, ldy);
+}
+
+}  // namespace duet::compute::cpu::internal

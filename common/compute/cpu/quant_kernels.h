@@ -1,0 +1,73 @@
+// Internal to quant_gemm.cc and its per-ISA translation units: the tile kernels of QuantGemm.
+// Each computes rows [0, rows) (rows <= kQuantTileRows) of the quantized activations against
+// groups [g0, g1) of the packed weights and writes y (acc + bias, columns < w.n only).
+#pragma once
+
+#include <cstdint>
+
+#include "common/compute/cpu/quant_gemm.h"
+
+namespace duet::compute::cpu::internal {
+
+inline constexpr int kQuantTileRows = 4;
+
+struct QuantActs {
+  const int8_t* q;     // [rows][k]
+  const float* d;      // [rows][blocks]
+  const int32_t* sum;  // [rows][blocks]
+  const float* dsum;   // [rows][blocks]
+  int64_t ldq;         // k
+  int64_t ldb;         // blocks
+};
+
+// Writes the 16 accumulators of one (row, group) to y: y[j] = acc[j] (+ bias[j]), j < valid.
+inline void StoreGroupRow(const float* acc, int g, int n, const float* bias, float* y_row) {
+  const int col0 = g * kQuantGroupRows;
+  const int valid = n - col0 < kQuantGroupRows ? n - col0 : kQuantGroupRows;
+  for (int j = 0; j < valid; ++j) {
+    y_row[col0 + j] = bias != nullptr ? acc[j] + bias[col0 + j] : acc[j];
+  }
+}
+
+// Calls Kernel::Run<format, rows>(w, a, g0, g1, bias, y, ldy) for the runtime format and rows
+// (each ISA's translation unit instantiates it with its own kernel type).
+template <typename Kernel>
+void DispatchQuantTile(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
+                       const float* bias, float* y, int64_t ldy) {
+  auto by_rows = [&]<QuantFormat F>() {
+    switch (rows) {
+      case 1:
+        return Kernel::template Run<F, 1>(w, a, g0, g1, bias, y, ldy);
+      case 2:
+        return Kernel::template Run<F, 2>(w, a, g0, g1, bias, y, ldy);
+      case 3:
+        return Kernel::template Run<F, 3>(w, a, g0, g1, bias, y, ldy);
+      default:
+        return Kernel::template Run<F, 4>(w, a, g0, g1, bias, y, ldy);
+    }
+  };
+  switch (w.format) {
+    case QuantFormat::kQ8_0:
+      return by_rows.template operator()<QuantFormat::kQ8_0>();
+    case QuantFormat::kQ4_0:
+      return by_rows.template operator()<QuantFormat::kQ4_0>();
+    case QuantFormat::kQ4_1:
+      return by_rows.template operator()<QuantFormat::kQ4_1>();
+  }
+}
+
+using QuantTileFn = void (*)(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
+                             const float* bias, float* y, int64_t ldy);
+
+// QuantizeActivationRow with AVX2: the same codes, scales and sums bit for bit.
+void QuantizeActivationRowAvx2(const float* x, int k, int8_t* q, float* d, int32_t* sum,
+                               float* dsum);
+
+void QuantTileScalar(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
+                     const float* bias, float* y, int64_t ldy);
+void QuantTileAvx2(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
+                   const float* bias, float* y, int64_t ldy);
+void QuantTileAvx512Vnni(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
+                         const float* bias, float* y, int64_t ldy);
+
+}  // namespace duet::compute::cpu::internal
