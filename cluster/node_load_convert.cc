@@ -27,12 +27,15 @@ v1::NodeCompute ComputeToProto(const NodeCompute& compute) {
   p.set_backend(compute.backend);
   p.set_cpu_gemm(compute.cpu_gemm);
   p.set_threads(compute.threads);
+  p.set_weights(compute.weights);
   return p;
 }
 
 NodeCompute ComputeFromProto(const v1::NodeCompute& compute) {
-  return NodeCompute{
-      .backend = compute.backend(), .cpu_gemm = compute.cpu_gemm(), .threads = compute.threads()};
+  return NodeCompute{.backend = compute.backend(),
+                     .cpu_gemm = compute.cpu_gemm(),
+                     .threads = compute.threads(),
+                     .weights = compute.weights().empty() ? "f32" : compute.weights()};
 }
 
 }  // namespace duet::cluster

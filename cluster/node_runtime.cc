@@ -8,6 +8,7 @@
 #include "cluster/node_load_convert.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/model/weights.h"
 #include "proto/kv_layout_convert.h"
 
 namespace duet::cluster {
@@ -63,8 +64,12 @@ absl::Status NodeRuntime::Init(const NodeRuntimeRole& role) {
                                                    "' applies to the cpu backend only; this ",
                                                    role.role, " computes on ", backend_name));
   }
-  compute_ = NodeCompute{
-      .backend = backend_name, .cpu_gemm = backend_name == "cpu" ? gemm : "", .threads = o.threads};
+  DUET_ASSIGN_OR_RETURN(const model::WeightsDtype weights,
+                        model::ParseWeightsDtype(o.weights_dtype));
+  compute_ = NodeCompute{.backend = backend_name,
+                         .cpu_gemm = backend_name == "cpu" ? gemm : "",
+                         .threads = o.threads,
+                         .weights = weights == model::WeightsDtype::kNative ? "native" : "f32"};
   // What the node computes with, for dashboards and for checking a cluster's nodes agree.
   metrics_registry_.AddGaugeCallback(
       "duet_node_info", "How this node computes (value 1)",

@@ -45,11 +45,11 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
         absl::StrCat(NodeKindName(registration.kind), " node ", node.ToString())));
   }
   if (cluster_compute_ && cluster_compute_->Numerics() != registration.compute.Numerics()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(NodeKindName(registration.kind), " node ", node.ToString(), " computes with ",
-                     registration.compute.Numerics(), " but the ", cluster_compute_source_,
-                     " computes with ", cluster_compute_->Numerics(),
-                     ": nodes on different backends or GEMMs are not token-exact with each other"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        NodeKindName(registration.kind), " node ", node.ToString(), " computes with ",
+        registration.compute.Numerics(), " but the ", cluster_compute_source_, " computes with ",
+        cluster_compute_->Numerics(),
+        ": nodes on different backends, GEMMs or weights are not token-exact with each other"));
   }
   const cluster::PrefixCacheInfo& cache = registration.prefix_cache;
   if (cache.enabled && cluster_cache_seed_ && *cluster_cache_seed_ != cache.seed) {

@@ -25,14 +25,20 @@ TEST(NodeLoadConvert, RoundTripsEveryField) {
 }
 
 TEST(NodeComputeConvert, RoundTripsEveryField) {
-  const NodeCompute compute{.backend = "cpu", .cpu_gemm = "openblas", .threads = 4};
+  const NodeCompute compute{
+      .backend = "cpu", .cpu_gemm = "openblas", .threads = 4, .weights = "native"};
   const v1::NodeCompute p = ComputeToProto(compute);
   EXPECT_EQ(p.backend(), "cpu");
   EXPECT_EQ(p.cpu_gemm(), "openblas");
   EXPECT_EQ(p.threads(), 4);
+  EXPECT_EQ(p.weights(), "native");
   EXPECT_EQ(ComputeFromProto(p), compute);
-  EXPECT_EQ(compute.Numerics(), "cpu, gemm openblas");
+  EXPECT_EQ(compute.Numerics(), "cpu, gemm openblas, weights native");
   EXPECT_EQ((NodeCompute{.backend = "cuda"}).Numerics(), "cuda");
+  // A node that reports no weights keeps them in f32.
+  v1::NodeCompute old = p;
+  old.clear_weights();
+  EXPECT_EQ(ComputeFromProto(old).weights, "f32");
 }
 
 }  // namespace

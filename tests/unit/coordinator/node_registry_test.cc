@@ -312,6 +312,14 @@ TEST(NodeRegistryTest, ComputeDifferentFromTheClusterIsRefusedNamingBoth) {
   auto ok = reg.Register(other_threads, kT0);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->info.compute, other_threads.compute);
+  // Weights kept native beside f32 ones are not token-exact either.
+  NodeRegistration native = Reg("p2", 1, NodeKind::kPrefill);
+  native.compute.weights = "native";
+  auto refused = reg.Register(native, kT0);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_TRUE(Contains(refused.status().message(),
+                       "p2@1 computes with cpu, gemm invariant, weights native"))
+      << refused.status();
 }
 
 NodeRegistration CacheReg(const std::string& id, uint64_t epoch, bool enabled, kv::BlockHash seed,
