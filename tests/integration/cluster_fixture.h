@@ -35,6 +35,7 @@
 #include "duet/v1/client.grpc.pb.h"
 #include "proto/channel.h"
 #include "proto/sampling_convert.h"
+#include "proto/status_util.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/serve_process.h"
 
@@ -87,10 +88,7 @@ inline Result Generate(v1::Generation::Stub& stub, const std::vector<int32_t>& p
     if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) out.timings = r.timings();
     if (on_token && r.has_token()) on_token(ctx, static_cast<int>(out.ids.size()));
   }
-  grpc::Status s = reader->Finish();
-  out.status = s.ok()
-                   ? absl::OkStatus()
-                   : absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  out.status = rpc::FromGrpcStatus(reader->Finish());
   return out;
 }
 

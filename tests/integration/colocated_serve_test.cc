@@ -32,6 +32,7 @@
 #include "duet/v1/client.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "proto/channel.h"
+#include "proto/status_util.h"
 #include "tests/integration/http_exchange.h"
 #include "tests/integration/serve_process.h"
 
@@ -67,10 +68,7 @@ Result Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& req,
     }
     if (on_token && r.has_token()) on_token(ctx, static_cast<int>(out.ids.size()));
   }
-  grpc::Status s = reader->Finish();
-  out.status = s.ok()
-                   ? absl::OkStatus()
-                   : absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  out.status = rpc::FromGrpcStatus(reader->Finish());
   return out;
 }
 
