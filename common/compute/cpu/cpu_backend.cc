@@ -276,7 +276,7 @@ void CpuBackend::PagedAttention(const kv::KvCacheView& cache, int layer, const f
                                 absl::Span<const AttentionSeq> seqs,
                                 const AttentionParams& params, float* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  cpu::PagedAttention(&pool_, cache, layer, q, seqs, params, out);
+  cpu::PagedAttention(&pool_, cache, layer, q, seqs, params, out, isa_);
 }
 
 absl::StatusOr<std::vector<SampledToken>> CpuBackend::SampleRows(

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "common/compute/compute_backend.h"
+#include "common/compute/cpu/attention_kernels.h"
+#include "common/compute/cpu/cpu_isa.h"
 #include "common/compute/cpu/kv_codec.h"
 #include "common/kv/kv_layout.h"
 #include "gtest/gtest.h"
@@ -21,8 +24,8 @@ using testing::RandomVector;
 
 constexpr int kLayer = 1;
 constexpr int kBlockSize = 4;
-constexpr int kNumBlocks = 64;
-constexpr int kHeadDim = 20;  // not a multiple of 8: exercises the dot-product tail
+constexpr int kNumBlocks = 512;  // room for sequences spanning several 64-key blocks
+constexpr int kHeadDim = 20;     // not a multiple of 8: exercises the dot-product tail
 
 struct SeqSpec {
   int context_len;
@@ -44,17 +47,17 @@ struct SeqData {
 };
 
 // x [tokens][nkv * d] through EncodeKvToken and DecodeKvHeadPortable, token by token.
-std::vector<float> RoundTrip(kv::KvDtype dtype, const std::vector<float>& x, int nkv) {
-  const int elems = nkv * kHeadDim;
+std::vector<float> RoundTrip(kv::KvDtype dtype, const std::vector<float>& x, int nkv, int d) {
+  const int elems = nkv * d;
   std::vector<float> out(x.size());
   std::vector<uint8_t> codes(static_cast<size_t>(elems) * 4);
   std::vector<float> scales(nkv, 1.f);
   for (size_t t = 0; t * elems < x.size(); ++t) {
-    cpu::EncodeKvToken(dtype, x.data() + t * elems, nkv, kHeadDim, codes.data(), scales.data());
+    cpu::EncodeKvToken(dtype, x.data() + t * elems, nkv, d, codes.data(), scales.data());
     for (int h = 0; h < nkv; ++h) {
-      cpu::DecodeKvHeadPortable(dtype, codes.data() + h * kHeadDim * kv::KvDtypeBytes(dtype),
-                                kv::KvDtypeHasScales(dtype) ? scales[h] : 1.f, kHeadDim,
-                                out.data() + t * elems + h * kHeadDim);
+      cpu::DecodeKvHeadPortable(dtype, codes.data() + h * d * kv::KvDtypeBytes(dtype),
+                                kv::KvDtypeHasScales(dtype) ? scales[h] : 1.f, d,
+                                out.data() + t * elems + h * d);
     }
   }
   return out;
@@ -63,12 +66,12 @@ std::vector<float> RoundTrip(kv::KvDtype dtype, const std::vector<float>& x, int
 class AttentionFixture {
  public:
   AttentionFixture(int num_kv_heads, const std::vector<SeqSpec>& specs, uint32_t seed,
-                   kv::KvDtype dtype = kv::KvDtype::kF32)
-      : nkv_(num_kv_heads) {
+                   kv::KvDtype dtype = kv::KvDtype::kF32, int head_dim = kHeadDim)
+      : nkv_(num_kv_heads), d_(head_dim) {
     cache_.layout = {.model_id = "t",
                      .num_layers = 2,
                      .num_kv_heads = num_kv_heads,
-                     .head_dim = kHeadDim,
+                     .head_dim = d_,
                      .block_size = kBlockSize,
                      .dtype = dtype};
     EXPECT_TRUE(cache_.layout.Validate().ok());
@@ -80,7 +83,7 @@ class AttentionFixture {
     std::mt19937 rng(seed);
     std::shuffle(free.begin(), free.end(), rng);
     auto writer = MakeCpuBackend(1);
-    const int elems = num_kv_heads * kHeadDim;
+    const int elems = num_kv_heads * d_;
     for (const SeqSpec& spec : specs) {
       SeqData s;
       s.spec = spec;
@@ -97,8 +100,8 @@ class AttentionFixture {
                         t % kBlockSize);
       }
       writer->WriteKv(cache_, kLayer, s.k.data(), s.v.data(), slots.data(), spec.context_len);
-      s.k_stored = RoundTrip(dtype, s.k, num_kv_heads);
-      s.v_stored = RoundTrip(dtype, s.v, num_kv_heads);
+      s.k_stored = RoundTrip(dtype, s.k, num_kv_heads, d_);
+      s.v_stored = RoundTrip(dtype, s.v, num_kv_heads, d_);
       seqs_.push_back(std::move(s));
     }
   }
@@ -112,7 +115,9 @@ class AttentionFixture {
     int row = 0;
     for (int i : order) {
       const SeqData& s = seqs_[i];
-      out.push_back({.q_start = row, .q_len = s.spec.q_len, .context_len = s.spec.context_len,
+      out.push_back({.q_start = row,
+                     .q_len = s.spec.q_len,
+                     .context_len = s.spec.context_len,
                      .block_table = s.blocks.data(),
                      .num_table_blocks = static_cast<int32_t>(s.blocks.size())});
       row += s.spec.q_len;
@@ -129,17 +134,16 @@ class AttentionFixture {
     const int pos = s.spec.context_len - s.spec.q_len + row_in_seq;
     const int lo = p.sliding_window > 0 ? std::max(0, pos - p.sliding_window + 1) : 0;
     const int group = p.num_q_heads / p.num_kv_heads;
-    const int elems = nkv_ * kHeadDim;
-    std::vector<double> out(static_cast<size_t>(p.num_q_heads) * kHeadDim, 0.0);
+    const int elems = nkv_ * d_;
+    std::vector<double> out(static_cast<size_t>(p.num_q_heads) * d_, 0.0);
     for (int h = 0; h < p.num_q_heads; ++h) {
       const int kvh = h / group;
       std::vector<double> w;
       double mx = -INFINITY;
       for (int t = lo; t <= pos; ++t) {
         double dot = 0;
-        for (int j = 0; j < kHeadDim; ++j) {
-          dot += static_cast<double>(q_row[h * kHeadDim + j]) *
-                 s.k_stored[t * elems + kvh * kHeadDim + j];
+        for (int j = 0; j < d_; ++j) {
+          dot += static_cast<double>(q_row[h * d_ + j]) * s.k_stored[t * elems + kvh * d_ + j];
         }
         w.push_back(dot * p.scale);
         mx = std::max(mx, w.back());
@@ -147,8 +151,8 @@ class AttentionFixture {
       double sum = 0;
       for (double& x : w) sum += (x = std::exp(x - mx));
       for (int t = lo; t <= pos; ++t) {
-        for (int j = 0; j < kHeadDim; ++j) {
-          out[h * kHeadDim + j] += w[t - lo] / sum * s.v_stored[t * elems + kvh * kHeadDim + j];
+        for (int j = 0; j < d_; ++j) {
+          out[h * d_ + j] += w[t - lo] / sum * s.v_stored[t * elems + kvh * d_ + j];
         }
       }
     }
@@ -157,18 +161,26 @@ class AttentionFixture {
 
  private:
   int nkv_;
+  int d_;
   kv::KvCacheView cache_;
   std::vector<float> region_;
   std::vector<SeqData> seqs_;
 };
 
-AttentionParams Params(int nq, int nkv, int window = 0) {
-  return {.num_q_heads = nq, .num_kv_heads = nkv, .head_dim = kHeadDim,
-          .scale = 1.f / std::sqrt(static_cast<float>(kHeadDim)), .sliding_window = window};
+AttentionParams Params(int nq, int nkv, int window = 0, int head_dim = kHeadDim) {
+  return {.num_q_heads = nq,
+          .num_kv_heads = nkv,
+          .head_dim = head_dim,
+          .scale = 1.f / std::sqrt(static_cast<float>(head_dim)),
+          .sliding_window = window};
 }
 
 // Prefill, decode, chunked prefill, tiny and block-crossing sequences.
 const std::vector<SeqSpec> kMixed = {{9, 9}, {13, 1}, {23, 6}, {4, 4}, {1, 1}, {17, 1}, {30, 3}};
+// Sequences spanning several 64-key blocks: long prefills, decode rows, chunks that start and
+// end inside a block, and exactly one block.
+const std::vector<SeqSpec> kLong = {{200, 200}, {150, 1}, {130, 70}, {65, 1},
+                                    {64, 64},   {97, 33}, {40, 5}};
 
 // Runs attention over `order` and checks every row against the reference.
 void CheckAgainstReference(const AttentionFixture& f, const std::vector<int>& order,
@@ -275,35 +287,37 @@ class PagedAttentionDtypeTest : public ::testing::TestWithParam<kv::KvDtype> {};
 
 TEST_P(PagedAttentionDtypeTest, SequenceIsBitwiseBatchAndThreadInvariant) {
   const int nkv = 2, nq = 6, width = nq * kHeadDim;
-  AttentionFixture f(nkv, kMixed, 77, GetParam());
-  const AttentionParams p = Params(nq, nkv, 0);
-  for (int target : {0, 1, 2}) {
-    const int q_len = f.seq(target).spec.q_len;
-    const auto q_target = RandomVector(static_cast<size_t>(q_len) * width, 500 + target);
-    // Alone, one thread.
-    int rows = 0;
-    auto alone_batch = f.Batch({target}, &rows);
-    std::vector<float> alone(q_target.size());
-    MakeCpuBackend(1)->PagedAttention(f.cache(), kLayer, q_target.data(), alone_batch, p,
-                                      alone.data());
-    // In batches with others, at different positions and thread counts.
-    const std::vector<std::vector<int>> orders = {
-        {target, 3, 4}, {5, 6, target}, {3, target, 6, 4}};
-    for (const auto& order : orders) {
-      for (int threads : {1, 2, 3}) {
-        auto batch = f.Batch(order, &rows);
-        auto q = RandomVector(static_cast<size_t>(rows) * width, 600);
-        const int at = static_cast<int>(std::find(order.begin(), order.end(), target) -
-                                        order.begin());
-        std::memcpy(q.data() + batch[at].q_start * width, q_target.data(),
-                    q_target.size() * sizeof(float));
-        std::vector<float> out(q.size());
-        MakeCpuBackend(threads)->PagedAttention(f.cache(), kLayer, q.data(), batch, p,
-                                                out.data());
-        EXPECT_EQ(std::memcmp(out.data() + batch[at].q_start * width, alone.data(),
-                              alone.size() * sizeof(float)),
-                  0)
-            << "target " << target << " at " << at << " threads " << threads;
+  for (const auto* specs : {&kMixed, &kLong}) {
+    AttentionFixture f(nkv, *specs, 77, GetParam());
+    const AttentionParams p = Params(nq, nkv, 0);
+    for (int target : {0, 1, 2}) {
+      const int q_len = f.seq(target).spec.q_len;
+      const auto q_target = RandomVector(static_cast<size_t>(q_len) * width, 500 + target);
+      // Alone, one thread.
+      int rows = 0;
+      auto alone_batch = f.Batch({target}, &rows);
+      std::vector<float> alone(q_target.size());
+      MakeCpuBackend(1)->PagedAttention(f.cache(), kLayer, q_target.data(), alone_batch, p,
+                                        alone.data());
+      // In batches with others, at different positions and thread counts.
+      const std::vector<std::vector<int>> orders = {
+          {target, 3, 4}, {5, 6, target}, {3, target, 6, 4}};
+      for (const auto& order : orders) {
+        for (int threads : {1, 2, 3}) {
+          auto batch = f.Batch(order, &rows);
+          auto q = RandomVector(static_cast<size_t>(rows) * width, 600);
+          const int at =
+              static_cast<int>(std::find(order.begin(), order.end(), target) - order.begin());
+          std::memcpy(q.data() + batch[at].q_start * width, q_target.data(),
+                      q_target.size() * sizeof(float));
+          std::vector<float> out(q.size());
+          MakeCpuBackend(threads)->PagedAttention(f.cache(), kLayer, q.data(), batch, p,
+                                                  out.data());
+          EXPECT_EQ(std::memcmp(out.data() + batch[at].q_start * width, alone.data(),
+                                alone.size() * sizeof(float)),
+                    0)
+              << "target " << target << " at " << at << " threads " << threads;
+        }
       }
     }
   }
@@ -312,22 +326,127 @@ TEST_P(PagedAttentionDtypeTest, SequenceIsBitwiseBatchAndThreadInvariant) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, PagedAttentionDtypeTest, ::testing::ValuesIn(kAllDtypes),
                          [](const auto& info) { return kv::KvDtypeName(info.param); });
 
-TEST(PagedAttentionTest, DotProductPathsAgreeBitwise) {
-  for (int n = 1; n <= 70; ++n) {
-    const auto a = RandomVector(n, n), b = RandomVector(n, 1000 + n);
-    const float fast = cpu::DotF32(a.data(), b.data(), n);
-    const float slow = cpu::DotF32Portable(a.data(), b.data(), n);
-    EXPECT_EQ(std::memcmp(&fast, &slow, sizeof(float)), 0) << "n=" << n;
-    double ref = 0;
-    for (int i = 0; i < n; ++i) ref += static_cast<double>(a[i]) * b[i];
-    EXPECT_NEAR(fast, ref, 1e-5 * n);
-    const auto c = RandomVector(n, 2000 + n), d = RandomVector(n, 3000 + n);
-    const float* keys[4] = {b.data(), c.data(), a.data(), d.data()};
-    float four[4];
-    cpu::DotF32x4(a.data(), keys, n, four);
-    for (int j = 0; j < 4; ++j) {
-      const float one = cpu::DotF32(a.data(), keys[j], n);
-      EXPECT_EQ(std::memcmp(&four[j], &one, sizeof(float)), 0) << "n=" << n << " j=" << j;
+TEST(PagedAttentionTest, LongSequencesAndWindowsAcrossKeyBlocksMatchTheReference) {
+  for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kInt8}) {
+    AttentionFixture f(2, kLong, 31, dtype);
+    CheckAgainstReference(f, {0, 1, 2, 3, 4, 5, 6}, Params(6, 2), 2);
+    CheckAgainstReference(f, {5, 2, 0}, Params(6, 2, /*window=*/50), 2);
+    CheckAgainstReference(f, {0, 3}, Params(8, 2, /*window=*/64), 1);
+  }
+}
+
+// The kernel paths this CPU runs.
+std::vector<cpu::CpuIsa> HostPaths() {
+  std::vector<cpu::CpuIsa> paths;
+  for (cpu::CpuIsa isa : {cpu::CpuIsa::kAvx2, cpu::CpuIsa::kAvx512}) {
+    if (cpu::MissingFeature(isa, cpu::HostCpuFeatures()).empty()) paths.push_back(isa);
+  }
+  return paths;
+}
+
+TEST(PagedAttentionTest, SoftmaxExpIsAccurateAndEveryPathComputesItsBits) {
+  std::vector<float> x;
+  for (float v = -90.f; v <= 0.f; v += 0.0137f) x.push_back(v);
+  for (float v : {0.f, -0.f, -1e-30f, -1e-7f, -86.f, std::nextafter(-86.f, -100.f), -88.f,
+                  -std::numeric_limits<float>::infinity(), -0.34657f, -0.34658f}) {
+    x.push_back(v);
+  }
+  while (x.size() % 16 != 0) x.push_back(-1.f);
+  for (float v : x) {
+    const float e = cpu::internal::SoftmaxExp(v);
+    if (v < -86.f) {
+      EXPECT_EQ(e, 0.f) << v;
+    } else {
+      const double ref = std::exp(static_cast<double>(v));
+      EXPECT_LE(std::fabs(e - ref), 2e-7 * ref) << v;
+    }
+  }
+  for (cpu::CpuIsa isa : HostPaths()) {
+    std::vector<float> got(x.size());
+    cpu::internal::AttentionKernelsFor(isa).exp(x.data(), static_cast<int>(x.size()), got.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float want = cpu::internal::SoftmaxExp(x[i]);
+      EXPECT_EQ(std::memcmp(&got[i], &want, sizeof(float)), 0)
+          << cpu::CpuIsaName(isa) << " x=" << x[i] << " got " << got[i] << " want " << want;
+    }
+  }
+}
+
+class PagedAttentionPathTest : public ::testing::TestWithParam<std::tuple<int, kv::KvDtype>> {};
+
+// Every vector path gives the scalar path's bits: head dims with and without a column tail, GQA
+// groups that do and do not fill a register tile, windows, sequences across key blocks.
+TEST_P(PagedAttentionPathTest, EveryPathGivesTheScalarBits) {
+  const auto [head_dim, dtype] = GetParam();
+  const int nkv = 2;
+  AttentionFixture f(nkv, kLong, 7 + head_dim, dtype, head_dim);
+  ThreadPool pool(2);
+  for (int ratio : {1, 3, 4}) {
+    for (int window : {0, 45}) {
+      const AttentionParams p = Params(nkv * ratio, nkv, window, head_dim);
+      int rows = 0;
+      const auto batch = f.Batch({0, 1, 2, 3, 4, 5, 6}, &rows);
+      const auto q = RandomVector(static_cast<size_t>(rows) * p.num_q_heads * head_dim, 3);
+      std::vector<float> want(q.size());
+      cpu::PagedAttention(&pool, f.cache(), kLayer, q.data(), batch, p, want.data(),
+                          cpu::CpuIsa::kScalar);
+      for (cpu::CpuIsa isa : HostPaths()) {
+        std::vector<float> got(q.size(), NAN);
+        cpu::PagedAttention(&pool, f.cache(), kLayer, q.data(), batch, p, got.data(), isa);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+            << cpu::CpuIsaName(isa) << " ratio " << ratio << " window " << window;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDimsAndDtypes, PagedAttentionPathTest,
+                         ::testing::Combine(::testing::Values(20, 64, 80),
+                                            ::testing::Values(kv::KvDtype::kF32, kv::KvDtype::kBF16,
+                                                              kv::KvDtype::kFp8E4M3)),
+                         [](const auto& info) {
+                           return "d" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  kv::KvDtypeName(std::get<1>(info.param));
+                         });
+
+// A prefill row's output is bitwise the decode step's at its position, and any chunk's: what
+// lets a decode node continue a prompt another node prefilled, token for token.
+TEST(PagedAttentionTest, PrefillRowsEqualDecodeAndChunksAtTheirPositions) {
+  const int nkv = 2, nq = 6, d = 64;
+  AttentionFixture f(nkv, {{190, 190}}, 11, kv::KvDtype::kF32, d);
+  const SeqData& s = f.seq(0);
+  const int width = nq * d;
+  for (int window : {0, 70}) {
+    const AttentionParams p = Params(nq, nkv, window, d);
+    const auto q = RandomVector(static_cast<size_t>(190) * width, 21);
+    std::vector<float> full(q.size());
+    AttentionSeq whole{.q_start = 0,
+                       .q_len = 190,
+                       .context_len = 190,
+                       .block_table = s.blocks.data(),
+                       .num_table_blocks = static_cast<int32_t>(s.blocks.size())};
+    MakeCpuBackend(2)->PagedAttention(f.cache(), kLayer, q.data(), {whole}, p, full.data());
+    // Decode rows at positions inside, at the start and at the end of key blocks.
+    for (int pos : {0, 1, 63, 64, 65, 127, 128, 150, 189}) {
+      AttentionSeq one = whole;
+      one.q_len = 1;
+      one.context_len = pos + 1;
+      std::vector<float> got(width);
+      MakeCpuBackend(1)->PagedAttention(f.cache(), kLayer, q.data() + pos * width, {one}, p,
+                                        got.data());
+      EXPECT_EQ(std::memcmp(got.data(), full.data() + pos * width, width * sizeof(float)), 0)
+          << "decode at " << pos << " window " << window;
+    }
+    // Chunks [start, start + len).
+    for (auto [start, len] : {std::pair{60, 10}, {64, 64}, {100, 90}, {0, 37}}) {
+      AttentionSeq chunk = whole;
+      chunk.q_len = len;
+      chunk.context_len = start + len;
+      std::vector<float> got(static_cast<size_t>(len) * width);
+      MakeCpuBackend(2)->PagedAttention(f.cache(), kLayer, q.data() + start * width, {chunk}, p,
+                                        got.data());
+      EXPECT_EQ(std::memcmp(got.data(), full.data() + start * width, got.size() * sizeof(float)), 0)
+          << "chunk " << start << "+" << len << " window " << window;
     }
   }
 }

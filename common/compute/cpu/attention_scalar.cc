@@ -1,0 +1,96 @@
+// The attention block kernels' portable path: the reference every vector path must equal bit
+// for bit (attention_kernels.h). 16 "lanes" as plain arrays, each operation done per lane.
+#include <algorithm>
+#include <cmath>
+
+#include "common/compute/cpu/attention_kernels_impl.h"
+
+namespace duet::compute::cpu::internal {
+namespace {
+
+struct ScalarIsa {
+  static constexpr int kW = 16;
+  static constexpr int kScoreRows = 4;
+  static constexpr int kScoreUnits = 1;
+  static constexpr int kAccRows = 4;
+  static constexpr int kAccVecs = 1;
+  struct V {
+    float l[kW];
+  };
+  static V Load(const float* p) {
+    V r;
+    for (int i = 0; i < kW; ++i) r.l[i] = p[i];
+    return r;
+  }
+  static void Store(float* p, const V& a) {
+    for (int i = 0; i < kW; ++i) p[i] = a.l[i];
+  }
+  static V Set1(float x) {
+    V r;
+    for (int i = 0; i < kW; ++i) r.l[i] = x;
+    return r;
+  }
+  static V Zero() { return Set1(0.f); }
+  static V Fma(const V& a, const V& b, const V& c) {
+    V r;
+    for (int i = 0; i < kW; ++i) r.l[i] = std::fma(a.l[i], b.l[i], c.l[i]);
+    return r;
+  }
+  static V Mul(const V& a, const V& b) {
+    V r;
+    for (int i = 0; i < kW; ++i) r.l[i] = a.l[i] * b.l[i];
+    return r;
+  }
+  static V Sub(const V& a, const V& b) {
+    V r;
+    for (int i = 0; i < kW; ++i) r.l[i] = a.l[i] - b.l[i];
+    return r;
+  }
+  static V Max(const V& a, const V& b) {
+    V r;
+    for (int i = 0; i < kW; ++i) r.l[i] = std::max(a.l[i], b.l[i]);
+    return r;
+  }
+  static V Exp(const V& x) {
+    V r;
+    for (int i = 0; i < kW; ++i) r.l[i] = SoftmaxExp(x.l[i]);
+    return r;
+  }
+  static V KeepRange(const V& x, int lane0, int ja, int jb, const V& other) {
+    V r;
+    for (int i = 0; i < kW; ++i) r.l[i] = ja <= lane0 + i && lane0 + i <= jb ? x.l[i] : other.l[i];
+    return r;
+  }
+  static V FmaIf(bool on, const V& a, const V& b, const V& c) { return on ? Fma(a, b, c) : c; }
+  static float ReduceMax(const V& a) {
+    float m = a.l[0];
+    for (int i = 1; i < kW; ++i) m = std::max(m, a.l[i]);
+    return m;
+  }
+  static float SumBlock(const float* p) { return ScalarSumBlock(p); }
+  static void TransposeTile(const float* const* rows, int e0, float* out) {
+    for (int i = 0; i < kW; ++i) {
+      for (int j = 0; j < kW; ++j) out[i * kKeyBlock + j] = rows[j][e0 + i];
+    }
+  }
+};
+
+}  // namespace
+
+const AttentionKernels& AttentionKernelsScalar() { return AttentionImpl<ScalarIsa>::Table(); }
+
+const AttentionKernels& AttentionKernelsFor(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return AttentionKernelsScalar();
+    case CpuIsa::kAvx2:
+      return AttentionKernelsAvx2();
+    case CpuIsa::kAvx512:
+    case CpuIsa::kAvx512Vnni:
+    case CpuIsa::kAvx512Bf16:
+      return AttentionKernelsAvx512();
+  }
+  return AttentionKernelsScalar();
+}
+
+}  // namespace duet::compute::cpu::internal
