@@ -231,7 +231,7 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
     return;
   }
   const auto& pw = dynamic_cast<const PackedMatrix&>(w);
-  cpu::InvariantGemm(&pool_, x, m, pw.packed(), bias, y);
+  cpu::InvariantGemm(&pool_, x, m, pw.packed(), bias, y, isa_);
 }
 
 void CpuBackend::RmsNorm(const float* x, const float* weight, int rows, int dim, float eps,

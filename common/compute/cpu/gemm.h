@@ -3,25 +3,25 @@
 // Weights are packed once into column panels of kPanelCols output features: panel p holds
 // w[p*16 .. p*16+15][0..k) as k consecutive groups of 16 floats (zero-padded past n). Every
 // output element is accumulated as acc = fma(x[i][kk], w[j][kk], acc) for kk = 0, 1, ..., k-1
-// starting from acc = 0, then acc + bias[j], in every code path (AVX2 microkernel, portable
-// std::fma fallback, row and column remainders, K blocking: a partial accumulator is stored
-// as a float and reloaded exactly). So a row's result never depends on M, on the row's
-// position, on the other rows or on the thread count, and the AVX2 and portable paths agree
-// bit for bit.
+// starting from acc = 0, then acc + bias[j], in every code path (the AVX-512 and AVX2
+// microkernels, the portable std::fma path, row and column remainders, K blocking: a partial
+// accumulator is stored as a float and reloaded exactly). So a row's result never depends on M,
+// on the row's position, on the other rows or on the thread count, and every CpuIsa path gives
+// the same bits: nodes on different CPUs agree.
 //
 //   PackedWeights packed = PackWeights(w.data(), n, k);
-//   InvariantGemm(&pool, x, m, packed, bias, y);
+//   InvariantGemm(&pool, x, m, packed, bias, y, isa);  // isa from ResolveCpuIsa (cpu_isa.h)
 #pragma once
 
 #include <cstdint>
 
 #include "common/base/thread_pool.h"
 #include "common/compute/cpu/aligned.h"
+#include "common/compute/cpu/cpu_isa.h"
 
 namespace duet::compute::cpu {
 
 inline constexpr int kPanelCols = 16;  // output features per packed panel (NR)
-inline constexpr int kMaxTileRows = 6;  // rows per microkernel call (MR)
 
 struct PackedWeights {
   int n = 0;           // output features (rows of the HF weight)
@@ -37,16 +37,13 @@ struct PackedWeights {
 // Packs w [n, k] row-major. Returns an empty (data == nullptr) result when allocation fails.
 PackedWeights PackWeights(const float* w, int n, int k);
 
-enum class GemmPath {
-  kAuto,      // AVX2+FMA microkernel when compiled in, else portable
-  kPortable,  // scalar std::fma (for tests: must equal the AVX2 path bit for bit)
-};
+// The microkernel `isa` runs: "scalar" (portable std::fma), "avx2" or "avx512" (every
+// avx512* path).
+const char* GemmKernelName(CpuIsa isa);
 
-// True when the AVX2+FMA microkernel was compiled in.
-bool GemmHasAvx2();
-
-// y [m, w.n] = x [m, w.k] * w^T (+ bias). pool may be null (runs on the calling thread).
+// y [m, w.n] = x [m, w.k] * w^T (+ bias) with the microkernel of `isa`, which the CPU must run
+// (ResolveCpuIsa checked it). pool may be null (runs on the calling thread).
 void InvariantGemm(ThreadPool* pool, const float* x, int m, const PackedWeights& w,
-                   const float* bias, float* y, GemmPath path = GemmPath::kAuto);
+                   const float* bias, float* y, CpuIsa isa);
 
 }  // namespace duet::compute::cpu

@@ -4,10 +4,12 @@
 #include <cstring>
 #include <memory>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/base/thread_pool.h"
 #include "common/compute/compute_backend.h"
+#include "common/compute/cpu/cpu_isa.h"
 #include "gtest/gtest.h"
 #include "tests/unit/compute/test_util.h"
 
@@ -75,20 +77,83 @@ TEST(GemmTest, OddShapesMatchDoubleReference) {
   }
 }
 
-TEST(GemmTest, PortablePathEqualsAvx2Bitwise) {
-  if (!cpu::GemmHasAvx2()) GTEST_SKIP() << "AVX2+FMA kernel not compiled in";
-  const int n = 45, k = 401;
-  const auto w = RandomVector(static_cast<size_t>(n) * k, 11);
-  const auto b = RandomVector(n, 12);
+// Every CpuIsa path this CPU runs (the scalar one always).
+std::vector<cpu::CpuIsa> HostPaths() {
+  std::vector<cpu::CpuIsa> paths;
+  for (cpu::CpuIsa isa : {cpu::CpuIsa::kScalar, cpu::CpuIsa::kAvx2, cpu::CpuIsa::kAvx512,
+                          cpu::CpuIsa::kAvx512Vnni, cpu::CpuIsa::kAvx512Bf16}) {
+    if (cpu::MissingFeature(isa, cpu::HostCpuFeatures()).empty()) paths.push_back(isa);
+  }
+  return paths;
+}
+
+TEST(GemmTest, KernelPerPath) {
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kScalar), "scalar");
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx2), "avx2");
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512), "avx512");
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512Vnni), "avx512");
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512Bf16), "avx512");
+}
+
+// Every path equals the portable one (one thread, the reference) bit for bit over every M of
+// 1..70 (each kernel's tile shapes and row remainders), N past whole panels, K past whole K
+// blocks, with and without bias, on 1 and 2 threads.
+TEST(GemmTest, EveryPathEqualsPortableBitwise) {
+  const std::vector<std::pair<int, int>> nk = {{45, 401}, {17, 193}, {70, 385}, {1, 7}, {96, 64}};
+  ThreadPool pool1(1), pool2(2);
+  const std::vector<cpu::CpuIsa> paths = HostPaths();
+  int compared = 0;
+  for (const auto& [n, k] : nk) {
+    const auto w = RandomVector(static_cast<size_t>(n) * k, 11 + n);
+    const auto b = RandomVector(n, 12 + k);
+    cpu::PackedWeights packed = cpu::PackWeights(w.data(), n, k);
+    ASSERT_NE(packed.data, nullptr);
+    for (int m = 1; m <= 70; ++m) {
+      const auto x = RandomVector(static_cast<size_t>(m) * k, 13 + m);
+      for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+        std::vector<float> want(static_cast<size_t>(m) * n);
+        cpu::InvariantGemm(nullptr, x.data(), m, packed, bias, want.data(), cpu::CpuIsa::kScalar);
+        for (cpu::CpuIsa isa : paths) {
+          for (ThreadPool* pool : {&pool1, &pool2}) {
+            std::vector<float> got(want.size(), -12345.f);
+            cpu::InvariantGemm(pool, x.data(), m, packed, bias, got.data(), isa);
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << cpu::CpuIsaName(isa) << " m=" << m << " n=" << n << " k=" << k
+                << " bias=" << (bias != nullptr) << " threads=" << pool->num_threads();
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 5 * 70 * 2 * 2 * static_cast<int>(paths.size()));
+}
+
+// Per path: a row's bits do not depend on M, its position, its neighbours or the threads.
+TEST(GemmTest, EveryPathIsBatchInvariant) {
+  const int n = 50, k = 430;
+  const auto w = RandomVector(static_cast<size_t>(n) * k, 31);
+  const auto b = RandomVector(n, 32);
+  const auto row = RandomVector(k, 33);
   cpu::PackedWeights packed = cpu::PackWeights(w.data(), n, k);
+  ASSERT_NE(packed.data, nullptr);
   ThreadPool pool(2);
-  for (int m : {1, 2, 3, 4, 7, 20}) {
-    const auto x = RandomVector(static_cast<size_t>(m) * k, 13 + m);
-    std::vector<float> fast(static_cast<size_t>(m) * n), slow(fast.size());
-    cpu::InvariantGemm(&pool, x.data(), m, packed, b.data(), fast.data(), cpu::GemmPath::kAuto);
-    cpu::InvariantGemm(nullptr, x.data(), m, packed, b.data(), slow.data(),
-                       cpu::GemmPath::kPortable);
-    EXPECT_EQ(std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(float)), 0) << "m=" << m;
+  for (cpu::CpuIsa isa : HostPaths()) {
+    std::vector<float> alone(n);
+    cpu::InvariantGemm(nullptr, row.data(), 1, packed, b.data(), alone.data(), isa);
+    for (int m : {2, 3, 4, 5, 8, 11, 12, 13, 24, 25, 64, 97, 130}) {
+      const auto others = RandomVector(static_cast<size_t>(m) * k, 200 + m);
+      for (int pos : {0, m / 2, m - 1}) {
+        std::vector<float> x = others;
+        std::memcpy(x.data() + static_cast<size_t>(pos) * k, row.data(), k * sizeof(float));
+        std::vector<float> y(static_cast<size_t>(m) * n);
+        cpu::InvariantGemm(&pool, x.data(), m, packed, b.data(), y.data(), isa);
+        EXPECT_EQ(std::memcmp(y.data() + static_cast<size_t>(pos) * n, alone.data(),
+                              n * sizeof(float)),
+                  0)
+            << cpu::CpuIsaName(isa) << " m=" << m << " pos=" << pos;
+      }
+    }
   }
 }
 

@@ -1,0 +1,50 @@
+// Internal to gemm.cc and its per-ISA translation units (gemm_avx2.cc, gemm_avx512.cc): the
+// microkernels of InvariantGemm. A kernel computes one tile of `rows` x (num_panels * 16)
+// outputs over a K slice of the packed panels; every output element is one fma chain over that
+// slice in k order, continued from the stored tile when `accumulate`, then + bias (gemm.h). The
+// driver in gemm.cc (blocking, threading, partial panels) is the same for every kernel; a kernel
+// only says which tile shapes it runs (GemmKernel).
+//
+// Each per-ISA file keeps its code in an anonymous namespace: the same inline function compiled
+// with other -m flags in two files would otherwise be one symbol, and the linker's pick could run
+// AVX-512 instructions on the AVX2 path.
+#pragma once
+
+#include <cstdint>
+
+#include "common/compute/cpu/gemm.h"
+
+namespace duet::compute::cpu::internal {
+
+inline constexpr int kMaxTileRows = 12;   // MR of the widest kernel
+inline constexpr int kMaxTilePanels = 4;  // NP of the widest kernel
+
+struct GemmTile {
+  const float* x;                    // first row, at column k0
+  int64_t ldx;                       // x row stride
+  const float* w[kMaxTilePanels];    // panel slices at k0 (entries past num_panels unused)
+  int kc;                            // K slice length
+  float* c;                          // output tile (y or a scratch tile)
+  int64_t ldc;
+  bool accumulate;                   // false: start from 0; true: continue from the stored c
+  const float* bias;                 // num_panels * 16 floats added at the end, or nullptr
+};
+
+// Computes a tile of `rows` (1..max_rows) x `num_panels` (1..panels_for_rows[rows]) panels.
+using GemmTileFn = void (*)(int rows, int num_panels, const GemmTile& t);
+
+struct GemmKernel {
+  const char* name;
+  int max_rows;                           // rows per tile (MR)
+  int panels_for_rows[kMaxTileRows + 1];  // panels per tile for a tile of r rows (r >= 1)
+  GemmTileFn tile;
+};
+
+// std::fma per element: the reference the others equal bit for bit (gemm.cc).
+const GemmKernel& PortableGemmKernel();
+// AVX2 + FMA, 6 x 16 or 3 x 32 tiles of ymm accumulators (gemm_avx2.cc).
+const GemmKernel& Avx2GemmKernel();
+// AVX-512F, 12 x 32 or 4 x 64 tiles of zmm accumulators (gemm_avx512.cc).
+const GemmKernel& Avx512GemmKernel();
+
+}  // namespace duet::compute::cpu::internal
