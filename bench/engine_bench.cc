@@ -14,9 +14,10 @@
 // sampled tokens (ComputeBackend::SampleRows, their path now). --kv_dtypes repeats the sweep
 // for each KV cache dtype (decode at a long --context shows what reading fewer KV bytes buys),
 // --weights_dtype for each way of keeping the weight matrices (f32, or native: GGUF blocks as
-// stored), --cpu_isa for each CPU kernel path (cpu_isa.h). Every variant is loaded first and the variants run interleaved, repetition by
-// repetition, so that noise on a shared machine hits each alike; the memory-read bound of each
-// is its own matrix bytes (ModelRunner::MatrixBytes) over the measured read bandwidth.
+// stored), --cpu_isa for each CPU kernel path (cpu_isa.h). Every variant is loaded first and the
+// variants run interleaved, repetition by repetition, so that noise on a shared machine hits each
+// alike; the memory-read bound of each is its own matrix bytes (ModelRunner::MatrixBytes) over the
+// measured read bandwidth.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -151,8 +152,8 @@ int main(int argc, char** argv) {
     for (absl::string_view kvd : absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',')) {
       for (absl::string_view wd : absl::StrSplit(absl::GetFlag(FLAGS_weights_dtype), ',')) {
         for (absl::string_view isa : absl::StrSplit(absl::GetFlag(FLAGS_cpu_isa), ',')) {
-          variants.push_back({std::string(gemm), std::string(kvd), std::string(wd),
-                              std::string(isa), nullptr});
+          variants.push_back(
+              {std::string(gemm), std::string(kvd), std::string(wd), std::string(isa), nullptr});
         }
       }
     }
@@ -217,8 +218,8 @@ int main(int argc, char** argv) {
     }
     for (size_t vi = 0; vi < variants.size(); ++vi) {
       const Variant& v = variants[vi];
-      rows.push_back({v.gemm, v.kv_dtype, v.weights, v.isa, "prefill", len, best[vi],
-                      len / best[vi] * 1e3});
+      rows.push_back(
+          {v.gemm, v.kv_dtype, v.weights, v.isa, "prefill", len, best[vi], len / best[vi] * 1e3});
     }
   }
   for (int b : batches) {

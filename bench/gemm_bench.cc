@@ -189,9 +189,10 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   nlohmann::json results = nlohmann::json::array();
 
-  std::printf("gemm_bench: threads=%d min_time=%.2fs  (GFLOP/s; %%peak of the path's FMA peak; "
-              "ratio = invariant/openblas)\n",
-              peak_threads, min_time);
+  std::printf(
+      "gemm_bench: threads=%d min_time=%.2fs  (GFLOP/s; %%peak of the path's FMA peak; "
+      "ratio = invariant/openblas)\n",
+      peak_threads, min_time);
   for (const auto& [width, gflops] : peaks.items()) {
     std::printf("measured FMA peak %-6s: %.1f GFLOP/s on %d threads\n", width.c_str(),
                 gflops.get<double>(), peak_threads);
@@ -236,8 +237,11 @@ int main(int argc, char** argv) {
   }
   if (!json_path.empty()) {
     std::ofstream out(json_path);
-    out << nlohmann::json{{"bench", "gemm"}, {"threads", peak_threads}, {"fma_peak_gflops", peaks},
-                          {"results", results}}.dump(2)
+    out << nlohmann::json{{"bench", "gemm"},
+                          {"threads", peak_threads},
+                          {"fma_peak_gflops", peaks},
+                          {"results", results}}
+               .dump(2)
         << "\n";
   }
   return 0;

@@ -187,8 +187,8 @@ void InvariantGemm(ThreadPool* pool, const float* x, int m, const PackedWeights&
   int widest = 1;
   for (int r = 1; r <= kernel.max_rows; ++r) widest = std::max(widest, kernel.panels_for_rows[r]);
   int group = kMaxGroupPanels;
-  while (group > widest && static_cast<int64_t>(row_blocks) * ((w.num_panels + group - 1) / group) <
-                          4 * threads) {
+  while (group > widest &&
+         static_cast<int64_t>(row_blocks) * ((w.num_panels + group - 1) / group) < 4 * threads) {
     group /= 2;
   }
   const int groups = (w.num_panels + group - 1) / group;

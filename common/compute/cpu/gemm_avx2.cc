@@ -60,20 +60,31 @@ void Tile(const GemmTile& t) {
 void RunTile(int rows, int num_panels, const GemmTile& t) {
   if (num_panels == 2) {
     switch (rows) {
-      case 1: return Tile<1, 2>(t);
-      case 2: return Tile<2, 2>(t);
-      case 3: return Tile<3, 2>(t);
-      default: break;
+      case 1:
+        return Tile<1, 2>(t);
+      case 2:
+        return Tile<2, 2>(t);
+      case 3:
+        return Tile<3, 2>(t);
+      default:
+        break;
     }
   } else if (num_panels == 1) {
     switch (rows) {
-      case 1: return Tile<1, 1>(t);
-      case 2: return Tile<2, 1>(t);
-      case 3: return Tile<3, 1>(t);
-      case 4: return Tile<4, 1>(t);
-      case 5: return Tile<5, 1>(t);
-      case 6: return Tile<6, 1>(t);
-      default: break;
+      case 1:
+        return Tile<1, 1>(t);
+      case 2:
+        return Tile<2, 1>(t);
+      case 3:
+        return Tile<3, 1>(t);
+      case 4:
+        return Tile<4, 1>(t);
+      case 5:
+        return Tile<5, 1>(t);
+      case 6:
+        return Tile<6, 1>(t);
+      default:
+        break;
     }
   }
   PortableGemmKernel().tile(rows, num_panels, t);  // a shape outside panels_for_rows: unused

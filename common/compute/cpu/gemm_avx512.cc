@@ -31,8 +31,8 @@ void Tile(const GemmTile& t) {
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 4
     for (int q = 0; q < NP; ++q) {
-      acc[r][q] = t.accumulate ? _mm512_loadu_ps(t.c + r * t.ldc + q * kPanelCols)
-                               : _mm512_setzero_ps();
+      acc[r][q] =
+          t.accumulate ? _mm512_loadu_ps(t.c + r * t.ldc + q * kPanelCols) : _mm512_setzero_ps();
     }
   }
   const float* w[NP];
@@ -101,8 +101,7 @@ void RunTile(int rows, int num_panels, const GemmTile& t) {
 }  // namespace
 
 const GemmKernel& Avx512GemmKernel() {
-  static const GemmKernel kernel{
-      "avx512", kRows, {0, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2}, RunTile};
+  static const GemmKernel kernel{"avx512", kRows, {0, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2}, RunTile};
   return kernel;
 }
 

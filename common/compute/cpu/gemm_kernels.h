@@ -20,14 +20,14 @@ inline constexpr int kMaxTileRows = 12;   // MR of the widest kernel
 inline constexpr int kMaxTilePanels = 4;  // NP of the widest kernel
 
 struct GemmTile {
-  const float* x;                    // first row, at column k0
-  int64_t ldx;                       // x row stride
-  const float* w[kMaxTilePanels];    // panel slices at k0 (entries past num_panels unused)
-  int kc;                            // K slice length
-  float* c;                          // output tile (y or a scratch tile)
+  const float* x;                  // first row, at column k0
+  int64_t ldx;                     // x row stride
+  const float* w[kMaxTilePanels];  // panel slices at k0 (entries past num_panels unused)
+  int kc;                          // K slice length
+  float* c;                        // output tile (y or a scratch tile)
   int64_t ldc;
-  bool accumulate;                   // false: start from 0; true: continue from the stored c
-  const float* bias;                 // num_panels * 16 floats added at the end, or nullptr
+  bool accumulate;    // false: start from 0; true: continue from the stored c
+  const float* bias;  // num_panels * 16 floats added at the end, or nullptr
 };
 
 // Computes a tile of `rows` (1..max_rows) x `num_panels` (1..panels_for_rows[rows]) panels.

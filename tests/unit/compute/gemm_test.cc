@@ -148,9 +148,9 @@ TEST(GemmTest, EveryPathIsBatchInvariant) {
         std::memcpy(x.data() + static_cast<size_t>(pos) * k, row.data(), k * sizeof(float));
         std::vector<float> y(static_cast<size_t>(m) * n);
         cpu::InvariantGemm(&pool, x.data(), m, packed, b.data(), y.data(), isa);
-        EXPECT_EQ(std::memcmp(y.data() + static_cast<size_t>(pos) * n, alone.data(),
-                              n * sizeof(float)),
-                  0)
+        EXPECT_EQ(
+            std::memcmp(y.data() + static_cast<size_t>(pos) * n, alone.data(), n * sizeof(float)),
+            0)
             << cpu::CpuIsaName(isa) << " m=" << m << " pos=" << pos;
       }
     }
