@@ -122,8 +122,11 @@ void RunBlock(const GemmArgs& g, int row0, int row1, int panel0, int panel1) {
   const GemmKernel& kernel = *g.kernel;
   const int k = g.w->k;
   const int wide = kernel.panels_for_rows[std::min(kernel.max_rows, row1 - row0)];
-  for (int k0 = 0; k0 < k; k0 += kKBlock) {
-    const int kc = std::min(kKBlock, k - k0);
+  // One row tile (decode) reuses nothing from L1 across tiles: all of K at once, so that each
+  // panel streams from memory in order.
+  const int k_block = row1 - row0 <= kernel.max_rows ? k : kKBlock;
+  for (int k0 = 0; k0 < k; k0 += k_block) {
+    const int kc = std::min(k_block, k - k0);
     for (int p = panel0; p < panel1; p += wide) {
       const int span = std::min(wide, panel1 - p);
       for (int r = row0; r < row1; r += kernel.max_rows) {
