@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/base/float16.h"
 #include "common/compute/cpu/gemm_kernels.h"
 
 namespace duet::compute::cpu {
@@ -20,7 +21,20 @@ constexpr int kRowBlock = 96;       // rows per work item (a multiple of every k
 constexpr int kMaxGroupPanels = 8;  // panels per work item (128 output features)
 constexpr int kTileCols = kPanelCols * kMaxTilePanels;
 
+// The weight element j of panel q at step k, widened to float32.
+template <PanelType T>
+float Weight(const GemmTile& t, int q, int k, int j) {
+  if constexpr (T == PanelType::kF32) {
+    return t.w[q][k * kPanelCols + j];
+  } else if constexpr (T == PanelType::kBf16) {
+    return internal::WidenBf16(t.h[q][k * kPanelCols + j]);
+  } else {
+    return internal::WidenF16(t.h[q][k * kPanelCols + j]);
+  }
+}
+
 // Portable path: one std::fma per element per k in k order, exactly as the vector kernels.
+template <PanelType T>
 void TilePortable(int rows, int num_panels, const GemmTile& t) {
   float acc[kMaxTileRows][kTileCols];
   const int cols = num_panels * kPanelCols;
@@ -31,9 +45,8 @@ void TilePortable(int rows, int num_panels, const GemmTile& t) {
     for (int r = 0; r < rows; ++r) {
       const float a = t.x[r * t.ldx + k];
       for (int q = 0; q < num_panels; ++q) {
-        const float* w = t.w[q] + k * kPanelCols;
         float* out = acc[r] + q * kPanelCols;
-        for (int j = 0; j < kPanelCols; ++j) out[j] = std::fma(a, w[j], out[j]);
+        for (int j = 0; j < kPanelCols; ++j) out[j] = std::fma(a, Weight<T>(t, q, k, j), out[j]);
       }
     }
   }
@@ -78,8 +91,12 @@ void RunTile(const GemmArgs& g, int row, int rows, int panel, int num_panels, in
   GemmTile t;
   t.x = g.x + static_cast<int64_t>(row) * k + k0;
   t.ldx = k;
+  const bool wide = g.w->type == PanelType::kF32;
   for (int q = 0; q < kMaxTilePanels; ++q) {
-    t.w[q] = g.w->Panel(panel + std::min(q, num_panels - 1)) + static_cast<int64_t>(k0) * kPanelCols;
+    const int pq = panel + std::min(q, num_panels - 1);
+    const int64_t offset = static_cast<int64_t>(k0) * kPanelCols;
+    t.w[q] = wide ? g.w->Panel(pq) + offset : nullptr;
+    t.h[q] = wide ? nullptr : g.w->HalfPanel(pq) + offset;
   }
   t.kc = kc;
   t.accumulate = k0 > 0;
@@ -107,7 +124,7 @@ void RunTile(const GemmArgs& g, int row, int rows, int panel, int num_panels, in
       t.bias = bias_pad;
     }
   }
-  g.kernel->tile(rows, num_panels, t);
+  g.kernel->tile[static_cast<int>(g.w->type)](rows, num_panels, t);
   if (!full) {
     for (int r = 0; r < rows; ++r) {
       std::memcpy(y_tile + static_cast<int64_t>(r) * n, scratch + r * kTileCols,
@@ -142,21 +159,74 @@ void RunBlock(const GemmArgs& g, int row0, int row1, int panel0, int panel1) {
 
 }  // namespace
 
-PackedWeights PackWeights(const float* w, int n, int k) {
+namespace {
+
+// Packs [n, k] row-major elements of `src` (read through load(row pointer, kk)) into panels.
+template <typename Src, typename Dst, typename Load>
+void PackPanels(const Src* w, int n, int k, int num_panels, Dst* out, Load load) {
+  for (int p = 0; p < num_panels; ++p) {
+    Dst* panel = out + static_cast<int64_t>(p) * k * kPanelCols;
+    for (int j = 0; j < kPanelCols; ++j) {
+      const int row = p * kPanelCols + j;
+      const Src* src = row < n ? w + static_cast<int64_t>(row) * k : nullptr;
+      for (int kk = 0; kk < k; ++kk) {
+        panel[kk * kPanelCols + j] = src != nullptr ? load(src[kk]) : Dst{0};
+      }
+    }
+  }
+}
+
+PackedWeights EmptyPacked(int n, int k, PanelType type) {
   PackedWeights packed;
   packed.n = n;
   packed.k = k;
   packed.num_panels = (n + kPanelCols - 1) / kPanelCols;
+  packed.type = type;
   const int64_t total = static_cast<int64_t>(packed.num_panels) * k * kPanelCols;
-  packed.data = AllocateAlignedFloats(total);
-  if (packed.data == nullptr) return packed;
-  for (int p = 0; p < packed.num_panels; ++p) {
-    float* panel = packed.data.get() + static_cast<int64_t>(p) * k * kPanelCols;
-    for (int j = 0; j < kPanelCols; ++j) {
-      const int row = p * kPanelCols + j;
-      const float* src = row < n ? w + static_cast<int64_t>(row) * k : nullptr;
-      for (int kk = 0; kk < k; ++kk) panel[kk * kPanelCols + j] = src != nullptr ? src[kk] : 0.f;
-    }
+  if (type == PanelType::kF32) {
+    packed.data = AllocateAlignedFloats(total);
+  } else {
+    packed.halfs = AllocateAlignedHalfs(total);
+  }
+  return packed;
+}
+
+}  // namespace
+
+const char* PanelTypeName(PanelType type) {
+  switch (type) {
+    case PanelType::kF32:
+      return "f32";
+    case PanelType::kBf16:
+      return "bf16";
+    case PanelType::kF16:
+      return "f16";
+  }
+  return "?";
+}
+
+PackedWeights PackWeights(const float* w, int n, int k) {
+  PackedWeights packed = EmptyPacked(n, k, PanelType::kF32);
+  if (packed.ok()) {
+    PackPanels(w, n, k, packed.num_panels, packed.data.get(), [](float v) { return v; });
+  }
+  return packed;
+}
+
+PackedWeights PackWeights16(const uint16_t* w, int n, int k, PanelType type) {
+  if (type == PanelType::kF32) return PackedWeights{.n = n, .k = k};
+  PackedWeights packed = EmptyPacked(n, k, type);
+  if (packed.ok()) {
+    PackPanels(w, n, k, packed.num_panels, packed.halfs.get(), [](uint16_t v) { return v; });
+  }
+  return packed;
+}
+
+PackedWeights PackWeightsAsBf16(const float* w, int n, int k) {
+  PackedWeights packed = EmptyPacked(n, k, PanelType::kBf16);
+  if (packed.ok()) {
+    PackPanels(w, n, k, packed.num_panels, packed.halfs.get(),
+               [](float v) { return FloatToBf16(v); });
   }
   return packed;
 }
@@ -164,11 +234,34 @@ PackedWeights PackWeights(const float* w, int n, int k) {
 namespace internal {
 
 const GemmKernel& PortableGemmKernel() {
-  static const GemmKernel kernel{"scalar", 6, {0, 2, 2, 2, 1, 1, 1}, TilePortable};
+  static const GemmKernel kernel{
+      "scalar",
+      6,
+      {0, 2, 2, 2, 1, 1, 1},
+      {TilePortable<PanelType::kF32>, TilePortable<PanelType::kBf16>,
+       TilePortable<PanelType::kF16>}};
   return kernel;
 }
 
 }  // namespace internal
+
+void UnpackRow(const PackedWeights& w, int row, float* out) {
+  const int64_t base = static_cast<int64_t>(row / kPanelCols) * w.k * kPanelCols + row % kPanelCols;
+  for (int kk = 0; kk < w.k; ++kk) {
+    const int64_t i = base + static_cast<int64_t>(kk) * kPanelCols;
+    switch (w.type) {
+      case PanelType::kF32:
+        out[kk] = w.data[i];
+        break;
+      case PanelType::kBf16:
+        out[kk] = internal::WidenBf16(w.halfs[i]);
+        break;
+      case PanelType::kF16:
+        out[kk] = internal::WidenF16(w.halfs[i]);
+        break;
+    }
+  }
+}
 
 const char* GemmKernelName(CpuIsa isa) { return KernelFor(isa).name; }
 

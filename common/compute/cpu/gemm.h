@@ -23,19 +23,43 @@ namespace duet::compute::cpu {
 
 inline constexpr int kPanelCols = 16;  // output features per packed panel (NR)
 
+// How packed panels hold their elements: float32, or 16 bits widened exactly to float32 in
+// registers before the same fma chain (bf16: the bits shifted left by 16; f16: IEEE half as
+// vcvtph2ps converts it, a signalling NaN quieted). So a GEMM over 16-bit panels equals the
+// float32 GEMM over the widened weights bit for bit.
+enum class PanelType { kF32, kBf16, kF16 };
+const char* PanelTypeName(PanelType type);
+
 struct PackedWeights {
   int n = 0;           // output features (rows of the HF weight)
   int k = 0;           // input features
   int num_panels = 0;  // ceil(n / kPanelCols)
-  AlignedFloats data;  // [num_panels][k][kPanelCols]
+  PanelType type = PanelType::kF32;
+  AlignedFloats data;  // kF32: [num_panels][k][kPanelCols]
+  AlignedHalfs halfs;  // kBf16 / kF16: the same layout, 16 bits per element
 
+  bool ok() const { return type == PanelType::kF32 ? data != nullptr : halfs != nullptr; }
+  int64_t bytes() const {
+    return static_cast<int64_t>(num_panels) * k * kPanelCols * (type == PanelType::kF32 ? 4 : 2);
+  }
   const float* Panel(int p) const {
     return data.get() + static_cast<int64_t>(p) * k * kPanelCols;
   }
+  const uint16_t* HalfPanel(int p) const {
+    return halfs.get() + static_cast<int64_t>(p) * k * kPanelCols;
+  }
 };
 
-// Packs w [n, k] row-major. Returns an empty (data == nullptr) result when allocation fails.
+// Packs w [n, k] row-major. Returns a result with !ok() when allocation fails.
 PackedWeights PackWeights(const float* w, int n, int k);
+// Packs w [n, k] of bf16 or f16 bits row-major, kept as they are. `type` is kBf16 or kF16
+// (kF32 packs nothing: the result is !ok()).
+PackedWeights PackWeights16(const uint16_t* w, int n, int k, PanelType type);
+// Packs w [n, k] float32 rounded to bf16 (nearest even, FloatToBf16 of common/base/float16.h).
+PackedWeights PackWeightsAsBf16(const float* w, int n, int k);
+
+// Row `row` (< w.n) of the matrix, widened to float32 as the GEMM sees it: out[0, w.k).
+void UnpackRow(const PackedWeights& w, int row, float* out);
 
 // The microkernel `isa` runs: "scalar" (portable std::fma), "avx2" or "avx512" (every
 // avx512* path).

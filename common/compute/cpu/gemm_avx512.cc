@@ -2,7 +2,8 @@
 // -mavx512dq; called only where the CPU has them, see cpu_isa.h). A panel of 16 output
 // features is one zmm vector: tiles of 12 rows x 2 panels (24 accumulators, 2 weight vectors
 // and the broadcast row value in the 32 zmm registers) or, for 1..4 rows (decode), 4 panels so
-// that 4..16 independent fma chains hide the FMA latency.
+// that 4..16 independent fma chains hide the FMA latency. bf16 / f16 panels are widened to
+// float32 in registers (vpmovzxwd + vpslld 16, vcvtph2ps) and then take the same fma chain.
 // GCC 12's avx512fintrin.h warns that its own _mm512_undefined_* placeholders may be used
 // uninitialized; they are not read.
 #pragma GCC diagnostic push
@@ -22,9 +23,24 @@ constexpr int kRows = 12;       // MR at 1 or 2 panels
 constexpr int kFewRows = 4;     // rows that take 4 panels
 constexpr int kWidePanels = 4;  // NP for few rows
 
+// Step k of a panel slice, widened to float32 (gemm.h PanelType).
+template <PanelType T>
+inline __m512 LoadPanel(const float* w, const uint16_t* h, int k) {
+  if constexpr (T == PanelType::kF32) {
+    return _mm512_load_ps(w + k * kPanelCols);
+  } else {
+    const __m256i bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(h + k * kPanelCols));
+    if constexpr (T == PanelType::kBf16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    } else {
+      return _mm512_cvtph_ps(bits);
+    }
+  }
+}
+
 // MR rows x NP panels; acc[r][q] is panel q of row r. The row and panel loops are unrolled:
 // the accumulators must stay in registers.
-template <int MR, int NP>
+template <PanelType T, int MR, int NP>
 void Tile(const GemmTile& t) {
   __m512 acc[MR][NP];
 #pragma GCC unroll 16
@@ -36,14 +52,18 @@ void Tile(const GemmTile& t) {
     }
   }
   const float* w[NP];
+  const uint16_t* h[NP];
 #pragma GCC unroll 4
-  for (int q = 0; q < NP; ++q) w[q] = t.w[q];
+  for (int q = 0; q < NP; ++q) {
+    w[q] = t.w[q];
+    h[q] = t.h[q];
+  }
   const float* x = t.x;
   const int64_t ldx = t.ldx;
   for (int k = 0; k < t.kc; ++k) {
     __m512 b[NP];
 #pragma GCC unroll 4
-    for (int q = 0; q < NP; ++q) b[q] = _mm512_load_ps(w[q] + k * kPanelCols);
+    for (int q = 0; q < NP; ++q) b[q] = LoadPanel<T>(w[q], h[q], k);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m512 a = _mm512_set1_ps(x[r * ldx + k]);
@@ -69,39 +89,48 @@ void Tile(const GemmTile& t) {
 
 using Fn = void (*)(const GemmTile&);
 
-template <int NP, int R>
+template <PanelType T, int NP, int R>
 constexpr Fn TileFor() {
   if constexpr (NP <= 2 || R <= kFewRows) {
-    return &Tile<R, NP>;
+    return &Tile<T, R, NP>;
   } else {
     return nullptr;  // not a tile of this kernel
   }
 }
 
-template <int NP, int... R>
+template <PanelType T, int NP, int... R>
 constexpr std::array<Fn, kRows> RowTiles(std::integer_sequence<int, R...>) {
-  return {{TileFor<NP, R + 1>()...}};
+  return {{TileFor<T, NP, R + 1>()...}};
 }
 
-// kTiles[num_panels - 1][rows - 1].
-constexpr std::array<std::array<Fn, kRows>, kWidePanels> kTiles = {
-    RowTiles<1>(std::make_integer_sequence<int, kRows>()),
-    RowTiles<2>(std::make_integer_sequence<int, kRows>()),
-    RowTiles<3>(std::make_integer_sequence<int, kRows>()),
-    RowTiles<4>(std::make_integer_sequence<int, kRows>())};
+// Tiles<T>()[num_panels - 1][rows - 1].
+template <PanelType T>
+constexpr std::array<std::array<Fn, kRows>, kWidePanels> Tiles() {
+  return {RowTiles<T, 1>(std::make_integer_sequence<int, kRows>()),
+          RowTiles<T, 2>(std::make_integer_sequence<int, kRows>()),
+          RowTiles<T, 3>(std::make_integer_sequence<int, kRows>()),
+          RowTiles<T, 4>(std::make_integer_sequence<int, kRows>())};
+}
 
+template <PanelType T>
 void RunTile(int rows, int num_panels, const GemmTile& t) {
+  static constexpr std::array<std::array<Fn, kRows>, kWidePanels> kTiles = Tiles<T>();
   const Fn fn = rows >= 1 && rows <= kRows && num_panels >= 1 && num_panels <= kWidePanels
                     ? kTiles[num_panels - 1][rows - 1]
                     : nullptr;
   if (fn != nullptr) return fn(t);
-  PortableGemmKernel().tile(rows, num_panels, t);  // a shape outside panels_for_rows: unused
+  // A shape outside panels_for_rows: unused.
+  PortableGemmKernel().tile[static_cast<int>(T)](rows, num_panels, t);
 }
 
 }  // namespace
 
 const GemmKernel& Avx512GemmKernel() {
-  static const GemmKernel kernel{"avx512", kRows, {0, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2}, RunTile};
+  static const GemmKernel kernel{
+      "avx512",
+      kRows,
+      {0, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2},
+      {RunTile<PanelType::kF32>, RunTile<PanelType::kBf16>, RunTile<PanelType::kF16>}};
   return kernel;
 }
 

@@ -10,7 +10,10 @@
 // AVX-512 instructions on the AVX2 path.
 #pragma once
 
+#include <bit>
 #include <cstdint>
+
+#include "common/base/float16.h"
 
 #include "common/compute/cpu/gemm.h"
 
@@ -22,7 +25,8 @@ inline constexpr int kMaxTilePanels = 4;  // NP of the widest kernel
 struct GemmTile {
   const float* x;                  // first row, at column k0
   int64_t ldx;                     // x row stride
-  const float* w[kMaxTilePanels];  // panel slices at k0 (entries past num_panels unused)
+  const float* w[kMaxTilePanels];     // kF32 panel slices at k0 (entries past num_panels unused)
+  const uint16_t* h[kMaxTilePanels];  // kBf16 / kF16 panel slices at k0
   int kc;                          // K slice length
   float* c;                        // output tile (y or a scratch tile)
   int64_t ldc;
@@ -37,8 +41,16 @@ struct GemmKernel {
   const char* name;
   int max_rows;                           // rows per tile (MR)
   int panels_for_rows[kMaxTileRows + 1];  // panels per tile for a tile of r rows (r >= 1)
-  GemmTileFn tile;
+  GemmTileFn tile[3];                     // by PanelType: kF32, kBf16, kF16
 };
+
+// The element of a 16-bit panel widened to float32, as the vector kernels do it.
+inline float WidenBf16(uint16_t bits) { return Bf16ToFloat(bits); }
+inline float WidenF16(uint16_t bits) {
+  const float f = HalfToFloat(bits);
+  // vcvtph2ps quiets a signalling NaN (sets the top mantissa bit).
+  return f != f ? std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 0x00400000u) : f;
+}
 
 // std::fma per element: the reference the others equal bit for bit (gemm.cc).
 const GemmKernel& PortableGemmKernel();

@@ -1,5 +1,6 @@
 #include "common/compute/cpu/gemm.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -7,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/base/float16.h"
 #include "common/base/thread_pool.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_isa.h"
@@ -191,6 +193,130 @@ TEST(GemmTest, RowIsBitwiseBatchAndThreadInvariant) {
     }
   }
   EXPECT_EQ(cases, 13 * 3 * 3);
+}
+
+// 16-bit elements of a random [n, k] matrix in `type`, with f16 subnormals, signed zeros and
+// the largest finite values mixed in.
+std::vector<uint16_t> Random16(cpu::PanelType type, int n, int k, uint32_t seed) {
+  const auto f = RandomVector(static_cast<size_t>(n) * k, seed, -3.f, 3.f);
+  std::vector<uint16_t> bits(f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    bits[i] = type == cpu::PanelType::kBf16 ? FloatToBf16(f[i]) : FloatToHalf(f[i]);
+  }
+  const uint16_t special[] = {0x0001, 0x8001, 0x03ff, 0x0000, 0x8000, 0x7bff, 0xfbff, 0x0400};
+  for (size_t i = 0; i < bits.size(); i += 37) bits[i] = special[(i / 37) % 8];
+  return bits;
+}
+
+std::vector<float> Widen(cpu::PanelType type, const std::vector<uint16_t>& bits) {
+  std::vector<float> f(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    f[i] = type == cpu::PanelType::kBf16 ? Bf16ToFloat(bits[i]) : HalfToFloat(bits[i]);
+  }
+  return f;
+}
+
+// 16-bit panels on every path give the float32 portable GEMM's bits over the widened weights.
+TEST(GemmTest, HalfPanelsEqualFloatGemmOnWidenedWeightsBitwise) {
+  const std::vector<std::pair<int, int>> nk = {{45, 401}, {17, 193}, {96, 64}};
+  ThreadPool pool(2);
+  const std::vector<cpu::CpuIsa> paths = HostPaths();
+  int compared = 0;
+  for (cpu::PanelType type : {cpu::PanelType::kBf16, cpu::PanelType::kF16}) {
+    for (const auto& [n, k] : nk) {
+      const auto bits = Random16(type, n, k, 41 + n);
+      const auto wide = Widen(type, bits);
+      const auto b = RandomVector(n, 42 + k);
+      cpu::PackedWeights half = cpu::PackWeights16(bits.data(), n, k, type);
+      cpu::PackedWeights full = cpu::PackWeights(wide.data(), n, k);
+      ASSERT_TRUE(half.ok() && full.ok());
+      EXPECT_EQ(half.bytes() * 2, full.bytes());
+      std::vector<float> row(k);
+      for (int r : {0, n / 2, n - 1}) {
+        cpu::UnpackRow(half, r, row.data());
+        EXPECT_EQ(std::memcmp(row.data(), wide.data() + static_cast<size_t>(r) * k,
+                              k * sizeof(float)),
+                  0)
+            << cpu::PanelTypeName(type) << " row " << r;
+      }
+      for (int m : {1, 2, 3, 4, 5, 7, 8, 12, 13, 25, 64, 70}) {
+        const auto x = RandomVector(static_cast<size_t>(m) * k, 43 + m);
+        std::vector<float> want(static_cast<size_t>(m) * n);
+        cpu::InvariantGemm(nullptr, x.data(), m, full, b.data(), want.data(),
+                           cpu::CpuIsa::kScalar);
+        for (cpu::CpuIsa isa : paths) {
+          std::vector<float> got(want.size(), -12345.f);
+          cpu::InvariantGemm(&pool, x.data(), m, half, b.data(), got.data(), isa);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+              << cpu::PanelTypeName(type) << " " << cpu::CpuIsaName(isa) << " m=" << m
+              << " n=" << n << " k=" << k;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 3 * 12 * static_cast<int>(paths.size()));
+}
+
+TEST(GemmTest, Bf16PackingRoundsToNearestEven) {
+  const int n = 20, k = 33;
+  auto f = RandomVector(static_cast<size_t>(n) * k, 51);
+  f[0] = std::bit_cast<float>(0x3f808000u);  // a tie: rounds to the even 0x3f80
+  f[1] = std::bit_cast<float>(0x3f818000u);  // a tie: rounds up to the even 0x3f82
+  std::vector<uint16_t> bits(f.size());
+  for (size_t i = 0; i < f.size(); ++i) bits[i] = FloatToBf16(f[i]);
+  EXPECT_EQ(bits[0], 0x3f80);
+  EXPECT_EQ(bits[1], 0x3f82);
+  cpu::PackedWeights a = cpu::PackWeightsAsBf16(f.data(), n, k);
+  cpu::PackedWeights b = cpu::PackWeights16(bits.data(), n, k, cpu::PanelType::kBf16);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a.type, cpu::PanelType::kBf16);
+  EXPECT_EQ(std::memcmp(a.halfs.get(), b.halfs.get(), a.bytes()), 0);
+  EXPECT_FALSE(cpu::PackWeights16(bits.data(), n, k, cpu::PanelType::kF32).ok());
+}
+
+// The backend keeps stored bf16 / f16 matrices as they are: MatMul and EmbedFromMatrix give
+// the float32 results over the widened weights; OpenBLAS refuses them by name.
+TEST(GemmTest, BackendKeepsHalfMatrices) {
+  auto backend = MakeCpuBackend(2);
+  const int n = 37, k = 70, m = 9;
+  for (auto [type, format] : {std::pair{cpu::PanelType::kBf16, WeightFormat::kBf16},
+                              std::pair{cpu::PanelType::kF16, WeightFormat::kF16}}) {
+    SCOPED_TRACE(cpu::PanelTypeName(type));
+    const auto bits = Random16(type, n, k, 61);
+    const auto wide = Widen(type, bits);
+    ASSERT_TRUE(backend->KeepsWeightFormat(format));
+    auto half = backend->PrepareStoredMatrix(
+        {.format = format, .data = bits.data(), .rows = n, .cols = k});
+    ASSERT_TRUE(half.ok()) << half.status();
+    EXPECT_EQ((*half)->bytes(), int64_t{(n + 15) / 16 * 16} * k * 2);  // padded panels
+    auto full = backend->PrepareMatrix(wide.data(), n, k);
+    ASSERT_TRUE(full.ok());
+    const auto x = RandomVector(static_cast<size_t>(m) * k, 62);
+    std::vector<float> got(static_cast<size_t>(m) * n), want(got.size());
+    backend->MatMul(x.data(), m, **half, nullptr, got.data());
+    backend->MatMul(x.data(), m, **full, nullptr, want.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    const int32_t ids[] = {5, 0, 36};
+    std::vector<float> rows(3 * k);
+    ASSERT_TRUE(backend->EmbedFromMatrix(**half, ids, 3, 2.f, rows.data()).ok());
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < k; ++j) {
+        ASSERT_EQ(rows[i * k + j], wide[static_cast<size_t>(ids[i]) * k + j] * 2.f);
+      }
+    }
+    const int32_t bad[] = {n};
+    EXPECT_FALSE(backend->EmbedFromMatrix(**half, bad, 1, 1.f, rows.data()).ok());
+    auto blas = MakeCpuBackend(1, "openblas");
+    if (blas != nullptr) {
+      EXPECT_FALSE(blas->KeepsWeightFormat(format));
+      auto r = blas->PrepareStoredMatrix(
+          {.format = format, .data = bits.data(), .rows = n, .cols = k});
+      ASSERT_FALSE(r.ok());
+      EXPECT_NE(r.status().message().find(WeightFormatName(format)), std::string::npos)
+          << r.status();
+    }
+  }
 }
 
 TEST(GemmTest, BiasIsAddedOnceAfterTheSum) {
