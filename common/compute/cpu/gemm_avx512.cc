@@ -1,9 +1,8 @@
 // InvariantGemm's AVX-512 microkernel (compiled with -mavx512f -mavx512bw -mavx512vl
 // -mavx512dq; called only where the CPU has them, see cpu_isa.h). A panel of 16 output
-// features is one zmm vector: tiles of 12 rows x 2 panels (24 accumulators, 2 weight vectors
-// and the broadcast row value in the 32 zmm registers) or, for 1..4 rows (decode), 4 panels so
-// that 4..16 independent fma chains hide the FMA latency. bf16 / f16 panels are widened to
-// float32 in registers (vpmovzxwd + vpslld 16, vcvtph2ps) and then take the same fma chain.
+// features is one zmm vector: tiles of 8 rows x 3 panels or, for 1..4 rows (decode), 4 panels
+// (kPanelsForRows). bf16 / f16 panels are widened to float32 in registers (vpmovzxwd + vpslld
+// 16, vcvtph2ps) and then take the same fma chain.
 // GCC 12's avx512fintrin.h warns that its own _mm512_undefined_* placeholders may be used
 // uninitialized; they are not read.
 #pragma GCC diagnostic push
@@ -19,9 +18,12 @@
 namespace duet::compute::cpu::internal {
 namespace {
 
-constexpr int kRows = 12;       // MR at 1 or 2 panels
-constexpr int kFewRows = 4;     // rows that take 4 panels
-constexpr int kWidePanels = 4;  // NP for few rows
+constexpr int kRows = 8;        // MR
+constexpr int kWidePanels = 4;  // the most panels of a tile
+// Panels per tile for a tile of r rows: 8 x 3 (24 accumulators, 3 weight vectors and the
+// broadcast row value in the 32 zmm registers; 8 row pointers stay in general registers), and
+// 4 panels for 1..4 rows (decode) so that 4..16 independent fma chains hide the FMA latency.
+constexpr std::array<int, kRows + 1> kPanelsForRows = {0, 4, 4, 4, 4, 3, 3, 3, 3};
 
 // Step k of a panel slice, widened to float32 (gemm.h PanelType).
 template <PanelType T>
@@ -91,7 +93,7 @@ using Fn = void (*)(const GemmTile&);
 
 template <PanelType T, int NP, int R>
 constexpr Fn TileFor() {
-  if constexpr (NP <= 2 || R <= kFewRows) {
+  if constexpr (NP <= kPanelsForRows[R]) {
     return &Tile<T, R, NP>;
   } else {
     return nullptr;  // not a tile of this kernel
@@ -129,7 +131,9 @@ const GemmKernel& Avx512GemmKernel() {
   static const GemmKernel kernel{
       "avx512",
       kRows,
-      {0, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2},
+      {kPanelsForRows[0], kPanelsForRows[1], kPanelsForRows[2], kPanelsForRows[3],
+       kPanelsForRows[4], kPanelsForRows[5], kPanelsForRows[6], kPanelsForRows[7],
+       kPanelsForRows[8]},
       {RunTile<PanelType::kF32>, RunTile<PanelType::kBf16>, RunTile<PanelType::kF16>}};
   return kernel;
 }

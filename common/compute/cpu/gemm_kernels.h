@@ -19,7 +19,7 @@
 
 namespace duet::compute::cpu::internal {
 
-inline constexpr int kMaxTileRows = 12;   // MR of the widest kernel
+inline constexpr int kMaxTileRows = 8;    // MR of the tallest kernel
 inline constexpr int kMaxTilePanels = 4;  // NP of the widest kernel
 
 struct GemmTile {
@@ -56,7 +56,7 @@ inline float WidenF16(uint16_t bits) {
 const GemmKernel& PortableGemmKernel();
 // AVX2 + FMA, 6 x 16 or 3 x 32 tiles of ymm accumulators (gemm_avx2.cc).
 const GemmKernel& Avx2GemmKernel();
-// AVX-512F, 12 x 32 or 4 x 64 tiles of zmm accumulators (gemm_avx512.cc).
+// AVX-512F, 8 x 48 or 4 x 64 tiles of zmm accumulators (gemm_avx512.cc).
 const GemmKernel& Avx512GemmKernel();
 
 }  // namespace duet::compute::cpu::internal
