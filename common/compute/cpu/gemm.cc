@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "common/base/float16.h"
 #include "common/compute/cpu/gemm_kernels.h"
 
 namespace duet::compute::cpu {
@@ -218,15 +217,6 @@ PackedWeights PackWeights16(const uint16_t* w, int n, int k, PanelType type) {
   PackedWeights packed = EmptyPacked(n, k, type);
   if (packed.ok()) {
     PackPanels(w, n, k, packed.num_panels, packed.halfs.get(), [](uint16_t v) { return v; });
-  }
-  return packed;
-}
-
-PackedWeights PackWeightsAsBf16(const float* w, int n, int k) {
-  PackedWeights packed = EmptyPacked(n, k, PanelType::kBf16);
-  if (packed.ok()) {
-    PackPanels(w, n, k, packed.num_panels, packed.halfs.get(),
-               [](float v) { return FloatToBf16(v); });
   }
   return packed;
 }

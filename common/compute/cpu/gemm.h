@@ -55,8 +55,6 @@ PackedWeights PackWeights(const float* w, int n, int k);
 // Packs w [n, k] of bf16 or f16 bits row-major, kept as they are. `type` is kBf16 or kF16
 // (kF32 packs nothing: the result is !ok()).
 PackedWeights PackWeights16(const uint16_t* w, int n, int k, PanelType type);
-// Packs w [n, k] float32 rounded to bf16 (nearest even, FloatToBf16 of common/base/float16.h).
-PackedWeights PackWeightsAsBf16(const float* w, int n, int k);
 
 // Row `row` (< w.n) of the matrix, widened to float32 as the GEMM sees it: out[0, w.k).
 void UnpackRow(const PackedWeights& w, int row, float* out);
