@@ -4,7 +4,7 @@
 //                [--decode-batch 1,8,32] [--gemm invariant,openblas] [--json FILE]
 //                [--decode_sample logits,host,backend [--temperature T --top_p P]]
 //                [--kv_dtypes f32,bf16,f16,int8,fp8] [--context N] [--kv_cache_bytes B]
-//                [--weights_dtype f32,native] [--cpu_isa auto|avx2|...]
+//                [--weights_dtype f32,native] [--cpu_isa auto,avx2,avx512,...]
 //
 // Prefill: tokens/s of one prompt's forward pass (best of --reps). Decode: tokens/s of one
 // decode step over a batch of sequences, each with --context tokens already cached. Beside
@@ -14,9 +14,10 @@
 // sampled tokens (ComputeBackend::SampleRows, their path now). --kv_dtypes repeats the sweep
 // for each KV cache dtype (decode at a long --context shows what reading fewer KV bytes buys),
 // --weights_dtype for each way of keeping the weight matrices (f32, or native: GGUF blocks as
-// stored). Every variant is loaded first and the variants run interleaved, repetition by
-// repetition, so that noise on a shared machine hits each alike; the memory-read bound of each
-// is its own matrix bytes (ModelRunner::MatrixBytes) over the measured read bandwidth.
+// stored), --cpu_isa for each CPU kernel path (cpu_isa.h). Every variant is loaded first and the
+// variants run interleaved, repetition by repetition, so that noise on a shared machine hits each
+// alike; the memory-read bound of each is its own matrix bytes (ModelRunner::MatrixBytes) over the
+// measured read bandwidth.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -50,7 +51,8 @@ ABSL_FLAG(int64_t, kv_cache_bytes, 512ll << 20, "bytes of the KV pool");
 ABSL_FLAG(std::string, gemm, "invariant,openblas", "CPU GEMMs to compare");
 ABSL_FLAG(std::string, weights_dtype, "f32",
           "ways of keeping the weight matrices to compare (f32, native)");
-ABSL_FLAG(std::string, cpu_isa, "auto", "CPU kernel path (auto, scalar, avx2, avx512, ...)");
+ABSL_FLAG(std::string, cpu_isa, "auto",
+          "CPU kernel paths to compare (auto, scalar, avx2, avx512, avx512_vnni, avx512_bf16)");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
 ABSL_FLAG(int, reps, 3, "repetitions (best is reported)");
 ABSL_FLAG(std::string, json, "", "write results as JSON to this file");
@@ -99,7 +101,7 @@ double MeasureReadBandwidth() {
 }
 
 struct Row {
-  std::string gemm, kv_dtype, weights, phase;
+  std::string gemm, kv_dtype, weights, isa, phase;
   int size;
   double ms, tokens_per_s;
 };
@@ -142,14 +144,17 @@ int main(int argc, char** argv) {
   duet::model::ModelConfig config;
 
   struct Variant {
-    std::string gemm, kv_dtype, weights;
+    std::string gemm, kv_dtype, weights, isa;
     std::unique_ptr<LocalEngine> engine;
   };
   std::vector<Variant> variants;
   for (absl::string_view gemm : absl::StrSplit(absl::GetFlag(FLAGS_gemm), ',')) {
     for (absl::string_view kvd : absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',')) {
       for (absl::string_view wd : absl::StrSplit(absl::GetFlag(FLAGS_weights_dtype), ',')) {
-        variants.push_back({std::string(gemm), std::string(kvd), std::string(wd), nullptr});
+        for (absl::string_view isa : absl::StrSplit(absl::GetFlag(FLAGS_cpu_isa), ',')) {
+          variants.push_back(
+              {std::string(gemm), std::string(kvd), std::string(wd), std::string(isa), nullptr});
+        }
       }
     }
   }
@@ -162,7 +167,7 @@ int main(int argc, char** argv) {
                                     .cpu_gemm = v.gemm,
                                     .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
                                     .kv_dtype = v.kv_dtype,
-                                    .cpu_isa = absl::GetFlag(FLAGS_cpu_isa),
+                                    .cpu_isa = v.isa,
                                     .weights_dtype = v.weights};
     auto engine_or = LocalEngine::Load(model_dir, opts);
     if (!engine_or.ok()) {
@@ -214,7 +219,7 @@ int main(int argc, char** argv) {
     for (size_t vi = 0; vi < variants.size(); ++vi) {
       const Variant& v = variants[vi];
       rows.push_back(
-          {v.gemm, v.kv_dtype, v.weights, "prefill", len, best[vi], len / best[vi] * 1e3});
+          {v.gemm, v.kv_dtype, v.weights, v.isa, "prefill", len, best[vi], len / best[vi] * 1e3});
     }
   }
   for (int b : batches) {
@@ -275,7 +280,7 @@ int main(int argc, char** argv) {
       for (size_t m = 0; m < modes.size(); ++m) {
         const std::string phase = modes[m] == "logits" ? "decode" : "decode+" + modes[m];
         rows.push_back(
-            {v.gemm, v.kv_dtype, v.weights, phase, b, best[vi][m], b / best[vi][m] * 1e3});
+            {v.gemm, v.kv_dtype, v.weights, v.isa, phase, b, best[vi][m], b / best[vi][m] * 1e3});
       }
     }
   }
@@ -307,8 +312,8 @@ int main(int argc, char** argv) {
                 c["requests_of_context"].get<long long>());
   }
   std::printf("\n");
-  std::printf("%-10s %-5s %-7s %-20s %6s %10s %12s %12s\n", "gemm", "kv", "weights", "phase",
-              "size", "ms", "tokens/s", "vs_mem_bound");
+  std::printf("%-10s %-5s %-7s %-11s %-20s %6s %10s %12s %12s\n", "gemm", "kv", "weights",
+              "cpu_isa", "phase", "size", "ms", "tokens/s", "vs_mem_bound");
   nlohmann::json j;
   j["model"] = model_dir;
   j["kv_capacity"] = capacity;
@@ -318,12 +323,13 @@ int main(int argc, char** argv) {
     const bool decode = r.phase.rfind("decode", 0) == 0;
     const double bound = bw * 1e9 / weight_bytes[r.weights];
     const double vs = decode ? (1e3 / r.ms) / bound : 0;
-    std::printf("%-10s %-5s %-7s %-20s %6d %10.2f %12.1f %12s\n", r.gemm.c_str(),
-                r.kv_dtype.c_str(), r.weights.c_str(), r.phase.c_str(), r.size, r.ms,
+    std::printf("%-10s %-5s %-7s %-11s %-20s %6d %10.2f %12.1f %12s\n", r.gemm.c_str(),
+                r.kv_dtype.c_str(), r.weights.c_str(), r.isa.c_str(), r.phase.c_str(), r.size, r.ms,
                 r.tokens_per_s, decode ? (std::to_string(vs).substr(0, 5)).c_str() : "-");
     j["rows"].push_back({{"gemm", r.gemm},
                          {"kv_dtype", r.kv_dtype},
                          {"weights_dtype", r.weights},
+                         {"cpu_isa", r.isa},
                          {"phase", r.phase},
                          {"size", r.size},
                          {"ms", r.ms},

@@ -1,7 +1,13 @@
-// gemm_bench: GFLOP/s of the CPU backend's batch-invariant GEMM ("invariant") next to
-// OpenBLAS cblas_sgemm ("openblas") for the model's projection shapes, prefill and decode M.
+// gemm_bench: GFLOP/s of the CPU backend's batch-invariant GEMM ("invariant") on each
+// --cpu_isa path next to OpenBLAS cblas_sgemm ("openblas") for the model's projection shapes,
+// prefill and decode M, and each path's share of the FMA peak measured first on the same
+// threads (a loop of independent vector FMAs: 24 zmm chains for avx512, 12 ymm for avx2).
 //
-//   gemm_bench [--threads N] [--min_time SECONDS] [--json FILE]
+//   gemm_bench [--threads N] [--min_time SECONDS] [--cpu_isa avx2,avx512] [--m 1,8,32,512]
+//              [--json FILE]
+#include <immintrin.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -9,10 +15,13 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/compute/compute_backend.h"
+#include "common/compute/cpu/cpu_isa.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -47,10 +56,12 @@ double TimeGflops(ComputeBackend& backend, const PreparedMatrix& w, const float*
   return flops / elapsed / 1e9;
 }
 
-std::unique_ptr<ComputeBackend> MakeBackend(const std::string& gemm, int threads) {
+std::unique_ptr<ComputeBackend> MakeBackend(const std::string& gemm, int threads,
+                                            const std::string& isa = "auto") {
   BackendOptions options;
   options.num_threads = threads;
   options.cpu_gemm = gemm;
+  options.cpu_isa = isa;
   auto backend = duet::compute::CreateBackend("cpu", options);
   if (!backend.ok()) {
     std::fprintf(stderr, "gemm_bench: %s\n", std::string(backend.status().message()).c_str());
@@ -59,12 +70,75 @@ std::unique_ptr<ComputeBackend> MakeBackend(const std::string& gemm, int threads
   return std::move(backend).value();
 }
 
+// FLOPs of `iters` steps of `chains` independent vector FMAs of `lanes` floats.
+__attribute__((target("avx512f"))) float FmaLoopAvx512(int64_t iters) {
+  __m512 acc[24];
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-6f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 24
+    for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(a, acc[i], b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 24; ++i) s = _mm512_add_ps(s, acc[i]);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return out[0] + out[15];
+}
+
+__attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iters) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-6f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(a, acc[i], b);
+  }
+  float out[8];
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  _mm256_storeu_ps(out, s);
+  return out[0] + out[7];
+}
+
+// GFLOP/s of the FMA loop of `isa` ("avx512" or "avx2") on `threads` threads at once (best of 3).
+double MeasurePeak(const std::string& isa, int threads) {
+  const bool wide = isa.rfind("avx512", 0) == 0;
+  const int64_t iters = 20'000'000;
+  const double flops_per_thread = 2.0 * iters * (wide ? 24 * 16 : 12 * 8);
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<std::thread> pool;
+    std::vector<float> sink(threads);
+    const double start = SecondsNow();
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] { sink[t] = wide ? FmaLoopAvx512(iters) : FmaLoopAvx2(iters); });
+    }
+    for (std::thread& th : pool) th.join();
+    const double elapsed = SecondsNow() - start;
+    if (sink[0] == 12345.f) std::fprintf(stderr, "gemm_bench: unlikely sum\n");
+    best = std::max(best, flops_per_thread * threads / elapsed / 1e9);
+  }
+  return best;
+}
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 0;
   double min_time = 0.3;
   std::string json_path;
+  std::string isa_list = "avx2,avx512";
+  std::string m_list = "1,8,32,128,512,2048";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) {
@@ -73,49 +147,101 @@ int main(int argc, char** argv) {
       min_time = std::atof(argv[++i]);
     } else if (arg == "--json" && i + 1 < argc) {
       json_path = argv[++i];
+    } else if (arg == "--cpu_isa" && i + 1 < argc) {
+      isa_list = argv[++i];
+    } else if (arg == "--m" && i + 1 < argc) {
+      m_list = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: gemm_bench [--threads N] [--min_time S] [--json FILE]\n");
+      std::fprintf(stderr,
+                   "usage: gemm_bench [--threads N] [--min_time S] [--cpu_isa avx2,avx512] "
+                   "[--m 1,8,512] [--json FILE]\n");
       return 2;
     }
   }
-  auto invariant = MakeBackend("invariant", threads);
+  const std::vector<std::string> isas = SplitList(isa_list);
+  std::vector<int> ms;
+  for (const std::string& m : SplitList(m_list)) ms.push_back(std::atoi(m.c_str()));
+  int max_m = 1;
+  for (int m : ms) {
+    if (m <= 0) {
+      std::fprintf(stderr, "gemm_bench: bad --m element %d\n", m);
+      return 2;
+    }
+    max_m = std::max(max_m, m);
+  }
+  std::vector<std::unique_ptr<ComputeBackend>> invariant;
+  for (const std::string& isa : isas) invariant.push_back(MakeBackend("invariant", threads, isa));
   auto blas = MakeBackend("openblas", threads);
+  const int peak_threads =
+      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Each path's FMA peak: its vector width (the scalar path is compared with AVX2's).
+  std::vector<double> peak;
+  nlohmann::json peaks;
+  for (const std::string& isa : isas) {
+    const std::string width = isa.rfind("avx512", 0) == 0 ? "avx512" : "avx2";
+    if (!peaks.contains(width)) peaks[width] = MeasurePeak(width, peak_threads);
+    peak.push_back(peaks[width].get<double>());
+  }
 
   const std::vector<Shape> shapes = {{576, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
-  const std::vector<int> ms = {1, 8, 32, 128, 512, 2048};
-  const int max_m = 2048;
 
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   nlohmann::json results = nlohmann::json::array();
 
-  std::printf("gemm_bench: threads=%d min_time=%.2fs  (GFLOP/s; ratio = invariant/openblas)\n",
-              static_cast<int>(threads), min_time);
-  std::printf("%7s %7s %6s %12s %12s %7s\n", "N", "K", "M", "invariant", "openblas", "ratio");
+  std::printf(
+      "gemm_bench: threads=%d min_time=%.2fs  (GFLOP/s; %%peak of the path's FMA peak; "
+      "ratio = invariant/openblas)\n",
+      peak_threads, min_time);
+  for (const auto& [width, gflops] : peaks.items()) {
+    std::printf("measured FMA peak %-6s: %.1f GFLOP/s on %d threads\n", width.c_str(),
+                gflops.get<double>(), peak_threads);
+  }
+  std::printf("%7s %7s %6s", "N", "K", "M");
+  for (const std::string& isa : isas) std::printf(" %12s %6s %6s", isa.c_str(), "%peak", "ratio");
+  std::printf(" %12s\n", "openblas");
   for (const Shape& s : shapes) {
     std::vector<float> w(static_cast<size_t>(s.n) * s.k);
     for (float& v : w) v = dist(rng);
     std::vector<float> x(static_cast<size_t>(max_m) * s.k);
     for (float& v : x) v = dist(rng);
     std::vector<float> y(static_cast<size_t>(max_m) * s.n);
-    auto wi = invariant->PrepareMatrix(w.data(), s.n, s.k);
+    std::vector<std::unique_ptr<PreparedMatrix>> wi;
+    for (auto& backend : invariant) {
+      auto p = backend->PrepareMatrix(w.data(), s.n, s.k);
+      if (!p.ok()) {
+        std::fprintf(stderr, "gemm_bench: PrepareMatrix failed\n");
+        return 1;
+      }
+      wi.push_back(*std::move(p));
+    }
     auto wb = blas->PrepareMatrix(w.data(), s.n, s.k);
-    if (!wi.ok() || !wb.ok()) {
+    if (!wb.ok()) {
       std::fprintf(stderr, "gemm_bench: PrepareMatrix failed\n");
       return 1;
     }
     for (int m : ms) {
-      const double gi = TimeGflops(*invariant, **wi, x.data(), m, y.data(), min_time);
       const double gb = TimeGflops(*blas, **wb, x.data(), m, y.data(), min_time);
-      std::printf("%7d %7d %6d %12.1f %12.1f %7.2f\n", s.n, s.k, m, gi, gb, gi / gb);
+      std::printf("%7d %7d %6d", s.n, s.k, m);
+      nlohmann::json row{{"n", s.n}, {"k", s.k}, {"m", m}, {"openblas_gflops", gb}};
+      for (size_t i = 0; i < isas.size(); ++i) {
+        const double gi = TimeGflops(*invariant[i], *wi[i], x.data(), m, y.data(), min_time);
+        std::printf(" %12.1f %6.2f %6.2f", gi, gi / peak[i], gi / gb);
+        row[isas[i] + "_gflops"] = gi;
+        row[isas[i] + "_of_peak"] = gi / peak[i];
+      }
+      std::printf(" %12.1f\n", gb);
       std::fflush(stdout);
-      results.push_back({{"n", s.n}, {"k", s.k}, {"m", m}, {"invariant_gflops", gi},
-                         {"openblas_gflops", gb}, {"ratio", gi / gb}});
+      results.push_back(row);
     }
   }
   if (!json_path.empty()) {
     std::ofstream out(json_path);
-    out << nlohmann::json{{"bench", "gemm"}, {"threads", threads}, {"results", results}}.dump(2)
+    out << nlohmann::json{{"bench", "gemm"},
+                          {"threads", peak_threads},
+                          {"fma_peak_gflops", peaks},
+                          {"results", results}}
+               .dump(2)
         << "\n";
   }
   return 0;

@@ -17,7 +17,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate   run the model in this process: --model DIR (--prompt TEXT | --prompt-ids 1,2)\n"
     "             [--max-tokens N --temperature T --top-p P --top-k K --seed S --logprobs K\n"
-    "              --json --device auto|cpu|cuda --threads N --weights_dtype f32|native\n"
+    "              --json --device auto|cpu|cuda --threads N --weights_dtype f32|native|bf16\n"
     "              --cpu_isa auto|avx2|avx512_vnni|...]\n"
     "  coordinator  run the coordinator: --model DIR [--listen HOST:PORT --http-port P\n"
     "               --http-host H --api-key KEY --max-body-bytes N --max-concurrent-streams N]\n"

@@ -69,7 +69,7 @@ absl::Status NodeRuntime::Init(const NodeRuntimeRole& role) {
   compute_ = NodeCompute{.backend = backend_name,
                          .cpu_gemm = backend_name == "cpu" ? gemm : "",
                          .threads = o.threads,
-                         .weights = weights == model::WeightsDtype::kNative ? "native" : "f32"};
+                         .weights = model::WeightsDtypeName(weights)};
   // What the node computes with, for dashboards and for checking a cluster's nodes agree.
   metrics_registry_.AddGaugeCallback(
       "duet_node_info", "How this node computes (value 1)",

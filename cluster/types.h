@@ -39,8 +39,8 @@ struct NodeCompute {
   std::string backend;   // the compute backend's name: cpu | cuda
   std::string cpu_gemm;  // cpu: invariant | openblas; empty on other backends
   int32_t threads = 0;   // compute threads asked for (0: all cores); numerics do not depend on it
-  // How weight matrices are kept (model::WeightsDtype): "f32" (or empty) | "native". The ISA
-  // path (--cpu_isa) is not here: every path gives the same bits.
+  // How weight matrices are kept (model::WeightsDtype): "f32" (or empty) | "native" | "bf16".
+  // The ISA path (--cpu_isa) is not here: every path gives the same bits.
   std::string weights = "f32";
 
   // What must match across a cluster, e.g. "cpu, gemm invariant", "cpu, gemm invariant,

@@ -158,6 +158,8 @@ const char* WeightFormatName(WeightFormat format) {
       return "f32";
     case WeightFormat::kBf16:
       return "bf16";
+    case WeightFormat::kF16:
+      return "f16";
     case WeightFormat::kQ8_0:
       return "Q8_0";
     case WeightFormat::kQ4_0:
@@ -173,6 +175,7 @@ int64_t StoredMatrixBytes(WeightFormat format, int64_t rows, int64_t cols) {
     case WeightFormat::kF32:
       return rows * cols * 4;
     case WeightFormat::kBf16:
+    case WeightFormat::kF16:
       return rows * cols * 2;
     case WeightFormat::kQ8_0:
       return rows * (cols / 32) * 34;

@@ -41,10 +41,10 @@ class PreparedMatrix {
 };
 
 // The form a weight matrix is handed to PrepareStoredMatrix in: as the checkpoint stores it.
-//   kF32: float [rows][cols];  kBf16: uint16 bfloat16 bits [rows][cols];
+//   kF32: float [rows][cols];  kBf16 / kF16: uint16 bfloat16 / IEEE half bits [rows][cols];
 //   kQ8_0 / kQ4_0 / kQ4_1: ggml blocks of 32 along cols, rows of cols / 32 blocks (34 / 18 / 20
 //   bytes each; gguf_quant.h gives the layouts).
-enum class WeightFormat { kF32, kBf16, kQ8_0, kQ4_0, kQ4_1 };
+enum class WeightFormat { kF32, kBf16, kQ8_0, kQ4_0, kQ4_1, kF16 };
 const char* WeightFormatName(WeightFormat format);
 // Bytes of a [rows, cols] matrix in `format` (cols a multiple of 32 for the block formats).
 int64_t StoredMatrixBytes(WeightFormat format, int64_t rows, int64_t cols);

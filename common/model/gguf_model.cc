@@ -268,6 +268,7 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
   w.layers.resize(config.num_hidden_layers);
   std::set<std::string> used;
   std::map<std::string, int> converted;  // ggml type name -> matrices converted to Q8_0
+  std::map<std::string, int> rounded;    // ggml type name -> matrices rounded to bf16
   for (const ExpectedTensor& e : ExpectedTensors(config)) {
     const std::string name = GgufTensorName(e.name, config.is_gemma());
     DUET_ASSIGN_OR_RETURN(const GgufTensorInfo* t, g.Tensor(name));
@@ -281,18 +282,14 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
                                                   e.layer_field == &LayerWeights::k_proj);
     const int rope_heads = e.layer_field == &LayerWeights::q_proj ? config.num_attention_heads
                                                                   : config.num_key_value_heads;
+    const bool half = t->type == static_cast<uint32_t>(GgmlType::kF16) ||
+                      t->type == static_cast<uint32_t>(GgmlType::kBF16);
     const bool convert = dtype == WeightsDtype::kNative && IsMatrixTensor(e) &&
-                         t->type != static_cast<uint32_t>(GgmlType::kF32) && !KeptNatively(t->type);
-    if (dtype == WeightsDtype::kNative && IsMatrixTensor(e) &&
-        (t->type == static_cast<uint32_t>(GgmlType::kF16) ||
-         t->type == static_cast<uint32_t>(GgmlType::kBF16))) {
-      const GgmlTypeInfo* info = FindGgmlType(t->type);
-      return absl::UnimplementedError(absl::StrCat(
-          g.path(), ": tensor '", name, "' is ", info != nullptr ? info->name : "?",
-          ", which weights_dtype 'native' cannot keep yet (bf16 weights are not built); use "
-          "--weights_dtype=f32"));
-    }
-    if (dtype == WeightsDtype::kNative && IsMatrixTensor(e) && KeptNatively(t->type)) {
+                         t->type != static_cast<uint32_t>(GgmlType::kF32) &&
+                         !KeptNatively(t->type) && !half;
+    // native keeps Q8_0 / Q4_0 / Q4_1 and F16 / BF16 as stored, bf16 keeps F16 / BF16.
+    if (IsMatrixTensor(e) && ((dtype == WeightsDtype::kNative && KeptNatively(t->type)) ||
+                              (dtype != WeightsDtype::kF32 && half))) {
       StoredWeight& sw = w.stored[e.name];
       sw.ggml_type = t->type;
       sw.bytes.assign(t->data, t->data + t->nbytes);
@@ -329,7 +326,17 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
                               config.hidden_size);
       }
     }
+    if (dtype == WeightsDtype::kBf16 && IsMatrixTensor(e)) {
+      const GgmlTypeInfo* info = FindGgmlType(t->type);
+      ++rounded[info != nullptr ? info->name : "?"];
+      w.stored[e.name] = StoredBf16(*out);
+      std::vector<float>().swap(*out);
+    }
     used.insert(name);
+  }
+  for (const auto& [type, count] : rounded) {
+    DUET_LOG(INFO) << g.path() << ": weights_dtype bf16: " << count << " " << type << " matri"
+                   << (count == 1 ? "x" : "ces") << " rounded to bf16";
   }
   for (const auto& [type, count] : converted) {
     DUET_LOG(INFO) << g.path() << ": weights_dtype native: " << count << " " << type << " matri"

@@ -91,13 +91,16 @@ absl::Status ModelRunner::Prepare(ModelWeights weights) {
     const std::vector<float>& kept = host_vectors_.back();
     return backend_->UploadVector(kept.data(), static_cast<int64_t>(kept.size()));
   };
-  // A matrix from its float copy, or from its stored form (weights_dtype native).
+  // A matrix from its float copy, or from its stored form (weights_dtype native or bf16).
   auto mat = [&](const std::string& name, std::vector<float>& w, int rows, int cols,
                  std::unique_ptr<compute::PreparedMatrix>* out) -> absl::Status {
     if (auto it = weights.stored.find(name); it != weights.stored.end()) {
       DUET_ASSIGN_OR_RETURN(compute::WeightFormat format, StoredFormat(name, it->second));
       const int64_t expected = compute::StoredMatrixBytes(format, rows, cols);
-      if (cols % 32 != 0 || static_cast<int64_t>(it->second.bytes.size()) != expected) {
+      const bool blocks = format != compute::WeightFormat::kBf16 &&
+                          format != compute::WeightFormat::kF16;
+      if ((blocks && cols % 32 != 0) ||
+          static_cast<int64_t>(it->second.bytes.size()) != expected) {
         return absl::InvalidArgumentError(absl::StrCat(
             "ModelRunner: stored ", compute::WeightFormatName(format), " matrix '", name, "' has ",
             it->second.bytes.size(), " bytes; [", rows, ", ", cols, "] needs ", expected));
@@ -189,12 +192,16 @@ absl::StatusOr<compute::WeightFormat> ModelRunner::StoredFormat(const std::strin
       return compute::WeightFormat::kQ4_0;
     case 3:
       return compute::WeightFormat::kQ4_1;
+    case kGgmlF16:
+      return compute::WeightFormat::kF16;
+    case kGgmlBf16:
+      return compute::WeightFormat::kBf16;
     default:
       break;
   }
   return absl::InvalidArgumentError(absl::StrCat("ModelRunner: stored matrix '", name,
                                                  "' has ggml type ", w.ggml_type,
-                                                 "; only Q8_0, Q4_0 and Q4_1 are kept"));
+                                                 "; only Q8_0, Q4_0, Q4_1, F16 and BF16 are kept"));
 }
 
 int64_t ModelRunner::MatrixBytes() const {

@@ -1,9 +1,11 @@
 #include "common/model/weights.h"
 
+#include <cstring>
 #include <memory>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/float16.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/model/safetensors.h"
@@ -91,12 +93,30 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
 absl::StatusOr<WeightsDtype> ParseWeightsDtype(const std::string& name) {
   if (name.empty() || name == "auto" || name == "f32") return WeightsDtype::kF32;
   if (name == "native") return WeightsDtype::kNative;
-  if (name == "bf16") {
-    return absl::UnimplementedError(
-        "weights_dtype 'bf16': bf16 weights are not built yet (use f32 or native)");
-  }
+  if (name == "bf16") return WeightsDtype::kBf16;
   return absl::InvalidArgumentError("unknown weights_dtype '" + name +
-                                    "': valid values are auto, f32, native");
+                                    "': valid values are auto, f32, native, bf16");
+}
+
+const char* WeightsDtypeName(WeightsDtype dtype) {
+  switch (dtype) {
+    case WeightsDtype::kF32:
+      return "f32";
+    case WeightsDtype::kNative:
+      return "native";
+    case WeightsDtype::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+StoredWeight StoredBf16(const std::vector<float>& x) {
+  StoredWeight w{.ggml_type = kGgmlBf16, .bytes = std::vector<uint8_t>(x.size() * 2)};
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint16_t b = FloatToBf16(x[i]);
+    std::memcpy(w.bytes.data() + 2 * i, &b, 2);
+  }
+  return w;
 }
 
 bool IsMatrixTensor(const ExpectedTensor& e) {
@@ -130,14 +150,23 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& model_dir, const Mod
       return absl::InvalidArgumentError(t.file + ": tensor '" + e.name + "' has dtype " +
                                         DtypeName(t.dtype) + "; expected F32, F16 or BF16");
     }
-    if (dtype == WeightsDtype::kNative && IsMatrixTensor(e) && t.dtype != Dtype::kF32) {
-      return absl::UnimplementedError(t.file + ": tensor '" + e.name + "' is " +
-                                      DtypeName(t.dtype) +
-                                      ", which weights_dtype 'native' cannot keep yet (bf16 "
-                                      "weights are not built); use --weights_dtype=f32");
+    const bool half = t.dtype == Dtype::kF16 || t.dtype == Dtype::kBF16;
+    if (dtype != WeightsDtype::kF32 && IsMatrixTensor(e) && half) {
+      // native and bf16 keep F16 / BF16 matrices as stored.
+      StoredWeight& sw = w.stored[e.name];
+      sw.ggml_type = t.dtype == Dtype::kF16 ? kGgmlF16 : kGgmlBf16;
+      sw.bytes.assign(t.data, t.data + t.nbytes);
+      used.insert(e.name);
+      continue;
     }
     out->resize(static_cast<size_t>(t.NumElements()));
     DUET_RETURN_IF_ERROR(ConvertToFloat(t, out->data()));
+    if (dtype == WeightsDtype::kBf16 && IsMatrixTensor(e)) {
+      w.stored[e.name] = StoredBf16(*out);
+      std::vector<float>().swap(*out);
+      used.insert(e.name);
+      continue;
+    }
     if (e.gemma_norm) {
       for (float& x : *out) x = 1.0f + x;  // HF Gemma3RMSNorm: x * (1 + w), in float32
     }

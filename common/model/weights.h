@@ -47,12 +47,17 @@ struct LayerWeights {
 //     backend that multiplies with them directly; F32 matrices stay F32; the other GGUF block
 //     types (Q5_0, Q5_1, the K-quants) are converted to Q8_0 by a stated rule (dequantized,
 //     then ggml's quantize_row_q8_0: per 32 elements d = amax / 127, q = round(x / d)), logged
-//     per type. F16 / BF16 matrices (safetensors or GGUF) are refused: bf16 weights are not
-//     built yet.
+//     per type. F16 / BF16 matrices (safetensors or GGUF) are kept as stored (16 bits per
+//     element, widened exactly to float32 in the GEMM).
+//   kBf16: every matrix kept in 16 bits: BF16 and F16 ones as stored (F16 is not rounded to
+//     bf16: its bits are kept, and widened as exactly), the others (F32, or the block types
+//     dequantized) rounded to bf16, nearest even.
 // Norm weights, biases and other vectors are always float32.
-enum class WeightsDtype { kF32, kNative };
-// "auto", "f32", "native"; "bf16" is Unimplemented (not built yet); others InvalidArgument.
+enum class WeightsDtype { kF32, kNative, kBf16 };
+// "auto", "f32", "native", "bf16"; others InvalidArgument naming the valid values.
 absl::StatusOr<WeightsDtype> ParseWeightsDtype(const std::string& name);
+// "f32", "native", "bf16" (what NodeCompute::weights carries).
+const char* WeightsDtypeName(WeightsDtype dtype);
 
 // A matrix kept in its stored form: ggml type number (gguf.h GgmlType: Q8_0, Q4_0 or Q4_1) and
 // its bytes, rows of whole blocks in Hugging Face row order.
@@ -60,6 +65,14 @@ struct StoredWeight {
   uint32_t ggml_type = 0;
   std::vector<uint8_t> bytes;
 };
+
+// ggml type numbers of the 16-bit matrices (gguf.h GgmlType::kF16 / kBF16): little-endian
+// 16-bit elements, rows of cols elements.
+inline constexpr uint32_t kGgmlF16 = 1;
+inline constexpr uint32_t kGgmlBf16 = 30;
+
+// x rounded to bf16 (nearest even, FloatToBf16), as a stored BF16 matrix.
+StoredWeight StoredBf16(const std::vector<float>& x);
 
 struct ModelWeights {
   std::vector<float> embed_tokens;  // [vocab, hidden]

@@ -44,6 +44,9 @@ inline constexpr float kExpP3 = 4.1665795894e-2f;
 inline constexpr float kExpP4 = 1.6666665459e-1f;
 inline constexpr float kExpP5 = 5.0000001201e-1f;
 
+// In an unnamed namespace: each per-ISA translation unit compiles its own copy for its own
+// instruction set (one merged inline copy could carry AVX-512 code into the AVX2 path).
+namespace {
 inline float SoftmaxExp(float x) {
   if (!(x >= kExpMin)) return x != x ? x : 0.f;  // NaN stays NaN
   const float n = std::nearbyint(x * kExpLog2e);
@@ -64,6 +67,7 @@ inline float SoftmaxExp(float x) {
   std::memcpy(&y, &bits, 4);
   return y;
 }
+}  // namespace
 
 struct AttentionKernels {
   // s[qi * kKeyBlock + j] = scale * dot(q[qi], key j), the key's elements at kt[e * kKeyBlock

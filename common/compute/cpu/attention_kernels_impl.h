@@ -21,6 +21,8 @@
 #include "common/compute/cpu/attention_kernels.h"
 
 namespace duet::compute::cpu::internal {
+// Unnamed: every per-ISA translation unit instantiates its own, compiled for its instruction set.
+namespace {
 
 // The block sum's tree: lane-wise (g0 + g1) + (g2 + g3) over the four 16-key groups, then, over
 // the 16 lanes, t[i] = a[i] + a[i + 8], u[i] = t[i] + t[i + 4], w[i] = u[i] + u[i + 2], and
@@ -270,4 +272,5 @@ struct AttentionImpl {
   }
 };
 
+}  // namespace
 }  // namespace duet::compute::cpu::internal

@@ -21,15 +21,13 @@ namespace {
 
 using CpuIsaLevel = int;
 
-// The invariant GEMM's packed panels.
+// The invariant GEMM's packed panels (float32, bf16 or f16 elements).
 class PackedMatrix : public PreparedMatrix {
  public:
   explicit PackedMatrix(cpu::PackedWeights packed) : packed_(std::move(packed)) {}
   int rows() const override { return packed_.n; }
   int cols() const override { return packed_.k; }
-  int64_t bytes() const override {
-    return static_cast<int64_t>(packed_.num_panels) * packed_.k * cpu::kPanelCols * 4;
-  }
+  int64_t bytes() const override { return packed_.bytes(); }
   const cpu::PackedWeights& packed() const { return packed_; }
 
  private:
@@ -138,7 +136,7 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareMatrix(const 
     return std::unique_ptr<PreparedMatrix>(new BlasMatrix(rows, cols, std::move(copy)));
   }
   cpu::PackedWeights packed = cpu::PackWeights(w, rows, cols);
-  if (packed.data == nullptr) {
+  if (!packed.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("PrepareMatrix: out of memory for ", rows,
                                                      "x", cols));
   }
@@ -152,9 +150,9 @@ bool CpuBackend::KeepsWeightFormat(WeightFormat format) const {
     case WeightFormat::kQ8_0:
     case WeightFormat::kQ4_0:
     case WeightFormat::kQ4_1:
-      return gemm_kind_ == GemmKind::kInvariant;
     case WeightFormat::kBf16:
-      return false;
+    case WeightFormat::kF16:
+      return gemm_kind_ == GemmKind::kInvariant;
   }
   return false;
 }
@@ -170,6 +168,21 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
         gemm_kind_ == GemmKind::kOpenBlas ? " with cpu_gemm 'openblas' (f32 only)" : "",
         " (use --weights_dtype=f32)"));
   }
+  if (w.format == WeightFormat::kBf16 || w.format == WeightFormat::kF16) {
+    if (w.data == nullptr || w.rows <= 0 || w.cols <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("PrepareStoredMatrix: bad ",
+                                                     WeightFormatName(w.format), " matrix ",
+                                                     w.rows, "x", w.cols));
+    }
+    cpu::PackedWeights packed = cpu::PackWeights16(
+        static_cast<const uint16_t*>(w.data), w.rows, w.cols,
+        w.format == WeightFormat::kBf16 ? cpu::PanelType::kBf16 : cpu::PanelType::kF16);
+    if (!packed.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("PrepareStoredMatrix: out of memory for ",
+                                                       w.rows, "x", w.cols));
+    }
+    return std::unique_ptr<PreparedMatrix>(new PackedMatrix(std::move(packed)));
+  }
   cpu::QuantFormat f = cpu::QuantFormat::kQ8_0;
   if (w.format == WeightFormat::kQ4_0) f = cpu::QuantFormat::kQ4_0;
   if (w.format == WeightFormat::kQ4_1) f = cpu::QuantFormat::kQ4_1;
@@ -181,9 +194,30 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
 
 absl::Status CpuBackend::EmbedFromMatrix(const PreparedMatrix& table, const int32_t* ids, int n,
                                          float scale, float* out) {
+  if (const auto* pm = dynamic_cast<const PackedMatrix*>(&table)) {
+    const cpu::PackedWeights& w = pm->packed();
+    for (int i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= w.n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("EmbedFromMatrix: id ", ids[i], " outside [0, ", w.n, ")"));
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    pool_.ParallelFor(n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        float* row = out + i * w.k;
+        cpu::UnpackRow(w, ids[i], row);
+        if (scale != 1.f) {
+          for (int j = 0; j < w.k; ++j) row[j] *= scale;
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
   const auto* qm = dynamic_cast<const QuantMatrix*>(&table);
   if (qm == nullptr) {
-    return absl::InvalidArgumentError("EmbedFromMatrix: the table is not kept in a block format");
+    return absl::InvalidArgumentError(
+        "EmbedFromMatrix: the table is not kept in a block or 16-bit format");
   }
   const cpu::QuantWeights& w = qm->weights();
   for (int i = 0; i < n; ++i) {
@@ -231,7 +265,7 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
     return;
   }
   const auto& pw = dynamic_cast<const PackedMatrix&>(w);
-  cpu::InvariantGemm(&pool_, x, m, pw.packed(), bias, y);
+  cpu::InvariantGemm(&pool_, x, m, pw.packed(), bias, y, isa_);
 }
 
 void CpuBackend::RmsNorm(const float* x, const float* weight, int rows, int dim, float eps,

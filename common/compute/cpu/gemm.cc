@@ -4,38 +4,37 @@
 #include <cmath>
 #include <cstring>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define DUET_GEMM_AVX2 1
-#else
-#define DUET_GEMM_AVX2 0
-#endif
+#include "common/compute/cpu/gemm_kernels.h"
 
 namespace duet::compute::cpu {
 namespace {
 
+using internal::GemmKernel;
+using internal::GemmTile;
+using internal::kMaxTilePanels;
+using internal::kMaxTileRows;
+
 // Blocking. None of these change the per-element arithmetic, only the traversal order.
-constexpr int kKBlock = 192;       // K per pass: a panel pair's slice (24 KiB) stays in L1
-constexpr int kRowBlock = 96;      // rows per work item (multiple of kMaxTileRows)
+constexpr int kKBlock = 192;        // K per pass: a panel pair's slice (24 KiB) stays in L1
+constexpr int kRowBlock = 96;       // rows per work item (a multiple of every kernel's MR)
 constexpr int kMaxGroupPanels = 8;  // panels per work item (128 output features)
-constexpr int kMaxPanelsPerTile = 2;
-constexpr int kTileCols = kPanelCols * kMaxPanelsPerTile;
+constexpr int kTileCols = kPanelCols * kMaxTilePanels;
 
-// Arguments of one microkernel call: a tile of `rows` x (num_panels * 16) outputs over the
-// K range [k0, k0 + kc) of the packed panels.
-struct Tile {
-  const float* x;         // first row, at column k0
-  int64_t ldx;            // x row stride
-  const float* w[kMaxPanelsPerTile];  // panel slices at k0
-  int kc;
-  float* c;               // output tile (y or a scratch tile)
-  int64_t ldc;
-  bool accumulate;        // false: start from 0; true: continue from the stored c
-  const float* bias;      // num_panels * 16 floats added at the end, or nullptr
-};
+// The weight element j of panel q at step k, widened to float32.
+template <PanelType T>
+float Weight(const GemmTile& t, int q, int k, int j) {
+  if constexpr (T == PanelType::kF32) {
+    return t.w[q][k * kPanelCols + j];
+  } else if constexpr (T == PanelType::kBf16) {
+    return internal::WidenBf16(t.h[q][k * kPanelCols + j]);
+  } else {
+    return internal::WidenF16(t.h[q][k * kPanelCols + j]);
+  }
+}
 
-// Portable path: one std::fma per element per k in k order, exactly as the AVX2 path.
-void TilePortable(int rows, int num_panels, const Tile& t) {
+// Portable path: one std::fma per element per k in k order, exactly as the vector kernels.
+template <PanelType T>
+void TilePortable(int rows, int num_panels, const GemmTile& t) {
   float acc[kMaxTileRows][kTileCols];
   const int cols = num_panels * kPanelCols;
   for (int r = 0; r < rows; ++r) {
@@ -45,9 +44,8 @@ void TilePortable(int rows, int num_panels, const Tile& t) {
     for (int r = 0; r < rows; ++r) {
       const float a = t.x[r * t.ldx + k];
       for (int q = 0; q < num_panels; ++q) {
-        const float* w = t.w[q] + k * kPanelCols;
         float* out = acc[r] + q * kPanelCols;
-        for (int j = 0; j < kPanelCols; ++j) out[j] = std::fma(a, w[j], out[j]);
+        for (int j = 0; j < kPanelCols; ++j) out[j] = std::fma(a, Weight<T>(t, q, k, j), out[j]);
       }
     }
   }
@@ -58,76 +56,19 @@ void TilePortable(int rows, int num_panels, const Tile& t) {
   }
 }
 
-#if DUET_GEMM_AVX2
-// MR rows x (NP * 16) columns; acc[r][v] is the 8-wide vector v of row r.
-template <int MR, int NP>
-void TileAvx2(const Tile& t) {
-  constexpr int kVecs = 2 * NP;
-  __m256 acc[MR][kVecs];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < kVecs; ++v) {
-      acc[r][v] = t.accumulate ? _mm256_loadu_ps(t.c + r * t.ldc + v * 8) : _mm256_setzero_ps();
-    }
+const GemmKernel& KernelFor(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      break;
+    case CpuIsa::kAvx2:
+      return internal::Avx2GemmKernel();
+    case CpuIsa::kAvx512:
+    case CpuIsa::kAvx512Vnni:
+    case CpuIsa::kAvx512Bf16:
+      return internal::Avx512GemmKernel();
   }
-  const float* w0 = t.w[0];
-  const float* w1 = t.w[NP - 1];
-  const float* x = t.x;
-  const int64_t ldx = t.ldx;
-  for (int k = 0; k < t.kc; ++k) {
-    __m256 b[kVecs];
-    b[0] = _mm256_load_ps(w0 + k * kPanelCols);
-    b[1] = _mm256_load_ps(w0 + k * kPanelCols + 8);
-    if constexpr (NP == 2) {
-      b[2] = _mm256_load_ps(w1 + k * kPanelCols);
-      b[3] = _mm256_load_ps(w1 + k * kPanelCols + 8);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
-#pragma GCC unroll 8
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm256_fmadd_ps(a, b[v], acc[r][v]);
-    }
-  }
-  if (t.bias != nullptr) {
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-      for (int v = 0; v < kVecs; ++v) {
-        acc[r][v] = _mm256_add_ps(acc[r][v], _mm256_loadu_ps(t.bias + v * 8));
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(t.c + r * t.ldc + v * 8, acc[r][v]);
-  }
+  return internal::PortableGemmKernel();
 }
-
-void TileAvx2Dispatch(int rows, int num_panels, const Tile& t) {
-  if (num_panels == 2) {
-    switch (rows) {
-      case 1: return TileAvx2<1, 2>(t);
-      case 2: return TileAvx2<2, 2>(t);
-      case 3: return TileAvx2<3, 2>(t);
-      default: break;
-    }
-  } else {
-    switch (rows) {
-      case 1: return TileAvx2<1, 1>(t);
-      case 2: return TileAvx2<2, 1>(t);
-      case 3: return TileAvx2<3, 1>(t);
-      case 4: return TileAvx2<4, 1>(t);
-      case 5: return TileAvx2<5, 1>(t);
-      case 6: return TileAvx2<6, 1>(t);
-      default: break;
-    }
-  }
-  TilePortable(rows, num_panels, t);  // unreachable with the driver below
-}
-#endif
 
 struct GemmArgs {
   const float* x;
@@ -135,7 +76,7 @@ struct GemmArgs {
   const PackedWeights* w;
   const float* bias;
   float* y;
-  bool portable;
+  const GemmKernel* kernel;
 };
 
 // Runs one tile, through a scratch tile when its columns run past n (the last panel).
@@ -146,11 +87,15 @@ void RunTile(const GemmArgs& g, int row, int rows, int panel, int num_panels, in
   const int valid_cols = std::min(num_panels * kPanelCols, n - col0);
   const bool full = valid_cols == num_panels * kPanelCols;
   const bool last = k0 + kc == k;
-  Tile t;
+  GemmTile t;
   t.x = g.x + static_cast<int64_t>(row) * k + k0;
   t.ldx = k;
-  for (int q = 0; q < kMaxPanelsPerTile; ++q) {
-    t.w[q] = g.w->Panel(panel + std::min(q, num_panels - 1)) + static_cast<int64_t>(k0) * kPanelCols;
+  const bool wide = g.w->type == PanelType::kF32;
+  for (int q = 0; q < kMaxTilePanels; ++q) {
+    const int pq = panel + std::min(q, num_panels - 1);
+    const int64_t offset = static_cast<int64_t>(k0) * kPanelCols;
+    t.w[q] = wide ? g.w->Panel(pq) + offset : nullptr;
+    t.h[q] = wide ? nullptr : g.w->HalfPanel(pq) + offset;
   }
   t.kc = kc;
   t.accumulate = k0 > 0;
@@ -178,15 +123,7 @@ void RunTile(const GemmArgs& g, int row, int rows, int panel, int num_panels, in
       t.bias = bias_pad;
     }
   }
-#if DUET_GEMM_AVX2
-  if (g.portable) {
-    TilePortable(rows, num_panels, t);
-  } else {
-    TileAvx2Dispatch(rows, num_panels, t);
-  }
-#else
-  TilePortable(rows, num_panels, t);
-#endif
+  g.kernel->tile[static_cast<int>(g.w->type)](rows, num_panels, t);
   if (!full) {
     for (int r = 0; r < rows; ++r) {
       std::memcpy(y_tile + static_cast<int64_t>(r) * n, scratch + r * kTileCols,
@@ -195,19 +132,24 @@ void RunTile(const GemmArgs& g, int row, int rows, int panel, int num_panels, in
   }
 }
 
-// One work item: rows [row0, row1) x panels [panel0, panel1), all of K.
+// One work item: rows [row0, row1) x panels [panel0, panel1), all of K. Per K slice, the
+// panels of one tile width are swept down all the rows, so that their slice stays in L1.
 void RunBlock(const GemmArgs& g, int row0, int row1, int panel0, int panel1) {
+  const GemmKernel& kernel = *g.kernel;
   const int k = g.w->k;
-  for (int k0 = 0; k0 < k; k0 += kKBlock) {
-    const int kc = std::min(kKBlock, k - k0);
-    for (int p = panel0; p < panel1; p += kMaxPanelsPerTile) {
-      const int pair = std::min(kMaxPanelsPerTile, panel1 - p);
-      for (int r = row0; r < row1; r += kMaxTileRows) {
-        const int rows = std::min(kMaxTileRows, row1 - r);
-        if (pair == 2 && rows <= 3) {
-          RunTile(g, r, rows, p, 2, k0, kc);  // few rows: two panels give 4+ FMA chains
-        } else {
-          for (int q = 0; q < pair; ++q) RunTile(g, r, rows, p + q, 1, k0, kc);
+  const int wide = kernel.panels_for_rows[std::min(kernel.max_rows, row1 - row0)];
+  // One row tile (decode) reuses nothing from L1 across tiles: all of K at once, so that each
+  // panel streams from memory in order.
+  const int k_block = row1 - row0 <= kernel.max_rows ? k : kKBlock;
+  for (int k0 = 0; k0 < k; k0 += k_block) {
+    const int kc = std::min(k_block, k - k0);
+    for (int p = panel0; p < panel1; p += wide) {
+      const int span = std::min(wide, panel1 - p);
+      for (int r = row0; r < row1; r += kernel.max_rows) {
+        const int rows = std::min(kernel.max_rows, row1 - r);
+        const int np = kernel.panels_for_rows[rows];
+        for (int q = 0; q < span; q += np) {
+          RunTile(g, r, rows, p + q, std::min(np, span - q), k0, kc);
         }
       }
     }
@@ -216,29 +158,105 @@ void RunBlock(const GemmArgs& g, int row0, int row1, int panel0, int panel1) {
 
 }  // namespace
 
-PackedWeights PackWeights(const float* w, int n, int k) {
+namespace {
+
+// Packs [n, k] row-major elements of `src` (read through load(row pointer, kk)) into panels.
+template <typename Src, typename Dst, typename Load>
+void PackPanels(const Src* w, int n, int k, int num_panels, Dst* out, Load load) {
+  for (int p = 0; p < num_panels; ++p) {
+    Dst* panel = out + static_cast<int64_t>(p) * k * kPanelCols;
+    for (int j = 0; j < kPanelCols; ++j) {
+      const int row = p * kPanelCols + j;
+      const Src* src = row < n ? w + static_cast<int64_t>(row) * k : nullptr;
+      for (int kk = 0; kk < k; ++kk) {
+        panel[kk * kPanelCols + j] = src != nullptr ? load(src[kk]) : Dst{0};
+      }
+    }
+  }
+}
+
+PackedWeights EmptyPacked(int n, int k, PanelType type) {
   PackedWeights packed;
   packed.n = n;
   packed.k = k;
   packed.num_panels = (n + kPanelCols - 1) / kPanelCols;
+  packed.type = type;
   const int64_t total = static_cast<int64_t>(packed.num_panels) * k * kPanelCols;
-  packed.data = AllocateAlignedFloats(total);
-  if (packed.data == nullptr) return packed;
-  for (int p = 0; p < packed.num_panels; ++p) {
-    float* panel = packed.data.get() + static_cast<int64_t>(p) * k * kPanelCols;
-    for (int j = 0; j < kPanelCols; ++j) {
-      const int row = p * kPanelCols + j;
-      const float* src = row < n ? w + static_cast<int64_t>(row) * k : nullptr;
-      for (int kk = 0; kk < k; ++kk) panel[kk * kPanelCols + j] = src != nullptr ? src[kk] : 0.f;
-    }
+  if (type == PanelType::kF32) {
+    packed.data = AllocateAlignedFloats(total);
+  } else {
+    packed.halfs = AllocateAlignedHalfs(total);
   }
   return packed;
 }
 
-bool GemmHasAvx2() { return DUET_GEMM_AVX2 != 0; }
+}  // namespace
+
+const char* PanelTypeName(PanelType type) {
+  switch (type) {
+    case PanelType::kF32:
+      return "f32";
+    case PanelType::kBf16:
+      return "bf16";
+    case PanelType::kF16:
+      return "f16";
+  }
+  return "?";
+}
+
+PackedWeights PackWeights(const float* w, int n, int k) {
+  PackedWeights packed = EmptyPacked(n, k, PanelType::kF32);
+  if (packed.ok()) {
+    PackPanels(w, n, k, packed.num_panels, packed.data.get(), [](float v) { return v; });
+  }
+  return packed;
+}
+
+PackedWeights PackWeights16(const uint16_t* w, int n, int k, PanelType type) {
+  if (type == PanelType::kF32) return PackedWeights{.n = n, .k = k};
+  PackedWeights packed = EmptyPacked(n, k, type);
+  if (packed.ok()) {
+    PackPanels(w, n, k, packed.num_panels, packed.halfs.get(), [](uint16_t v) { return v; });
+  }
+  return packed;
+}
+
+namespace internal {
+
+const GemmKernel& PortableGemmKernel() {
+  static const GemmKernel kernel{
+      "scalar",
+      6,
+      {0, 2, 2, 2, 1, 1, 1},
+      {TilePortable<PanelType::kF32>, TilePortable<PanelType::kBf16>,
+       TilePortable<PanelType::kF16>}};
+  return kernel;
+}
+
+}  // namespace internal
+
+void UnpackRow(const PackedWeights& w, int row, float* out) {
+  const int64_t base = static_cast<int64_t>(row / kPanelCols) * w.k * kPanelCols + row % kPanelCols;
+  for (int kk = 0; kk < w.k; ++kk) {
+    const int64_t i = base + static_cast<int64_t>(kk) * kPanelCols;
+    switch (w.type) {
+      case PanelType::kF32:
+        out[kk] = w.data[i];
+        break;
+      case PanelType::kBf16:
+        out[kk] = internal::WidenBf16(w.halfs[i]);
+        break;
+      case PanelType::kF16:
+        out[kk] = internal::WidenF16(w.halfs[i]);
+        break;
+    }
+  }
+}
+
+const char* GemmKernelName(CpuIsa isa) { return KernelFor(isa).name; }
 
 void InvariantGemm(ThreadPool* pool, const float* x, int m, const PackedWeights& w,
-                   const float* bias, float* y, GemmPath path) {
+                   const float* bias, float* y, CpuIsa isa) {
   if (m <= 0 || w.n <= 0) return;
   if (w.k == 0) {
     for (int64_t i = 0; i < static_cast<int64_t>(m) * w.n; ++i) {
@@ -246,13 +264,17 @@ void InvariantGemm(ThreadPool* pool, const float* x, int m, const PackedWeights&
     }
     return;
   }
-  const GemmArgs g{x, m, &w, bias, y, path == GemmPath::kPortable};
+  const GemmKernel& kernel = KernelFor(isa);
+  const GemmArgs g{x, m, &w, bias, y, &kernel};
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   const int row_blocks = (m + kRowBlock - 1) / kRowBlock;
-  // Enough work items to keep every thread busy; groups stay even so panel pairs line up.
+  // Enough work items to keep every thread busy; a group stays a multiple of the kernel's
+  // widest tile.
+  int widest = 1;
+  for (int r = 1; r <= kernel.max_rows; ++r) widest = std::max(widest, kernel.panels_for_rows[r]);
   int group = kMaxGroupPanels;
-  while (group > 2 && static_cast<int64_t>(row_blocks) * ((w.num_panels + group - 1) / group) <
-                          4 * threads) {
+  while (group > widest &&
+         static_cast<int64_t>(row_blocks) * ((w.num_panels + group - 1) / group) < 4 * threads) {
     group /= 2;
   }
   const int groups = (w.num_panels + group - 1) / group;

@@ -3,50 +3,69 @@
 // Weights are packed once into column panels of kPanelCols output features: panel p holds
 // w[p*16 .. p*16+15][0..k) as k consecutive groups of 16 floats (zero-padded past n). Every
 // output element is accumulated as acc = fma(x[i][kk], w[j][kk], acc) for kk = 0, 1, ..., k-1
-// starting from acc = 0, then acc + bias[j], in every code path (AVX2 microkernel, portable
-// std::fma fallback, row and column remainders, K blocking: a partial accumulator is stored
-// as a float and reloaded exactly). So a row's result never depends on M, on the row's
-// position, on the other rows or on the thread count, and the AVX2 and portable paths agree
-// bit for bit.
+// starting from acc = 0, then acc + bias[j], in every code path (the AVX-512 and AVX2
+// microkernels, the portable std::fma path, row and column remainders, K blocking: a partial
+// accumulator is stored as a float and reloaded exactly). So a row's result never depends on M,
+// on the row's position, on the other rows or on the thread count, and every CpuIsa path gives
+// the same bits: nodes on different CPUs agree.
 //
 //   PackedWeights packed = PackWeights(w.data(), n, k);
-//   InvariantGemm(&pool, x, m, packed, bias, y);
+//   InvariantGemm(&pool, x, m, packed, bias, y, isa);  // isa from ResolveCpuIsa (cpu_isa.h)
 #pragma once
 
 #include <cstdint>
 
 #include "common/base/thread_pool.h"
 #include "common/compute/cpu/aligned.h"
+#include "common/compute/cpu/cpu_isa.h"
 
 namespace duet::compute::cpu {
 
 inline constexpr int kPanelCols = 16;  // output features per packed panel (NR)
-inline constexpr int kMaxTileRows = 6;  // rows per microkernel call (MR)
+
+// How packed panels hold their elements: float32, or 16 bits widened exactly to float32 in
+// registers before the same fma chain (bf16: the bits shifted left by 16; f16: IEEE half as
+// vcvtph2ps converts it, a signalling NaN quieted). So a GEMM over 16-bit panels equals the
+// float32 GEMM over the widened weights bit for bit.
+enum class PanelType { kF32, kBf16, kF16 };
+const char* PanelTypeName(PanelType type);
 
 struct PackedWeights {
   int n = 0;           // output features (rows of the HF weight)
   int k = 0;           // input features
   int num_panels = 0;  // ceil(n / kPanelCols)
-  AlignedFloats data;  // [num_panels][k][kPanelCols]
+  PanelType type = PanelType::kF32;
+  AlignedFloats data;  // kF32: [num_panels][k][kPanelCols]
+  AlignedHalfs halfs;  // kBf16 / kF16: the same layout, 16 bits per element
 
+  bool ok() const { return type == PanelType::kF32 ? data != nullptr : halfs != nullptr; }
+  int64_t bytes() const {
+    return static_cast<int64_t>(num_panels) * k * kPanelCols * (type == PanelType::kF32 ? 4 : 2);
+  }
   const float* Panel(int p) const {
     return data.get() + static_cast<int64_t>(p) * k * kPanelCols;
   }
+  const uint16_t* HalfPanel(int p) const {
+    return halfs.get() + static_cast<int64_t>(p) * k * kPanelCols;
+  }
 };
 
-// Packs w [n, k] row-major. Returns an empty (data == nullptr) result when allocation fails.
+// Packs w [n, k] row-major. Returns a result with !ok() when allocation fails.
 PackedWeights PackWeights(const float* w, int n, int k);
+// Packs w [n, k] of bf16 or f16 bits row-major, kept as they are. `type` is kBf16 or kF16
+// (kF32 packs nothing: the result is !ok()).
+PackedWeights PackWeights16(const uint16_t* w, int n, int k, PanelType type);
 
-enum class GemmPath {
-  kAuto,      // AVX2+FMA microkernel when compiled in, else portable
-  kPortable,  // scalar std::fma (for tests: must equal the AVX2 path bit for bit)
-};
+// Row `row` (< w.n) of the matrix, widened to float32 as the GEMM sees it: out[0, w.k).
+void UnpackRow(const PackedWeights& w, int row, float* out);
 
-// True when the AVX2+FMA microkernel was compiled in.
-bool GemmHasAvx2();
+// The microkernel `isa` runs: "scalar" (portable std::fma), "avx2" or "avx512" (every
+// avx512* path).
+const char* GemmKernelName(CpuIsa isa);
 
-// y [m, w.n] = x [m, w.k] * w^T (+ bias). pool may be null (runs on the calling thread).
+// y [m, w.n] = x [m, w.k] * w^T (+ bias) with the microkernel of `isa`, which the CPU must run
+// (ResolveCpuIsa checked it). pool may be null (runs on the calling thread).
 void InvariantGemm(ThreadPool* pool, const float* x, int m, const PackedWeights& w,
-                   const float* bias, float* y, GemmPath path = GemmPath::kAuto);
+                   const float* bias, float* y, CpuIsa isa);
 
 }  // namespace duet::compute::cpu

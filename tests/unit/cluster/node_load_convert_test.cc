@@ -35,6 +35,10 @@ TEST(NodeComputeConvert, RoundTripsEveryField) {
   EXPECT_EQ(ComputeFromProto(p), compute);
   EXPECT_EQ(compute.Numerics(), "cpu, gemm openblas, weights native");
   EXPECT_EQ((NodeCompute{.backend = "cuda"}).Numerics(), "cuda");
+  const NodeCompute bf16{.backend = "cpu", .cpu_gemm = "invariant", .weights = "bf16"};
+  EXPECT_EQ(ComputeFromProto(ComputeToProto(bf16)), bf16);
+  EXPECT_EQ(bf16.Numerics(), "cpu, gemm invariant, weights bf16");
+  EXPECT_NE(bf16.Numerics(), (NodeCompute{.backend = "cpu", .cpu_gemm = "invariant"}).Numerics());
   // A node that reports no weights keeps them in f32.
   v1::NodeCompute old = p;
   old.clear_weights();

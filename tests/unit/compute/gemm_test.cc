@@ -1,13 +1,17 @@
 #include "common/compute/cpu/gemm.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "common/base/float16.h"
 #include "common/base/thread_pool.h"
 #include "common/compute/compute_backend.h"
+#include "common/compute/cpu/cpu_isa.h"
 #include "gtest/gtest.h"
 #include "tests/unit/compute/test_util.h"
 
@@ -75,20 +79,83 @@ TEST(GemmTest, OddShapesMatchDoubleReference) {
   }
 }
 
-TEST(GemmTest, PortablePathEqualsAvx2Bitwise) {
-  if (!cpu::GemmHasAvx2()) GTEST_SKIP() << "AVX2+FMA kernel not compiled in";
-  const int n = 45, k = 401;
-  const auto w = RandomVector(static_cast<size_t>(n) * k, 11);
-  const auto b = RandomVector(n, 12);
+// Every CpuIsa path this CPU runs (the scalar one always).
+std::vector<cpu::CpuIsa> HostPaths() {
+  std::vector<cpu::CpuIsa> paths;
+  for (cpu::CpuIsa isa : {cpu::CpuIsa::kScalar, cpu::CpuIsa::kAvx2, cpu::CpuIsa::kAvx512,
+                          cpu::CpuIsa::kAvx512Vnni, cpu::CpuIsa::kAvx512Bf16}) {
+    if (cpu::MissingFeature(isa, cpu::HostCpuFeatures()).empty()) paths.push_back(isa);
+  }
+  return paths;
+}
+
+TEST(GemmTest, KernelPerPath) {
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kScalar), "scalar");
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx2), "avx2");
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512), "avx512");
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512Vnni), "avx512");
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512Bf16), "avx512");
+}
+
+// Every path equals the portable one (one thread, the reference) bit for bit over every M of
+// 1..70 (each kernel's tile shapes and row remainders), N past whole panels, K past whole K
+// blocks, with and without bias, on 1 and 2 threads.
+TEST(GemmTest, EveryPathEqualsPortableBitwise) {
+  const std::vector<std::pair<int, int>> nk = {{45, 401}, {17, 193}, {70, 385}, {1, 7}, {96, 64}};
+  ThreadPool pool1(1), pool2(2);
+  const std::vector<cpu::CpuIsa> paths = HostPaths();
+  int compared = 0;
+  for (const auto& [n, k] : nk) {
+    const auto w = RandomVector(static_cast<size_t>(n) * k, 11 + n);
+    const auto b = RandomVector(n, 12 + k);
+    cpu::PackedWeights packed = cpu::PackWeights(w.data(), n, k);
+    ASSERT_NE(packed.data, nullptr);
+    for (int m = 1; m <= 70; ++m) {
+      const auto x = RandomVector(static_cast<size_t>(m) * k, 13 + m);
+      for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+        std::vector<float> want(static_cast<size_t>(m) * n);
+        cpu::InvariantGemm(nullptr, x.data(), m, packed, bias, want.data(), cpu::CpuIsa::kScalar);
+        for (cpu::CpuIsa isa : paths) {
+          for (ThreadPool* pool : {&pool1, &pool2}) {
+            std::vector<float> got(want.size(), -12345.f);
+            cpu::InvariantGemm(pool, x.data(), m, packed, bias, got.data(), isa);
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << cpu::CpuIsaName(isa) << " m=" << m << " n=" << n << " k=" << k
+                << " bias=" << (bias != nullptr) << " threads=" << pool->num_threads();
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 5 * 70 * 2 * 2 * static_cast<int>(paths.size()));
+}
+
+// Per path: a row's bits do not depend on M, its position, its neighbours or the threads.
+TEST(GemmTest, EveryPathIsBatchInvariant) {
+  const int n = 50, k = 430;
+  const auto w = RandomVector(static_cast<size_t>(n) * k, 31);
+  const auto b = RandomVector(n, 32);
+  const auto row = RandomVector(k, 33);
   cpu::PackedWeights packed = cpu::PackWeights(w.data(), n, k);
+  ASSERT_NE(packed.data, nullptr);
   ThreadPool pool(2);
-  for (int m : {1, 2, 3, 4, 7, 20}) {
-    const auto x = RandomVector(static_cast<size_t>(m) * k, 13 + m);
-    std::vector<float> fast(static_cast<size_t>(m) * n), slow(fast.size());
-    cpu::InvariantGemm(&pool, x.data(), m, packed, b.data(), fast.data(), cpu::GemmPath::kAuto);
-    cpu::InvariantGemm(nullptr, x.data(), m, packed, b.data(), slow.data(),
-                       cpu::GemmPath::kPortable);
-    EXPECT_EQ(std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(float)), 0) << "m=" << m;
+  for (cpu::CpuIsa isa : HostPaths()) {
+    std::vector<float> alone(n);
+    cpu::InvariantGemm(nullptr, row.data(), 1, packed, b.data(), alone.data(), isa);
+    for (int m : {2, 3, 4, 5, 8, 11, 12, 13, 24, 25, 64, 97, 130}) {
+      const auto others = RandomVector(static_cast<size_t>(m) * k, 200 + m);
+      for (int pos : {0, m / 2, m - 1}) {
+        std::vector<float> x = others;
+        std::memcpy(x.data() + static_cast<size_t>(pos) * k, row.data(), k * sizeof(float));
+        std::vector<float> y(static_cast<size_t>(m) * n);
+        cpu::InvariantGemm(&pool, x.data(), m, packed, b.data(), y.data(), isa);
+        EXPECT_EQ(
+            std::memcmp(y.data() + static_cast<size_t>(pos) * n, alone.data(), n * sizeof(float)),
+            0)
+            << cpu::CpuIsaName(isa) << " m=" << m << " pos=" << pos;
+      }
+    }
   }
 }
 
@@ -126,6 +193,128 @@ TEST(GemmTest, RowIsBitwiseBatchAndThreadInvariant) {
     }
   }
   EXPECT_EQ(cases, 13 * 3 * 3);
+}
+
+// 16-bit elements of a random [n, k] matrix in `type`, with f16 subnormals, signed zeros and
+// the largest finite values mixed in.
+std::vector<uint16_t> Random16(cpu::PanelType type, int n, int k, uint32_t seed) {
+  const auto f = RandomVector(static_cast<size_t>(n) * k, seed, -3.f, 3.f);
+  std::vector<uint16_t> bits(f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    bits[i] = type == cpu::PanelType::kBf16 ? FloatToBf16(f[i]) : FloatToHalf(f[i]);
+  }
+  const uint16_t special[] = {0x0001, 0x8001, 0x03ff, 0x0000, 0x8000, 0x7bff, 0xfbff, 0x0400};
+  for (size_t i = 0; i < bits.size(); i += 37) bits[i] = special[(i / 37) % 8];
+  return bits;
+}
+
+std::vector<float> Widen(cpu::PanelType type, const std::vector<uint16_t>& bits) {
+  std::vector<float> f(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    f[i] = type == cpu::PanelType::kBf16 ? Bf16ToFloat(bits[i]) : HalfToFloat(bits[i]);
+  }
+  return f;
+}
+
+// 16-bit panels on every path give the float32 portable GEMM's bits over the widened weights.
+TEST(GemmTest, HalfPanelsEqualFloatGemmOnWidenedWeightsBitwise) {
+  const std::vector<std::pair<int, int>> nk = {{45, 401}, {17, 193}, {96, 64}};
+  ThreadPool pool(2);
+  const std::vector<cpu::CpuIsa> paths = HostPaths();
+  int compared = 0;
+  for (cpu::PanelType type : {cpu::PanelType::kBf16, cpu::PanelType::kF16}) {
+    for (const auto& [n, k] : nk) {
+      const auto bits = Random16(type, n, k, 41 + n);
+      const auto wide = Widen(type, bits);
+      const auto b = RandomVector(n, 42 + k);
+      cpu::PackedWeights half = cpu::PackWeights16(bits.data(), n, k, type);
+      cpu::PackedWeights full = cpu::PackWeights(wide.data(), n, k);
+      ASSERT_TRUE(half.ok() && full.ok());
+      EXPECT_EQ(half.bytes() * 2, full.bytes());
+      std::vector<float> row(k);
+      for (int r : {0, n / 2, n - 1}) {
+        cpu::UnpackRow(half, r, row.data());
+        EXPECT_EQ(std::memcmp(row.data(), wide.data() + static_cast<size_t>(r) * k,
+                              k * sizeof(float)),
+                  0)
+            << cpu::PanelTypeName(type) << " row " << r;
+      }
+      for (int m : {1, 2, 3, 4, 5, 7, 8, 12, 13, 25, 64, 70}) {
+        const auto x = RandomVector(static_cast<size_t>(m) * k, 43 + m);
+        std::vector<float> want(static_cast<size_t>(m) * n);
+        cpu::InvariantGemm(nullptr, x.data(), m, full, b.data(), want.data(),
+                           cpu::CpuIsa::kScalar);
+        for (cpu::CpuIsa isa : paths) {
+          std::vector<float> got(want.size(), -12345.f);
+          cpu::InvariantGemm(&pool, x.data(), m, half, b.data(), got.data(), isa);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+              << cpu::PanelTypeName(type) << " " << cpu::CpuIsaName(isa) << " m=" << m
+              << " n=" << n << " k=" << k;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 3 * 12 * static_cast<int>(paths.size()));
+}
+
+// Panels keep the 16-bit elements as given, in the float32 layout; f32 is not a 16-bit type.
+TEST(GemmTest, HalfPanelsKeepTheBitsInTheFloatLayout) {
+  const int n = 20, k = 33;
+  std::vector<uint16_t> bits(static_cast<size_t>(n) * k);
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<uint16_t>(i * 2654435761u >> 7);
+  std::vector<float> as_float(bits.begin(), bits.end());  // exact: values < 2^24
+  cpu::PackedWeights h = cpu::PackWeights16(bits.data(), n, k, cpu::PanelType::kF16);
+  cpu::PackedWeights f = cpu::PackWeights(as_float.data(), n, k);
+  ASSERT_TRUE(h.ok() && f.ok());
+  EXPECT_EQ(h.type, cpu::PanelType::kF16);
+  const int64_t elems = static_cast<int64_t>(h.num_panels) * k * cpu::kPanelCols;
+  for (int64_t i = 0; i < elems; ++i) ASSERT_EQ(static_cast<float>(h.halfs[i]), f.data[i]) << i;
+  EXPECT_FALSE(cpu::PackWeights16(bits.data(), n, k, cpu::PanelType::kF32).ok());
+}
+
+// The backend keeps stored bf16 / f16 matrices as they are: MatMul and EmbedFromMatrix give
+// the float32 results over the widened weights; OpenBLAS refuses them by name.
+TEST(GemmTest, BackendKeepsHalfMatrices) {
+  auto backend = MakeCpuBackend(2);
+  const int n = 37, k = 70, m = 9;
+  for (auto [type, format] : {std::pair{cpu::PanelType::kBf16, WeightFormat::kBf16},
+                              std::pair{cpu::PanelType::kF16, WeightFormat::kF16}}) {
+    SCOPED_TRACE(cpu::PanelTypeName(type));
+    const auto bits = Random16(type, n, k, 61);
+    const auto wide = Widen(type, bits);
+    ASSERT_TRUE(backend->KeepsWeightFormat(format));
+    auto half = backend->PrepareStoredMatrix(
+        {.format = format, .data = bits.data(), .rows = n, .cols = k});
+    ASSERT_TRUE(half.ok()) << half.status();
+    EXPECT_EQ((*half)->bytes(), int64_t{(n + 15) / 16 * 16} * k * 2);  // padded panels
+    auto full = backend->PrepareMatrix(wide.data(), n, k);
+    ASSERT_TRUE(full.ok());
+    const auto x = RandomVector(static_cast<size_t>(m) * k, 62);
+    std::vector<float> got(static_cast<size_t>(m) * n), want(got.size());
+    backend->MatMul(x.data(), m, **half, nullptr, got.data());
+    backend->MatMul(x.data(), m, **full, nullptr, want.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    const int32_t ids[] = {5, 0, 36};
+    std::vector<float> rows(3 * k);
+    ASSERT_TRUE(backend->EmbedFromMatrix(**half, ids, 3, 2.f, rows.data()).ok());
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < k; ++j) {
+        ASSERT_EQ(rows[i * k + j], wide[static_cast<size_t>(ids[i]) * k + j] * 2.f);
+      }
+    }
+    const int32_t bad[] = {n};
+    EXPECT_FALSE(backend->EmbedFromMatrix(**half, bad, 1, 1.f, rows.data()).ok());
+    auto blas = MakeCpuBackend(1, "openblas");
+    if (blas != nullptr) {
+      EXPECT_FALSE(blas->KeepsWeightFormat(format));
+      auto r = blas->PrepareStoredMatrix(
+          {.format = format, .data = bits.data(), .rows = n, .cols = k});
+      ASSERT_FALSE(r.ok());
+      EXPECT_NE(r.status().message().find(WeightFormatName(format)), std::string::npos)
+          << r.status();
+    }
+  }
 }
 
 TEST(GemmTest, BiasIsAddedOnceAfterTheSum) {

@@ -313,12 +313,6 @@ TEST(QuantGemmTest, PathsTheCpuLacksAreRefusedByName) {
 
 TEST(QuantGemmTest, UnsupportedFormatsAndGemmsAreRefusedByName) {
   auto backend = Backend(1, CpuIsa::kScalar);
-  std::vector<uint16_t> bf16(64 * 32);
-  auto r = backend->PrepareStoredMatrix(
-      {.format = WeightFormat::kBf16, .data = bf16.data(), .rows = 64, .cols = 32});
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("bf16"), std::string::npos) << r.status();
   const auto w = RandomBlocks(QuantFormat::kQ4_1, 16, 64, 1);
   auto odd = backend->PrepareStoredMatrix(
       {.format = WeightFormat::kQ4_1, .data = w.data(), .rows = 16, .cols = 48});

@@ -174,7 +174,10 @@ TEST(NativeWeightsTest, WeightsDtypeNamesAreParsedOrRefused) {
   EXPECT_EQ(*ParseWeightsDtype("auto"), WeightsDtype::kF32);
   EXPECT_EQ(*ParseWeightsDtype("f32"), WeightsDtype::kF32);
   EXPECT_EQ(*ParseWeightsDtype("native"), WeightsDtype::kNative);
-  EXPECT_EQ(ParseWeightsDtype("bf16").status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(*ParseWeightsDtype("bf16"), WeightsDtype::kBf16);
+  for (WeightsDtype d : {WeightsDtype::kF32, WeightsDtype::kNative, WeightsDtype::kBf16}) {
+    EXPECT_EQ(*ParseWeightsDtype(WeightsDtypeName(d)), d);
+  }
   EXPECT_EQ(ParseWeightsDtype("int3").status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -39,14 +39,15 @@ using WeightsEdit = std::function<void(const ModelConfig&, ModelWeights&)>;
 // The synthetic "tiny" model (with overrides `o`) on a cpu backend.
 inline Model MakeModel(const SyntheticOverrides& o, int block_size = 16, int64_t num_blocks = 256,
                        int threads = 2, kv::KvDtype kv_dtype = kv::KvDtype::kF32,
-                       const WeightsEdit& edit = nullptr, const std::string& cpu_isa = "auto") {
+                       const WeightsEdit& edit = nullptr, const std::string& cpu_isa = "auto",
+                       WeightsDtype weights_dtype = WeightsDtype::kF32) {
   static int counter = 0;
   const fs::path dir = fs::temp_directory_path() / ("duet_runner_test_" + std::to_string(getpid()) +
                                                     "_" + std::to_string(counter++));
   EXPECT_TRUE(WriteSyntheticModel("tiny", 11, dir.string(), o).ok());
   auto config = ModelConfig::FromJsonFile((dir / "config.json").string());
   EXPECT_TRUE(config.ok()) << config.status();
-  auto weights = LoadWeights(dir.string(), *config);
+  auto weights = LoadWeights(dir.string(), *config, weights_dtype);
   EXPECT_TRUE(weights.ok()) << weights.status();
   fs::remove_all(dir);
   if (edit) edit(*config, *weights);
