@@ -1,5 +1,7 @@
 #include "common/compute/cpu/cpu_backend.h"
 
+#include <algorithm>
+
 #if defined(DUET_HAVE_OPENBLAS)
 #include <cblas.h>
 #endif
@@ -66,9 +68,8 @@ class BlasMatrix : public PreparedMatrix {
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const BackendOptions& options) {
   if (options.num_threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_threads must be >= 0 (0: all hardware threads), got ",
-                     options.num_threads));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_threads must be >= 0 (0: all hardware threads), got ", options.num_threads));
   }
   GemmKind kind;
   if (options.cpu_gemm == "invariant" || options.cpu_gemm.empty()) {
@@ -81,8 +82,8 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const BackendOpti
         "cpu_gemm 'openblas': this build has no OpenBLAS (use 'invariant')");
 #endif
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown cpu_gemm '", options.cpu_gemm, "': valid values are 'invariant', 'openblas'"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown cpu_gemm '", options.cpu_gemm,
+                                                   "': valid values are 'invariant', 'openblas'"));
   }
   DUET_ASSIGN_OR_RETURN(cpu::CpuIsa isa, cpu::ResolveCpuIsa(options.cpu_isa));
   {
@@ -119,8 +120,8 @@ void CpuBackend::CopyToHost(float* dst, const float* src, int64_t count) {
   if (count > 0) std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
 }
 
-absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareMatrix(const float* w,
-                                                                         int rows, int cols) {
+absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareMatrix(const float* w, int rows,
+                                                                          int cols) {
   if (w == nullptr || rows <= 0 || cols <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("PrepareMatrix: bad matrix ", rows, "x", cols,
                                                    w == nullptr ? " (null data)" : ""));
@@ -129,16 +130,16 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareMatrix(const 
     const int64_t count = static_cast<int64_t>(rows) * cols;
     cpu::AlignedFloats copy = cpu::AllocateAlignedFloats(count);
     if (copy == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("PrepareMatrix: out of memory for ", rows,
-                                                       "x", cols));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("PrepareMatrix: out of memory for ", rows, "x", cols));
     }
     std::memcpy(copy.get(), w, static_cast<size_t>(count) * sizeof(float));
     return std::unique_ptr<PreparedMatrix>(new BlasMatrix(rows, cols, std::move(copy)));
   }
   cpu::PackedWeights packed = cpu::PackWeights(w, rows, cols);
   if (!packed.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat("PrepareMatrix: out of memory for ", rows,
-                                                     "x", cols));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("PrepareMatrix: out of memory for ", rows, "x", cols));
   }
   return std::unique_ptr<PreparedMatrix>(new PackedMatrix(std::move(packed)));
 }
@@ -171,15 +172,15 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
   if (w.format == WeightFormat::kBf16 || w.format == WeightFormat::kF16) {
     if (w.data == nullptr || w.rows <= 0 || w.cols <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("PrepareStoredMatrix: bad ",
-                                                     WeightFormatName(w.format), " matrix ",
-                                                     w.rows, "x", w.cols));
+                                                     WeightFormatName(w.format), " matrix ", w.rows,
+                                                     "x", w.cols));
     }
     cpu::PackedWeights packed = cpu::PackWeights16(
         static_cast<const uint16_t*>(w.data), w.rows, w.cols,
         w.format == WeightFormat::kBf16 ? cpu::PanelType::kBf16 : cpu::PanelType::kF16);
     if (!packed.ok()) {
-      return absl::ResourceExhaustedError(absl::StrCat("PrepareStoredMatrix: out of memory for ",
-                                                       w.rows, "x", w.cols));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("PrepareStoredMatrix: out of memory for ", w.rows, "x", w.cols));
     }
     return std::unique_ptr<PreparedMatrix>(new PackedMatrix(std::move(packed)));
   }
@@ -250,8 +251,8 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
     const int n = bw.rows();
     const int k = bw.cols();
     if (m <= 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.f, x, k, bw.data(), k, 0.f,
-                y, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.f, x, k, bw.data(), k, 0.f, y,
+                n);
     if (bias != nullptr) {
       for (int64_t i = 0; i < m; ++i) {
         for (int j = 0; j < n; ++j) y[i * n + j] += bias[j];
@@ -282,8 +283,28 @@ void CpuBackend::Add(float* y, const float* x, int64_t n) {
 void CpuBackend::Rope(float* x, int rows, int num_heads, int head_dim, const int32_t* positions,
                       const RopeParams& rope) {
   std::lock_guard<std::mutex> lock(mu_);
-  cpu::RopeRows(&pool_, x, rows, num_heads, head_dim, positions, rope.inv_freq.data(),
-                static_cast<int>(rope.inv_freq.size()));
+  const int half = head_dim / 2;
+  DUET_CHECK(head_dim % 2 == 0 && static_cast<int>(rope.inv_freq.size()) == half)
+      << "RoPE inv_freq has " << rope.inv_freq.size() << " entries for head_dim " << head_dim;
+  RopeAnglesMemo* memo = nullptr;
+  for (RopeAnglesMemo& m : rope_memos_) {
+    if (m.inv_freq == rope.inv_freq && static_cast<int>(m.positions.size()) == rows &&
+        std::equal(positions, positions + rows, m.positions.begin())) {
+      memo = &m;
+      break;
+    }
+  }
+  if (memo == nullptr) {
+    memo = &rope_memos_[rope_next_];
+    rope_next_ = (rope_next_ + 1) % kRopeMemos;
+    memo->inv_freq = rope.inv_freq;
+    memo->positions.assign(positions, positions + rows);
+    memo->cos.resize(static_cast<size_t>(rows) * half);
+    memo->sin.resize(memo->cos.size());
+    cpu::RopeAngles(&pool_, positions, rows, rope.inv_freq.data(), half, memo->cos.data(),
+                    memo->sin.data());
+  }
+  cpu::RopeRotate(&pool_, x, rows, num_heads, head_dim, memo->cos.data(), memo->sin.data());
 }
 
 void CpuBackend::SwiGlu(const float* gate, const float* up, int64_t n, float* out) {
@@ -301,14 +322,14 @@ void CpuBackend::Embed(const float* table, int dim, const int32_t* ids, int n, f
   cpu::EmbedRows(&pool_, table, dim, ids, n, out);
 }
 
-void CpuBackend::WriteKv(const kv::KvCacheView& cache, int layer, const float* k,
-                         const float* v, const int64_t* slots, int n) {
+void CpuBackend::WriteKv(const kv::KvCacheView& cache, int layer, const float* k, const float* v,
+                         const int64_t* slots, int n) {
   cpu::WriteKvRows(cache, layer, k, v, slots, n);
 }
 
 void CpuBackend::PagedAttention(const kv::KvCacheView& cache, int layer, const float* q,
-                                absl::Span<const AttentionSeq> seqs,
-                                const AttentionParams& params, float* out) {
+                                absl::Span<const AttentionSeq> seqs, const AttentionParams& params,
+                                float* out) {
   std::lock_guard<std::mutex> lock(mu_);
   cpu::PagedAttention(&pool_, cache, layer, q, seqs, params, out, isa_);
 }

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/base/thread_pool.h"
@@ -48,7 +49,7 @@ class CpuBackend : public ComputeBackend {
   void CopyToHost(float* dst, const float* src, int64_t count) override;
 
   absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(const float* w, int rows,
-                                                               int cols) override;
+                                                                int cols) override;
   // Q8_0 / Q4_0 / Q4_1 kept in their blocks (with the invariant GEMM; openblas takes f32 only).
   absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareStoredMatrix(
       const StoredMatrix& w) override;
@@ -58,8 +59,7 @@ class CpuBackend : public ComputeBackend {
   // Returns `host` itself: the caller keeps the host vector alive as long as the backend.
   const float* UploadVector(const float* host, int64_t count) override;
 
-  void MatMul(const float* x, int m, const PreparedMatrix& w, const float* bias,
-              float* y) override;
+  void MatMul(const float* x, int m, const PreparedMatrix& w, const float* bias, float* y) override;
   void RmsNorm(const float* x, const float* weight, int rows, int dim, float eps,
                float* y) override;
   void Add(float* y, const float* x, int64_t n) override;
@@ -80,9 +80,20 @@ class CpuBackend : public ComputeBackend {
  private:
   CpuBackend(int num_threads, GemmKind gemm_kind, cpu::CpuIsa isa);
 
+  // The angles of a recent Rope call (positions and frequencies), reused by the next calls with
+  // the same ones: a forward pass's q and k of every layer sharing a RoPE compute them once.
+  struct RopeAnglesMemo {
+    std::vector<float> inv_freq;
+    std::vector<int32_t> positions;
+    std::vector<float> cos, sin;
+  };
+  static constexpr int kRopeMemos = 4;  // Gemma 3 alternates two RoPEs; room for both and more
+
   GemmKind gemm_kind_;
   cpu::CpuIsa isa_;
-  cpu::QuantScratch quant_scratch_;  // guarded by mu_
+  cpu::QuantScratch quant_scratch_;        // guarded by mu_
+  RopeAnglesMemo rope_memos_[kRopeMemos];  // guarded by mu_
+  int rope_next_ = 0;                      // guarded by mu_: the memo replaced next
   std::mutex mu_;  // serialises kernels: ThreadPool::ParallelFor is not reentrant
   ThreadPool pool_;
 };

@@ -50,32 +50,50 @@ void AddInPlace(ThreadPool* pool, float* y, const float* x, int64_t n) {
   });
 }
 
-void RopeRows(ThreadPool* pool, float* x, int rows, int num_heads, int head_dim,
-              const int32_t* positions, const float* inv_freq, int num_freq) {
-  DUET_CHECK(head_dim % 2 == 0) << "RoPE needs an even head_dim, got " << head_dim;
-  const int half = head_dim / 2;
-  DUET_CHECK(num_freq == half) << "RoPE inv_freq has " << num_freq << " entries, need " << half;
-  const int64_t row_elems = static_cast<int64_t>(num_heads) * head_dim;
-  ParallelOrInline(pool, rows, RowGrain(row_elems), [&](int64_t begin, int64_t end) {
-    std::vector<float> cos_v(half), sin_v(half);
+void RopeAngles(ThreadPool* pool, const int32_t* positions, int rows, const float* inv_freq,
+                int half, float* cos, float* sin) {
+  ParallelOrInline(pool, rows, RowGrain(half), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const double pos = positions[r];
       for (int i = 0; i < half; ++i) {
         const double angle = pos * static_cast<double>(inv_freq[i]);
-        cos_v[i] = static_cast<float>(std::cos(angle));
-        sin_v[i] = static_cast<float>(std::sin(angle));
+        cos[r * half + i] = static_cast<float>(std::cos(angle));
+        sin[r * half + i] = static_cast<float>(std::sin(angle));
       }
+    }
+  });
+}
+
+void RopeRotate(ThreadPool* pool, float* x, int rows, int num_heads, int head_dim, const float* cos,
+                const float* sin) {
+  DUET_CHECK(head_dim % 2 == 0) << "RoPE needs an even head_dim, got " << head_dim;
+  const int half = head_dim / 2;
+  const int64_t row_elems = static_cast<int64_t>(num_heads) * head_dim;
+  ParallelOrInline(pool, rows, RowGrain(row_elems), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* c = cos + r * half;
+      const float* s = sin + r * half;
       for (int h = 0; h < num_heads; ++h) {
         float* xh = x + r * row_elems + static_cast<int64_t>(h) * head_dim;
         for (int i = 0; i < half; ++i) {
           const float a = xh[i];
           const float b = xh[i + half];
-          xh[i] = a * cos_v[i] - b * sin_v[i];
-          xh[i + half] = b * cos_v[i] + a * sin_v[i];
+          xh[i] = a * c[i] - b * s[i];
+          xh[i + half] = b * c[i] + a * s[i];
         }
       }
     }
   });
+}
+
+void RopeRows(ThreadPool* pool, float* x, int rows, int num_heads, int head_dim,
+              const int32_t* positions, const float* inv_freq, int num_freq) {
+  DUET_CHECK(head_dim % 2 == 0) << "RoPE needs an even head_dim, got " << head_dim;
+  const int half = head_dim / 2;
+  DUET_CHECK(num_freq == half) << "RoPE inv_freq has " << num_freq << " entries, need " << half;
+  std::vector<float> cos(static_cast<size_t>(rows) * half), sin(cos.size());
+  RopeAngles(pool, positions, rows, inv_freq, half, cos.data(), sin.data());
+  RopeRotate(pool, x, rows, num_heads, head_dim, cos.data(), sin.data());
 }
 
 void SwiGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n, float* out) {

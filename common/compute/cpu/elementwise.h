@@ -26,6 +26,15 @@ void AddInPlace(ThreadPool* pool, float* y, const float* x, int64_t n);
 void RopeRows(ThreadPool* pool, float* x, int rows, int num_heads, int head_dim,
               const int32_t* positions, const float* inv_freq, int num_freq);
 
+// RopeRows in two steps, so that the angles can be kept for the other calls of a pass with the
+// same positions and frequencies (q and k, and every layer sharing a RoPE): the same bits.
+// cos, sin [rows][half]: of positions[r] * inv_freq[i], in double, cast to float.
+void RopeAngles(ThreadPool* pool, const int32_t* positions, int rows, const float* inv_freq,
+                int half, float* cos, float* sin);
+// x [rows, num_heads * head_dim] rotated by the angles of RopeAngles (half = head_dim / 2).
+void RopeRotate(ThreadPool* pool, float* x, int rows, int num_heads, int head_dim, const float* cos,
+                const float* sin);
+
 // out = silu(gate) * up = gate / (1 + exp(-gate)) * up.
 void SwiGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n, float* out);
 void GeluTanhGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n, float* out);

@@ -1,8 +1,10 @@
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "common/compute/compute_backend.h"
+#include "common/compute/cpu/elementwise.h"
 #include "common/compute/cpu/kv_codec.h"
 #include "common/kv/kv_layout.h"
 #include "gtest/gtest.h"
@@ -114,6 +116,42 @@ TEST(RopeTest, MatchesRotateHalfReference) {
   }
   // Position 0 is the identity.
   for (int i = 0; i < heads * head_dim; ++i) EXPECT_EQ(y[i], x[i]);
+}
+
+// The backend keeps a call's angles for the next calls with the same positions and
+// frequencies; every call must still rotate by its own positions and frequencies, bit for bit
+// as RopeRows does.
+TEST(RopeTest, KeptAnglesServeOnlyTheSamePositionsAndFrequencies) {
+  auto backend = MakeCpuBackend(2);
+  const int rows = 6, heads = 2, head_dim = 8, half = head_dim / 2;
+  RopeParams f, g;
+  for (int i = 0; i < half; ++i) {
+    f.inv_freq.push_back(std::pow(10000.f, -2.f * i / head_dim));
+    g.inv_freq.push_back(std::pow(1000000.f, -2.f * i / head_dim));
+  }
+  const std::vector<int32_t> a = {0, 1, 2, 3, 4, 5}, b = {6, 7, 8, 9, 10, 11},
+                             c = {0, 1, 2, 3, 4, 6};
+  const auto x = RandomVector(static_cast<size_t>(rows) * heads * head_dim, 8);
+  int call = 0;
+  // Hits, misses, a memo evicted and refilled, and a shorter batch of the same positions.
+  for (auto [pos, rope, n] : {std::tuple{&a, &f, rows},
+                              {&a, &f, rows},
+                              {&b, &f, rows},
+                              {&a, &g, rows},
+                              {&c, &f, rows},
+                              {&a, &f, 4},
+                              {&b, &g, rows},
+                              {&a, &f, rows},
+                              {&b, &f, rows},
+                              {&a, &g, rows}}) {
+    std::vector<float> got = x, want = x;
+    backend->Rope(got.data(), n, heads, head_dim, pos->data(), *rope);
+    cpu::RopeRows(nullptr, want.data(), n, heads, head_dim, pos->data(), rope->inv_freq.data(),
+                  half);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << "call " << call;
+    ++call;
+  }
 }
 
 TEST(EmbedTest, CopiesTableRows) {

@@ -469,9 +469,9 @@ TEST(GgufModelTest, F16TensorsLoad) {
   }
 }
 
-// weights_dtype native keeps F32 matrices as they are (nothing to keep in blocks) and refuses
-// F16 ones by tensor and type (bf16 weights are not built), never converting them silently.
-TEST(GgufModelTest, NativeKeepsF32AndRefusesF16ByName) {
+// weights_dtype native keeps F32 matrices as they are (nothing to keep in blocks) and F16 ones
+// as stored (16 bits per element, widened exactly by the GEMM), never converting them.
+TEST(GgufModelTest, NativeKeepsF32AsFloatAndF16AsStored) {
   TempDir tmp;
   TinyGguf t;
   MakeTinyGguf(tmp, &t, /*f16_mlp=*/false);
@@ -487,12 +487,21 @@ TEST(GgufModelTest, NativeKeepsF32AndRefusesF16ByName) {
   MakeTinyGguf(tmp16, &t16, /*f16_mlp=*/true);
   auto g16 = GgufFile::Open(t16.gguf);
   ASSERT_TRUE(g16.ok());
-  auto refused = LoadGgufWeights(**g16, *ConfigFromGguf(**g16), WeightsDtype::kNative);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(refused.status().message().find("blk.0.ffn_gate.weight"), std::string::npos)
-      << refused.status();
-  EXPECT_NE(refused.status().message().find("F16"), std::string::npos) << refused.status();
+  const ModelConfig c16 = *ConfigFromGguf(**g16);
+  auto kept = LoadGgufWeights(**g16, c16, WeightsDtype::kNative);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const auto gate = kept->stored.find("model.layers.0.mlp.gate_proj.weight");
+  ASSERT_NE(gate, kept->stored.end());
+  EXPECT_EQ(gate->second.ggml_type, kGgmlF16);
+  EXPECT_EQ(gate->second.bytes.size(),
+            static_cast<size_t>(c16.intermediate_size) * c16.hidden_size * 2);
+  std::string want;
+  for (float x : t16.weights.layers[0].gate_proj) want += GgufWriter::Pod(FloatToHalf(x));
+  EXPECT_EQ(std::string(gate->second.bytes.begin(), gate->second.bytes.end()), want);
+  EXPECT_TRUE(kept->layers[0].gate_proj.empty());
+  // The F32 matrices of the same file stay float.
+  EXPECT_EQ(kept->stored.count("model.layers.0.self_attn.q_proj.weight"), 0u);
+  EXPECT_FALSE(kept->layers[0].q_proj.empty());
 }
 
 TEST(GgufModelTest, RefusesWrongModels) {
