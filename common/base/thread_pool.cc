@@ -1,8 +1,31 @@
 #include "common/base/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace duet {
+namespace {
+
+// Polls done() for up to `micros`; true as soon as it holds.
+template <typename Done>
+bool SpinFor(int micros, Done done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
+  while (true) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+#if defined(__x86_64__)
+      _mm_pause();
+#endif
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
@@ -13,6 +36,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    stop_requested_.store(true, std::memory_order_relaxed);
   }
   work_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -35,6 +59,10 @@ void ThreadPool::RunChunks() {
 void ThreadPool::WorkerLoop() {
   uint64_t seen = 0;
   while (true) {
+    SpinFor(kSpinMicros, [&] {
+      return generation_.load(std::memory_order_acquire) != seen ||
+             stop_requested_.load(std::memory_order_relaxed);
+    });
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -71,6 +99,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   }
   work_cv_.notify_all();
   RunChunks();
+  SpinFor(kSpinMicros, [&] { return active_.load(std::memory_order_acquire) == 0; });
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return active_ == 0; });
   fn_ = nullptr;
