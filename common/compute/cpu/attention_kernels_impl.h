@@ -37,6 +37,19 @@ inline float ScalarSumBlock(const float* p) {
   return w[0] + w[1];
 }
 
+// Calls f.template operator()<R>() with R == n, for 1 <= n <= kMax (tile shapes chosen at run
+// time among those compiled).
+template <int kMax, typename F>
+void WithCount(int n, F&& f) {
+  if constexpr (kMax >= 1) {
+    if (n == kMax) {
+      f.template operator()<kMax>();
+    } else {
+      WithCount<kMax - 1>(n, f);
+    }
+  }
+}
+
 template <typename Isa>
 struct AttentionImpl {
   using V = typename Isa::V;
@@ -79,18 +92,8 @@ struct AttentionImpl {
     constexpr int kU = Isa::kScoreUnits;
     for (int u = u0; u < u1;) {
       const int n = std::min(kU, u1 - u);
-      const float* ktu = kt + u * kKeyUnit;
-      float* su = s + u * kKeyUnit;
-      if constexpr (kU >= 4) {
-        if (n == 4) ScoreTile<R, 4>(q, ktu, d, scale, su);
-      }
-      if constexpr (kU >= 3) {
-        if (n == 3) ScoreTile<R, 3>(q, ktu, d, scale, su);
-      }
-      if constexpr (kU >= 2) {
-        if (n == 2) ScoreTile<R, 2>(q, ktu, d, scale, su);
-      }
-      if (n == 1) ScoreTile<R, 1>(q, ktu, d, scale, su);
+      WithCount<kU>(
+          n, [&]<int U>() { ScoreTile<R, U>(q, kt + u * kKeyUnit, d, scale, s + u * kKeyUnit); });
       u += n;
     }
   }
@@ -99,34 +102,10 @@ struct AttentionImpl {
                      float scale, float* s) {
     constexpr int kR = Isa::kScoreRows;
     static_assert(kR >= 1 && kR <= 8);
-    int qi = 0;
-    for (; qi + kR <= nq; qi += kR) ScoreRows<kR>(q + qi, kt, d, u0, u1, scale, s + qi * kKeyBlock);
-    const int left = nq - qi;
-    float* sq = s + qi * kKeyBlock;
-    switch (left) {
-      case 1:
-        ScoreRows<1>(q + qi, kt, d, u0, u1, scale, sq);
-        break;
-      case 2:
-        if constexpr (kR > 2) ScoreRows<2>(q + qi, kt, d, u0, u1, scale, sq);
-        break;
-      case 3:
-        if constexpr (kR > 3) ScoreRows<3>(q + qi, kt, d, u0, u1, scale, sq);
-        break;
-      case 4:
-        if constexpr (kR > 4) ScoreRows<4>(q + qi, kt, d, u0, u1, scale, sq);
-        break;
-      case 5:
-        if constexpr (kR > 5) ScoreRows<5>(q + qi, kt, d, u0, u1, scale, sq);
-        break;
-      case 6:
-        if constexpr (kR > 6) ScoreRows<6>(q + qi, kt, d, u0, u1, scale, sq);
-        break;
-      case 7:
-        if constexpr (kR > 7) ScoreRows<7>(q + qi, kt, d, u0, u1, scale, sq);
-        break;
-      default:
-        break;
+    for (int qi = 0; qi < nq; qi += kR) {
+      WithCount<kR>(std::min(kR, nq - qi), [&]<int R>() {
+        ScoreRows<R>(q + qi, kt, d, u0, u1, scale, s + qi * kKeyBlock);
+      });
     }
   }
 
@@ -207,40 +186,11 @@ struct AttentionImpl {
                          const float* const* rows, int j0, int j1, int d, float* acc) {
     constexpr int kR = Isa::kAccRows;
     static_assert(kR >= 1 && kR <= 8);
-    int qi = 0;
-    for (; qi + kR <= nq; qi += kR) {
-      AccRows<kR>(p + qi * kKeyBlock, ja + qi, jb + qi, alpha + qi, rows, j0, j1, d,
-                  acc + static_cast<int64_t>(qi) * d);
-    }
-    const float* pq = p + qi * kKeyBlock;
-    float* aq = acc + static_cast<int64_t>(qi) * d;
-    const int* a0 = ja + qi;
-    const int* b0 = jb + qi;
-    const float* al = alpha + qi;
-    switch (nq - qi) {
-      case 1:
-        AccRows<1>(pq, a0, b0, al, rows, j0, j1, d, aq);
-        break;
-      case 2:
-        if constexpr (kR > 2) AccRows<2>(pq, a0, b0, al, rows, j0, j1, d, aq);
-        break;
-      case 3:
-        if constexpr (kR > 3) AccRows<3>(pq, a0, b0, al, rows, j0, j1, d, aq);
-        break;
-      case 4:
-        if constexpr (kR > 4) AccRows<4>(pq, a0, b0, al, rows, j0, j1, d, aq);
-        break;
-      case 5:
-        if constexpr (kR > 5) AccRows<5>(pq, a0, b0, al, rows, j0, j1, d, aq);
-        break;
-      case 6:
-        if constexpr (kR > 6) AccRows<6>(pq, a0, b0, al, rows, j0, j1, d, aq);
-        break;
-      case 7:
-        if constexpr (kR > 7) AccRows<7>(pq, a0, b0, al, rows, j0, j1, d, aq);
-        break;
-      default:
-        break;
+    for (int qi = 0; qi < nq; qi += kR) {
+      WithCount<kR>(std::min(kR, nq - qi), [&]<int R>() {
+        AccRows<R>(p + qi * kKeyBlock, ja + qi, jb + qi, alpha + qi, rows, j0, j1, d,
+                   acc + static_cast<int64_t>(qi) * d);
+      });
     }
   }
 

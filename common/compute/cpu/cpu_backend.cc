@@ -195,49 +195,36 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
 
 absl::Status CpuBackend::EmbedFromMatrix(const PreparedMatrix& table, const int32_t* ids, int n,
                                          float scale, float* out) {
-  if (const auto* pm = dynamic_cast<const PackedMatrix*>(&table)) {
-    const cpu::PackedWeights& w = pm->packed();
+  // Rows [n] of a table of `rows` x `k` into out, each through row(id, dst), then scaled.
+  auto lookup = [&](int rows, int k, const auto& row) -> absl::Status {
     for (int i = 0; i < n; ++i) {
-      if (ids[i] < 0 || ids[i] >= w.n) {
+      if (ids[i] < 0 || ids[i] >= rows) {
         return absl::InvalidArgumentError(
-            absl::StrCat("EmbedFromMatrix: id ", ids[i], " outside [0, ", w.n, ")"));
+            absl::StrCat("EmbedFromMatrix: id ", ids[i], " outside [0, ", rows, ")"));
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
     pool_.ParallelFor(n, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        float* row = out + i * w.k;
-        cpu::UnpackRow(w, ids[i], row);
+        float* dst = out + i * k;
+        row(ids[i], dst);
         if (scale != 1.f) {
-          for (int j = 0; j < w.k; ++j) row[j] *= scale;
+          for (int j = 0; j < k; ++j) dst[j] *= scale;
         }
       }
     });
     return absl::OkStatus();
+  };
+  if (const auto* pm = dynamic_cast<const PackedMatrix*>(&table)) {
+    const cpu::PackedWeights& w = pm->packed();
+    return lookup(w.n, w.k, [&](int id, float* dst) { cpu::UnpackRow(w, id, dst); });
   }
-  const auto* qm = dynamic_cast<const QuantMatrix*>(&table);
-  if (qm == nullptr) {
-    return absl::InvalidArgumentError(
-        "EmbedFromMatrix: the table is not kept in a block or 16-bit format");
+  if (const auto* qm = dynamic_cast<const QuantMatrix*>(&table)) {
+    const cpu::QuantWeights& w = qm->weights();
+    return lookup(w.n, w.k, [&](int id, float* dst) { cpu::DequantizeQuantRow(w, id, dst); });
   }
-  const cpu::QuantWeights& w = qm->weights();
-  for (int i = 0; i < n; ++i) {
-    if (ids[i] < 0 || ids[i] >= w.n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("EmbedFromMatrix: id ", ids[i], " outside [0, ", w.n, ")"));
-    }
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  pool_.ParallelFor(n, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float* row = out + i * w.k;
-      cpu::DequantizeQuantRow(w, ids[i], row);
-      if (scale != 1.f) {
-        for (int j = 0; j < w.k; ++j) row[j] *= scale;
-      }
-    }
-  });
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "EmbedFromMatrix: the table is not kept in a block or 16-bit format");
 }
 
 const float* CpuBackend::UploadVector(const float* host, int64_t count) { return host; }
