@@ -1,10 +1,7 @@
 #include "common/compute/cpu/attention.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <limits>
-#include <numeric>
 #include <vector>
 
 #include "common/base/logging.h"
