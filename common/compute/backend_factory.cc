@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/compute/backend_plugin.h"
 #include "common/compute/backend_registry.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_backend.h"
@@ -64,12 +65,26 @@ absl::StatusOr<std::string> ResolveBackendName(const std::string& name, std::str
         "unknown compute backend '", name, "': valid names are 'auto', 'cpu', 'cuda'"));
   }
   BackendFactory cuda;
-  if (!FindFactory("cuda", &cuda)) {
+  if (!FindFactory("cuda", &cuda) && BackendPluginEnabled("cuda")) {
+    // Built as a plugin: loaded for "cuda" always, for "auto" only where a GPU driver is.
+    std::string absent;
+    if (name == "auto" && !GpuDeviceNodesPresent(&absent)) {
+      reason = absl::StrCat("no usable GPU (", absent, "; the CUDA backend plugin was not loaded)");
+      return done("cpu");
+    }
+    if (absl::Status loaded = LoadBackendPlugin("cuda"); !loaded.ok()) {
+      if (name == "cuda") return loaded;
+      reason = absl::StrCat("the CUDA backend plugin did not load: ", loaded.message());
+      return done("cpu");
+    }
+    FindFactory("cuda", &cuda);
+  }
+  if (!cuda.device_count && !cuda.create) {
     if (name == "cuda") {
       return absl::UnimplementedError(
           "compute backend 'cuda': the CUDA backend is not built into this binary (only "
-          "binaries that link duet_cuda_backend have it, and only when nvcc was found at "
-          "configure time; use 'cpu' or 'auto')");
+          "binaries that link duet_cuda_backend or load its plugin have it, and only when nvcc "
+          "was found at configure time; use 'cpu' or 'auto')");
     }
     reason = "the CUDA backend is not built into this binary";
     return done("cpu");

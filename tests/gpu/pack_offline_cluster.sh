@@ -3,8 +3,9 @@
 # `duet serve --loopback --device=cuda` (prefill and decode nodes with their KV pools on the GPU,
 # staged through host mirrors) on a GPU host that cannot build duet (no gRPC, UCX, protobuf)
 # and may have no network: this packs a stripped `duet` and `duet-make-model`
-# built here (with CUDA, e.g. `ninja -C build duet duet-make-model`) plus the runtime libraries
-# duet loads, taken from Debian 12's packages (apt-get download, dpkg -x here, never into /) into
+# built here (with CUDA, e.g. `ninja -C build duet duet-make-model`), the CUDA backend's plugin
+# (lib/libduet_cuda_backend.so, which duet finds at bin/../lib) and the runtime libraries
+# they load, taken from Debian 12's packages (apt-get download, dpkg -x here, never into /) into
 # .offline_deps/cluster.tar.xz (bin/, lib/; about 12 MB).
 #   tests/gpu/pack_offline_cluster.sh [BUILD_DIR]      # ~1 min (xz); then copy .offline_deps
 # Limits: the binaries need glibc >= 2.36 and libstdc++ from GCC 12 or newer on the GPU host
@@ -19,8 +20,9 @@ pkgs=(libgrpc++1.51 libgrpc29 libprotobuf32 libucx0 libabsl20220623 libre2-9 lib
 for bin in cli/duet cli/duet-make-model; do
   [[ -x $build/$bin ]] || { echo "missing $build/$bin: build it first" >&2; exit 2; }
 done
-if ! ldd "$build/cli/duet" | grep -q libcudart; then
-  echo "$build/cli/duet has no CUDA backend (configure found no nvcc?)" >&2
+plugin=$build/lib/libduet_cuda_backend.so
+if [[ ! -f $plugin ]]; then
+  echo "$plugin is missing: no CUDA backend (configure found no nvcc?)" >&2
   exit 2
 fi
 exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
@@ -32,17 +34,20 @@ rm -rf "$dest.tmp"
 mkdir -p "$dest.tmp/debs" "$dest.tmp/bin"
 strip -o "$dest.tmp/bin/duet" "$build/cli/duet"
 strip -o "$dest.tmp/bin/duet-make-model" "$build/cli/duet-make-model"
+mkdir -p "$dest.tmp/lib"
+strip -o "$dest.tmp/lib/libduet_cuda_backend.so" "$plugin"
 (cd "$dest.tmp/debs" && apt-get download "${pkgs[@]}")
 for deb in "$dest.tmp"/debs/*.deb; do dpkg -x "$deb" "$dest.tmp/prefix"; done
 lib=$dest.tmp/prefix/usr/lib/x86_64-linux-gnu
-# Keep only what duet loads (ldd, symlinks resolved) and UCX's transport modules.
-mkdir -p "$dest.tmp/lib"
-LD_LIBRARY_PATH=$lib:$lib/openblas-pthread ldd "$dest.tmp/bin/duet" | awk '{print $3}' |
-  grep "^$dest.tmp/prefix" | while read -r so; do cp -L "$so" "$dest.tmp/lib/"; done
+# Keep only what duet and the plugin load (ldd, symlinks resolved) and UCX's transport modules.
+LD_LIBRARY_PATH=$lib:$lib/openblas-pthread ldd "$dest.tmp/bin/duet" \
+  "$dest.tmp/lib/libduet_cuda_backend.so" | awk '{print $3}' |
+  grep "^$dest.tmp/prefix" | sort -u | while read -r so; do cp -L "$so" "$dest.tmp/lib/"; done
 cp -rL "$lib/ucx" "$dest.tmp/lib/ucx"
 rm -rf "$dest.tmp/debs" "$dest.tmp/prefix"
 # Every non-system library must resolve from the pack (the CUDA ones from the GPU machine's).
-missing=$(LD_LIBRARY_PATH=$dest.tmp/lib ldd "$dest.tmp/bin/duet" |
+missing=$(LD_LIBRARY_PATH=$dest.tmp/lib ldd "$dest.tmp/bin/duet" \
+  "$dest.tmp/lib/libduet_cuda_backend.so" |
   grep -E 'grpc|gpr|upb|protobuf|uc[pstm]|absl|re2|cares|openblas|httplib|numa|brotli|ssl|crypto' |
   grep -v "$dest.tmp/lib" || true)
 if [[ -n $missing ]]; then

@@ -1,7 +1,10 @@
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <vector>
 
+#include "common/compute/backend_plugin.h"
 #include "common/compute/backend_registry.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_backend.h"
@@ -88,6 +91,44 @@ TEST(BackendFactoryTest, AutoWithoutCudaBuiltPicksCpu) {
   std::string why;
   EXPECT_EQ(*ResolveBackendName("auto", &why), "cpu");
   EXPECT_NE(why.find("not built"), std::string::npos) << why;
+}
+
+// Plugins: a missing module is NotFound naming every place looked in; a file that is not a
+// loadable module keeps dlopen's reason; both results are kept for the process.
+TEST(BackendPluginTest, MissingAndBrokenModulesAreClearErrors) {
+  const std::vector<std::string> candidates = BackendPluginCandidates("nosuch");
+  ASSERT_GE(candidates.size(), 2u);
+  EXPECT_NE(candidates[0].find("/libduet_nosuch_backend.so"), std::string::npos) << candidates[0];
+  absl::Status missing = LoadBackendPlugin("nosuch");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  for (const std::string& c : candidates) {
+    EXPECT_NE(missing.message().find(c), absl::string_view::npos) << missing << " lacks " << c;
+  }
+  EXPECT_EQ(LoadBackendPlugin("nosuch"), missing);
+
+  const std::string broken = BackendPluginCandidates("broken")[0];  // beside this test binary
+  { std::ofstream(broken) << "not an ELF module"; }
+  absl::Status status = LoadBackendPlugin("broken");
+  std::filesystem::remove(broken);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find("does not load"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("libduet_broken_backend.so"), absl::string_view::npos) << status;
+  EXPECT_FALSE(IsBackendRegistered("broken"));
+}
+
+// With the CUDA plugin enabled, "auto" on a machine without a GPU driver picks the cpu and says
+// the plugin was not loaded (loading it would map cuBLAS for nothing).
+TEST(BackendPluginTest, AutoLeavesTheCudaPluginUnloadedWithoutAGpuDriver) {
+  if (GpuDeviceNodesPresent()) GTEST_SKIP() << "this machine has a GPU driver";
+  ASSERT_FALSE(IsBackendRegistered("cuda"));
+  EnableBackendPlugin("cuda");
+  std::string why;
+  absl::StatusOr<std::string> picked = ResolveBackendName("auto", &why);
+  DisableBackendPlugin("cuda");
+  ASSERT_TRUE(picked.ok()) << picked.status();
+  EXPECT_EQ(*picked, "cpu");
+  EXPECT_NE(why.find("plugin was not loaded"), std::string::npos) << why;
+  EXPECT_FALSE(IsBackendRegistered("cuda"));
 }
 
 TEST(BackendFactoryTest, UnknownNameListsValidNames) {
