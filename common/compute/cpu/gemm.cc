@@ -17,6 +17,7 @@ using internal::kMaxTileRows;
 // Blocking. None of these change the per-element arithmetic, only the traversal order.
 constexpr int kKBlock = 192;        // K per pass: a panel pair's slice (24 KiB) stays in L1
 constexpr int kRowBlock = 96;       // rows per work item (a multiple of every kernel's MR)
+constexpr int kAllKRows = 64;
 constexpr int kMaxGroupPanels = 8;  // panels per work item (128 output features)
 constexpr int kTileCols = kPanelCols * kMaxTilePanels;
 
@@ -140,7 +141,7 @@ void RunBlock(const GemmArgs& g, int row0, int row1, int panel0, int panel1) {
   const int wide = kernel.panels_for_rows[std::min(kernel.max_rows, row1 - row0)];
   // One row tile (decode) reuses nothing from L1 across tiles: all of K at once, so that each
   // panel streams from memory in order.
-  const int k_block = row1 - row0 <= kernel.max_rows ? k : kKBlock;
+  const int k_block = row1 - row0 <= kAllKRows ? k : kKBlock;
   for (int k0 = 0; k0 < k; k0 += k_block) {
     const int kc = std::min(k_block, k - k0);
     for (int p = panel0; p < panel1; p += wide) {
