@@ -126,6 +126,10 @@ void FillUniformHost(float* out, int64_t count, uint64_t seed, float scale) {
   for (int64_t i = 0; i < count; ++i) out[i] = UniformFromHash(seed, static_cast<uint64_t>(i), scale);
 }
 
+void ComputeBackend::MatMuls(const float* x, int m, absl::Span<const MatMulProduct> products) {
+  for (const MatMulProduct& p : products) MatMul(x, m, *p.w, p.bias, p.y);
+}
+
 absl::StatusOr<std::unique_ptr<PreparedMatrix>> ComputeBackend::PrepareRandomMatrix(
     int rows, int cols, uint64_t seed, float scale) {
   if (rows <= 0 || cols <= 0) {

@@ -40,6 +40,13 @@ class PreparedMatrix {
   virtual int64_t bytes() const { return -1; }
 };
 
+// One product of ComputeBackend::MatMuls: y[m, w->rows()] = x * w^T (+ bias[w->rows()]).
+struct MatMulProduct {
+  const PreparedMatrix* w = nullptr;
+  const float* bias = nullptr;
+  float* y = nullptr;
+};
+
 // The form a weight matrix is handed to PrepareStoredMatrix in: as the checkpoint stores it.
 //   kF32: float [rows][cols];  kBf16 / kF16: uint16 bfloat16 / IEEE half bits [rows][cols];
 //   kQ8_0 / kQ4_0 / kQ4_1: ggml blocks of 32 along cols, rows of cols / 32 blocks (34 / 18 / 20
@@ -185,6 +192,10 @@ class ComputeBackend {
   // y[m, w.rows] = x[m, w.cols] * w^T (+ bias[w.rows] if bias != nullptr).
   virtual void MatMul(const float* x, int m, const PreparedMatrix& w, const float* bias,
                       float* y) = 0;
+  // Several products of the same x (q, k and v; gate and up), each bitwise what MatMul gives
+  // for it alone. The cpu backend runs matrices of one kind and the same cols in one parallel
+  // pass (one fork and join, the activations quantized once); the default calls MatMul for each.
+  virtual void MatMuls(const float* x, int m, absl::Span<const MatMulProduct> products);
   // Synthetic weights for benchmarks, generated where the backend keeps its weights (device
   // memory on cuda, so an 8B-parameter model needs no host copy): uniform in [-scale, scale]
   // from a counter hash of (seed, index). The default generates on the host (FillUniformHost)

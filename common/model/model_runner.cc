@@ -472,9 +472,9 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
   for (int li = 0; li < c.num_hidden_layers; ++li) {
     const Layer& l = layers_[li];
     // w.h holds RmsNorm(x) with this layer's input norm (fused into the previous residual add).
-    b.MatMul(w.h, rows, *l.q, l.q_bias, w.q);
-    b.MatMul(w.h, rows, *l.k, l.k_bias, w.k);
-    b.MatMul(w.h, rows, *l.v, l.v_bias, w.v);
+    const compute::MatMulProduct qkv[] = {
+        {l.q.get(), l.q_bias, w.q}, {l.k.get(), l.k_bias, w.k}, {l.v.get(), l.v_bias, w.v}};
+    b.MatMuls(w.h, rows, qkv);
     if (c.qk_norm) {  // per head: [rows * heads, head_dim]
       b.RmsNorm(w.q, l.q_norm, rows * c.num_attention_heads, c.head_dim, c.rms_norm_eps, w.q);
       b.RmsNorm(w.k, l.k_norm, rows * c.num_key_value_heads, c.head_dim, c.rms_norm_eps, w.k);
@@ -499,8 +499,9 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
       b.RmsNorm(w.o, l.attn_output_norm, rows, hidden, c.rms_norm_eps, w.o);
     }
     b.AddRmsNorm(w.x, w.o, l.post_norm, rows, hidden, c.rms_norm_eps, w.h);
-    b.MatMul(w.h, rows, *l.gate, nullptr, w.gate);
-    b.MatMul(w.h, rows, *l.up, nullptr, w.up);
+    const compute::MatMulProduct gate_up[] = {{l.gate.get(), nullptr, w.gate},
+                                               {l.up.get(), nullptr, w.up}};
+    b.MatMuls(w.h, rows, gate_up);
     if (c.hidden_act == "gelu_pytorch_tanh") {
       b.GeluTanhGlu(w.gate, w.up, int64_t{rows} * c.intermediate_size, w.gate);
     } else {

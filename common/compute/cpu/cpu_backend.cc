@@ -256,6 +256,38 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
   cpu::InvariantGemm(&pool_, x, m, pw.packed(), bias, y, isa_);
 }
 
+void CpuBackend::MatMuls(const float* x, int m, absl::Span<const MatMulProduct> products) {
+  // Quantized matrices of one k, or packed ones of one k: one pass; anything else one by one.
+  constexpr size_t kMax = 8;
+  if (gemm_kind_ == GemmKind::kInvariant && !products.empty() && products.size() <= kMax) {
+    cpu::QuantProduct quant[kMax];
+    cpu::GemmProduct packed[kMax];
+    size_t nq = 0;
+    size_t np = 0;
+    const int k = products[0].w->cols();
+    for (const MatMulProduct& p : products) {
+      if (p.w->cols() != k) break;
+      if (const auto* qm = dynamic_cast<const QuantMatrix*>(p.w)) {
+        quant[nq++] = {&qm->weights(), p.bias, p.y};
+      } else if (const auto* pm = dynamic_cast<const PackedMatrix*>(p.w)) {
+        packed[np++] = {&pm->packed(), p.bias, p.y};
+      }
+    }
+    const int n = static_cast<int>(products.size());
+    if (nq == products.size()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      cpu::QuantGemmMany(&pool_, x, m, quant, n, isa_, &quant_scratch_);
+      return;
+    }
+    if (np == products.size()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      cpu::InvariantGemmMany(&pool_, x, m, packed, n, isa_);
+      return;
+    }
+  }
+  ComputeBackend::MatMuls(x, m, products);
+}
+
 void CpuBackend::RmsNorm(const float* x, const float* weight, int rows, int dim, float eps,
                          float* y) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -60,6 +60,7 @@ class CpuBackend : public ComputeBackend {
   const float* UploadVector(const float* host, int64_t count) override;
 
   void MatMul(const float* x, int m, const PreparedMatrix& w, const float* bias, float* y) override;
+  void MatMuls(const float* x, int m, absl::Span<const MatMulProduct> products) override;
   void RmsNorm(const float* x, const float* weight, int rows, int dim, float eps,
                float* y) override;
   void Add(float* y, const float* x, int64_t n) override;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/base/logging.h"
 #include "common/compute/cpu/gemm_kernels.h"
 
 namespace duet::compute::cpu {
@@ -258,40 +259,68 @@ const char* GemmKernelName(CpuIsa isa) { return KernelFor(isa).name; }
 
 void InvariantGemm(ThreadPool* pool, const float* x, int m, const PackedWeights& w,
                    const float* bias, float* y, CpuIsa isa) {
-  if (m <= 0 || w.n <= 0) return;
-  if (w.k == 0) {
-    for (int64_t i = 0; i < static_cast<int64_t>(m) * w.n; ++i) {
-      y[i] = bias != nullptr ? 0.f + bias[i % w.n] : 0.f;
+  const GemmProduct product{&w, bias, y};
+  InvariantGemmMany(pool, x, m, &product, 1, isa);
+}
+
+void InvariantGemmMany(ThreadPool* pool, const float* x, int m, const GemmProduct* products,
+                       int count, CpuIsa isa) {
+  if (m <= 0 || count <= 0) return;
+  const int k = products[0].w->k;
+  for (int i = 1; i < count; ++i) {
+    DUET_CHECK(products[i].w->k == k) << "InvariantGemmMany: k " << products[i].w->k << " != " << k;
+  }
+  if (k == 0) {
+    for (int i = 0; i < count; ++i) {
+      const GemmProduct& p = products[i];
+      for (int64_t e = 0; e < static_cast<int64_t>(m) * p.w->n; ++e) {
+        p.y[e] = p.bias != nullptr ? 0.f + p.bias[e % p.w->n] : 0.f;
+      }
     }
     return;
   }
   const GemmKernel& kernel = KernelFor(isa);
-  const GemmArgs g{x, m, &w, bias, y, &kernel};
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   const int row_blocks = (m + kRowBlock - 1) / kRowBlock;
-  // Enough work items to keep every thread busy; a group stays a multiple of the kernel's
-  // widest tile.
+  // Work items: (product, panel group, row block), the products one after the other; enough of
+  // them to keep every thread busy, a group staying a multiple of the kernel's widest tile.
   int widest = 1;
   for (int r = 1; r <= kernel.max_rows; ++r) widest = std::max(widest, kernel.panels_for_rows[r]);
+  auto items_with = [&](int group) {
+    int64_t items = 0;
+    for (int i = 0; i < count; ++i) {
+      items += static_cast<int64_t>((products[i].w->num_panels + group - 1) / group) * row_blocks;
+    }
+    return items;
+  };
   int group = kMaxGroupPanels;
-  while (group > widest &&
-         static_cast<int64_t>(row_blocks) * ((w.num_panels + group - 1) / group) < 4 * threads) {
-    group /= 2;
+  while (group > widest && items_with(group) < 4 * threads) group /= 2;
+  constexpr int kMaxProducts = 8;
+  DUET_CHECK(count <= kMaxProducts) << "InvariantGemmMany: " << count << " products";
+  int64_t first_item[kMaxProducts + 1] = {0};
+  for (int i = 0; i < count; ++i) {
+    first_item[i + 1] =
+        first_item[i] +
+        static_cast<int64_t>((products[i].w->num_panels + group - 1) / group) * row_blocks;
   }
-  const int groups = (w.num_panels + group - 1) / group;
-  const int64_t items = static_cast<int64_t>(groups) * row_blocks;
-  // Item i: panel group i / row_blocks, row block i % row_blocks, so consecutive items (one
-  // thread's chunk) reuse the same weight panels from cache.
+  // Item i of a product: panel group i / row_blocks, row block i % row_blocks, so consecutive
+  // items (one thread's chunk) reuse the same weight panels from cache.
   auto run = [&](int64_t begin, int64_t end) {
+    int p = 0;
     for (int64_t i = begin; i < end; ++i) {
-      const int gi = static_cast<int>(i / row_blocks);
-      const int rb = static_cast<int>(i % row_blocks);
+      while (i >= first_item[p + 1]) ++p;
+      const GemmProduct& product = products[p];
+      const GemmArgs g{x, m, product.w, product.bias, product.y, &kernel};
+      const int64_t local = i - first_item[p];
+      const int gi = static_cast<int>(local / row_blocks);
+      const int rb = static_cast<int>(local % row_blocks);
       const int row0 = rb * kRowBlock;
       const int panel0 = gi * group;
       RunBlock(g, row0, std::min(m, row0 + kRowBlock), panel0,
-               std::min(w.num_panels, panel0 + group));
+               std::min(product.w->num_panels, panel0 + group));
     }
   };
+  const int64_t items = first_item[count];
   if (pool == nullptr || items == 1) {
     run(0, items);
   } else {

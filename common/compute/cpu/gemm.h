@@ -68,4 +68,17 @@ const char* GemmKernelName(CpuIsa isa);
 void InvariantGemm(ThreadPool* pool, const float* x, int m, const PackedWeights& w,
                    const float* bias, float* y, CpuIsa isa);
 
+// One product of InvariantGemmMany: y [m, w->n] = x * (*w)^T (+ bias).
+struct GemmProduct {
+  const PackedWeights* w = nullptr;
+  const float* bias = nullptr;
+  float* y = nullptr;
+};
+
+// Several products of the same x (every w->k equal) in one parallel pass: q, k and v (or gate
+// and up) cost one fork and join instead of three. Each y is bitwise what InvariantGemm gives
+// for it alone.
+void InvariantGemmMany(ThreadPool* pool, const float* x, int m, const GemmProduct* products,
+                       int count, CpuIsa isa);
+
 }  // namespace duet::compute::cpu

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/float16.h"
+#include "common/base/logging.h"
 #include "common/compute/cpu/quant_kernels.h"
 
 namespace duet::compute::cpu {
@@ -200,9 +201,18 @@ void QuantTileScalar(const QuantWeights& w, const QuantActs& a, int rows, int g0
 
 void QuantGemm(ThreadPool* pool, const float* x, int m, const QuantWeights& w, const float* bias,
                float* y, CpuIsa isa, QuantScratch* scratch) {
-  if (m <= 0 || w.n <= 0) return;
-  const int k = w.k;
-  const int blocks = w.blocks;
+  const QuantProduct product{&w, bias, y};
+  QuantGemmMany(pool, x, m, &product, 1, isa, scratch);
+}
+
+void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* products,
+                   int count, CpuIsa isa, QuantScratch* scratch) {
+  if (m <= 0 || count <= 0) return;
+  const int k = products[0].w->k;
+  const int blocks = products[0].w->blocks;
+  for (int i = 1; i < count; ++i) {
+    DUET_CHECK(products[i].w->k == k) << "QuantGemmMany: k " << products[i].w->k << " != " << k;
+  }
   scratch->q.resize(static_cast<size_t>(m) * k);
   scratch->d.resize(static_cast<size_t>(m) * blocks);
   scratch->sum.resize(static_cast<size_t>(m) * blocks);
@@ -233,21 +243,36 @@ void QuantGemm(ThreadPool* pool, const float* x, int m, const QuantWeights& w, c
       tile = internal::QuantTileAvx512Vnni;
       break;
   }
+  // Work items: (product, group chunk, row block), the products one after the other. The chunk
+  // of groups shrinks until there are enough items to keep every thread busy.
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   const int row_blocks = (m + kRowBlock - 1) / kRowBlock;
+  auto items_with = [&](int chunk) {
+    int64_t items = 0;
+    for (int i = 0; i < count; ++i) {
+      items += static_cast<int64_t>((products[i].w->num_groups + chunk - 1) / chunk) * row_blocks;
+    }
+    return items;
+  };
   int chunk = kMaxGroupChunk;
-  while (chunk > 1 &&
-         static_cast<int64_t>(row_blocks) * ((w.num_groups + chunk - 1) / chunk) < 4 * threads) {
-    chunk /= 2;
+  while (chunk > 1 && items_with(chunk) < 4 * threads) chunk /= 2;
+  constexpr int kMaxProducts = 8;
+  DUET_CHECK(count <= kMaxProducts) << "QuantGemmMany: " << count << " products";
+  int64_t first_item[kMaxProducts + 1] = {0};
+  for (int i = 0; i < count; ++i) {
+    first_item[i + 1] =
+        first_item[i] +
+        static_cast<int64_t>((products[i].w->num_groups + chunk - 1) / chunk) * row_blocks;
   }
-  const int chunks = (w.num_groups + chunk - 1) / chunk;
-  const int64_t items = static_cast<int64_t>(chunks) * row_blocks;
-  const int n = w.n;
   auto run = [&](int64_t begin, int64_t end) {
+    int p = 0;
     for (int64_t i = begin; i < end; ++i) {
-      const int g0 = static_cast<int>(i / row_blocks) * chunk;
+      while (i >= first_item[p + 1]) ++p;
+      const QuantWeights& w = *products[p].w;
+      const int64_t local = i - first_item[p];
+      const int g0 = static_cast<int>(local / row_blocks) * chunk;
       const int g1 = std::min(w.num_groups, g0 + chunk);
-      const int row0 = static_cast<int>(i % row_blocks) * kRowBlock;
+      const int row0 = static_cast<int>(local % row_blocks) * kRowBlock;
       const int row1 = std::min(m, row0 + kRowBlock);
       for (int r = row0; r < row1; r += kQuantTileRows) {
         const QuantActs a{scratch->q.data() + static_cast<int64_t>(r) * k,
@@ -256,11 +281,12 @@ void QuantGemm(ThreadPool* pool, const float* x, int m, const QuantWeights& w, c
                           scratch->dsum.data() + static_cast<int64_t>(r) * blocks,
                           k,
                           blocks};
-        tile(w, a, std::min(kQuantTileRows, row1 - r), g0, g1, bias,
-             y + static_cast<int64_t>(r) * n, n);
+        tile(w, a, std::min(kQuantTileRows, row1 - r), g0, g1, products[p].bias,
+             products[p].y + static_cast<int64_t>(r) * w.n, w.n);
       }
     }
   };
+  const int64_t items = first_item[count];
   if (pool == nullptr || items == 1) {
     run(0, items);
   } else {

@@ -83,4 +83,17 @@ struct QuantScratch {
 void QuantGemm(ThreadPool* pool, const float* x, int m, const QuantWeights& w, const float* bias,
                float* y, CpuIsa isa, QuantScratch* scratch);
 
+// One product of QuantGemmMany: y [m, w->n] = x * dequant(*w)^T (+ bias).
+struct QuantProduct {
+  const QuantWeights* w = nullptr;
+  const float* bias = nullptr;
+  float* y = nullptr;
+};
+
+// Several products of the same x (every w->k equal): x is quantized once and all their tiles
+// share one parallel pass, so q, k and v (or gate and up) cost one fork and join instead of
+// three. Each y is bitwise what QuantGemm gives for it alone.
+void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* products,
+                   int count, CpuIsa isa, QuantScratch* scratch);
+
 }  // namespace duet::compute::cpu

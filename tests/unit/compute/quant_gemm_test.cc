@@ -286,6 +286,61 @@ TEST(QuantGemmTest, IsaPathsAgreeWithScalarOnModelShapes) {
 
 // A path this CPU lacks is refused by name (never replaced); a missing AVX-512 path is
 // reported as such where the host has one (each path's own test runs only where it can).
+// MatMuls (one pass over several matrices sharing x: q/k/v, gate/up) gives each product the
+// bits MatMul gives it alone, for quantized, float32 and bf16 matrices and for a mix (which
+// runs one by one), on every path, batch size and thread count.
+TEST(QuantGemmTest, MatMulsEqualsMatMulPerProductBitwise) {
+  const int k = 96;
+  const int ns[] = {48, 16, 40};  // q, k, v-like: different widths, one k
+  for (CpuIsa isa : HostPaths()) {
+    for (int threads : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << cpu::CpuIsaName(isa) << " threads " << threads);
+      auto backend = Backend(threads, isa);
+      ASSERT_NE(backend, nullptr);
+      std::vector<std::unique_ptr<PreparedMatrix>> quant, wide, mixed;
+      std::vector<std::vector<float>> biases;
+      for (int i = 0; i < 3; ++i) {
+        const QuantFormat f = kFormats[i];
+        const auto blocks = RandomBlocks(f, ns[i], k, 70 + i);
+        auto q = backend->PrepareStoredMatrix(
+            {.format = ToWeightFormat(f), .data = blocks.data(), .rows = ns[i], .cols = k});
+        ASSERT_TRUE(q.ok()) << q.status();
+        quant.push_back(*std::move(q));
+        const auto w = RandomVector(static_cast<size_t>(ns[i]) * k, 80 + i);
+        auto p = backend->PrepareMatrix(w.data(), ns[i], k);
+        ASSERT_TRUE(p.ok()) << p.status();
+        wide.push_back(*std::move(p));
+        biases.push_back(RandomVector(ns[i], 90 + i));
+      }
+      for (int m : {1, 3, 8, 33, 70}) {
+        const auto x = RandomVector(static_cast<size_t>(m) * k, 100 + m);
+        for (const auto* set : {&quant, &wide}) {
+          for (bool mix : {false, true}) {
+            std::vector<const PreparedMatrix*> ws = {(*set)[0].get(), (*set)[1].get(),
+                                                     (*set)[2].get()};
+            if (mix) ws[1] = (set == &quant ? wide : quant)[1].get();
+            std::vector<std::vector<float>> got(3), want(3);
+            std::vector<MatMulProduct> products;
+            for (int i = 0; i < 3; ++i) {
+              got[i].assign(static_cast<size_t>(m) * ns[i], -1.f);
+              want[i].assign(got[i].size(), -2.f);
+              const float* bias = i == 1 ? nullptr : biases[i].data();
+              backend->MatMul(x.data(), m, *ws[i], bias, want[i].data());
+              products.push_back({ws[i], bias, got[i].data()});
+            }
+            backend->MatMuls(x.data(), m, products);
+            for (int i = 0; i < 3; ++i) {
+              ASSERT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * 4), 0)
+                  << "m " << m << " product " << i << (set == &quant ? " quant" : " f32")
+                  << (mix ? " mixed" : "");
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(QuantGemmTest, PathsTheCpuLacksAreRefusedByName) {
   cpu::CpuFeatures avx2_only{.avx2 = true, .fma = true, .f16c = true};
   auto refused = cpu::ResolveCpuIsa("avx512_vnni", avx2_only);
