@@ -45,13 +45,8 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::RunChunks() {
   // Called with mu_ unlocked.
   while (true) {
-    int64_t begin;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (next_ >= n_) return;
-      begin = next_;
-      next_ = std::min(n_, next_ + chunk_);
-    }
+    const int64_t begin = next_.fetch_add(chunk_, std::memory_order_relaxed);
+    if (begin >= n_) return;
     (*fn_)(begin, std::min(n_, begin + chunk_));
   }
 }
@@ -70,9 +65,10 @@ void ThreadPool::WorkerLoop() {
       seen = generation_;
     }
     RunChunks();
-    {
+    if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // The caller may be asleep on done_cv_: notify under mu_ so the wake-up is not lost.
       std::lock_guard<std::mutex> lock(mu_);
-      if (--active_ == 0) done_cv_.notify_all();
+      done_cv_.notify_all();
     }
   }
 }
@@ -93,7 +89,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     fn_ = &fn;
     n_ = n;
     chunk_ = chunk;
-    next_ = 0;
+    next_.store(0, std::memory_order_relaxed);
     active_ = static_cast<int>(workers_.size());
     ++generation_;
   }

@@ -48,10 +48,11 @@ class ThreadPool {
   std::atomic<bool> stop_requested_{false};  // stop_, for the spin loop
   // Written under mu_; read without it only by the spin loops, which then take mu_.
   std::atomic<uint64_t> generation_{0};
+  // The current call's work, written under mu_ before generation_ moves on (and read after).
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   int64_t chunk_ = 1;
-  int64_t next_ = 0;       // next chunk start, guarded by mu_
+  std::atomic<int64_t> next_{0};  // next chunk start: claimed by fetch_add, no lock per chunk
   std::atomic<int> active_{0};  // workers still inside the current generation (as generation_)
 };
 

@@ -12,6 +12,9 @@ namespace duet::compute::cpu {
 namespace {
 
 constexpr int64_t kElemGrain = 1 << 15;  // elementwise work per chunk
+// A libm exp or tanh per element costs about as much as a fork and join per 500 elements: one
+// decode row's GLU (1,536 elements for SmolLM2) is already worth splitting.
+constexpr int64_t kTranscendentalGrain = 512;
 
 void ParallelOrInline(ThreadPool* pool, int64_t n, int64_t grain,
                       const std::function<void(int64_t, int64_t)>& fn) {
@@ -97,7 +100,7 @@ void RopeRows(ThreadPool* pool, float* x, int rows, int num_heads, int head_dim,
 }
 
 void SwiGluElems(ThreadPool* pool, const float* gate, const float* up, int64_t n, float* out) {
-  ParallelOrInline(pool, n, kElemGrain / 4, [&](int64_t begin, int64_t end) {
+  ParallelOrInline(pool, n, kTranscendentalGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float g = gate[i];
       out[i] = g / (1.f + std::exp(-g)) * up[i];
@@ -109,7 +112,7 @@ void GeluTanhGluElems(ThreadPool* pool, const float* gate, const float* up, int6
   // PyTorch: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))).
   constexpr float kBeta = 0.7978845608028654f;
   constexpr float kKappa = 0.044715f;
-  ParallelOrInline(pool, n, kElemGrain / 4, [&](int64_t begin, int64_t end) {
+  ParallelOrInline(pool, n, kTranscendentalGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float x = gate[i];
       const float inner = kBeta * (x + kKappa * x * x * x);
