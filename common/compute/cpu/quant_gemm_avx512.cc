@@ -20,8 +20,6 @@ namespace {
 
 // The row and step loops are unrolled (as in gemm.cc): their vectors must stay in registers.
 
-constexpr int kPrefetchBlocks = 8;
-
 inline __m512i Broadcast32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -42,15 +40,7 @@ void Tile(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float
     for (int b = 0; b < w.blocks; ++b) {
       const uint8_t* gb = w.GroupBlock(g, b);
       const uint8_t* codes = gb + kCodes;
-      // The packed blocks are one stream per work item ([group][block] in order): ask for the
-      // block kPrefetchBlocks ahead, which the hardware prefetcher starts too late for at
-      // decode, where each block is used by one row.
-      if constexpr (R <= 2) {
-        const uint8_t* ahead = gb + kPrefetchBlocks * w.group_block_bytes;
-        for (int line = 0; line < w.group_block_bytes; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
-        }
-      }
+      if constexpr (R <= 2) PrefetchAhead(w, gb);
       __m512i isum[R];
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();

@@ -3,6 +3,8 @@
 // groups [g0, g1) of the packed weights and writes y (acc + bias, columns < w.n only).
 #pragma once
 
+#include <xmmintrin.h>
+
 #include <cstdint>
 
 #include "common/compute/cpu/quant_gemm.h"
@@ -20,12 +22,30 @@ struct QuantActs {
   int64_t ldb;         // blocks
 };
 
+// The helpers below are static: each per-ISA translation unit keeps its own copy, compiled
+// for its instruction set, which the linker cannot hand to another path.
+
 // Writes the 16 accumulators of one (row, group) to y: y[j] = acc[j] (+ bias[j]), j < valid.
-inline void StoreGroupRow(const float* acc, int g, int n, const float* bias, float* y_row) {
+static inline void StoreGroupRow(const float* acc, int g, int n, const float* bias, float* y_row) {
   const int col0 = g * kQuantGroupRows;
   const int valid = n - col0 < kQuantGroupRows ? n - col0 : kQuantGroupRows;
   for (int j = 0; j < valid; ++j) {
     y_row[col0 + j] = bias != nullptr ? acc[j] + bias[col0 + j] : acc[j];
+  }
+}
+
+// How far ahead the AVX-512 kernel's one- and two-row tiles prefetch the packed blocks: each
+// work item reads its groups' blocks as one stream ([group][block] in order), and at decode,
+// where a block serves one or two rows, the hardware prefetcher starts too late there. (The
+// AVX2 kernel, which reads each block twice, half a group at a time, measured no better with
+// it; benchmarks.md.)
+inline constexpr int kQuantPrefetchBlocks = 8;
+
+// Prefetches the group block kQuantPrefetchBlocks after gb (a hint: past the end is harmless).
+static inline void PrefetchAhead(const QuantWeights& w, const uint8_t* gb) {
+  const uint8_t* ahead = gb + kQuantPrefetchBlocks * w.group_block_bytes;
+  for (int line = 0; line < w.group_block_bytes; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
   }
 }
 
