@@ -252,6 +252,27 @@ std::vector<uint8_t> QuantizeToQ8_0(const std::vector<float>& x) {
   return out;
 }
 
+// Q5_0 blocks as Q8_0 blocks with the same value for every element: the same half d and the
+// codes q - 16 (in [-16, 15]) as int8. Q8_0 holds every Q5_0 block exactly, so this conversion
+// loses nothing (dequantizing either gives d * (q - 16), the same float).
+std::vector<uint8_t> Q5_0AsQ8_0(const uint8_t* src, int64_t blocks) {
+  std::vector<uint8_t> out(static_cast<size_t>(blocks) * 34);
+  for (int64_t b = 0; b < blocks; ++b, src += 22) {
+    uint8_t* ob = out.data() + b * 34;
+    std::memcpy(ob, src, 2);  // d
+    uint32_t qh;
+    std::memcpy(&qh, src + 2, 4);
+    const uint8_t* qs = src + 6;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
+      const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      ob[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(lo - 16));
+      ob[2 + j + 16] = static_cast<uint8_t>(static_cast<int8_t>(hi - 16));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfig& config,
@@ -296,6 +317,18 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
       if (rope_rows) {
         UnpermuteGgufRopeRowBytes(sw.bytes.data(), rope_heads, config.head_dim,
                                   t->nbytes / static_cast<size_t>(e.shape[0]));
+      }
+      used.insert(name);
+      continue;
+    }
+    if (convert && t->type == static_cast<uint32_t>(GgmlType::kQ5_0)) {
+      ++converted["Q5_0 (exactly)"];
+      StoredWeight& sw = w.stored[e.name];
+      sw.ggml_type = static_cast<uint32_t>(GgmlType::kQ8_0);
+      sw.bytes = Q5_0AsQ8_0(t->data, static_cast<int64_t>(t->nbytes / 22));
+      if (rope_rows) {
+        UnpermuteGgufRopeRowBytes(sw.bytes.data(), rope_heads, config.head_dim,
+                                  sw.bytes.size() / static_cast<size_t>(e.shape[0]));
       }
       used.insert(name);
       continue;

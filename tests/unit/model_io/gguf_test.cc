@@ -7,12 +7,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "common/base/float16.h"
 #include "common/model/gguf_model.h"
+#include "common/model/gguf_quant.h"
 #include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"
 #include "common/model/weights.h"
@@ -331,7 +333,34 @@ struct TinyGguf {
 // Writes the synthetic "tiny" model as safetensors and as GGUF (F32 tensors, Q/K permuted,
 // F16 for the MLP to exercise conversion; byte tokens with ids = byte values like
 // ByteTokenizer's).
-void MakeTinyGguf(const TempDir& tmp, TinyGguf* out, bool f16_mlp = false) {
+// x as Q5_0 blocks (d = the largest magnitude / -16 with its sign, q = round(x / d) + 16 in
+// [0, 31]), rows of cols / 32 blocks.
+std::string Q5_0Bytes(const std::vector<float>& x) {
+  std::string out;
+  for (size_t b = 0; b < x.size() / 32; ++b) {
+    const float* xb = x.data() + b * 32;
+    float max = 0.f;
+    for (int j = 0; j < 32; ++j) {
+      if (std::fabs(xb[j]) > std::fabs(max)) max = xb[j];
+    }
+    const float d = max / -16.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    uint32_t qh = 0;
+    uint8_t qs[16] = {};
+    for (int j = 0; j < 32; ++j) {
+      const int q = std::clamp(static_cast<int>(std::lround(xb[j] * id)) + 16, 0, 31);
+      qs[j % 16] |= static_cast<uint8_t>((q & 0x0f) << (j < 16 ? 0 : 4));
+      qh |= static_cast<uint32_t>(q >> 4) << j;
+    }
+    out += GgufWriter::Pod(FloatToHalf(d));
+    out += GgufWriter::Pod(qh);
+    out += std::string(reinterpret_cast<const char*>(qs), 16);
+  }
+  return out;
+}
+
+// q5_0: attn_q, attn_k (RoPE-permuted rows) and ffn_gate written as Q5_0 blocks.
+void MakeTinyGguf(const TempDir& tmp, TinyGguf* out, bool f16_mlp = false, bool q5_0 = false) {
   out->dir = tmp / "tiny";
   ASSERT_TRUE(WriteSyntheticModel("tiny", 5, out->dir).ok());
   out->config = *ModelConfig::FromJsonFile(out->dir + "/config.json");
@@ -379,6 +408,13 @@ void MakeTinyGguf(const TempDir& tmp, TinyGguf* out, bool f16_mlp = false) {
     for (float x : v) b += GgufWriter::Pod(FloatToHalf(x));
     w.AddTensor(name, {cols, v.size() / cols}, 1, b);
   };
+  auto q5 = [&](const std::string& name, const std::vector<float>& v, uint64_t cols) {
+    if (q5_0) {
+      w.AddTensor(name, {cols, v.size() / cols}, 6, Q5_0Bytes(v));
+    } else {
+      f32(name, v, cols);
+    }
+  };
   auto mlp = [&](const std::string& name, const std::vector<float>& v, uint64_t cols) {
     if (f16_mlp) {
       f16(name, v, cols);
@@ -395,12 +431,16 @@ void MakeTinyGguf(const TempDir& tmp, TinyGguf* out, bool f16_mlp = false) {
     const LayerWeights& l = m.layers[i];
     const std::string p = "blk." + std::to_string(i) + ".";
     f32(p + "attn_norm.weight", l.input_norm, h);
-    f32(p + "attn_q.weight", Permute(l.q_proj, c.num_attention_heads, c.head_dim, h), h);
-    f32(p + "attn_k.weight", Permute(l.k_proj, c.num_key_value_heads, c.head_dim, h), h);
+    q5(p + "attn_q.weight", Permute(l.q_proj, c.num_attention_heads, c.head_dim, h), h);
+    q5(p + "attn_k.weight", Permute(l.k_proj, c.num_key_value_heads, c.head_dim, h), h);
     f32(p + "attn_v.weight", l.v_proj, h);
     f32(p + "attn_output.weight", l.o_proj, c.q_dim());
     f32(p + "ffn_norm.weight", l.post_attention_norm, h);
-    mlp(p + "ffn_gate.weight", l.gate_proj, h);
+    if (q5_0) {
+      q5(p + "ffn_gate.weight", l.gate_proj, h);
+    } else {
+      mlp(p + "ffn_gate.weight", l.gate_proj, h);
+    }
     mlp(p + "ffn_up.weight", l.up_proj, h);
     mlp(p + "ffn_down.weight", l.down_proj, inter);
   }
@@ -466,6 +506,40 @@ TEST(GgufModelTest, F16TensorsLoad) {
   ASSERT_TRUE(w.ok()) << w.status();
   for (size_t i = 0; i < w->layers[0].up_proj.size(); ++i) {
     EXPECT_EQ(w->layers[0].up_proj[i], HalfToFloat(FloatToHalf(t.weights.layers[0].up_proj[i])));
+  }
+}
+
+// weights_dtype native holds Q5_0 matrices as Q8_0 blocks without loss: every element keeps the
+// value the f32 load dequantizes it to (RoPE rows of q and k un-permuted alike).
+TEST(GgufModelTest, NativeHoldsQ5_0AsQ8_0Exactly) {
+  TempDir tmp;
+  TinyGguf t;
+  MakeTinyGguf(tmp, &t, /*f16_mlp=*/false, /*q5_0=*/true);
+  auto g = GgufFile::Open(t.gguf);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const ModelConfig c = *ConfigFromGguf(**g);
+  auto f32 = LoadGgufWeights(**g, c, WeightsDtype::kF32);
+  auto native = LoadGgufWeights(**g, c, WeightsDtype::kNative);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ASSERT_TRUE(native.ok()) << native.status();
+  const LayerWeights& l = f32->layers[0];
+  for (const auto& [name, want] :
+       {std::pair{"model.layers.0.self_attn.q_proj.weight", &l.q_proj},
+        std::pair{"model.layers.0.self_attn.k_proj.weight", &l.k_proj},
+        std::pair{"model.layers.0.mlp.gate_proj.weight", &l.gate_proj}}) {
+    SCOPED_TRACE(name);
+    const auto it = native->stored.find(name);
+    ASSERT_NE(it, native->stored.end());
+    EXPECT_EQ(it->second.ggml_type, 8u);  // Q8_0
+    ASSERT_EQ(it->second.bytes.size(), want->size() / 32 * 34);
+    std::vector<float> got(want->size());
+    ASSERT_TRUE(
+        DequantizeBlocks(8, it->second.bytes.data(), static_cast<int64_t>(got.size()), got.data())
+            .ok());
+    for (size_t i = 0; i < got.size(); ++i) {
+      // == (a zero code is -0.0 under Q8_0 when d < 0, +0.0 from the Q5_0 dequantizer).
+      ASSERT_EQ(got[i], (*want)[i]) << "element " << i;
+    }
   }
 }
 
