@@ -17,6 +17,7 @@
 #include "common/compute/cpu/attention.h"
 #include "common/compute/cpu/elementwise.h"
 #include "common/compute/cpu/gemm.h"
+#include "common/compute/cpu/product_items.h"
 
 namespace duet::compute {
 namespace {
@@ -258,7 +259,7 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
 
 void CpuBackend::MatMuls(const float* x, int m, absl::Span<const MatMulProduct> products) {
   // Quantized matrices of one k, or packed ones of one k: one pass; anything else one by one.
-  constexpr size_t kMax = 8;
+  constexpr size_t kMax = cpu::internal::kMaxProducts;
   if (gemm_kind_ == GemmKind::kInvariant && !products.empty() && products.size() <= kMax) {
     cpu::QuantProduct quant[kMax];
     cpu::GemmProduct packed[kMax];

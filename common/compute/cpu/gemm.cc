@@ -6,6 +6,7 @@
 
 #include "common/base/logging.h"
 #include "common/compute/cpu/gemm_kernels.h"
+#include "common/compute/cpu/product_items.h"
 
 namespace duet::compute::cpu {
 namespace {
@@ -18,7 +19,7 @@ using internal::kMaxTileRows;
 // Blocking. None of these change the per-element arithmetic, only the traversal order.
 constexpr int kKBlock = 192;        // K per pass: a panel pair's slice (24 KiB) stays in L1
 constexpr int kRowBlock = 96;       // rows per work item (a multiple of every kernel's MR)
-constexpr int kAllKRows = 64;
+constexpr int kAllKRows = 64;       // up to this many rows, a work item takes all of K per pass
 constexpr int kMaxGroupPanels = 8;  // panels per work item (128 output features)
 constexpr int kTileCols = kPanelCols * kMaxTilePanels;
 
@@ -140,8 +141,8 @@ void RunBlock(const GemmArgs& g, int row0, int row1, int panel0, int panel1) {
   const GemmKernel& kernel = *g.kernel;
   const int k = g.w->k;
   const int wide = kernel.panels_for_rows[std::min(kernel.max_rows, row1 - row0)];
-  // One row tile (decode) reuses nothing from L1 across tiles: all of K at once, so that each
-  // panel streams from memory in order.
+  // Up to kAllKRows rows (decode) all of K at once: each panel streams from memory once, in
+  // order, and the further row tiles find it in L2.
   const int k_block = row1 - row0 <= kAllKRows ? k : kKBlock;
   for (int k0 = 0; k0 < k; k0 += k_block) {
     const int kc = std::min(k_block, k - k0);
@@ -282,36 +283,25 @@ void InvariantGemmMany(ThreadPool* pool, const float* x, int m, const GemmProduc
   const GemmKernel& kernel = KernelFor(isa);
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   const int row_blocks = (m + kRowBlock - 1) / kRowBlock;
-  // Work items: (product, panel group, row block), the products one after the other; enough of
-  // them to keep every thread busy, a group staying a multiple of the kernel's widest tile.
+  // Work items: (product, panel group, row block); a group stays a multiple of the kernel's
+  // widest tile.
   int widest = 1;
   for (int r = 1; r <= kernel.max_rows; ++r) widest = std::max(widest, kernel.panels_for_rows[r]);
-  auto items_with = [&](int group) {
-    int64_t items = 0;
-    for (int i = 0; i < count; ++i) {
-      items += static_cast<int64_t>((products[i].w->num_panels + group - 1) / group) * row_blocks;
-    }
-    return items;
-  };
-  int group = kMaxGroupPanels;
-  while (group > widest && items_with(group) < 4 * threads) group /= 2;
-  constexpr int kMaxProducts = 8;
-  DUET_CHECK(count <= kMaxProducts) << "InvariantGemmMany: " << count << " products";
-  int64_t first_item[kMaxProducts + 1] = {0};
-  for (int i = 0; i < count; ++i) {
-    first_item[i + 1] =
-        first_item[i] +
-        static_cast<int64_t>((products[i].w->num_panels + group - 1) / group) * row_blocks;
-  }
+  int units[internal::kMaxProducts];
+  for (int i = 0; i < count && i < internal::kMaxProducts; ++i)
+    units[i] = products[i].w->num_panels;
+  const internal::ProductItems items =
+      internal::PlanProductItems(units, count, row_blocks, kMaxGroupPanels, widest, threads);
+  const int group = items.chunk;
   // Item i of a product: panel group i / row_blocks, row block i % row_blocks, so consecutive
   // items (one thread's chunk) reuse the same weight panels from cache.
   auto run = [&](int64_t begin, int64_t end) {
     int p = 0;
     for (int64_t i = begin; i < end; ++i) {
-      while (i >= first_item[p + 1]) ++p;
+      while (i >= items.first[p + 1]) ++p;
       const GemmProduct& product = products[p];
       const GemmArgs g{x, m, product.w, product.bias, product.y, &kernel};
-      const int64_t local = i - first_item[p];
+      const int64_t local = i - items.first[p];
       const int gi = static_cast<int>(local / row_blocks);
       const int rb = static_cast<int>(local % row_blocks);
       const int row0 = rb * kRowBlock;
@@ -320,11 +310,10 @@ void InvariantGemmMany(ThreadPool* pool, const float* x, int m, const GemmProduc
                std::min(product.w->num_panels, panel0 + group));
     }
   };
-  const int64_t items = first_item[count];
-  if (pool == nullptr || items == 1) {
-    run(0, items);
+  if (pool == nullptr || items.total() == 1) {
+    run(0, items.total());
   } else {
-    pool->ParallelFor(items, 1, run);
+    pool->ParallelFor(items.total(), 1, run);
   }
 }
 

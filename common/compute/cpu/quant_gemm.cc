@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/float16.h"
 #include "common/base/logging.h"
+#include "common/compute/cpu/product_items.h"
 #include "common/compute/cpu/quant_kernels.h"
 
 namespace duet::compute::cpu {
@@ -243,33 +244,21 @@ void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* 
       tile = internal::QuantTileAvx512Vnni;
       break;
   }
-  // Work items: (product, group chunk, row block), the products one after the other. The chunk
-  // of groups shrinks until there are enough items to keep every thread busy.
+  // Work items: (product, group chunk, row block).
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   const int row_blocks = (m + kRowBlock - 1) / kRowBlock;
-  auto items_with = [&](int chunk) {
-    int64_t items = 0;
-    for (int i = 0; i < count; ++i) {
-      items += static_cast<int64_t>((products[i].w->num_groups + chunk - 1) / chunk) * row_blocks;
-    }
-    return items;
-  };
-  int chunk = kMaxGroupChunk;
-  while (chunk > 1 && items_with(chunk) < 4 * threads) chunk /= 2;
-  constexpr int kMaxProducts = 8;
-  DUET_CHECK(count <= kMaxProducts) << "QuantGemmMany: " << count << " products";
-  int64_t first_item[kMaxProducts + 1] = {0};
-  for (int i = 0; i < count; ++i) {
-    first_item[i + 1] =
-        first_item[i] +
-        static_cast<int64_t>((products[i].w->num_groups + chunk - 1) / chunk) * row_blocks;
-  }
+  int units[internal::kMaxProducts];
+  for (int i = 0; i < count && i < internal::kMaxProducts; ++i)
+    units[i] = products[i].w->num_groups;
+  const internal::ProductItems items =
+      internal::PlanProductItems(units, count, row_blocks, kMaxGroupChunk, 1, threads);
+  const int chunk = items.chunk;
   auto run = [&](int64_t begin, int64_t end) {
     int p = 0;
     for (int64_t i = begin; i < end; ++i) {
-      while (i >= first_item[p + 1]) ++p;
+      while (i >= items.first[p + 1]) ++p;
       const QuantWeights& w = *products[p].w;
-      const int64_t local = i - first_item[p];
+      const int64_t local = i - items.first[p];
       const int g0 = static_cast<int>(local / row_blocks) * chunk;
       const int g1 = std::min(w.num_groups, g0 + chunk);
       const int row0 = static_cast<int>(local % row_blocks) * kRowBlock;
@@ -286,11 +275,10 @@ void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* 
       }
     }
   };
-  const int64_t items = first_item[count];
-  if (pool == nullptr || items == 1) {
-    run(0, items);
+  if (pool == nullptr || items.total() == 1) {
+    run(0, items.total());
   } else {
-    pool->ParallelFor(items, 1, run);
+    pool->ParallelFor(items.total(), 1, run);
   }
 }
 
