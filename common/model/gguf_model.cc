@@ -262,13 +262,10 @@ std::vector<uint8_t> Q5_0AsQ8_0(const uint8_t* src, int64_t blocks) {
     std::memcpy(ob, src, 2);  // d
     uint32_t qh;
     std::memcpy(&qh, src + 2, 4);
-    const uint8_t* qs = src + 6;
-    for (int j = 0; j < 16; ++j) {
-      const int lo = (qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
-      const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-      ob[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(lo - 16));
-      ob[2 + j + 16] = static_cast<uint8_t>(static_cast<int8_t>(hi - 16));
-    }
+    int codes[32];
+    Q5Codes(src + 6, qh, codes);
+    for (int j = 0; j < 32; ++j)
+      ob[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(codes[j] - 16));
   }
   return out;
 }

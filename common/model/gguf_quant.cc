@@ -35,19 +35,23 @@ inline uint32_t Load32(const uint8_t* p) {
 // x = (q - sub) * d + m, in ggml's order of operations.
 inline void Nibbles(const uint8_t* q, uint32_t hi, bool has_hi, int sub, float d, float m,
                     float* dst) {
-  for (int j = 0; j < 16; ++j) {
-    int lo = q[j] & 0x0f;
-    int hn = q[j] >> 4;
-    if (has_hi) {
-      lo |= static_cast<int>((hi >> j) & 1u) << 4;
-      hn |= static_cast<int>((hi >> (j + 16)) & 1u) << 4;
-    }
-    dst[j] = static_cast<float>(lo - sub) * d + m;
-    dst[j + 16] = static_cast<float>(hn - sub) * d + m;
+  int codes[32];
+  if (has_hi) {
+    Q5Codes(q, hi, codes);
+  } else {
+    for (int j = 0; j < 16; ++j) codes[j] = q[j] & 0x0f, codes[j + 16] = q[j] >> 4;
   }
+  for (int j = 0; j < 32; ++j) dst[j] = static_cast<float>(codes[j] - sub) * d + m;
 }
 
 }  // namespace
+
+void Q5Codes(const uint8_t* qs, uint32_t qh, int codes[32]) {
+  for (int j = 0; j < 16; ++j) {
+    codes[j] = (qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
+    codes[j + 16] = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+  }
+}
 
 const GgmlTypeInfo* FindGgmlType(uint32_t type) {
   for (const GgmlTypeInfo& t : kTypes) {
