@@ -185,6 +185,14 @@ const char* WeightFormatName(WeightFormat format) {
       return "Q4_0";
     case WeightFormat::kQ4_1:
       return "Q4_1";
+    case WeightFormat::kQ5_0:
+      return "Q5_0";
+    case WeightFormat::kQ5_1:
+      return "Q5_1";
+    case WeightFormat::kQ4_K:
+      return "Q4_K";
+    case WeightFormat::kQ6_K:
+      return "Q6_K";
   }
   return "?";
 }
@@ -202,6 +210,14 @@ int64_t StoredMatrixBytes(WeightFormat format, int64_t rows, int64_t cols) {
       return rows * (cols / 32) * 18;
     case WeightFormat::kQ4_1:
       return rows * (cols / 32) * 20;
+    case WeightFormat::kQ5_0:
+      return rows * (cols / 32) * 22;
+    case WeightFormat::kQ5_1:
+      return rows * (cols / 32) * 24;
+    case WeightFormat::kQ4_K:
+      return rows * (cols / 256) * 144;
+    case WeightFormat::kQ6_K:
+      return rows * (cols / 256) * 210;
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/base/float16.h"
+#include "common/base/ggml_blocks.h"
 
 namespace duet::model {
 namespace {
@@ -20,44 +21,22 @@ inline float LoadHalf(const uint8_t* p) {
 
 inline float ToFloat(int v) { return static_cast<float>(v); }
 
-// The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block's 12 scale bytes s: for
-// j < 4 the low 6 bits of s[j] and s[j + 4]; for j >= 4 a nibble of s[j + 4] with the top two
-// bits of s[j - 4] (scale) and s[j] (min) as bits 4-5.
-inline void ScaleMin(const uint8_t* s, int j, int* scale, int* min) {
-  if (j < 4) {
-    *scale = s[j] & 63;
-    *min = s[j + 4] & 63;
-  } else {
-    *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 // The 6-bit scale of sub-block j (0..15) of a Q3_K block's 12 scale bytes s: its low 4 bits are
 // nibble j / 8 of s[j % 8], its high 2 bits are bits 2 * (j / 4) and up of s[8 + j % 4].
 inline int Q3Scale(const uint8_t* s, int j) {
   return ((s[j % 8] >> (4 * (j / 8))) & 0x0f) | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
 }
 
-// Shared by Q4_K and Q5_K: element 64c + 32k + l (c < 4, k < 2, l < 32) is nibble k of
-// qs[32c + l], plus 16 when bit 2c + k of qh[l] is set (qh null: no fifth bit).
+// Q4_K and Q5_K (qh null for Q4_K; ggml_blocks.h has the element order).
 void FourOrFiveBit(const uint8_t* src, const uint8_t* qh, const uint8_t* qs, float* dst) {
-  const float d = LoadHalf(src);
-  const float dmin = LoadHalf(src + 2);
-  for (int c = 0; c < 4; ++c) {
-    for (int k = 0; k < 2; ++k) {
-      const int j = 2 * c + k;
-      int scale, min;
-      ScaleMin(src + 4, j, &scale, &min);
-      const float dl = d * ToFloat(scale);
-      const float ml = dmin * ToFloat(min);
-      float* y = dst + 32 * j;
-      for (int l = 0; l < 32; ++l) {
-        int q = (qs[32 * c + l] >> (4 * k)) & 0x0f;
-        if (qh != nullptr) q |= ((qh[l] >> j) & 1) << 4;
-        y[l] = dl * ToFloat(q) - ml;
-      }
-    }
+  KQuant4 k;
+  DecodeQ4KOrQ5K(src, qh, qs, &k);
+  const float d = HalfToFloat(k.d);
+  const float dmin = HalfToFloat(k.dmin);
+  for (int j = 0; j < 8; ++j) {
+    const float dl = d * ToFloat(k.scale[j]);
+    const float ml = dmin * ToFloat(k.min[j]);
+    for (int l = 0; l < 32; ++l) dst[32 * j + l] = dl * ToFloat(k.codes[32 * j + l]) - ml;
   }
 }
 
@@ -123,22 +102,13 @@ void DequantizeQ5K(const uint8_t* src, int64_t blocks, float* dst) {
 
 // 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16], d.
 void DequantizeQ6K(const uint8_t* src, int64_t blocks, float* dst) {
+  KQuant6 k;
   for (int64_t b = 0; b < blocks; ++b, src += 210, dst += kKQuantBlock) {
-    const uint8_t* ql = src;
-    const uint8_t* qh = src + 128;
-    const uint8_t* scales = src + 192;
-    const float d = LoadHalf(src + 208);
-    for (int h = 0; h < 2; ++h) {
-      for (int s = 0; s < 4; ++s) {
-        for (int g = 0; g < 2; ++g) {
-          const float dl = d * ToFloat(static_cast<int8_t>(scales[8 * h + 2 * s + g]));
-          for (int l = 16 * g; l < 16 * g + 16; ++l) {
-            const int lo = (ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0f;
-            const int hi = (qh[32 * h + l] >> (2 * s)) & 3;
-            dst[128 * h + 32 * s + l] = dl * ToFloat((lo | (hi << 4)) - 32);
-          }
-        }
-      }
+    DecodeQ6K(src, &k);
+    const float d = HalfToFloat(k.d);
+    for (int j = 0; j < 16; ++j) {
+      const float dl = d * ToFloat(k.scale[j]);
+      for (int l = 16 * j; l < 16 * j + 16; ++l) dst[l] = dl * ToFloat(k.codes[l] - 32);
     }
   }
 }

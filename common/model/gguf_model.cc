@@ -229,7 +229,11 @@ namespace {
 bool KeptNatively(uint32_t type) {
   return type == static_cast<uint32_t>(GgmlType::kQ8_0) ||
          type == static_cast<uint32_t>(GgmlType::kQ4_0) ||
-         type == static_cast<uint32_t>(GgmlType::kQ4_1);
+         type == static_cast<uint32_t>(GgmlType::kQ4_1) ||
+         type == static_cast<uint32_t>(GgmlType::kQ5_0) ||
+         type == static_cast<uint32_t>(GgmlType::kQ5_1) ||
+         type == static_cast<uint32_t>(GgmlType::kQ4_K) ||
+         type == static_cast<uint32_t>(GgmlType::kQ6_K);
 }
 
 // ggml's quantize_row_q8_0: per 32 elements d = amax / 127, q = roundf(x / d) (half away from
@@ -248,24 +252,6 @@ std::vector<uint8_t> QuantizeToQ8_0(const std::vector<float>& x) {
     for (int j = 0; j < 32; ++j) {
       ob[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(xb[j] * id)));
     }
-  }
-  return out;
-}
-
-// Q5_0 blocks as Q8_0 blocks with the same value for every element: the same half d and the
-// codes q - 16 (in [-16, 15]) as int8. Q8_0 holds every Q5_0 block exactly, so this conversion
-// loses nothing (dequantizing either gives d * (q - 16), the same float).
-std::vector<uint8_t> Q5_0AsQ8_0(const uint8_t* src, int64_t blocks) {
-  std::vector<uint8_t> out(static_cast<size_t>(blocks) * 34);
-  for (int64_t b = 0; b < blocks; ++b, src += 22) {
-    uint8_t* ob = out.data() + b * 34;
-    std::memcpy(ob, src, 2);  // d
-    uint32_t qh;
-    std::memcpy(&qh, src + 2, 4);
-    int codes[32];
-    Q5Codes(src + 6, qh, codes);
-    for (int j = 0; j < 32; ++j)
-      ob[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(codes[j] - 16));
   }
   return out;
 }
@@ -305,7 +291,8 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
     const bool convert = dtype == WeightsDtype::kNative && IsMatrixTensor(e) &&
                          t->type != static_cast<uint32_t>(GgmlType::kF32) &&
                          !KeptNatively(t->type) && !half;
-    // native keeps Q8_0 / Q4_0 / Q4_1 and F16 / BF16 as stored, bf16 keeps F16 / BF16.
+    // native keeps Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q6_K and F16 / BF16 as stored,
+    // bf16 keeps F16 / BF16.
     if (IsMatrixTensor(e) && ((dtype == WeightsDtype::kNative && KeptNatively(t->type)) ||
                               (dtype != WeightsDtype::kF32 && half))) {
       StoredWeight& sw = w.stored[e.name];
@@ -314,18 +301,6 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
       if (rope_rows) {
         UnpermuteGgufRopeRowBytes(sw.bytes.data(), rope_heads, config.head_dim,
                                   t->nbytes / static_cast<size_t>(e.shape[0]));
-      }
-      used.insert(name);
-      continue;
-    }
-    if (convert && t->type == static_cast<uint32_t>(GgmlType::kQ5_0)) {
-      ++converted["Q5_0 (exactly)"];
-      StoredWeight& sw = w.stored[e.name];
-      sw.ggml_type = static_cast<uint32_t>(GgmlType::kQ8_0);
-      sw.bytes = Q5_0AsQ8_0(t->data, static_cast<int64_t>(t->nbytes / 22));
-      if (rope_rows) {
-        UnpermuteGgufRopeRowBytes(sw.bytes.data(), rope_heads, config.head_dim,
-                                  sw.bytes.size() / static_cast<size_t>(e.shape[0]));
       }
       used.insert(name);
       continue;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/base/float16.h"
+#include "common/base/ggml_blocks.h"
 #include "common/model/gguf_kquant.h"
 
 namespace duet::model {
@@ -18,17 +19,6 @@ constexpr GgmlTypeInfo kTypes[] = {
     {25, "I16", 1, 2, false},     {26, "I32", 1, 4, false},     {27, "I64", 1, 8, false},
     {28, "F64", 1, 8, false},     {30, "BF16", 1, 2, true},
 };
-
-inline uint16_t Load16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-inline uint32_t Load32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 
 // The 16 nibble bytes of a 4/5-bit block: element j comes from the low nibble of q[j], element
 // j + 16 from its high nibble; `hi` holds the fifth bits (bit j for element j) or 0.
@@ -45,13 +35,6 @@ inline void Nibbles(const uint8_t* q, uint32_t hi, bool has_hi, int sub, float d
 }
 
 }  // namespace
-
-void Q5Codes(const uint8_t* qs, uint32_t qh, int codes[32]) {
-  for (int j = 0; j < 16; ++j) {
-    codes[j] = (qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
-    codes[j + 16] = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
-  }
-}
 
 const GgmlTypeInfo* FindGgmlType(uint32_t type) {
   for (const GgmlTypeInfo& t : kTypes) {
@@ -79,37 +62,38 @@ absl::Status DequantizeBlocks(uint32_t type, const uint8_t* src, int64_t n, floa
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);
       return absl::OkStatus();
     case 1:
-      for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(Load16(src + 2 * i));
+      for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(LoadU16(src + 2 * i));
       return absl::OkStatus();
     case 30:
-      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(Load16(src + 2 * i));
+      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(LoadU16(src + 2 * i));
       return absl::OkStatus();
     case 2:  // Q4_0
       for (int64_t b = 0; b < blocks; ++b, src += 18, dst += 32) {
-        const float d = HalfToFloat(Load16(src));
+        const float d = HalfToFloat(LoadU16(src));
         Nibbles(src + 2, 0, false, 8, d, 0.0f, dst);
       }
       return absl::OkStatus();
     case 3:  // Q4_1
       for (int64_t b = 0; b < blocks; ++b, src += 20, dst += 32) {
-        Nibbles(src + 4, 0, false, 0, HalfToFloat(Load16(src)), HalfToFloat(Load16(src + 2)), dst);
+        Nibbles(src + 4, 0, false, 0, HalfToFloat(LoadU16(src)), HalfToFloat(LoadU16(src + 2)),
+                dst);
       }
       return absl::OkStatus();
     case 6:  // Q5_0
       for (int64_t b = 0; b < blocks; ++b, src += 22, dst += 32) {
-        const float d = HalfToFloat(Load16(src));
-        Nibbles(src + 6, Load32(src + 2), true, 16, d, 0.0f, dst);
+        const float d = HalfToFloat(LoadU16(src));
+        Nibbles(src + 6, LoadU32(src + 2), true, 16, d, 0.0f, dst);
       }
       return absl::OkStatus();
     case 7:  // Q5_1
       for (int64_t b = 0; b < blocks; ++b, src += 24, dst += 32) {
-        Nibbles(src + 8, Load32(src + 4), true, 0, HalfToFloat(Load16(src)),
-                HalfToFloat(Load16(src + 2)), dst);
+        Nibbles(src + 8, LoadU32(src + 4), true, 0, HalfToFloat(LoadU16(src)),
+                HalfToFloat(LoadU16(src + 2)), dst);
       }
       return absl::OkStatus();
     case 8:  // Q8_0
       for (int64_t b = 0; b < blocks; ++b, src += 34, dst += 32) {
-        const float d = HalfToFloat(Load16(src));
+        const float d = HalfToFloat(LoadU16(src));
         for (int j = 0; j < 32; ++j)
           dst[j] = static_cast<float>(static_cast<int8_t>(src[2 + j])) * d;
       }

@@ -55,8 +55,4 @@ const GgmlTypeInfo* FindGgmlType(uint32_t type);
 // InvalidArgument for an unsupported type or a partial block.
 absl::Status DequantizeBlocks(uint32_t type, const uint8_t* src, int64_t n, float* dst);
 
-// The 5-bit codes of one Q5_0 / Q5_1 block's element j: the nibbles qs (16 bytes) and the fifth
-// bits qh, codes[j] in [0, 31] in element order.
-void Q5Codes(const uint8_t* qs, uint32_t qh, int codes[32]);
-
 }  // namespace duet::model

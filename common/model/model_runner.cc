@@ -192,6 +192,14 @@ absl::StatusOr<compute::WeightFormat> ModelRunner::StoredFormat(const std::strin
       return compute::WeightFormat::kQ4_0;
     case 3:
       return compute::WeightFormat::kQ4_1;
+    case 6:
+      return compute::WeightFormat::kQ5_0;
+    case 7:
+      return compute::WeightFormat::kQ5_1;
+    case 12:
+      return compute::WeightFormat::kQ4_K;
+    case 14:
+      return compute::WeightFormat::kQ6_K;
     case kGgmlF16:
       return compute::WeightFormat::kF16;
     case kGgmlBf16:
@@ -199,9 +207,9 @@ absl::StatusOr<compute::WeightFormat> ModelRunner::StoredFormat(const std::strin
     default:
       break;
   }
-  return absl::InvalidArgumentError(absl::StrCat("ModelRunner: stored matrix '", name,
-                                                 "' has ggml type ", w.ggml_type,
-                                                 "; only Q8_0, Q4_0, Q4_1, F16 and BF16 are kept"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("ModelRunner: stored matrix '", name, "' has ggml type ", w.ggml_type,
+                   "; only Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, F16 and BF16 are kept"));
 }
 
 int64_t ModelRunner::MatrixBytes() const {

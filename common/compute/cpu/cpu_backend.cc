@@ -152,6 +152,10 @@ bool CpuBackend::KeepsWeightFormat(WeightFormat format) const {
     case WeightFormat::kQ8_0:
     case WeightFormat::kQ4_0:
     case WeightFormat::kQ4_1:
+    case WeightFormat::kQ5_0:
+    case WeightFormat::kQ5_1:
+    case WeightFormat::kQ4_K:
+    case WeightFormat::kQ6_K:
     case WeightFormat::kBf16:
     case WeightFormat::kF16:
       return gemm_kind_ == GemmKind::kInvariant;
@@ -188,6 +192,10 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
   cpu::QuantFormat f = cpu::QuantFormat::kQ8_0;
   if (w.format == WeightFormat::kQ4_0) f = cpu::QuantFormat::kQ4_0;
   if (w.format == WeightFormat::kQ4_1) f = cpu::QuantFormat::kQ4_1;
+  if (w.format == WeightFormat::kQ5_0) f = cpu::QuantFormat::kQ5_0;
+  if (w.format == WeightFormat::kQ5_1) f = cpu::QuantFormat::kQ5_1;
+  if (w.format == WeightFormat::kQ4_K) f = cpu::QuantFormat::kQ4_K;
+  if (w.format == WeightFormat::kQ6_K) f = cpu::QuantFormat::kQ6_K;
   DUET_ASSIGN_OR_RETURN(
       cpu::QuantWeights packed,
       cpu::PackQuantWeights(f, static_cast<const uint8_t*>(w.data), w.rows, w.cols));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/float16.h"
+#include "common/base/ggml_blocks.h"
 #include "common/base/logging.h"
 #include "common/compute/cpu/product_items.h"
 #include "common/compute/cpu/quant_kernels.h"
@@ -19,43 +20,100 @@ using internal::QuantActs;
 constexpr int kRowBlock = 64;      // rows per work item (a multiple of kQuantTileRows)
 constexpr int kMaxGroupChunk = 4;  // groups per work item (64 outputs): their weights stay in L1
 
-uint16_t Load16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
+using internal::CodeOffset;
+using internal::CodesOffset;
+using internal::FifthBitsOffset;
+using internal::HasFifthBit;
+using internal::HasMin;
+using internal::IsKQuant;
+using internal::MinsOffset;
+using internal::Q6HighBitsOffset;
 
-// Byte offset of the codes within a packed (group, block).
-int CodesOffset(QuantFormat f) { return f == QuantFormat::kQ4_1 ? 64 : 32; }
+// One block of 32 of a GGUF row, decoded: its codes and what scales them. Blocks of 32: half d
+// (and m); K-quant sub-blocks: their integer scales (Q4_K sc and m, Q6_K one per half) and the
+// super-block's half d (and dmin).
+struct DecodedBlock {
+  int q[32];
+  uint16_t d = 0, m = 0;  // half d and m (Q4_K: d and dmin of the super-block)
+  int sc[2] = {0, 0};     // Q4_K: sc, m; Q6_K: the halves' scales
+};
 
-// The 32 codes of GGUF block `src` (Q8_0: -128..127; Q4_x: nibbles 0..15) and its d (and m).
-void DecodeGgufBlock(QuantFormat f, const uint8_t* src, int* q, uint16_t* d, uint16_t* m) {
-  *d = Load16(src);
-  *m = 0;
-  if (f == QuantFormat::kQ8_0) {
-    for (int e = 0; e < 32; ++e) q[e] = static_cast<int8_t>(src[2 + e]);
+// Block b (of 32) of the GGUF row `row` (k / QuantBlockElements blocks of QuantBlockBytes).
+void DecodeGgufBlock(QuantFormat f, const uint8_t* row, int b, DecodedBlock* out) {
+  if (f == QuantFormat::kQ4_K) {
+    KQuant4 k;
+    DecodeQ4K(row + (b / 8) * 144, &k);
+    out->d = k.d, out->m = k.dmin;
+    out->sc[0] = k.scale[b % 8], out->sc[1] = k.min[b % 8];
+    std::memcpy(out->q, k.codes + 32 * (b % 8), sizeof(out->q));
     return;
   }
-  const uint8_t* qs = src + 2;
-  if (f == QuantFormat::kQ4_1) {
-    *m = Load16(src + 2);
-    qs = src + 4;
+  if (f == QuantFormat::kQ6_K) {
+    KQuant6 k;
+    DecodeQ6K(row + (b / 8) * 210, &k);
+    out->d = k.d;
+    out->sc[0] = k.scale[2 * (b % 8)], out->sc[1] = k.scale[2 * (b % 8) + 1];
+    std::memcpy(out->q, k.codes + 32 * (b % 8), sizeof(out->q));
+    return;
   }
-  for (int j = 0; j < 16; ++j) {
-    q[j] = qs[j] & 0x0f;
-    q[j + 16] = qs[j] >> 4;
+  const uint8_t* src = row + static_cast<int64_t>(b) * QuantBlockBytes(f);
+  out->d = LoadU16(src);
+  out->m = HasMin(f) ? LoadU16(src + 2) : 0;
+  if (f == QuantFormat::kQ8_0) {
+    for (int e = 0; e < 32; ++e) out->q[e] = static_cast<int8_t>(src[2 + e]);
+    return;
   }
+  const uint8_t* p = src + (HasMin(f) ? 4 : 2);
+  if (HasFifthBit(f)) {
+    Q5Codes(p + 4, LoadU32(p), out->q);
+    return;
+  }
+  for (int j = 0; j < 16; ++j) out->q[j] = p[j] & 0x0f, out->q[j + 16] = p[j] >> 4;
 }
+
+// Where element e of packed row j lives in a group-block: the byte of its low (Q8_0: all) bits,
+// for Q5_x the byte and bit of its fifth bit, for Q6_K the byte and shift of its top two bits.
+int CodeByte(QuantFormat f, int j, int e) {
+  if (f == QuantFormat::kQ8_0) return CodesOffset(f) + (e / 4) * 64 + j * 4 + e % 4;
+  return CodesOffset(f) + (e / 8) * 64 + j * 4 + e % 4;
+}
+int FifthBitByte(QuantFormat f, int j, int e) { return FifthBitsOffset(f) + j * 4 + e % 4; }
+int FifthBitShift(int e) { return 2 * (e / 8) + (e % 8 >= 4 ? 1 : 0); }
+int Q6HighByte(int j, int e) { return Q6HighBitsOffset() + (e / 16) * 64 + j * 4 + e % 4; }
+int Q6HighShift(int e) { return 2 * (2 * ((e / 8) % 2) + (e % 8 >= 4 ? 1 : 0)); }
 
 // The code of element e of packed row j (within its group) in group-block gb.
 int PackedCode(QuantFormat f, const uint8_t* gb, int j, int e) {
-  const uint8_t* codes = gb + CodesOffset(f);
-  if (f == QuantFormat::kQ8_0) {
-    return static_cast<int8_t>(codes[(e / 4) * 64 + j * 4 + e % 4]);
+  const uint8_t byte = gb[CodeByte(f, j, e)];
+  if (f == QuantFormat::kQ8_0) return static_cast<int8_t>(byte);
+  int code = e % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
+  if (HasFifthBit(f)) code |= ((gb[FifthBitByte(f, j, e)] >> FifthBitShift(e)) & 1) << 4;
+  if (f == QuantFormat::kQ6_K) code |= ((gb[Q6HighByte(j, e)] >> Q6HighShift(e)) & 3) << 4;
+  return code;
+}
+
+// The float scales of packed row j in group-block gb (block b of group g): Q4_K dw = d * sc and
+// the subtracted dmin * m; Q6_K dw of each half; the others their half d (and m).
+struct RowScales {
+  float dw[2];
+  float m;
+};
+RowScales PackedScales(const QuantWeights& w, int g, int b, int j) {
+  const uint8_t* gb = w.GroupBlock(g, b);
+  RowScales r{};
+  if (w.format == QuantFormat::kQ4_K) {
+    const uint8_t* sup = w.Super(g, b);
+    r.dw[0] = HalfToFloat(LoadU16(sup + 2 * j)) * static_cast<float>(gb[j]);
+    r.m = HalfToFloat(LoadU16(sup + 32 + 2 * j)) * static_cast<float>(gb[16 + j]);
+  } else if (w.format == QuantFormat::kQ6_K) {
+    const float d = HalfToFloat(LoadU16(w.Super(g, b) + 2 * j));
+    r.dw[0] = d * static_cast<float>(static_cast<int8_t>(gb[j]));
+    r.dw[1] = d * static_cast<float>(static_cast<int8_t>(gb[16 + j]));
+  } else {
+    r.dw[0] = HalfToFloat(LoadU16(gb + 2 * j));
+    r.m = HasMin(w.format) ? HalfToFloat(LoadU16(gb + MinsOffset() + 2 * j)) : 0.f;
   }
-  const int u = e % 8;
-  const uint8_t byte = codes[(e / 8) * 64 + j * 4 + u % 4];
-  return u < 4 ? (byte & 0x0f) : (byte >> 4);
+  return r;
 }
 
 }  // namespace
@@ -68,8 +126,20 @@ const char* QuantFormatName(QuantFormat format) {
       return "Q4_0";
     case QuantFormat::kQ4_1:
       return "Q4_1";
+    case QuantFormat::kQ5_0:
+      return "Q5_0";
+    case QuantFormat::kQ5_1:
+      return "Q5_1";
+    case QuantFormat::kQ4_K:
+      return "Q4_K";
+    case QuantFormat::kQ6_K:
+      return "Q6_K";
   }
   return "?";
+}
+
+int QuantBlockElements(QuantFormat format) {
+  return IsKQuant(format) ? kQuantSuperBlock : kQuantBlock;
 }
 
 int QuantBlockBytes(QuantFormat format) {
@@ -80,16 +150,38 @@ int QuantBlockBytes(QuantFormat format) {
       return 18;
     case QuantFormat::kQ4_1:
       return 20;
+    case QuantFormat::kQ5_0:
+      return 22;
+    case QuantFormat::kQ5_1:
+      return 24;
+    case QuantFormat::kQ4_K:
+      return 144;
+    case QuantFormat::kQ6_K:
+      return 210;
   }
   return 0;
 }
 
+namespace {
+
+std::unique_ptr<uint8_t[], AlignedFree> AllocateZeroed(int64_t bytes) {
+  const size_t alloc =
+      static_cast<size_t>((bytes + kCacheLineBytes - 1) / kCacheLineBytes * kCacheLineBytes);
+  std::unique_ptr<uint8_t[], AlignedFree> p(
+      static_cast<uint8_t*>(std::aligned_alloc(kCacheLineBytes, alloc)));
+  if (p != nullptr) std::memset(p.get(), 0, alloc);
+  return p;
+}
+
+}  // namespace
+
 absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t* src, int n,
                                               int k) {
-  if (src == nullptr || n <= 0 || k <= 0 || k % kQuantBlock != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("PackQuantWeights: bad ",
-                                                   QuantFormatName(format), " matrix ", n, "x", k,
-                                                   " (k must be a positive multiple of 32)"));
+  const int per_block = QuantBlockElements(format);
+  if (src == nullptr || n <= 0 || k <= 0 || k % per_block != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PackQuantWeights: bad ", QuantFormatName(format), " matrix ", n, "x", k,
+                     " (k must be a positive multiple of ", per_block, ")"));
   }
   QuantWeights w;
   w.format = format;
@@ -97,35 +189,47 @@ absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t*
   w.k = k;
   w.num_groups = (n + kQuantGroupRows - 1) / kQuantGroupRows;
   w.blocks = k / kQuantBlock;
-  w.group_block_bytes = kQuantGroupRows * QuantBlockBytes(format);
-  const int64_t bytes = w.bytes();
-  const size_t alloc =
-      static_cast<size_t>((bytes + kCacheLineBytes - 1) / kCacheLineBytes * kCacheLineBytes);
-  w.data.reset(static_cast<uint8_t*>(std::aligned_alloc(kCacheLineBytes, alloc)));
-  if (w.data == nullptr) {
+  w.group_block_bytes = internal::GroupBlockBytes(format);
+  w.super_bytes = internal::SuperBytes(format);
+  const int64_t main_bytes = static_cast<int64_t>(w.num_groups) * w.blocks * w.group_block_bytes;
+  const int64_t super_bytes = w.bytes() - main_bytes;
+  w.data = AllocateZeroed(main_bytes);
+  if (super_bytes > 0) w.super = AllocateZeroed(super_bytes);
+  if (w.data == nullptr || (super_bytes > 0 && w.super == nullptr)) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("PackQuantWeights: out of memory for ", bytes, " bytes"));
+        absl::StrCat("PackQuantWeights: out of memory for ", w.bytes(), " bytes"));
   }
-  std::memset(w.data.get(), 0, alloc);
-  const int bb = QuantBlockBytes(format);
-  const int codes = CodesOffset(format);
-  int q[32];
+  const int64_t row_bytes = static_cast<int64_t>(k / per_block) * QuantBlockBytes(format);
+  DecodedBlock blk;
   for (int r = 0; r < n; ++r) {
     const int g = r / kQuantGroupRows;
     const int j = r % kQuantGroupRows;
     for (int b = 0; b < w.blocks; ++b) {
-      uint16_t d, m;
-      DecodeGgufBlock(format, src + (static_cast<int64_t>(r) * w.blocks + b) * bb, q, &d, &m);
+      DecodeGgufBlock(format, src + r * row_bytes, b, &blk);
       uint8_t* gb = w.data.get() + (static_cast<int64_t>(g) * w.blocks + b) * w.group_block_bytes;
-      std::memcpy(gb + 2 * j, &d, 2);
-      if (format == QuantFormat::kQ4_1) std::memcpy(gb + 32 + 2 * j, &m, 2);
+      if (IsKQuant(format)) {
+        gb[j] = static_cast<uint8_t>(blk.sc[0]);
+        gb[16 + j] = static_cast<uint8_t>(blk.sc[1]);
+        uint8_t* sup = const_cast<uint8_t*>(w.Super(g, b));
+        std::memcpy(sup + 2 * j, &blk.d, 2);
+        if (format == QuantFormat::kQ4_K) std::memcpy(sup + 32 + 2 * j, &blk.m, 2);
+      } else {
+        std::memcpy(gb + 2 * j, &blk.d, 2);
+        if (HasMin(format)) std::memcpy(gb + MinsOffset() + 2 * j, &blk.m, 2);
+      }
       for (int e = 0; e < 32; ++e) {
+        const int q = blk.q[e];
+        uint8_t& byte = gb[CodeByte(format, j, e)];
         if (format == QuantFormat::kQ8_0) {
-          gb[codes + (e / 4) * 64 + j * 4 + e % 4] = static_cast<uint8_t>(q[e]);
-        } else {
-          const int u = e % 8;
-          uint8_t& byte = gb[codes + (e / 8) * 64 + j * 4 + u % 4];
-          byte |= static_cast<uint8_t>(u < 4 ? q[e] : q[e] << 4);
+          byte = static_cast<uint8_t>(q);
+          continue;
+        }
+        byte |= static_cast<uint8_t>(e % 8 < 4 ? (q & 0x0f) : (q & 0x0f) << 4);
+        if (HasFifthBit(format)) {
+          gb[FifthBitByte(format, j, e)] |= static_cast<uint8_t>((q >> 4) << FifthBitShift(e));
+        }
+        if (format == QuantFormat::kQ6_K) {
+          gb[Q6HighByte(j, e)] |= static_cast<uint8_t>((q >> 4) << Q6HighShift(e));
         }
       }
     }
@@ -136,21 +240,35 @@ absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t*
 void DequantizeQuantRow(const QuantWeights& w, int row, float* out) {
   const int g = row / kQuantGroupRows;
   const int j = row % kQuantGroupRows;
+  const int sub = CodeOffset(w.format);
   for (int b = 0; b < w.blocks; ++b) {
     const uint8_t* gb = w.GroupBlock(g, b);
-    const float d = HalfToFloat(Load16(gb + 2 * j));
-    const float m = w.format == QuantFormat::kQ4_1 ? HalfToFloat(Load16(gb + 32 + 2 * j)) : 0.f;
-    const int sub = w.format == QuantFormat::kQ4_0 ? 8 : 0;
+    const RowScales s = PackedScales(w, g, b, j);
     for (int e = 0; e < 32; ++e) {
-      const int q = PackedCode(w.format, gb, j, e);
-      // As gguf_quant.cc dequantizes: Q8_0 q * d; Q4_x (q - sub) * d + m.
-      out[b * 32 + e] = w.format == QuantFormat::kQ8_0 ? static_cast<float>(q) * d
-                                                       : static_cast<float>(q - sub) * d + m;
+      const float q = static_cast<float>(PackedCode(w.format, gb, j, e) - sub);
+      // As gguf_quant.cc / gguf_kquant.cc dequantize: Q8_0 q * d; Q4_x / Q5_x (q - sub) * d + m;
+      // Q4_K (d * sc) * q - dmin * m; Q6_K (d * sc) * (q - 32).
+      float x;
+      switch (w.format) {
+        case QuantFormat::kQ8_0:
+          x = q * s.dw[0];
+          break;
+        case QuantFormat::kQ4_K:
+          x = s.dw[0] * q - s.m;
+          break;
+        case QuantFormat::kQ6_K:
+          x = s.dw[e / 16] * q;
+          break;
+        default:
+          x = q * s.dw[0] + s.m;
+      }
+      out[b * 32 + e] = x;
     }
   }
 }
 
-void QuantizeActivationRow(const float* x, int k, int8_t* q, float* d, int32_t* sum, float* dsum) {
+void QuantizeActivationRow(const float* x, int k, int8_t* q, float* d, int32_t* sum,
+                           int32_t* sum_lo, float* dsum) {
   for (int b = 0; b < k / kQuantBlock; ++b) {
     const float* xb = x + b * kQuantBlock;
     float amax = 0.f;
@@ -163,6 +281,7 @@ void QuantizeActivationRow(const float* x, int k, int8_t* q, float* d, int32_t* 
       const int c = static_cast<int>(std::clamp(v, -127.f, 127.f));
       q[b * kQuantBlock + e] = static_cast<int8_t>(c);
       s += c;
+      if (e == kQuantBlock / 2 - 1) sum_lo[b] = s;
     }
     d[b] = scale;
     sum[b] = s;
@@ -174,6 +293,7 @@ namespace internal {
 
 void QuantTileScalar(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
                      const float* bias, float* y, int64_t ldy) {
+  const int sub = CodeOffset(w.format);
   for (int g = g0; g < g1; ++g) {
     for (int r = 0; r < rows; ++r) {
       float acc[kQuantGroupRows] = {};
@@ -181,16 +301,24 @@ void QuantTileScalar(const QuantWeights& w, const QuantActs& a, int rows, int g0
       for (int b = 0; b < w.blocks; ++b) {
         const uint8_t* gb = w.GroupBlock(g, b);
         const float dx = a.d[r * a.ldb + b];
+        const int32_t sum = a.sum[r * a.ldb + b];
+        const int32_t sum_lo = a.sum_lo[r * a.ldb + b];
         for (int j = 0; j < kQuantGroupRows; ++j) {
-          int32_t isum = 0;
+          const RowScales s = PackedScales(w, g, b, j);
+          int32_t isum[2] = {0, 0};
           for (int e = 0; e < kQuantBlock; ++e)
-            isum += PackedCode(w.format, gb, j, e) * xq[b * 32 + e];
-          if (w.format == QuantFormat::kQ4_0) isum -= 8 * a.sum[r * a.ldb + b];
-          const float s = HalfToFloat(Load16(gb + 2 * j)) * dx;
-          acc[j] = std::fma(s, static_cast<float>(isum), acc[j]);
-          if (w.format == QuantFormat::kQ4_1) {
-            acc[j] = std::fma(HalfToFloat(Load16(gb + 32 + 2 * j)), a.dsum[r * a.ldb + b], acc[j]);
+            isum[e / 16] += PackedCode(w.format, gb, j, e) * xq[b * 32 + e];
+          if (w.format == QuantFormat::kQ6_K) {
+            acc[j] = std::fma(s.dw[0] * dx, static_cast<float>(isum[0] - sub * sum_lo), acc[j]);
+            acc[j] =
+                std::fma(s.dw[1] * dx, static_cast<float>(isum[1] - sub * (sum - sum_lo)), acc[j]);
+            continue;
           }
+          const int32_t total = isum[0] + isum[1] - sub * sum;
+          acc[j] = std::fma(s.dw[0] * dx, static_cast<float>(total), acc[j]);
+          if (HasMin(w.format)) acc[j] = std::fma(s.m, a.dsum[r * a.ldb + b], acc[j]);
+          if (w.format == QuantFormat::kQ4_K)
+            acc[j] = std::fma(-s.m, a.dsum[r * a.ldb + b], acc[j]);
         }
       }
       StoreGroupRow(acc, g, w.n, bias, y + r * ldy);
@@ -217,13 +345,15 @@ void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* 
   scratch->q.resize(static_cast<size_t>(m) * k);
   scratch->d.resize(static_cast<size_t>(m) * blocks);
   scratch->sum.resize(static_cast<size_t>(m) * blocks);
+  scratch->sum_lo.resize(static_cast<size_t>(m) * blocks);
   scratch->dsum.resize(static_cast<size_t>(m) * blocks);
   auto* quantize_row =
       isa == CpuIsa::kScalar ? QuantizeActivationRow : internal::QuantizeActivationRowAvx2;
   auto quantize = [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       quantize_row(x + r * k, k, scratch->q.data() + r * k, scratch->d.data() + r * blocks,
-                   scratch->sum.data() + r * blocks, scratch->dsum.data() + r * blocks);
+                   scratch->sum.data() + r * blocks, scratch->sum_lo.data() + r * blocks,
+                   scratch->dsum.data() + r * blocks);
     }
   };
   if (pool == nullptr || m < 8) {
@@ -267,6 +397,7 @@ void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* 
         const QuantActs a{scratch->q.data() + static_cast<int64_t>(r) * k,
                           scratch->d.data() + static_cast<int64_t>(r) * blocks,
                           scratch->sum.data() + static_cast<int64_t>(r) * blocks,
+                          scratch->sum_lo.data() + static_cast<int64_t>(r) * blocks,
                           scratch->dsum.data() + static_cast<int64_t>(r) * blocks,
                           k,
                           blocks};

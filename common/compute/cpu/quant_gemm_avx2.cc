@@ -1,6 +1,7 @@
 // QuantGemm's AVX2 tile kernel (compiled with -mavx2 -mfma -mf16c; run only where the CPU has
 // them, see cpu_isa.h): vpmaddubsw / vpmaddwd integer dot products, the arithmetic of
-// quant_gemm.h exactly.
+// quant_gemm.h exactly. Q5_x codes take their fifth bit as the AVX-512 kernel does
+// (quant_gemm_avx512.cc).
 #include <immintrin.h>
 
 #include <cstring>
@@ -18,13 +19,29 @@ inline __m256i Broadcast32(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+inline int32_t HorizontalSum(__m256i v) {
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+  return _mm_cvtsi128_si32(s4);
+}
+
+// Bit `bit` of each byte of v moved to bit 4 (only bit 4 of the result is meaningful).
+template <int kBit>
+inline __m256i BitToFour(__m256i v) {
+  if constexpr (kBit < 4) return _mm256_slli_epi16(v, 4 - kBit);
+  if constexpr (kBit > 4) return _mm256_srli_epi16(v, kBit - 4);
+  return v;
+}
+
 // Rows [0, R) x group g, half h (outputs 8h .. 8h+7), into out[r][8h ..].
 template <QuantFormat F, int R>
 void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
                float out[][kQuantGroupRows]) {
   const __m256i ones16 = _mm256_set1_epi16(1);
   const __m256i low4 = _mm256_set1_epi8(0x0f);
-  constexpr int kCodes = F == QuantFormat::kQ4_1 ? 64 : 32;
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  constexpr int kCodes = CodesOffset(F);
   __m256 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -47,28 +64,52 @@ void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
         }
       }
     } else {
+      __m256i fifth = _mm256_setzero_si256();
+      if constexpr (HasFifthBit(F)) {
+        fifth =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(gb + FifthBitsOffset(F) + h * 32));
+      }
       __m256i s16[R];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-      for (int s = 0; s < 4; ++s) {
-        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + s * 64));
-        const __m256i lo = _mm256_and_si256(v, low4);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      for (int r = 0; r < R; ++r) {
+        isum[r] = _mm256_setzero_si256();
+        s16[r] = _mm256_setzero_si256();
+      }
+      auto step = [&]<int S>() {
+        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + S * 64));
+        __m256i lo = _mm256_and_si256(v, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        if constexpr (HasFifthBit(F)) {
+          lo = _mm256_or_si256(lo, _mm256_and_si256(BitToFour<2 * S>(fifth), bit4));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(BitToFour<2 * S + 1>(fifth), bit4));
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          const int8_t* xq = a.q + r * a.ldq + b * 32 + 8 * s;
-          // |each product pair| <= 2 * 15 * 127; 8 of them fit int16.
+          const int8_t* xq = a.q + r * a.ldq + b * 32 + 8 * S;
           const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, Broadcast32(xq)),
                                              _mm256_maddubs_epi16(hi, Broadcast32(xq + 4)));
           s16[r] = _mm256_add_epi16(s16[r], p);
         }
-      }
+        // |each product pair| <= 2 * 15 * 127 (Q5_x: 2 * 31 * 127): int16 holds 8 pairs of
+        // four-bit codes (all four steps) or 4 pairs of five-bit ones (two steps).
+        if constexpr (HasFifthBit(F) && S % 2 == 1) {
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], ones16));
+            s16[r] = _mm256_setzero_si256();
+          }
+        }
+      };
+      step.template operator()<0>();
+      step.template operator()<1>();
+      step.template operator()<2>();
+      step.template operator()<3>();
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        isum[r] = _mm256_madd_epi16(s16[r], ones16);
-        if constexpr (F == QuantFormat::kQ4_0) {
-          isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(8 * a.sum[r * a.ldb + b]));
+        if constexpr (!HasFifthBit(F)) isum[r] = _mm256_madd_epi16(s16[r], ones16);
+        if constexpr (CodeOffset(F) != 0) {
+          isum[r] =
+              _mm256_sub_epi32(isum[r], _mm256_set1_epi32(CodeOffset(F) * a.sum[r * a.ldb + b]));
         }
       }
     }
@@ -79,12 +120,101 @@ void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
       const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[r * a.ldb + b]));
       acc[r] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(isum[r]), acc[r]);
     }
-    if constexpr (F == QuantFormat::kQ4_1) {
-      const __m256 mw =
-          _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(gb + 32 + h * 16)));
+    if constexpr (HasMin(F)) {
+      const __m256 mw = _mm256_cvtph_ps(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(gb + MinsOffset() + h * 16)));
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.dsum[r * a.ldb + b]), acc[r]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r] + 8 * h, acc[r]);
+}
+
+// The K-quants' half: Q4_K as Q4_1 with its scales from integers (dw = d * sc, m = dmin * m,
+// both exact); Q6_K with the top two code bits from its high-bit vectors and one int32 sum per
+// half of 16 (|a step's product pairs| <= 2 * 2 * 63 * 127 fits int16, so each step widens).
+template <QuantFormat F, int R>
+void GroupHalfK(const QuantWeights& w, const QuantActs& a, int g, int h,
+                float out[][kQuantGroupRows]) {
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i bits45 = _mm256_set1_epi8(0x30);
+  constexpr bool kQ6 = F == QuantFormat::kQ6_K;
+  __m256 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < w.blocks; ++b) {
+    const uint8_t* gb = w.GroupBlock(g, b);
+    const uint8_t* sup = w.Super(g, b);
+    const uint8_t* codes = gb + CodesOffset(F) + h * 32;
+    __m256i high[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    if constexpr (kQ6) {
+#pragma GCC unroll 2
+      for (int i = 0; i < 2; ++i) {
+        high[i] = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(gb + Q6HighBitsOffset() + i * 64 + h * 32));
+      }
+    }
+    __m256i isum[2][R], s16[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      isum[0][r] = isum[1][r] = s16[r] = _mm256_setzero_si256();
+    }
+    auto step = [&]<int S>() {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + S * 64));
+      __m256i lo = _mm256_and_si256(v, low4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      if constexpr (kQ6) {
+        constexpr int kField = 2 * (S % 2);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(BitToFour<2 * kField>(high[S / 2]), bits45));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(BitToFour<2 * kField + 2>(high[S / 2]), bits45));
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xq = a.q + r * a.ldq + b * 32 + 8 * S;
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, Broadcast32(xq)),
+                                           _mm256_maddubs_epi16(hi, Broadcast32(xq + 4)));
+        if constexpr (kQ6) {
+          isum[S / 2][r] = _mm256_add_epi32(isum[S / 2][r], _mm256_madd_epi16(p, ones16));
+        } else {
+          s16[r] = _mm256_add_epi16(s16[r], p);
+        }
+      }
+    };
+    step.template operator()<0>();
+    step.template operator()<1>();
+    step.template operator()<2>();
+    step.template operator()<3>();
+    const __m256 d =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + h * 16)));
+    const __m128i sc0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 8 * h));
+    const __m128i sc1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 16 + 8 * h));
+    if constexpr (kQ6) {
+      const __m256 dw0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc0)));
+      const __m256 dw1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc1)));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const int32_t sum = a.sum[r * a.ldb + b], lo = a.sum_lo[r * a.ldb + b];
+        const __m256 dx = _mm256_set1_ps(a.d[r * a.ldb + b]);
+        const __m256i i0 = _mm256_sub_epi32(isum[0][r], _mm256_set1_epi32(32 * lo));
+        const __m256i i1 = _mm256_sub_epi32(isum[1][r], _mm256_set1_epi32(32 * (sum - lo)));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw0, dx), _mm256_cvtepi32_ps(i0), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw1, dx), _mm256_cvtepi32_ps(i1), acc[r]);
+      }
+    } else {
+      const __m256 dmin =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 32 + h * 16)));
+      const __m256 dw = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc0)));
+      const __m256 mw = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc1)));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256i i = _mm256_madd_epi16(s16[r], ones16);
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d[r * a.ldb + b])),
+                                 _mm256_cvtepi32_ps(i), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(a.dsum[r * a.ldb + b]), acc[r]);
       }
     }
   }
@@ -97,8 +227,13 @@ void Tile(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float
           int64_t ldy) {
   alignas(32) float out[R][kQuantGroupRows];
   for (int g = g0; g < g1; ++g) {
-    GroupHalf<F, R>(w, a, g, 0, out);
-    GroupHalf<F, R>(w, a, g, 1, out);
+    if constexpr (IsKQuant(F)) {
+      GroupHalfK<F, R>(w, a, g, 0, out);
+      GroupHalfK<F, R>(w, a, g, 1, out);
+    } else {
+      GroupHalf<F, R>(w, a, g, 0, out);
+      GroupHalf<F, R>(w, a, g, 1, out);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) StoreGroupRow(out[r], g, w.n, bias, y + r * ldy);
   }
@@ -115,7 +250,7 @@ struct Avx2Kernel {
 }  // namespace
 
 void QuantizeActivationRowAvx2(const float* x, int k, int8_t* q, float* d, int32_t* sum,
-                               float* dsum) {
+                               int32_t* sum_lo, float* dsum) {
   const __m256 sign = _mm256_set1_ps(-0.f);
   const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -148,12 +283,10 @@ void QuantizeActivationRowAvx2(const float* x, int k, int8_t* q, float* d, int32
     const __m256i packed = _mm256_permutevar8x32_epi32(
         _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3])), order);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kQuantBlock), packed);
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-    const int32_t total = _mm_cvtsi128_si32(s4);
     d[b] = scale;
-    sum[b] = total;
+    sum[b] = HorizontalSum(s);
+    sum_lo[b] = HorizontalSum(_mm256_add_epi32(c[0], c[1]));
+    const int32_t total = sum[b];
     dsum[b] = scale * static_cast<float>(total);
   }
 }

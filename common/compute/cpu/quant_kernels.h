@@ -17,10 +17,47 @@ struct QuantActs {
   const int8_t* q;     // [rows][k]
   const float* d;      // [rows][blocks]
   const int32_t* sum;  // [rows][blocks]
-  const float* dsum;   // [rows][blocks]
+  const int32_t* sum_lo;  // [rows][blocks]: the sum of each block's first 16 codes
+  const float* dsum;      // [rows][blocks]
   int64_t ldq;         // k
   int64_t ldb;         // blocks
 };
+
+// The packed (group, block) layout of format F (quant_gemm.h). Blocks of 32: 16 half d at 0,
+// then for the formats with a min 16 half m, then for the five-bit ones 16 words of fifth bits,
+// then codes. K-quants: 32 bytes of integer scales (Q4_K: 16 sc, 16 m; Q6_K: 16 per half), the
+// codes, then for Q6_K 128 bytes of high bit pairs; per super-block 16 half d (Q4_K: then 16
+// half dmin).
+constexpr bool IsKQuant(QuantFormat f) {
+  return f == QuantFormat::kQ4_K || f == QuantFormat::kQ6_K;
+}
+constexpr bool HasMin(QuantFormat f) { return f == QuantFormat::kQ4_1 || f == QuantFormat::kQ5_1; }
+constexpr bool HasFifthBit(QuantFormat f) {
+  return f == QuantFormat::kQ5_0 || f == QuantFormat::kQ5_1;
+}
+// The code offset o of x = (code - o) * d: 8 (Q4_0), 16 (Q5_0), 32 (Q6_K), else 0.
+constexpr int CodeOffset(QuantFormat f) {
+  return f == QuantFormat::kQ4_0   ? 8
+         : f == QuantFormat::kQ5_0 ? 16
+         : f == QuantFormat::kQ6_K ? 32
+                                   : 0;
+}
+constexpr int MinsOffset() { return 32; }
+constexpr int FifthBitsOffset(QuantFormat f) { return HasMin(f) ? 64 : 32; }
+constexpr int CodesOffset(QuantFormat f) {
+  return IsKQuant(f) ? 32 : FifthBitsOffset(f) + (HasFifthBit(f) ? 64 : 0);
+}
+constexpr int Q6HighBitsOffset() { return 32 + 256; }
+// Bytes per (group, block of 32) and per (group, super-block).
+constexpr int GroupBlockBytes(QuantFormat f) {
+  return f == QuantFormat::kQ4_K   ? 32 + 256
+         : f == QuantFormat::kQ6_K ? 32 + 256 + 128
+         : f == QuantFormat::kQ8_0 ? 32 + 512
+                                   : CodesOffset(f) + 256;
+}
+constexpr int SuperBytes(QuantFormat f) {
+  return f == QuantFormat::kQ4_K ? 64 : f == QuantFormat::kQ6_K ? 32 : 0;
+}
 
 // The helpers below are static: each per-ISA translation unit keeps its own copy, compiled
 // for its instruction set, which the linker cannot hand to another path.
@@ -73,6 +110,14 @@ void DispatchQuantTile(const QuantWeights& w, const QuantActs& a, int rows, int 
       return by_rows.template operator()<QuantFormat::kQ4_0>();
     case QuantFormat::kQ4_1:
       return by_rows.template operator()<QuantFormat::kQ4_1>();
+    case QuantFormat::kQ5_0:
+      return by_rows.template operator()<QuantFormat::kQ5_0>();
+    case QuantFormat::kQ5_1:
+      return by_rows.template operator()<QuantFormat::kQ5_1>();
+    case QuantFormat::kQ4_K:
+      return by_rows.template operator()<QuantFormat::kQ4_K>();
+    case QuantFormat::kQ6_K:
+      return by_rows.template operator()<QuantFormat::kQ6_K>();
   }
 }
 
@@ -81,7 +126,7 @@ using QuantTileFn = void (*)(const QuantWeights& w, const QuantActs& a, int rows
 
 // QuantizeActivationRow with AVX2: the same codes, scales and sums bit for bit.
 void QuantizeActivationRowAvx2(const float* x, int k, int8_t* q, float* d, int32_t* sum,
-                               float* dsum);
+                               int32_t* sum_lo, float* dsum);
 
 void QuantTileScalar(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
                      const float* bias, float* y, int64_t ldy);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/base/float16.h"
+#include "common/base/ggml_blocks.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/compute/cpu/cpu_isa.h"
@@ -25,7 +26,14 @@ using cpu::CpuIsa;
 using cpu::QuantFormat;
 using testing::RandomVector;
 
-constexpr QuantFormat kFormats[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1};
+constexpr QuantFormat kFormats[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1,
+                                    QuantFormat::kQ5_0, QuantFormat::kQ5_1, QuantFormat::kQ4_K,
+                                    QuantFormat::kQ6_K};
+
+bool WithMin(QuantFormat f) { return f == QuantFormat::kQ4_1 || f == QuantFormat::kQ5_1; }
+bool FiveBit(QuantFormat f) { return f == QuantFormat::kQ5_0 || f == QuantFormat::kQ5_1; }
+// o in x = (code - o) * d (+ m).
+int Offset(QuantFormat f) { return f == QuantFormat::kQ4_0 ? 8 : f == QuantFormat::kQ5_0 ? 16 : 0; }
 
 WeightFormat ToWeightFormat(QuantFormat f) {
   switch (f) {
@@ -35,6 +43,14 @@ WeightFormat ToWeightFormat(QuantFormat f) {
       return WeightFormat::kQ4_0;
     case QuantFormat::kQ4_1:
       return WeightFormat::kQ4_1;
+    case QuantFormat::kQ5_0:
+      return WeightFormat::kQ5_0;
+    case QuantFormat::kQ5_1:
+      return WeightFormat::kQ5_1;
+    case QuantFormat::kQ4_K:
+      return WeightFormat::kQ4_K;
+    case QuantFormat::kQ6_K:
+      return WeightFormat::kQ6_K;
   }
   return WeightFormat::kF32;
 }
@@ -49,68 +65,133 @@ std::vector<CpuIsa> HostPaths() {
   return out;
 }
 
-// Random GGUF blocks: n rows of k / 32 blocks, every code value possible (Q8_0 includes -128).
+// k rounded up to whole blocks of the format (256 for the K-quants), and a row's GGUF bytes.
+int Cols(QuantFormat f, int k) {
+  const int e = cpu::QuantBlockElements(f);
+  return (k + e - 1) / e * e;
+}
+size_t RowBytes(QuantFormat f, int k) {
+  return static_cast<size_t>(k / cpu::QuantBlockElements(f)) * cpu::QuantBlockBytes(f);
+}
+// The bytes of a GGUF block that hold codes and integer scales, [first, last): all but its
+// half d (and m / dmin).
+std::pair<int, int> PayloadBytes(QuantFormat f) {
+  if (f == QuantFormat::kQ4_K) return {4, 144};
+  if (f == QuantFormat::kQ6_K) return {0, 208};
+  return {WithMin(f) ? 4 : 2, cpu::QuantBlockBytes(f)};
+}
+
+// Random GGUF blocks: n rows of k / QuantBlockElements blocks, every code and integer scale
+// value possible (Q8_0 includes -128), halves in a plausible range.
 std::vector<uint8_t> RandomBlocks(QuantFormat f, int n, int k, uint32_t seed) {
   std::mt19937 rng(seed);
   const int bb = cpu::QuantBlockBytes(f);
-  std::vector<uint8_t> out(static_cast<size_t>(n) * (k / 32) * bb);
+  std::vector<uint8_t> out(static_cast<size_t>(n) * RowBytes(f, k));
   std::uniform_real_distribution<float> scale(0.002f, 0.05f);
   std::uniform_int_distribution<int> byte(0, 255);
+  auto put = [&](uint8_t* p, float v) {
+    const uint16_t h = FloatToHalf(v);
+    std::memcpy(p, &h, 2);
+  };
   for (size_t b = 0; b < out.size() / bb; ++b) {
     uint8_t* p = out.data() + b * bb;
-    const uint16_t d = FloatToHalf(scale(rng));
-    std::memcpy(p, &d, 2);
-    int first = 2;
-    if (f == QuantFormat::kQ4_1) {
-      const uint16_t m = FloatToHalf(-8.f * scale(rng));
-      std::memcpy(p + 2, &m, 2);
-      first = 4;
+    const auto [first, last] = PayloadBytes(f);
+    for (int i = first; i < last; ++i) p[i] = static_cast<uint8_t>(byte(rng));
+    if (f == QuantFormat::kQ4_K) {
+      put(p, scale(rng) / 8), put(p + 2, scale(rng) / 8);  // sc, m up to 63
+    } else if (f == QuantFormat::kQ6_K) {
+      put(p + 208, scale(rng) / 32);  // int8 scales
+    } else {
+      put(p, scale(rng));
+      if (WithMin(f)) put(p + 2, (FiveBit(f) ? -16.f : -8.f) * scale(rng));
     }
-    for (int i = first; i < bb; ++i) p[i] = static_cast<uint8_t>(byte(rng));
   }
   return out;
 }
 
-// Element e of GGUF block `p`: its integer code and dequantized value (ggml's formulas).
-int Code(QuantFormat f, const uint8_t* p, int e) {
-  if (f == QuantFormat::kQ8_0) return static_cast<int8_t>(p[2 + e]);
-  const uint8_t* qs = p + (f == QuantFormat::kQ4_1 ? 4 : 2);
-  return e < 16 ? (qs[e] & 15) : (qs[e - 16] >> 4);
-}
 float Half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return HalfToFloat(h);
 }
-float Dequant(QuantFormat f, const uint8_t* p, int e) {
-  const int q = Code(f, p, e);
-  if (f == QuantFormat::kQ8_0) return static_cast<float>(q) * Half(p);
-  return static_cast<float>(q - (f == QuantFormat::kQ4_0 ? 8 : 0)) * Half(p) +
-         (f == QuantFormat::kQ4_1 ? Half(p + 2) : 0.f);
+
+// Block b (of 32 elements) of row j as ggml defines it (ggml_blocks.h for the K-quants, checked
+// against ggml's own output by gguf_kquant_test): v = code - offset, and
+// x[e] = v[e] * dw[e / 16] + m (Q8_0: v * dw; Q4_K: m = -(dmin * min); Q6_K: m = 0).
+struct Block32 {
+  int v[32];
+  float dw[2];
+  float m = 0.f;
+};
+Block32 ReadBlock(QuantFormat f, const std::vector<uint8_t>& w, int k, int j, int b) {
+  const uint8_t* row = w.data() + static_cast<size_t>(j) * RowBytes(f, k);
+  Block32 out;
+  if (f == QuantFormat::kQ4_K) {
+    KQuant4 q;
+    DecodeQ4K(row + (b / 8) * 144, &q);
+    for (int e = 0; e < 32; ++e) out.v[e] = q.codes[32 * (b % 8) + e];
+    out.dw[0] = out.dw[1] = HalfToFloat(q.d) * static_cast<float>(q.scale[b % 8]);
+    out.m = -(HalfToFloat(q.dmin) * static_cast<float>(q.min[b % 8]));
+    return out;
+  }
+  if (f == QuantFormat::kQ6_K) {
+    KQuant6 q;
+    DecodeQ6K(row + (b / 8) * 210, &q);
+    for (int e = 0; e < 32; ++e) out.v[e] = q.codes[32 * (b % 8) + e] - 32;
+    for (int h = 0; h < 2; ++h) {
+      out.dw[h] = HalfToFloat(q.d) * static_cast<float>(q.scale[2 * (b % 8) + h]);
+    }
+    return out;
+  }
+  const uint8_t* p = row + static_cast<size_t>(b) * cpu::QuantBlockBytes(f);
+  const uint8_t* qs = p + (WithMin(f) ? 4 : 2);
+  uint32_t qh = 0;
+  if (FiveBit(f)) {  // d, (m,) 32 fifth bits (bit e for element e), then the nibbles as Q4_x
+    std::memcpy(&qh, qs, 4);
+    qs += 4;
+  }
+  for (int e = 0; e < 32; ++e) {
+    const int high = static_cast<int>((qh >> e) & 1) << 4;
+    const int code = f == QuantFormat::kQ8_0 ? static_cast<int8_t>(p[2 + e])
+                                             : (e < 16 ? (qs[e] & 15) : (qs[e - 16] >> 4)) | high;
+    out.v[e] = code - Offset(f);
+  }
+  out.dw[0] = out.dw[1] = Half(p);
+  if (WithMin(f)) out.m = Half(p + 2);
+  return out;
+}
+// Element e of a block, dequantized in ggml's order of operations.
+float Dequant(QuantFormat f, const Block32& blk, int e) {
+  const float v = static_cast<float>(blk.v[e]);
+  if (f == QuantFormat::kQ8_0) return v * blk.dw[0];
+  if (f == QuantFormat::kQ4_K) return blk.dw[0] * v + blk.m;  // (d * sc) q - dmin m
+  return v * blk.dw[e / 16] + blk.m;
 }
 
 // quant_gemm.h's arithmetic written out from the GGUF bytes (no packing, no tiles).
 std::vector<float> ModelOfKernel(QuantFormat f, const std::vector<uint8_t>& w, int n, int k,
                                  const std::vector<float>& x, int m, const float* bias) {
-  const int bb = cpu::QuantBlockBytes(f);
   const int blocks = k / 32;
   std::vector<float> y(static_cast<size_t>(m) * n);
   std::vector<int8_t> q(k);
   std::vector<float> d(blocks), dsum(blocks);
-  std::vector<int32_t> sum(blocks);
+  std::vector<int32_t> sum(blocks), sum_lo(blocks);
   for (int i = 0; i < m; ++i) {
     cpu::QuantizeActivationRow(x.data() + static_cast<size_t>(i) * k, k, q.data(), d.data(),
-                               sum.data(), dsum.data());
+                               sum.data(), sum_lo.data(), dsum.data());
     for (int j = 0; j < n; ++j) {
       float acc = 0.f;
       for (int b = 0; b < blocks; ++b) {
-        const uint8_t* p = w.data() + (static_cast<size_t>(j) * blocks + b) * bb;
-        int32_t isum = 0;
-        for (int e = 0; e < 32; ++e) {
-          isum += (Code(f, p, e) - (f == QuantFormat::kQ4_0 ? 8 : 0)) * q[b * 32 + e];
+        const Block32 blk = ReadBlock(f, w, k, j, b);
+        int32_t isum[2] = {0, 0};
+        for (int e = 0; e < 32; ++e) isum[e / 16] += blk.v[e] * q[b * 32 + e];
+        if (f == QuantFormat::kQ6_K) {
+          acc = std::fma(blk.dw[0] * d[b], static_cast<float>(isum[0]), acc);
+          acc = std::fma(blk.dw[1] * d[b], static_cast<float>(isum[1]), acc);
+          continue;
         }
-        acc = std::fma(Half(p) * d[b], static_cast<float>(isum), acc);
-        if (f == QuantFormat::kQ4_1) acc = std::fma(Half(p + 2), dsum[b], acc);
+        acc = std::fma(blk.dw[0] * d[b], static_cast<float>(isum[0] + isum[1]), acc);
+        if (WithMin(f) || f == QuantFormat::kQ4_K) acc = std::fma(blk.m, dsum[b], acc);
       }
       y[static_cast<size_t>(i) * n + j] = bias != nullptr ? acc + bias[j] : acc;
     }
@@ -132,8 +213,10 @@ std::vector<float> MatMulStored(ComputeBackend& backend, QuantFormat f,
       {.format = ToWeightFormat(f), .data = w.data(), .rows = n, .cols = k});
   EXPECT_TRUE(pm.ok()) << pm.status();
   if (!pm.ok()) return {};
-  EXPECT_EQ((*pm)->bytes(),
-            static_cast<int64_t>((n + 15) / 16 * 16) * (k / 32) * cpu::QuantBlockBytes(f));
+  // The file's bytes per padded row; Q4_K adds its super-blocks' d and dmin (4 bytes per 256).
+  EXPECT_EQ((*pm)->bytes(), static_cast<int64_t>((n + 15) / 16 * 16) *
+                                (k / cpu::QuantBlockElements(f)) *
+                                (cpu::QuantBlockBytes(f) + (f == QuantFormat::kQ4_K ? 4 : 0)));
   std::vector<float> y(static_cast<size_t>(m) * n, -777.f);
   backend.MatMul(x.data(), m, **pm, bias, y.data());
   return y;
@@ -147,8 +230,9 @@ bool SameBits(const float* a, const float* b, size_t n) {
 // M (partial row tiles), with and without bias.
 TEST(QuantGemmTest, EveryPathEqualsTheStatedArithmeticBitwise) {
   for (QuantFormat f : kFormats) {
-    for (auto [n, k, m] : {std::tuple{40, 96, 1}, std::tuple{16, 32, 5}, std::tuple{67, 160, 9},
-                           std::tuple{128, 64, 33}}) {
+    for (auto [n, k32, m] : {std::tuple{40, 96, 1}, std::tuple{16, 32, 5}, std::tuple{67, 160, 9},
+                             std::tuple{128, 64, 33}}) {
+      const int k = Cols(f, k32);
       const auto w = RandomBlocks(f, n, k, 7 + n);
       const auto x = RandomVector(static_cast<size_t>(m) * k, 11 + m, -2.f, 2.f);
       const auto bias = RandomVector(n, 5);
@@ -167,8 +251,39 @@ TEST(QuantGemmTest, EveryPathEqualsTheStatedArithmeticBitwise) {
   }
 }
 
+// The largest codes against the largest activation codes (every code byte 0xff: Q4_x 15, Q5_x
+// 31, Q6_K 63, Q8_0 -1, and 0x80: -128; x constant, so every activation code is +-127): the integer
+// sums must not saturate or wrap on any path (int16 partial sums hold only so many products).
+TEST(QuantGemmTest, ExtremeCodesAreExactOnEveryPath) {
+  const int n = 32, m = 3;
+  for (QuantFormat f : kFormats) {
+    const int k = Cols(f, 128);
+    for (uint8_t fill : {uint8_t{0xff}, uint8_t{0x80}}) {
+      std::vector<uint8_t> w = RandomBlocks(f, n, k, 3);
+      const int bb = cpu::QuantBlockBytes(f);
+      const auto [first, last] = PayloadBytes(f);
+      for (size_t b = 0; b < w.size() / bb; ++b) {
+        std::memset(w.data() + b * bb + first, fill, last - first);
+      }
+      for (float v : {1.f, -1.f}) {
+        const std::vector<float> x(static_cast<size_t>(m) * k, v);
+        const std::vector<float> want = ModelOfKernel(f, w, n, k, x, m, nullptr);
+        for (CpuIsa isa : HostPaths()) {
+          auto backend = Backend(1, isa);
+          const std::vector<float> got = MatMulStored(*backend, f, w, n, k, x, m, nullptr);
+          ASSERT_EQ(got.size(), want.size());
+          EXPECT_TRUE(SameBits(got.data(), want.data(), got.size()))
+              << cpu::QuantFormatName(f) << " " << cpu::CpuIsaName(isa) << " fill=" << int{fill}
+              << " x=" << v << ": " << got[0] << " vs " << want[0];
+        }
+      }
+    }
+  }
+}
+
 // Each activation code is the nearest step: |x - d q| <= d / 2 (to float rounding), |q| <= 127,
-// the block's largest |x| maps to +-127, and sum / dsum are the codes' sum and d times it.
+// the block's largest |x| maps to +-127, and sum / sum_lo / dsum are the codes' sum, the sum of
+// the first 16 and d times the sum.
 TEST(QuantGemmTest, ActivationCodesAreTheNearestStep) {
   const int k = 256;
   auto x = RandomVector(k, 31, -3.f, 3.f);
@@ -176,8 +291,9 @@ TEST(QuantGemmTest, ActivationCodesAreTheNearestStep) {
   for (int e = 64; e < 96; ++e) x[e] = 0.f;  // an all-zero block: d = 0, codes 0
   std::vector<int8_t> q(k);
   std::vector<float> d(k / 32), dsum(k / 32);
-  std::vector<int32_t> sum(k / 32);
-  cpu::QuantizeActivationRow(x.data(), k, q.data(), d.data(), sum.data(), dsum.data());
+  std::vector<int32_t> sum(k / 32), sum_lo(k / 32);
+  cpu::QuantizeActivationRow(x.data(), k, q.data(), d.data(), sum.data(), sum_lo.data(),
+                             dsum.data());
   for (int b = 0; b < k / 32; ++b) {
     int32_t s = 0;
     float amax = 0;
@@ -189,6 +305,7 @@ TEST(QuantGemmTest, ActivationCodesAreTheNearestStep) {
       EXPECT_LE(std::fabs(x[i] - d[b] * q[i]), 0.5f * d[b] * (1 + 1e-5f)) << "element " << i;
       if (std::fabs(x[i]) == amax && amax > 0) EXPECT_EQ(std::abs(q[i]), 127);
       s += q[i];
+      if (e == 15) EXPECT_EQ(sum_lo[b], s);
     }
     EXPECT_EQ(sum[b], s);
     EXPECT_EQ(dsum[b], d[b] * static_cast<float>(s));
@@ -207,18 +324,17 @@ TEST(QuantGemmTest, WithinTheActivationQuantizationBoundOfTheFloatProduct) {
     x[5] = 40.f;  // an outlier coarsens its block only
     auto backend = Backend(1, CpuIsa::kScalar);
     const std::vector<float> y = MatMulStored(*backend, f, w, n, k, x, m, nullptr);
-    const int bb = cpu::QuantBlockBytes(f);
     double worst = 0;
     for (int i = 0; i < m; ++i) {
       for (int j = 0; j < n; ++j) {
         double ref = 0, bound = 0, mag = 0;
         for (int b = 0; b < k / 32; ++b) {
-          const uint8_t* p = w.data() + (static_cast<size_t>(j) * (k / 32) + b) * bb;
+          const Block32 blk = ReadBlock(f, w, k, j, b);
           double amax = 0;
           for (int e = 0; e < 32; ++e)
             amax = std::max(amax, std::fabs(double(x[i * k + b * 32 + e])));
           for (int e = 0; e < 32; ++e) {
-            const double wv = Dequant(f, p, e), xv = x[i * k + b * 32 + e];
+            const double wv = Dequant(f, blk, e), xv = x[i * k + b * 32 + e];
             ref += wv * xv;
             bound += std::fabs(wv) * 0.5 * amax / 127.0 * (1 + 1e-5);
             mag += std::fabs(wv) * (std::fabs(xv) + amax / 127.0);
@@ -237,8 +353,9 @@ TEST(QuantGemmTest, WithinTheActivationQuantizationBoundOfTheFloatProduct) {
 // A row's result is bitwise the same alone (M = 1) and inside M = 7, 33, 64 at any position,
 // for 1, 2 and 3 threads, on every path.
 TEST(QuantGemmTest, RowsAreBatchAndThreadInvariant) {
-  const int n = 200, k = 192;
+  const int n = 200;
   for (QuantFormat f : kFormats) {
+    const int k = Cols(f, 192);
     const auto w = RandomBlocks(f, n, k, 21);
     const auto bias = RandomVector(n, 22);
     const auto rows = RandomVector(static_cast<size_t>(64) * k, 23, -3.f, 3.f);
@@ -269,7 +386,8 @@ TEST(QuantGemmTest, IsaPathsAgreeWithScalarOnModelShapes) {
   const auto paths = HostPaths();
   if (paths.size() < 2) GTEST_SKIP() << "only the scalar path runs here";
   for (QuantFormat f : kFormats) {
-    for (auto [n, k] : {std::pair{576, 1536}, std::pair{192, 576}}) {
+    for (auto [n, k32] : {std::pair{576, 1536}, std::pair{192, 576}}) {
+      const int k = Cols(f, k32);
       const auto w = RandomBlocks(f, n, k, n + k);
       const auto x = RandomVector(static_cast<size_t>(8) * k, 99, -4.f, 4.f);
       auto scalar = Backend(2, CpuIsa::kScalar);
@@ -372,6 +490,13 @@ TEST(QuantGemmTest, UnsupportedFormatsAndGemmsAreRefusedByName) {
   auto odd = backend->PrepareStoredMatrix(
       {.format = WeightFormat::kQ4_1, .data = w.data(), .rows = 16, .cols = 48});
   EXPECT_FALSE(odd.ok());
+  // A K-quant row is whole super-blocks of 256.
+  const auto wk = RandomBlocks(QuantFormat::kQ6_K, 16, 512, 1);
+  auto short_k = backend->PrepareStoredMatrix(
+      {.format = WeightFormat::kQ6_K, .data = wk.data(), .rows = 16, .cols = 288});
+  ASSERT_FALSE(short_k.ok());
+  EXPECT_NE(short_k.status().message().find("multiple of 256"), std::string::npos)
+      << short_k.status();
   // The OpenBLAS GEMM takes f32 weights only (where this build has OpenBLAS).
   auto blas = CpuBackend::Create({.num_threads = 1, .cpu_gemm = "openblas"});
   if (blas.ok()) {
@@ -384,8 +509,9 @@ TEST(QuantGemmTest, UnsupportedFormatsAndGemmsAreRefusedByName) {
 
 // Embedding rows from a kept matrix are ggml's dequantized values (times the scale).
 TEST(QuantGemmTest, EmbedFromMatrixIsTheDequantizedRow) {
-  const int n = 37, k = 64;
+  const int n = 37;
   for (QuantFormat f : kFormats) {
+    const int k = Cols(f, 64);
     const auto w = RandomBlocks(f, n, k, 8);
     auto backend = Backend(2, HostPaths().back());
     auto pm = backend->PrepareStoredMatrix(
@@ -396,9 +522,9 @@ TEST(QuantGemmTest, EmbedFromMatrixIsTheDequantizedRow) {
     ASSERT_TRUE(backend->EmbedFromMatrix(**pm, ids.data(), 3, 2.5f, out.data()).ok());
     for (size_t i = 0; i < ids.size(); ++i) {
       for (int e = 0; e < k; ++e) {
-        const uint8_t* p =
-            w.data() + (static_cast<size_t>(ids[i]) * (k / 32) + e / 32) * cpu::QuantBlockBytes(f);
-        EXPECT_EQ(out[i * k + e], Dequant(f, p, e % 32) * 2.5f);
+        const Block32 blk = ReadBlock(f, w, k, ids[i], e / 32);
+        EXPECT_EQ(out[i * k + e], Dequant(f, blk, e % 32) * 2.5f)
+            << cpu::QuantFormatName(f) << " row " << ids[i] << " element " << e;
       }
     }
     const int32_t bad = n;

@@ -1,0 +1,104 @@
+// ggml's quantized blocks decoded to their integer codes and scales, the one place their bit
+// layouts are spelled out for both the GGUF dequantizer (common/model/gguf_quant.cc,
+// gguf_kquant.cc) and the CPU backend's packer of weights it keeps quantized
+// (common/compute/cpu/quant_gemm.cc). gguf_quant.h documents each layout.
+//
+//   int codes[32];
+//   Q5Codes(block + 6, qh, codes);          // Q5_0: codes[j] in [0, 31], x = (codes[j] - 16) * d
+//   KQuant4 k;
+//   DecodeQ4K(block, &k);                   // x[i] = (d * k.scale[i / 32]) * k.codes[i] - ...
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace duet {
+
+inline uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline uint32_t LoadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The 5-bit codes of one Q5_0 / Q5_1 block's element j: the nibbles qs (16 bytes) and the fifth
+// bits qh, codes[j] in [0, 31] in element order.
+inline void Q5Codes(const uint8_t* qs, uint32_t qh, int codes[32]) {
+  for (int j = 0; j < 16; ++j) {
+    codes[j] = (qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
+    codes[j + 16] = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+  }
+}
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block's 12 scale bytes s: for
+// j < 4 the low 6 bits of s[j] and s[j + 4]; for j >= 4 a nibble of s[j + 4] with the top two
+// bits of s[j - 4] (scale) and s[j] (min) as bits 4-5.
+inline void KQuantScaleMin(const uint8_t* s, int j, int* scale, int* min) {
+  if (j < 4) {
+    *scale = s[j] & 63;
+    *min = s[j + 4] & 63;
+  } else {
+    *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// One Q4_K (144 bytes) or Q5_K (176 bytes) super-block of 256 elements in eight sub-blocks of
+// 32: x[i] = (d * scale[i / 32]) * codes[i] - dmin * min[i / 32], d and dmin IEEE halves.
+struct KQuant4 {
+  uint16_t d, dmin;
+  int scale[8], min[8];  // 0..63
+  int codes[256];        // Q4_K 0..15, Q5_K 0..31
+};
+
+// Element 64c + 32k + l (c < 4, k < 2, l < 32) is nibble k of qs[32c + l], plus 16 when bit
+// 2c + k of qh[l] is set (qh null: Q4_K, no fifth bit). `src` is the block (d, dmin, scales).
+inline void DecodeQ4KOrQ5K(const uint8_t* src, const uint8_t* qh, const uint8_t* qs, KQuant4* out) {
+  out->d = LoadU16(src);
+  out->dmin = LoadU16(src + 2);
+  for (int j = 0; j < 8; ++j) KQuantScaleMin(src + 4, j, &out->scale[j], &out->min[j]);
+  for (int c = 0; c < 4; ++c) {
+    for (int k = 0; k < 2; ++k) {
+      for (int l = 0; l < 32; ++l) {
+        int q = (qs[32 * c + l] >> (4 * k)) & 0x0f;
+        if (qh != nullptr) q |= ((qh[l] >> (2 * c + k)) & 1) << 4;
+        out->codes[64 * c + 32 * k + l] = q;
+      }
+    }
+  }
+}
+inline void DecodeQ4K(const uint8_t* src, KQuant4* out) {
+  DecodeQ4KOrQ5K(src, nullptr, src + 16, out);
+}
+
+// One Q6_K super-block (210 bytes: ql[128], qh[64], int8 scales[16], d) of 256 elements in
+// sixteen sub-blocks of 16: x[i] = (d * scale[i / 16]) * (codes[i] - 32).
+struct KQuant6 {
+  uint16_t d;
+  int scale[16];   // -128..127
+  int codes[256];  // 0..63
+};
+
+// Element 128h + 32s + l (h < 2, s < 4, l < 32): its low 4 bits are nibble s / 2 of
+// ql[64h + 32(s % 2) + l], its high 2 bits are bits 2s, 2s + 1 of qh[32h + l].
+inline void DecodeQ6K(const uint8_t* src, KQuant6* out) {
+  const uint8_t* ql = src;
+  const uint8_t* qh = src + 128;
+  for (int j = 0; j < 16; ++j) out->scale[j] = static_cast<int8_t>(src[192 + j]);
+  out->d = LoadU16(src + 208);
+  for (int h = 0; h < 2; ++h) {
+    for (int s = 0; s < 4; ++s) {
+      for (int l = 0; l < 32; ++l) {
+        const int lo = (ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0f;
+        const int hi = (qh[32 * h + l] >> (2 * s)) & 3;
+        out->codes[128 * h + 32 * s + l] = lo | (hi << 4);
+      }
+    }
+  }
+}
+
+}  // namespace duet
