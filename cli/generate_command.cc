@@ -40,12 +40,13 @@ ABSL_FLAG(std::string, cpu_gemm, "invariant",
 ABSL_FLAG(std::string, cpu_isa, "auto",
           "CPU kernel path: auto (the best this CPU runs), scalar, avx2, avx512, avx512_vnni or "
           "avx512_bf16; a path the CPU lacks is refused");
-ABSL_FLAG(std::string, weights_dtype, "auto",
-          "weight matrices: f32 (dequantized at load; also auto), native (GGUF Q8_0/Q4_x/Q5_x/"
-          "Q4_K/Q6_K and F16/BF16 kept as stored, other GGUF block types converted to Q8_0; cpu "
-          "backend) "
-          "or bf16 (every matrix in 16 bits: F16/BF16 as stored, the others rounded to bf16; cpu "
-          "backend)");
+ABSL_FLAG(
+    std::string, weights_dtype, "auto",
+    "weight matrices: f32 (dequantized at load; also auto), native (GGUF Q8_0/Q4_x/Q5_x/"
+    "Q4_K/Q5_K/Q6_K and F16/BF16 kept as stored, other GGUF block types converted to Q8_0; cpu "
+    "backend) "
+    "or bf16 (every matrix in 16 bits: F16/BF16 as stored, the others rounded to bf16; cpu "
+    "backend)");
 ABSL_FLAG(int, block_size, 16, "KV cache block size in tokens");
 ABSL_FLAG(std::string, kv_dtype, "auto",
           "KV cache dtype: f32, bf16, f16, int8, fp8 (e4m3), or auto (the compute dtype: f32 on "

@@ -74,6 +74,9 @@ inline void DecodeQ4KOrQ5K(const uint8_t* src, const uint8_t* qh, const uint8_t*
 inline void DecodeQ4K(const uint8_t* src, KQuant4* out) {
   DecodeQ4KOrQ5K(src, nullptr, src + 16, out);
 }
+inline void DecodeQ5K(const uint8_t* src, KQuant4* out) {
+  DecodeQ4KOrQ5K(src, src + 16, src + 48, out);
+}
 
 // One Q6_K super-block (210 bytes: ql[128], qh[64], int8 scales[16], d) of 256 elements in
 // sixteen sub-blocks of 16: x[i] = (d * scale[i / 16]) * (codes[i] - 32).

@@ -191,6 +191,8 @@ const char* WeightFormatName(WeightFormat format) {
       return "Q5_1";
     case WeightFormat::kQ4_K:
       return "Q4_K";
+    case WeightFormat::kQ5_K:
+      return "Q5_K";
     case WeightFormat::kQ6_K:
       return "Q6_K";
   }
@@ -216,6 +218,8 @@ int64_t StoredMatrixBytes(WeightFormat format, int64_t rows, int64_t cols) {
       return rows * (cols / 32) * 24;
     case WeightFormat::kQ4_K:
       return rows * (cols / 256) * 144;
+    case WeightFormat::kQ5_K:
+      return rows * (cols / 256) * 176;
     case WeightFormat::kQ6_K:
       return rows * (cols / 256) * 210;
   }

@@ -233,6 +233,7 @@ bool KeptNatively(uint32_t type) {
          type == static_cast<uint32_t>(GgmlType::kQ5_0) ||
          type == static_cast<uint32_t>(GgmlType::kQ5_1) ||
          type == static_cast<uint32_t>(GgmlType::kQ4_K) ||
+         type == static_cast<uint32_t>(GgmlType::kQ5_K) ||
          type == static_cast<uint32_t>(GgmlType::kQ6_K);
 }
 
@@ -291,7 +292,7 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
     const bool convert = dtype == WeightsDtype::kNative && IsMatrixTensor(e) &&
                          t->type != static_cast<uint32_t>(GgmlType::kF32) &&
                          !KeptNatively(t->type) && !half;
-    // native keeps Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q6_K and F16 / BF16 as stored,
+    // native keeps Q8_0 / Q4_x / Q5_x / Q4_K / Q5_K / Q6_K and F16 / BF16 as stored,
     // bf16 keeps F16 / BF16.
     if (IsMatrixTensor(e) && ((dtype == WeightsDtype::kNative && KeptNatively(t->type)) ||
                               (dtype != WeightsDtype::kF32 && half))) {

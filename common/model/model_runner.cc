@@ -198,6 +198,8 @@ absl::StatusOr<compute::WeightFormat> ModelRunner::StoredFormat(const std::strin
       return compute::WeightFormat::kQ5_1;
     case 12:
       return compute::WeightFormat::kQ4_K;
+    case 13:
+      return compute::WeightFormat::kQ5_K;
     case 14:
       return compute::WeightFormat::kQ6_K;
     case kGgmlF16:
@@ -209,7 +211,7 @@ absl::StatusOr<compute::WeightFormat> ModelRunner::StoredFormat(const std::strin
   }
   return absl::InvalidArgumentError(
       absl::StrCat("ModelRunner: stored matrix '", name, "' has ggml type ", w.ggml_type,
-                   "; only Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, F16 and BF16 are kept"));
+                   "; only Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16 and BF16 are kept"));
 }
 
 int64_t ModelRunner::MatrixBytes() const {

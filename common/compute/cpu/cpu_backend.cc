@@ -155,6 +155,7 @@ bool CpuBackend::KeepsWeightFormat(WeightFormat format) const {
     case WeightFormat::kQ5_0:
     case WeightFormat::kQ5_1:
     case WeightFormat::kQ4_K:
+    case WeightFormat::kQ5_K:
     case WeightFormat::kQ6_K:
     case WeightFormat::kBf16:
     case WeightFormat::kF16:
@@ -195,6 +196,7 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
   if (w.format == WeightFormat::kQ5_0) f = cpu::QuantFormat::kQ5_0;
   if (w.format == WeightFormat::kQ5_1) f = cpu::QuantFormat::kQ5_1;
   if (w.format == WeightFormat::kQ4_K) f = cpu::QuantFormat::kQ4_K;
+  if (w.format == WeightFormat::kQ5_K) f = cpu::QuantFormat::kQ5_K;
   if (w.format == WeightFormat::kQ6_K) f = cpu::QuantFormat::kQ6_K;
   DUET_ASSIGN_OR_RETURN(
       cpu::QuantWeights packed,

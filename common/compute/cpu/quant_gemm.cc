@@ -26,23 +26,25 @@ using internal::FifthBitsOffset;
 using internal::HasFifthBit;
 using internal::HasMin;
 using internal::IsKQuant;
+using internal::IsKQuantWithMin;
+using internal::KHighBitsOffset;
 using internal::MinsOffset;
-using internal::Q6HighBitsOffset;
 
 // One block of 32 of a GGUF row, decoded: its codes and what scales them. Blocks of 32: half d
-// (and m); K-quant sub-blocks: their integer scales (Q4_K sc and m, Q6_K one per half) and the
-// super-block's half d (and dmin).
+// (and m); K-quant sub-blocks: their integer scales (Q4_K / Q5_K sc and m, Q6_K one per half) and
+// the super-block's half d (and dmin).
 struct DecodedBlock {
   int q[32];
-  uint16_t d = 0, m = 0;  // half d and m (Q4_K: d and dmin of the super-block)
-  int sc[2] = {0, 0};     // Q4_K: sc, m; Q6_K: the halves' scales
+  uint16_t d = 0, m = 0;  // half d and m (Q4_K / Q5_K: d and dmin of the super-block)
+  int sc[2] = {0, 0};     // Q4_K / Q5_K: sc, m; Q6_K: the halves' scales
 };
 
 // Block b (of 32) of the GGUF row `row` (k / QuantBlockElements blocks of QuantBlockBytes).
 void DecodeGgufBlock(QuantFormat f, const uint8_t* row, int b, DecodedBlock* out) {
-  if (f == QuantFormat::kQ4_K) {
+  if (IsKQuantWithMin(f)) {
     KQuant4 k;
-    DecodeQ4K(row + (b / 8) * 144, &k);
+    const uint8_t* block = row + (b / 8) * QuantBlockBytes(f);
+    f == QuantFormat::kQ4_K ? DecodeQ4K(block, &k) : DecodeQ5K(block, &k);
     out->d = k.d, out->m = k.dmin;
     out->sc[0] = k.scale[b % 8], out->sc[1] = k.min[b % 8];
     std::memcpy(out->q, k.codes + 32 * (b % 8), sizeof(out->q));
@@ -79,7 +81,7 @@ int CodeByte(QuantFormat f, int j, int e) {
 }
 int FifthBitByte(QuantFormat f, int j, int e) { return FifthBitsOffset(f) + j * 4 + e % 4; }
 int FifthBitShift(int e) { return 2 * (e / 8) + (e % 8 >= 4 ? 1 : 0); }
-int Q6HighByte(int j, int e) { return Q6HighBitsOffset() + (e / 16) * 64 + j * 4 + e % 4; }
+int Q6HighByte(int j, int e) { return KHighBitsOffset() + (e / 16) * 64 + j * 4 + e % 4; }
 int Q6HighShift(int e) { return 2 * (2 * ((e / 8) % 2) + (e % 8 >= 4 ? 1 : 0)); }
 
 // The code of element e of packed row j (within its group) in group-block gb.
@@ -92,8 +94,8 @@ int PackedCode(QuantFormat f, const uint8_t* gb, int j, int e) {
   return code;
 }
 
-// The float scales of packed row j in group-block gb (block b of group g): Q4_K dw = d * sc and
-// the subtracted dmin * m; Q6_K dw of each half; the others their half d (and m).
+// The float scales of packed row j in group-block gb (block b of group g): Q4_K / Q5_K dw = d * sc
+// and the subtracted dmin * m; Q6_K dw of each half; the others their half d (and m).
 struct RowScales {
   float dw[2];
   float m;
@@ -101,7 +103,7 @@ struct RowScales {
 RowScales PackedScales(const QuantWeights& w, int g, int b, int j) {
   const uint8_t* gb = w.GroupBlock(g, b);
   RowScales r{};
-  if (w.format == QuantFormat::kQ4_K) {
+  if (IsKQuantWithMin(w.format)) {
     const uint8_t* sup = w.Super(g, b);
     r.dw[0] = HalfToFloat(LoadU16(sup + 2 * j)) * static_cast<float>(gb[j]);
     r.m = HalfToFloat(LoadU16(sup + 32 + 2 * j)) * static_cast<float>(gb[16 + j]);
@@ -132,6 +134,8 @@ const char* QuantFormatName(QuantFormat format) {
       return "Q5_1";
     case QuantFormat::kQ4_K:
       return "Q4_K";
+    case QuantFormat::kQ5_K:
+      return "Q5_K";
     case QuantFormat::kQ6_K:
       return "Q6_K";
   }
@@ -156,6 +160,8 @@ int QuantBlockBytes(QuantFormat format) {
       return 24;
     case QuantFormat::kQ4_K:
       return 144;
+    case QuantFormat::kQ5_K:
+      return 176;
     case QuantFormat::kQ6_K:
       return 210;
   }
@@ -212,7 +218,7 @@ absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t*
         gb[16 + j] = static_cast<uint8_t>(blk.sc[1]);
         uint8_t* sup = const_cast<uint8_t*>(w.Super(g, b));
         std::memcpy(sup + 2 * j, &blk.d, 2);
-        if (format == QuantFormat::kQ4_K) std::memcpy(sup + 32 + 2 * j, &blk.m, 2);
+        if (IsKQuantWithMin(format)) std::memcpy(sup + 32 + 2 * j, &blk.m, 2);
       } else {
         std::memcpy(gb + 2 * j, &blk.d, 2);
         if (HasMin(format)) std::memcpy(gb + MinsOffset() + 2 * j, &blk.m, 2);
@@ -247,13 +253,14 @@ void DequantizeQuantRow(const QuantWeights& w, int row, float* out) {
     for (int e = 0; e < 32; ++e) {
       const float q = static_cast<float>(PackedCode(w.format, gb, j, e) - sub);
       // As gguf_quant.cc / gguf_kquant.cc dequantize: Q8_0 q * d; Q4_x / Q5_x (q - sub) * d + m;
-      // Q4_K (d * sc) * q - dmin * m; Q6_K (d * sc) * (q - 32).
+      // Q4_K / Q5_K (d * sc) * q - dmin * m; Q6_K (d * sc) * (q - 32).
       float x;
       switch (w.format) {
         case QuantFormat::kQ8_0:
           x = q * s.dw[0];
           break;
         case QuantFormat::kQ4_K:
+        case QuantFormat::kQ5_K:
           x = s.dw[0] * q - s.m;
           break;
         case QuantFormat::kQ6_K:
@@ -317,8 +324,7 @@ void QuantTileScalar(const QuantWeights& w, const QuantActs& a, int rows, int g0
           const int32_t total = isum[0] + isum[1] - sub * sum;
           acc[j] = std::fma(s.dw[0] * dx, static_cast<float>(total), acc[j]);
           if (HasMin(w.format)) acc[j] = std::fma(s.m, a.dsum[r * a.ldb + b], acc[j]);
-          if (w.format == QuantFormat::kQ4_K)
-            acc[j] = std::fma(-s.m, a.dsum[r * a.ldb + b], acc[j]);
+          if (IsKQuantWithMin(w.format)) acc[j] = std::fma(-s.m, a.dsum[r * a.ldb + b], acc[j]);
         }
       }
       StoreGroupRow(acc, g, w.n, bias, y + r * ldy);

@@ -134,15 +134,18 @@ void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
 }
 
 // The K-quants' half: Q4_K as Q4_1 with its scales from integers (dw = d * sc, m = dmin * m,
-// both exact); Q6_K with the top two code bits from its high-bit vectors and one int32 sum per
-// half of 16 (|a step's product pairs| <= 2 * 2 * 63 * 127 fits int16, so each step widens).
+// both exact), Q5_K likewise with Q5_x's fifth bits; Q6_K with the top two code bits from its
+// high-bit vectors and one int32 sum per half of 16. Five- and six-bit codes widen every step
+// (|a step's product pairs| <= 2 * 2 * 63 * 127 fits int16, two steps may not).
 template <QuantFormat F, int R>
 void GroupHalfK(const QuantWeights& w, const QuantActs& a, int g, int h,
                 float out[][kQuantGroupRows]) {
   const __m256i ones16 = _mm256_set1_epi16(1);
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   const __m256i bits45 = _mm256_set1_epi8(0x30);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
   constexpr bool kQ6 = F == QuantFormat::kQ6_K;
+  constexpr bool kWidenEachStep = kQ6 || HasFifthBit(F);
   __m256 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -155,8 +158,11 @@ void GroupHalfK(const QuantWeights& w, const QuantActs& a, int g, int h,
 #pragma GCC unroll 2
       for (int i = 0; i < 2; ++i) {
         high[i] = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(gb + Q6HighBitsOffset() + i * 64 + h * 32));
+            reinterpret_cast<const __m256i*>(gb + KHighBitsOffset() + i * 64 + h * 32));
       }
+    } else if constexpr (HasFifthBit(F)) {
+      high[0] =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + KHighBitsOffset() + h * 32));
     }
     __m256i isum[2][R], s16[R];
 #pragma GCC unroll 8
@@ -171,14 +177,18 @@ void GroupHalfK(const QuantWeights& w, const QuantActs& a, int g, int h,
         constexpr int kField = 2 * (S % 2);
         lo = _mm256_or_si256(lo, _mm256_and_si256(BitToFour<2 * kField>(high[S / 2]), bits45));
         hi = _mm256_or_si256(hi, _mm256_and_si256(BitToFour<2 * kField + 2>(high[S / 2]), bits45));
+      } else if constexpr (HasFifthBit(F)) {
+        lo = _mm256_or_si256(lo, _mm256_and_si256(BitToFour<2 * S>(high[0]), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(BitToFour<2 * S + 1>(high[0]), bit4));
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* xq = a.q + r * a.ldq + b * 32 + 8 * S;
         const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, Broadcast32(xq)),
                                            _mm256_maddubs_epi16(hi, Broadcast32(xq + 4)));
-        if constexpr (kQ6) {
-          isum[S / 2][r] = _mm256_add_epi32(isum[S / 2][r], _mm256_madd_epi16(p, ones16));
+        if constexpr (kWidenEachStep) {
+          constexpr int kHalf = kQ6 ? S / 2 : 0;
+          isum[kHalf][r] = _mm256_add_epi32(isum[kHalf][r], _mm256_madd_epi16(p, ones16));
         } else {
           s16[r] = _mm256_add_epi16(s16[r], p);
         }
@@ -211,7 +221,7 @@ void GroupHalfK(const QuantWeights& w, const QuantActs& a, int g, int h,
       const __m256 mw = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc1)));
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m256i i = _mm256_madd_epi16(s16[r], ones16);
+        const __m256i i = kWidenEachStep ? isum[0][r] : _mm256_madd_epi16(s16[r], ones16);
         acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d[r * a.ldb + b])),
                                  _mm256_cvtepi32_ps(i), acc[r]);
         acc[r] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(a.dsum[r * a.ldb + b]), acc[r]);

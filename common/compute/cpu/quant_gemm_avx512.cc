@@ -125,13 +125,14 @@ void Tile(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float
 }
 
 // The K-quants (quant_gemm.h): Q4_K as Q4_1 with dw = d * sc and m = dmin * m from its
-// integers (exact), Q6_K with the top two code bits merged from its high-bit vectors and one
-// int32 sum per half of 16.
+// integers (exact), Q5_K likewise with Q5_x's fifth bits, Q6_K with the top two code bits
+// merged from its high-bit vectors and one int32 sum per half of 16.
 template <QuantFormat F, int R>
 void TileK(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float* bias, float* y,
            int64_t ldy) {
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   const __m512i bits45 = _mm512_set1_epi8(0x30);
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
   constexpr bool kQ6 = F == QuantFormat::kQ6_K;
   alignas(64) float out[kQuantGroupRows];
   for (int g = g0; g < g1; ++g) {
@@ -145,8 +146,10 @@ void TileK(const QuantWeights& w, const QuantActs& a, int g0, int g1, const floa
       if constexpr (R <= 2) PrefetchAhead(w, gb);
       __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
       if constexpr (kQ6) {
-        high[0] = _mm512_loadu_si512(gb + Q6HighBitsOffset());
-        high[1] = _mm512_loadu_si512(gb + Q6HighBitsOffset() + 64);
+        high[0] = _mm512_loadu_si512(gb + KHighBitsOffset());
+        high[1] = _mm512_loadu_si512(gb + KHighBitsOffset() + 64);
+      } else if constexpr (HasFifthBit(F)) {
+        high[0] = _mm512_loadu_si512(gb + KHighBitsOffset());
       }
       __m512i isum[2][R];
 #pragma GCC unroll 8
@@ -160,6 +163,9 @@ void TileK(const QuantWeights& w, const QuantActs& a, int g0, int g1, const floa
           // lo | (field bits at 4-5), hi likewise: ternary logic A | (B & C).
           lo = _mm512_ternarylogic_epi32(lo, BitToFour<2 * kField>(high[S / 2]), bits45, 0xf8);
           hi = _mm512_ternarylogic_epi32(hi, BitToFour<2 * kField + 2>(high[S / 2]), bits45, 0xf8);
+        } else if constexpr (HasFifthBit(F)) {
+          lo = _mm512_ternarylogic_epi32(lo, BitToFour<2 * S>(high[0]), bit4, 0xf8);
+          hi = _mm512_ternarylogic_epi32(hi, BitToFour<2 * S + 1>(high[0]), bit4, 0xf8);
         }
         constexpr int kHalf = kQ6 ? S / 2 : 0;
 #pragma GCC unroll 8

@@ -25,15 +25,19 @@ struct QuantActs {
 
 // The packed (group, block) layout of format F (quant_gemm.h). Blocks of 32: 16 half d at 0,
 // then for the formats with a min 16 half m, then for the five-bit ones 16 words of fifth bits,
-// then codes. K-quants: 32 bytes of integer scales (Q4_K: 16 sc, 16 m; Q6_K: 16 per half), the
-// codes, then for Q6_K 128 bytes of high bit pairs; per super-block 16 half d (Q4_K: then 16
-// half dmin).
+// then codes. K-quants: 32 bytes of integer scales (Q4_K / Q5_K: 16 sc, 16 m; Q6_K: 16 per
+// half), the codes, then for Q5_K 64 bytes of fifth bits, for Q6_K 128 bytes of high bit pairs;
+// per super-block 16 half d (Q4_K / Q5_K: then 16 half dmin).
 constexpr bool IsKQuant(QuantFormat f) {
-  return f == QuantFormat::kQ4_K || f == QuantFormat::kQ6_K;
+  return f == QuantFormat::kQ4_K || f == QuantFormat::kQ5_K || f == QuantFormat::kQ6_K;
+}
+// The K-quants with a min per sub-block (x = (d * sc) q - dmin * m).
+constexpr bool IsKQuantWithMin(QuantFormat f) {
+  return f == QuantFormat::kQ4_K || f == QuantFormat::kQ5_K;
 }
 constexpr bool HasMin(QuantFormat f) { return f == QuantFormat::kQ4_1 || f == QuantFormat::kQ5_1; }
 constexpr bool HasFifthBit(QuantFormat f) {
-  return f == QuantFormat::kQ5_0 || f == QuantFormat::kQ5_1;
+  return f == QuantFormat::kQ5_0 || f == QuantFormat::kQ5_1 || f == QuantFormat::kQ5_K;
 }
 // The code offset o of x = (code - o) * d: 8 (Q4_0), 16 (Q5_0), 32 (Q6_K), else 0.
 constexpr int CodeOffset(QuantFormat f) {
@@ -43,20 +47,24 @@ constexpr int CodeOffset(QuantFormat f) {
                                    : 0;
 }
 constexpr int MinsOffset() { return 32; }
-constexpr int FifthBitsOffset(QuantFormat f) { return HasMin(f) ? 64 : 32; }
+// The K-quants' bits above the nibbles (Q5_K's fifth, Q6_K's top two) follow their codes.
+constexpr int KHighBitsOffset() { return 32 + 256; }
+constexpr int FifthBitsOffset(QuantFormat f) {
+  return IsKQuant(f) ? KHighBitsOffset() : HasMin(f) ? 64 : 32;
+}
 constexpr int CodesOffset(QuantFormat f) {
   return IsKQuant(f) ? 32 : FifthBitsOffset(f) + (HasFifthBit(f) ? 64 : 0);
 }
-constexpr int Q6HighBitsOffset() { return 32 + 256; }
 // Bytes per (group, block of 32) and per (group, super-block).
 constexpr int GroupBlockBytes(QuantFormat f) {
   return f == QuantFormat::kQ4_K   ? 32 + 256
+         : f == QuantFormat::kQ5_K ? 32 + 256 + 64
          : f == QuantFormat::kQ6_K ? 32 + 256 + 128
          : f == QuantFormat::kQ8_0 ? 32 + 512
                                    : CodesOffset(f) + 256;
 }
 constexpr int SuperBytes(QuantFormat f) {
-  return f == QuantFormat::kQ4_K ? 64 : f == QuantFormat::kQ6_K ? 32 : 0;
+  return IsKQuantWithMin(f) ? 64 : f == QuantFormat::kQ6_K ? 32 : 0;
 }
 
 // The helpers below are static: each per-ISA translation unit keeps its own copy, compiled
@@ -116,6 +124,8 @@ void DispatchQuantTile(const QuantWeights& w, const QuantActs& a, int rows, int 
       return by_rows.template operator()<QuantFormat::kQ5_1>();
     case QuantFormat::kQ4_K:
       return by_rows.template operator()<QuantFormat::kQ4_K>();
+    case QuantFormat::kQ5_K:
+      return by_rows.template operator()<QuantFormat::kQ5_K>();
     case QuantFormat::kQ6_K:
       return by_rows.template operator()<QuantFormat::kQ6_K>();
   }

@@ -28,7 +28,9 @@ using testing::RandomVector;
 
 constexpr QuantFormat kFormats[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1,
                                     QuantFormat::kQ5_0, QuantFormat::kQ5_1, QuantFormat::kQ4_K,
-                                    QuantFormat::kQ6_K};
+                                    QuantFormat::kQ5_K, QuantFormat::kQ6_K};
+// The K-quants with a min per sub-block.
+bool KWithMin(QuantFormat f) { return f == QuantFormat::kQ4_K || f == QuantFormat::kQ5_K; }
 
 bool WithMin(QuantFormat f) { return f == QuantFormat::kQ4_1 || f == QuantFormat::kQ5_1; }
 bool FiveBit(QuantFormat f) { return f == QuantFormat::kQ5_0 || f == QuantFormat::kQ5_1; }
@@ -49,6 +51,8 @@ WeightFormat ToWeightFormat(QuantFormat f) {
       return WeightFormat::kQ5_1;
     case QuantFormat::kQ4_K:
       return WeightFormat::kQ4_K;
+    case QuantFormat::kQ5_K:
+      return WeightFormat::kQ5_K;
     case QuantFormat::kQ6_K:
       return WeightFormat::kQ6_K;
   }
@@ -76,7 +80,7 @@ size_t RowBytes(QuantFormat f, int k) {
 // The bytes of a GGUF block that hold codes and integer scales, [first, last): all but its
 // half d (and m / dmin).
 std::pair<int, int> PayloadBytes(QuantFormat f) {
-  if (f == QuantFormat::kQ4_K) return {4, 144};
+  if (KWithMin(f)) return {4, cpu::QuantBlockBytes(f)};
   if (f == QuantFormat::kQ6_K) return {0, 208};
   return {WithMin(f) ? 4 : 2, cpu::QuantBlockBytes(f)};
 }
@@ -97,7 +101,7 @@ std::vector<uint8_t> RandomBlocks(QuantFormat f, int n, int k, uint32_t seed) {
     uint8_t* p = out.data() + b * bb;
     const auto [first, last] = PayloadBytes(f);
     for (int i = first; i < last; ++i) p[i] = static_cast<uint8_t>(byte(rng));
-    if (f == QuantFormat::kQ4_K) {
+    if (KWithMin(f)) {
       put(p, scale(rng) / 8), put(p + 2, scale(rng) / 8);  // sc, m up to 63
     } else if (f == QuantFormat::kQ6_K) {
       put(p + 208, scale(rng) / 32);  // int8 scales
@@ -117,7 +121,7 @@ float Half(const uint8_t* p) {
 
 // Block b (of 32 elements) of row j as ggml defines it (ggml_blocks.h for the K-quants, checked
 // against ggml's own output by gguf_kquant_test): v = code - offset, and
-// x[e] = v[e] * dw[e / 16] + m (Q8_0: v * dw; Q4_K: m = -(dmin * min); Q6_K: m = 0).
+// x[e] = v[e] * dw[e / 16] + m (Q8_0: v * dw; Q4_K / Q5_K: m = -(dmin * min); Q6_K: m = 0).
 struct Block32 {
   int v[32];
   float dw[2];
@@ -126,9 +130,10 @@ struct Block32 {
 Block32 ReadBlock(QuantFormat f, const std::vector<uint8_t>& w, int k, int j, int b) {
   const uint8_t* row = w.data() + static_cast<size_t>(j) * RowBytes(f, k);
   Block32 out;
-  if (f == QuantFormat::kQ4_K) {
+  if (KWithMin(f)) {
     KQuant4 q;
-    DecodeQ4K(row + (b / 8) * 144, &q);
+    const uint8_t* block = row + (b / 8) * cpu::QuantBlockBytes(f);
+    f == QuantFormat::kQ4_K ? DecodeQ4K(block, &q) : DecodeQ5K(block, &q);
     for (int e = 0; e < 32; ++e) out.v[e] = q.codes[32 * (b % 8) + e];
     out.dw[0] = out.dw[1] = HalfToFloat(q.d) * static_cast<float>(q.scale[b % 8]);
     out.m = -(HalfToFloat(q.dmin) * static_cast<float>(q.min[b % 8]));
@@ -164,7 +169,7 @@ Block32 ReadBlock(QuantFormat f, const std::vector<uint8_t>& w, int k, int j, in
 float Dequant(QuantFormat f, const Block32& blk, int e) {
   const float v = static_cast<float>(blk.v[e]);
   if (f == QuantFormat::kQ8_0) return v * blk.dw[0];
-  if (f == QuantFormat::kQ4_K) return blk.dw[0] * v + blk.m;  // (d * sc) q - dmin m
+  if (KWithMin(f)) return blk.dw[0] * v + blk.m;  // (d * sc) q - dmin m
   return v * blk.dw[e / 16] + blk.m;
 }
 
@@ -191,7 +196,7 @@ std::vector<float> ModelOfKernel(QuantFormat f, const std::vector<uint8_t>& w, i
           continue;
         }
         acc = std::fma(blk.dw[0] * d[b], static_cast<float>(isum[0] + isum[1]), acc);
-        if (WithMin(f) || f == QuantFormat::kQ4_K) acc = std::fma(blk.m, dsum[b], acc);
+        if (WithMin(f) || KWithMin(f)) acc = std::fma(blk.m, dsum[b], acc);
       }
       y[static_cast<size_t>(i) * n + j] = bias != nullptr ? acc + bias[j] : acc;
     }
@@ -213,10 +218,11 @@ std::vector<float> MatMulStored(ComputeBackend& backend, QuantFormat f,
       {.format = ToWeightFormat(f), .data = w.data(), .rows = n, .cols = k});
   EXPECT_TRUE(pm.ok()) << pm.status();
   if (!pm.ok()) return {};
-  // The file's bytes per padded row; Q4_K adds its super-blocks' d and dmin (4 bytes per 256).
+  // The file's bytes per padded row; Q4_K / Q5_K add their 6-bit scales unpacked (4 bytes per
+  // 256).
   EXPECT_EQ((*pm)->bytes(), static_cast<int64_t>((n + 15) / 16 * 16) *
                                 (k / cpu::QuantBlockElements(f)) *
-                                (cpu::QuantBlockBytes(f) + (f == QuantFormat::kQ4_K ? 4 : 0)));
+                                (cpu::QuantBlockBytes(f) + (KWithMin(f) ? 4 : 0)));
   std::vector<float> y(static_cast<size_t>(m) * n, -777.f);
   backend.MatMul(x.data(), m, **pm, bias, y.data());
   return y;
@@ -252,8 +258,9 @@ TEST(QuantGemmTest, EveryPathEqualsTheStatedArithmeticBitwise) {
 }
 
 // The largest codes against the largest activation codes (every code byte 0xff: Q4_x 15, Q5_x
-// 31, Q6_K 63, Q8_0 -1, and 0x80: -128; x constant, so every activation code is +-127): the integer
-// sums must not saturate or wrap on any path (int16 partial sums hold only so many products).
+// 31, Q6_K 63, Q8_0 -1, and 0x80: -128; K-quant scales 63 or, for Q6_K, -1 and -128; x constant, so
+// every activation code is +-127): the integer sums must not saturate or wrap on any path (int16
+// partial sums hold only so many products).
 TEST(QuantGemmTest, ExtremeCodesAreExactOnEveryPath) {
   const int n = 32, m = 3;
   for (QuantFormat f : kFormats) {
