@@ -56,15 +56,17 @@ absl::Status BpeTokenizer::Init() {
     return absl::InvalidArgumentError(
         absl::StrCat(src, ": ", spec_.kinds.size(), " token types for ", n, " tokens"));
   }
-  ids_.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    // The first id of a duplicated text wins (as in HF and llama.cpp vocabularies).
-    ids_.emplace(spec_.tokens[i], static_cast<int32_t>(i));
     if (spec_.kinds[i] != TokenKind::kNormal && !spec_.tokens[i].empty()) {
       specials_.emplace_back(spec_.tokens[i], static_cast<int32_t>(i));
       special_first_byte_[static_cast<uint8_t>(spec_.tokens[i][0])] = true;
     }
   }
+  // spec_.tokens is left empty: table_ holds the texts.
+  DUET_ASSIGN_OR_RETURN(table_, TokenTable::Create(std::exchange(spec_.tokens, {})));
+  ids_ = TokenIndex(&table_);
+  ids_.Reserve(n);
+  for (size_t i = 0; i < n; ++i) ids_.Add(static_cast<int32_t>(i));
   std::stable_sort(specials_.begin(), specials_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   const ByteMap& bm = Bytes();
@@ -73,23 +75,23 @@ absl::Status BpeTokenizer::Init() {
     AppendUtf8(bm.to_cp[b], &s);
     // Some vocabularies (SmolLM's) lack a few control bytes: such bytes are dropped when
     // encoding, as HF tokenizers (no unk token) and llama.cpp do.
-    auto it = ids_.find(s);
-    byte_ids_[b] = it == ids_.end() ? -1 : it->second;
+    byte_ids_[b] = ids_.Find(s);
   }
   merges_.reserve(spec_.merges.size());
   for (size_t r = 0; r < spec_.merges.size(); ++r) {
     const auto& [a, b] = spec_.merges[r];
-    auto ia = ids_.find(a), ib = ids_.find(b), ic = ids_.find(a + b);
-    if (ia == ids_.end() || ib == ids_.end() || ic == ids_.end()) {
+    const int32_t ia = ids_.Find(a), ib = ids_.Find(b), ic = ids_.Find(a + b);
+    if (ia < 0 || ib < 0 || ic < 0) {
       return absl::InvalidArgumentError(absl::StrCat(src, ": merge #", r, " '", a, " ", b, "': ",
-                                                     ia == ids_.end()   ? "'" + a + "'"
-                                                     : ib == ids_.end() ? "'" + b + "'"
-                                                                        : "'" + a + b + "'",
+                                                     ia < 0   ? "'" + a + "'"
+                                                     : ib < 0 ? "'" + b + "'"
+                                                              : "'" + a + b + "'",
                                                      " is not in the vocabulary"));
     }
     // The first (lowest-rank) occurrence of a pair wins.
-    merges_.emplace(PairKey(ia->second, ib->second), Merge{static_cast<int32_t>(r), ic->second});
+    merges_.emplace(PairKey(ia, ib), Merge{static_cast<int32_t>(r), ic});
   }
+  decltype(spec_.merges)().swap(spec_.merges);  // held as merges_; the capacity is freed too
   auto check_id = [&](int32_t id, const char* what) -> absl::Status {
     if (id < -1 || id >= static_cast<int32_t>(n)) {
       return absl::InvalidArgumentError(
@@ -106,10 +108,10 @@ absl::Status BpeTokenizer::Init() {
   // model names <|end_of_text|> as EOS, Gemma's <end_of_turn>), as the models' generation
   // configs list it.
   if (const std::string eot = EndOfTurnToken(spec_.chat_template); !eot.empty()) {
-    auto it = ids_.find(eot);
-    if (it != ids_.end() &&
-        std::find(spec_.eos_ids.begin(), spec_.eos_ids.end(), it->second) == spec_.eos_ids.end()) {
-      spec_.eos_ids.push_back(it->second);
+    const int32_t id = ids_.Find(eot);
+    if (id >= 0 &&
+        std::find(spec_.eos_ids.begin(), spec_.eos_ids.end(), id) == spec_.eos_ids.end()) {
+      spec_.eos_ids.push_back(id);
     }
   }
   return absl::OkStatus();
@@ -122,18 +124,15 @@ bool BpeTokenizer::IsControl(int32_t id) const {
   return spec_.kinds[id] == TokenKind::kControl;
 }
 
-int32_t BpeTokenizer::TokenId(const std::string& text) const {
-  auto it = ids_.find(text);
-  return it == ids_.end() ? -1 : it->second;
-}
+int32_t BpeTokenizer::TokenId(const std::string& text) const { return ids_.Find(text); }
 
 void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) const {
   if (spec_.ignore_merges) {
     std::string mapped;
     for (char c : word) AppendUtf8(Bytes().to_cp[static_cast<uint8_t>(c)], &mapped);
-    auto it = ids_.find(mapped);
-    if (it != ids_.end() && spec_.kinds[it->second] == TokenKind::kNormal) {
-      out->push_back(it->second);
+    const int32_t id = ids_.Find(mapped);
+    if (id >= 0 && spec_.kinds[id] == TokenKind::kNormal) {
+      out->push_back(id);
       return;
     }
   }
@@ -216,7 +215,7 @@ absl::StatusOr<std::string> BpeTokenizer::Decode(const std::vector<int32_t>& ids
   for (int32_t id : ids) {
     if (id < 0) return absl::InvalidArgumentError(absl::StrCat("Decode: negative token id ", id));
     if (id >= vocab_size()) continue;  // a padded embedding row: no text (as vLLM)
-    const std::string& t = spec_.tokens[id];
+    const std::string_view t = table_.Text(id);
     if (spec_.kinds[id] != TokenKind::kNormal) {
       out += t;
       continue;
@@ -228,7 +227,7 @@ absl::StatusOr<std::string> BpeTokenizer::Decode(const std::vector<int32_t>& ids
       if (it != bm.to_byte.end()) {
         out.push_back(static_cast<char>(it->second));
       } else {
-        out.append(t, pos, len);  // not a byte-level character: keep it as is
+        out.append(t.substr(pos, len));  // not a byte-level character: keep it as is
       }
       pos += len;
     }

@@ -19,9 +19,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/model/gguf.h"
 #include "common/model/pre_tokenizer.h"
+#include "common/model/token_table.h"
 #include "common/model/tokenizer.h"
 
 namespace duet::model {
@@ -60,7 +62,7 @@ class BpeTokenizer : public Tokenizer {
   // add_bos: prepend BOS if the model's tokenizer does (BpeSpec::add_bos).
   absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text, bool add_bos) const override;
   absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override;
-  int32_t vocab_size() const override { return static_cast<int32_t>(spec_.tokens.size()); }
+  int32_t vocab_size() const override { return table_.size(); }
   int32_t bos_id() const override { return spec_.bos_id; }
   std::vector<int32_t> eos_ids() const override { return spec_.eos_ids; }
   std::string name() const override;
@@ -83,9 +85,12 @@ class BpeTokenizer : public Tokenizer {
     int32_t rank;
     int32_t result;
   };
+  // spec_.tokens and spec_.merges are emptied by Init: their contents live on in table_, ids_
+  // and merges_.
   BpeSpec spec_;
-  std::unordered_map<std::string, int32_t> ids_;
-  std::unordered_map<uint64_t, Merge> merges_;  // (left << 32 | right) -> merge
+  TokenTable table_;
+  TokenIndex ids_{&table_};                      // every token's text -> id
+  absl::flat_hash_map<uint64_t, Merge> merges_;  // (left << 32 | right) -> merge
   int32_t byte_ids_[256];  // byte -> its single-byte token, -1 if the vocabulary lacks it
   std::vector<std::pair<std::string, int32_t>> specials_;  // longest first
   bool special_first_byte_[256] = {};

@@ -110,6 +110,9 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }
   const std::map<std::string, GgufValue>& metadata() const { return metadata_; }
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  // The file's mapping (null when parsed from a copy): tensors' data point into it, and holding
+  // it keeps them valid after this object is gone.
+  const std::shared_ptr<const MappedFile>& mapping() const { return file_; }
 
   const GgufValue* Find(const std::string& key) const;
   // NotFound "<file>: no metadata key '<key>'" or InvalidArgument naming the key, its type and
@@ -137,7 +140,7 @@ class GgufFile {
   absl::Status Parse(const uint8_t* data, size_t size);
 
   std::string path_;
-  std::unique_ptr<MappedFile> file_;  // when opened from a file
+  std::shared_ptr<const MappedFile> file_;  // when opened from a file
   std::vector<uint8_t> bytes_;        // when parsed from a copy
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

@@ -298,10 +298,16 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
                               (dtype != WeightsDtype::kF32 && half))) {
       StoredWeight& sw = w.stored[e.name];
       sw.ggml_type = t->type;
-      sw.bytes.assign(t->data, t->data + t->nbytes);
-      if (rope_rows) {
-        UnpermuteGgufRopeRowBytes(sw.bytes.data(), rope_heads, config.head_dim,
-                                  t->nbytes / static_cast<size_t>(e.shape[0]));
+      if (rope_rows || g.mapping() == nullptr) {
+        sw.bytes.assign(t->data, t->data + t->nbytes);
+        if (rope_rows) {
+          UnpermuteGgufRopeRowBytes(sw.bytes.data(), rope_heads, config.head_dim,
+                                    t->nbytes / static_cast<size_t>(e.shape[0]));
+        }
+      } else {  // in place in the mapped file: no copy
+        sw.view = t->data;
+        sw.view_size = t->nbytes;
+        sw.mapping = g.mapping();
       }
       used.insert(name);
       continue;

@@ -99,17 +99,17 @@ absl::Status ModelRunner::Prepare(ModelWeights weights) {
       const int64_t expected = compute::StoredMatrixBytes(format, rows, cols);
       const bool blocks = format != compute::WeightFormat::kBf16 &&
                           format != compute::WeightFormat::kF16;
-      if ((blocks && cols % 32 != 0) ||
-          static_cast<int64_t>(it->second.bytes.size()) != expected) {
+      if ((blocks && cols % 32 != 0) || static_cast<int64_t>(it->second.size()) != expected) {
         return absl::InvalidArgumentError(absl::StrCat(
             "ModelRunner: stored ", compute::WeightFormatName(format), " matrix '", name, "' has ",
-            it->second.bytes.size(), " bytes; [", rows, ", ", cols, "] needs ", expected));
+            it->second.size(), " bytes; [", rows, ", ", cols, "] needs ", expected));
       }
       absl::StatusOr<std::unique_ptr<compute::PreparedMatrix>> prepared =
           backend_->PrepareStoredMatrix(
-              {.format = format, .data = it->second.bytes.data(), .rows = rows, .cols = cols});
+              {.format = format, .data = it->second.data(), .rows = rows, .cols = cols});
       if (!prepared.ok()) return Annotate(prepared.status(), "matrix '" + name + "'");
       *out = *std::move(prepared);
+      it->second.DropPages();  // repacked: a view's file pages leave resident memory
       weights.stored.erase(it);
       return absl::OkStatus();
     }
@@ -122,6 +122,23 @@ absl::Status ModelRunner::Prepare(ModelWeights weights) {
     return absl::OkStatus();
   };
 
+  // The embedding and LM head first: the largest matrices are repacked while the least else is
+  // resident (a view's file pages and its packed copy are resident together for a moment).
+  constexpr const char* kEmbed = "model.embed_tokens.weight";
+  if (weights.stored.count(kEmbed) != 0) {
+    // The embedding kept in its stored form: one prepared matrix serves the lookups
+    // (EmbedFromMatrix) and, when tied, the LM head.
+    std::vector<float> none;
+    DUET_RETURN_IF_ERROR(mat(kEmbed, none, c.vocab_size, hidden, &embed_matrix_));
+  }
+  if (weights.lm_head.empty() && weights.stored.count("lm_head.weight") == 0) {  // tied
+    if (embed_matrix_ == nullptr) {
+      DUET_ASSIGN_OR_RETURN(
+          lm_head_, backend_->PrepareMatrix(weights.embed_tokens.data(), c.vocab_size, hidden));
+    }
+  } else {
+    DUET_RETURN_IF_ERROR(mat("lm_head.weight", weights.lm_head, c.vocab_size, hidden, &lm_head_));
+  }
   layers_.resize(c.num_hidden_layers);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     LayerWeights& lw = weights.layers[i];
@@ -153,21 +170,6 @@ absl::Status ModelRunner::Prepare(ModelWeights weights) {
         mat(p + "mlp.down_proj.weight", lw.down_proj, hidden, c.intermediate_size, &l.down));
   }
   final_norm_ = vec(weights.norm);
-  constexpr const char* kEmbed = "model.embed_tokens.weight";
-  if (weights.stored.count(kEmbed) != 0) {
-    // The embedding kept in its stored form: one prepared matrix serves the lookups
-    // (EmbedFromMatrix) and, when tied, the LM head.
-    std::vector<float> none;
-    DUET_RETURN_IF_ERROR(mat(kEmbed, none, c.vocab_size, hidden, &embed_matrix_));
-  }
-  if (weights.lm_head.empty() && weights.stored.count("lm_head.weight") == 0) {  // tied
-    if (embed_matrix_ == nullptr) {
-      DUET_ASSIGN_OR_RETURN(
-          lm_head_, backend_->PrepareMatrix(weights.embed_tokens.data(), c.vocab_size, hidden));
-    }
-  } else {
-    DUET_RETURN_IF_ERROR(mat("lm_head.weight", weights.lm_head, c.vocab_size, hidden, &lm_head_));
-  }
   if (!weights.stored.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("ModelRunner: stored matrix '",
                                                    weights.stored.begin()->first,

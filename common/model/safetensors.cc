@@ -96,6 +96,16 @@ void Unmapper::operator()(const uint8_t* p) const noexcept {
   if (p != nullptr) ::munmap(const_cast<uint8_t*>(p), size);
 }
 
+void MappedFile::DropPages(const uint8_t* p, size_t n) const {
+  const uint8_t* base = mapping_.get();
+  if (base == nullptr || n == 0 || p < base || p + n > base + size_) return;
+  static const uintptr_t kPage = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // Whole pages only: the partial ones at either end may hold bytes not yet used.
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~(kPage - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) & ~(kPage - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
   ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {

@@ -63,6 +63,10 @@ class MappedFile {
   const uint8_t* data() const { return mapping_.get(); }  // nullptr for an empty file
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Takes the pages under [p, p + n) (inside the mapping) out of this process's resident
+  // memory: they stay in the page cache, and are read in again if touched. For bytes that have
+  // been copied or repacked elsewhere.
+  void DropPages(const uint8_t* p, size_t n) const;
 
  private:
   MappedFile(std::string path, ScopedFd fd, std::unique_ptr<const uint8_t, Unmapper> mapping,

@@ -58,8 +58,8 @@ int ParseBytePiece(const std::string& piece) {
 
 }  // namespace
 
-void SpmTokenizer::WholeMatcher::Add(const std::string& piece, int32_t id) {
-  if (piece.empty() || !ids.emplace(piece, id).second) return;  // the first id wins
+void SpmTokenizer::WholeMatcher::Add(std::string_view piece, int32_t id) {
+  if (piece.empty() || !ids.Add(id)) return;  // the first id wins
   std::vector<size_t>& lens = lengths[static_cast<uint8_t>(piece[0])];
   auto it = std::lower_bound(lens.begin(), lens.end(), piece.size(), std::greater<size_t>());
   if (it == lens.end() || *it != piece.size()) lens.insert(it, piece.size());
@@ -68,10 +68,10 @@ void SpmTokenizer::WholeMatcher::Add(const std::string& piece, int32_t id) {
 int32_t SpmTokenizer::WholeMatcher::Match(std::string_view text, size_t pos, size_t* len) const {
   for (size_t n : lengths[static_cast<uint8_t>(text[pos])]) {
     if (n > text.size() - pos) continue;
-    auto it = ids.find(text.substr(pos, n));
-    if (it != ids.end()) {
+    const int32_t id = ids.Find(text.substr(pos, n));
+    if (id >= 0) {
       *len = n;
-      return it->second;
+      return id;
     }
   }
   return -1;
@@ -109,17 +109,13 @@ absl::Status SpmTokenizer::Init() {
     std::string& piece = spec_.tokens[i];
     switch (spec_.types[i]) {
       case SpmTokenType::kNormal:
-        if (!piece.empty()) normal_.emplace(piece, id);
-        break;
       case SpmTokenType::kUnknown:
       case SpmTokenType::kControl:
-        controls_.Add(piece, id);
         break;
       case SpmTokenType::kUserDefined:
         // llama.cpp's converter writes a user-defined piece's "▁" as a space; the text is
         // matched after escaping, so the piece is too.
         piece = EscapeSpaces(piece);
-        user_.Add(piece, id);
         break;
       case SpmTokenType::kByte: {
         const int b = ParseBytePiece(piece);
@@ -138,6 +134,30 @@ absl::Status SpmTokenizer::Init() {
         return absl::UnimplementedError(absl::StrCat(
             src, ": token ", i, " '", piece, "' has type ", static_cast<int>(spec_.types[i]),
             "; supported: 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte"));
+    }
+  }
+  // spec_.tokens is left empty: table_ holds the texts.
+  DUET_ASSIGN_OR_RETURN(table_, TokenTable::Create(std::exchange(spec_.tokens, {})));
+  normal_ = TokenIndex(&table_);
+  controls_ = WholeMatcher(&table_);
+  user_ = WholeMatcher(&table_);
+  normal_.Reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = static_cast<int32_t>(i);
+    const std::string_view piece = table_.Text(id);
+    switch (spec_.types[i]) {
+      case SpmTokenType::kNormal:
+        if (!piece.empty()) normal_.Add(id);
+        break;
+      case SpmTokenType::kUnknown:
+      case SpmTokenType::kControl:
+        controls_.Add(piece, id);
+        break;
+      case SpmTokenType::kUserDefined:
+        user_.Add(piece, id);
+        break;
+      default:
+        break;
     }
   }
   if (num_bytes != 0 && num_bytes != 256) {
@@ -177,14 +197,11 @@ bool SpmTokenizer::IsControl(int32_t id) const {
 }
 
 int32_t SpmTokenizer::TokenId(std::string_view piece) const {
-  for (const PieceMap* m : {&normal_, &controls_.ids, &user_.ids}) {
-    auto it = m->find(piece);
-    if (it != m->end()) return it->second;
+  for (const TokenIndex* m : {&normal_, &controls_.ids, &user_.ids}) {
+    if (const int32_t id = m->Find(piece); id >= 0) return id;
   }
-  for (size_t i = 0; i < spec_.tokens.size(); ++i) {
-    if (spec_.types[i] == SpmTokenType::kByte && spec_.tokens[i] == piece) {
-      return static_cast<int32_t>(i);
-    }
+  for (int32_t i = 0; i < table_.size(); ++i) {
+    if (spec_.types[i] == SpmTokenType::kByte && table_.Text(i) == piece) return i;
   }
   return -1;
 }
@@ -220,8 +237,8 @@ void SpmTokenizer::EncodeRun(std::string_view text, std::vector<int32_t>* out) c
   auto push = [&](int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
     const size_t len = syms[left].len + syms[right].len;
-    auto it = normal_.find(text.substr(syms[left].start, len));
-    if (it != normal_.end()) agenda.push({spec_.scores[it->second], left, right, len});
+    const int32_t id = normal_.Find(text.substr(syms[left].start, len));
+    if (id >= 0) agenda.push({spec_.scores[id], left, right, len});
   };
   for (size_t i = 0; i + 1 < syms.size(); ++i) {
     push(static_cast<int32_t>(i), static_cast<int32_t>(i + 1));
@@ -245,9 +262,8 @@ void SpmTokenizer::EncodeRun(std::string_view text, std::vector<int32_t>* out) c
   bool last_unknown = false;
   for (int32_t i = syms.empty() ? -1 : 0; i >= 0; i = syms[i].next) {
     const std::string_view piece = text.substr(syms[i].start, syms[i].len);
-    auto it = normal_.find(piece);
-    if (it != normal_.end()) {
-      out->push_back(it->second);
+    if (const int32_t id = normal_.Find(piece); id >= 0) {
+      out->push_back(id);
       last_unknown = false;
     } else if (byte_ids_[0] >= 0) {
       for (char c : piece) out->push_back(byte_ids_[static_cast<uint8_t>(c)]);
@@ -304,10 +320,10 @@ absl::StatusOr<std::string> SpmTokenizer::Decode(const std::vector<int32_t>& ids
         break;
       case SpmTokenType::kNormal:
       case SpmTokenType::kUserDefined:
-        out += UnescapeSpaces(spec_.tokens[id]);
+        out += UnescapeSpaces(table_.Text(id));
         break;
       default:
-        out += spec_.tokens[id];
+        out += table_.Text(id);
     }
   }
   return out;

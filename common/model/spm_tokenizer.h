@@ -18,15 +18,14 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/model/gguf.h"
+#include "common/model/token_table.h"
 #include "common/model/tokenizer.h"
 
 namespace duet::model {
@@ -72,7 +71,7 @@ class SpmTokenizer : public Tokenizer {
   // Control and unknown tokens decode to their text (callers leave them out with IsControl);
   // a dummy prefix is not stripped.
   absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override;
-  int32_t vocab_size() const override { return static_cast<int32_t>(spec_.tokens.size()); }
+  int32_t vocab_size() const override { return table_.size(); }
   int32_t bos_id() const override { return spec_.bos_id; }
   std::vector<int32_t> eos_ids() const override { return spec_.eos_ids; }
   std::string name() const override { return "spm"; }
@@ -85,16 +84,12 @@ class SpmTokenizer : public Tokenizer {
   bool adds_space_prefix() const { return spec_.add_space_prefix; }
 
  private:
-  struct Hash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
-  };
-  using PieceMap = std::unordered_map<std::string, int32_t, Hash, std::equal_to<>>;
   // Pieces matched whole at a position: by first byte, the distinct lengths, longest first.
   struct WholeMatcher {
-    PieceMap ids;
+    explicit WholeMatcher(const TokenTable* table) : ids(table) {}
+    TokenIndex ids;
     std::vector<size_t> lengths[256];
-    void Add(const std::string& piece, int32_t id);
+    void Add(std::string_view piece, int32_t id);
     // The id and length of the longest piece at text[pos], or -1.
     int32_t Match(std::string_view text, size_t pos, size_t* len) const;
   };
@@ -106,10 +101,11 @@ class SpmTokenizer : public Tokenizer {
   // Merges the characters of text (no user-defined pieces in it) and appends the ids.
   void EncodeRun(std::string_view text, std::vector<int32_t>* out) const;
 
-  SpmSpec spec_;
-  PieceMap normal_;               // normal pieces -> id (the first id of a duplicate wins)
-  WholeMatcher controls_;         // control and unknown tokens, matched in the raw text
-  WholeMatcher user_;             // user-defined pieces, matched in the escaped text
+  SpmSpec spec_;                    // spec_.tokens is emptied by Init: table_ holds the pieces
+  TokenTable table_;                // id -> piece (user-defined pieces space-escaped)
+  TokenIndex normal_{&table_};      // normal pieces -> id (the first id of a duplicate wins)
+  WholeMatcher controls_{&table_};  // control and unknown tokens, matched in the raw text
+  WholeMatcher user_{&table_};      // user-defined pieces, matched in the escaped text
   int32_t byte_ids_[256];         // byte -> <0xXX> token, all -1 when the vocabulary has none
   std::vector<uint8_t> byte_of_;  // id -> byte value for byte tokens
 };

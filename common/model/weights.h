@@ -9,11 +9,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
+#include "common/model/safetensors.h"
 
 namespace duet::model {
 
@@ -59,11 +61,23 @@ absl::StatusOr<WeightsDtype> ParseWeightsDtype(const std::string& name);
 // "f32", "native", "bf16" (what NodeCompute::weights carries).
 const char* WeightsDtypeName(WeightsDtype dtype);
 
-// A matrix kept in its stored form: ggml type number (gguf.h GgmlType: Q8_0, Q4_0 or Q4_1) and
-// its bytes, rows of whole blocks in Hugging Face row order.
+// A matrix kept in its stored form: ggml type number (gguf.h GgmlType) and its bytes, rows of
+// whole blocks in Hugging Face row order. The bytes are a copy (`bytes`), or, where the file's
+// rows need no reordering, a view into the file's mapping, which `mapping` keeps mapped: no
+// copy is made, and DropPages() takes the pages out of resident memory once the matrix has
+// been repacked.
 struct StoredWeight {
   uint32_t ggml_type = 0;
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> bytes;  // the copy; empty for a view
+  const uint8_t* view = nullptr;
+  size_t view_size = 0;
+  std::shared_ptr<const MappedFile> mapping;  // set with view
+
+  const uint8_t* data() const { return view != nullptr ? view : bytes.data(); }
+  size_t size() const { return view != nullptr ? view_size : bytes.size(); }
+  void DropPages() const {
+    if (view != nullptr && mapping != nullptr) mapping->DropPages(view, view_size);
+  }
 };
 
 // ggml type numbers of the 16-bit matrices (gguf.h GgmlType::kF16 / kBF16): little-endian

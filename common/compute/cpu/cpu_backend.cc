@@ -1,11 +1,6 @@
 #include "common/compute/cpu/cpu_backend.h"
 
 #include <algorithm>
-
-#if defined(DUET_HAVE_OPENBLAS)
-#include <cblas.h>
-#endif
-
 #include <cstring>
 #include <set>
 #include <vector>
@@ -17,6 +12,7 @@
 #include "common/compute/cpu/attention.h"
 #include "common/compute/cpu/elementwise.h"
 #include "common/compute/cpu/gemm.h"
+#include "common/compute/cpu/openblas.h"
 #include "common/compute/cpu/product_items.h"
 
 namespace duet::compute {
@@ -99,7 +95,10 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const BackendOpti
   }
   auto backend = std::unique_ptr<CpuBackend>(new CpuBackend(options.num_threads, kind, isa));
 #if defined(DUET_HAVE_OPENBLAS)
-  if (kind == GemmKind::kOpenBlas) openblas_set_num_threads(backend->num_threads());
+  if (kind == GemmKind::kOpenBlas) {
+    DUET_ASSIGN_OR_RETURN(backend->blas_, cpu::LoadOpenBlas());
+    backend->blas_->set_num_threads(backend->num_threads());
+  }
 #endif
   return backend;
 }
@@ -249,8 +248,8 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
     const int n = bw.rows();
     const int k = bw.cols();
     if (m <= 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.f, x, k, bw.data(), k, 0.f, y,
-                n);
+    blas_->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.f, x, k, bw.data(), k, 0.f, y,
+                 n);
     if (bias != nullptr) {
       for (int64_t i = 0; i < m; ++i) {
         for (int j = 0; j < n; ++j) y[i * n + j] += bias[j];

@@ -27,6 +27,10 @@
 #include "common/compute/cpu/cpu_isa.h"
 #include "common/compute/cpu/quant_gemm.h"
 
+namespace duet::compute::cpu {
+struct OpenBlas;
+}  // namespace duet::compute::cpu
+
 namespace duet::compute {
 
 class CpuBackend : public ComputeBackend {
@@ -91,6 +95,7 @@ class CpuBackend : public ComputeBackend {
   static constexpr int kRopeMemos = 4;  // Gemma 3 alternates two RoPEs; room for both and more
 
   GemmKind gemm_kind_;
+  const cpu::OpenBlas* blas_ = nullptr;  // loaded for kOpenBlas (cpu/openblas.h)
   cpu::CpuIsa isa_;
   cpu::QuantScratch quant_scratch_;        // guarded by mu_
   RopeAnglesMemo rope_memos_[kRopeMemos];  // guarded by mu_

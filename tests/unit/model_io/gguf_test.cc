@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/base/float16.h"
@@ -510,7 +511,9 @@ TEST(GgufModelTest, F16TensorsLoad) {
 }
 
 // weights_dtype native keeps Q5_0 matrices in their blocks: every element keeps the value the
-// f32 load dequantizes it to (RoPE rows of q and k un-permuted alike).
+// f32 load dequantizes it to (RoPE rows of q and k un-permuted alike). Matrices whose rows need
+// no reordering are views into the file's mapping, not copies, and stay valid (their pages
+// dropped or not) after the GgufFile is gone; q and k, reordered, are copies.
 TEST(GgufModelTest, NativeKeepsQ5_0AsStored) {
   TempDir tmp;
   TinyGguf t;
@@ -522,21 +525,36 @@ TEST(GgufModelTest, NativeKeepsQ5_0AsStored) {
   auto native = LoadGgufWeights(**g, c, WeightsDtype::kNative);
   ASSERT_TRUE(f32.ok()) << f32.status();
   ASSERT_TRUE(native.ok()) << native.status();
+  const std::shared_ptr<const MappedFile> mapping = (*g)->mapping();
+  ASSERT_NE(mapping, nullptr);
+  g->reset();  // the views keep the mapping
   const LayerWeights& l = f32->layers[0];
-  for (const auto& [name, want] :
-       {std::pair{"model.layers.0.self_attn.q_proj.weight", &l.q_proj},
-        std::pair{"model.layers.0.self_attn.k_proj.weight", &l.k_proj},
-        std::pair{"model.layers.0.mlp.gate_proj.weight", &l.gate_proj}}) {
+  for (const auto& [name, want, view] :
+       {std::tuple{"model.layers.0.self_attn.q_proj.weight", &l.q_proj, false},
+        std::tuple{"model.layers.0.self_attn.k_proj.weight", &l.k_proj, false},
+        std::tuple{"model.layers.0.mlp.gate_proj.weight", &l.gate_proj, true}}) {
     SCOPED_TRACE(name);
     const auto it = native->stored.find(name);
     ASSERT_NE(it, native->stored.end());
-    EXPECT_EQ(it->second.ggml_type, 6u);  // Q5_0
-    ASSERT_EQ(it->second.bytes.size(), want->size() / 32 * 22);
-    std::vector<float> got(want->size());
-    ASSERT_TRUE(
-        DequantizeBlocks(6, it->second.bytes.data(), static_cast<int64_t>(got.size()), got.data())
-            .ok());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], (*want)[i]) << "element " << i;
+    const StoredWeight& sw = it->second;
+    EXPECT_EQ(sw.ggml_type, 6u);  // Q5_0
+    ASSERT_EQ(sw.size(), want->size() / 32 * 22);
+    if (view) {
+      EXPECT_TRUE(sw.bytes.empty());
+      EXPECT_EQ(sw.mapping, mapping);
+      EXPECT_GE(sw.data(), mapping->data());
+      EXPECT_LE(sw.data() + sw.size(), mapping->data() + mapping->size());
+    } else {
+      EXPECT_EQ(sw.view, nullptr);
+      EXPECT_EQ(sw.data(), sw.bytes.data());
+    }
+    for (int pass = 0; pass < 2; ++pass) {  // before and after DropPages
+      std::vector<float> got(want->size());
+      ASSERT_TRUE(
+          DequantizeBlocks(6, sw.data(), static_cast<int64_t>(got.size()), got.data()).ok());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], (*want)[i]) << "element " << i;
+      sw.DropPages();
+    }
   }
 }
 
@@ -564,11 +582,11 @@ TEST(GgufModelTest, NativeKeepsF32AsFloatAndF16AsStored) {
   const auto gate = kept->stored.find("model.layers.0.mlp.gate_proj.weight");
   ASSERT_NE(gate, kept->stored.end());
   EXPECT_EQ(gate->second.ggml_type, kGgmlF16);
-  EXPECT_EQ(gate->second.bytes.size(),
-            static_cast<size_t>(c16.intermediate_size) * c16.hidden_size * 2);
+  EXPECT_EQ(gate->second.size(), static_cast<size_t>(c16.intermediate_size) * c16.hidden_size * 2);
   std::string want;
   for (float x : t16.weights.layers[0].gate_proj) want += GgufWriter::Pod(FloatToHalf(x));
-  EXPECT_EQ(std::string(gate->second.bytes.begin(), gate->second.bytes.end()), want);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(gate->second.data()), gate->second.size()),
+            want);
   EXPECT_TRUE(kept->layers[0].gate_proj.empty());
   // The F32 matrices of the same file stay float.
   EXPECT_EQ(kept->stored.count("model.layers.0.self_attn.q_proj.weight"), 0u);

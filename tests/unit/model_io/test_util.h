@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <stdlib.h>
 
 #include <cstdint>
@@ -67,5 +68,12 @@ inline std::string HeaderBytes(const std::string& json, uint64_t declared_len) {
   return out + json;
 }
 inline std::string HeaderBytes(const std::string& json) { return HeaderBytes(json, json.size()); }
+
+// Bytes of heap in use (glibc): small chunks plus chunks mapped on their own. The difference
+// around a call is what the call left allocated.
+inline size_t HeapBytesInUse() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
 
 }  // namespace duet::model::testing
