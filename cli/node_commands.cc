@@ -26,6 +26,16 @@ ABSL_FLAG(std::string, coordinator, "", "coordinator address (host:port), for no
 ABSL_FLAG(std::string, node_id, "", "node id, stable across restarts (default: kind-0)");
 ABSL_FLAG(std::string, transport, "shm",
           "KV transport between nodes: shm, tcp or shm-mm (UCX profiles)");
+ABSL_FLAG(std::string, ucx_tls, "", "UCX_TLS list to use instead of --transport's");
+ABSL_FLAG(std::string, ucx_net_devices, "",
+          "UCX_NET_DEVICES to use instead of --transport's (tcp: lo; across hosts: eth0)");
+ABSL_FLAG(std::string, transfer_write_mode, "auto",
+          "how KV reaches a decode node's pool over UCX: auto, put, am or memcpy");
+ABSL_FLAG(int64_t, transfer_chunk_kib, 1024,
+          "UCX put lane: KV runs are split into chunks this size");
+ABSL_FLAG(int64_t, transfer_am_chunk_kib, 4096, "UCX am lane: chunk size");
+ABSL_FLAG(absl::Duration, transfer_keepalive, absl::Milliseconds(500),
+          "UCX dead-peer detection interval");
 ABSL_FLAG(int64_t, kv_cache_bytes, 256ll << 20, "bytes of the node's KV pool");
 ABSL_FLAG(bool, enable_prefix_caching, true,
           "reuse the KV of cached prompt prefixes (prefill, decode and colocated nodes)");

@@ -16,11 +16,16 @@ ABSL_DECLARE_FLAG(std::string, cpu_isa);          // generate_command.cc
 ABSL_DECLARE_FLAG(std::string, weights_dtype);    // generate_command.cc
 ABSL_DECLARE_FLAG(int, block_size);               // generate_command.cc
 ABSL_DECLARE_FLAG(std::string, kv_dtype);         // generate_command.cc
-ABSL_DECLARE_FLAG(std::string, ucx_net_devices);  // transfer/transport_flags.cc
 ABSL_DECLARE_FLAG(std::string, listen);           // node_commands.cc, as are the rest
 ABSL_DECLARE_FLAG(std::string, coordinator);
 ABSL_DECLARE_FLAG(std::string, node_id);
 ABSL_DECLARE_FLAG(std::string, transport);
+ABSL_DECLARE_FLAG(std::string, ucx_tls);
+ABSL_DECLARE_FLAG(std::string, ucx_net_devices);
+ABSL_DECLARE_FLAG(std::string, transfer_write_mode);
+ABSL_DECLARE_FLAG(int64_t, transfer_chunk_kib);
+ABSL_DECLARE_FLAG(int64_t, transfer_am_chunk_kib);
+ABSL_DECLARE_FLAG(absl::Duration, transfer_keepalive);
 ABSL_DECLARE_FLAG(int64_t, kv_cache_bytes);
 ABSL_DECLARE_FLAG(bool, enable_prefix_caching);
 ABSL_DECLARE_FLAG(std::string, kv_staging);
@@ -50,6 +55,15 @@ ABSL_FLAG(double, http_idle_timeout_s,
           "requests");
 
 namespace duet::cli {
+namespace {
+// KiB from a flag in bytes; out-of-range values become 0 or UINT64_MAX, which the transport
+// refuses by name.
+uint64_t KibToBytes(int64_t kib) {
+  if (kib <= 0) return 0;
+  if (kib > (INT64_MAX >> 10)) return UINT64_MAX;
+  return static_cast<uint64_t>(kib) << 10;
+}
+}  // namespace
 
 cluster::NodeRuntimeOptions NodeRuntimeOptionsFromFlags(const std::string& kind) {
   cluster::NodeRuntimeOptions o;
@@ -75,6 +89,11 @@ cluster::NodeRuntimeOptions NodeRuntimeOptionsFromFlags(const std::string& kind)
 cluster::NodeTransferOptions NodeTransferOptionsFromFlags() {
   return {.transport = absl::GetFlag(FLAGS_transport),
           .ucx_net_devices = absl::GetFlag(FLAGS_ucx_net_devices),
+          .ucx_tls = absl::GetFlag(FLAGS_ucx_tls),
+          .write_mode = absl::GetFlag(FLAGS_transfer_write_mode),
+          .chunk_bytes = KibToBytes(absl::GetFlag(FLAGS_transfer_chunk_kib)),
+          .am_chunk_bytes = KibToBytes(absl::GetFlag(FLAGS_transfer_am_chunk_kib)),
+          .keepalive = absl::GetFlag(FLAGS_transfer_keepalive),
           .kv_staging = absl::GetFlag(FLAGS_kv_staging)};
 }
 
@@ -92,6 +111,11 @@ std::vector<std::string> NodeFlagsForChild() {
           "--metrics_host=" + absl::GetFlag(FLAGS_metrics_host),
           "--transport=" + absl::GetFlag(FLAGS_transport),
           "--ucx_net_devices=" + absl::GetFlag(FLAGS_ucx_net_devices),
+          "--ucx_tls=" + absl::GetFlag(FLAGS_ucx_tls),
+          "--transfer_write_mode=" + absl::GetFlag(FLAGS_transfer_write_mode),
+          absl::StrCat("--transfer_chunk_kib=", absl::GetFlag(FLAGS_transfer_chunk_kib)),
+          absl::StrCat("--transfer_am_chunk_kib=", absl::GetFlag(FLAGS_transfer_am_chunk_kib)),
+          "--transfer_keepalive=" + absl::FormatDuration(absl::GetFlag(FLAGS_transfer_keepalive)),
           "--kv_staging=" + absl::GetFlag(FLAGS_kv_staging)};
 }
 

@@ -47,9 +47,11 @@ int RunServeColocated(const std::vector<char*>& args) {
   }
   // Flags of the cluster's processes mean nothing to one process: set to anything but their
   // default, they are refused by name rather than ignored.
-  for (const char* name : {"listen", "coordinator", "node_id", "transport", "no_layer_pipelining",
-                           "kv_staging", "address_file", "prefill", "decode", "ready_timeout_s",
-                           "ucx_net_devices", "heartbeat_timeout_ms"}) {
+  for (const char* name :
+       {"listen", "coordinator", "node_id", "transport", "no_layer_pipelining", "kv_staging",
+        "address_file", "prefill", "decode", "ready_timeout_s", "ucx_net_devices", "ucx_tls",
+        "transfer_write_mode", "transfer_chunk_kib", "transfer_am_chunk_kib", "transfer_keepalive",
+        "heartbeat_timeout_ms"}) {
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag != nullptr && flag->CurrentValue() != flag->DefaultValue()) {
       std::fprintf(stderr,

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/kv/kv_layout.h"
 #include "transfer/transport.h"
 
@@ -21,13 +22,21 @@ struct NodeTransferOptions {
   // shm | tcp | shm-mm (UCX profiles, UcxProfileByName); inproc: nodes in one process (tests).
   std::string transport = "shm";
   std::string ucx_net_devices;  // overrides the profile's (tcp pins lo; across hosts: eth0)
+  std::string ucx_tls;          // overrides the profile's UCX_TLS list (e.g. "tcp,self")
+  // How the UCX transport writes and chunks KV and how often it probes a peer
+  // (transfer::TransportOptions has the meaning of each).
+  std::string write_mode = "auto";
+  uint64_t chunk_bytes = 1 << 20;
+  uint64_t am_chunk_bytes = 4 << 20;
+  absl::Duration keepalive = absl::Milliseconds(500);
   // auto: stage KV through a host mirror of the pool (which the transport exports) iff the
   // backend's KV memory is not host memory (cuda); always: stage anyway (tests the path on cpu);
   // never: refuse a device pool.
   std::string kv_staging = "auto";
 };
 
-// The transport named `name` for `layout`; InvalidArgument for an unknown transport.
+// The transport named `name` for `layout`; InvalidArgument for an unknown transport, or for UCX
+// settings given to inproc.
 absl::StatusOr<std::unique_ptr<transfer::Transport>> CreateNodeTransport(
     const NodeTransferOptions& options, const std::string& name, const kv::KvLayout& layout);
 

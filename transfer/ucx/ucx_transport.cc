@@ -36,6 +36,25 @@ absl::StatusOr<std::unique_ptr<Transport>> UcxTransport::Create(const TransportO
 }
 
 absl::Status UcxTransport::Init() {
+  const std::string& mode = options_.write_mode;
+  if (mode != "auto" && mode != "put" && mode != "am" && mode != "memcpy") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown write_mode '", mode, "' (auto, put, am, memcpy)"));
+  }
+  constexpr uint64_t kMinChunk = 4 << 10;
+  constexpr uint64_t kMaxChunk = uint64_t{1} << 30;
+  for (const auto& [name, bytes] :
+       {std::pair<const char*, uint64_t>{"chunk_bytes", options_.chunk_bytes},
+        {"am_chunk_bytes", options_.am_chunk_bytes}}) {
+    if (bytes < kMinChunk || bytes > kMaxChunk) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must be in [4 KiB, 1 GiB], got ", bytes, " bytes"));
+    }
+  }
+  if (options_.keepalive <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keepalive must be positive, got ", absl::FormatDuration(options_.keepalive)));
+  }
   ucp_config_t* raw_config = nullptr;
   DUET_UCX_RETURN_IF_ERROR(ucp_config_read(nullptr, nullptr, &raw_config));
   ucx::ConfigPtr config(raw_config);
@@ -594,8 +613,7 @@ absl::StatusOr<TransferHandle> UcxTransport::PostWrite(PeerId peer, std::vector<
     t->notice_header = NoticeHeader{instance_, next_xfer_++, 0, 0};
     // Chunk per lane: ~1 MiB puts are the sweet spot over shm; rendezvous messages over tcp
     // amortise their handshake better with larger chunks.
-    const uint64_t chunk =
-        std::max<uint64_t>(t->peer->use_put ? options_.chunk_bytes : options_.am_chunk_bytes, 4096);
+    const uint64_t chunk = t->peer->use_put ? options_.chunk_bytes : options_.am_chunk_bytes;
     for (const WriteOp& op : t->ops) {
       for (uint64_t done = 0; done < op.length; done += chunk) {
         t->chunks.push_back(WriteOp{op.local_offset + done, op.remote_offset + done,
@@ -643,10 +661,13 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOpt
 }
 
 absl::StatusOr<UcxProfile> UcxProfileByName(const std::string& name) {
-  if (name == "shm") return UcxProfile{"posix,sysv,cma,self", ""};
+  // One mm transport: sysv, whose allocator UCX tries first for the exported pool (so the peer
+  // maps it), plus cma for memory it did not allocate. posix is the same transport over
+  // /dev/shm; listing it too only adds a second set of receive rings (2 MB per process).
+  if (name == "shm") return UcxProfile{"sysv,cma,self", ""};
   if (name == "tcp") return UcxProfile{"tcp,self", "lo"};
   // Shared memory without cma: puts into a UCX-allocated (mapped) region are plain memcpy.
-  if (name == "shm-mm") return UcxProfile{"posix,sysv,self", ""};
+  if (name == "shm-mm") return UcxProfile{"sysv,self", ""};
   return absl::InvalidArgumentError(
       absl::StrCat("unknown ucx profile '", name, "' (shm, shm-mm, tcp)"));
 }

@@ -22,7 +22,7 @@
 // progress thread checks the peer's process (same boot id: /proc/<pid>/stat, zombie or reused
 // pid = dead) every `keepalive`. Either way a lost peer fails its transfers and PeerStatus.
 //
-//   TransportOptions o{.name = "decode-0", .layout = layout, .tls = "posix,sysv,cma,self"};
+//   TransportOptions o{.name = "decode-0", .layout = layout, .tls = "sysv,cma,self"};
 //   DUET_ASSIGN_OR_RETURN(auto t, CreateTransport("ucx", o));
 //   DUET_ASSIGN_OR_RETURN(auto region, t->AllocateRegion(layout.RegionBytes(n)));  // shm
 //   DUET_ASSIGN_OR_RETURN(auto pool, kv::BlockPool::CreateOver(layout, n, region->base(),
