@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -76,6 +77,58 @@ TEST(AddSwiGluTest, GeluTanhGluMatchesReferenceAndMayAlias) {
   std::vector<float> g = a;
   backend->GeluTanhGlu(g.data(), b.data(), n, g.data());
   EXPECT_EQ(g, out);
+}
+
+// SwiGlu's eight-lane exp, over the range where the result is a normal float: relative error
+// against double, in units of float's epsilon (2^-23); up = 1, so the output is silu itself.
+TEST(AddSwiGluTest, SiluStaysWithinTwoUlpsAcrossTheRange) {
+  auto backend = MakeCpuBackend(1);
+  std::vector<float> x;
+  for (float v = -80.f; v <= 80.f; v += 1.f / 512) x.push_back(v);
+  const auto more = RandomVector(100000, 11, -12.f, 12.f);
+  x.insert(x.end(), more.begin(), more.end());
+  const int64_t n = static_cast<int64_t>(x.size());
+  const std::vector<float> ones(n, 1.f);
+  std::vector<float> silu(n);
+  backend->SwiGlu(x.data(), ones.data(), n, silu.data());
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    const double want = v / (1.0 + std::exp(-v));
+    if (std::abs(want) > 1e-30) worst = std::max(worst, std::abs(silu[i] - want) / std::abs(want));
+  }
+  EXPECT_LE(worst / std::ldexp(1.0, -23), 2) << "worst relative error in ulps";
+}
+
+// Each element's value is the same wherever it lies: alone, in a remainder, or mid-array; NaN
+// stays NaN.
+TEST(AddSwiGluTest, ActivationsDoNotDependOnPosition) {
+  auto backend = MakeCpuBackend(2);
+  const int64_t n = 5003;
+  auto gate = RandomVector(n, 12, -9.f, 9.f);
+  gate[17] = std::nanf("");
+  const auto up = RandomVector(n, 13);
+  for (bool gelu : {false, true}) {
+    auto run = [&](const float* g, const float* u, int64_t m, float* out) {
+      if (gelu) {
+        backend->GeluTanhGlu(g, u, m, out);
+      } else {
+        backend->SwiGlu(g, u, m, out);
+      }
+    };
+    std::vector<float> all(n);
+    run(gate.data(), up.data(), n, all.data());
+    EXPECT_TRUE(std::isnan(all[17])) << (gelu ? "gelu" : "silu");
+    for (int64_t start : {0, 1, 5, 8, 999, 4996, 5002}) {
+      for (int64_t len : {1, 3, 7, 8, 9}) {
+        if (start + len > n) continue;
+        std::vector<float> part(len);
+        run(gate.data() + start, up.data() + start, len, part.data());
+        EXPECT_EQ(std::memcmp(part.data(), all.data() + start, len * sizeof(float)), 0)
+            << (gelu ? "gelu" : "silu") << " start " << start << " len " << len;
+      }
+    }
+  }
 }
 
 TEST(AddSwiGluTest, SwiGluOutputMayAliasAnInput) {
