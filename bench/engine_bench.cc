@@ -52,8 +52,9 @@ ABSL_FLAG(int64_t, kv_cache_bytes, 512ll << 20, "bytes of the KV pool");
 ABSL_FLAG(std::string, gemm, "invariant,openblas", "CPU GEMMs to compare");
 ABSL_FLAG(std::string, weights_dtype, "f32",
           "ways of keeping the weight matrices to compare (f32, native)");
-ABSL_FLAG(std::string, cpu_isa, "auto",
-          "CPU kernel paths to compare (auto, scalar, avx2, avx512, avx512_vnni, avx512_bf16)");
+ABSL_FLAG(
+    std::string, cpu_isa, "auto",
+    "CPU kernel paths to compare (auto, scalar, avx2, avx512, avx512_vnni, avx512_bf16, amx)");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
 ABSL_FLAG(int, reps, 3, "repetitions (best is reported)");
 ABSL_FLAG(std::string, json, "", "write results as JSON to this file");

@@ -38,8 +38,8 @@ ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores)");
 ABSL_FLAG(std::string, cpu_gemm, "invariant",
           "CPU GEMM: invariant (batch-invariant, default) or openblas");
 ABSL_FLAG(std::string, cpu_isa, "auto",
-          "CPU kernel path: auto (the best this CPU runs), scalar, avx2, avx512, avx512_vnni or "
-          "avx512_bf16; a path the CPU lacks is refused");
+          "CPU kernel path: auto (the best this CPU runs), scalar, avx2, avx512, avx512_vnni, "
+          "avx512_bf16 or amx; a path the CPU lacks is refused");
 ABSL_FLAG(
     std::string, weights_dtype, "auto",
     "weight matrices: f32 (dequantized at load; also auto), native (GGUF Q8_0/Q4_x/Q5_x/"

@@ -88,6 +88,7 @@ const AttentionKernels& AttentionKernelsFor(CpuIsa isa) {
     case CpuIsa::kAvx512:
     case CpuIsa::kAvx512Vnni:
     case CpuIsa::kAvx512Bf16:
+    case CpuIsa::kAmx:
       return AttentionKernelsAvx512();
   }
   return AttentionKernelsScalar();

@@ -3,11 +3,36 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 
 namespace duet::compute::cpu {
 namespace {
+
+// Whether this process may use the AMX tile data: the CPU has AMX-TILE (CPUID.7.0:EDX[24]), the
+// OS saves its state (XCR0 bits 17 and 18), and Linux grants the process leave to use it
+// (ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18; without it the first tile instruction is a
+// SIGILL). Asked once, for the whole process.
+bool AmxTileUsable(unsigned leaf7_edx) {
+#if defined(__linux__) && defined(__x86_64__)
+  if ((leaf7_edx & (1u << 24)) == 0) return false;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & bit_OSXSAVE) == 0) return false;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & (3u << 17)) != (3u << 17)) return false;
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  (void)leaf7_edx;
+  return false;
+#endif
+}
 
 CpuFeatures Detect() {
   CpuFeatures f;
@@ -23,6 +48,10 @@ CpuFeatures Detect() {
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512vnni = __builtin_cpu_supports("avx512vnni");
   f.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+  unsigned edx7 = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0) edx7 = edx;
+  f.amx_int8 = (edx7 & (1u << 25)) != 0;
+  f.amx_tile = AmxTileUsable(edx7);
 #endif
   return f;
 }
@@ -46,6 +75,8 @@ const char* CpuIsaName(CpuIsa isa) {
       return "avx512_vnni";
     case CpuIsa::kAvx512Bf16:
       return "avx512_bf16";
+    case CpuIsa::kAmx:
+      return "amx";
   }
   return "?";
 }
@@ -64,20 +95,25 @@ std::string MissingFeature(CpuIsa isa, const CpuFeatures& f) {
   }
   if (level >= 3 && !f.avx512vnni) return "avx512_vnni";
   if (level >= 4 && !f.avx512bf16) return "avx512_bf16";
+  if (level >= 5) {
+    if (!f.amx_tile) return "amx_tile (or the OS's leave to use it)";
+    if (!f.amx_int8) return "amx_int8";
+  }
   return "";
 }
 
 absl::StatusOr<CpuIsa> ResolveCpuIsa(const std::string& name, const CpuFeatures& features) {
-  constexpr CpuIsa kAll[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Vnni,
-                             CpuIsa::kAvx512Bf16};
   if (name.empty() || name == "auto") {
     CpuIsa best = CpuIsa::kScalar;
-    for (CpuIsa isa : kAll) {
+    for (CpuIsa isa : kAllCpuIsas) {
+      // amx is asked for by name only: its kernel is slower than avx512_vnni's so far
+      // (docs/benchmarks.md, "AMX").
+      if (isa == CpuIsa::kAmx) continue;
       if (MissingFeature(isa, features).empty()) best = isa;
     }
     return best;
   }
-  for (CpuIsa isa : kAll) {
+  for (CpuIsa isa : kAllCpuIsas) {
     if (name != CpuIsaName(isa)) continue;
     if (std::string missing = MissingFeature(isa, features); !missing.empty()) {
       return absl::InvalidArgumentError(
@@ -85,9 +121,9 @@ absl::StatusOr<CpuIsa> ResolveCpuIsa(const std::string& name, const CpuFeatures&
     }
     return isa;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown cpu_isa '", name,
-                   "': valid values are auto, scalar, avx2, avx512, avx512_vnni, avx512_bf16"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown cpu_isa '", name,
+      "': valid values are auto, scalar, avx2, avx512, avx512_vnni, avx512_bf16, amx"));
 }
 
 }  // namespace duet::compute::cpu

@@ -10,6 +10,10 @@
 //   avx512       + AVX-512 F/BW/VL
 //   avx512_vnni  + AVX512_VNNI (vpdpbusd for the int8 dot products)
 //   avx512_bf16  + AVX512_BF16 (vdpbf16ps)
+//   amx          + AMX-TILE and AMX-INT8, with the kernel's leave to use the tile registers
+//                (Linux's ARCH_REQ_XCOMP_PERM): tdpbssd forms the int8 dot products of
+//                16-row tiles of the quantized GEMM (quant_gemm.h); by name only, never
+//                chosen by auto, while its kernel is slower than avx512_vnni's
 // A path the CPU (or this build) cannot run is refused, naming the missing feature; it is never
 // replaced by another one silently. Every path gives the same bits for the integer-exact kernels
 // (quant_gemm.h), so nodes of a cluster on different paths still agree token for token there.
@@ -21,7 +25,18 @@
 
 namespace duet::compute::cpu {
 
-enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kAvx512Bf16 = 4 };
+enum class CpuIsa {
+  kScalar = 0,
+  kAvx2 = 1,
+  kAvx512 = 2,
+  kAvx512Vnni = 3,
+  kAvx512Bf16 = 4,
+  kAmx = 5,
+};
+
+// Every path, from scalar up (the order of the list above).
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar,     CpuIsa::kAvx2,       CpuIsa::kAvx512,
+                                         CpuIsa::kAvx512Vnni, CpuIsa::kAvx512Bf16, CpuIsa::kAmx};
 
 struct CpuFeatures {
   bool avx2 = false;
@@ -32,6 +47,8 @@ struct CpuFeatures {
   bool avx512vl = false;
   bool avx512vnni = false;
   bool avx512bf16 = false;
+  bool amx_tile = false;  // AMX-TILE, its state enabled by the OS (XCR0) and granted to us
+  bool amx_int8 = false;
 };
 
 // The features of the CPU this process runs on (cpuid, once).
@@ -42,8 +59,9 @@ const char* CpuIsaName(CpuIsa isa);
 // Empty when `features` allow `isa`, else the first missing feature's name ("avx512_vnni").
 std::string MissingFeature(CpuIsa isa, const CpuFeatures& features);
 
-// "auto" (or empty): the best path `features` allow; else the named path, InvalidArgument
-// naming the missing feature when `features` lack it, or listing the valid names when unknown.
+// "auto" (or empty): the best path `features` allow (amx excepted, above); else the named path,
+// InvalidArgument naming the missing feature when `features` lack it, or listing the valid names
+// when unknown.
 absl::StatusOr<CpuIsa> ResolveCpuIsa(const std::string& name,
                                      const CpuFeatures& features = HostCpuFeatures());
 

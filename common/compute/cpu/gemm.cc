@@ -68,6 +68,7 @@ const GemmKernel& KernelFor(CpuIsa isa) {
     case CpuIsa::kAvx512:
     case CpuIsa::kAvx512Vnni:
     case CpuIsa::kAvx512Bf16:
+    case CpuIsa::kAmx:
       return internal::Avx512GemmKernel();
   }
   return internal::PortableGemmKernel();

@@ -340,8 +340,8 @@ void QuantGemm(ThreadPool* pool, const float* x, int m, const QuantWeights& w, c
   QuantGemmMany(pool, x, m, &product, 1, isa, scratch);
 }
 
-void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* products,
-                   int count, CpuIsa isa, QuantScratch* scratch) {
+void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* products, int count,
+                   CpuIsa isa, QuantScratch* scratch) {
   if (m <= 0 || count <= 0) return;
   const int k = products[0].w->k;
   const int blocks = products[0].w->blocks;
@@ -368,6 +368,7 @@ void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* 
     pool->ParallelFor(m, 4, quantize);
   }
   internal::QuantTileFn tile = internal::QuantTileScalar;
+  bool amx = false;  // full 16-row tiles on AMX, the rest on the VNNI kernel
   switch (isa) {
     case CpuIsa::kScalar:
       break;
@@ -375,6 +376,9 @@ void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* 
     case CpuIsa::kAvx512:  // no 512-bit int8 path without VNNI: the AVX2 kernel
       tile = internal::QuantTileAvx2;
       break;
+    case CpuIsa::kAmx:
+      amx = true;
+      [[fallthrough]];
     case CpuIsa::kAvx512Vnni:
     case CpuIsa::kAvx512Bf16:
       tile = internal::QuantTileAvx512Vnni;
@@ -399,7 +403,7 @@ void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* 
       const int g1 = std::min(w.num_groups, g0 + chunk);
       const int row0 = static_cast<int>(local % row_blocks) * kRowBlock;
       const int row1 = std::min(m, row0 + kRowBlock);
-      for (int r = row0; r < row1; r += kQuantTileRows) {
+      for (int r = row0; r < row1;) {
         const QuantActs a{scratch->q.data() + static_cast<int64_t>(r) * k,
                           scratch->d.data() + static_cast<int64_t>(r) * blocks,
                           scratch->sum.data() + static_cast<int64_t>(r) * blocks,
@@ -407,8 +411,14 @@ void QuantGemmMany(ThreadPool* pool, const float* x, int m, const QuantProduct* 
                           scratch->dsum.data() + static_cast<int64_t>(r) * blocks,
                           k,
                           blocks};
-        tile(w, a, std::min(kQuantTileRows, row1 - r), g0, g1, products[p].bias,
-             products[p].y + static_cast<int64_t>(r) * w.n, w.n);
+        float* y = products[p].y + static_cast<int64_t>(r) * w.n;
+        if (amx && row1 - r >= internal::kAmxTileRows) {
+          internal::QuantTileAmx(w, a, g0, g1, products[p].bias, y, w.n);
+          r += internal::kAmxTileRows;
+        } else {
+          tile(w, a, std::min(kQuantTileRows, row1 - r), g0, g1, products[p].bias, y, w.n);
+          r += kQuantTileRows;
+        }
       }
     }
   };

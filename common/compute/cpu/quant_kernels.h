@@ -12,15 +12,18 @@
 namespace duet::compute::cpu::internal {
 
 inline constexpr int kQuantTileRows = 4;
+// Rows per tile of the AMX kernel, which runs full tiles only (the rest of a row block goes to
+// the AVX-512 VNNI kernel: the same bits).
+inline constexpr int kAmxTileRows = 16;
 
 struct QuantActs {
-  const int8_t* q;     // [rows][k]
-  const float* d;      // [rows][blocks]
-  const int32_t* sum;  // [rows][blocks]
+  const int8_t* q;        // [rows][k]
+  const float* d;         // [rows][blocks]
+  const int32_t* sum;     // [rows][blocks]
   const int32_t* sum_lo;  // [rows][blocks]: the sum of each block's first 16 codes
   const float* dsum;      // [rows][blocks]
-  int64_t ldq;         // k
-  int64_t ldb;         // blocks
+  int64_t ldq;            // k
+  int64_t ldb;            // blocks
 };
 
 // The packed (group, block) layout of format F (quant_gemm.h). Blocks of 32: 16 half d at 0,
@@ -144,5 +147,8 @@ void QuantTileAvx2(const QuantWeights& w, const QuantActs& a, int rows, int g0, 
                    const float* bias, float* y, int64_t ldy);
 void QuantTileAvx512Vnni(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
                          const float* bias, float* y, int64_t ldy);
+// Exactly kAmxTileRows rows (a.q holds them all).
+void QuantTileAmx(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float* bias,
+                  float* y, int64_t ldy);
 
 }  // namespace duet::compute::cpu::internal

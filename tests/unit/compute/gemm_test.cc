@@ -82,8 +82,7 @@ TEST(GemmTest, OddShapesMatchDoubleReference) {
 // Every CpuIsa path this CPU runs (the scalar one always).
 std::vector<cpu::CpuIsa> HostPaths() {
   std::vector<cpu::CpuIsa> paths;
-  for (cpu::CpuIsa isa : {cpu::CpuIsa::kScalar, cpu::CpuIsa::kAvx2, cpu::CpuIsa::kAvx512,
-                          cpu::CpuIsa::kAvx512Vnni, cpu::CpuIsa::kAvx512Bf16}) {
+  for (cpu::CpuIsa isa : cpu::kAllCpuIsas) {
     if (cpu::MissingFeature(isa, cpu::HostCpuFeatures()).empty()) paths.push_back(isa);
   }
   return paths;
@@ -95,6 +94,7 @@ TEST(GemmTest, KernelPerPath) {
   EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512), "avx512");
   EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512Vnni), "avx512");
   EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512Bf16), "avx512");
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAmx), "avx512");
 }
 
 // Every path equals the portable one (one thread, the reference) bit for bit over every M of

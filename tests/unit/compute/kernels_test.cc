@@ -100,6 +100,34 @@ TEST(AddSwiGluTest, SiluStaysWithinTwoUlpsAcrossTheRange) {
   EXPECT_LE(worst / std::ldexp(1.0, -23), 2) << "worst relative error in ulps";
 }
 
+// Gemma's GELU over the range where the result is a normal float, against double: within a few
+// ulp beyond what rounding u = sqrt(2 / pi) (x + 0.044715 x^3) to float costs (d ln gelu / du =
+// 2 sigma(-2u), so a relative error e in u moves the result by 2 sigma(-2u) |u| e). Where u < -9,
+// 1 + tanh u in float has no digits left: such a GELU is off by millions of ulp there.
+TEST(AddSwiGluTest, GeluStaysWithinAFewUlpsBeyondItsArgumentsRounding) {
+  auto backend = MakeCpuBackend(1);
+  std::vector<float> x;
+  for (float v = -12.f; v <= 12.f; v += 1.f / 1024) x.push_back(v);
+  const auto more = RandomVector(100000, 14, -10.f, 10.f);
+  x.insert(x.end(), more.begin(), more.end());
+  const int64_t n = static_cast<int64_t>(x.size());
+  const std::vector<float> ones(n, 1.f);
+  std::vector<float> gelu(n);
+  backend->GeluTanhGlu(x.data(), ones.data(), n, gelu.data());
+  const double eps = std::ldexp(1.0, -23);
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    const double u = std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v);
+    const double want = v / (1 + std::exp(-2 * u));
+    if (std::abs(want) < 1e-30) continue;
+    const double from_u = 2 / (1 + std::exp(2 * u)) * std::abs(u) * 4 * eps;  // u's roundings
+    const double err = std::abs(gelu[i] - want) / std::abs(want);
+    worst = std::max(worst, (err - from_u) / eps);
+  }
+  EXPECT_LE(worst, 3) << "worst relative error in ulps, beyond u's rounding";
+}
+
 // Each element's value is the same wherever it lies: alone, in a remainder, or mid-array; NaN
 // stays NaN.
 TEST(AddSwiGluTest, ActivationsDoNotDependOnPosition) {
@@ -225,12 +253,16 @@ TEST(EmbedTest, CopiesTableRows) {
 TEST(WriteKvTest, LandsInLayerBlockOffsetAndNowhereElse) {
   auto backend = MakeCpuBackend(1);
   kv::KvCacheView cache;
-  cache.layout = {.model_id = "t", .num_layers = 3, .num_kv_heads = 2, .head_dim = 4,
-                  .block_size = 4, .dtype = kv::KvDtype::kF32};
+  cache.layout = {.model_id = "t",
+                  .num_layers = 3,
+                  .num_kv_heads = 2,
+                  .head_dim = 4,
+                  .block_size = 4,
+                  .dtype = kv::KvDtype::kF32};
   cache.num_blocks = 6;
   std::vector<float> region(cache.layout.RegionBytes(cache.num_blocks) / sizeof(float), -1.f);
   cache.base = region.data();
-  const int elems = 8;  // kv_heads * head_dim
+  const int elems = 8;                                // kv_heads * head_dim
   const std::vector<int64_t> slots = {0, 5, 23, 13};  // (b0,o0) (b1,o1) (b5,o3) (b3,o1)
   const auto k = RandomVector(slots.size() * elems, 7);
   const auto v = RandomVector(slots.size() * elems, 8);

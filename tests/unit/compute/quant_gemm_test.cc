@@ -62,8 +62,7 @@ WeightFormat ToWeightFormat(QuantFormat f) {
 // Every path the host runs (scalar and avx2 at least on x86-64).
 std::vector<CpuIsa> HostPaths() {
   std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Vnni,
-                     CpuIsa::kAvx512Bf16}) {
+  for (CpuIsa isa : cpu::kAllCpuIsas) {
     if (cpu::MissingFeature(isa, cpu::HostCpuFeatures()).empty()) out.push_back(isa);
   }
   return out;
@@ -262,26 +261,29 @@ TEST(QuantGemmTest, EveryPathEqualsTheStatedArithmeticBitwise) {
 // every activation code is +-127): the integer sums must not saturate or wrap on any path (int16
 // partial sums hold only so many products).
 TEST(QuantGemmTest, ExtremeCodesAreExactOnEveryPath) {
-  const int n = 32, m = 3;
-  for (QuantFormat f : kFormats) {
-    const int k = Cols(f, 128);
-    for (uint8_t fill : {uint8_t{0xff}, uint8_t{0x80}}) {
-      std::vector<uint8_t> w = RandomBlocks(f, n, k, 3);
-      const int bb = cpu::QuantBlockBytes(f);
-      const auto [first, last] = PayloadBytes(f);
-      for (size_t b = 0; b < w.size() / bb; ++b) {
-        std::memset(w.data() + b * bb + first, fill, last - first);
-      }
-      for (float v : {1.f, -1.f}) {
-        const std::vector<float> x(static_cast<size_t>(m) * k, v);
-        const std::vector<float> want = ModelOfKernel(f, w, n, k, x, m, nullptr);
-        for (CpuIsa isa : HostPaths()) {
-          auto backend = Backend(1, isa);
-          const std::vector<float> got = MatMulStored(*backend, f, w, n, k, x, m, nullptr);
-          ASSERT_EQ(got.size(), want.size());
-          EXPECT_TRUE(SameBits(got.data(), want.data(), got.size()))
-              << cpu::QuantFormatName(f) << " " << cpu::CpuIsaName(isa) << " fill=" << int{fill}
-              << " x=" << v << ": " << got[0] << " vs " << want[0];
+  const int n = 32;
+  // 19: one 16-row AMX tile and three rows past it.
+  for (int m : {3, 19}) {
+    for (QuantFormat f : kFormats) {
+      const int k = Cols(f, 128);
+      for (uint8_t fill : {uint8_t{0xff}, uint8_t{0x80}}) {
+        std::vector<uint8_t> w = RandomBlocks(f, n, k, 3);
+        const int bb = cpu::QuantBlockBytes(f);
+        const auto [first, last] = PayloadBytes(f);
+        for (size_t b = 0; b < w.size() / bb; ++b) {
+          std::memset(w.data() + b * bb + first, fill, last - first);
+        }
+        for (float v : {1.f, -1.f}) {
+          const std::vector<float> x(static_cast<size_t>(m) * k, v);
+          const std::vector<float> want = ModelOfKernel(f, w, n, k, x, m, nullptr);
+          for (CpuIsa isa : HostPaths()) {
+            auto backend = Backend(1, isa);
+            const std::vector<float> got = MatMulStored(*backend, f, w, n, k, x, m, nullptr);
+            ASSERT_EQ(got.size(), want.size());
+            EXPECT_TRUE(SameBits(got.data(), want.data(), got.size()))
+                << cpu::QuantFormatName(f) << " " << cpu::CpuIsaName(isa) << " m=" << m
+                << " fill=" << int{fill} << " x=" << v << ": " << got[0] << " vs " << want[0];
+          }
         }
       }
     }
@@ -396,12 +398,13 @@ TEST(QuantGemmTest, IsaPathsAgreeWithScalarOnModelShapes) {
     for (auto [n, k32] : {std::pair{576, 1536}, std::pair{192, 576}}) {
       const int k = Cols(f, k32);
       const auto w = RandomBlocks(f, n, k, n + k);
-      const auto x = RandomVector(static_cast<size_t>(8) * k, 99, -4.f, 4.f);
+      const int m = 20;  // a 16-row tile (AMX's) and four rows
+      const auto x = RandomVector(static_cast<size_t>(m) * k, 99, -4.f, 4.f);
       auto scalar = Backend(2, CpuIsa::kScalar);
-      const std::vector<float> want = MatMulStored(*scalar, f, w, n, k, x, 8, nullptr);
+      const std::vector<float> want = MatMulStored(*scalar, f, w, n, k, x, m, nullptr);
       for (CpuIsa isa : paths) {
         auto backend = Backend(2, isa);
-        EXPECT_TRUE(SameBits(MatMulStored(*backend, f, w, n, k, x, 8, nullptr).data(), want.data(),
+        EXPECT_TRUE(SameBits(MatMulStored(*backend, f, w, n, k, x, m, nullptr).data(), want.data(),
                              want.size()))
             << cpu::QuantFormatName(f) << " " << cpu::CpuIsaName(isa) << " " << n << "x" << k;
       }
@@ -479,10 +482,26 @@ TEST(QuantGemmTest, PathsTheCpuLacksAreRefusedByName) {
   EXPECT_EQ(*cpu::ResolveCpuIsa("auto", no_vnni), CpuIsa::kAvx512);
   EXPECT_EQ(*cpu::ResolveCpuIsa("auto", avx2_only), CpuIsa::kAvx2);
   EXPECT_EQ(*cpu::ResolveCpuIsa("auto", cpu::CpuFeatures{}), CpuIsa::kScalar);
+  // AMX needs its tile state granted as well as the CPU's AMX-INT8.
+  cpu::CpuFeatures bf16 = no_vnni;
+  bf16.avx512vnni = bf16.avx512bf16 = true;
+  bf16.amx_int8 = true;
+  EXPECT_EQ(*cpu::ResolveCpuIsa("auto", bf16), CpuIsa::kAvx512Bf16);
+  refused = cpu::ResolveCpuIsa("amx", bf16);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("amx_tile"), std::string::npos) << refused.status();
+  cpu::CpuFeatures amx = bf16;
+  amx.amx_tile = true;
+  EXPECT_EQ(*cpu::ResolveCpuIsa("amx", amx), CpuIsa::kAmx);
+  EXPECT_EQ(*cpu::ResolveCpuIsa("auto", amx), CpuIsa::kAvx512Bf16);  // amx by name only
+  amx.amx_int8 = false;
+  refused = cpu::ResolveCpuIsa("amx", amx);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("amx_int8"), std::string::npos) << refused.status();
   auto unknown = cpu::ResolveCpuIsa("sse9");
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("sse9"), std::string::npos);
-  for (const char* name : {"avx512", "avx512_vnni", "avx512_bf16"}) {
+  for (const char* name : {"avx512", "avx512_vnni", "avx512_bf16", "amx"}) {
     auto b = CpuBackend::Create({.cpu_isa = name});
     if (!cpu::HostCpuFeatures().avx512f) {
       ASSERT_FALSE(b.ok()) << name;

@@ -119,7 +119,7 @@ TEST_P(NativeWeightsTest, EveryCpuPathGivesTheSameLogits) {
   kv::BlockTable ts(scalar.pool.get());
   const std::vector<float> want = RunOne(scalar, ts, t);
   int paths = 0;
-  for (const char* isa : {"avx2", "avx512", "avx512_vnni", "avx512_bf16"}) {
+  for (const char* isa : {"avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"}) {
     if (!compute::cpu::ResolveCpuIsa(isa).ok()) continue;
     ++paths;
     Model m = MakeModel(GetParam(), 2, isa);
