@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <vector>
 
+#include "common/base/float16.h"
 #include "common/base/logging.h"
 #include "common/compute/cpu/attention_kernels.h"
 #include "common/compute/cpu/kv_codec.h"
@@ -42,6 +44,23 @@ class RowFetcher {
         d_(cache.layout.head_dim),
         head_bytes_(static_cast<int64_t>(cache.layout.head_dim) * cache.layout.dtype_bytes()),
         buf_(dtype_ == kv::KvDtype::kF32 ? 0 : static_cast<size_t>(kKeyBlock) * d_) {}
+
+  // bf16 caches: rows[i] = head kvh's K (value: V) at position t0 + i as stored, i < n.
+  void FetchBf16(const int32_t* block_table, int32_t t0, int n, int kvh, bool value,
+                 const uint16_t** rows) const {
+    const int64_t token_elems = cache_.layout.token_elems();
+    for (int i = 0; i < n;) {
+      const int32_t t = t0 + i;
+      const kv::BlockId b = block_table[t / bs_];
+      const int off = t % bs_;
+      const int run = std::min(n - i, bs_ - off);
+      const uint16_t* first = (value ? cache_.ValuePtr<uint16_t>(layer_, b, off)
+                                     : cache_.KeyPtr<uint16_t>(layer_, b, off)) +
+                              static_cast<int64_t>(kvh) * d_;
+      for (int j = 0; j < run; ++j) rows[i + j] = first + j * token_elems;
+      i += run;
+    }
+  }
 
   // rows[i] = head kvh's K (value: V) at position t0 + i, i < n <= kKeyBlock. Rows decoded into
   // the buffer stay valid until the next Fetch.
@@ -146,6 +165,10 @@ void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, c
       tiles.push_back({static_cast<int32_t>(si), r0, rows, static_cast<int64_t>(rows) * span});
     }
   }
+  // bf16 K/V with an even head_dim run on words of two bf16 (attention_kernels.h); other caches
+  // are read as f32 rows.
+  const bool bf16 = cache.layout.dtype == kv::KvDtype::kBF16 && d % 2 == 0;
+  const int dp = d / 2;
   // Longest first, so the pool's dynamic chunks end together (the order changes no result).
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const RowTile& a, const RowTile& b) { return a.cost > b.cost; });
@@ -165,6 +188,22 @@ void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, c
     std::vector<float*> op(max_queries);
     const float* rows[kKeyBlock];
     RowFetcher fetch(cache, layer);
+    // The bf16 path's buffers: q as words, K transposed and V interleaved as words, and a zero
+    // row standing in for the keys of a pair outside [j0, j1].
+    std::optional<internal::DenormalsFlushed> flushed;
+    std::vector<uint32_t> qw, ktw, vtw;
+    std::vector<const uint32_t*> qwp;
+    std::vector<uint16_t> zero_row;
+    const uint16_t* rows16[kKeyBlock];
+    const uint32_t* krows[kKeyBlock];
+    if (bf16) {
+      flushed.emplace();
+      qw.resize(static_cast<size_t>(max_queries) * dp);
+      qwp.resize(max_queries);
+      ktw.resize(static_cast<size_t>(dp) * kKeyBlock);
+      vtw.resize(static_cast<size_t>(kKeyBlock / 2) * d);
+      zero_row.assign(d, 0);
+    }
     for (int64_t item = begin; item < end; ++item) {
       const RowTile& tile = tiles[item / nkv];
       const int kvh = static_cast<int>(item % nkv);
@@ -185,6 +224,14 @@ void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, c
           pos[nqry] = p;
           m[nqry] = -std::numeric_limits<float>::infinity();
           l[nqry] = 0.f;
+          if (bf16) {
+            uint32_t* w = qw.data() + static_cast<size_t>(nqry) * dp;
+            for (int i = 0; i < dp; ++i) {
+              w[i] = FloatToBf16(qp[nqry][2 * i]) |
+                     static_cast<uint32_t>(FloatToBf16(qp[nqry][2 * i + 1])) << 16;
+            }
+            qwp[nqry] = w;
+          }
           ++nqry;
         }
       }
@@ -193,23 +240,42 @@ void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, c
         const int32_t t0 = std::max(b0, tile_lo);
         const int32_t t1 = std::min(b0 + kKeyBlock - 1, tile_hi);
         const int j0 = t0 - b0, j1 = t1 - b0;
-        fetch.Fetch(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/false, rows + j0);
-        kern.transpose(rows, j0, j1, d, kt.data());
-        kern.scores(qp.data(), nqry, kt.data(), d, j0 / kKeyUnit, j1 / kKeyUnit + 1, params.scale,
-                    s.data());
+        if (bf16) {
+          fetch.FetchBf16(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/false, rows16 + j0);
+          for (int j = j0; j <= j1; ++j) krows[j] = reinterpret_cast<const uint32_t*>(rows16[j]);
+          kern.transpose_words(krows, j0, j1, dp, ktw.data());
+          kern.scores_bf16(qwp.data(), nqry, ktw.data(), dp, j0 / kKeyUnit, j1 / kKeyUnit + 1,
+                           params.scale, s.data());
+        } else {
+          fetch.Fetch(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/false, rows + j0);
+          kern.transpose(rows, j0, j1, d, kt.data());
+          kern.scores(qp.data(), nqry, kt.data(), d, j0 / kKeyUnit, j1 / kKeyUnit + 1, params.scale,
+                      s.data());
+        }
         for (int qi = 0; qi < nqry; ++qi) {
           ja[qi] = std::max(lo[qi], b0) - b0;
           jb[qi] = std::min(pos[qi], b0 + kKeyBlock - 1) - b0;
           if (ja[qi] > jb[qi]) {
             alpha[qi] = 1.f;  // no key of this block: unchanged
+            // The bf16 V sum has no per-key mask: p = 0 keeps this query's sum as it is.
+            if (bf16) std::fill_n(s.data() + static_cast<size_t>(qi) * kKeyBlock, kKeyBlock, 0.f);
             continue;
           }
           alpha[qi] = kern.softmax(s.data() + static_cast<size_t>(qi) * kKeyBlock, ja[qi], jb[qi],
                                    &m[qi], &l[qi]);
         }
-        fetch.Fetch(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/true, rows + j0);
-        kern.accumulate(s.data(), ja.data(), jb.data(), alpha.data(), nqry, rows, j0, j1, d,
-                        acc.data());
+        if (bf16) {
+          const int jp0 = j0 / 2, jp1 = j1 / 2;
+          fetch.FetchBf16(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/true, rows16 + j0);
+          rows16[2 * jp0] = j0 == 2 * jp0 ? rows16[2 * jp0] : zero_row.data();
+          rows16[2 * jp1 + 1] = j1 == 2 * jp1 + 1 ? rows16[2 * jp1 + 1] : zero_row.data();
+          kern.interleave(rows16, jp0, jp1, d, vtw.data());
+          kern.accumulate_bf16(s.data(), alpha.data(), nqry, vtw.data(), jp0, jp1, d, acc.data());
+        } else {
+          fetch.Fetch(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/true, rows + j0);
+          kern.accumulate(s.data(), ja.data(), jb.data(), alpha.data(), nqry, rows, j0, j1, d,
+                          acc.data());
+        }
       }
       for (int qi = 0; qi < nqry; ++qi) {
         const float* a = acc.data() + static_cast<size_t>(qi) * d;

@@ -67,10 +67,15 @@ struct Avx2Isa {
     const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
     return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
   }
-  // 8 keys x 8 dims: unpack pairs of rows, shuffle 64-bit pairs, swap 128-bit halves.
-  static void TransposeTile(const float* const* rows, int e0, float* out) {
+  // 8 keys x 8 dims (floats or words): unpack pairs of rows, shuffle 64-bit pairs, swap 128-bit
+  // halves.
+  template <typename T>
+  static void TransposeTile(const T* const* rows, int e0, T* out_words) {
+    static_assert(sizeof(T) == 4);
+    float* out = reinterpret_cast<float*>(out_words);
     __m256 r[8], t[8], u[8];
-    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i] + e0);
+    for (int i = 0; i < 8; ++i)
+      r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(rows[i] + e0));
     for (int i = 0; i < 4; ++i) {
       t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
       t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -85,6 +90,39 @@ struct Avx2Isa {
       _mm256_storeu_ps(out + c * kKeyBlock, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
       _mm256_storeu_ps(out + (c + 4) * kKeyBlock, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
     }
+  }
+
+  using W = __m256i;
+  static W LoadW(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const W*>(p)); }
+  static void StoreW(uint32_t* p, W a) { _mm256_storeu_si256(reinterpret_cast<W*>(p), a); }
+  static W Set1W(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
+  // vdpbf16ps's step with two fmas (exact products; DenormalsFlushed does its DAZ and FTZ).
+  static V DotPair(V acc, W a, W b) {
+    const W hi = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(a, hi)),
+                          _mm256_castsi256_ps(_mm256_and_si256(b, hi)), acc);
+    return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
+                           _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)), acc);
+  }
+  // FloatToBf16 per lane: round to nearest even, NaN quieted; the high halves packed in order.
+  static W RoundBf16(V x) {
+    const W u = _mm256_castps_si256(x);
+    const W odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const W rounded = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+    const W nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
+                                     _mm256_set1_epi32(0x7F800000));
+    const W quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+    return _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
+  }
+  static W PackPairs(const float* p) {
+    const W a = RoundBf16(Load(p)), b = RoundBf16(Load(p + 8));
+    // packus per 128-bit lane: a0-3 b0-3 | a4-7 b4-7; then the 64-bit quarters in order.
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+  }
+  static void InterleaveTile(const uint16_t* r0, const uint16_t* r1, uint32_t* out) {
+    const W a = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0)));
+    const W b = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r1)));
+    StoreW(out, _mm256_or_si256(a, _mm256_slli_epi32(b, 16)));
   }
 };
 

@@ -11,6 +11,16 @@
 //   acc    acc' = acc * alpha, then fma(p[j], v_j[e], acc') for the valid j in order
 // and at the end out = acc / l.
 //
+// bf16 K/V (kv dtype bf16, even head dims) run the same steps on 32-bit words that each hold two
+// bf16 (element 2i in the low half, 2i + 1 in the high half), with vdpbf16ps's dot step
+//   DotPair(acc, a, b) = fma(lo(a), lo(b), fma(hi(a), hi(b), acc))   (hi pair first)
+// in place of the fma chains: q is rounded to bf16 (FloatToBf16), scores are the DotPair chain over
+// the d / 2 words of q and k, p is rounded to bf16 for the V sum (l sums the unrounded p), and the
+// V sum runs DotPair over pairs of keys (2jp, 2jp + 1) with p = 0 outside a query's range. The
+// caller runs the whole work item with denormals flushed (DenormalsFlushed), which is what
+// vdpbf16ps does to its own operands and results, so the paths that emulate it with two fmas
+// give its bits.
+//
 //   const AttentionKernels& k = AttentionKernelsFor(CpuIsa::kAvx512);
 //   k.scores(q, nq, kt, d, u0, u1, scale, s);
 #pragma once
@@ -87,11 +97,40 @@ struct AttentionKernels {
   // Exposed for tests: out[i] = SoftmaxExp(x[i]) computed by this path's vector code, n a
   // multiple of kKeyUnit.
   void (*exp)(const float* x, int n, float* out);
+
+  // ---- bf16 K/V, on words (above).
+  // s[qi * kKeyBlock + j] = scale * (DotPair chain over the dp words of q[qi] and key j, from 0),
+  // key j's words at kt[w * kKeyBlock + j], for units [u0, u1).
+  void (*scores_bf16)(const uint32_t* const* q, int nq, const uint32_t* kt, int dp, int u0, int u1,
+                      float scale, float* s);
+  // transpose on words: kt[w * kKeyBlock + j] = rows[j][w] for j in [j0, j1], 0 for the other j
+  // of units [j0 / kKeyUnit, j1 / kKeyUnit], w < dp.
+  void (*transpose_words)(const uint32_t* const* rows, int j0, int j1, int dp, uint32_t* kt);
+  // vt[jp * d + e] = rows[2jp][e] | rows[2jp + 1][e] << 16 for jp in [jp0, jp1], e < d.
+  void (*interleave)(const uint16_t* const* rows, int jp0, int jp1, int d, uint32_t* vt);
+  // For qi < nq and e < d: acc[qi * d + e] = acc * alpha[qi] (a denormal product flushed), then
+  // for jp = jp0..jp1: acc = DotPair(acc, vt[jp * d + e], pair jp of bf16(p[qi * kKeyBlock + j])).
+  void (*accumulate_bf16)(const float* p, const float* alpha, int nq, const uint32_t* vt, int jp0,
+                          int jp1, int d, float* acc);
+};
+
+// While alive, this thread's float operations treat denormal operands as zero and flush denormal
+// results to zero (MXCSR DAZ and FTZ), restored on destruction.
+class DenormalsFlushed {
+ public:
+  DenormalsFlushed();
+  ~DenormalsFlushed();
+  DenormalsFlushed(const DenormalsFlushed&) = delete;
+  DenormalsFlushed& operator=(const DenormalsFlushed&) = delete;
+
+ private:
+  unsigned saved_;
 };
 
 const AttentionKernels& AttentionKernelsScalar();
 const AttentionKernels& AttentionKernelsAvx2();
 const AttentionKernels& AttentionKernelsAvx512();
+const AttentionKernels& AttentionKernelsAvx512Bf16();
 
 // The kernels of path `isa` (which the caller has checked the CPU runs).
 const AttentionKernels& AttentionKernelsFor(CpuIsa isa);

@@ -1,8 +1,12 @@
 // The attention block kernels' portable path: the reference every vector path must equal bit
 // for bit (attention_kernels.h). 16 "lanes" as plain arrays, each operation done per lane.
+#include <xmmintrin.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "common/base/float16.h"
 #include "common/compute/cpu/attention_kernels_impl.h"
 
 namespace duet::compute::cpu::internal {
@@ -68,16 +72,53 @@ struct ScalarIsa {
     return m;
   }
   static float SumBlock(const float* p) { return ScalarSumBlock(p); }
-  static void TransposeTile(const float* const* rows, int e0, float* out) {
+  template <typename T>
+  static void TransposeTile(const T* const* rows, int e0, T* out) {
     for (int i = 0; i < kW; ++i) {
       for (int j = 0; j < kW; ++j) out[i * kKeyBlock + j] = rows[j][e0 + i];
     }
+  }
+
+  struct W {
+    uint32_t l[kW];
+  };
+  static W LoadW(const uint32_t* p) {
+    W r;
+    std::memcpy(r.l, p, sizeof(r.l));
+    return r;
+  }
+  static void StoreW(uint32_t* p, const W& a) { std::memcpy(p, a.l, sizeof(a.l)); }
+  static W Set1W(uint32_t x) {
+    W r;
+    for (int i = 0; i < kW; ++i) r.l[i] = x;
+    return r;
+  }
+  static V DotPair(const V& acc, const W& a, const W& b) {
+    V r;
+    for (int i = 0; i < kW; ++i) r.l[i] = ScalarDotPair(acc.l[i], a.l[i], b.l[i]);
+    return r;
+  }
+  static W PackPairs(const float* p) {
+    W r;
+    for (int i = 0; i < kW; ++i) {
+      r.l[i] = FloatToBf16(p[2 * i]) | static_cast<uint32_t>(FloatToBf16(p[2 * i + 1])) << 16;
+    }
+    return r;
+  }
+  static void InterleaveTile(const uint16_t* r0, const uint16_t* r1, uint32_t* out) {
+    for (int i = 0; i < kW; ++i) out[i] = r0[i] | static_cast<uint32_t>(r1[i]) << 16;
   }
 };
 
 }  // namespace
 
 const AttentionKernels& AttentionKernelsScalar() { return AttentionImpl<ScalarIsa>::Table(); }
+
+DenormalsFlushed::DenormalsFlushed() : saved_(_mm_getcsr()) {
+  _mm_setcsr(saved_ | 0x8040u);  // FTZ (bit 15) | DAZ (bit 6)
+}
+
+DenormalsFlushed::~DenormalsFlushed() { _mm_setcsr(saved_); }
 
 const AttentionKernels& AttentionKernelsFor(CpuIsa isa) {
   switch (isa) {
@@ -87,9 +128,10 @@ const AttentionKernels& AttentionKernelsFor(CpuIsa isa) {
       return AttentionKernelsAvx2();
     case CpuIsa::kAvx512:
     case CpuIsa::kAvx512Vnni:
+      return AttentionKernelsAvx512();
     case CpuIsa::kAvx512Bf16:
     case CpuIsa::kAmx:
-      return AttentionKernelsAvx512();
+      return AttentionKernelsAvx512Bf16();
   }
   return AttentionKernelsScalar();
 }

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "common/base/float16.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/attention_kernels.h"
 #include "common/compute/cpu/cpu_isa.h"
@@ -185,6 +186,7 @@ const std::vector<SeqSpec> kLong = {{200, 200}, {150, 1}, {130, 70}, {65, 1},
 // Runs attention over `order` and checks every row against the reference.
 void CheckAgainstReference(const AttentionFixture& f, const std::vector<int>& order,
                            const AttentionParams& p, int threads) {
+  const bool bf16 = f.cache().layout.dtype == kv::KvDtype::kBF16;
   int rows = 0;
   const auto batch = f.Batch(order, &rows);
   const int width = p.num_q_heads * kHeadDim;
@@ -194,9 +196,16 @@ void CheckAgainstReference(const AttentionFixture& f, const std::vector<int>& or
   for (size_t b = 0; b < batch.size(); ++b) {
     for (int i = 0; i < batch[b].q_len; ++i) {
       const int row = batch[b].q_start + i;
-      const auto ref = f.Reference(order[b], q.data() + row * width, i, p);
+      // bf16 K/V: the scores are those of q rounded to bf16, and each p is rounded to bf16 in
+      // the V sum (relative error 2^-9 at most, |v| <= 1: at most 2^-9 on the output).
+      std::vector<float> q_row(q.begin() + row * width, q.begin() + (row + 1) * width);
+      if (bf16) {
+        for (float& x : q_row) x = Bf16ToFloat(FloatToBf16(x));
+      }
+      const double tolerance = 2e-5 + (bf16 ? std::ldexp(1.0, -9) : 0.0);
+      const auto ref = f.Reference(order[b], q_row.data(), i, p);
       for (int e = 0; e < width; ++e) {
-        ASSERT_NEAR(out[row * width + e], ref[e], 2e-5)
+        ASSERT_NEAR(out[row * width + e], ref[e], tolerance)
             << "seq " << order[b] << " row " << i << " elem " << e;
       }
     }
@@ -327,7 +336,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, PagedAttentionDtypeTest, ::testing::ValuesIn(kA
                          [](const auto& info) { return kv::KvDtypeName(info.param); });
 
 TEST(PagedAttentionTest, LongSequencesAndWindowsAcrossKeyBlocksMatchTheReference) {
-  for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kInt8}) {
+  for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kBF16, kv::KvDtype::kInt8}) {
     AttentionFixture f(2, kLong, 31, dtype);
     CheckAgainstReference(f, {0, 1, 2, 3, 4, 5, 6}, Params(6, 2), 2);
     CheckAgainstReference(f, {5, 2, 0}, Params(6, 2, /*window=*/50), 2);
@@ -338,7 +347,8 @@ TEST(PagedAttentionTest, LongSequencesAndWindowsAcrossKeyBlocksMatchTheReference
 // The kernel paths this CPU runs.
 std::vector<cpu::CpuIsa> HostPaths() {
   std::vector<cpu::CpuIsa> paths;
-  for (cpu::CpuIsa isa : {cpu::CpuIsa::kAvx2, cpu::CpuIsa::kAvx512}) {
+  for (cpu::CpuIsa isa : cpu::kAllCpuIsas) {
+    if (isa == cpu::CpuIsa::kScalar) continue;
     if (cpu::MissingFeature(isa, cpu::HostCpuFeatures()).empty()) paths.push_back(isa);
   }
   return paths;
@@ -372,6 +382,98 @@ TEST(PagedAttentionTest, SoftmaxExpIsAccurateAndEveryPathComputesItsBits) {
   }
 }
 
+// Words of two bf16 whose magnitudes span 2^-140 (bf16 denormals) to 2^8, so that products and
+// sums reach the denormal range the bf16 dot step flushes.
+std::vector<uint32_t> WideBf16Words(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> exponent(-140.f, 8.f), mantissa(1.f, 2.f);
+  std::vector<uint32_t> w(n);
+  for (uint32_t& x : w) {
+    uint16_t half[2];
+    for (uint16_t& h : half) {
+      const float v = std::ldexp(mantissa(rng), static_cast<int>(exponent(rng)));
+      h = FloatToBf16(rng() % 2 ? -v : v);
+    }
+    x = half[0] | static_cast<uint32_t>(half[1]) << 16;
+  }
+  return w;
+}
+
+// The bf16 dot steps flush denormal operands and results (vdpbf16ps's rule), and every path,
+// the one that runs vdpbf16ps itself included, gives the scalar path's bits on operands that reach
+// the denormal range.
+TEST(PagedAttentionTest, Bf16DotStepsFlushDenormalsAndEveryPathGivesTheScalarBits) {
+  namespace in = cpu::internal;
+  // 2^-70 x 2^-70 = 2^-140 is below the smallest normal float: flushed, so the score is 0.
+  {
+    const uint32_t tiny = FloatToBf16(std::ldexp(1.f, -70));
+    const uint32_t q = tiny;  // low half only
+    std::vector<uint32_t> kt(in::kKeyBlock, tiny);
+    const uint32_t* qp = &q;
+    for (cpu::CpuIsa isa : [] {
+           auto paths = HostPaths();
+           paths.push_back(cpu::CpuIsa::kScalar);
+           return paths;
+         }()) {
+      std::vector<float> s(in::kKeyBlock, NAN);
+      {
+        in::DenormalsFlushed flushed;
+        in::AttentionKernelsFor(isa).scores_bf16(&qp, 1, kt.data(), 1, 0, in::kUnitsPerBlock, 1.f,
+                                                 s.data());
+      }
+      for (float x : s) EXPECT_EQ(x, 0.f) << cpu::CpuIsaName(isa);
+    }
+  }
+  constexpr int kQueries = 7, kWords = 10, kDims = 40;
+  const auto kt = WideBf16Words(static_cast<size_t>(kWords) * in::kKeyBlock, 1);
+  const auto qw = WideBf16Words(static_cast<size_t>(kQueries) * kWords, 2);
+  auto vt = WideBf16Words(static_cast<size_t>(in::kKeyBlock / 2) * kDims, 3);
+  // The first columns' values all below 2^-126: their sums live in the denormal range.
+  std::mt19937 tiny_rng(5);
+  for (int jp = 0; jp < in::kKeyBlock / 2; ++jp) {
+    for (int e = 0; e < 8; ++e) {
+      const float lo = std::ldexp(1.f + (tiny_rng() % 128) / 128.f, -127 - tiny_rng() % 12);
+      const float hi = std::ldexp(1.f + (tiny_rng() % 128) / 128.f, -127 - tiny_rng() % 12);
+      vt[jp * kDims + e] = FloatToBf16(lo) | static_cast<uint32_t>(FloatToBf16(-hi)) << 16;
+    }
+  }
+  std::vector<const uint32_t*> qp;
+  for (int i = 0; i < kQueries; ++i) qp.push_back(qw.data() + i * kWords);
+  // p in [0, 1] with tiny values among them; alpha and the running sums likewise.
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> exponent(-130.f, 0.f);
+  auto wide = [&] {
+    return std::ldexp(1.f, static_cast<int>(exponent(rng))) * (rng() % 2 ? -1 : 1);
+  };
+  std::vector<float> p(static_cast<size_t>(kQueries) * in::kKeyBlock), alpha(kQueries),
+      acc0(static_cast<size_t>(kQueries) * kDims);
+  for (float& x : p) x = std::fabs(wide());
+  for (float& x : alpha) x = std::fabs(wide());
+  for (float& x : acc0) x = wide();
+  for (int q = 0; q < kQueries; ++q) acc0[q * kDims] = std::ldexp(1.f, -127);  // a denormal
+  auto run = [&](cpu::CpuIsa isa, std::vector<float>* s, std::vector<float>* acc) {
+    const in::AttentionKernels& k = in::AttentionKernelsFor(isa);
+    in::DenormalsFlushed flushed;
+    s->assign(static_cast<size_t>(kQueries) * in::kKeyBlock, NAN);
+    k.scores_bf16(qp.data(), kQueries, kt.data(), kWords, 0, in::kUnitsPerBlock, 0.125f, s->data());
+    *acc = acc0;
+    k.accumulate_bf16(p.data(), alpha.data(), kQueries, vt.data(), 3, 29, kDims, acc->data());
+  };
+  std::vector<float> s_want, acc_want;
+  run(cpu::CpuIsa::kScalar, &s_want, &acc_want);
+  int flushed_to_zero = 0;
+  for (float x : acc_want) flushed_to_zero += x == 0.f;
+  EXPECT_GT(flushed_to_zero, 0) << "the operands should reach the denormal range";
+  for (cpu::CpuIsa isa : HostPaths()) {
+    std::vector<float> s, acc;
+    run(isa, &s, &acc);
+    EXPECT_EQ(std::memcmp(s.data(), s_want.data(), s.size() * sizeof(float)), 0)
+        << cpu::CpuIsaName(isa);
+    EXPECT_EQ(std::memcmp(acc.data(), acc_want.data(), acc.size() * sizeof(float)), 0)
+        << cpu::CpuIsaName(isa);
+  }
+}
+
 class PagedAttentionPathTest : public ::testing::TestWithParam<std::tuple<int, kv::KvDtype>> {};
 
 // Every vector path gives the scalar path's bits: head dims with and without a column tail, GQA
@@ -401,7 +503,7 @@ TEST_P(PagedAttentionPathTest, EveryPathGivesTheScalarBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDimsAndDtypes, PagedAttentionPathTest,
-                         ::testing::Combine(::testing::Values(20, 64, 80),
+                         ::testing::Combine(::testing::Values(20, 21, 64, 80),
                                             ::testing::Values(kv::KvDtype::kF32, kv::KvDtype::kBF16,
                                                               kv::KvDtype::kFp8E4M3)),
                          [](const auto& info) {
