@@ -5,7 +5,6 @@
 #include <optional>
 #include <vector>
 
-#include "common/base/float16.h"
 #include "common/base/logging.h"
 #include "common/compute/cpu/attention_kernels.h"
 #include "common/compute/cpu/kv_codec.h"
@@ -227,8 +226,7 @@ void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, c
           if (bf16) {
             uint32_t* w = qw.data() + static_cast<size_t>(nqry) * dp;
             for (int i = 0; i < dp; ++i) {
-              w[i] = FloatToBf16(qp[nqry][2 * i]) |
-                     static_cast<uint32_t>(FloatToBf16(qp[nqry][2 * i + 1])) << 16;
+              w[i] = internal::Bf16Word(qp[nqry][2 * i], qp[nqry][2 * i + 1]);
             }
             qwp[nqry] = w;
           }

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/base/float16.h"
 #include "common/compute/cpu/cpu_isa.h"
 
 namespace duet::compute::cpu::internal {
@@ -78,6 +79,11 @@ inline float SoftmaxExp(float x) {
   return y;
 }
 }  // namespace
+
+// The word of two bf16 that the bf16 kernels take: FloatToBf16(lo) | FloatToBf16(hi) << 16.
+inline uint32_t Bf16Word(float lo, float hi) {
+  return FloatToBf16(lo) | static_cast<uint32_t>(FloatToBf16(hi)) << 16;
+}
 
 struct AttentionKernels {
   // s[qi * kKeyBlock + j] = scale * dot(q[qi], key j), the key's elements at kt[e * kKeyBlock

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "common/base/float16.h"
 #include "common/compute/cpu/attention_kernels_impl.h"
 
 namespace duet::compute::cpu::internal {
@@ -100,9 +99,7 @@ struct ScalarIsa {
   }
   static W PackPairs(const float* p) {
     W r;
-    for (int i = 0; i < kW; ++i) {
-      r.l[i] = FloatToBf16(p[2 * i]) | static_cast<uint32_t>(FloatToBf16(p[2 * i + 1])) << 16;
-    }
+    for (int i = 0; i < kW; ++i) r.l[i] = Bf16Word(p[2 * i], p[2 * i + 1]);
     return r;
   }
   static void InterleaveTile(const uint16_t* r0, const uint16_t* r1, uint32_t* out) {
