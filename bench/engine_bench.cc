@@ -8,7 +8,8 @@
 //
 // Prefill: tokens/s of one prompt's forward pass (best of --reps). Decode: tokens/s of one
 // decode step over a batch of sequences, each with --context tokens already cached. Beside
-// the decode figures it prints the memory-bound limit: weight bytes / measured read bandwidth.
+// the decode figures it prints the memory-bound limit: the bytes a step reads (the weight
+// matrices, and each sequence's K/V at --context + 1 tokens) / measured read bandwidth.
 // --decode_sample adds decode steps that also pick each row's token: "host" copies the logits
 // out and samples with model::Sample (the schedulers' old path), "backend" asks Forward for
 // sampled tokens (ComputeBackend::SampleRows, their path now). --kv_dtypes repeats the sweep
@@ -16,8 +17,8 @@
 // --weights_dtype for each way of keeping the weight matrices (f32, or native: GGUF blocks as
 // stored), --cpu_isa for each CPU kernel path (cpu_isa.h). Every variant is loaded first and the
 // variants run interleaved, repetition by repetition, so that noise on a shared machine hits each
-// alike; the memory-read bound of each is its own matrix bytes (ModelRunner::MatrixBytes) over the
-// measured read bandwidth.
+// alike; the memory-read bound of each is its own matrix bytes (ModelRunner::MatrixBytes) plus
+// its K/V bytes (the fewest any repetition reads) over the measured read bandwidth.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -303,6 +304,10 @@ int main(int argc, char** argv) {
     }
   }
   std::map<std::string, double> weight_bytes;  // weights dtype -> matrix bytes per step
+  std::map<std::string, double> kv_token_bytes;  // kv dtype -> K/V bytes of a token, all layers
+  for (const auto& c : capacity) {
+    kv_token_bytes[c["kv_dtype"].get<std::string>()] = c["bytes_per_token"].get<double>();
+  }
   for (const Variant& v : variants) {
     weight_bytes[v.weights] = static_cast<double>(v.engine->runner().MatrixBytes());
   }
@@ -320,7 +325,7 @@ int main(int argc, char** argv) {
     // Decode steps/s if the matrices stream from memory once per step.
     std::printf(
         "weights %-6s: %.1f MB of matrices read per step -> memory-bound decode limit "
-        "%.1f steps/s (x batch tokens/s)\n",
+        "%.1f steps/s (x batch tokens/s) before K/V reads (in vs_mem_bound)\n",
         wd.c_str(), bytes / 1e6, bw * 1e9 / bytes);
   }
   std::printf("\n");
@@ -343,7 +348,12 @@ int main(int argc, char** argv) {
   j["weight_bytes"] = weight_bytes;
   for (const Row& r : rows) {
     const bool decode = r.phase.rfind("decode", 0) == 0;
-    const double bound = bw * 1e9 / weight_bytes[r.weights];
+    // A step of batch b reads the matrices once and each sequence's K/V: --context + 1 tokens at
+    // its first repetition, more at later ones (the bound of the shortest).
+    const double step_bytes = weight_bytes[r.weights] + static_cast<double>(r.size) *
+                                                            (context + 1) *
+                                                            kv_token_bytes[r.kv_dtype];
+    const double bound = bw * 1e9 / step_bytes;
     const double vs = decode ? (1e3 / r.ms) / bound : 0;
     std::printf("%-10s %-5s %-7s %-11s %-20s %6d %10.2f %12.1f %12s\n", r.gemm.c_str(),
                 r.kv_dtype.c_str(), r.weights.c_str(), r.isa.c_str(), r.phase.c_str(), r.size, r.ms,

@@ -18,18 +18,94 @@ using internal::kKeyUnit;
 // Queries (query rows x the kv head's q heads) per work item at most: a tile's rows share each
 // K/V block load; its scores, p and accumulators stay in L1/L2.
 constexpr int kMaxItemQueries = 48;
+// Row tiles of at most this many rows prefetch each next key block (RowFetcher::Prefetch).
+constexpr int kPrefetchMaxRows = 2;
 
 void CheckLayer(const kv::KvCacheView& cache, int layer) {
   DUET_CHECK(layer >= 0 && layer < cache.layout.num_layers)
       << "layer " << layer << " out of range [0, " << cache.layout.num_layers << ")";
 }
 
+// Keys are split at multiples of kSplitKeys: each query's softmax runs over each split from a
+// fresh state, and the splits' partial states merge in order (PartialStates::Merge). The splits
+// are fixed by positions alone, so a row's result does not depend on whether its splits ran in
+// one work item (prefill, large batches) or in several at once (a decode step of a few
+// sequences, which would otherwise leave cores idle), nor on the batch.
+constexpr int32_t kSplitKeys = 512;
+static_assert(kSplitKeys % kKeyBlock == 0);
+
 struct RowTile {
   int32_t seq;
   int32_t row0;
   int32_t rows;
-  int64_t cost;  // rows x keys spanned: work items run longest first
+  int32_t lo;  // the first key any of its rows sees
+  int32_t hi;  // the last: its last row's position
 };
+
+struct WorkItem {
+  int32_t tile;
+  int32_t kvh;
+  int32_t split0;  // splits [split0, split1] of the tile's keys
+  int32_t split1;
+  int64_t slot;  // where its one split's partial states go; -1: merged here
+  int64_t cost;  // rows x keys: work items run longest first
+};
+
+// The running softmax states (m, l, acc) of a work item's queries, merged split by split.
+class PartialStates {
+ public:
+  PartialStates(int max_queries, int d)
+      : d_(d), m_(max_queries), l_(max_queries), acc_(static_cast<size_t>(max_queries) * d) {}
+
+  void Reset(int n) {
+    n_ = n;
+    std::fill_n(m_.begin(), n, -std::numeric_limits<float>::infinity());
+    std::fill_n(l_.begin(), n, 0.f);
+  }
+
+  // Folds in a split's states of the n queries: m[i], l[i] and acc[i * d + e]. A query that saw
+  // no key of the split (m = -inf) is unchanged; the first split it saw is taken as it is; later
+  // ones scale both sides to the larger max: acc = fma(acc', c', acc * c).
+  void Merge(const float* m, const float* l, const float* acc) {
+    for (int i = 0; i < n_; ++i) {
+      if (m[i] == -std::numeric_limits<float>::infinity()) continue;
+      const float* in = acc + static_cast<size_t>(i) * d_;
+      float* run = acc_.data() + static_cast<size_t>(i) * d_;
+      if (m_[i] == -std::numeric_limits<float>::infinity()) {
+        m_[i] = m[i];
+        l_[i] = l[i];
+        std::copy_n(in, d_, run);
+        continue;
+      }
+      const float mx = std::max(m_[i], m[i]);
+      const float c_run = internal::SoftmaxExp(m_[i] - mx);
+      const float c_in = internal::SoftmaxExp(m[i] - mx);
+      l_[i] = std::fma(l[i], c_in, l_[i] * c_run);
+      for (int e = 0; e < d_; ++e) run[e] = std::fma(in[e], c_in, run[e] * c_run);
+      m_[i] = mx;
+    }
+  }
+
+  // out[i][e] = acc / l.
+  void Finish(float* const* out) const {
+    for (int i = 0; i < n_; ++i) {
+      const float* a = acc_.data() + static_cast<size_t>(i) * d_;
+      for (int e = 0; e < d_; ++e) out[i][e] = a[e] / l_[i];
+    }
+  }
+
+ private:
+  const int d_;
+  int n_ = 0;
+  std::vector<float> m_, l_, acc_;
+};
+
+// A split's states of n queries, laid out as Merge reads them: m [n], l [n], acc [n][d].
+void StorePartials(const float* m, const float* l, const float* acc, int n, int d, float* slot) {
+  std::copy_n(m, n, slot);
+  std::copy_n(l, n, slot + n);
+  std::copy_n(acc, static_cast<size_t>(n) * d, slot + 2 * n);
+}
 
 // The f32 K (or V) rows of one kv head at consecutive positions of one sequence: pointers into
 // the cache for f32, rows decoded into a small buffer (kKeyBlock rows, in L1) otherwise.
@@ -57,6 +133,27 @@ class RowFetcher {
                                      : cache_.KeyPtr<uint16_t>(layer_, b, off)) +
                               static_cast<int64_t>(kvh) * d_;
       for (int j = 0; j < run; ++j) rows[i + j] = first + j * token_elems;
+      i += run;
+    }
+  }
+
+  // Prefetches head kvh's K (value: V) at positions [t0, t0 + n) as stored into L2, so that the
+  // next block's rows arrive from memory while this block's are computed on.
+  void Prefetch(const int32_t* block_table, int32_t t0, int n, int kvh, bool value) const {
+    const kv::KvLayout& l = cache_.layout;
+    const int64_t token_bytes = l.token_elems() * l.dtype_bytes();
+    for (int i = 0; i < n;) {
+      const int32_t t = t0 + i;
+      const kv::BlockId b = block_table[t / bs_];
+      const int off = t % bs_;
+      const int run = std::min(n - i, bs_ - off);
+      const char* first =
+          (value ? cache_.ValuePtr<char>(layer_, b, 0) : cache_.KeyPtr<char>(layer_, b, 0)) +
+          off * token_bytes + kvh * head_bytes_;
+      for (int j = 0; j < run; ++j) {
+        for (int64_t c = 0; c < head_bytes_; c += 64)
+          __builtin_prefetch(first + j * token_bytes + c, 0, 2);
+      }
       i += run;
     }
   }
@@ -158,30 +255,84 @@ void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, c
         << s.context_len << " tokens";
     for (int32_t r0 = 0; r0 < s.q_len; r0 += tile_rows) {
       const int32_t rows = std::min(tile_rows, s.q_len - r0);
-      const int32_t last = s.context_len - s.q_len + r0 + rows - 1;
-      const int32_t span =
-          params.sliding_window > 0 ? std::min(last + 1, params.sliding_window + rows) : last + 1;
-      tiles.push_back({static_cast<int32_t>(si), r0, rows, static_cast<int64_t>(rows) * span});
+      const int32_t first = s.context_len - s.q_len + r0;
+      const int32_t last = first + rows - 1;
+      // Positions grow with the row, and so does a window's first key.
+      const int32_t lo =
+          params.sliding_window > 0 ? std::max(0, first - params.sliding_window + 1) : 0;
+      tiles.push_back({static_cast<int32_t>(si), r0, rows, lo, last});
     }
   }
   // bf16 K/V with an even head_dim run on words of two bf16 (attention_kernels.h); other caches
   // are read as f32 rows.
   const bool bf16 = cache.layout.dtype == kv::KvDtype::kBF16 && d % 2 == 0;
   const int dp = d / 2;
-  // Longest first, so the pool's dynamic chunks end together (the order changes no result).
-  std::stable_sort(tiles.begin(), tiles.end(),
-                   [](const RowTile& a, const RowTile& b) { return a.cost > b.cost; });
-  const int64_t items = static_cast<int64_t>(tiles.size()) * nkv;
   const int max_queries = tile_rows * group;
 
-  // Work item = (row tile, kv head): its queries are the tile's rows x the kv head's q heads,
-  // query qi = row * group + head. Per block: K rows transposed into kt, the scores of every
-  // query, each query's softmax step, then the V rows into every query's accumulator.
+  // Work items: (row tile, kv head, splits [split0, split1]). A (tile, kv head) is one item over
+  // all its splits, merged as they finish, unless there are too few of them to keep the pool
+  // busy (a decode step of a few sequences) and some span several splits: then each split is an
+  // item of its own, its partial state goes to `partials`, and a second pass merges them in the
+  // same order.
+  const int64_t pairs = static_cast<int64_t>(tiles.size()) * nkv;
+  const bool split_items = pool != nullptr && pairs < 2 * pool->num_threads() &&
+                           std::any_of(tiles.begin(), tiles.end(), [](const RowTile& t) {
+                             return t.hi / kSplitKeys > t.lo / kSplitKeys;
+                           });
+  std::vector<WorkItem> items;
+  std::vector<int64_t> first_slot;  // per (tile, kv head): its first split's partial (split_items)
+  int64_t slots = 0;
+  for (int32_t ti = 0; ti < static_cast<int32_t>(tiles.size()); ++ti) {
+    const RowTile& t = tiles[ti];
+    const int32_t s0 = t.lo / kSplitKeys, s1 = t.hi / kSplitKeys;
+    for (int32_t kvh = 0; kvh < nkv; ++kvh) {
+      if (!split_items) {
+        items.push_back({ti, kvh, s0, s1, -1, int64_t{t.rows} * (t.hi - t.lo + 1)});
+        continue;
+      }
+      first_slot.push_back(slots);
+      for (int32_t sp = s0; sp <= s1; ++sp) {
+        const int32_t keys =
+            std::min(t.hi, (sp + 1) * kSplitKeys - 1) - std::max(t.lo, sp * kSplitKeys) + 1;
+        items.push_back({ti, kvh, sp, sp, slots++, int64_t{t.rows} * keys});
+      }
+    }
+  }
+  // Longest first, so the pool's dynamic chunks end together (the order changes no result).
+  std::stable_sort(items.begin(), items.end(),
+                   [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+  const int64_t slot_floats = static_cast<int64_t>(max_queries) * (d + 2);
+  std::vector<float> partials(static_cast<size_t>(slots * slot_floats));
+
+  // Query qi of (tile, kv head) is row qi / group, q head kvh * group + qi % group.
+  auto tile_queries = [&](const RowTile& tile, int kvh, const float** qp, float** op, int* lo,
+                          int* pos) {
+    const AttentionSeq& sq = seqs[tile.seq];
+    int n = 0;
+    for (int32_t r = tile.row0; r < tile.row0 + tile.rows; ++r) {
+      const int32_t p = sq.context_len - sq.q_len + r;
+      const int64_t row_off = (static_cast<int64_t>(sq.q_start) + r) * q_row_elems;
+      for (int h = kvh * group; h < (kvh + 1) * group; ++h, ++n) {
+        if (qp != nullptr) qp[n] = q + row_off + static_cast<int64_t>(h) * d;
+        op[n] = out + row_off + static_cast<int64_t>(h) * d;
+        if (lo != nullptr) {
+          lo[n] = params.sliding_window > 0 ? std::max(0, p - params.sliding_window + 1) : 0;
+          pos[n] = p;
+        }
+      }
+    }
+    return n;
+  };
+
+  // Per block: K rows transposed into kt, the scores of every query, each query's softmax step,
+  // then the V rows into every query's accumulator; per split, the queries' partial states
+  // merged into the running ones (or stored, split_items).
   auto run = [&](int64_t begin, int64_t end) {
     std::vector<float> kt(static_cast<size_t>(d) * kKeyBlock);
     std::vector<float> s(static_cast<size_t>(max_queries) * kKeyBlock, 0.f);
     std::vector<float> acc(static_cast<size_t>(max_queries) * d);
     std::vector<float> m(max_queries), l(max_queries), alpha(max_queries);
+    PartialStates running(max_queries, d);
     std::vector<int> lo(max_queries), pos(max_queries), ja(max_queries), jb(max_queries);
     std::vector<const float*> qp(max_queries);
     std::vector<float*> op(max_queries);
@@ -203,88 +354,109 @@ void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, c
       vtw.resize(static_cast<size_t>(kKeyBlock / 2) * d);
       zero_row.assign(d, 0);
     }
-    for (int64_t item = begin; item < end; ++item) {
-      const RowTile& tile = tiles[item / nkv];
-      const int kvh = static_cast<int>(item % nkv);
+    for (int64_t it = begin; it < end; ++it) {
+      const WorkItem& item = items[it];
+      const RowTile& tile = tiles[item.tile];
+      const int kvh = item.kvh;
       const AttentionSeq& sq = seqs[tile.seq];
-      int nqry = 0;
-      int32_t tile_lo = sq.context_len, tile_hi = -1;
-      for (int32_t r = tile.row0; r < tile.row0 + tile.rows; ++r) {
-        const int32_t p = sq.context_len - sq.q_len + r;
-        const int32_t first =
-            params.sliding_window > 0 ? std::max(0, p - params.sliding_window + 1) : 0;
-        tile_lo = std::min(tile_lo, first);
-        tile_hi = std::max(tile_hi, p);
-        const int64_t row_off = (static_cast<int64_t>(sq.q_start) + r) * q_row_elems;
-        for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-          qp[nqry] = q + row_off + static_cast<int64_t>(h) * d;
-          op[nqry] = out + row_off + static_cast<int64_t>(h) * d;
-          lo[nqry] = first;
-          pos[nqry] = p;
-          m[nqry] = -std::numeric_limits<float>::infinity();
-          l[nqry] = 0.f;
-          if (bf16) {
-            uint32_t* w = qw.data() + static_cast<size_t>(nqry) * dp;
-            for (int i = 0; i < dp; ++i) {
-              w[i] = internal::Bf16Word(qp[nqry][2 * i], qp[nqry][2 * i + 1]);
-            }
-            qwp[nqry] = w;
-          }
-          ++nqry;
-        }
-      }
-      std::fill(acc.begin(), acc.begin() + static_cast<size_t>(nqry) * d, 0.f);
-      for (int32_t b0 = tile_lo / kKeyBlock * kKeyBlock; b0 <= tile_hi; b0 += kKeyBlock) {
-        const int32_t t0 = std::max(b0, tile_lo);
-        const int32_t t1 = std::min(b0 + kKeyBlock - 1, tile_hi);
-        const int j0 = t0 - b0, j1 = t1 - b0;
-        if (bf16) {
-          fetch.FetchBf16(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/false, rows16 + j0);
-          for (int j = j0; j <= j1; ++j) krows[j] = reinterpret_cast<const uint32_t*>(rows16[j]);
-          kern.transpose_words(krows, j0, j1, dp, ktw.data());
-          kern.scores_bf16(qwp.data(), nqry, ktw.data(), dp, j0 / kKeyUnit, j1 / kKeyUnit + 1,
-                           params.scale, s.data());
-        } else {
-          fetch.Fetch(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/false, rows + j0);
-          kern.transpose(rows, j0, j1, d, kt.data());
-          kern.scores(qp.data(), nqry, kt.data(), d, j0 / kKeyUnit, j1 / kKeyUnit + 1, params.scale,
-                      s.data());
-        }
+      const int nqry = tile_queries(tile, kvh, qp.data(), op.data(), lo.data(), pos.data());
+      if (bf16) {
         for (int qi = 0; qi < nqry; ++qi) {
-          ja[qi] = std::max(lo[qi], b0) - b0;
-          jb[qi] = std::min(pos[qi], b0 + kKeyBlock - 1) - b0;
-          if (ja[qi] > jb[qi]) {
-            alpha[qi] = 1.f;  // no key of this block: unchanged
-            // The bf16 V sum has no per-key mask: p = 0 keeps this query's sum as it is.
-            if (bf16) std::fill_n(s.data() + static_cast<size_t>(qi) * kKeyBlock, kKeyBlock, 0.f);
-            continue;
+          uint32_t* w = qw.data() + static_cast<size_t>(qi) * dp;
+          for (int i = 0; i < dp; ++i) w[i] = internal::Bf16Word(qp[qi][2 * i], qp[qi][2 * i + 1]);
+          qwp[qi] = w;
+        }
+      }
+      running.Reset(nqry);
+      for (int32_t sp = item.split0; sp <= item.split1; ++sp) {
+        const int32_t split_lo = std::max(tile.lo, sp * kSplitKeys);
+        const int32_t split_hi = std::min(tile.hi, (sp + 1) * kSplitKeys - 1);
+        std::fill_n(m.begin(), nqry, -std::numeric_limits<float>::infinity());
+        std::fill_n(l.begin(), nqry, 0.f);
+        std::fill(acc.begin(), acc.begin() + static_cast<size_t>(nqry) * d, 0.f);
+        for (int32_t b0 = split_lo / kKeyBlock * kKeyBlock; b0 <= split_hi; b0 += kKeyBlock) {
+          const int32_t t0 = std::max(b0, split_lo);
+          const int32_t t1 = std::min(b0 + kKeyBlock - 1, split_hi);
+          const int j0 = t0 - b0, j1 = t1 - b0;
+          // Tiles of a few rows (decode) compute too little per block for the hardware
+          // prefetcher to hide the next block's loads; they ask for its rows into L2 first.
+          if (tile.rows <= kPrefetchMaxRows && b0 + kKeyBlock <= split_hi) {
+            const int32_t n1 = std::min(b0 + 2 * kKeyBlock - 1, split_hi) - (b0 + kKeyBlock) + 1;
+            fetch.Prefetch(sq.block_table, b0 + kKeyBlock, n1, kvh, /*value=*/false);
+            fetch.Prefetch(sq.block_table, b0 + kKeyBlock, n1, kvh, /*value=*/true);
           }
-          alpha[qi] = kern.softmax(s.data() + static_cast<size_t>(qi) * kKeyBlock, ja[qi], jb[qi],
-                                   &m[qi], &l[qi]);
+          if (bf16) {
+            fetch.FetchBf16(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/false, rows16 + j0);
+            for (int j = j0; j <= j1; ++j) krows[j] = reinterpret_cast<const uint32_t*>(rows16[j]);
+            kern.transpose_words(krows, j0, j1, dp, ktw.data());
+            kern.scores_bf16(qwp.data(), nqry, ktw.data(), dp, j0 / kKeyUnit, j1 / kKeyUnit + 1,
+                             params.scale, s.data());
+          } else {
+            fetch.Fetch(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/false, rows + j0);
+            kern.transpose(rows, j0, j1, d, kt.data());
+            kern.scores(qp.data(), nqry, kt.data(), d, j0 / kKeyUnit, j1 / kKeyUnit + 1,
+                        params.scale, s.data());
+          }
+          for (int qi = 0; qi < nqry; ++qi) {
+            ja[qi] = std::max({lo[qi], b0, split_lo}) - b0;
+            jb[qi] = std::min(pos[qi], t1) - b0;
+            if (ja[qi] > jb[qi]) {
+              alpha[qi] = 1.f;  // no key of this block: unchanged
+              // The bf16 V sum has no per-key mask: p = 0 keeps this query's sum as it is.
+              if (bf16) std::fill_n(s.data() + static_cast<size_t>(qi) * kKeyBlock, kKeyBlock, 0.f);
+              continue;
+            }
+            alpha[qi] = kern.softmax(s.data() + static_cast<size_t>(qi) * kKeyBlock, ja[qi], jb[qi],
+                                     &m[qi], &l[qi]);
+          }
+          if (bf16) {
+            const int jp0 = j0 / 2, jp1 = j1 / 2;
+            fetch.FetchBf16(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/true, rows16 + j0);
+            rows16[2 * jp0] = j0 == 2 * jp0 ? rows16[2 * jp0] : zero_row.data();
+            rows16[2 * jp1 + 1] = j1 == 2 * jp1 + 1 ? rows16[2 * jp1 + 1] : zero_row.data();
+            kern.interleave(rows16, jp0, jp1, d, vtw.data());
+            kern.accumulate_bf16(s.data(), alpha.data(), nqry, vtw.data(), jp0, jp1, d, acc.data());
+          } else {
+            fetch.Fetch(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/true, rows + j0);
+            kern.accumulate(s.data(), ja.data(), jb.data(), alpha.data(), nqry, rows, j0, j1, d,
+                            acc.data());
+          }
         }
-        if (bf16) {
-          const int jp0 = j0 / 2, jp1 = j1 / 2;
-          fetch.FetchBf16(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/true, rows16 + j0);
-          rows16[2 * jp0] = j0 == 2 * jp0 ? rows16[2 * jp0] : zero_row.data();
-          rows16[2 * jp1 + 1] = j1 == 2 * jp1 + 1 ? rows16[2 * jp1 + 1] : zero_row.data();
-          kern.interleave(rows16, jp0, jp1, d, vtw.data());
-          kern.accumulate_bf16(s.data(), alpha.data(), nqry, vtw.data(), jp0, jp1, d, acc.data());
+        if (item.slot >= 0) {
+          StorePartials(m.data(), l.data(), acc.data(), nqry, d,
+                        partials.data() + item.slot * slot_floats);
         } else {
-          fetch.Fetch(sq.block_table, t0, j1 - j0 + 1, kvh, /*value=*/true, rows + j0);
-          kern.accumulate(s.data(), ja.data(), jb.data(), alpha.data(), nqry, rows, j0, j1, d,
-                          acc.data());
+          running.Merge(m.data(), l.data(), acc.data());
         }
       }
-      for (int qi = 0; qi < nqry; ++qi) {
-        const float* a = acc.data() + static_cast<size_t>(qi) * d;
-        for (int e = 0; e < d; ++e) op[qi][e] = a[e] / l[qi];
-      }
+      if (item.slot < 0) running.Finish(op.data());
     }
   };
+  // split_items: each (tile, kv head)'s partials merged in split order, as `run` would have.
+  auto merge = [&](int64_t begin, int64_t end) {
+    std::optional<internal::DenormalsFlushed> flushed;
+    if (bf16) flushed.emplace();
+    PartialStates running(max_queries, d);
+    std::vector<float*> op(max_queries);
+    for (int64_t pi = begin; pi < end; ++pi) {
+      const RowTile& tile = tiles[pi / nkv];
+      const int nqry =
+          tile_queries(tile, static_cast<int>(pi % nkv), nullptr, op.data(), nullptr, nullptr);
+      running.Reset(nqry);
+      const int32_t splits = tile.hi / kSplitKeys - tile.lo / kSplitKeys + 1;
+      for (int32_t i = 0; i < splits; ++i) {
+        const float* slot = partials.data() + (first_slot[pi] + i) * slot_floats;
+        running.Merge(slot, slot + nqry, slot + 2 * nqry);
+      }
+      running.Finish(op.data());
+    }
+  };
+  const auto n_items = static_cast<int64_t>(items.size());
   if (pool == nullptr) {
-    if (items > 0) run(0, items);
+    if (n_items > 0) run(0, n_items);
   } else {
-    pool->ParallelFor(items, 1, run);
+    pool->ParallelFor(n_items, 1, run);
+    if (split_items && pairs > 0) pool->ParallelFor(pairs, 1, merge);
   }
 }
 

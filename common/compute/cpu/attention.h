@@ -8,10 +8,12 @@
 // otherwise) are transposed once into a [head_dim][64] tile, every query's 64 scores come from a
 // register tile (queries x keys, an FMA chain over head_dim), each query takes an online-softmax
 // step (running max and sum, its accumulator rescaled), and the block's V rows are added into
-// every query's accumulator. The operations per (query, element) are fixed by the query's own
-// keys and the block boundaries (attention_kernels.h), never by the tiling, the batch, the
-// thread count or the CPU path (scalar, AVX2, AVX-512 give the same bits), so a row's output is
-// the same alone, in any batch, in decode or in a prefill chunk.
+// every query's accumulator. Keys are split at multiples of 512 positions: the softmax runs
+// over each split on its own and the splits' states merge in order, so a decode step of a few
+// sequences can run its splits on several cores. The operations per (query, element) are fixed
+// by the query's own keys and the block and split boundaries (attention_kernels.h), never by the
+// tiling, the batch, the thread count or the CPU path (scalar, AVX2, AVX-512 give the same
+// bits), so a row's output is the same alone, in any batch, in decode or in a prefill chunk.
 //
 //   WriteKvRows(cache, layer, k, v, slots, n);
 //   PagedAttention(&pool, cache, layer, q, seqs, params, out, CpuIsa::kAvx512);

@@ -9,7 +9,8 @@
 //   sum    l' = l * alpha + BlockSum(p), alpha = SoftmaxExp(m - m'),
 //          BlockSum = a fixed tree over the block's 64 lanes (kernels' SumBlock)
 //   acc    acc' = acc * alpha, then fma(p[j], v_j[e], acc') for the valid j in order
-// and at the end out = acc / l.
+// over the blocks of one key split (512 positions, attention.cc), whose states then merge in
+// split order (attention.cc's PartialStates), and at the end out = acc / l.
 //
 // bf16 K/V (kv dtype bf16, even head dims) run the same steps on 32-bit words that each hold two
 // bf16 (element 2i in the low half, 2i + 1 in the high half), with vdpbf16ps's dot step

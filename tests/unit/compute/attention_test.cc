@@ -25,7 +25,7 @@ using testing::RandomVector;
 
 constexpr int kLayer = 1;
 constexpr int kBlockSize = 4;
-constexpr int kNumBlocks = 512;  // room for sequences spanning several 64-key blocks
+constexpr int kNumBlocks = 1024;  // room for sequences spanning several key blocks and splits
 constexpr int kHeadDim = 20;     // not a multiple of 8: exercises the dot-product tail
 
 struct SeqSpec {
@@ -179,9 +179,10 @@ AttentionParams Params(int nq, int nkv, int window = 0, int head_dim = kHeadDim)
 // Prefill, decode, chunked prefill, tiny and block-crossing sequences.
 const std::vector<SeqSpec> kMixed = {{9, 9}, {13, 1}, {23, 6}, {4, 4}, {1, 1}, {17, 1}, {30, 3}};
 // Sequences spanning several 64-key blocks: long prefills, decode rows, chunks that start and
-// end inside a block, and exactly one block.
-const std::vector<SeqSpec> kLong = {{200, 200}, {150, 1}, {130, 70}, {65, 1},
-                                    {64, 64},   {97, 33}, {40, 5}};
+// end inside a block, and exactly one block; the last two span key splits (kSplitKeys = 512,
+// attention.cc).
+const std::vector<SeqSpec> kLong = {{200, 200}, {150, 1}, {130, 70}, {65, 1},  {64, 64},
+                                    {97, 33},   {40, 5},  {1100, 1}, {700, 40}};
 
 // Runs attention over `order` and checks every row against the reference.
 void CheckAgainstReference(const AttentionFixture& f, const std::vector<int>& order,
@@ -338,8 +339,10 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, PagedAttentionDtypeTest, ::testing::ValuesIn(kA
 TEST(PagedAttentionTest, LongSequencesAndWindowsAcrossKeyBlocksMatchTheReference) {
   for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kBF16, kv::KvDtype::kInt8}) {
     AttentionFixture f(2, kLong, 31, dtype);
-    CheckAgainstReference(f, {0, 1, 2, 3, 4, 5, 6}, Params(6, 2), 2);
-    CheckAgainstReference(f, {5, 2, 0}, Params(6, 2, /*window=*/50), 2);
+    CheckAgainstReference(f, {0, 1, 2, 3, 4, 5, 6, 7, 8}, Params(6, 2), 2);
+    CheckAgainstReference(f, {7}, Params(6, 2), 2);
+    CheckAgainstReference(f, {5, 2, 0, 8}, Params(6, 2, /*window=*/50), 2);
+    CheckAgainstReference(f, {7}, Params(6, 2, /*window=*/600), 2);
     CheckAgainstReference(f, {0, 3}, Params(8, 2, /*window=*/64), 1);
   }
 }
@@ -486,17 +489,22 @@ TEST_P(PagedAttentionPathTest, EveryPathGivesTheScalarBits) {
   for (int ratio : {1, 3, 4}) {
     for (int window : {0, 45}) {
       const AttentionParams p = Params(nkv * ratio, nkv, window, head_dim);
-      int rows = 0;
-      const auto batch = f.Batch({0, 1, 2, 3, 4, 5, 6}, &rows);
-      const auto q = RandomVector(static_cast<size_t>(rows) * p.num_q_heads * head_dim, 3);
-      std::vector<float> want(q.size());
-      cpu::PagedAttention(&pool, f.cache(), kLayer, q.data(), batch, p, want.data(),
-                          cpu::CpuIsa::kScalar);
-      for (cpu::CpuIsa isa : HostPaths()) {
-        std::vector<float> got(q.size(), NAN);
-        cpu::PagedAttention(&pool, f.cache(), kLayer, q.data(), batch, p, got.data(), isa);
-        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
-            << cpu::CpuIsaName(isa) << " ratio " << ratio << " window " << window;
+      // All sequences, and one decode row alone (its key splits run as work items of their
+      // own, then merge).
+      for (const std::vector<int>& order : {std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8}, {7}}) {
+        int rows = 0;
+        const auto batch = f.Batch(order, &rows);
+        const auto q = RandomVector(static_cast<size_t>(rows) * p.num_q_heads * head_dim, 3);
+        std::vector<float> want(q.size());
+        cpu::PagedAttention(&pool, f.cache(), kLayer, q.data(), batch, p, want.data(),
+                            cpu::CpuIsa::kScalar);
+        for (cpu::CpuIsa isa : HostPaths()) {
+          std::vector<float> got(q.size(), NAN);
+          cpu::PagedAttention(&pool, f.cache(), kLayer, q.data(), batch, p, got.data(), isa);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+              << cpu::CpuIsaName(isa) << " ratio " << ratio << " window " << window << " sequences "
+              << order.size();
+        }
       }
     }
   }
@@ -512,43 +520,53 @@ INSTANTIATE_TEST_SUITE_P(HeadDimsAndDtypes, PagedAttentionPathTest,
                          });
 
 // A prefill row's output is bitwise the decode step's at its position, and any chunk's: what
-// lets a decode node continue a prompt another node prefilled, token for token.
+// lets a decode node continue a prompt another node prefilled, token for token. The sequence
+// spans three key splits (kSplitKeys, attention.cc): a decode step of one sequence on two threads
+// runs each split as its own work item and merges them afterwards, the prefill merges them as it
+// goes, and both must give the same bits.
 TEST(PagedAttentionTest, PrefillRowsEqualDecodeAndChunksAtTheirPositions) {
-  const int nkv = 2, nq = 6, d = 64;
-  AttentionFixture f(nkv, {{190, 190}}, 11, kv::KvDtype::kF32, d);
-  const SeqData& s = f.seq(0);
-  const int width = nq * d;
-  for (int window : {0, 70}) {
-    const AttentionParams p = Params(nq, nkv, window, d);
-    const auto q = RandomVector(static_cast<size_t>(190) * width, 21);
-    std::vector<float> full(q.size());
-    AttentionSeq whole{.q_start = 0,
-                       .q_len = 190,
-                       .context_len = 190,
-                       .block_table = s.blocks.data(),
-                       .num_table_blocks = static_cast<int32_t>(s.blocks.size())};
-    MakeCpuBackend(2)->PagedAttention(f.cache(), kLayer, q.data(), {whole}, p, full.data());
-    // Decode rows at positions inside, at the start and at the end of key blocks.
-    for (int pos : {0, 1, 63, 64, 65, 127, 128, 150, 189}) {
-      AttentionSeq one = whole;
-      one.q_len = 1;
-      one.context_len = pos + 1;
-      std::vector<float> got(width);
-      MakeCpuBackend(1)->PagedAttention(f.cache(), kLayer, q.data() + pos * width, {one}, p,
-                                        got.data());
-      EXPECT_EQ(std::memcmp(got.data(), full.data() + pos * width, width * sizeof(float)), 0)
-          << "decode at " << pos << " window " << window;
-    }
-    // Chunks [start, start + len).
-    for (auto [start, len] : {std::pair{60, 10}, {64, 64}, {100, 90}, {0, 37}}) {
-      AttentionSeq chunk = whole;
-      chunk.q_len = len;
-      chunk.context_len = start + len;
-      std::vector<float> got(static_cast<size_t>(len) * width);
-      MakeCpuBackend(2)->PagedAttention(f.cache(), kLayer, q.data() + start * width, {chunk}, p,
-                                        got.data());
-      EXPECT_EQ(std::memcmp(got.data(), full.data() + start * width, got.size() * sizeof(float)), 0)
-          << "chunk " << start << "+" << len << " window " << window;
+  const int nkv = 2, nq = 6, d = 64, len = 1100;
+  for (kv::KvDtype dtype : {kv::KvDtype::kF32, kv::KvDtype::kBF16}) {
+    AttentionFixture f(nkv, {{len, len}}, 11, dtype, d);
+    const SeqData& s = f.seq(0);
+    const int width = nq * d;
+    for (int window : {0, 70, 600}) {
+      const AttentionParams p = Params(nq, nkv, window, d);
+      const auto q = RandomVector(static_cast<size_t>(len) * width, 21);
+      std::vector<float> full(q.size());
+      AttentionSeq whole{.q_start = 0,
+                         .q_len = len,
+                         .context_len = len,
+                         .block_table = s.blocks.data(),
+                         .num_table_blocks = static_cast<int32_t>(s.blocks.size())};
+      MakeCpuBackend(2)->PagedAttention(f.cache(), kLayer, q.data(), {whole}, p, full.data());
+      // Decode rows at positions inside, at the start and at the end of key blocks and splits.
+      for (int pos : {0, 1, 63, 64, 65, 127, 128, 150, 511, 512, 513, 600, 1023, 1024, 1099}) {
+        AttentionSeq one = whole;
+        one.q_len = 1;
+        one.context_len = pos + 1;
+        for (int threads : {1, 2}) {
+          std::vector<float> got(width);
+          MakeCpuBackend(threads)->PagedAttention(f.cache(), kLayer, q.data() + pos * width, {one},
+                                                  p, got.data());
+          EXPECT_EQ(std::memcmp(got.data(), full.data() + pos * width, width * sizeof(float)), 0)
+              << kv::KvDtypeName(dtype) << " decode at " << pos << " window " << window
+              << " threads " << threads;
+        }
+      }
+      // Chunks [start, start + n).
+      for (auto [start, n] :
+           {std::pair{60, 10}, {64, 64}, {100, 90}, {0, 37}, {500, 30}, {1020, 80}}) {
+        AttentionSeq chunk = whole;
+        chunk.q_len = n;
+        chunk.context_len = start + n;
+        std::vector<float> got(static_cast<size_t>(n) * width);
+        MakeCpuBackend(2)->PagedAttention(f.cache(), kLayer, q.data() + start * width, {chunk}, p,
+                                          got.data());
+        EXPECT_EQ(std::memcmp(got.data(), full.data() + start * width, got.size() * sizeof(float)),
+                  0)
+            << kv::KvDtypeName(dtype) << " chunk " << start << "+" << n << " window " << window;
+      }
     }
   }
 }
