@@ -104,4 +104,48 @@ inline void DecodeQ6K(const uint8_t* src, KQuant6* out) {
   }
 }
 
+// The inverse of DecodeQ6K: the 210 bytes of k (codes 0..63, scales -128..127).
+inline void EncodeQ6K(const KQuant6& k, uint8_t* dst) {
+  uint8_t* ql = dst;
+  uint8_t* qh = dst + 128;
+  std::memset(dst, 0, 192);
+  for (int h = 0; h < 2; ++h) {
+    for (int s = 0; s < 4; ++s) {
+      for (int l = 0; l < 32; ++l) {
+        const int c = k.codes[128 * h + 32 * s + l];
+        ql[64 * h + 32 * (s % 2) + l] |= static_cast<uint8_t>((c & 0x0f) << (4 * (s / 2)));
+        qh[32 * h + l] |= static_cast<uint8_t>(((c >> 4) & 3) << (2 * s));
+      }
+    }
+  }
+  for (int j = 0; j < 16; ++j) dst[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(k.scale[j]));
+  std::memcpy(dst + 208, &k.d, 2);
+}
+
+// One Q3_K super-block (110 bytes: hmask[32], qs[64], scales[12] (sixteen 6-bit values), d) as
+// the Q6_K values it holds: x[i] = (d * (sc[i / 16] - 32)) * q[i] with q in -4..3, here as
+// scale = sc - 32 (-32..31) and codes = q + 32 (28..35), so that DecodeQ6K's formula gives the
+// same products. Element 128h + 32s + l: q = bits 2s, 2s + 1 of qs[32h + l], minus 4 where bit
+// 4h + s of hmask[l] is clear; sub-block j's sc: its low 4 bits are nibble j / 8 of s[j % 8],
+// its high 2 bits are bits 2 (j / 4) and up of s[8 + j % 4].
+inline void DecodeQ3KAsQ6K(const uint8_t* src, KQuant6* out) {
+  const uint8_t* hmask = src;
+  const uint8_t* qs = src + 32;
+  const uint8_t* s = src + 96;
+  for (int j = 0; j < 16; ++j) {
+    out->scale[j] =
+        (((s[j % 8] >> (4 * (j / 8))) & 0x0f) | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+  }
+  out->d = LoadU16(src + 108);
+  for (int h = 0; h < 2; ++h) {
+    for (int sb = 0; sb < 4; ++sb) {
+      for (int l = 0; l < 32; ++l) {
+        const int q =
+            ((qs[32 * h + l] >> (2 * sb)) & 3) - (((hmask[l] >> (4 * h + sb)) & 1) ? 0 : 4);
+        out->codes[128 * h + 32 * sb + l] = q + 32;
+      }
+    }
+  }
+}
+
 }  // namespace duet

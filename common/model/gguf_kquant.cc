@@ -21,12 +21,6 @@ inline float LoadHalf(const uint8_t* p) {
 
 inline float ToFloat(int v) { return static_cast<float>(v); }
 
-// The 6-bit scale of sub-block j (0..15) of a Q3_K block's 12 scale bytes s: its low 4 bits are
-// nibble j / 8 of s[j % 8], its high 2 bits are bits 2 * (j / 4) and up of s[8 + j % 4].
-inline int Q3Scale(const uint8_t* s, int j) {
-  return ((s[j % 8] >> (4 * (j / 8))) & 0x0f) | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
-}
-
 // Q4_K and Q5_K (qh null for Q4_K; ggml_blocks.h has the element order).
 void FourOrFiveBit(const uint8_t* src, const uint8_t* qh, const uint8_t* qs, float* dst) {
   KQuant4 k;
@@ -37,6 +31,16 @@ void FourOrFiveBit(const uint8_t* src, const uint8_t* qh, const uint8_t* qs, flo
     const float dl = d * ToFloat(k.scale[j]);
     const float ml = dmin * ToFloat(k.min[j]);
     for (int l = 0; l < 32; ++l) dst[32 * j + l] = dl * ToFloat(k.codes[32 * j + l]) - ml;
+  }
+}
+
+// x = (d * scale) * (code - 32) over the sixteen sub-blocks of 16 (Q6_K, and Q3_K decoded as
+// Q6_K).
+void SixBit(const KQuant6& k, float* dst) {
+  const float d = HalfToFloat(k.d);
+  for (int j = 0; j < 16; ++j) {
+    const float dl = d * ToFloat(k.scale[j]);
+    for (int l = 16 * j; l < 16 * j + 16; ++l) dst[l] = dl * ToFloat(k.codes[l] - 32);
   }
 }
 
@@ -64,25 +68,21 @@ void DequantizeQ2K(const uint8_t* src, int64_t blocks, float* dst) {
   }
 }
 
-// 110 bytes: hmask[32], qs[64], scales[12] (sixteen 6-bit values), d.
+// 110 bytes: hmask[32], qs[64], scales[12] (sixteen 6-bit values), d; decoded as the Q6_K
+// values they hold (ggml_blocks.h), so x = (d * (sc - 32)) * q as ggml computes it.
 void DequantizeQ3K(const uint8_t* src, int64_t blocks, float* dst) {
+  KQuant6 k;
   for (int64_t b = 0; b < blocks; ++b, src += 110, dst += kKQuantBlock) {
-    const uint8_t* hmask = src;
-    const uint8_t* qs = src + 32;
-    const uint8_t* scales = src + 96;
-    const float d = LoadHalf(src + 108);
-    for (int h = 0; h < 2; ++h) {
-      for (int s = 0; s < 4; ++s) {
-        for (int g = 0; g < 2; ++g) {
-          const float dl = d * ToFloat(Q3Scale(scales, 8 * h + 2 * s + g) - 32);
-          const int bit = 4 * h + s;
-          for (int l = 16 * g; l < 16 * g + 16; ++l) {
-            const int q = ((qs[32 * h + l] >> (2 * s)) & 3) - (((hmask[l] >> bit) & 1) ? 0 : 4);
-            dst[128 * h + 32 * s + l] = dl * ToFloat(q);
-          }
-        }
-      }
-    }
+    DecodeQ3KAsQ6K(src, &k);
+    SixBit(k, dst);
+  }
+}
+
+void TranscodeQ3KToQ6K(const uint8_t* src, int64_t blocks, uint8_t* dst) {
+  KQuant6 k;
+  for (int64_t b = 0; b < blocks; ++b, src += 110, dst += 210) {
+    DecodeQ3KAsQ6K(src, &k);
+    EncodeQ6K(k, dst);
   }
 }
 
@@ -105,11 +105,7 @@ void DequantizeQ6K(const uint8_t* src, int64_t blocks, float* dst) {
   KQuant6 k;
   for (int64_t b = 0; b < blocks; ++b, src += 210, dst += kKQuantBlock) {
     DecodeQ6K(src, &k);
-    const float d = HalfToFloat(k.d);
-    for (int j = 0; j < 16; ++j) {
-      const float dl = d * ToFloat(k.scale[j]);
-      for (int l = 16 * j; l < 16 * j + 16; ++l) dst[l] = dl * ToFloat(k.codes[l] - 32);
-    }
+    SixBit(k, dst);
   }
 }
 

@@ -13,6 +13,7 @@
 #include "common/base/float16.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/model/gguf_kquant.h"
 #include "common/model/gguf_quant.h"
 
 namespace duet::model {
@@ -272,7 +273,8 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
   ModelWeights w;
   w.layers.resize(config.num_hidden_layers);
   std::set<std::string> used;
-  std::map<std::string, int> converted;  // ggml type name -> matrices converted to Q8_0
+  std::map<std::string, int> converted;   // ggml type name -> matrices converted to Q8_0
+  std::map<std::string, int> transcoded;  // ggml type name -> matrices rewritten as Q6_K
   std::map<std::string, int> rounded;    // ggml type name -> matrices rounded to bf16
   for (const ExpectedTensor& e : ExpectedTensors(config)) {
     const std::string name = GgufTensorName(e.name, config.is_gemma());
@@ -308,6 +310,26 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
         sw.view = t->data;
         sw.view_size = t->nbytes;
         sw.mapping = g.mapping();
+      }
+      used.insert(name);
+      continue;
+    }
+    if (convert && t->type == static_cast<uint32_t>(GgmlType::kQ3_K)) {
+      // Q3_K's values are Q6_K values: rewritten block by block, exactly (gguf_kquant.h).
+      ++transcoded["Q3_K"];
+      StoredWeight& sw = w.stored[e.name];
+      sw.ggml_type = static_cast<uint32_t>(GgmlType::kQ6_K);
+      const int64_t blocks = t->NumElements() / kKQuantBlock;
+      if (t->NumElements() % kKQuantBlock != 0 || t->nbytes != static_cast<size_t>(blocks) * 110) {
+        return absl::InvalidArgumentError(absl::StrCat(g.path(), ": Q3_K tensor '", name, "' has ",
+                                                       t->nbytes, " bytes for ", t->NumElements(),
+                                                       " elements"));
+      }
+      sw.bytes.resize(static_cast<size_t>(blocks) * 210);
+      TranscodeQ3KToQ6K(t->data, blocks, sw.bytes.data());
+      if (rope_rows) {
+        UnpermuteGgufRopeRowBytes(sw.bytes.data(), rope_heads, config.head_dim,
+                                  sw.bytes.size() / static_cast<size_t>(e.shape[0]));
       }
       used.insert(name);
       continue;
@@ -349,6 +371,10 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
   for (const auto& [type, count] : rounded) {
     DUET_LOG(INFO) << g.path() << ": weights_dtype bf16: " << count << " " << type << " matri"
                    << (count == 1 ? "x" : "ces") << " rounded to bf16";
+  }
+  for (const auto& [type, count] : transcoded) {
+    DUET_LOG(INFO) << g.path() << ": weights_dtype native: " << count << " " << type << " matri"
+                   << (count == 1 ? "x" : "ces") << " rewritten as Q6_K blocks (the same values)";
   }
   for (const auto& [type, count] : converted) {
     DUET_LOG(INFO) << g.path() << ": weights_dtype native: " << count << " " << type << " matri"

@@ -2,6 +2,8 @@
 // from the Python gguf package (testdata/kquant_fixtures.json, written by
 // make_kquant_fixtures.py): bit for bit, from any source alignment, whole tensors through the
 // GGUF reader, and refusals of partial blocks naming the type and the sizes.
+#include "common/model/gguf_kquant.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,9 +11,11 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "common/base/ggml_blocks.h"
 #include "common/model/gguf.h"
 #include "common/model/gguf_quant.h"
 #include "nlohmann/json.hpp"
@@ -152,6 +156,42 @@ TEST_P(KQuantTypeTest, RefusesPartialBlocks) {
 INSTANTIATE_TEST_SUITE_P(KQuants, KQuantTypeTest,
                          ::testing::Values("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+// Q3_K rewritten as Q6_K (what weights_dtype native keeps a Q3_K matrix as): the Q6_K blocks hold
+// ggml's Q3_K values bit for bit, on the reference blocks and on blocks of random bytes (every
+// code, high bit and 6-bit scale, and the half d's every exponent); and Q6_K's encoder is the
+// inverse of its decoder.
+TEST(KQuantTest, Q3KRewrittenAsQ6KHoldsTheSameValues) {
+  std::string q3 = FixtureFor("Q3_K").blocks;
+  ASSERT_FALSE(q3.empty());
+  std::mt19937 rng(5);
+  for (int b = 0; b < 64; ++b) {
+    for (int i = 0; i < 108; ++i) q3 += static_cast<char>(rng() & 0xff);
+    // d: a finite half of either sign (bit 10 clear keeps the exponent below 31).
+    const uint16_t d = static_cast<uint16_t>(rng() & 0xffff) & 0xfbff;
+    q3 += GgufWriter::Pod(d);
+  }
+  const int64_t blocks = static_cast<int64_t>(q3.size() / 110);
+  const int64_t n = blocks * 256;
+  std::vector<uint8_t> q6(static_cast<size_t>(blocks) * 210);
+  TranscodeQ3KToQ6K(reinterpret_cast<const uint8_t*>(q3.data()), blocks, q6.data());
+  std::vector<float> want(n), got(n);
+  ASSERT_TRUE(
+      DequantizeBlocks(11, reinterpret_cast<const uint8_t*>(q3.data()), n, want.data()).ok());
+  ASSERT_TRUE(DequantizeBlocks(14, q6.data(), n, got.data()).ok());
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << "element " << i;
+  }
+  // Random Q6_K blocks decode and encode back to the same bytes.
+  std::vector<uint8_t> q6r(210 * 16), back(210 * 16);
+  for (uint8_t& x : q6r) x = static_cast<uint8_t>(rng() & 0xff);
+  for (int b = 0; b < 16; ++b) {
+    KQuant6 k;
+    DecodeQ6K(q6r.data() + 210 * b, &k);
+    EncodeQ6K(k, back.data() + 210 * b);
+  }
+  EXPECT_EQ(back, q6r);
+}
 
 // A GGUF file with one 256 x blocks tensor of each type: the reader sizes it from the type's
 // block geometry and dequantises it to the reference values; a row that is not a whole number
