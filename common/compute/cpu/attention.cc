@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -33,6 +34,9 @@ void CheckLayer(const kv::KvCacheView& cache, int layer) {
 // sequences, which would otherwise leave cores idle), nor on the batch.
 constexpr int32_t kSplitKeys = 512;
 static_assert(kSplitKeys % kKeyBlock == 0);
+// The most scratch (floats) the splits of a pass may take as separate work items; past it they
+// run within their (tile, kv head)'s item, which gives the same bits.
+constexpr int64_t kMaxPartialFloats = int64_t{1} << 22;
 
 struct RowTile {
   int32_t seq;
@@ -47,7 +51,7 @@ struct WorkItem {
   int32_t kvh;
   int32_t split0;  // splits [split0, split1] of the tile's keys
   int32_t split1;
-  int64_t slot;  // where its one split's partial states go; -1: merged here
+  int64_t slot;  // where its one split's partial states go (floats into them); -1: merged here
   int64_t cost;  // rows x keys: work items run longest first
 };
 
@@ -274,14 +278,20 @@ void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, c
   // busy (a decode step of a few sequences) and some span several splits: then each split is an
   // item of its own, its partial state goes to `partials`, and a second pass merges them in the
   // same order.
+  // A split's partial states of a tile's queries: m, l and acc of each (StorePartials).
+  auto slot_floats = [&](const RowTile& t) { return int64_t{t.rows} * group * (d + 2); };
   const int64_t pairs = static_cast<int64_t>(tiles.size()) * nkv;
-  const bool split_items = pool != nullptr && pairs < 2 * pool->num_threads() &&
-                           std::any_of(tiles.begin(), tiles.end(), [](const RowTile& t) {
-                             return t.hi / kSplitKeys > t.lo / kSplitKeys;
-                           });
+  int64_t split_floats = 0;  // the scratch split items would take
+  bool spans = false;        // some tile's keys span several splits
+  for (const RowTile& t : tiles) {
+    spans = spans || t.hi / kSplitKeys > t.lo / kSplitKeys;
+    split_floats += (t.hi / kSplitKeys - t.lo / kSplitKeys + 1) * nkv * slot_floats(t);
+  }
+  const bool split_items = pool != nullptr && pairs < 2 * pool->num_threads() && spans &&
+                           split_floats <= kMaxPartialFloats;
   std::vector<WorkItem> items;
-  std::vector<int64_t> first_slot;  // per (tile, kv head): its first split's partial (split_items)
-  int64_t slots = 0;
+  std::vector<int64_t> first_slot;  // per (tile, kv head): its first split's partials (offset)
+  int64_t slots = 0;                // floats of partial states
   for (int32_t ti = 0; ti < static_cast<int32_t>(tiles.size()); ++ti) {
     const RowTile& t = tiles[ti];
     const int32_t s0 = t.lo / kSplitKeys, s1 = t.hi / kSplitKeys;
@@ -294,15 +304,15 @@ void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, c
       for (int32_t sp = s0; sp <= s1; ++sp) {
         const int32_t keys =
             std::min(t.hi, (sp + 1) * kSplitKeys - 1) - std::max(t.lo, sp * kSplitKeys) + 1;
-        items.push_back({ti, kvh, sp, sp, slots++, int64_t{t.rows} * keys});
+        items.push_back({ti, kvh, sp, sp, slots, int64_t{t.rows} * keys});
+        slots += slot_floats(t);
       }
     }
   }
   // Longest first, so the pool's dynamic chunks end together (the order changes no result).
   std::stable_sort(items.begin(), items.end(),
                    [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
-  const int64_t slot_floats = static_cast<int64_t>(max_queries) * (d + 2);
-  std::vector<float> partials(static_cast<size_t>(slots * slot_floats));
+  const std::unique_ptr<float[]> partials = std::make_unique_for_overwrite<float[]>(slots);
 
   // Query qi of (tile, kv head) is row qi / group, q head kvh * group + qi % group.
   auto tile_queries = [&](const RowTile& tile, int kvh, const float** qp, float** op, int* lo,
@@ -423,8 +433,7 @@ void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, c
           }
         }
         if (item.slot >= 0) {
-          StorePartials(m.data(), l.data(), acc.data(), nqry, d,
-                        partials.data() + item.slot * slot_floats);
+          StorePartials(m.data(), l.data(), acc.data(), nqry, d, partials.get() + item.slot);
         } else {
           running.Merge(m.data(), l.data(), acc.data());
         }
@@ -445,7 +454,7 @@ void PagedAttention(ThreadPool* pool, const kv::KvCacheView& cache, int layer, c
       running.Reset(nqry);
       const int32_t splits = tile.hi / kSplitKeys - tile.lo / kSplitKeys + 1;
       for (int32_t i = 0; i < splits; ++i) {
-        const float* slot = partials.data() + (first_slot[pi] + i) * slot_floats;
+        const float* slot = partials.get() + first_slot[pi] + i * slot_floats(tile);
         running.Merge(slot, slot + nqry, slot + 2 * nqry);
       }
       running.Finish(op.data());
