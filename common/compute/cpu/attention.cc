@@ -128,17 +128,12 @@ class RowFetcher {
   void FetchBf16(const int32_t* block_table, int32_t t0, int n, int kvh, bool value,
                  const uint16_t** rows) const {
     const int64_t token_elems = cache_.layout.token_elems();
-    for (int i = 0; i < n;) {
-      const int32_t t = t0 + i;
-      const kv::BlockId b = block_table[t / bs_];
-      const int off = t % bs_;
-      const int run = std::min(n - i, bs_ - off);
+    ForEachRun(block_table, t0, n, [&](int i, kv::BlockId b, int off, int run) {
       const uint16_t* first = (value ? cache_.ValuePtr<uint16_t>(layer_, b, off)
                                      : cache_.KeyPtr<uint16_t>(layer_, b, off)) +
                               static_cast<int64_t>(kvh) * d_;
       for (int j = 0; j < run; ++j) rows[i + j] = first + j * token_elems;
-      i += run;
-    }
+    });
   }
 
   // Prefetches head kvh's K (value: V) at positions [t0, t0 + n) as stored into L2, so that the
@@ -146,11 +141,7 @@ class RowFetcher {
   void Prefetch(const int32_t* block_table, int32_t t0, int n, int kvh, bool value) const {
     const kv::KvLayout& l = cache_.layout;
     const int64_t token_bytes = l.token_elems() * l.dtype_bytes();
-    for (int i = 0; i < n;) {
-      const int32_t t = t0 + i;
-      const kv::BlockId b = block_table[t / bs_];
-      const int off = t % bs_;
-      const int run = std::min(n - i, bs_ - off);
+    ForEachRun(block_table, t0, n, [&](int, kv::BlockId b, int off, int run) {
       const char* first =
           (value ? cache_.ValuePtr<char>(layer_, b, 0) : cache_.KeyPtr<char>(layer_, b, 0)) +
           off * token_bytes + kvh * head_bytes_;
@@ -158,8 +149,7 @@ class RowFetcher {
         for (int64_t c = 0; c < head_bytes_; c += 64)
           __builtin_prefetch(first + j * token_bytes + c, 0, 2);
       }
-      i += run;
-    }
+    });
   }
 
   // rows[i] = head kvh's K (value: V) at position t0 + i, i < n <= kKeyBlock. Rows decoded into
@@ -168,12 +158,8 @@ class RowFetcher {
              const float** rows) {
     const kv::KvLayout& l = cache_.layout;
     const int64_t token_elems = l.token_elems();
-    for (int i = 0; i < n;) {
-      // A run of positions in one block: rows a token apart, scales num_kv_heads apart.
-      const int32_t t = t0 + i;
-      const kv::BlockId b = block_table[t / bs_];
-      const int off = t % bs_;
-      const int run = std::min(n - i, bs_ - off);
+    // A run of positions in one block: rows a token apart, scales num_kv_heads apart.
+    ForEachRun(block_table, t0, n, [&](int i, kv::BlockId b, int off, int run) {
       if (dtype_ == kv::KvDtype::kF32) {
         const float* first = (value ? cache_.ValuePtr<float>(layer_, b, off)
                                     : cache_.KeyPtr<float>(layer_, b, off)) +
@@ -192,11 +178,23 @@ class RowFetcher {
                      l.num_kv_heads, run, d_, out);
         for (int j = 0; j < run; ++j) rows[i + j] = out + static_cast<int64_t>(j) * d_;
       }
+    });
+  }
+
+ private:
+  // f(i, block, offset, run) for each run of positions [t0 + i, t0 + i + run) within one block
+  // of the table, starting at `offset` in block `block`, covering [t0, t0 + n).
+  template <typename F>
+  void ForEachRun(const int32_t* block_table, int32_t t0, int n, F&& f) const {
+    for (int i = 0; i < n;) {
+      const int32_t t = t0 + i;
+      const int off = t % bs_;
+      const int run = std::min(n - i, bs_ - off);
+      f(i, block_table[t / bs_], off, run);
       i += run;
     }
   }
 
- private:
   const kv::KvCacheView& cache_;
   const int layer_;
   const kv::KvDtype dtype_;
