@@ -3,8 +3,13 @@
 // prefill and decode M, and each path's share of the FMA peak measured first on the same
 // threads (a loop of independent vector FMAs: 24 zmm chains for avx512, 12 ymm for avx2).
 //
+// With --formats (GGUF block types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K), the kept
+// quantized weights instead: per format, path and M, the time of one product over a ring of
+// copies of the matrix larger than the last-level cache (so that, as in a decode step, the
+// weights come from memory), and the packed bytes read per second.
+//
 //   gemm_bench [--threads N] [--min_time SECONDS] [--cpu_isa avx2,avx512] [--m 1,8,32,512]
-//              [--json FILE]
+//              [--formats Q4_0,Q3_K,...] [--json FILE]
 #include <immintrin.h>
 
 #include <algorithm>
@@ -14,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -122,6 +128,45 @@ double MeasurePeak(const std::string& isa, int threads) {
   return best;
 }
 
+// GGUF blocks of random codes and integer scales for `format`, with every half (d, m, dmin)
+// set to a small normal value: n rows of k / block elements blocks.
+std::vector<uint8_t> RandomGgufBlocks(duet::compute::WeightFormat format, int n, int k,
+                                      std::mt19937& rng) {
+  using duet::compute::WeightFormat;
+  const bool k_quant = format == WeightFormat::kQ2_K || format == WeightFormat::kQ3_K ||
+                       format == WeightFormat::kQ4_K || format == WeightFormat::kQ5_K ||
+                       format == WeightFormat::kQ6_K;
+  const int per_block = k_quant ? 256 : 32;
+  const int64_t block_bytes = duet::compute::StoredMatrixBytes(format, 1, per_block);
+  std::vector<int> halves;  // byte offsets of the block's halves
+  switch (format) {
+    case WeightFormat::kQ4_1:
+    case WeightFormat::kQ5_1:
+    case WeightFormat::kQ4_K:
+    case WeightFormat::kQ5_K:
+      halves = {0, 2};
+      break;
+    case WeightFormat::kQ6_K:
+      halves = {208};
+      break;
+    case WeightFormat::kQ2_K:
+      halves = {80, 82};
+      break;
+    case WeightFormat::kQ3_K:
+      halves = {108};
+      break;
+    default:
+      halves = {0};
+  }
+  std::vector<uint8_t> out(static_cast<size_t>(n) * (k / per_block) * block_bytes);
+  for (uint8_t& b : out) b = static_cast<uint8_t>(rng());
+  const uint16_t small = 0x1400;  // about 0.001
+  for (size_t b = 0; b < out.size(); b += block_bytes) {
+    for (int h : halves) std::memcpy(out.data() + b + h, &small, 2);
+  }
+  return out;
+}
+
 std::vector<std::string> SplitList(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream in(s);
@@ -129,6 +174,89 @@ std::vector<std::string> SplitList(const std::string& s) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
+}
+
+// --formats: the kept quantized weights on each path (see the top of the file).
+int RunQuantized(const std::vector<std::string>& formats, const std::vector<std::string>& isas,
+                 std::vector<std::unique_ptr<ComputeBackend>>& backends, const std::vector<int>& ms,
+                 double min_time, const std::string& json_path) {
+  using duet::compute::WeightFormat;
+  // SmolLM2-135M's ffn_down and a 1B model's (K a multiple of every block).
+  const std::vector<Shape> shapes = {{576, 1536}, {2048, 5632}};
+  constexpr int64_t kRingBytes = int64_t{256} << 20;  // well past the last-level cache
+  std::mt19937 rng(7);
+  nlohmann::json results = nlohmann::json::array();
+  std::printf("gemm_bench: quantized weights, one product per call over a ring of %lld MiB\n",
+              static_cast<long long>(kRingBytes >> 20));
+  std::printf("%6s %7s %7s %6s %14s %10s %8s %9s\n", "format", "N", "K", "M", "path", "us/call",
+              "GB/s", "GFLOP/s");
+  for (const std::string& name : formats) {
+    std::optional<WeightFormat> format;
+    for (int f = 0; f <= static_cast<int>(WeightFormat::kQ3_K); ++f) {
+      if (name == duet::compute::WeightFormatName(static_cast<WeightFormat>(f))) {
+        format = static_cast<WeightFormat>(f);
+      }
+    }
+    if (!format || *format == WeightFormat::kF32 || *format == WeightFormat::kBf16 ||
+        *format == WeightFormat::kF16) {
+      std::fprintf(stderr, "gemm_bench: --formats: '%s' is not a GGUF block type\n", name.c_str());
+      return 2;
+    }
+    for (const Shape& s : shapes) {
+      const int max_m = *std::max_element(ms.begin(), ms.end());
+      std::vector<float> x(static_cast<size_t>(max_m) * s.k);
+      std::uniform_real_distribution<float> dist(-1.f, 1.f);
+      for (float& v : x) v = dist(rng);
+      std::vector<float> y(static_cast<size_t>(max_m) * s.n);
+      for (size_t i = 0; i < isas.size(); ++i) {
+        std::vector<std::unique_ptr<PreparedMatrix>> ring;
+        int64_t ring_bytes = 0;
+        while (ring_bytes < kRingBytes) {
+          const std::vector<uint8_t> blocks = RandomGgufBlocks(*format, s.n, s.k, rng);
+          auto p = backends[i]->PrepareStoredMatrix(
+              {.format = *format, .data = blocks.data(), .rows = s.n, .cols = s.k});
+          if (!p.ok()) {
+            std::fprintf(stderr, "gemm_bench: %s\n", std::string(p.status().message()).c_str());
+            return 1;
+          }
+          ring_bytes += (*p)->bytes();
+          ring.push_back(*std::move(p));
+        }
+        const int64_t matrix_bytes = ring[0]->bytes();
+        for (int m : ms) {
+          for (auto& w : ring) backends[i]->MatMul(x.data(), m, *w, nullptr, y.data());
+          int64_t calls = 0;
+          const double start = SecondsNow();
+          double elapsed = 0;
+          do {
+            backends[i]->MatMul(x.data(), m, *ring[calls % ring.size()], nullptr, y.data());
+            ++calls;
+            elapsed = SecondsNow() - start;
+          } while (elapsed < min_time || calls < static_cast<int64_t>(ring.size()));
+          const double us = elapsed / calls * 1e6;
+          const double gbs = static_cast<double>(matrix_bytes) * calls / elapsed / 1e9;
+          const double gflops = 2.0 * m * s.n * static_cast<double>(s.k) * calls / elapsed / 1e9;
+          std::printf("%6s %7d %7d %6d %14s %10.1f %8.1f %9.1f\n", name.c_str(), s.n, s.k, m,
+                      isas[i].c_str(), us, gbs, gflops);
+          std::fflush(stdout);
+          results.push_back({{"format", name},
+                             {"n", s.n},
+                             {"k", s.k},
+                             {"m", m},
+                             {"path", isas[i]},
+                             {"matrix_bytes", matrix_bytes},
+                             {"us_per_call", us},
+                             {"gbps", gbs},
+                             {"gflops", gflops}});
+        }
+      }
+    }
+  }
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << nlohmann::json{{"bench", "gemm_quantized"}, {"results", results}}.dump(2) << "\n";
+  }
+  return 0;
 }
 
 }  // namespace
@@ -139,6 +267,7 @@ int main(int argc, char** argv) {
   std::string json_path;
   std::string isa_list = "avx2,avx512";
   std::string m_list = "1,8,32,128,512,2048";
+  std::string format_list;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) {
@@ -151,10 +280,12 @@ int main(int argc, char** argv) {
       isa_list = argv[++i];
     } else if (arg == "--m" && i + 1 < argc) {
       m_list = argv[++i];
+    } else if (arg == "--formats" && i + 1 < argc) {
+      format_list = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: gemm_bench [--threads N] [--min_time S] [--cpu_isa avx2,avx512] "
-                   "[--m 1,8,512] [--json FILE]\n");
+                   "[--m 1,8,512] [--formats Q4_0,Q3_K] [--json FILE]\n");
       return 2;
     }
   }
@@ -171,6 +302,9 @@ int main(int argc, char** argv) {
   }
   std::vector<std::unique_ptr<ComputeBackend>> invariant;
   for (const std::string& isa : isas) invariant.push_back(MakeBackend("invariant", threads, isa));
+  if (!format_list.empty()) {
+    return RunQuantized(SplitList(format_list), isas, invariant, ms, min_time, json_path);
+  }
   auto blas = MakeBackend("openblas", threads);
   const int peak_threads =
       threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -24,6 +24,9 @@ def main():
     ap.add_argument("dst")
     ap.add_argument("ftype", help="a llama.cpp file type: Q4_K_M, Q5_K_M, Q6_K, Q8_0, ...")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--pure", action="store_true",
+                    help="every matrix in the target's base type (no per-tensor mix: Q2_K's "
+                    "ffn_down would otherwise be Q3_K)")
     args = ap.parse_args()
     ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + args.ftype.upper(), None)
     if ftype is None:
@@ -32,6 +35,7 @@ def main():
     params.ftype = ftype
     params.allow_requantize = True
     params.nthread = args.threads
+    params.pure = args.pure
     rc = llama_cpp.llama_model_quantize(args.src.encode(), args.dst.encode(), ctypes.byref(params))
     if rc != 0:
         sys.exit(f"requantize_gguf: llama_model_quantize returned {rc}")

@@ -7,6 +7,8 @@
 //   Q5Codes(block + 6, qh, codes);          // Q5_0: codes[j] in [0, 31], x = (codes[j] - 16) * d
 //   KQuant4 k;
 //   DecodeQ4K(block, &k);                   // x[i] = (d * k.scale[i / 32]) * k.codes[i] - ...
+//   KQuant2 k2;
+//   DecodeQ2K(block, &k2);                  // x[i] = (d * k2.scale[i / 16]) * k2.codes[i] - ...
 #pragma once
 
 #include <cstdint>
@@ -76,6 +78,30 @@ inline void DecodeQ4K(const uint8_t* src, KQuant4* out) {
 }
 inline void DecodeQ5K(const uint8_t* src, KQuant4* out) {
   DecodeQ4KOrQ5K(src, src + 16, src + 48, out);
+}
+
+// One Q2_K super-block (84 bytes: scales[16] (low nibble scale, high nibble min), qs[64], d,
+// dmin) of 256 elements in sixteen sub-blocks of 16:
+// x[i] = (d * scale[i / 16]) * codes[i] - dmin * min[i / 16].
+struct KQuant2 {
+  uint16_t d, dmin;
+  int scale[16], min[16];  // 0..15
+  int codes[256];          // 0..3
+};
+
+// Element 128h + 32s + l (h < 2, s < 4, l < 32) is bits 2s, 2s + 1 of qs[32h + l].
+inline void DecodeQ2K(const uint8_t* src, KQuant2* out) {
+  const uint8_t* qs = src + 16;
+  for (int j = 0; j < 16; ++j) out->scale[j] = src[j] & 0x0f, out->min[j] = src[j] >> 4;
+  out->d = LoadU16(src + 80);
+  out->dmin = LoadU16(src + 82);
+  for (int h = 0; h < 2; ++h) {
+    for (int s = 0; s < 4; ++s) {
+      for (int l = 0; l < 32; ++l) {
+        out->codes[128 * h + 32 * s + l] = (qs[32 * h + l] >> (2 * s)) & 3;
+      }
+    }
+  }
 }
 
 // One Q6_K super-block (210 bytes: ql[128], qh[64], int8 scales[16], d) of 256 elements in

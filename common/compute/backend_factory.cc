@@ -195,6 +195,10 @@ const char* WeightFormatName(WeightFormat format) {
       return "Q5_K";
     case WeightFormat::kQ6_K:
       return "Q6_K";
+    case WeightFormat::kQ2_K:
+      return "Q2_K";
+    case WeightFormat::kQ3_K:
+      return "Q3_K";
   }
   return "?";
 }
@@ -222,6 +226,10 @@ int64_t StoredMatrixBytes(WeightFormat format, int64_t rows, int64_t cols) {
       return rows * (cols / 256) * 176;
     case WeightFormat::kQ6_K:
       return rows * (cols / 256) * 210;
+    case WeightFormat::kQ2_K:
+      return rows * (cols / 256) * 84;
+    case WeightFormat::kQ3_K:
+      return rows * (cols / 256) * 110;
   }
   return 0;
 }

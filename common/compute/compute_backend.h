@@ -50,8 +50,9 @@ struct MatMulProduct {
 // The form a weight matrix is handed to PrepareStoredMatrix in: as the checkpoint stores it.
 //   kF32: float [rows][cols];  kBf16 / kF16: uint16 bfloat16 / IEEE half bits [rows][cols];
 //   kQ8_0 / kQ4_0 / kQ4_1 / kQ5_0 / kQ5_1: ggml blocks of 32 along cols, rows of cols / 32 blocks
-//   (34 / 18 / 20 / 22 / 24 bytes each); kQ4_K / kQ5_K / kQ6_K: super-blocks of 256, rows of
-//   cols / 256 (144 / 176 / 210 bytes each). gguf_quant.h gives the layouts.
+//   (34 / 18 / 20 / 22 / 24 bytes each); kQ4_K / kQ5_K / kQ6_K / kQ2_K / kQ3_K: super-blocks of
+//   256, rows of cols / 256 (144 / 176 / 210 / 84 / 110 bytes each). gguf_quant.h gives the
+//   layouts.
 enum class WeightFormat {
   kF32,
   kBf16,
@@ -63,7 +64,9 @@ enum class WeightFormat {
   kQ5_1,
   kQ4_K,
   kQ5_K,
-  kQ6_K
+  kQ6_K,
+  kQ2_K,
+  kQ3_K
 };
 const char* WeightFormatName(WeightFormat format);
 // Bytes of a [rows, cols] matrix in `format` (cols a multiple of the format's block).

@@ -46,24 +46,17 @@ void SixBit(const KQuant6& k, float* dst) {
 
 }  // namespace
 
-// 84 bytes: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin.
+// 84 bytes: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin (ggml_blocks.h).
 void DequantizeQ2K(const uint8_t* src, int64_t blocks, float* dst) {
+  KQuant2 k;
   for (int64_t b = 0; b < blocks; ++b, src += 84, dst += kKQuantBlock) {
-    const uint8_t* scales = src;
-    const uint8_t* qs = src + 16;
-    const float d = LoadHalf(src + 80);
-    const float dmin = LoadHalf(src + 82);
-    for (int h = 0; h < 2; ++h) {
-      for (int s = 0; s < 4; ++s) {
-        for (int g = 0; g < 2; ++g) {  // the 16-element sub-block 8h + 2s + g
-          const uint8_t sc = scales[8 * h + 2 * s + g];
-          const float dl = d * ToFloat(sc & 0x0f);
-          const float ml = dmin * ToFloat(sc >> 4);
-          const uint8_t* q = qs + 32 * h + 16 * g;
-          float* y = dst + 128 * h + 32 * s + 16 * g;
-          for (int l = 0; l < 16; ++l) y[l] = dl * ToFloat((q[l] >> (2 * s)) & 3) - ml;
-        }
-      }
+    DecodeQ2K(src, &k);
+    const float d = HalfToFloat(k.d);
+    const float dmin = HalfToFloat(k.dmin);
+    for (int j = 0; j < 16; ++j) {
+      const float dl = d * ToFloat(k.scale[j]);
+      const float ml = dmin * ToFloat(k.min[j]);
+      for (int l = 16 * j; l < 16 * j + 16; ++l) dst[l] = dl * ToFloat(k.codes[l]) - ml;
     }
   }
 }
@@ -75,14 +68,6 @@ void DequantizeQ3K(const uint8_t* src, int64_t blocks, float* dst) {
   for (int64_t b = 0; b < blocks; ++b, src += 110, dst += kKQuantBlock) {
     DecodeQ3KAsQ6K(src, &k);
     SixBit(k, dst);
-  }
-}
-
-void TranscodeQ3KToQ6K(const uint8_t* src, int64_t blocks, uint8_t* dst) {
-  KQuant6 k;
-  for (int64_t b = 0; b < blocks; ++b, src += 110, dst += 210) {
-    DecodeQ3KAsQ6K(src, &k);
-    EncodeQ6K(k, dst);
   }
 }
 

@@ -235,7 +235,9 @@ bool KeptNatively(uint32_t type) {
          type == static_cast<uint32_t>(GgmlType::kQ5_1) ||
          type == static_cast<uint32_t>(GgmlType::kQ4_K) ||
          type == static_cast<uint32_t>(GgmlType::kQ5_K) ||
-         type == static_cast<uint32_t>(GgmlType::kQ6_K);
+         type == static_cast<uint32_t>(GgmlType::kQ6_K) ||
+         type == static_cast<uint32_t>(GgmlType::kQ2_K) ||
+         type == static_cast<uint32_t>(GgmlType::kQ3_K);
 }
 
 // ggml's quantize_row_q8_0: per 32 elements d = amax / 127, q = roundf(x / d) (half away from
@@ -273,8 +275,7 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
   ModelWeights w;
   w.layers.resize(config.num_hidden_layers);
   std::set<std::string> used;
-  std::map<std::string, int> converted;   // ggml type name -> matrices converted to Q8_0
-  std::map<std::string, int> transcoded;  // ggml type name -> matrices rewritten as Q6_K
+  std::map<std::string, int> converted;  // ggml type name -> matrices converted to Q8_0
   std::map<std::string, int> rounded;    // ggml type name -> matrices rounded to bf16
   for (const ExpectedTensor& e : ExpectedTensors(config)) {
     const std::string name = GgufTensorName(e.name, config.is_gemma());
@@ -294,7 +295,7 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
     const bool convert = dtype == WeightsDtype::kNative && IsMatrixTensor(e) &&
                          t->type != static_cast<uint32_t>(GgmlType::kF32) &&
                          !KeptNatively(t->type) && !half;
-    // native keeps Q8_0 / Q4_x / Q5_x / Q4_K / Q5_K / Q6_K and F16 / BF16 as stored,
+    // native keeps Q8_0 / Q4_x / Q5_x / Q2_K..Q6_K and F16 / BF16 as stored,
     // bf16 keeps F16 / BF16.
     if (IsMatrixTensor(e) && ((dtype == WeightsDtype::kNative && KeptNatively(t->type)) ||
                               (dtype != WeightsDtype::kF32 && half))) {
@@ -310,26 +311,6 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
         sw.view = t->data;
         sw.view_size = t->nbytes;
         sw.mapping = g.mapping();
-      }
-      used.insert(name);
-      continue;
-    }
-    if (convert && t->type == static_cast<uint32_t>(GgmlType::kQ3_K)) {
-      // Q3_K's values are Q6_K values: rewritten block by block, exactly (gguf_kquant.h).
-      ++transcoded["Q3_K"];
-      StoredWeight& sw = w.stored[e.name];
-      sw.ggml_type = static_cast<uint32_t>(GgmlType::kQ6_K);
-      const int64_t blocks = t->NumElements() / kKQuantBlock;
-      if (t->NumElements() % kKQuantBlock != 0 || t->nbytes != static_cast<size_t>(blocks) * 110) {
-        return absl::InvalidArgumentError(absl::StrCat(g.path(), ": Q3_K tensor '", name, "' has ",
-                                                       t->nbytes, " bytes for ", t->NumElements(),
-                                                       " elements"));
-      }
-      sw.bytes.resize(static_cast<size_t>(blocks) * 210);
-      TranscodeQ3KToQ6K(t->data, blocks, sw.bytes.data());
-      if (rope_rows) {
-        UnpermuteGgufRopeRowBytes(sw.bytes.data(), rope_heads, config.head_dim,
-                                  sw.bytes.size() / static_cast<size_t>(e.shape[0]));
       }
       used.insert(name);
       continue;
@@ -371,10 +352,6 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& g, const ModelConfi
   for (const auto& [type, count] : rounded) {
     DUET_LOG(INFO) << g.path() << ": weights_dtype bf16: " << count << " " << type << " matri"
                    << (count == 1 ? "x" : "ces") << " rounded to bf16";
-  }
-  for (const auto& [type, count] : transcoded) {
-    DUET_LOG(INFO) << g.path() << ": weights_dtype native: " << count << " " << type << " matri"
-                   << (count == 1 ? "x" : "ces") << " rewritten as Q6_K blocks (the same values)";
   }
   for (const auto& [type, count] : converted) {
     DUET_LOG(INFO) << g.path() << ": weights_dtype native: " << count << " " << type << " matri"

@@ -204,6 +204,10 @@ absl::StatusOr<compute::WeightFormat> ModelRunner::StoredFormat(const std::strin
       return compute::WeightFormat::kQ5_K;
     case 14:
       return compute::WeightFormat::kQ6_K;
+    case 10:
+      return compute::WeightFormat::kQ2_K;
+    case 11:
+      return compute::WeightFormat::kQ3_K;
     case kGgmlF16:
       return compute::WeightFormat::kF16;
     case kGgmlBf16:
@@ -211,9 +215,10 @@ absl::StatusOr<compute::WeightFormat> ModelRunner::StoredFormat(const std::strin
     default:
       break;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("ModelRunner: stored matrix '", name, "' has ggml type ", w.ggml_type,
-                   "; only Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16 and BF16 are kept"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "ModelRunner: stored matrix '", name, "' has ggml type ", w.ggml_type,
+      "; only Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16 and BF16 are "
+      "kept"));
 }
 
 int64_t ModelRunner::MatrixBytes() const {

@@ -45,11 +45,11 @@ struct LayerWeights {
 
 // How the loaders keep the weight matrices (--weights_dtype):
 //   kF32 (also "auto" for now): every matrix dequantized / converted to float32.
-//   kNative: GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K matrices kept as stored
-//     (ModelWeights::stored) for a backend that multiplies with them directly; F32 matrices
-//     stay F32; Q3_K matrices are rewritten exactly as Q6_K blocks (TranscodeQ3KToQ6K), and
-//     Q2_K ones converted to Q8_0 by a stated rule (dequantized, then ggml's quantize_row_q8_0:
-//     per 32 elements d = amax / 127, q = round(x / d)), logged per type. F16 / BF16 matrices
+//   kNative: GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K matrices kept as
+//     stored (ModelWeights::stored) for a backend that multiplies with them directly; F32
+//     matrices stay F32; other block types (Q8_K) converted to Q8_0 by a stated rule
+//     (dequantized, then ggml's quantize_row_q8_0: per 32 elements d = amax / 127,
+//     q = round(x / d)), logged per type. F16 / BF16 matrices
 //     (safetensors or GGUF) are kept as stored (16 bits per element, widened exactly to float32 in
 //     the GEMM).
 //   kBf16: every matrix kept in 16 bits: BF16 and F16 ones as stored (F16 is not rounded to

@@ -156,6 +156,8 @@ bool CpuBackend::KeepsWeightFormat(WeightFormat format) const {
     case WeightFormat::kQ4_K:
     case WeightFormat::kQ5_K:
     case WeightFormat::kQ6_K:
+    case WeightFormat::kQ2_K:
+    case WeightFormat::kQ3_K:
     case WeightFormat::kBf16:
     case WeightFormat::kF16:
       return gemm_kind_ == GemmKind::kInvariant;
@@ -197,6 +199,8 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
   if (w.format == WeightFormat::kQ4_K) f = cpu::QuantFormat::kQ4_K;
   if (w.format == WeightFormat::kQ5_K) f = cpu::QuantFormat::kQ5_K;
   if (w.format == WeightFormat::kQ6_K) f = cpu::QuantFormat::kQ6_K;
+  if (w.format == WeightFormat::kQ2_K) f = cpu::QuantFormat::kQ2_K;
+  if (w.format == WeightFormat::kQ3_K) f = cpu::QuantFormat::kQ3_K;
   DUET_ASSIGN_OR_RETURN(
       cpu::QuantWeights packed,
       cpu::PackQuantWeights(f, static_cast<const uint8_t*>(w.data), w.rows, w.cols));

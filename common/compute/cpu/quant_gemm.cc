@@ -24,19 +24,23 @@ using internal::CodeOffset;
 using internal::CodesOffset;
 using internal::FifthBitsOffset;
 using internal::HasFifthBit;
+using internal::HasHalfScales;
 using internal::HasMin;
 using internal::IsKQuant;
 using internal::IsKQuantWithMin;
+using internal::IsLowBit;
 using internal::KHighBitsOffset;
 using internal::MinsOffset;
+using internal::Q3HighBitsOffset;
 
 // One block of 32 of a GGUF row, decoded: its codes and what scales them. Blocks of 32: half d
-// (and m); K-quant sub-blocks: their integer scales (Q4_K / Q5_K sc and m, Q6_K one per half) and
-// the super-block's half d (and dmin).
+// (and m); K-quant sub-blocks: their integer scales (Q4_K / Q5_K sc and m, Q6_K / Q3_K / Q2_K
+// one per half, Q2_K a min per half too) and the super-block's half d (and dmin).
 struct DecodedBlock {
   int q[32];
-  uint16_t d = 0, m = 0;  // half d and m (Q4_K / Q5_K: d and dmin of the super-block)
-  int sc[2] = {0, 0};     // Q4_K / Q5_K: sc, m; Q6_K: the halves' scales
+  uint16_t d = 0, m = 0;  // half d and m (K-quants: d and dmin of the super-block)
+  int sc[2] = {0, 0};     // Q4_K / Q5_K: sc, m; Q6_K / Q3_K / Q2_K: the halves' scales
+  int min[2] = {0, 0};    // Q2_K: the halves' mins
 };
 
 // Block b (of 32) of the GGUF row `row` (k / QuantBlockElements blocks of QuantBlockBytes).
@@ -50,11 +54,24 @@ void DecodeGgufBlock(QuantFormat f, const uint8_t* row, int b, DecodedBlock* out
     std::memcpy(out->q, k.codes + 32 * (b % 8), sizeof(out->q));
     return;
   }
-  if (f == QuantFormat::kQ6_K) {
+  if (f == QuantFormat::kQ6_K || f == QuantFormat::kQ3_K) {
     KQuant6 k;
-    DecodeQ6K(row + (b / 8) * 210, &k);
+    const uint8_t* block = row + (b / 8) * QuantBlockBytes(f);
+    f == QuantFormat::kQ6_K ? DecodeQ6K(block, &k) : DecodeQ3KAsQ6K(block, &k);
     out->d = k.d;
     out->sc[0] = k.scale[2 * (b % 8)], out->sc[1] = k.scale[2 * (b % 8) + 1];
+    // Q3_K as Q6_K holds q + 32 for q in -4..3; its own code is q + 4 (0..7).
+    const int rebase = f == QuantFormat::kQ3_K ? 32 - CodeOffset(f) : 0;
+    for (int e = 0; e < 32; ++e) out->q[e] = k.codes[32 * (b % 8) + e] - rebase;
+    return;
+  }
+  if (f == QuantFormat::kQ2_K) {
+    KQuant2 k;
+    DecodeQ2K(row + (b / 8) * QuantBlockBytes(f), &k);
+    out->d = k.d, out->m = k.dmin;
+    for (int h = 0; h < 2; ++h) {
+      out->sc[h] = k.scale[2 * (b % 8) + h], out->min[h] = k.min[2 * (b % 8) + h];
+    }
     std::memcpy(out->q, k.codes + 32 * (b % 8), sizeof(out->q));
     return;
   }
@@ -73,12 +90,17 @@ void DecodeGgufBlock(QuantFormat f, const uint8_t* row, int b, DecodedBlock* out
   for (int j = 0; j < 16; ++j) out->q[j] = p[j] & 0x0f, out->q[j + 16] = p[j] >> 4;
 }
 
-// Where element e of packed row j lives in a group-block: the byte of its low (Q8_0: all) bits,
-// for Q5_x the byte and bit of its fifth bit, for Q6_K the byte and shift of its top two bits.
+// Where element e of packed row j lives in a group-block: the byte of its low (Q8_0: all) bits
+// (Q2_K / Q3_K: and the shift of its 2-bit field), for Q5_x the byte and bit of its fifth bit,
+// for Q6_K the byte and shift of its top two bits, for Q3_K the byte and bit of its third bit.
 int CodeByte(QuantFormat f, int j, int e) {
   if (f == QuantFormat::kQ8_0) return CodesOffset(f) + (e / 4) * 64 + j * 4 + e % 4;
+  if (IsLowBit(f)) return CodesOffset(f) + (e / 16) * 64 + j * 4 + e % 4;
   return CodesOffset(f) + (e / 8) * 64 + j * 4 + e % 4;
 }
+int LowBitShift(int e) { return 2 * ((e % 16) / 4); }
+int Q3HighByte(int j, int e) { return Q3HighBitsOffset() + j * 4 + e % 4; }
+int Q3HighBit(int e) { return e / 4; }
 int FifthBitByte(QuantFormat f, int j, int e) { return FifthBitsOffset(f) + j * 4 + e % 4; }
 int FifthBitShift(int e) { return 2 * (e / 8) + (e % 8 >= 4 ? 1 : 0); }
 int Q6HighByte(int j, int e) { return KHighBitsOffset() + (e / 16) * 64 + j * 4 + e % 4; }
@@ -88,17 +110,25 @@ int Q6HighShift(int e) { return 2 * (2 * ((e / 8) % 2) + (e % 8 >= 4 ? 1 : 0)); 
 int PackedCode(QuantFormat f, const uint8_t* gb, int j, int e) {
   const uint8_t byte = gb[CodeByte(f, j, e)];
   if (f == QuantFormat::kQ8_0) return static_cast<int8_t>(byte);
+  if (IsLowBit(f)) {
+    int code = (byte >> LowBitShift(e)) & 3;
+    if (f == QuantFormat::kQ3_K) code |= ((gb[Q3HighByte(j, e)] >> Q3HighBit(e)) & 1) << 2;
+    return code;
+  }
   int code = e % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
   if (HasFifthBit(f)) code |= ((gb[FifthBitByte(f, j, e)] >> FifthBitShift(e)) & 1) << 4;
   if (f == QuantFormat::kQ6_K) code |= ((gb[Q6HighByte(j, e)] >> Q6HighShift(e)) & 3) << 4;
   return code;
 }
 
-// The float scales of packed row j in group-block gb (block b of group g): Q4_K / Q5_K dw = d * sc
-// and the subtracted dmin * m; Q6_K dw of each half; the others their half d (and m).
+// The scales of packed row j in group-block gb (block b of group g): Q4_K / Q5_K dw = d * sc
+// and the subtracted dmin * m; Q6_K / Q3_K dw of each half; Q2_K dw and the subtracted m of each
+// half, and the integers and d, dmin they come from; the others their half d (and m).
 struct RowScales {
   float dw[2];
-  float m;
+  float m[2];
+  int sc[2], min[2];  // Q2_K
+  float d, dmin;      // Q2_K
 };
 RowScales PackedScales(const QuantWeights& w, int g, int b, int j) {
   const uint8_t* gb = w.GroupBlock(g, b);
@@ -106,14 +136,23 @@ RowScales PackedScales(const QuantWeights& w, int g, int b, int j) {
   if (IsKQuantWithMin(w.format)) {
     const uint8_t* sup = w.Super(g, b);
     r.dw[0] = HalfToFloat(LoadU16(sup + 2 * j)) * static_cast<float>(gb[j]);
-    r.m = HalfToFloat(LoadU16(sup + 32 + 2 * j)) * static_cast<float>(gb[16 + j]);
-  } else if (w.format == QuantFormat::kQ6_K) {
+    r.m[0] = HalfToFloat(LoadU16(sup + 32 + 2 * j)) * static_cast<float>(gb[16 + j]);
+  } else if (w.format == QuantFormat::kQ2_K) {
+    const uint8_t* sup = w.Super(g, b);
+    r.d = HalfToFloat(LoadU16(sup + 2 * j));
+    r.dmin = HalfToFloat(LoadU16(sup + 32 + 2 * j));
+    for (int h = 0; h < 2; ++h) {
+      r.sc[h] = gb[16 * h + j] & 0x0f, r.min[h] = gb[16 * h + j] >> 4;
+      r.dw[h] = r.d * static_cast<float>(r.sc[h]);
+      r.m[h] = r.dmin * static_cast<float>(r.min[h]);
+    }
+  } else if (HasHalfScales(w.format)) {
     const float d = HalfToFloat(LoadU16(w.Super(g, b) + 2 * j));
     r.dw[0] = d * static_cast<float>(static_cast<int8_t>(gb[j]));
     r.dw[1] = d * static_cast<float>(static_cast<int8_t>(gb[16 + j]));
   } else {
     r.dw[0] = HalfToFloat(LoadU16(gb + 2 * j));
-    r.m = HasMin(w.format) ? HalfToFloat(LoadU16(gb + MinsOffset() + 2 * j)) : 0.f;
+    r.m[0] = HasMin(w.format) ? HalfToFloat(LoadU16(gb + MinsOffset() + 2 * j)) : 0.f;
   }
   return r;
 }
@@ -138,6 +177,10 @@ const char* QuantFormatName(QuantFormat format) {
       return "Q5_K";
     case QuantFormat::kQ6_K:
       return "Q6_K";
+    case QuantFormat::kQ2_K:
+      return "Q2_K";
+    case QuantFormat::kQ3_K:
+      return "Q3_K";
   }
   return "?";
 }
@@ -164,6 +207,10 @@ int QuantBlockBytes(QuantFormat format) {
       return 176;
     case QuantFormat::kQ6_K:
       return 210;
+    case QuantFormat::kQ2_K:
+      return 84;
+    case QuantFormat::kQ3_K:
+      return 110;
   }
   return 0;
 }
@@ -214,11 +261,12 @@ absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t*
       DecodeGgufBlock(format, src + r * row_bytes, b, &blk);
       uint8_t* gb = w.data.get() + (static_cast<int64_t>(g) * w.blocks + b) * w.group_block_bytes;
       if (IsKQuant(format)) {
-        gb[j] = static_cast<uint8_t>(blk.sc[0]);
-        gb[16 + j] = static_cast<uint8_t>(blk.sc[1]);
+        for (int h = 0; h < 2; ++h) {
+          gb[16 * h + j] = static_cast<uint8_t>(blk.sc[h] | blk.min[h] << 4);  // min 0 but Q2_K
+        }
         uint8_t* sup = const_cast<uint8_t*>(w.Super(g, b));
         std::memcpy(sup + 2 * j, &blk.d, 2);
-        if (IsKQuantWithMin(format)) std::memcpy(sup + 32 + 2 * j, &blk.m, 2);
+        if (internal::SuperBytes(format) == 64) std::memcpy(sup + 32 + 2 * j, &blk.m, 2);
       } else {
         std::memcpy(gb + 2 * j, &blk.d, 2);
         if (HasMin(format)) std::memcpy(gb + MinsOffset() + 2 * j, &blk.m, 2);
@@ -228,6 +276,13 @@ absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t*
         uint8_t& byte = gb[CodeByte(format, j, e)];
         if (format == QuantFormat::kQ8_0) {
           byte = static_cast<uint8_t>(q);
+          continue;
+        }
+        if (IsLowBit(format)) {
+          byte |= static_cast<uint8_t>((q & 3) << LowBitShift(e));
+          if (format == QuantFormat::kQ3_K) {
+            gb[Q3HighByte(j, e)] |= static_cast<uint8_t>((q >> 2) << Q3HighBit(e));
+          }
           continue;
         }
         byte |= static_cast<uint8_t>(e % 8 < 4 ? (q & 0x0f) : (q & 0x0f) << 4);
@@ -253,7 +308,8 @@ void DequantizeQuantRow(const QuantWeights& w, int row, float* out) {
     for (int e = 0; e < 32; ++e) {
       const float q = static_cast<float>(PackedCode(w.format, gb, j, e) - sub);
       // As gguf_quant.cc / gguf_kquant.cc dequantize: Q8_0 q * d; Q4_x / Q5_x (q - sub) * d + m;
-      // Q4_K / Q5_K (d * sc) * q - dmin * m; Q6_K (d * sc) * (q - 32).
+      // Q4_K / Q5_K (d * sc) * q - dmin * m; Q6_K / Q3_K (d * sc) * (q - sub); Q2_K
+      // (d * sc) * q - dmin * m per half.
       float x;
       switch (w.format) {
         case QuantFormat::kQ8_0:
@@ -261,13 +317,17 @@ void DequantizeQuantRow(const QuantWeights& w, int row, float* out) {
           break;
         case QuantFormat::kQ4_K:
         case QuantFormat::kQ5_K:
-          x = s.dw[0] * q - s.m;
+          x = s.dw[0] * q - s.m[0];
           break;
         case QuantFormat::kQ6_K:
+        case QuantFormat::kQ3_K:
           x = s.dw[e / 16] * q;
           break;
+        case QuantFormat::kQ2_K:
+          x = s.dw[e / 16] * q - s.m[e / 16];
+          break;
         default:
-          x = q * s.dw[0] + s.m;
+          x = q * s.dw[0] + s.m[0];
       }
       out[b * 32 + e] = x;
     }
@@ -315,7 +375,14 @@ void QuantTileScalar(const QuantWeights& w, const QuantActs& a, int rows, int g0
           int32_t isum[2] = {0, 0};
           for (int e = 0; e < kQuantBlock; ++e)
             isum[e / 16] += PackedCode(w.format, gb, j, e) * xq[b * 32 + e];
-          if (w.format == QuantFormat::kQ6_K) {
+          if (w.format == QuantFormat::kQ2_K) {
+            const int32_t scaled = s.sc[0] * isum[0] + s.sc[1] * isum[1];
+            const int32_t mins = s.min[0] * sum_lo + s.min[1] * (sum - sum_lo);
+            acc[j] = std::fma(s.d * dx, static_cast<float>(scaled), acc[j]);
+            acc[j] = std::fma(-(s.dmin * dx), static_cast<float>(mins), acc[j]);
+            continue;
+          }
+          if (HasHalfScales(w.format)) {
             acc[j] = std::fma(s.dw[0] * dx, static_cast<float>(isum[0] - sub * sum_lo), acc[j]);
             acc[j] =
                 std::fma(s.dw[1] * dx, static_cast<float>(isum[1] - sub * (sum - sum_lo)), acc[j]);
@@ -323,8 +390,10 @@ void QuantTileScalar(const QuantWeights& w, const QuantActs& a, int rows, int g0
           }
           const int32_t total = isum[0] + isum[1] - sub * sum;
           acc[j] = std::fma(s.dw[0] * dx, static_cast<float>(total), acc[j]);
-          if (HasMin(w.format)) acc[j] = std::fma(s.m, a.dsum[r * a.ldb + b], acc[j]);
-          if (IsKQuantWithMin(w.format)) acc[j] = std::fma(-s.m, a.dsum[r * a.ldb + b], acc[j]);
+          if (HasMin(w.format)) acc[j] = std::fma(s.m[0], a.dsum[r * a.ldb + b], acc[j]);
+          if (IsKQuantWithMin(w.format)) {
+            acc[j] = std::fma(-s.m[0], a.dsum[r * a.ldb + b], acc[j]);
+          }
         }
       }
       StoreGroupRow(acc, g, w.n, bias, y + r * ldy);

@@ -1,5 +1,5 @@
 // Integer-dot-product GEMM on weights kept in their GGUF block format (Q8_0, Q4_0, Q4_1, Q5_0,
-// Q5_1, and the K-quants Q4_K, Q5_K and Q6_K): y[m, n] = x[m, k] * dequant(w)[n, k]^T
+// Q5_1, and the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K): y[m, n] = x[m, k] * dequant(w)[n, k]^T
 // (+ bias[n]).
 //
 // Each activation row is quantized on its own to int8 blocks of 32 (Q8_0-style: d = amax / 127,
@@ -12,9 +12,13 @@
 //                                                           o = 8 for Q4_0, 16 for Q5_0)
 //   Q4_1, Q5_1: acc = fma(dw_b * dx_b, isum_b, acc); acc = fma(mw_b, dx_b * sum qx, acc)
 //   Q4_K, Q5_K: as Q4_1 with dw_b = d * sc_b and mw_b = -(dmin * m_b), both exact in float
-//   Q6_K:       acc = fma(dw_b0 * dx_b, isum_b0, acc); acc = fma(dw_b1 * dx_b, isum_b1, acc)
+//   Q6_K, Q3_K: acc = fma(dw_b0 * dx_b, isum_b0, acc); acc = fma(dw_b1 * dx_b, isum_b1, acc)
 //               over the block's two halves of 16 (dw_bh = d * sc_bh, exact; isum_bh =
-//               sum code * qx - 32 sum qx over the half)
+//               sum code * qx - o sum qx over the half, o = 32 for Q6_K, 4 for Q3_K, so a
+//               Q3_K matrix gives the bits of the same values written as Q6_K)
+//   Q2_K:       acc = fma(d * dx_b, sc_b0 isum_b0 + sc_b1 isum_b1, acc);
+//               acc = fma(-(dmin * dx_b), m_b0 sum_b0 qx + m_b1 sum_b1 qx, acc)
+//               (isum_bh = sum code * qx over half h; the integer combinations are exact)
 // then y = acc + bias. Integer sums are exact and every float step is the same in every code
 // path (scalar, AVX2, AVX-512, AVX-512 VNNI), so a row's result is bitwise independent of the
 // other rows of the call, of the thread count and of the CPU path.
@@ -26,12 +30,16 @@
 // k+4..k+7 in the high ones), so one broadcast 32-bit activation word feeds 16 outputs and no
 // horizontal sum is needed. A Q5_x row's fifth-bit word has, in byte t, bit 2s for element
 // 8s + t and bit 2s + 1 for element 8s + 4 + t (quant_kernels.h has the offsets). The K-quants
-// keep their integer scales per group-block (Q4_K / Q5_K: 16 sc then 16 m, uint8; Q6_K: 16
-// int8 scales per half) before Q4's codes (Q5_K: then the fifth bits as Q5_x's; Q6_K: then two
-// 64-byte vectors of high bit pairs, steps 0-1 and 2-3: bits 2f, 2f + 1 of byte t of a row's
-// word, f = 2 (s % 2) + (high nibble), hold the top two bits of that code), and their half d
-// (Q4_K / Q5_K: then dmin) per group and super-block of 256 in a second array, so they stay at
-// 4.625 (Q4_K, the file's 4.5 plus 2 bytes per 256), 5.625 (Q5_K, the file's 5.5 plus 2) and
+// keep their integer scales per group-block (Q4_K / Q5_K: 16 sc then 16 m, uint8; Q6_K / Q3_K:
+// 16 int8 scales per half; Q2_K: 16 bytes sc | m << 4 per half) before their codes (Q2_K /
+// Q3_K: one 64-byte vector per half of 16, bits 2f, 2f + 1 of byte t of a row's word holding
+// element 4f + t of the half; Q5_K: then the fifth bits as Q5_x's; Q6_K: then two 64-byte
+// vectors of high bit pairs, steps 0-1 and 2-3: bits 2f, 2f + 1 of byte t of a row's word,
+// f = 2 (s % 2) + (high nibble), hold the top two bits of that code; Q3_K: then one 64-byte
+// vector whose bit s of byte t of a row's word is the third bit of element 4s + t), and their
+// half d (Q4_K / Q5_K / Q2_K: then dmin) per group and super-block of 256 in a second array, so
+// they stay at 2.625 (Q2_K, as the file), 3.5625 (Q3_K), 4.625 (Q4_K) and 5.625 (Q5_K) (the
+// file's 3.4375, 4.5 and 5.5 plus 4 bytes per 256: their 6-bit scales held a byte each) and
 // 6.5625 (Q6_K, as the file) bits per weight.
 //
 //   DUET_ASSIGN_OR_RETURN(QuantWeights w, PackQuantWeights(QuantFormat::kQ4_1, gguf_bytes, n, k));
@@ -50,7 +58,7 @@
 
 namespace duet::compute::cpu {
 
-enum class QuantFormat { kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K };
+enum class QuantFormat { kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K, kQ2_K, kQ3_K };
 
 inline constexpr int kQuantBlock = 32;        // elements per block (k)
 inline constexpr int kQuantSuperBlock = 256;  // elements per K-quant super-block
@@ -60,7 +68,7 @@ const char* QuantFormatName(QuantFormat format);
 // Elements per GGUF block: 32, or 256 for the K-quants (k must be a multiple of it).
 int QuantBlockElements(QuantFormat format);
 // GGUF bytes per block: 34 (Q8_0), 18 (Q4_0), 20 (Q4_1), 22 (Q5_0), 24 (Q5_1), 144 (Q4_K),
-// 176 (Q5_K), 210 (Q6_K).
+// 176 (Q5_K), 210 (Q6_K), 84 (Q2_K), 110 (Q3_K).
 int QuantBlockBytes(QuantFormat format);
 
 struct QuantWeights {

@@ -75,11 +75,12 @@ void LoadTileConfig() {
   _tile_loadconfig(&kConfig);
 }
 
-// Bit `bit` of each byte of v moved to bit 4 (only bit 4 of the result is meaningful).
-template <int kBit>
-inline __m512i BitToFour(__m512i v) {
-  if constexpr (kBit < 4) return _mm512_slli_epi16(v, 4 - kBit);
-  if constexpr (kBit > 4) return _mm512_srli_epi16(v, kBit - 4);
+// Bit kBit (and those above it) of each byte of v moved to bit kTo: a 16-bit shift, so only the
+// bits the caller then masks, which stay within their byte, are meaningful.
+template <int kTo, int kBit>
+inline __m512i BitTo(__m512i v) {
+  if constexpr (kBit < kTo) return _mm512_slli_epi16(v, kTo - kBit);
+  if constexpr (kBit > kTo) return _mm512_srli_epi16(v, kBit - kTo);
   return v;
 }
 
@@ -106,11 +107,11 @@ void UnpackCodes(const uint8_t* gb, int8_t* out) {
     if constexpr (F == QuantFormat::kQ6_K) {
       constexpr int kField = 2 * (S % 2);
       // lo | (field bits at 4-5), hi likewise: ternary logic A | (B & C).
-      lo = _mm512_ternarylogic_epi32(lo, BitToFour<2 * kField>(high[S / 2]), bits45, 0xf8);
-      hi = _mm512_ternarylogic_epi32(hi, BitToFour<2 * kField + 2>(high[S / 2]), bits45, 0xf8);
+      lo = _mm512_ternarylogic_epi32(lo, BitTo<4, 2 * kField>(high[S / 2]), bits45, 0xf8);
+      hi = _mm512_ternarylogic_epi32(hi, BitTo<4, 2 * kField + 2>(high[S / 2]), bits45, 0xf8);
     } else if constexpr (HasFifthBit(F)) {
-      lo = _mm512_ternarylogic_epi32(lo, BitToFour<2 * S>(high[0]), bit4, 0xf8);
-      hi = _mm512_ternarylogic_epi32(hi, BitToFour<2 * S + 1>(high[0]), bit4, 0xf8);
+      lo = _mm512_ternarylogic_epi32(lo, BitTo<4, 2 * S>(high[0]), bit4, 0xf8);
+      hi = _mm512_ternarylogic_epi32(hi, BitTo<4, 2 * S + 1>(high[0]), bit4, 0xf8);
     }
     if constexpr (CodeOffset(F) != 0) {
       lo = _mm512_sub_epi8(lo, offset);
@@ -238,6 +239,20 @@ void QuantTileAmx(const QuantWeights& w, const QuantActs& a, int g0, int g1, con
       return Tile16<QuantFormat::kQ5_K>(w, a, g0, g1, bias, y, ldy);
     case QuantFormat::kQ6_K:
       return Tile16<QuantFormat::kQ6_K>(w, a, g0, g1, bias, y, ldy);
+    case QuantFormat::kQ2_K:
+    case QuantFormat::kQ3_K:
+      // Not unpacked to tiles here: the VNNI kernel, four rows at a time (the same bits).
+      for (int r = 0; r < kAmxTileRows; r += kQuantTileRows) {
+        const QuantActs rows{a.q + r * a.ldq,
+                             a.d + r * a.ldb,
+                             a.sum + r * a.ldb,
+                             a.sum_lo + r * a.ldb,
+                             a.dsum + r * a.ldb,
+                             a.ldq,
+                             a.ldb};
+        QuantTileAvx512Vnni(w, rows, kQuantTileRows, g0, g1, bias, y + r * ldy, ldy);
+      }
+      return;
   }
 }
 

@@ -26,11 +26,12 @@ inline int32_t HorizontalSum(__m256i v) {
   return _mm_cvtsi128_si32(s4);
 }
 
-// Bit `bit` of each byte of v moved to bit 4 (only bit 4 of the result is meaningful).
-template <int kBit>
-inline __m256i BitToFour(__m256i v) {
-  if constexpr (kBit < 4) return _mm256_slli_epi16(v, 4 - kBit);
-  if constexpr (kBit > 4) return _mm256_srli_epi16(v, kBit - 4);
+// Bit kBit (and those above it) of each byte of v moved to bit kTo: a 16-bit shift, so only the
+// bits the caller then masks, which stay within their byte, are meaningful.
+template <int kTo, int kBit>
+inline __m256i BitTo(__m256i v) {
+  if constexpr (kBit < kTo) return _mm256_slli_epi16(v, kTo - kBit);
+  if constexpr (kBit > kTo) return _mm256_srli_epi16(v, kBit - kTo);
   return v;
 }
 
@@ -80,8 +81,8 @@ void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
         __m256i lo = _mm256_and_si256(v, low4);
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         if constexpr (HasFifthBit(F)) {
-          lo = _mm256_or_si256(lo, _mm256_and_si256(BitToFour<2 * S>(fifth), bit4));
-          hi = _mm256_or_si256(hi, _mm256_and_si256(BitToFour<2 * S + 1>(fifth), bit4));
+          lo = _mm256_or_si256(lo, _mm256_and_si256(BitTo<4, 2 * S>(fifth), bit4));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(BitTo<4, 2 * S + 1>(fifth), bit4));
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
@@ -133,6 +134,27 @@ void GroupHalf(const QuantWeights& w, const QuantActs& a, int g, int h,
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r] + 8 * h, acc[r]);
 }
 
+// Q6_K's and Q3_K's step per block on output half h (quant_gemm.h): each half's int32 sum,
+// less the offset o times the activations' sum over that half, times its int8 scale under d and
+// dx.
+template <int kOffset, int R>
+inline void AccumulateHalves(__m256 d, const uint8_t* gb, int h, const QuantActs& a, int b,
+                             const __m256i (&isum)[2][R], __m256 (&acc)[R]) {
+  const __m128i sc0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 8 * h));
+  const __m128i sc1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 16 + 8 * h));
+  const __m256 dw0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc0)));
+  const __m256 dw1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc1)));
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const int32_t sum = a.sum[r * a.ldb + b], lo = a.sum_lo[r * a.ldb + b];
+    const __m256 dx = _mm256_set1_ps(a.d[r * a.ldb + b]);
+    const __m256i i0 = _mm256_sub_epi32(isum[0][r], _mm256_set1_epi32(kOffset * lo));
+    const __m256i i1 = _mm256_sub_epi32(isum[1][r], _mm256_set1_epi32(kOffset * (sum - lo)));
+    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw0, dx), _mm256_cvtepi32_ps(i0), acc[r]);
+    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw1, dx), _mm256_cvtepi32_ps(i1), acc[r]);
+  }
+}
+
 // The K-quants' half: Q4_K as Q4_1 with its scales from integers (dw = d * sc, m = dmin * m,
 // both exact), Q5_K likewise with Q5_x's fifth bits; Q6_K with the top two code bits from its
 // high-bit vectors and one int32 sum per half of 16. Five- and six-bit codes widen every step
@@ -175,11 +197,11 @@ void GroupHalfK(const QuantWeights& w, const QuantActs& a, int g, int h,
       __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
       if constexpr (kQ6) {
         constexpr int kField = 2 * (S % 2);
-        lo = _mm256_or_si256(lo, _mm256_and_si256(BitToFour<2 * kField>(high[S / 2]), bits45));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(BitToFour<2 * kField + 2>(high[S / 2]), bits45));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(BitTo<4, 2 * kField>(high[S / 2]), bits45));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(BitTo<4, 2 * kField + 2>(high[S / 2]), bits45));
       } else if constexpr (HasFifthBit(F)) {
-        lo = _mm256_or_si256(lo, _mm256_and_si256(BitToFour<2 * S>(high[0]), bit4));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(BitToFour<2 * S + 1>(high[0]), bit4));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(BitTo<4, 2 * S>(high[0]), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(BitTo<4, 2 * S + 1>(high[0]), bit4));
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -200,21 +222,11 @@ void GroupHalfK(const QuantWeights& w, const QuantActs& a, int g, int h,
     step.template operator()<3>();
     const __m256 d =
         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + h * 16)));
-    const __m128i sc0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 8 * h));
-    const __m128i sc1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 16 + 8 * h));
     if constexpr (kQ6) {
-      const __m256 dw0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc0)));
-      const __m256 dw1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc1)));
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const int32_t sum = a.sum[r * a.ldb + b], lo = a.sum_lo[r * a.ldb + b];
-        const __m256 dx = _mm256_set1_ps(a.d[r * a.ldb + b]);
-        const __m256i i0 = _mm256_sub_epi32(isum[0][r], _mm256_set1_epi32(32 * lo));
-        const __m256i i1 = _mm256_sub_epi32(isum[1][r], _mm256_set1_epi32(32 * (sum - lo)));
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw0, dx), _mm256_cvtepi32_ps(i0), acc[r]);
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw1, dx), _mm256_cvtepi32_ps(i1), acc[r]);
-      }
+      AccumulateHalves<CodeOffset(F), R>(d, gb, h, a, b, isum, acc);
     } else {
+      const __m128i sc0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 8 * h));
+      const __m128i sc1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 16 + 8 * h));
       const __m256 dmin =
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 32 + h * 16)));
       const __m256 dw = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc0)));
@@ -232,12 +244,94 @@ void GroupHalfK(const QuantWeights& w, const QuantActs& a, int g, int h,
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r] + 8 * h, acc[r]);
 }
 
+// Q2_K and Q3_K's half (quant_gemm.h): step s (4 k) takes the 2-bit field s % 4 of half s / 4's
+// vector, Q3_K's third bit from bit s of its high-bit vector; a half's four steps sum in int16
+// (|each| <= 2 * 7 * 127) and widen once.
+template <QuantFormat F, int R>
+void GroupHalfLowBit(const QuantWeights& w, const QuantActs& a, int g, int h,
+                     float out[][kQuantGroupRows]) {
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const __m256i three = _mm256_set1_epi8(3);
+  const __m256i bit2 = _mm256_set1_epi8(4);
+  const __m256i low4 = _mm256_set1_epi32(0x0f);
+  constexpr bool kQ3 = F == QuantFormat::kQ3_K;
+  __m256 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < w.blocks; ++b) {
+    const uint8_t* gb = w.GroupBlock(g, b);
+    const uint8_t* sup = w.Super(g, b);
+    const uint8_t* codes = gb + CodesOffset(F) + h * 32;
+    const __m256i v[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64))};
+    __m256i high = _mm256_setzero_si256();
+    if constexpr (kQ3) {
+      high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + Q3HighBitsOffset() + h * 32));
+    }
+    __m256i isum[2][R], s16[R];
+    auto step = [&]<int S>() {
+      __m256i c = _mm256_and_si256(_mm256_srli_epi16(v[S / 4], 2 * (S % 4)), three);
+      if constexpr (kQ3) c = _mm256_or_si256(c, _mm256_and_si256(BitTo<2, S>(high), bit2));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256i p = _mm256_maddubs_epi16(c, Broadcast32(a.q + r * a.ldq + b * 32 + 4 * S));
+        if constexpr (S % 4 == 0) {
+          s16[r] = p;
+        } else {
+          s16[r] = _mm256_add_epi16(s16[r], p);
+        }
+      }
+      if constexpr (S % 4 == 3) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) isum[S / 4][r] = _mm256_madd_epi16(s16[r], ones16);
+      }
+    };
+    step.template operator()<0>();
+    step.template operator()<1>();
+    step.template operator()<2>();
+    step.template operator()<3>();
+    step.template operator()<4>();
+    step.template operator()<5>();
+    step.template operator()<6>();
+    step.template operator()<7>();
+    const __m256 d =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + h * 16)));
+    if constexpr (kQ3) {
+      AccumulateHalves<CodeOffset(F), R>(d, gb, h, a, b, isum, acc);
+    } else {
+      const __m128i s0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 8 * h));
+      const __m128i s1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 16 + 8 * h));
+      const __m256 dmin =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 32 + h * 16)));
+      const __m256i e0 = _mm256_cvtepu8_epi32(s0), e1 = _mm256_cvtepu8_epi32(s1);
+      const __m256i sc0 = _mm256_and_si256(e0, low4), m0 = _mm256_srli_epi32(e0, 4);
+      const __m256i sc1 = _mm256_and_si256(e1, low4), m1 = _mm256_srli_epi32(e1, 4);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const int32_t sum = a.sum[r * a.ldb + b], lo = a.sum_lo[r * a.ldb + b];
+        const __m256 dx = _mm256_set1_ps(a.d[r * a.ldb + b]);
+        const __m256i scaled = _mm256_add_epi32(_mm256_mullo_epi32(isum[0][r], sc0),
+                                                _mm256_mullo_epi32(isum[1][r], sc1));
+        const __m256i mins = _mm256_add_epi32(_mm256_mullo_epi32(m0, _mm256_set1_epi32(lo)),
+                                              _mm256_mullo_epi32(m1, _mm256_set1_epi32(sum - lo)));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(scaled), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(mins), acc[r]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r] + 8 * h, acc[r]);
+}
+
 template <QuantFormat F, int R>
 void Tile(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float* bias, float* y,
           int64_t ldy) {
   alignas(32) float out[R][kQuantGroupRows];
   for (int g = g0; g < g1; ++g) {
-    if constexpr (IsKQuant(F)) {
+    if constexpr (IsLowBit(F)) {
+      GroupHalfLowBit<F, R>(w, a, g, 0, out);
+      GroupHalfLowBit<F, R>(w, a, g, 1, out);
+    } else if constexpr (IsKQuant(F)) {
       GroupHalfK<F, R>(w, a, g, 0, out);
       GroupHalfK<F, R>(w, a, g, 1, out);
     } else {

@@ -28,11 +28,12 @@ inline __m512i Broadcast32(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// Bit `bit` of each byte of v moved to bit 4 (only bit 4 of the result is meaningful).
-template <int kBit>
-inline __m512i BitToFour(__m512i v) {
-  if constexpr (kBit < 4) return _mm512_slli_epi16(v, 4 - kBit);
-  if constexpr (kBit > 4) return _mm512_srli_epi16(v, kBit - 4);
+// Bit kBit (and those above it) of each byte of v moved to bit kTo: a 16-bit shift, so only the
+// bits the caller then masks, which stay within their byte, are meaningful.
+template <int kTo, int kBit>
+inline __m512i BitTo(__m512i v) {
+  if constexpr (kBit < kTo) return _mm512_slli_epi16(v, kTo - kBit);
+  if constexpr (kBit > kTo) return _mm512_srli_epi16(v, kBit - kTo);
   return v;
 }
 
@@ -79,8 +80,8 @@ void Tile(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float
           __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
           if constexpr (HasFifthBit(F)) {
             // lo | (bit 2S at bit 4), hi | (bit 2S + 1 at bit 4): ternary logic A | (B & C).
-            lo = _mm512_ternarylogic_epi32(lo, BitToFour<2 * S>(fifth), bit4, 0xf8);
-            hi = _mm512_ternarylogic_epi32(hi, BitToFour<2 * S + 1>(fifth), bit4, 0xf8);
+            lo = _mm512_ternarylogic_epi32(lo, BitTo<4, 2 * S>(fifth), bit4, 0xf8);
+            hi = _mm512_ternarylogic_epi32(hi, BitTo<4, 2 * S + 1>(fifth), bit4, 0xf8);
           }
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
@@ -124,6 +125,26 @@ void Tile(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float
   }
 }
 
+// Q6_K's and Q3_K's step per block (quant_gemm.h): each half's int32 sum, less the offset o
+// times the activations' sum over that half, times its int8 scale under d and dx.
+template <int kOffset, int R>
+inline void AccumulateHalves(__m512 d, const uint8_t* gb, const QuantActs& a, int b,
+                             const __m512i (&isum)[2][R], __m512 (&acc)[R]) {
+  const __m128i sc0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb));
+  const __m128i sc1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16));
+  const __m512 dw0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc0)));
+  const __m512 dw1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc1)));
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const int32_t sum = a.sum[r * a.ldb + b], lo = a.sum_lo[r * a.ldb + b];
+    const __m512 dx = _mm512_set1_ps(a.d[r * a.ldb + b]);
+    const __m512i i0 = _mm512_sub_epi32(isum[0][r], _mm512_set1_epi32(kOffset * lo));
+    const __m512i i1 = _mm512_sub_epi32(isum[1][r], _mm512_set1_epi32(kOffset * (sum - lo)));
+    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw0, dx), _mm512_cvtepi32_ps(i0), acc[r]);
+    acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw1, dx), _mm512_cvtepi32_ps(i1), acc[r]);
+  }
+}
+
 // The K-quants (quant_gemm.h): Q4_K as Q4_1 with dw = d * sc and m = dmin * m from its
 // integers (exact), Q5_K likewise with Q5_x's fifth bits, Q6_K with the top two code bits
 // merged from its high-bit vectors and one int32 sum per half of 16.
@@ -161,11 +182,11 @@ void TileK(const QuantWeights& w, const QuantActs& a, int g0, int g1, const floa
         if constexpr (kQ6) {
           constexpr int kField = 2 * (S % 2);
           // lo | (field bits at 4-5), hi likewise: ternary logic A | (B & C).
-          lo = _mm512_ternarylogic_epi32(lo, BitToFour<2 * kField>(high[S / 2]), bits45, 0xf8);
-          hi = _mm512_ternarylogic_epi32(hi, BitToFour<2 * kField + 2>(high[S / 2]), bits45, 0xf8);
+          lo = _mm512_ternarylogic_epi32(lo, BitTo<4, 2 * kField>(high[S / 2]), bits45, 0xf8);
+          hi = _mm512_ternarylogic_epi32(hi, BitTo<4, 2 * kField + 2>(high[S / 2]), bits45, 0xf8);
         } else if constexpr (HasFifthBit(F)) {
-          lo = _mm512_ternarylogic_epi32(lo, BitToFour<2 * S>(high[0]), bit4, 0xf8);
-          hi = _mm512_ternarylogic_epi32(hi, BitToFour<2 * S + 1>(high[0]), bit4, 0xf8);
+          lo = _mm512_ternarylogic_epi32(lo, BitTo<4, 2 * S>(high[0]), bit4, 0xf8);
+          hi = _mm512_ternarylogic_epi32(hi, BitTo<4, 2 * S + 1>(high[0]), bit4, 0xf8);
         }
         constexpr int kHalf = kQ6 ? S / 2 : 0;
 #pragma GCC unroll 8
@@ -180,21 +201,11 @@ void TileK(const QuantWeights& w, const QuantActs& a, int g0, int g1, const floa
       step.template operator()<2>();
       step.template operator()<3>();
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup)));
-      const __m128i sc0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb));
-      const __m128i sc1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16));
       if constexpr (kQ6) {
-        const __m512 dw0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc0)));
-        const __m512 dw1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc1)));
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const int32_t sum = a.sum[r * a.ldb + b], lo = a.sum_lo[r * a.ldb + b];
-          const __m512 dx = _mm512_set1_ps(a.d[r * a.ldb + b]);
-          const __m512i i0 = _mm512_sub_epi32(isum[0][r], _mm512_set1_epi32(32 * lo));
-          const __m512i i1 = _mm512_sub_epi32(isum[1][r], _mm512_set1_epi32(32 * (sum - lo)));
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw0, dx), _mm512_cvtepi32_ps(i0), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw1, dx), _mm512_cvtepi32_ps(i1), acc[r]);
-        }
+        AccumulateHalves<CodeOffset(F), R>(d, gb, a, b, isum, acc);
       } else {
+        const __m128i sc0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb));
+        const __m128i sc1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16));
         const __m512 dmin =
             _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 32)));
         const __m512 dw = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc0)));
@@ -215,11 +226,89 @@ void TileK(const QuantWeights& w, const QuantActs& a, int g0, int g1, const floa
   }
 }
 
+// Q2_K and Q3_K (quant_gemm.h): step s (4 k) takes the 2-bit field s % 4 of half s / 4's
+// vector, Q3_K's third bit from bit s of its high-bit vector; one int32 sum per half.
+template <QuantFormat F, int R>
+void TileLowBit(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float* bias,
+                float* y, int64_t ldy) {
+  const __m512i three = _mm512_set1_epi8(3);
+  const __m512i bit2 = _mm512_set1_epi8(4);
+  const __m512i low4 = _mm512_set1_epi32(0x0f);
+  constexpr bool kQ3 = F == QuantFormat::kQ3_K;
+  alignas(64) float out[kQuantGroupRows];
+  for (int g = g0; g < g1; ++g) {
+    __m512 acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < w.blocks; ++b) {
+      const uint8_t* gb = w.GroupBlock(g, b);
+      const uint8_t* sup = w.Super(g, b);
+      const uint8_t* codes = gb + CodesOffset(F);
+      if constexpr (R <= 2) PrefetchAhead(w, gb);
+      const __m512i v[2] = {_mm512_loadu_si512(codes), _mm512_loadu_si512(codes + 64)};
+      __m512i high = _mm512_setzero_si512();
+      if constexpr (kQ3) high = _mm512_loadu_si512(gb + Q3HighBitsOffset());
+      __m512i isum[2][R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) isum[0][r] = isum[1][r] = _mm512_setzero_si512();
+      auto step = [&]<int S>() {
+        __m512i c = _mm512_and_si512(_mm512_srli_epi16(v[S / 4], 2 * (S % 4)), three);
+        // c | (bit S at bit 2): ternary logic A | (B & C).
+        if constexpr (kQ3) c = _mm512_ternarylogic_epi32(c, BitTo<2, S>(high), bit2, 0xf8);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          isum[S / 4][r] =
+              _mm512_dpbusd_epi32(isum[S / 4][r], c, Broadcast32(a.q + r * a.ldq + b * 32 + 4 * S));
+        }
+      };
+      step.template operator()<0>();
+      step.template operator()<1>();
+      step.template operator()<2>();
+      step.template operator()<3>();
+      step.template operator()<4>();
+      step.template operator()<5>();
+      step.template operator()<6>();
+      step.template operator()<7>();
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup)));
+      if constexpr (kQ3) {
+        AccumulateHalves<CodeOffset(F), R>(d, gb, a, b, isum, acc);
+      } else {
+        const __m128i s0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb));
+        const __m128i s1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16));
+        const __m512 dmin =
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 32)));
+        const __m512i e0 = _mm512_cvtepu8_epi32(s0), e1 = _mm512_cvtepu8_epi32(s1);
+        const __m512i sc0 = _mm512_and_si512(e0, low4), m0 = _mm512_srli_epi32(e0, 4);
+        const __m512i sc1 = _mm512_and_si512(e1, low4), m1 = _mm512_srli_epi32(e1, 4);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const int32_t sum = a.sum[r * a.ldb + b], lo = a.sum_lo[r * a.ldb + b];
+          const __m512 dx = _mm512_set1_ps(a.d[r * a.ldb + b]);
+          const __m512i scaled = _mm512_add_epi32(_mm512_mullo_epi32(isum[0][r], sc0),
+                                                  _mm512_mullo_epi32(isum[1][r], sc1));
+          const __m512i mins =
+              _mm512_add_epi32(_mm512_mullo_epi32(m0, _mm512_set1_epi32(lo)),
+                               _mm512_mullo_epi32(m1, _mm512_set1_epi32(sum - lo)));
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(scaled), acc[r]);
+          acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(mins), acc[r]);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      _mm512_store_ps(out, acc[r]);
+      StoreGroupRow(out, g, w.n, bias, y + r * ldy);
+    }
+  }
+}
+
 struct Avx512VnniKernel {
   template <QuantFormat F, int R>
   static void Run(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float* bias,
                   float* y, int64_t ldy) {
-    if constexpr (IsKQuant(F)) {
+    if constexpr (IsLowBit(F)) {
+      TileLowBit<F, R>(w, a, g0, g1, bias, y, ldy);
+    } else if constexpr (IsKQuant(F)) {
       TileK<F, R>(w, a, g0, g1, bias, y, ldy);
     } else {
       Tile<F, R>(w, a, g0, g1, bias, y, ldy);

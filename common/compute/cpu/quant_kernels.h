@@ -28,30 +28,45 @@ struct QuantActs {
 
 // The packed (group, block) layout of format F (quant_gemm.h). Blocks of 32: 16 half d at 0,
 // then for the formats with a min 16 half m, then for the five-bit ones 16 words of fifth bits,
-// then codes. K-quants: 32 bytes of integer scales (Q4_K / Q5_K: 16 sc, 16 m; Q6_K: 16 per
-// half), the codes, then for Q5_K 64 bytes of fifth bits, for Q6_K 128 bytes of high bit pairs;
-// per super-block 16 half d (Q4_K / Q5_K: then 16 half dmin).
+// then codes. K-quants: 32 bytes of integer scales (Q4_K / Q5_K: 16 sc, 16 m; Q6_K / Q3_K: 16
+// per half; Q2_K: 16 per half, sc | m << 4), the codes (Q2_K / Q3_K: two 64-byte vectors of
+// 2-bit fields, one per half), then for Q5_K 64 bytes of fifth bits, for Q6_K 128 bytes of high
+// bit pairs, for Q3_K 64 bytes of third bits; per super-block 16 half d (Q4_K / Q5_K / Q2_K:
+// then 16 half dmin).
 constexpr bool IsKQuant(QuantFormat f) {
-  return f == QuantFormat::kQ4_K || f == QuantFormat::kQ5_K || f == QuantFormat::kQ6_K;
+  return f == QuantFormat::kQ4_K || f == QuantFormat::kQ5_K || f == QuantFormat::kQ6_K ||
+         f == QuantFormat::kQ2_K || f == QuantFormat::kQ3_K;
 }
-// The K-quants with a min per sub-block (x = (d * sc) q - dmin * m).
+// The K-quants with a min per sub-block of 32 (x = (d * sc) q - dmin * m).
 constexpr bool IsKQuantWithMin(QuantFormat f) {
   return f == QuantFormat::kQ4_K || f == QuantFormat::kQ5_K;
+}
+// The K-quants with a scale per half of 16 (Q6_K, Q3_K, Q2_K: one int32 sum per half).
+constexpr bool HasHalfScales(QuantFormat f) {
+  return f == QuantFormat::kQ6_K || f == QuantFormat::kQ3_K || f == QuantFormat::kQ2_K;
+}
+// Q2_K and Q3_K: codes in 2-bit fields, 16 k of one output per 32-bit word (field f of byte t
+// holds k 4f + t of the word's half), Q3_K's third bit in a vector of its own.
+constexpr bool IsLowBit(QuantFormat f) {
+  return f == QuantFormat::kQ2_K || f == QuantFormat::kQ3_K;
 }
 constexpr bool HasMin(QuantFormat f) { return f == QuantFormat::kQ4_1 || f == QuantFormat::kQ5_1; }
 constexpr bool HasFifthBit(QuantFormat f) {
   return f == QuantFormat::kQ5_0 || f == QuantFormat::kQ5_1 || f == QuantFormat::kQ5_K;
 }
-// The code offset o of x = (code - o) * d: 8 (Q4_0), 16 (Q5_0), 32 (Q6_K), else 0.
+// The code offset o of x = (code - o) * d: 8 (Q4_0), 16 (Q5_0), 32 (Q6_K), 4 (Q3_K), else 0.
 constexpr int CodeOffset(QuantFormat f) {
   return f == QuantFormat::kQ4_0   ? 8
          : f == QuantFormat::kQ5_0 ? 16
          : f == QuantFormat::kQ6_K ? 32
+         : f == QuantFormat::kQ3_K ? 4
                                    : 0;
 }
 constexpr int MinsOffset() { return 32; }
-// The K-quants' bits above the nibbles (Q5_K's fifth, Q6_K's top two) follow their codes.
+// The K-quants' bits above the nibbles (Q5_K's fifth, Q6_K's top two) follow their codes;
+// Q3_K's third bits follow its 128 bytes of 2-bit fields.
 constexpr int KHighBitsOffset() { return 32 + 256; }
+constexpr int Q3HighBitsOffset() { return 32 + 128; }
 constexpr int FifthBitsOffset(QuantFormat f) {
   return IsKQuant(f) ? KHighBitsOffset() : HasMin(f) ? 64 : 32;
 }
@@ -63,11 +78,13 @@ constexpr int GroupBlockBytes(QuantFormat f) {
   return f == QuantFormat::kQ4_K   ? 32 + 256
          : f == QuantFormat::kQ5_K ? 32 + 256 + 64
          : f == QuantFormat::kQ6_K ? 32 + 256 + 128
+         : f == QuantFormat::kQ2_K ? 32 + 128
+         : f == QuantFormat::kQ3_K ? 32 + 128 + 64
          : f == QuantFormat::kQ8_0 ? 32 + 512
                                    : CodesOffset(f) + 256;
 }
 constexpr int SuperBytes(QuantFormat f) {
-  return IsKQuantWithMin(f) ? 64 : f == QuantFormat::kQ6_K ? 32 : 0;
+  return IsKQuantWithMin(f) || f == QuantFormat::kQ2_K ? 64 : IsKQuant(f) ? 32 : 0;
 }
 
 // The helpers below are static: each per-ISA translation unit keeps its own copy, compiled
@@ -131,6 +148,10 @@ void DispatchQuantTile(const QuantWeights& w, const QuantActs& a, int rows, int 
       return by_rows.template operator()<QuantFormat::kQ5_K>();
     case QuantFormat::kQ6_K:
       return by_rows.template operator()<QuantFormat::kQ6_K>();
+    case QuantFormat::kQ2_K:
+      return by_rows.template operator()<QuantFormat::kQ2_K>();
+    case QuantFormat::kQ3_K:
+      return by_rows.template operator()<QuantFormat::kQ3_K>();
   }
 }
 
@@ -147,7 +168,8 @@ void QuantTileAvx2(const QuantWeights& w, const QuantActs& a, int rows, int g0, 
                    const float* bias, float* y, int64_t ldy);
 void QuantTileAvx512Vnni(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
                          const float* bias, float* y, int64_t ldy);
-// Exactly kAmxTileRows rows (a.q holds them all).
+// Exactly kAmxTileRows rows (a.q holds them all). Q2_K and Q3_K run on the AVX-512 VNNI
+// kernel, four rows at a time (the same bits).
 void QuantTileAmx(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float* bias,
                   float* y, int64_t ldy);
 

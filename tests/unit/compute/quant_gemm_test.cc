@@ -28,7 +28,8 @@ using testing::RandomVector;
 
 constexpr QuantFormat kFormats[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1,
                                     QuantFormat::kQ5_0, QuantFormat::kQ5_1, QuantFormat::kQ4_K,
-                                    QuantFormat::kQ5_K, QuantFormat::kQ6_K};
+                                    QuantFormat::kQ5_K, QuantFormat::kQ6_K, QuantFormat::kQ2_K,
+                                    QuantFormat::kQ3_K};
 // The K-quants with a min per sub-block.
 bool KWithMin(QuantFormat f) { return f == QuantFormat::kQ4_K || f == QuantFormat::kQ5_K; }
 
@@ -55,6 +56,10 @@ WeightFormat ToWeightFormat(QuantFormat f) {
       return WeightFormat::kQ5_K;
     case QuantFormat::kQ6_K:
       return WeightFormat::kQ6_K;
+    case QuantFormat::kQ2_K:
+      return WeightFormat::kQ2_K;
+    case QuantFormat::kQ3_K:
+      return WeightFormat::kQ3_K;
   }
   return WeightFormat::kF32;
 }
@@ -81,6 +86,8 @@ size_t RowBytes(QuantFormat f, int k) {
 std::pair<int, int> PayloadBytes(QuantFormat f) {
   if (KWithMin(f)) return {4, cpu::QuantBlockBytes(f)};
   if (f == QuantFormat::kQ6_K) return {0, 208};
+  if (f == QuantFormat::kQ2_K) return {0, 80};
+  if (f == QuantFormat::kQ3_K) return {0, 108};
   return {WithMin(f) ? 4 : 2, cpu::QuantBlockBytes(f)};
 }
 
@@ -104,6 +111,10 @@ std::vector<uint8_t> RandomBlocks(QuantFormat f, int n, int k, uint32_t seed) {
       put(p, scale(rng) / 8), put(p + 2, scale(rng) / 8);  // sc, m up to 63
     } else if (f == QuantFormat::kQ6_K) {
       put(p + 208, scale(rng) / 32);  // int8 scales
+    } else if (f == QuantFormat::kQ2_K) {
+      put(p + 80, scale(rng) / 2), put(p + 82, scale(rng) / 2);  // sc, m up to 15
+    } else if (f == QuantFormat::kQ3_K) {
+      put(p + 108, scale(rng) / 8);  // scales -32..31
     } else {
       put(p, scale(rng));
       if (WithMin(f)) put(p + 2, (FiveBit(f) ? -16.f : -8.f) * scale(rng));
@@ -120,11 +131,15 @@ float Half(const uint8_t* p) {
 
 // Block b (of 32 elements) of row j as ggml defines it (ggml_blocks.h for the K-quants, checked
 // against ggml's own output by gguf_kquant_test): v = code - offset, and
-// x[e] = v[e] * dw[e / 16] + m (Q8_0: v * dw; Q4_K / Q5_K: m = -(dmin * min); Q6_K: m = 0).
+// x[e] = v[e] * dw[e / 16] + m (Q8_0: v * dw; Q4_K / Q5_K: m = -(dmin * min); Q6_K, Q3_K:
+// m = 0; Q2_K: m of the half, and the integers it comes from).
 struct Block32 {
   int v[32];
   float dw[2];
   float m = 0.f;
+  float mh[2] = {0.f, 0.f};  // Q2_K: -(dmin * min) of each half
+  int sc[2] = {0, 0}, min[2] = {0, 0};
+  float d = 0.f, dmin = 0.f;
 };
 Block32 ReadBlock(QuantFormat f, const std::vector<uint8_t>& w, int k, int j, int b) {
   const uint8_t* row = w.data() + static_cast<size_t>(j) * RowBytes(f, k);
@@ -138,9 +153,22 @@ Block32 ReadBlock(QuantFormat f, const std::vector<uint8_t>& w, int k, int j, in
     out.m = -(HalfToFloat(q.dmin) * static_cast<float>(q.min[b % 8]));
     return out;
   }
-  if (f == QuantFormat::kQ6_K) {
+  if (f == QuantFormat::kQ2_K) {
+    KQuant2 q;
+    DecodeQ2K(row + (b / 8) * 84, &q);
+    for (int e = 0; e < 32; ++e) out.v[e] = q.codes[32 * (b % 8) + e];
+    out.d = HalfToFloat(q.d), out.dmin = HalfToFloat(q.dmin);
+    for (int h = 0; h < 2; ++h) {
+      out.sc[h] = q.scale[2 * (b % 8) + h], out.min[h] = q.min[2 * (b % 8) + h];
+      out.dw[h] = out.d * static_cast<float>(out.sc[h]);
+      out.mh[h] = -(out.dmin * static_cast<float>(out.min[h]));
+    }
+    return out;
+  }
+  if (f == QuantFormat::kQ6_K || f == QuantFormat::kQ3_K) {
     KQuant6 q;
-    DecodeQ6K(row + (b / 8) * 210, &q);
+    const uint8_t* block = row + (b / 8) * cpu::QuantBlockBytes(f);
+    f == QuantFormat::kQ6_K ? DecodeQ6K(block, &q) : DecodeQ3KAsQ6K(block, &q);
     for (int e = 0; e < 32; ++e) out.v[e] = q.codes[32 * (b % 8) + e] - 32;
     for (int h = 0; h < 2; ++h) {
       out.dw[h] = HalfToFloat(q.d) * static_cast<float>(q.scale[2 * (b % 8) + h]);
@@ -169,6 +197,7 @@ float Dequant(QuantFormat f, const Block32& blk, int e) {
   const float v = static_cast<float>(blk.v[e]);
   if (f == QuantFormat::kQ8_0) return v * blk.dw[0];
   if (KWithMin(f)) return blk.dw[0] * v + blk.m;  // (d * sc) q - dmin m
+  if (f == QuantFormat::kQ2_K) return blk.dw[e / 16] * v + blk.mh[e / 16];
   return v * blk.dw[e / 16] + blk.m;
 }
 
@@ -189,7 +218,15 @@ std::vector<float> ModelOfKernel(QuantFormat f, const std::vector<uint8_t>& w, i
         const Block32 blk = ReadBlock(f, w, k, j, b);
         int32_t isum[2] = {0, 0};
         for (int e = 0; e < 32; ++e) isum[e / 16] += blk.v[e] * q[b * 32 + e];
-        if (f == QuantFormat::kQ6_K) {
+        if (f == QuantFormat::kQ2_K) {
+          const int32_t lo = sum_lo[b], hi = sum[b] - sum_lo[b];
+          acc = std::fma(blk.d * d[b],
+                         static_cast<float>(blk.sc[0] * isum[0] + blk.sc[1] * isum[1]), acc);
+          acc = std::fma(-(blk.dmin * d[b]), static_cast<float>(blk.min[0] * lo + blk.min[1] * hi),
+                         acc);
+          continue;
+        }
+        if (f == QuantFormat::kQ6_K || f == QuantFormat::kQ3_K) {
           acc = std::fma(blk.dw[0] * d[b], static_cast<float>(isum[0]), acc);
           acc = std::fma(blk.dw[1] * d[b], static_cast<float>(isum[1]), acc);
           continue;
@@ -217,11 +254,12 @@ std::vector<float> MatMulStored(ComputeBackend& backend, QuantFormat f,
       {.format = ToWeightFormat(f), .data = w.data(), .rows = n, .cols = k});
   EXPECT_TRUE(pm.ok()) << pm.status();
   if (!pm.ok()) return {};
-  // The file's bytes per padded row; Q4_K / Q5_K add their 6-bit scales unpacked (4 bytes per
-  // 256).
+  // The file's bytes per padded row; Q4_K / Q5_K / Q3_K add their 6-bit scales unpacked (4 bytes
+  // per 256).
+  const bool unpacked_scales = KWithMin(f) || f == QuantFormat::kQ3_K;
   EXPECT_EQ((*pm)->bytes(), static_cast<int64_t>((n + 15) / 16 * 16) *
                                 (k / cpu::QuantBlockElements(f)) *
-                                (cpu::QuantBlockBytes(f) + (KWithMin(f) ? 4 : 0)));
+                                (cpu::QuantBlockBytes(f) + (unpacked_scales ? 4 : 0)));
   std::vector<float> y(static_cast<size_t>(m) * n, -777.f);
   backend.MatMul(x.data(), m, **pm, bias, y.data());
   return y;
@@ -256,9 +294,34 @@ TEST(QuantGemmTest, EveryPathEqualsTheStatedArithmeticBitwise) {
   }
 }
 
+// A Q3_K matrix gives, on every path, the bits of the same values written as Q6_K blocks (its
+// codes q + 4 with o = 4 against Q6_K's q + 32 with o = 32: the same integer sums and scales),
+// at 3.5625 bits per weight against Q6_K's 6.5625.
+TEST(QuantGemmTest, Q3KGivesTheBitsOfItsValuesWrittenAsQ6K) {
+  const int n = 33, k = 512, m = 6;
+  const auto q3 = RandomBlocks(QuantFormat::kQ3_K, n, k, 17);
+  std::vector<uint8_t> q6(q3.size() / 110 * 210);
+  for (size_t b = 0; b < q3.size() / 110; ++b) {
+    KQuant6 blk;
+    DecodeQ3KAsQ6K(q3.data() + 110 * b, &blk);
+    EncodeQ6K(blk, q6.data() + 210 * b);
+  }
+  const auto x = RandomVector(static_cast<size_t>(m) * k, 19, -3.f, 3.f);
+  for (CpuIsa isa : HostPaths()) {
+    auto backend = Backend(2, isa);
+    const std::vector<float> want =
+        MatMulStored(*backend, QuantFormat::kQ6_K, q6, n, k, x, m, nullptr);
+    const std::vector<float> got =
+        MatMulStored(*backend, QuantFormat::kQ3_K, q3, n, k, x, m, nullptr);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_TRUE(SameBits(got.data(), want.data(), got.size())) << cpu::CpuIsaName(isa);
+  }
+}
+
 // The largest codes against the largest activation codes (every code byte 0xff: Q4_x 15, Q5_x
-// 31, Q6_K 63, Q8_0 -1, and 0x80: -128; K-quant scales 63 or, for Q6_K, -1 and -128; x constant, so
-// every activation code is +-127): the integer sums must not saturate or wrap on any path (int16
+// 31, Q6_K 63, Q2_K 3, Q3_K 3, Q8_0 -1, and 0x80: -128; 0x00: Q3_K -4; K-quant scales 63 or,
+// for Q6_K, -1 and -128, Q2_K's scales and mins 15, Q3_K's 31 and -32; x constant, so every
+// activation code is +-127): the integer sums must not saturate or wrap on any path (int16
 // partial sums hold only so many products).
 TEST(QuantGemmTest, ExtremeCodesAreExactOnEveryPath) {
   const int n = 32;
@@ -266,7 +329,7 @@ TEST(QuantGemmTest, ExtremeCodesAreExactOnEveryPath) {
   for (int m : {3, 19}) {
     for (QuantFormat f : kFormats) {
       const int k = Cols(f, 128);
-      for (uint8_t fill : {uint8_t{0xff}, uint8_t{0x80}}) {
+      for (uint8_t fill : {uint8_t{0xff}, uint8_t{0x80}, uint8_t{0x00}}) {
         std::vector<uint8_t> w = RandomBlocks(f, n, k, 3);
         const int bb = cpu::QuantBlockBytes(f);
         const auto [first, last] = PayloadBytes(f);

@@ -157,7 +157,8 @@ INSTANTIATE_TEST_SUITE_P(KQuants, KQuantTypeTest,
                          ::testing::Values("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
-// Q3_K rewritten as Q6_K (what weights_dtype native keeps a Q3_K matrix as): the Q6_K blocks hold
+// Q3_K's values are Q6_K values (DecodeQ3KAsQ6K, the one decoder of Q3_K's layout, which the
+// CPU backend's packer of Q3_K weights also reads): written as Q6_K blocks they dequantize to
 // ggml's Q3_K values bit for bit, on the reference blocks and on blocks of random bytes (every
 // code, high bit and 6-bit scale, and the half d's every exponent); and Q6_K's encoder is the
 // inverse of its decoder.
@@ -174,7 +175,11 @@ TEST(KQuantTest, Q3KRewrittenAsQ6KHoldsTheSameValues) {
   const int64_t blocks = static_cast<int64_t>(q3.size() / 110);
   const int64_t n = blocks * 256;
   std::vector<uint8_t> q6(static_cast<size_t>(blocks) * 210);
-  TranscodeQ3KToQ6K(reinterpret_cast<const uint8_t*>(q3.data()), blocks, q6.data());
+  for (int64_t b = 0; b < blocks; ++b) {
+    KQuant6 k;
+    DecodeQ3KAsQ6K(reinterpret_cast<const uint8_t*>(q3.data()) + 110 * b, &k);
+    EncodeQ6K(k, q6.data() + 210 * b);
+  }
   std::vector<float> want(n), got(n);
   ASSERT_TRUE(
       DequantizeBlocks(11, reinterpret_cast<const uint8_t*>(q3.data()), n, want.data()).ok());
