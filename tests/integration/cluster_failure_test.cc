@@ -102,7 +102,10 @@ TEST_F(ClusterFailureTest, KilledDecodeNodesRequestsContinueElsewhereTokenExact)
 // A decode pool too small for the requests in flight (20 blocks, four requests that grow to 10
 // each): the decode node preempts the newest and the coordinator re-prefills it (prompt and
 // tokens so far) and continues its stream. Every request finishes with the single-process
-// tokens (greedy and seeded, with and without penalties), and nothing is held afterwards.
+// tokens (greedy and seeded, with and without penalties), and nothing is held afterwards. The
+// decode node is paused until the coordinator holds all four (their Reserves wait on it), so
+// that all four are admitted together and grow together whatever the machine's load: run one
+// after another, they would fit.
 TEST_F(ClusterFailureTest, FullDecodePoolPreemptsAndResumesTokenExact) {
   ServeProcess cluster(DUET_BIN,
                        ClusterFlags(model_dir_, "shm", 1, 1, {"--kv_cache_bytes=163840"}));
@@ -124,12 +127,21 @@ TEST_F(ClusterFailureTest, FullDecodePoolPreemptsAndResumesTokenExact) {
   };
   std::vector<std::thread> threads;
   std::vector<Result> results(4);
+  Stopped paused(cluster.pid_of("decode-0"));
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] {
       const v1::SamplingParams s = rpc::ToProto(params(i));
       results[i] = Generate(*stub, Prompt(40, i), s);
     });
   }
+  // Well within the heartbeat timeout (1.5 s).
+  int held = 0;
+  for (const absl::Time until = absl::Now() + absl::Milliseconds(800);
+       (held = Health(*stub).running_requests()) < 4 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  paused.Resume();
+  EXPECT_EQ(held, 4) << "the coordinator did not take all four requests while decode-0 paused";
   for (auto& t : threads) t.join();
   int resumed = 0;
   for (int i = 0; i < 4; ++i) {
