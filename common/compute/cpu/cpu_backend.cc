@@ -201,9 +201,10 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
   if (w.format == WeightFormat::kQ6_K) f = cpu::QuantFormat::kQ6_K;
   if (w.format == WeightFormat::kQ2_K) f = cpu::QuantFormat::kQ2_K;
   if (w.format == WeightFormat::kQ3_K) f = cpu::QuantFormat::kQ3_K;
+  std::lock_guard<std::mutex> lock(mu_);  // the pool runs one parallel pass at a time
   DUET_ASSIGN_OR_RETURN(
       cpu::QuantWeights packed,
-      cpu::PackQuantWeights(f, static_cast<const uint8_t*>(w.data), w.rows, w.cols));
+      cpu::PackQuantWeights(f, static_cast<const uint8_t*>(w.data), w.rows, w.cols, &pool_));
   return std::unique_ptr<PreparedMatrix>(new QuantMatrix(std::move(packed)));
 }
 

@@ -33,49 +33,48 @@ using internal::KHighBitsOffset;
 using internal::MinsOffset;
 using internal::Q3HighBitsOffset;
 
-// One block of 32 of a GGUF row, decoded: its codes and what scales them. Blocks of 32: half d
-// (and m); K-quant sub-blocks: their integer scales (Q4_K / Q5_K sc and m, Q6_K / Q3_K / Q2_K
-// one per half, Q2_K a min per half too) and the super-block's half d (and dmin).
-struct DecodedBlock {
-  int q[32];
+// One GGUF block (32 elements, or a K-quant super-block of 256), decoded: its codes and what
+// scales them. Blocks of 32: half d (and m). K-quants: the super-block's half d (and dmin), and
+// per sub-block of 32 s its integer scales: Q4_K / Q5_K sc[s] and min[s]; Q6_K / Q3_K / Q2_K one
+// per half of 16, sc[2s + h] (and Q2_K min[2s + h]).
+struct DecodedUnit {
+  int q[kQuantSuperBlock];
   uint16_t d = 0, m = 0;  // half d and m (K-quants: d and dmin of the super-block)
-  int sc[2] = {0, 0};     // Q4_K / Q5_K: sc, m; Q6_K / Q3_K / Q2_K: the halves' scales
-  int min[2] = {0, 0};    // Q2_K: the halves' mins
+  int sc[16] = {};
+  int min[16] = {};
 };
 
-// Block b (of 32) of the GGUF row `row` (k / QuantBlockElements blocks of QuantBlockBytes).
-void DecodeGgufBlock(QuantFormat f, const uint8_t* row, int b, DecodedBlock* out) {
+// GGUF block `unit` of `row` (k / QuantBlockElements blocks of QuantBlockBytes).
+inline void DecodeGgufUnit(QuantFormat f, const uint8_t* row, int unit, DecodedUnit* out) {
+  const uint8_t* src = row + static_cast<int64_t>(unit) * QuantBlockBytes(f);
   if (IsKQuantWithMin(f)) {
     KQuant4 k;
-    const uint8_t* block = row + (b / 8) * QuantBlockBytes(f);
-    f == QuantFormat::kQ4_K ? DecodeQ4K(block, &k) : DecodeQ5K(block, &k);
+    f == QuantFormat::kQ4_K ? DecodeQ4K(src, &k) : DecodeQ5K(src, &k);
     out->d = k.d, out->m = k.dmin;
-    out->sc[0] = k.scale[b % 8], out->sc[1] = k.min[b % 8];
-    std::memcpy(out->q, k.codes + 32 * (b % 8), sizeof(out->q));
+    std::memcpy(out->sc, k.scale, sizeof(k.scale));
+    std::memcpy(out->min, k.min, sizeof(k.min));
+    std::memcpy(out->q, k.codes, sizeof(k.codes));
     return;
   }
   if (f == QuantFormat::kQ6_K || f == QuantFormat::kQ3_K) {
     KQuant6 k;
-    const uint8_t* block = row + (b / 8) * QuantBlockBytes(f);
-    f == QuantFormat::kQ6_K ? DecodeQ6K(block, &k) : DecodeQ3KAsQ6K(block, &k);
+    f == QuantFormat::kQ6_K ? DecodeQ6K(src, &k) : DecodeQ3KAsQ6K(src, &k);
     out->d = k.d;
-    out->sc[0] = k.scale[2 * (b % 8)], out->sc[1] = k.scale[2 * (b % 8) + 1];
+    std::memcpy(out->sc, k.scale, sizeof(k.scale));
     // Q3_K as Q6_K holds q + 32 for q in -4..3; its own code is q + 4 (0..7).
     const int rebase = f == QuantFormat::kQ3_K ? 32 - CodeOffset(f) : 0;
-    for (int e = 0; e < 32; ++e) out->q[e] = k.codes[32 * (b % 8) + e] - rebase;
+    for (int e = 0; e < kQuantSuperBlock; ++e) out->q[e] = k.codes[e] - rebase;
     return;
   }
   if (f == QuantFormat::kQ2_K) {
     KQuant2 k;
-    DecodeQ2K(row + (b / 8) * QuantBlockBytes(f), &k);
+    DecodeQ2K(src, &k);
     out->d = k.d, out->m = k.dmin;
-    for (int h = 0; h < 2; ++h) {
-      out->sc[h] = k.scale[2 * (b % 8) + h], out->min[h] = k.min[2 * (b % 8) + h];
-    }
-    std::memcpy(out->q, k.codes + 32 * (b % 8), sizeof(out->q));
+    std::memcpy(out->sc, k.scale, sizeof(k.scale));
+    std::memcpy(out->min, k.min, sizeof(k.min));
+    std::memcpy(out->q, k.codes, sizeof(k.codes));
     return;
   }
-  const uint8_t* src = row + static_cast<int64_t>(b) * QuantBlockBytes(f);
   out->d = LoadU16(src);
   out->m = HasMin(f) ? LoadU16(src + 2) : 0;
   if (f == QuantFormat::kQ8_0) {
@@ -93,18 +92,18 @@ void DecodeGgufBlock(QuantFormat f, const uint8_t* row, int b, DecodedBlock* out
 // Where element e of packed row j lives in a group-block: the byte of its low (Q8_0: all) bits
 // (Q2_K / Q3_K: and the shift of its 2-bit field), for Q5_x the byte and bit of its fifth bit,
 // for Q6_K the byte and shift of its top two bits, for Q3_K the byte and bit of its third bit.
-int CodeByte(QuantFormat f, int j, int e) {
+inline int CodeByte(QuantFormat f, int j, int e) {
   if (f == QuantFormat::kQ8_0) return CodesOffset(f) + (e / 4) * 64 + j * 4 + e % 4;
   if (IsLowBit(f)) return CodesOffset(f) + (e / 16) * 64 + j * 4 + e % 4;
   return CodesOffset(f) + (e / 8) * 64 + j * 4 + e % 4;
 }
-int LowBitShift(int e) { return 2 * ((e % 16) / 4); }
-int Q3HighByte(int j, int e) { return Q3HighBitsOffset() + j * 4 + e % 4; }
-int Q3HighBit(int e) { return e / 4; }
-int FifthBitByte(QuantFormat f, int j, int e) { return FifthBitsOffset(f) + j * 4 + e % 4; }
-int FifthBitShift(int e) { return 2 * (e / 8) + (e % 8 >= 4 ? 1 : 0); }
-int Q6HighByte(int j, int e) { return KHighBitsOffset() + (e / 16) * 64 + j * 4 + e % 4; }
-int Q6HighShift(int e) { return 2 * (2 * ((e / 8) % 2) + (e % 8 >= 4 ? 1 : 0)); }
+inline int LowBitShift(int e) { return 2 * ((e % 16) / 4); }
+inline int Q3HighByte(int j, int e) { return Q3HighBitsOffset() + j * 4 + e % 4; }
+inline int Q3HighBit(int e) { return e / 4; }
+inline int FifthBitByte(QuantFormat f, int j, int e) { return FifthBitsOffset(f) + j * 4 + e % 4; }
+inline int FifthBitShift(int e) { return 2 * (e / 8) + (e % 8 >= 4 ? 1 : 0); }
+inline int Q6HighByte(int j, int e) { return KHighBitsOffset() + (e / 16) * 64 + j * 4 + e % 4; }
+inline int Q6HighShift(int e) { return 2 * (2 * ((e / 8) % 2) + (e % 8 >= 4 ? 1 : 0)); }
 
 // The code of element e of packed row j (within its group) in group-block gb.
 int PackedCode(QuantFormat f, const uint8_t* gb, int j, int e) {
@@ -155,6 +154,53 @@ RowScales PackedScales(const QuantWeights& w, int g, int b, int j) {
     r.m[0] = HasMin(w.format) ? HalfToFloat(LoadU16(gb + MinsOffset() + 2 * j)) : 0.f;
   }
   return r;
+}
+
+// Row j's scales of sub-block sb of unit u into group-block gb (K-quants: and its super-block
+// record sup): blocks of 32 their half d (and m); K-quants their integer scales (Q2_K's scale
+// and min as one byte per half) and the super-block's d (and dmin).
+inline void PackScales(QuantFormat f, const DecodedUnit& u, int sb, int j, uint8_t* gb,
+                       uint8_t* sup) {
+  if (!IsKQuant(f)) {
+    std::memcpy(gb + 2 * j, &u.d, 2);
+    if (HasMin(f)) std::memcpy(gb + MinsOffset() + 2 * j, &u.m, 2);
+    return;
+  }
+  if (IsKQuantWithMin(f)) {
+    gb[j] = static_cast<uint8_t>(u.sc[sb]);
+    gb[16 + j] = static_cast<uint8_t>(u.min[sb]);
+  } else {
+    for (int h = 0; h < 2; ++h) {
+      gb[16 * h + j] = static_cast<uint8_t>(u.sc[2 * sb + h] | u.min[2 * sb + h] << 4);
+    }
+  }
+  std::memcpy(sup + 2 * j, &u.d, 2);
+  if (internal::SuperBytes(f) == 64) std::memcpy(sup + 32 + 2 * j, &u.m, 2);
+}
+
+// Row j's 32 codes q of one block into group-block gb (zeroed before).
+inline void PackCodes(QuantFormat f, const int* q, int j, uint8_t* gb) {
+  for (int e = 0; e < kQuantBlock; ++e) {
+    uint8_t& byte = gb[CodeByte(f, j, e)];
+    if (f == QuantFormat::kQ8_0) {
+      byte = static_cast<uint8_t>(q[e]);
+      continue;
+    }
+    if (IsLowBit(f)) {
+      byte |= static_cast<uint8_t>((q[e] & 3) << LowBitShift(e));
+      if (f == QuantFormat::kQ3_K) {
+        gb[Q3HighByte(j, e)] |= static_cast<uint8_t>((q[e] >> 2) << Q3HighBit(e));
+      }
+      continue;
+    }
+    byte |= static_cast<uint8_t>(e % 8 < 4 ? (q[e] & 0x0f) : (q[e] & 0x0f) << 4);
+    if (HasFifthBit(f)) {
+      gb[FifthBitByte(f, j, e)] |= static_cast<uint8_t>((q[e] >> 4) << FifthBitShift(e));
+    }
+    if (f == QuantFormat::kQ6_K) {
+      gb[Q6HighByte(j, e)] |= static_cast<uint8_t>((q[e] >> 4) << Q6HighShift(e));
+    }
+  }
 }
 
 }  // namespace
@@ -228,8 +274,8 @@ std::unique_ptr<uint8_t[], AlignedFree> AllocateZeroed(int64_t bytes) {
 
 }  // namespace
 
-absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t* src, int n,
-                                              int k) {
+absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t* src, int n, int k,
+                                              ThreadPool* pool) {
   const int per_block = QuantBlockElements(format);
   if (src == nullptr || n <= 0 || k <= 0 || k % per_block != 0) {
     return absl::InvalidArgumentError(
@@ -252,48 +298,66 @@ absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t*
     return absl::ResourceExhaustedError(
         absl::StrCat("PackQuantWeights: out of memory for ", w.bytes(), " bytes"));
   }
-  const int64_t row_bytes = static_cast<int64_t>(k / per_block) * QuantBlockBytes(format);
-  DecodedBlock blk;
-  for (int r = 0; r < n; ++r) {
-    const int g = r / kQuantGroupRows;
-    const int j = r % kQuantGroupRows;
-    for (int b = 0; b < w.blocks; ++b) {
-      DecodeGgufBlock(format, src + r * row_bytes, b, &blk);
-      uint8_t* gb = w.data.get() + (static_cast<int64_t>(g) * w.blocks + b) * w.group_block_bytes;
-      if (IsKQuant(format)) {
-        for (int h = 0; h < 2; ++h) {
-          gb[16 * h + j] = static_cast<uint8_t>(blk.sc[h] | blk.min[h] << 4);  // min 0 but Q2_K
-        }
-        uint8_t* sup = const_cast<uint8_t*>(w.Super(g, b));
-        std::memcpy(sup + 2 * j, &blk.d, 2);
-        if (internal::SuperBytes(format) == 64) std::memcpy(sup + 32 + 2 * j, &blk.m, 2);
-      } else {
-        std::memcpy(gb + 2 * j, &blk.d, 2);
-        if (HasMin(format)) std::memcpy(gb + MinsOffset() + 2 * j, &blk.m, 2);
-      }
-      for (int e = 0; e < 32; ++e) {
-        const int q = blk.q[e];
-        uint8_t& byte = gb[CodeByte(format, j, e)];
-        if (format == QuantFormat::kQ8_0) {
-          byte = static_cast<uint8_t>(q);
-          continue;
-        }
-        if (IsLowBit(format)) {
-          byte |= static_cast<uint8_t>((q & 3) << LowBitShift(e));
-          if (format == QuantFormat::kQ3_K) {
-            gb[Q3HighByte(j, e)] |= static_cast<uint8_t>((q >> 2) << Q3HighBit(e));
+  // Each group's bytes are its own: groups pack in parallel. The format is a constant in each
+  // instantiation, so that the layout's index arithmetic folds.
+  auto pack = [&]<QuantFormat F>(int64_t g0, int64_t g1) {
+    const int64_t row_bytes = static_cast<int64_t>(k / per_block) * QuantBlockBytes(F);
+    const int subs = per_block / kQuantBlock;  // blocks of 32 per GGUF block
+    DecodedUnit u;
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int j = 0; j < kQuantGroupRows && g * kQuantGroupRows + j < n; ++j) {
+        const uint8_t* row = src + (g * kQuantGroupRows + j) * row_bytes;
+        for (int unit = 0; unit < k / per_block; ++unit) {
+          DecodeGgufUnit(F, row, unit, &u);
+          for (int sb = 0; sb < subs; ++sb) {
+            const int b = unit * subs + sb;
+            uint8_t* gb = w.data.get() + (g * w.blocks + b) * w.group_block_bytes;
+            PackScales(F, u, sb, j, gb, const_cast<uint8_t*>(w.Super(g, b)));
+            PackCodes(F, u.q + kQuantBlock * sb, j, gb);
           }
-          continue;
-        }
-        byte |= static_cast<uint8_t>(e % 8 < 4 ? (q & 0x0f) : (q & 0x0f) << 4);
-        if (HasFifthBit(format)) {
-          gb[FifthBitByte(format, j, e)] |= static_cast<uint8_t>((q >> 4) << FifthBitShift(e));
-        }
-        if (format == QuantFormat::kQ6_K) {
-          gb[Q6HighByte(j, e)] |= static_cast<uint8_t>((q >> 4) << Q6HighShift(e));
         }
       }
     }
+  };
+  auto run = [&]<QuantFormat F>() {
+    auto groups = [&](int64_t g0, int64_t g1) { pack.template operator()<F>(g0, g1); };
+    if (pool == nullptr) {
+      groups(0, w.num_groups);
+    } else {
+      pool->ParallelFor(w.num_groups, 4, groups);
+    }
+  };
+  switch (format) {
+    case QuantFormat::kQ8_0:
+      run.template operator()<QuantFormat::kQ8_0>();
+      break;
+    case QuantFormat::kQ4_0:
+      run.template operator()<QuantFormat::kQ4_0>();
+      break;
+    case QuantFormat::kQ4_1:
+      run.template operator()<QuantFormat::kQ4_1>();
+      break;
+    case QuantFormat::kQ5_0:
+      run.template operator()<QuantFormat::kQ5_0>();
+      break;
+    case QuantFormat::kQ5_1:
+      run.template operator()<QuantFormat::kQ5_1>();
+      break;
+    case QuantFormat::kQ4_K:
+      run.template operator()<QuantFormat::kQ4_K>();
+      break;
+    case QuantFormat::kQ5_K:
+      run.template operator()<QuantFormat::kQ5_K>();
+      break;
+    case QuantFormat::kQ6_K:
+      run.template operator()<QuantFormat::kQ6_K>();
+      break;
+    case QuantFormat::kQ2_K:
+      run.template operator()<QuantFormat::kQ2_K>();
+      break;
+    case QuantFormat::kQ3_K:
+      run.template operator()<QuantFormat::kQ3_K>();
+      break;
   }
   return w;
 }

@@ -95,10 +95,11 @@ struct QuantWeights {
   }
 };
 
-// Repacks `src`: n rows of k / QuantBlockElements GGUF blocks each (row-major, as in the file).
-// InvalidArgument when k is not a multiple of the block or n, k <= 0; ResourceExhausted when
-// allocation fails.
-absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t* src, int n, int k);
+// Repacks `src`: n rows of k / QuantBlockElements GGUF blocks each (row-major, as in the file),
+// groups of 16 rows in parallel on `pool` (may be null). InvalidArgument when k is not a multiple
+// of the block or n, k <= 0; ResourceExhausted when allocation fails.
+absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t* src, int n, int k,
+                                              ThreadPool* pool = nullptr);
 
 // Row `row` of dequant(w) into out[k] (x = (q - o) * d (+ m), in the order ggml dequantizes).
 void DequantizeQuantRow(const QuantWeights& w, int row, float* out);
