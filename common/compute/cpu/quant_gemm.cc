@@ -327,38 +327,7 @@ absl::StatusOr<QuantWeights> PackQuantWeights(QuantFormat format, const uint8_t*
       pool->ParallelFor(w.num_groups, 4, groups);
     }
   };
-  switch (format) {
-    case QuantFormat::kQ8_0:
-      run.template operator()<QuantFormat::kQ8_0>();
-      break;
-    case QuantFormat::kQ4_0:
-      run.template operator()<QuantFormat::kQ4_0>();
-      break;
-    case QuantFormat::kQ4_1:
-      run.template operator()<QuantFormat::kQ4_1>();
-      break;
-    case QuantFormat::kQ5_0:
-      run.template operator()<QuantFormat::kQ5_0>();
-      break;
-    case QuantFormat::kQ5_1:
-      run.template operator()<QuantFormat::kQ5_1>();
-      break;
-    case QuantFormat::kQ4_K:
-      run.template operator()<QuantFormat::kQ4_K>();
-      break;
-    case QuantFormat::kQ5_K:
-      run.template operator()<QuantFormat::kQ5_K>();
-      break;
-    case QuantFormat::kQ6_K:
-      run.template operator()<QuantFormat::kQ6_K>();
-      break;
-    case QuantFormat::kQ2_K:
-      run.template operator()<QuantFormat::kQ2_K>();
-      break;
-    case QuantFormat::kQ3_K:
-      run.template operator()<QuantFormat::kQ3_K>();
-      break;
-  }
+  internal::WithQuantFormat(format, run);
   return w;
 }
 

@@ -222,25 +222,8 @@ void Tile16(const QuantWeights& w, const QuantActs& a, int g0, int g1, const flo
 
 void QuantTileAmx(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float* bias,
                   float* y, int64_t ldy) {
-  switch (w.format) {
-    case QuantFormat::kQ8_0:
-      return Tile16<QuantFormat::kQ8_0>(w, a, g0, g1, bias, y, ldy);
-    case QuantFormat::kQ4_0:
-      return Tile16<QuantFormat::kQ4_0>(w, a, g0, g1, bias, y, ldy);
-    case QuantFormat::kQ4_1:
-      return Tile16<QuantFormat::kQ4_1>(w, a, g0, g1, bias, y, ldy);
-    case QuantFormat::kQ5_0:
-      return Tile16<QuantFormat::kQ5_0>(w, a, g0, g1, bias, y, ldy);
-    case QuantFormat::kQ5_1:
-      return Tile16<QuantFormat::kQ5_1>(w, a, g0, g1, bias, y, ldy);
-    case QuantFormat::kQ4_K:
-      return Tile16<QuantFormat::kQ4_K>(w, a, g0, g1, bias, y, ldy);
-    case QuantFormat::kQ5_K:
-      return Tile16<QuantFormat::kQ5_K>(w, a, g0, g1, bias, y, ldy);
-    case QuantFormat::kQ6_K:
-      return Tile16<QuantFormat::kQ6_K>(w, a, g0, g1, bias, y, ldy);
-    case QuantFormat::kQ2_K:
-    case QuantFormat::kQ3_K:
+  WithQuantFormat(w.format, [&]<QuantFormat F>() {
+    if constexpr (IsLowBit(F)) {
       // Not unpacked to tiles here: the VNNI kernel, four rows at a time (the same bits).
       for (int r = 0; r < kAmxTileRows; r += kQuantTileRows) {
         const QuantActs rows{a.q + r * a.ldq,
@@ -252,8 +235,10 @@ void QuantTileAmx(const QuantWeights& w, const QuantActs& a, int g0, int g1, con
                              a.ldb};
         QuantTileAvx512Vnni(w, rows, kQuantTileRows, g0, g1, bias, y + r * ldy, ldy);
       }
-      return;
-  }
+    } else {
+      Tile16<F>(w, a, g0, g1, bias, y, ldy);
+    }
+  });
 }
 
 }  // namespace duet::compute::cpu::internal

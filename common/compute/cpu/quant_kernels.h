@@ -114,12 +114,39 @@ static inline void PrefetchAhead(const QuantWeights& w, const uint8_t* gb) {
   }
 }
 
+// Calls fn.template operator()<F>() with F == format, a compile-time constant there.
+template <typename Fn>
+void WithQuantFormat(QuantFormat format, Fn&& fn) {
+  switch (format) {
+    case QuantFormat::kQ8_0:
+      return fn.template operator()<QuantFormat::kQ8_0>();
+    case QuantFormat::kQ4_0:
+      return fn.template operator()<QuantFormat::kQ4_0>();
+    case QuantFormat::kQ4_1:
+      return fn.template operator()<QuantFormat::kQ4_1>();
+    case QuantFormat::kQ5_0:
+      return fn.template operator()<QuantFormat::kQ5_0>();
+    case QuantFormat::kQ5_1:
+      return fn.template operator()<QuantFormat::kQ5_1>();
+    case QuantFormat::kQ4_K:
+      return fn.template operator()<QuantFormat::kQ4_K>();
+    case QuantFormat::kQ5_K:
+      return fn.template operator()<QuantFormat::kQ5_K>();
+    case QuantFormat::kQ6_K:
+      return fn.template operator()<QuantFormat::kQ6_K>();
+    case QuantFormat::kQ2_K:
+      return fn.template operator()<QuantFormat::kQ2_K>();
+    case QuantFormat::kQ3_K:
+      return fn.template operator()<QuantFormat::kQ3_K>();
+  }
+}
+
 // Calls Kernel::Run<format, rows>(w, a, g0, g1, bias, y, ldy) for the runtime format and rows
 // (each ISA's translation unit instantiates it with its own kernel type).
 template <typename Kernel>
 void DispatchQuantTile(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
                        const float* bias, float* y, int64_t ldy) {
-  auto by_rows = [&]<QuantFormat F>() {
+  WithQuantFormat(w.format, [&]<QuantFormat F>() {
     switch (rows) {
       case 1:
         return Kernel::template Run<F, 1>(w, a, g0, g1, bias, y, ldy);
@@ -130,29 +157,7 @@ void DispatchQuantTile(const QuantWeights& w, const QuantActs& a, int rows, int 
       default:
         return Kernel::template Run<F, 4>(w, a, g0, g1, bias, y, ldy);
     }
-  };
-  switch (w.format) {
-    case QuantFormat::kQ8_0:
-      return by_rows.template operator()<QuantFormat::kQ8_0>();
-    case QuantFormat::kQ4_0:
-      return by_rows.template operator()<QuantFormat::kQ4_0>();
-    case QuantFormat::kQ4_1:
-      return by_rows.template operator()<QuantFormat::kQ4_1>();
-    case QuantFormat::kQ5_0:
-      return by_rows.template operator()<QuantFormat::kQ5_0>();
-    case QuantFormat::kQ5_1:
-      return by_rows.template operator()<QuantFormat::kQ5_1>();
-    case QuantFormat::kQ4_K:
-      return by_rows.template operator()<QuantFormat::kQ4_K>();
-    case QuantFormat::kQ5_K:
-      return by_rows.template operator()<QuantFormat::kQ5_K>();
-    case QuantFormat::kQ6_K:
-      return by_rows.template operator()<QuantFormat::kQ6_K>();
-    case QuantFormat::kQ2_K:
-      return by_rows.template operator()<QuantFormat::kQ2_K>();
-    case QuantFormat::kQ3_K:
-      return by_rows.template operator()<QuantFormat::kQ3_K>();
-  }
+  });
 }
 
 using QuantTileFn = void (*)(const QuantWeights& w, const QuantActs& a, int rows, int g0, int g1,
