@@ -107,11 +107,11 @@ void UnpackCodes(const uint8_t* gb, int8_t* out) {
     if constexpr (F == QuantFormat::kQ6_K) {
       constexpr int kField = 2 * (S % 2);
       // lo | (field bits at 4-5), hi likewise: ternary logic A | (B & C).
-      lo = _mm512_ternarylogic_epi32(lo, BitTo<4, 2 * kField>(high[S / 2]), bits45, 0xf8);
-      hi = _mm512_ternarylogic_epi32(hi, BitTo<4, 2 * kField + 2>(high[S / 2]), bits45, 0xf8);
+      lo = _mm512_ternarylogic_epi32(lo, (BitTo<4, 2 * kField>(high[S / 2])), bits45, 0xf8);
+      hi = _mm512_ternarylogic_epi32(hi, (BitTo<4, 2 * kField + 2>(high[S / 2])), bits45, 0xf8);
     } else if constexpr (HasFifthBit(F)) {
-      lo = _mm512_ternarylogic_epi32(lo, BitTo<4, 2 * S>(high[0]), bit4, 0xf8);
-      hi = _mm512_ternarylogic_epi32(hi, BitTo<4, 2 * S + 1>(high[0]), bit4, 0xf8);
+      lo = _mm512_ternarylogic_epi32(lo, (BitTo<4, 2 * S>(high[0])), bit4, 0xf8);
+      hi = _mm512_ternarylogic_epi32(hi, (BitTo<4, 2 * S + 1>(high[0])), bit4, 0xf8);
     }
     if constexpr (CodeOffset(F) != 0) {
       lo = _mm512_sub_epi8(lo, offset);

@@ -80,8 +80,8 @@ void Tile(const QuantWeights& w, const QuantActs& a, int g0, int g1, const float
           __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
           if constexpr (HasFifthBit(F)) {
             // lo | (bit 2S at bit 4), hi | (bit 2S + 1 at bit 4): ternary logic A | (B & C).
-            lo = _mm512_ternarylogic_epi32(lo, BitTo<4, 2 * S>(fifth), bit4, 0xf8);
-            hi = _mm512_ternarylogic_epi32(hi, BitTo<4, 2 * S + 1>(fifth), bit4, 0xf8);
+            lo = _mm512_ternarylogic_epi32(lo, (BitTo<4, 2 * S>(fifth)), bit4, 0xf8);
+            hi = _mm512_ternarylogic_epi32(hi, (BitTo<4, 2 * S + 1>(fifth)), bit4, 0xf8);
           }
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
@@ -182,11 +182,11 @@ void TileK(const QuantWeights& w, const QuantActs& a, int g0, int g1, const floa
         if constexpr (kQ6) {
           constexpr int kField = 2 * (S % 2);
           // lo | (field bits at 4-5), hi likewise: ternary logic A | (B & C).
-          lo = _mm512_ternarylogic_epi32(lo, BitTo<4, 2 * kField>(high[S / 2]), bits45, 0xf8);
-          hi = _mm512_ternarylogic_epi32(hi, BitTo<4, 2 * kField + 2>(high[S / 2]), bits45, 0xf8);
+          lo = _mm512_ternarylogic_epi32(lo, (BitTo<4, 2 * kField>(high[S / 2])), bits45, 0xf8);
+          hi = _mm512_ternarylogic_epi32(hi, (BitTo<4, 2 * kField + 2>(high[S / 2])), bits45, 0xf8);
         } else if constexpr (HasFifthBit(F)) {
-          lo = _mm512_ternarylogic_epi32(lo, BitTo<4, 2 * S>(high[0]), bit4, 0xf8);
-          hi = _mm512_ternarylogic_epi32(hi, BitTo<4, 2 * S + 1>(high[0]), bit4, 0xf8);
+          lo = _mm512_ternarylogic_epi32(lo, (BitTo<4, 2 * S>(high[0])), bit4, 0xf8);
+          hi = _mm512_ternarylogic_epi32(hi, (BitTo<4, 2 * S + 1>(high[0])), bit4, 0xf8);
         }
         constexpr int kHalf = kQ6 ? S / 2 : 0;
 #pragma GCC unroll 8
@@ -254,7 +254,7 @@ void TileLowBit(const QuantWeights& w, const QuantActs& a, int g0, int g1, const
       auto step = [&]<int S>() {
         __m512i c = _mm512_and_si512(_mm512_srli_epi16(v[S / 4], 2 * (S % 4)), three);
         // c | (bit S at bit 2): ternary logic A | (B & C).
-        if constexpr (kQ3) c = _mm512_ternarylogic_epi32(c, BitTo<2, S>(high), bit2, 0xf8);
+        if constexpr (kQ3) c = _mm512_ternarylogic_epi32(c, (BitTo<2, S>(high)), bit2, 0xf8);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           isum[S / 4][r] =
