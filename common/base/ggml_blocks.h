@@ -130,7 +130,8 @@ inline void DecodeQ6K(const uint8_t* src, KQuant6* out) {
   }
 }
 
-// The inverse of DecodeQ6K: the 210 bytes of k (codes 0..63, scales -128..127).
+// The inverse of DecodeQ6K: the 210 bytes of k (codes 0..63, scales -128..127). Tests write
+// Q6_K blocks with it (e.g. Q3_K's values as Q6_K, which the Q3_K kernels must match bit for bit).
 inline void EncodeQ6K(const KQuant6& k, uint8_t* dst) {
   uint8_t* ql = dst;
   uint8_t* qh = dst + 128;

@@ -13,7 +13,6 @@
 #include "common/base/float16.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
-#include "common/model/gguf_kquant.h"
 #include "common/model/gguf_quant.h"
 
 namespace duet::model {
