@@ -7,7 +7,8 @@
 //                [--weights_dtype f32,native] [--cpu_isa auto,avx2,avx512,...]
 //
 // Prefill: tokens/s of one prompt's forward pass (best of --reps). Decode: tokens/s of one
-// decode step over a batch of sequences, each with --context tokens already cached. Beside
+// decode step over a batch of sequences, each with --context tokens already cached (every
+// repetition decodes at that position: the table is cut back after each step). Beside
 // the decode figures it prints the memory-bound limit: the bytes a step reads (the weight
 // matrices, and each sequence's K/V at --context + 1 tokens) / measured read bandwidth.
 // --decode_sample adds decode steps that also pick each row's token: "host" copies the logits
@@ -18,9 +19,9 @@
 // stored), --cpu_isa for each CPU kernel path (cpu_isa.h). Every variant is loaded first and the
 // variants run interleaved, repetition by repetition, so that noise on a shared machine hits each
 // alike; the memory-read bound of each is its own matrix bytes (ModelRunner::MatrixBytes) plus
-// its K/V bytes (the fewest any repetition reads) over the measured read bandwidth: the better of
-// two probes, one before the engines load and one after they are freed (on a shared machine
-// either can read low, which would flatter the ratio).
+// its K/V bytes over the measured read bandwidth: the better of two probes, one before the
+// engines load and one after they are freed (on a shared machine either can read low, which
+// would flatter the ratio).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -184,9 +185,13 @@ int main(int argc, char** argv) {
       }
     }
   }
-  int64_t max_tokens = 0;
-  for (int p : prefill) max_tokens = std::max<int64_t>(max_tokens, p);
-  for (int b : batches) max_tokens = std::max<int64_t>(max_tokens, int64_t{b} * (context + 1));
+  // Blocks of the largest phase: one prompt, or a batch of sequences held at --context + 1.
+  auto blocks_needed = [&](const duet::kv::KvLayout& layout) {
+    int64_t blocks = 0;
+    for (int p : prefill) blocks = std::max(blocks, layout.BlocksForTokens(p));
+    for (int b : batches) blocks = std::max(blocks, b * layout.BlocksForTokens(context + 1));
+    return blocks;
+  };
   for (Variant& v : variants) {
     duet::model::EngineOptions opts{.device = "cpu",
                                     .num_threads = absl::GetFlag(FLAGS_threads),
@@ -203,7 +208,7 @@ int main(int argc, char** argv) {
     v.engine = *std::move(engine_or);
     config = v.engine->config();
     duet::kv::BlockPool& pool = v.engine->pool();
-    if (pool.layout().BytesForTokens(max_tokens + 64 * pool.layout().block_size) >
+    if (pool.layout().BytesForTokens(blocks_needed(pool.layout()) * pool.layout().block_size) >
         pool.region_bytes()) {
       std::fprintf(stderr, "engine_bench: KV pool too small for the sweep (--kv_cache_bytes)\n");
       return 1;
@@ -267,8 +272,10 @@ int main(int argc, char** argv) {
         }
       }
     }
-    // Variants and sampling modes interleaved per repetition, so context growth and noise hit
-    // each alike.
+    // Variants and sampling modes interleaved per repetition, so that noise hits each alike.
+    // Every step decodes at position --context: afterwards each table is cut back to --context
+    // tokens (the step's block, if it took one, stays for the next), so a long run, or a
+    // profile of one, sees the stated context and not a growing one.
     std::vector<std::vector<double>> best(variants.size(), std::vector<double>(modes.size(), 1e30));
     std::vector<SequenceInput> batch(b);
     for (int r = 0; r < reps; ++r) {
@@ -298,6 +305,11 @@ int main(int argc, char** argv) {
           }
           best[vi][m] = std::min(best[vi][m], sw.ElapsedMs());
           if (checksum < 0) std::fprintf(stderr, "engine_bench: negative token id\n");
+          for (int s = 0; s < b; ++s) {
+            std::vector<duet::kv::BlockId> blocks = tables[vi][s]->Detach();
+            tables[vi][s] =
+                std::make_unique<duet::kv::BlockTable>(&engine.pool(), std::move(blocks), context);
+          }
         }
       }
     }
@@ -356,8 +368,7 @@ int main(int argc, char** argv) {
   j["weight_bytes"] = weight_bytes;
   for (const Row& r : rows) {
     const bool decode = r.phase.rfind("decode", 0) == 0;
-    // A step of batch b reads the matrices once and each sequence's K/V: --context + 1 tokens at
-    // its first repetition, more at later ones (the bound of the shortest).
+    // A step of batch b reads the matrices once and each sequence's K/V: --context + 1 tokens.
     const double step_bytes = weight_bytes[r.weights] + static_cast<double>(r.size) *
                                                             (context + 1) *
                                                             kv_token_bytes[r.kv_dtype];

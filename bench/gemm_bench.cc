@@ -6,10 +6,12 @@
 // With --formats (GGUF block types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K), the kept
 // quantized weights instead: per format, path and M, the time of one product over a ring of
 // copies of the matrix larger than the last-level cache (so that, as in a decode step, the
-// weights come from memory), and the packed bytes read per second.
+// weights come from memory), and the packed bytes read per second. --ring_mib sets the ring's
+// size (default 256): a ring of one matrix (--ring_mib 0) keeps the weights in cache, which
+// gives the kernel's own rate without the memory's.
 //
 //   gemm_bench [--threads N] [--min_time SECONDS] [--cpu_isa avx2,avx512] [--m 1,8,32,512]
-//              [--formats Q4_0,Q3_K,...] [--json FILE]
+//              [--formats Q4_0,Q3_K,...] [--ring_mib 256] [--json FILE]
 #include <immintrin.h>
 
 #include <algorithm>
@@ -179,15 +181,15 @@ std::vector<std::string> SplitList(const std::string& s) {
 // --formats: the kept quantized weights on each path (see the top of the file).
 int RunQuantized(const std::vector<std::string>& formats, const std::vector<std::string>& isas,
                  std::vector<std::unique_ptr<ComputeBackend>>& backends, const std::vector<int>& ms,
-                 double min_time, const std::string& json_path) {
+                 double min_time, int64_t ring_mib, const std::string& json_path) {
   using duet::compute::WeightFormat;
   // SmolLM2-135M's ffn_down and a 1B model's (K a multiple of every block).
   const std::vector<Shape> shapes = {{576, 1536}, {2048, 5632}};
-  constexpr int64_t kRingBytes = int64_t{256} << 20;  // well past the last-level cache
+  const int64_t ring_target = ring_mib << 20;  // by default well past the last-level cache
   std::mt19937 rng(7);
   nlohmann::json results = nlohmann::json::array();
   std::printf("gemm_bench: quantized weights, one product per call over a ring of %lld MiB\n",
-              static_cast<long long>(kRingBytes >> 20));
+              static_cast<long long>(ring_mib));
   std::printf("%6s %7s %7s %6s %14s %10s %8s %9s\n", "format", "N", "K", "M", "path", "us/call",
               "GB/s", "GFLOP/s");
   for (const std::string& name : formats) {
@@ -211,7 +213,7 @@ int RunQuantized(const std::vector<std::string>& formats, const std::vector<std:
       for (size_t i = 0; i < isas.size(); ++i) {
         std::vector<std::unique_ptr<PreparedMatrix>> ring;
         int64_t ring_bytes = 0;
-        while (ring_bytes < kRingBytes) {
+        while (ring.empty() || ring_bytes < ring_target) {
           const std::vector<uint8_t> blocks = RandomGgufBlocks(*format, s.n, s.k, rng);
           auto p = backends[i]->PrepareStoredMatrix(
               {.format = *format, .data = blocks.data(), .rows = s.n, .cols = s.k});
@@ -268,6 +270,7 @@ int main(int argc, char** argv) {
   std::string isa_list = "avx2,avx512";
   std::string m_list = "1,8,32,128,512,2048";
   std::string format_list;
+  int64_t ring_mib = 256;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) {
@@ -282,10 +285,12 @@ int main(int argc, char** argv) {
       m_list = argv[++i];
     } else if (arg == "--formats" && i + 1 < argc) {
       format_list = argv[++i];
+    } else if (arg == "--ring_mib" && i + 1 < argc) {
+      ring_mib = std::atoll(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: gemm_bench [--threads N] [--min_time S] [--cpu_isa avx2,avx512] "
-                   "[--m 1,8,512] [--formats Q4_0,Q3_K] [--json FILE]\n");
+                   "[--m 1,8,512] [--formats Q4_0,Q3_K] [--ring_mib 256] [--json FILE]\n");
       return 2;
     }
   }
@@ -303,7 +308,7 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<ComputeBackend>> invariant;
   for (const std::string& isa : isas) invariant.push_back(MakeBackend("invariant", threads, isa));
   if (!format_list.empty()) {
-    return RunQuantized(SplitList(format_list), isas, invariant, ms, min_time, json_path);
+    return RunQuantized(SplitList(format_list), isas, invariant, ms, min_time, ring_mib, json_path);
   }
   auto blas = MakeBackend("openblas", threads);
   const int peak_threads =

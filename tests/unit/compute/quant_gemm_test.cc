@@ -375,9 +375,13 @@ TEST(QuantGemmTest, ActivationCodesAreTheNearestStep) {
       const int i = b * 32 + e;
       EXPECT_LE(std::abs(q[i]), 127);
       EXPECT_LE(std::fabs(x[i] - d[b] * q[i]), 0.5f * d[b] * (1 + 1e-5f)) << "element " << i;
-      if (std::fabs(x[i]) == amax && amax > 0) EXPECT_EQ(std::abs(q[i]), 127);
+      if (std::fabs(x[i]) == amax && amax > 0) {
+        EXPECT_EQ(std::abs(q[i]), 127);
+      }
       s += q[i];
-      if (e == 15) EXPECT_EQ(sum_lo[b], s);
+      if (e == 15) {
+        EXPECT_EQ(sum_lo[b], s);
+      }
     }
     EXPECT_EQ(sum[b], s);
     EXPECT_EQ(dsum[b], d[b] * static_cast<float>(s));
