@@ -1,10 +1,11 @@
 // kv_accuracy: what a narrower KV cache dtype costs in accuracy, against f32 KV on the same model
 // and weights (the same CPU kernels; only the KV dtype differs); with --weights_dtypes, also what
 // keeping the weight matrices in another form costs (native: GGUF blocks as stored, integer dot
-// products), against f32 weights with f32 KV.
+// products; bf16/bf16: bf16 weights on bf16 dot products, cpu_gemm bf16), against f32 weights
+// with f32 KV.
 //
 //   kv_accuracy --model models/smollm2-135m-instruct-q4_1.gguf [--kv_dtypes bf16,f16,int8,fp8]
-//               [--weights_dtypes native]
+//               [--weights_dtypes native,bf16,bf16/bf16]
 //               [--prompts 50 --min_len 64 --max_len 1024 --gen 64]
 //               [--ppl_tokens 16384 --ppl_window 1024 --ppl_chunk 128]
 //               [--text_dir /usr/share/common-licenses] [--json FILE]
@@ -45,7 +46,8 @@
 ABSL_FLAG(std::string, model, "", "model directory or .gguf file");
 ABSL_FLAG(std::string, kv_dtypes, "bf16,f16,int8,fp8", "KV dtypes to compare against f32");
 ABSL_FLAG(std::string, weights_dtypes, "",
-          "weight forms to compare against f32 weights (native), each with f32 KV");
+          "weight forms to compare against f32 weights (native, bf16, or DTYPE/GEMM for another "
+          "cpu_gemm: bf16/bf16), each with f32 KV");
 ABSL_FLAG(int, prompts, 50, "number of prompts");
 ABSL_FLAG(int, min_len, 64, "shortest prompt (tokens)");
 ABSL_FLAG(int, max_len, 1024, "longest prompt (tokens)");
@@ -99,13 +101,18 @@ struct Generation {
   std::vector<float> logprobs;
 };
 
+// `weights` is a weights_dtype, or "DTYPE/GEMM" for another cpu_gemm (bf16/bf16: bf16 weights
+// on bf16 dot products).
 std::unique_ptr<LocalEngine> Load(const std::string& model, const std::string& dtype,
                                   int64_t kv_bytes, const std::string& weights = "f32") {
-  auto e = LocalEngine::Load(model, {.device = "cpu",
-                                     .num_threads = absl::GetFlag(FLAGS_threads),
-                                     .kv_cache_bytes = kv_bytes,
-                                     .kv_dtype = dtype,
-                                     .weights_dtype = weights});
+  const size_t slash = weights.find('/');
+  auto e = LocalEngine::Load(
+      model, {.device = "cpu",
+              .num_threads = absl::GetFlag(FLAGS_threads),
+              .cpu_gemm = slash == std::string::npos ? "invariant" : weights.substr(slash + 1),
+              .kv_cache_bytes = kv_bytes,
+              .kv_dtype = dtype,
+              .weights_dtype = weights.substr(0, slash)});
   if (!e.ok()) Die("load " + dtype + " / weights " + weights, e.status());
   return *std::move(e);
 }

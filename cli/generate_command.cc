@@ -36,7 +36,9 @@ ABSL_FLAG(bool, json, false, "print JSON instead of text");
 ABSL_FLAG(std::string, device, "auto", "compute device: auto, cpu or cuda");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores)");
 ABSL_FLAG(std::string, cpu_gemm, "invariant",
-          "CPU GEMM: invariant (batch-invariant, default) or openblas");
+          "CPU GEMM: invariant (batch-invariant, default), bf16 (invariant too; bf16 weights "
+          "on bf16 dot products, activations rounded to bf16; with --weights_dtype bf16 or "
+          "native) or openblas");
 ABSL_FLAG(std::string, cpu_isa, "auto",
           "CPU kernel path: auto (the best this CPU runs), scalar, avx2, avx512, avx512_vnni, "
           "avx512_bf16 or amx; a path the CPU lacks is refused");

@@ -47,7 +47,7 @@ struct NodeRuntimeOptions {
   std::string model_dir;
   std::string device = "auto";           // auto | cpu | cuda
   int threads = 0;                       // compute threads (0: all cores)
-  std::string cpu_gemm = "invariant";    // invariant | openblas: every node of a cluster alike
+  std::string cpu_gemm = "invariant";    // invariant | bf16 | openblas: every node alike
   std::string cpu_isa = "auto";          // model::EngineOptions::cpu_isa
   std::string weights_dtype = "auto";    // model::EngineOptions::weights_dtype: nodes alike
   int block_size = 16;                   // tokens per KV block

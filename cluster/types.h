@@ -37,7 +37,7 @@ struct NodeLoad {
 // coordinator refuses a node whose numerics differ from the cluster's.
 struct NodeCompute {
   std::string backend;   // the compute backend's name: cpu | cuda
-  std::string cpu_gemm;  // cpu: invariant | openblas; empty on other backends
+  std::string cpu_gemm;  // cpu: invariant | bf16 | openblas; empty on other backends
   int32_t threads = 0;   // compute threads asked for (0: all cores); numerics do not depend on it
   // How weight matrices are kept (model::WeightsDtype): "f32" (or empty) | "native" | "bf16".
   // The ISA path (--cpu_isa) is not here: every path gives the same bits.

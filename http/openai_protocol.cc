@@ -189,7 +189,6 @@ bool Empty(const json& v) {
 }
 bool IsFalse(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool IsTrue(const json& v) { return v.is_boolean() && v.get<bool>(); }
-bool IsZero(const json& v) { return v.is_number() && v.get<double>() == 0; }
 bool IsOne(const json& v) { return v.is_number() && v.get<double>() == 1; }
 bool Never(const json&) { return false; }
 bool TextFormat(const json& v) {

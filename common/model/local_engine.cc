@@ -19,6 +19,12 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string
                                                                const EngineOptions& options) {
   absl::StatusOr<WeightsDtype> dtype = ParseWeightsDtype(options.weights_dtype);
   if (!dtype.ok()) return Annotate(dtype.status(), "weights_dtype");
+  if (options.cpu_gemm == "bf16" && *dtype == WeightsDtype::kF32) {
+    // Float32 matrices keep the float32 GEMM: the flag would change nothing.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu_gemm 'bf16' multiplies bf16 weights, and weights_dtype '", options.weights_dtype,
+        "' keeps none: use --weights_dtype=bf16 (or native for BF16-stored matrices)"));
+  }
   DUET_ASSIGN_OR_RETURN(ModelFiles files, LoadModelFiles(model_dir, *dtype));
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(model_dir);
   if (absl::IsNotFound(tokenizer.status())) {

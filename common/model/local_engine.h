@@ -27,14 +27,14 @@ namespace duet::model {
 struct EngineOptions {
   std::string device = "auto";         // auto | cpu | cuda
   int num_threads = 0;                 // 0: all cores
-  std::string cpu_gemm = "invariant";  // invariant | openblas
+  std::string cpu_gemm = "invariant";  // invariant | bf16 (bf16 dot products) | openblas
   int block_size = 16;
   int64_t kv_cache_bytes = 512ll << 20;  // size of the KV pool (in the backend's KV memory)
   // KV cache dtype: f32, bf16, f16, int8, fp8, or auto (the backend's compute dtype: f32 on
   // cpu, the GEMM dtype on cuda).
   std::string kv_dtype = "auto";
   std::string cpu_isa = "auto";  // cpu kernel path (compute/cpu/cpu_isa.h)
-  // How weight matrices are kept (weights.h WeightsDtype): auto | f32 | native. Load only;
+  // How weight matrices are kept (weights.h WeightsDtype): auto | f32 | native | bf16. Load only;
   // Create takes the weights as they are.
   std::string weights_dtype = "auto";
 };

@@ -216,7 +216,9 @@ TEST_F(HttpFrontTest, ChatStreamedAsServerSentEvents) {
       EXPECT_EQ(c["object"], "chat.completion.chunk");
       if (i >= with_choices) continue;
       EXPECT_FALSE(c.contains("usage")) << c.dump();
-      if (i == 0) EXPECT_EQ(c["choices"][0]["delta"]["role"], "assistant");
+      if (i == 0) {
+        EXPECT_EQ(c["choices"][0]["delta"]["role"], "assistant");
+      }
       text += c["choices"][0]["delta"].value("content", "");
       if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
     }

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "common/compute/cpu/attention_kernels_impl.h"
+#include "common/compute/cpu/bf16_avx512.h"
 
 namespace duet::compute::cpu::internal {
 namespace {
@@ -112,30 +113,8 @@ struct Avx512Isa {
   static W LoadW(const uint32_t* p) { return _mm512_loadu_si512(p); }
   static void StoreW(uint32_t* p, W a) { _mm512_storeu_si512(p, a); }
   static W Set1W(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
-  // vdpbf16ps's step with two fmas (exact products; DenormalsFlushed does its DAZ and FTZ).
-  static V DotPair(V acc, W a, W b) {
-    const W hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, hi)),
-                          _mm512_castsi512_ps(_mm512_and_si512(b, hi)), acc);
-    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
-                           _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), acc);
-  }
-  // FloatToBf16 per lane: round to nearest even, NaN quieted; the result in the low half.
-  static W RoundBf16(V x) {
-    const W u = _mm512_castps_si512(x);
-    const W odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const W rounded = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(
-        _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
-    const W quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
-    return _mm512_srli_epi32(_mm512_mask_blend_epi32(nan, rounded, quiet), 16);
-  }
-  static W PackPairs(const float* p) {
-    const W a = RoundBf16(Load(p)), b = RoundBf16(Load(p + 16));
-    // packus per 128-bit lane L: a(4L..4L+3) b(4L..4L+3); then the 64-bit quarters in order.
-    return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
-                                    _mm512_packus_epi32(a, b));
-  }
+  static V DotPair(V acc, W a, W b) { return DotPairFmas(acc, a, b); }
+  static W PackPairs(const float* p) { return PackBf16Words(p); }
   static void InterleaveTile(const uint16_t* r0, const uint16_t* r1, uint32_t* out) {
     const W a = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0)));
     const W b = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1)));

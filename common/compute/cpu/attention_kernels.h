@@ -31,6 +31,7 @@
 #include <cstring>
 
 #include "common/base/float16.h"
+#include "common/compute/cpu/bf16_dot.h"
 #include "common/compute/cpu/cpu_isa.h"
 
 namespace duet::compute::cpu::internal {
@@ -81,11 +82,6 @@ inline float SoftmaxExp(float x) {
 }
 }  // namespace
 
-// The word of two bf16 that the bf16 kernels take: FloatToBf16(lo) | FloatToBf16(hi) << 16.
-inline uint32_t Bf16Word(float lo, float hi) {
-  return FloatToBf16(lo) | static_cast<uint32_t>(FloatToBf16(hi)) << 16;
-}
-
 struct AttentionKernels {
   // s[qi * kKeyBlock + j] = scale * dot(q[qi], key j), the key's elements at kt[e * kKeyBlock
   // + j] (the block transposed), for qi < nq and j in units [u0, u1).
@@ -119,19 +115,6 @@ struct AttentionKernels {
   // for jp = jp0..jp1: acc = DotPair(acc, vt[jp * d + e], pair jp of bf16(p[qi * kKeyBlock + j])).
   void (*accumulate_bf16)(const float* p, const float* alpha, int nq, const uint32_t* vt, int jp0,
                           int jp1, int d, float* acc);
-};
-
-// While alive, this thread's float operations treat denormal operands as zero and flush denormal
-// results to zero (MXCSR DAZ and FTZ), restored on destruction.
-class DenormalsFlushed {
- public:
-  DenormalsFlushed();
-  ~DenormalsFlushed();
-  DenormalsFlushed(const DenormalsFlushed&) = delete;
-  DenormalsFlushed& operator=(const DenormalsFlushed&) = delete;
-
- private:
-  unsigned saved_;
 };
 
 const AttentionKernels& AttentionKernelsScalar();

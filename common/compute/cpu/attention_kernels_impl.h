@@ -47,13 +47,6 @@ inline float ScalarSumBlock(const float* p) {
   return w[0] + w[1];
 }
 
-// vdpbf16ps's step on one lane, under DenormalsFlushed: the high bf16 of a and b, then the low.
-inline float ScalarDotPair(float acc, uint32_t a, uint32_t b) {
-  const auto hi = [](uint32_t w) { return std::bit_cast<float>(w & 0xFFFF0000u); };
-  const auto lo = [](uint32_t w) { return std::bit_cast<float>(w << 16); };
-  return std::fma(lo(a), lo(b), std::fma(hi(a), hi(b), acc));
-}
-
 // Calls f.template operator()<R>() with R == n, for 1 <= n <= kMax (tile shapes chosen at run
 // time among those compiled).
 template <int kMax, typename F>

@@ -111,12 +111,6 @@ struct ScalarIsa {
 
 const AttentionKernels& AttentionKernelsScalar() { return AttentionImpl<ScalarIsa>::Table(); }
 
-DenormalsFlushed::DenormalsFlushed() : saved_(_mm_getcsr()) {
-  _mm_setcsr(saved_ | 0x8040u);  // FTZ (bit 15) | DAZ (bit 6)
-}
-
-DenormalsFlushed::~DenormalsFlushed() { _mm_setcsr(saved_); }
-
 const AttentionKernels& AttentionKernelsFor(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kScalar:

@@ -71,16 +71,19 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const BackendOpti
   GemmKind kind;
   if (options.cpu_gemm == "invariant" || options.cpu_gemm.empty()) {
     kind = GemmKind::kInvariant;
+  } else if (options.cpu_gemm == "bf16") {
+    kind = GemmKind::kBf16Dot;
   } else if (options.cpu_gemm == "openblas") {
 #if defined(DUET_HAVE_OPENBLAS)
     kind = GemmKind::kOpenBlas;
 #else
     return absl::InvalidArgumentError(
-        "cpu_gemm 'openblas': this build has no OpenBLAS (use 'invariant')");
+        "cpu_gemm 'openblas': this build has no OpenBLAS (use 'invariant' or 'bf16')");
 #endif
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown cpu_gemm '", options.cpu_gemm,
-                                                   "': valid values are 'invariant', 'openblas'"));
+                                                   "': valid values are 'invariant', 'bf16', "
+                                                   "'openblas'"));
   }
   DUET_ASSIGN_OR_RETURN(cpu::CpuIsa isa, cpu::ResolveCpuIsa(options.cpu_isa));
   {
@@ -160,7 +163,7 @@ bool CpuBackend::KeepsWeightFormat(WeightFormat format) const {
     case WeightFormat::kQ3_K:
     case WeightFormat::kBf16:
     case WeightFormat::kF16:
-      return gemm_kind_ == GemmKind::kInvariant;
+      return gemm_kind_ != GemmKind::kOpenBlas;
   }
   return false;
 }
@@ -182,9 +185,13 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
                                                      WeightFormatName(w.format), " matrix ", w.rows,
                                                      "x", w.cols));
     }
-    cpu::PackedWeights packed = cpu::PackWeights16(
-        static_cast<const uint16_t*>(w.data), w.rows, w.cols,
-        w.format == WeightFormat::kBf16 ? cpu::PanelType::kBf16 : cpu::PanelType::kF16);
+    const auto* bits = static_cast<const uint16_t*>(w.data);
+    cpu::PackedWeights packed =
+        w.format == WeightFormat::kF16
+            ? cpu::PackWeights16(bits, w.rows, w.cols, cpu::PanelType::kF16)
+        : gemm_kind_ == GemmKind::kBf16Dot
+            ? cpu::PackWeightsBf16Pairs(bits, w.rows, w.cols)
+            : cpu::PackWeights16(bits, w.rows, w.cols, cpu::PanelType::kBf16);
     if (!packed.ok()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("PrepareStoredMatrix: out of memory for ", w.rows, "x", w.cols));
@@ -274,7 +281,7 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
 void CpuBackend::MatMuls(const float* x, int m, absl::Span<const MatMulProduct> products) {
   // Quantized matrices of one k, or packed ones of one k: one pass; anything else one by one.
   constexpr size_t kMax = cpu::internal::kMaxProducts;
-  if (gemm_kind_ == GemmKind::kInvariant && !products.empty() && products.size() <= kMax) {
+  if (gemm_kind_ != GemmKind::kOpenBlas && !products.empty() && products.size() <= kMax) {
     cpu::QuantProduct quant[kMax];
     cpu::GemmProduct packed[kMax];
     size_t nq = 0;

@@ -1,6 +1,10 @@
 // CpuBackend: the always-built ComputeBackend on host memory, multi-threaded with
 // duet::ThreadPool. GEMM is selected by BackendOptions::cpu_gemm:
 //   "invariant" (default): own packed AVX2/FMA kernel, bitwise batch- and thread-invariant;
+//   "bf16": the invariant GEMM, with bf16 weights multiplied on bf16 dot products (vdpbf16ps
+//           where the CPU has AVX512_BF16, its two fmas elsewhere) after rounding each
+//           activation row to bf16 (gemm.h kBf16Pairs): twice the products per instruction,
+//           x's low 16 bits lost; also batch- and thread-invariant, every path the same bits;
 //   "openblas": cblas_sgemm, for comparison only — NOT batch-invariant (a row's bits change
 //               with M and with its position), so it must not be used where docs/design.md
 //               invariant 1 (token-exactness) matters.
@@ -35,7 +39,7 @@ namespace duet::compute {
 
 class CpuBackend : public ComputeBackend {
  public:
-  enum class GemmKind { kInvariant, kOpenBlas };
+  enum class GemmKind { kInvariant, kBf16Dot, kOpenBlas };
 
   // InvalidArgumentError for an unknown cpu_gemm or cpu_isa, a cpu_isa this CPU lacks, or a
   // negative num_threads.

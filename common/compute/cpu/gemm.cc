@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <vector>
 
 #include "common/base/logging.h"
 #include "common/compute/cpu/gemm_kernels.h"
@@ -59,6 +61,34 @@ void TilePortable(int rows, int num_panels, const GemmTile& t) {
   }
 }
 
+// The portable kBf16Pairs tile: one ScalarDotPair per element per k pair, in pair order.
+void TilePortablePairs(int rows, int num_panels, const GemmTile& t) {
+  float acc[kMaxTileRows][kTileCols];
+  const int cols = num_panels * kPanelCols;
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < cols; ++j) acc[r][j] = t.accumulate ? t.c[r * t.ldc + j] : 0.f;
+  }
+  const int words = (t.kc + 1) / 2;
+  for (int i = 0; i < words; ++i) {
+    for (int r = 0; r < rows; ++r) {
+      const uint32_t a = t.xp[r * t.ldxp + i];
+      for (int q = 0; q < num_panels; ++q) {
+        const uint16_t* h = t.h[q] + static_cast<int64_t>(i) * 2 * kPanelCols;
+        float* out = acc[r] + q * kPanelCols;
+        for (int j = 0; j < kPanelCols; ++j) {
+          const uint32_t w = h[2 * j] | static_cast<uint32_t>(h[2 * j + 1]) << 16;
+          out[j] = internal::ScalarDotPair(out[j], a, w);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < cols; ++j) {
+      t.c[r * t.ldc + j] = t.bias != nullptr ? acc[r][j] + t.bias[j] : acc[r][j];
+    }
+  }
+}
+
 const GemmKernel& KernelFor(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kScalar:
@@ -67,15 +97,18 @@ const GemmKernel& KernelFor(CpuIsa isa) {
       return internal::Avx2GemmKernel();
     case CpuIsa::kAvx512:
     case CpuIsa::kAvx512Vnni:
+      return internal::Avx512GemmKernel();
     case CpuIsa::kAvx512Bf16:
     case CpuIsa::kAmx:
-      return internal::Avx512GemmKernel();
+      return internal::Avx512Bf16GemmKernel();
   }
   return internal::PortableGemmKernel();
 }
 
 struct GemmArgs {
   const float* x;
+  const uint32_t* xp;  // x's bf16 words (kBf16Pairs products), words_per_row per row
+  int64_t words_per_row;
   int m;
   const PackedWeights* w;
   const float* bias;
@@ -94,6 +127,8 @@ void RunTile(const GemmArgs& g, int row, int rows, int panel, int num_panels, in
   GemmTile t;
   t.x = g.x + static_cast<int64_t>(row) * k + k0;
   t.ldx = k;
+  t.xp = g.xp != nullptr ? g.xp + row * g.words_per_row + k0 / 2 : nullptr;
+  t.ldxp = g.words_per_row;
   const bool wide = g.w->type == PanelType::kF32;
   for (int q = 0; q < kMaxTilePanels; ++q) {
     const int pq = panel + std::min(q, num_panels - 1);
@@ -185,7 +220,7 @@ PackedWeights EmptyPacked(int n, int k, PanelType type) {
   packed.k = k;
   packed.num_panels = (n + kPanelCols - 1) / kPanelCols;
   packed.type = type;
-  const int64_t total = static_cast<int64_t>(packed.num_panels) * k * kPanelCols;
+  const int64_t total = packed.num_panels * packed.PanelElems();
   if (type == PanelType::kF32) {
     packed.data = AllocateAlignedFloats(total);
   } else {
@@ -204,6 +239,8 @@ const char* PanelTypeName(PanelType type) {
       return "bf16";
     case PanelType::kF16:
       return "f16";
+    case PanelType::kBf16Pairs:
+      return "bf16 pairs";
   }
   return "?";
 }
@@ -216,8 +253,30 @@ PackedWeights PackWeights(const float* w, int n, int k) {
   return packed;
 }
 
+PackedWeights PackWeightsBf16Pairs(const uint16_t* w, int n, int k) {
+  PackedWeights packed = EmptyPacked(n, k, PanelType::kBf16Pairs);
+  if (!packed.ok()) return packed;
+  const int words = (k + 1) / 2;
+  for (int p = 0; p < packed.num_panels; ++p) {
+    uint16_t* panel = packed.halfs.get() + p * packed.PanelElems();
+    for (int j = 0; j < kPanelCols; ++j) {
+      const int row = p * kPanelCols + j;
+      const uint16_t* src = row < n ? w + static_cast<int64_t>(row) * k : nullptr;
+      for (int i = 0; i < words; ++i) {
+        for (int e = 0; e < 2; ++e) {
+          const int kk = 2 * i + e;
+          panel[(i * kPanelCols + j) * 2 + e] = src != nullptr && kk < k ? src[kk] : uint16_t{0};
+        }
+      }
+    }
+  }
+  return packed;
+}
+
 PackedWeights PackWeights16(const uint16_t* w, int n, int k, PanelType type) {
-  if (type == PanelType::kF32) return PackedWeights{.n = n, .k = k};
+  if (type == PanelType::kF32 || type == PanelType::kBf16Pairs) {
+    return PackedWeights{.n = n, .k = k};
+  }
   PackedWeights packed = EmptyPacked(n, k, type);
   if (packed.ok()) {
     PackPanels(w, n, k, packed.num_panels, packed.halfs.get(), [](uint16_t v) { return v; });
@@ -228,18 +287,29 @@ PackedWeights PackWeights16(const uint16_t* w, int n, int k, PanelType type) {
 namespace internal {
 
 const GemmKernel& PortableGemmKernel() {
-  static const GemmKernel kernel{
-      "scalar",
-      6,
-      {0, 2, 2, 2, 1, 1, 1},
-      {TilePortable<PanelType::kF32>, TilePortable<PanelType::kBf16>,
-       TilePortable<PanelType::kF16>}};
+  static const GemmKernel kernel{"scalar",
+                                 6,
+                                 {0, 2, 2, 2, 1, 1, 1},
+                                 {TilePortable<PanelType::kF32>, TilePortable<PanelType::kBf16>,
+                                  TilePortable<PanelType::kF16>, TilePortablePairs},
+                                 Bf16WordsPortable};
   return kernel;
+}
+
+void Bf16WordsPortable(const float* x, int k, uint32_t* words) {
+  for (int i = 0; 2 * i < k; ++i) words[i] = Bf16Word(x[2 * i], 2 * i + 1 < k ? x[2 * i + 1] : 0.f);
 }
 
 }  // namespace internal
 
 void UnpackRow(const PackedWeights& w, int row, float* out) {
+  if (w.type == PanelType::kBf16Pairs) {
+    const uint16_t* panel = w.HalfPanel(row / kPanelCols);
+    for (int kk = 0; kk < w.k; ++kk) {
+      out[kk] = internal::WidenBf16(panel[((kk / 2) * kPanelCols + row % kPanelCols) * 2 + kk % 2]);
+    }
+    return;
+  }
   const int64_t base = static_cast<int64_t>(row / kPanelCols) * w.k * kPanelCols + row % kPanelCols;
   for (int kk = 0; kk < w.k; ++kk) {
     const int64_t i = base + static_cast<int64_t>(kk) * kPanelCols;
@@ -253,6 +323,8 @@ void UnpackRow(const PackedWeights& w, int row, float* out) {
       case PanelType::kF16:
         out[kk] = internal::WidenF16(w.halfs[i]);
         break;
+      case PanelType::kBf16Pairs:
+        break;  // above
     }
   }
 }
@@ -284,6 +356,26 @@ void InvariantGemmMany(ThreadPool* pool, const float* x, int m, const GemmProduc
   const GemmKernel& kernel = KernelFor(isa);
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   const int row_blocks = (m + kRowBlock - 1) / kRowBlock;
+  // kBf16Pairs products read x as bf16 words: each row rounded once, before the pass.
+  bool pairs = false;
+  for (int i = 0; i < count; ++i) pairs = pairs || products[i].w->type == PanelType::kBf16Pairs;
+  const int64_t words_per_row = (k + 1) / 2;
+  thread_local std::vector<uint32_t> words_buffer;  // the caller's; the workers get `words`
+  uint32_t* words = nullptr;
+  if (pairs) {
+    words_buffer.resize(static_cast<size_t>(m * words_per_row));
+    words = words_buffer.data();
+    auto round_rows = [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        kernel.bf16_words(x + r * k, k, words + r * words_per_row);
+      }
+    };
+    if (pool == nullptr || m < 16) {
+      round_rows(0, m);
+    } else {
+      pool->ParallelFor(m, 8, round_rows);
+    }
+  }
   // Work items: (product, panel group, row block); a group stays a multiple of the kernel's
   // widest tile.
   int widest = 1;
@@ -301,7 +393,18 @@ void InvariantGemmMany(ThreadPool* pool, const float* x, int m, const GemmProduc
     for (int64_t i = begin; i < end; ++i) {
       while (i >= items.first[p + 1]) ++p;
       const GemmProduct& product = products[p];
-      const GemmArgs g{x, m, product.w, product.bias, product.y, &kernel};
+      const bool product_pairs = product.w->type == PanelType::kBf16Pairs;
+      const GemmArgs g{x,
+                       product_pairs ? words : nullptr,
+                       words_per_row,
+                       m,
+                       product.w,
+                       product.bias,
+                       product.y,
+                       &kernel};
+      // The emulating paths' two fmas are vdpbf16ps's only with denormals flushed.
+      std::optional<internal::DenormalsFlushed> flushed;
+      if (product_pairs) flushed.emplace();
       const int64_t local = i - items.first[p];
       const int gi = static_cast<int>(local / row_blocks);
       const int rb = static_cast<int>(local % row_blocks);

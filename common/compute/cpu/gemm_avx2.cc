@@ -2,7 +2,8 @@
 // -march=native build still runs AVX2 code here; called only where the CPU has them, see
 // cpu_isa.h). A panel is two ymm vectors; tiles of 6 rows x 1 panel (12 accumulators) or, for
 // few rows, 3 rows x 2 panels. bf16 / f16 panels are widened to float32 in registers
-// (vpmovzxwd + vpslld 16, vcvtph2ps) and then take the same fma chain.
+// (vpmovzxwd + vpslld 16, vcvtph2ps) and then take the same fma chain; kBf16Pairs panels take
+// one word of two k per step, on vdpbf16ps's two fmas (bf16_dot.h).
 #include <immintrin.h>
 
 #include "common/compute/cpu/gemm_kernels.h"
@@ -43,21 +44,47 @@ void Tile(const GemmTile& t) {
   const float* w1 = t.w[NP - 1];
   const uint16_t* h0 = t.h[0];
   const uint16_t* h1 = t.h[NP - 1];
-  const float* x = t.x;
-  const int64_t ldx = t.ldx;
-  for (int k = 0; k < t.kc; ++k) {
-    __m256 b[kVecs];
-    b[0] = LoadHalfPanel<T>(w0, h0, k, 0);
-    b[1] = LoadHalfPanel<T>(w0, h0, k, 1);
-    if constexpr (NP == 2) {
-      b[2] = LoadHalfPanel<T>(w1, h1, k, 0);
-      b[3] = LoadHalfPanel<T>(w1, h1, k, 1);
+  if constexpr (T == PanelType::kBf16Pairs) {
+    // One word (two k) per step; vdpbf16ps's two fmas, high halves first (bf16_dot.h).
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    const auto hi = [&](__m256i v) { return _mm256_castsi256_ps(_mm256_and_si256(v, high)); };
+    const auto lo = [](__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); };
+    const int words = (t.kc + 1) / 2;
+    for (int i = 0; i < words; ++i) {
+      __m256i b[kVecs];
+#pragma GCC unroll 8
+      for (int v = 0; v < kVecs; ++v) {
+        const uint16_t* h = v < 2 ? h0 : h1;
+        b[v] = _mm256_load_si256(
+            reinterpret_cast<const __m256i*>(h + i * 2 * kPanelCols + (v % 2) * 16));
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m256i a = _mm256_set1_epi32(static_cast<int>(t.xp[r * t.ldxp + i]));
+        const __m256 ahi = hi(a), alo = lo(a);
+#pragma GCC unroll 8
+        for (int v = 0; v < kVecs; ++v) {
+          acc[r][v] = _mm256_fmadd_ps(alo, lo(b[v]), _mm256_fmadd_ps(ahi, hi(b[v]), acc[r][v]));
+        }
+      }
     }
+  } else {
+    const float* x = t.x;
+    const int64_t ldx = t.ldx;
+    for (int k = 0; k < t.kc; ++k) {
+      __m256 b[kVecs];
+      b[0] = LoadHalfPanel<T>(w0, h0, k, 0);
+      b[1] = LoadHalfPanel<T>(w0, h0, k, 1);
+      if constexpr (NP == 2) {
+        b[2] = LoadHalfPanel<T>(w1, h1, k, 0);
+        b[3] = LoadHalfPanel<T>(w1, h1, k, 1);
+      }
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
 #pragma GCC unroll 8
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm256_fmadd_ps(a, b[v], acc[r][v]);
+        for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm256_fmadd_ps(a, b[v], acc[r][v]);
+      }
     }
   }
   if (t.bias != nullptr) {
@@ -113,11 +140,12 @@ void RunTile(int rows, int num_panels, const GemmTile& t) {
 }  // namespace
 
 const GemmKernel& Avx2GemmKernel() {
-  static const GemmKernel kernel{
-      "avx2",
-      6,
-      {0, 2, 2, 2, 1, 1, 1},
-      {RunTile<PanelType::kF32>, RunTile<PanelType::kBf16>, RunTile<PanelType::kF16>}};
+  static const GemmKernel kernel{"avx2",
+                                 6,
+                                 {0, 2, 2, 2, 1, 1, 1},
+                                 {RunTile<PanelType::kF32>, RunTile<PanelType::kBf16>,
+                                  RunTile<PanelType::kF16>, RunTile<PanelType::kBf16Pairs>},
+                                 Bf16WordsPortable};
   return kernel;
 }
 

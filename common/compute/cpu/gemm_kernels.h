@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "common/base/float16.h"
-
+#include "common/compute/cpu/bf16_dot.h"
 #include "common/compute/cpu/gemm.h"
 
 namespace duet::compute::cpu::internal {
@@ -25,9 +25,11 @@ inline constexpr int kMaxTilePanels = 4;  // NP of the widest kernel
 struct GemmTile {
   const float* x;                  // first row, at column k0
   int64_t ldx;                     // x row stride
+  const uint32_t* xp;              // kBf16Pairs: x's bf16 words (gemm.h), first row at word k0 / 2
+  int64_t ldxp;                    // xp row stride in words
   const float* w[kMaxTilePanels];     // kF32 panel slices at k0 (entries past num_panels unused)
-  const uint16_t* h[kMaxTilePanels];  // kBf16 / kF16 panel slices at k0
-  int kc;                          // K slice length
+  const uint16_t* h[kMaxTilePanels];  // kBf16 / kF16 / kBf16Pairs panel slices at k0
+  int kc;                             // K slice length (kBf16Pairs: ceil(kc / 2) words)
   float* c;                        // output tile (y or a scratch tile)
   int64_t ldc;
   bool accumulate;    // false: start from 0; true: continue from the stored c
@@ -41,7 +43,9 @@ struct GemmKernel {
   const char* name;
   int max_rows;                           // rows per tile (MR)
   int panels_for_rows[kMaxTileRows + 1];  // panels per tile for a tile of r rows (r >= 1)
-  GemmTileFn tile[3];                     // by PanelType: kF32, kBf16, kF16
+  GemmTileFn tile[4];                     // by PanelType: kF32, kBf16, kF16, kBf16Pairs
+  // kBf16Pairs: words[i] = Bf16Word(x[2i], x[2i + 1]) for i < ceil(k / 2), x[k] read as 0.
+  void (*bf16_words)(const float* x, int k, uint32_t* words);
 };
 
 // The element of a 16-bit panel widened to float32, as the vector kernels do it.
@@ -58,5 +62,10 @@ const GemmKernel& PortableGemmKernel();
 const GemmKernel& Avx2GemmKernel();
 // AVX-512F, 8 x 48 or 4 x 64 tiles of zmm accumulators (gemm_avx512.cc).
 const GemmKernel& Avx512GemmKernel();
+// The AVX-512F kernel with kBf16Pairs tiles on vdpbf16ps (AVX512_BF16, gemm_avx512_bf16.cc).
+const GemmKernel& Avx512Bf16GemmKernel();
+
+// Bf16Word over a row, one element at a time (the portable kernel's bf16_words).
+void Bf16WordsPortable(const float* x, int k, uint32_t* words);
 
 }  // namespace duet::compute::cpu::internal

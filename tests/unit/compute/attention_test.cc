@@ -270,7 +270,9 @@ TEST(PagedAttentionTest, StoredKvIsWithinTheDtypesRounding) {
         }
       }
     }
-    if (dtype != kv::KvDtype::kF32) EXPECT_GT(worst, 0) << kv::KvDtypeName(dtype);
+    if (dtype != kv::KvDtype::kF32) {
+      EXPECT_GT(worst, 0) << kv::KvDtypeName(dtype);
+    }
   }
 }
 

@@ -93,8 +93,8 @@ TEST(GemmTest, KernelPerPath) {
   EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx2), "avx2");
   EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512), "avx512");
   EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512Vnni), "avx512");
-  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512Bf16), "avx512");
-  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAmx), "avx512");
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx512Bf16), "avx512_bf16");
+  EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAmx), "avx512_bf16");
 }
 
 // Every path equals the portable one (one thread, the reference) bit for bit over every M of

@@ -529,7 +529,9 @@ TEST(DecodeSchedulerLimits, PoolExhaustedMidDecodePreemptsTheNewestAndItResumesE
   ASSERT_FALSE(er.empty());
   EXPECT_EQ(er.back().finish, FinishReason::kMaxTokens) << er.back().error;
   for (const DecodeEvent& e : er) {
-    if (e.has_token) EXPECT_GT(e.index, static_cast<int>(got.size()));
+    if (e.has_token) {
+      EXPECT_GT(e.index, static_cast<int>(got.size()));
+    }
   }
   std::vector<int32_t> all = got;
   for (int32_t t : Tokens(fr->id, er)) all.push_back(t);

@@ -5,6 +5,8 @@
 // others to bf16; a backend that cannot keep them refuses by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -15,6 +17,7 @@
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_isa.h"
 #include "common/kv/block_table.h"
+#include "common/model/local_engine.h"
 #include "common/model/model_runner.h"
 #include "common/model/synthetic_model.h"
 #include "common/model/weights.h"
@@ -40,7 +43,8 @@ float From16(uint32_t type, uint16_t b) {
 
 // The synthetic "tiny" model with every matrix rounded to `type` (kGgmlBf16 / kGgmlF16):
 // kept as 16-bit stored matrices when `keep`, else as float32 holding the widened values.
-Model MakeModel(uint32_t type, bool keep, int threads, const std::string& isa = "auto") {
+Model MakeModel(uint32_t type, bool keep, int threads, const std::string& isa = "auto",
+                const std::string& gemm = "invariant") {
   auto edit = [type, keep](const ModelConfig& config, ModelWeights& w) {
     for (const ExpectedTensor& e : ExpectedTensors(config)) {
       if (!IsMatrixTensor(e)) continue;
@@ -57,7 +61,8 @@ Model MakeModel(uint32_t type, bool keep, int threads, const std::string& isa = 
       }
     }
   };
-  return testing::MakeModel({}, /*block_size=*/8, 256, threads, kv::KvDtype::kF32, edit, isa);
+  return testing::MakeModel({}, /*block_size=*/8, 256, threads, kv::KvDtype::kF32, edit, isa,
+                            WeightsDtype::kF32, gemm);
 }
 
 class HalfWeightsTest : public ::testing::TestWithParam<uint32_t> {};
@@ -99,6 +104,84 @@ TEST_P(HalfWeightsTest, ResultsAreBatchAndThreadInvariant) {
 
 INSTANTIATE_TEST_SUITE_P(Types, HalfWeightsTest, ::testing::Values(kGgmlBf16, kGgmlF16),
                          [](const auto& info) { return info.param == kGgmlBf16 ? "BF16" : "F16"; });
+
+// cpu_gemm bf16: the bf16 matrices on bf16 dot products (activations rounded to bf16). Not the
+// exact GEMM's bits, but near them, and as invariant: every path the same logits, decode equal
+// to a recompute, rows independent of the batch and the threads.
+Model MakeDotModel(int threads, const std::string& isa = "auto") {
+  return MakeModel(kGgmlBf16, true, threads, isa, "bf16");
+}
+
+TEST(Bf16DotWeightsTest, LogitsAreNearTheExactGemmsButNotItsBits) {
+  Model exact = MakeModel(kGgmlBf16, true, 2);
+  Model dot = MakeDotModel(2);
+  EXPECT_EQ(dot.runner->MatrixBytes(), exact.runner->MatrixBytes());
+  const auto t = Tokens(21, 4, exact.runner->config().vocab_size);
+  kv::BlockTable a(exact.pool.get()), b(dot.pool.get());
+  const std::vector<float> want = RunOne(exact, a, t);
+  const std::vector<float> got = RunOne(dot, b, t);
+  ASSERT_EQ(got.size(), want.size());
+  float scale = 0, worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, std::fabs(want[i]));
+    worst = std::max(worst, std::fabs(got[i] - want[i]));
+  }
+  EXPECT_GT(worst, 0.f) << "bf16 dot products gave the exact GEMM's bits";
+  EXPECT_LT(worst, 0.02f * scale) << "scale " << scale;
+}
+
+TEST(Bf16DotWeightsTest, EveryCpuPathGivesTheSameLogits) {
+  Model scalar = MakeDotModel(2, "scalar");
+  const auto t = Tokens(19, 6, scalar.runner->config().vocab_size);
+  kv::BlockTable ts(scalar.pool.get());
+  const std::vector<float> want = RunOne(scalar, ts, t);
+  int paths = 0;
+  for (const char* isa : {"avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"}) {
+    if (!compute::cpu::ResolveCpuIsa(isa).ok()) continue;
+    ++paths;
+    Model m = MakeDotModel(2, isa);
+    kv::BlockTable tt(m.pool.get());
+    EXPECT_EQ(RunOne(m, tt, t), want) << isa;
+  }
+  if (paths == 0) GTEST_SKIP() << "only the scalar path runs here";
+}
+
+TEST(Bf16DotWeightsTest, DecodeAndChunksEqualRecomputeBitwise) {
+  Model m = MakeDotModel(2);
+  ExpectDecodeAndChunksEqualRecompute(m, "bf16 dot products");
+}
+
+TEST(Bf16DotWeightsTest, ResultsAreBatchAndThreadInvariant) {
+  ExpectBatchInvariant([](int threads) { return MakeDotModel(threads); }, "bf16 dot products");
+}
+
+// The engine takes cpu_gemm bf16 with bf16 (or native) weights and refuses it with float32
+// ones, where it would change nothing, naming both.
+TEST(Bf16DotWeightsTest, EngineRefusesItWithFloat32Weights) {
+  const fs::path dir = fs::temp_directory_path() / ("duet_bf16_dot_" + std::to_string(getpid()));
+  ASSERT_TRUE(WriteSyntheticModel("tiny", 5, dir.string()).ok());
+  for (const char* weights : {"f32", "auto"}) {
+    auto e = LocalEngine::Load(
+        dir.string(),
+        {.device = "cpu", .cpu_gemm = "bf16", .kv_cache_bytes = 8 << 20, .weights_dtype = weights});
+    ASSERT_FALSE(e.ok()) << weights;
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find("cpu_gemm 'bf16'"), std::string::npos) << e.status();
+    EXPECT_NE(e.status().message().find(weights), std::string::npos) << e.status();
+  }
+  auto ok = LocalEngine::Load(
+      dir.string(),
+      {.device = "cpu", .cpu_gemm = "bf16", .kv_cache_bytes = 8 << 20, .weights_dtype = "bf16"});
+  fs::remove_all(dir);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  auto ids = (*ok)->tokenizer().Encode("Hello", true);
+  ASSERT_TRUE(ids.ok());
+  SamplingParams greedy;
+  greedy.max_tokens = 4;
+  auto out = (*ok)->Generate(*ids, greedy);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->generated_ids.empty());
+}
 
 // Loads the synthetic model written in `file_dtype` with `dtype`.
 absl::StatusOr<ModelWeights> Load(const std::string& file_dtype, WeightsDtype dtype,
@@ -147,7 +230,9 @@ TEST(HalfWeightsLoadTest, LoadersKeepSixteenBitMatricesAndRoundTheOthers) {
         std::memcpy(&b, it->second.bytes.data() + 2 * i, 2);
         // Stored 16-bit values widen back to the f32 load exactly; f32 ones round to nearest.
         ASSERT_EQ(b, To16(c.want_type, values[i])) << e.name << " element " << i;
-        if (c.file != "f32") ASSERT_EQ(From16(c.want_type, b), values[i]);
+        if (c.file != "f32") {
+          ASSERT_EQ(From16(c.want_type, b), values[i]);
+        }
       }
     }
     EXPECT_EQ(kept->stored.size(), static_cast<size_t>(matrices));

@@ -223,7 +223,9 @@ TEST_P(KvDtypeTest, AllLogitsRowsAreEachPrefixsLogits) {
   ASSERT_EQ(sampled->tokens.size(), 7u);
   for (int i = 0; i < 7; ++i) {
     EXPECT_EQ(0, std::memcmp(sampled->Row(i), out->Row(i), vocab * sizeof(float))) << i;
-    if (i < 6) EXPECT_EQ(sampled->tokens[i].id, -1) << i;
+    if (i < 6) {
+      EXPECT_EQ(sampled->tokens[i].id, -1) << i;
+    }
   }
   const SampledToken want = Sample(out->Row(6), vocab, params, 0);
   EXPECT_EQ(sampled->tokens[6].id, want.id);

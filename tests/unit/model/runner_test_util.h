@@ -40,7 +40,8 @@ using WeightsEdit = std::function<void(const ModelConfig&, ModelWeights&)>;
 inline Model MakeModel(const SyntheticOverrides& o, int block_size = 16, int64_t num_blocks = 256,
                        int threads = 2, kv::KvDtype kv_dtype = kv::KvDtype::kF32,
                        const WeightsEdit& edit = nullptr, const std::string& cpu_isa = "auto",
-                       WeightsDtype weights_dtype = WeightsDtype::kF32) {
+                       WeightsDtype weights_dtype = WeightsDtype::kF32,
+                       const std::string& cpu_gemm = "invariant") {
   static int counter = 0;
   const fs::path dir = fs::temp_directory_path() / ("duet_runner_test_" + std::to_string(getpid()) +
                                                     "_" + std::to_string(counter++));
@@ -52,7 +53,8 @@ inline Model MakeModel(const SyntheticOverrides& o, int block_size = 16, int64_t
   fs::remove_all(dir);
   if (edit) edit(*config, *weights);
   Model m;
-  m.backend = *compute::CreateBackend("cpu", {.num_threads = threads, .cpu_isa = cpu_isa});
+  m.backend = *compute::CreateBackend(
+      "cpu", {.num_threads = threads, .cpu_gemm = cpu_gemm, .cpu_isa = cpu_isa});
   auto runner = ModelRunner::Create(*config, std::move(*weights), m.backend.get());
   EXPECT_TRUE(runner.ok()) << runner.status();
   m.runner = std::move(*runner);

@@ -360,7 +360,9 @@ TEST_F(PrefillSchedulerTest, CachedPrefixComputesOnlyTheRestWithExactKv) {
         const std::vector<kv::BlockId> all = job.remote_blocks;
         job.remote_cached_blocks = d_cached;
         job.remote_blocks.assign(all.begin() + d_cached, all.end());
-        if (d_cached) ASSERT_TRUE(r.dpool->Free({all[0]}).ok());
+        if (d_cached) {
+          ASSERT_TRUE(r.dpool->Free({all[0]}).ok());
+        }
         const std::vector<kv::BlockId> dest = job.remote_blocks;
         batches.clear();
         absl::StatusOr<PrefillResult> res = r.sched->Run(std::move(job));
