@@ -10,8 +10,13 @@
 // size (default 256): a ring of one matrix (--ring_mib 0) keeps the weights in cache, which
 // gives the kernel's own rate without the memory's.
 //
+// With --bf16_dot, bf16 weights three ways on each path: kept as bf16 and widened to float32
+// before the float32 fma chain (cpu_gemm invariant), on bf16 dot products (cpu_gemm bf16), and
+// the same values in float32 panels, each against its own peak: the FMA loop's for the first and
+// last, a loop of independent vdpbf16ps (64 FLOP each) for the dot products on avx512_bf16.
+//
 //   gemm_bench [--threads N] [--min_time SECONDS] [--cpu_isa avx2,avx512] [--m 1,8,32,512]
-//              [--formats Q4_0,Q3_K,...] [--ring_mib 256] [--json FILE]
+//              [--formats Q4_0,Q3_K,...] [--ring_mib 256] [--bf16_dot] [--json FILE]
 #include <immintrin.h>
 
 #include <algorithm>
@@ -28,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/base/float16.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_isa.h"
 #include "nlohmann/json.hpp"
@@ -109,18 +115,42 @@ __attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iters) {
   return out[0] + out[7];
 }
 
-// GFLOP/s of the FMA loop of `isa` ("avx512" or "avx2") on `threads` threads at once (best of 3).
+// 24 independent chains of vdpbf16ps: 32 products and 32 sums per instruction.
+__attribute__((target("avx512f,avx512bf16"))) float DotLoopAvx512Bf16(int64_t iters) {
+  __m512 acc[24];
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512i one = _mm512_set1_epi32(0x3F803F80);  // bf16 1.0 twice
+  const __m512i tiny = _mm512_set1_epi32(0x2F802F80);  // bf16 2^-32 twice
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 24
+    for (int i = 0; i < 24; ++i) {
+      acc[i] = _mm512_dpbf16_ps(acc[i], reinterpret_cast<const __m512bh&>(one),
+                                reinterpret_cast<const __m512bh&>(tiny));
+    }
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 24; ++i) s = _mm512_add_ps(s, acc[i]);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return out[0] + out[15];
+}
+
+// GFLOP/s of the FMA loop of `isa` ("avx512" or "avx2"), or of the vdpbf16ps loop ("bf16dot"),
+// on `threads` threads at once (best of 3).
 double MeasurePeak(const std::string& isa, int threads) {
-  const bool wide = isa.rfind("avx512", 0) == 0;
+  const bool dot = isa == "bf16dot";
+  const bool wide = dot || isa.rfind("avx512", 0) == 0;
   const int64_t iters = 20'000'000;
-  const double flops_per_thread = 2.0 * iters * (wide ? 24 * 16 : 12 * 8);
+  const double flops_per_thread = 2.0 * iters * (dot ? 24 * 32 : wide ? 24 * 16 : 12 * 8);
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<std::thread> pool;
     std::vector<float> sink(threads);
     const double start = SecondsNow();
     for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] { sink[t] = wide ? FmaLoopAvx512(iters) : FmaLoopAvx2(iters); });
+      pool.emplace_back([&, t] {
+        sink[t] = dot ? DotLoopAvx512Bf16(iters) : wide ? FmaLoopAvx512(iters) : FmaLoopAvx2(iters);
+      });
     }
     for (std::thread& th : pool) th.join();
     const double elapsed = SecondsNow() - start;
@@ -261,6 +291,82 @@ int RunQuantized(const std::vector<std::string>& formats, const std::vector<std:
   return 0;
 }
 
+// --bf16_dot: see the top of the file.
+int RunBf16Dot(const std::vector<std::string>& isas, int threads, const std::vector<int>& ms,
+               double min_time, const std::string& json_path) {
+  using duet::compute::WeightFormat;
+  const int peak_threads =
+      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const bool has_dot = duet::compute::cpu::ResolveCpuIsa("avx512_bf16").ok();
+  nlohmann::json peaks;
+  peaks["avx512"] = MeasurePeak("avx512", peak_threads);
+  peaks["avx2"] = MeasurePeak("avx2", peak_threads);
+  if (has_dot) peaks["bf16dot"] = MeasurePeak("bf16dot", peak_threads);
+  for (const auto& [name, gflops] : peaks.items()) {
+    std::printf("measured peak %-8s: %.1f GFLOP/s on %d threads\n", name.c_str(),
+                gflops.get<double>(), peak_threads);
+  }
+  std::printf("%7s %7s %6s %12s %12s %7s %12s %7s %12s %7s\n", "N", "K", "M", "path", "f32",
+              "%peak", "bf16 widen", "%peak", "bf16 dot", "%peak");
+  const std::vector<Shape> shapes = {{576, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  nlohmann::json results = nlohmann::json::array();
+  const int max_m = *std::max_element(ms.begin(), ms.end());
+  for (const std::string& isa : isas) {
+    auto exact = MakeBackend("invariant", threads, isa);
+    auto dot = MakeBackend("bf16", threads, isa);
+    const bool wide = isa.rfind("avx512", 0) == 0 || isa == "amx" || isa == "auto";
+    const double fma_peak = peaks[wide ? "avx512" : "avx2"].get<double>();
+    const bool native_dot = has_dot && (isa == "avx512_bf16" || isa == "amx" || isa == "auto");
+    const double dot_peak = native_dot ? peaks["bf16dot"].get<double>() : fma_peak;
+    for (const Shape& s : shapes) {
+      std::vector<uint16_t> bits(static_cast<size_t>(s.n) * s.k);
+      std::vector<float> widened(bits.size());
+      for (size_t i = 0; i < bits.size(); ++i) {
+        bits[i] = duet::FloatToBf16(dist(rng));
+        widened[i] = duet::Bf16ToFloat(bits[i]);
+      }
+      const duet::compute::StoredMatrix stored{
+          .format = WeightFormat::kBf16, .data = bits.data(), .rows = s.n, .cols = s.k};
+      auto wf = exact->PrepareMatrix(widened.data(), s.n, s.k);
+      auto wh = exact->PrepareStoredMatrix(stored);
+      auto wd = dot->PrepareStoredMatrix(stored);
+      if (!wf.ok() || !wh.ok() || !wd.ok()) {
+        std::fprintf(stderr, "gemm_bench: preparing a %dx%d matrix failed\n", s.n, s.k);
+        return 1;
+      }
+      std::vector<float> x(static_cast<size_t>(max_m) * s.k);
+      for (float& v : x) v = dist(rng);
+      std::vector<float> y(static_cast<size_t>(max_m) * s.n);
+      for (int m : ms) {
+        const double gf = TimeGflops(*exact, **wf, x.data(), m, y.data(), min_time);
+        const double gh = TimeGflops(*exact, **wh, x.data(), m, y.data(), min_time);
+        const double gd = TimeGflops(*dot, **wd, x.data(), m, y.data(), min_time);
+        std::printf("%7d %7d %6d %12s %12.1f %7.2f %12.1f %7.2f %12.1f %7.2f\n", s.n, s.k, m,
+                    isa.c_str(), gf, gf / fma_peak, gh, gh / fma_peak, gd, gd / dot_peak);
+        std::fflush(stdout);
+        results.push_back({{"n", s.n},
+                           {"k", s.k},
+                           {"m", m},
+                           {"path", isa},
+                           {"f32_gflops", gf},
+                           {"bf16_widened_gflops", gh},
+                           {"bf16_dot_gflops", gd},
+                           {"fma_peak_gflops", fma_peak},
+                           {"bf16_dot_peak_gflops", dot_peak}});
+      }
+    }
+  }
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << nlohmann::json{{"bench", "gemm_bf16_dot"}, {"peaks_gflops", peaks}, {"results", results}}
+               .dump(2)
+        << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -271,6 +377,7 @@ int main(int argc, char** argv) {
   std::string m_list = "1,8,32,128,512,2048";
   std::string format_list;
   int64_t ring_mib = 256;
+  bool bf16_dot = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) {
@@ -287,10 +394,12 @@ int main(int argc, char** argv) {
       format_list = argv[++i];
     } else if (arg == "--ring_mib" && i + 1 < argc) {
       ring_mib = std::atoll(argv[++i]);
+    } else if (arg == "--bf16_dot") {
+      bf16_dot = true;
     } else {
       std::fprintf(stderr,
                    "usage: gemm_bench [--threads N] [--min_time S] [--cpu_isa avx2,avx512] "
-                   "[--m 1,8,512] [--formats Q4_0,Q3_K] [--ring_mib 256] [--json FILE]\n");
+                   "[--m 1,8,512] [--formats Q4_0,Q3_K] [--ring_mib 256] [--bf16_dot] [--json FILE]\n");
       return 2;
     }
   }
@@ -307,6 +416,7 @@ int main(int argc, char** argv) {
   }
   std::vector<std::unique_ptr<ComputeBackend>> invariant;
   for (const std::string& isa : isas) invariant.push_back(MakeBackend("invariant", threads, isa));
+  if (bf16_dot) return RunBf16Dot(isas, threads, ms, min_time, json_path);
   if (!format_list.empty()) {
     return RunQuantized(SplitList(format_list), isas, invariant, ms, min_time, ring_mib, json_path);
   }
