@@ -119,7 +119,7 @@ __attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iters) {
 __attribute__((target("avx512f,avx512bf16"))) float DotLoopAvx512Bf16(int64_t iters) {
   __m512 acc[24];
   for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-  const __m512i one = _mm512_set1_epi32(0x3F803F80);  // bf16 1.0 twice
+  const __m512i one = _mm512_set1_epi32(0x3F803F80);   // bf16 1.0 twice
   const __m512i tiny = _mm512_set1_epi32(0x2F802F80);  // bf16 2^-32 twice
   for (int64_t it = 0; it < iters; ++it) {
 #pragma GCC unroll 24
@@ -397,9 +397,10 @@ int main(int argc, char** argv) {
     } else if (arg == "--bf16_dot") {
       bf16_dot = true;
     } else {
-      std::fprintf(stderr,
-                   "usage: gemm_bench [--threads N] [--min_time S] [--cpu_isa avx2,avx512] "
-                   "[--m 1,8,512] [--formats Q4_0,Q3_K] [--ring_mib 256] [--bf16_dot] [--json FILE]\n");
+      std::fprintf(
+          stderr,
+          "usage: gemm_bench [--threads N] [--min_time S] [--cpu_isa avx2,avx512] "
+          "[--m 1,8,512] [--formats Q4_0,Q3_K] [--ring_mib 256] [--bf16_dot] [--json FILE]\n");
       return 2;
     }
   }
