@@ -6,10 +6,11 @@ plus a correctness cross-check (tokenizer ids and greedy continuation).
   python3 -m venv /tmp/llamavenv && /tmp/llamavenv/bin/pip install llama-cpp-python numpy
   /tmp/llamavenv/bin/python scripts/bench_llamacpp.py \
       --model models/smollm2-135m-instruct-q4_1.gguf --engine-bench build/bench/engine_bench \
-      --threads 2 --prefill 128,512 --context 128 [--weights-dtype f32,native]
+      --threads 2 --prefill 128,512 --context 128 [--weights-dtype f32,native] [--gemm bf16]
 
-duet's figures come from bench/engine_bench (invariant GEMM; --weights-dtype: f32 weights
-dequantised at load, and/or native: the GGUF blocks kept, integer dot products, one column each);
+duet's figures come from bench/engine_bench (--gemm, invariant by default; --weights-dtype: f32
+weights dequantised at load, and/or native: the GGUF blocks kept, integer dot products (BF16
+matrices as stored), one column each);
 llama.cpp's from llama-cpp-python (its own quantised kernels on the Q4_1 weights). Both use the
 same token ids (engine_bench's (i*7919+13) % vocab), the same thread count, best of --reps.
 Decode: one sequence, --context tokens already cached, one token per step.
@@ -36,7 +37,7 @@ def token(i, vocab):
 def duet_figures(args, prefill):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [args.engine_bench, "--model", args.model, "--prefill", ",".join(map(str, prefill)),
-               "--decode_batch", "1", "--context", str(args.context), "--gemm", "invariant",
+               "--decode_batch", "1", "--context", str(args.context), "--gemm", args.gemm,
                "--threads", str(args.threads), "--reps", str(args.reps),
                "--weights_dtype", args.weights_dtype, "--json", out.name]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -98,7 +99,10 @@ def main():
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--weights-dtype", default="f32",
-                    help="duet's weights, comma-separated: f32 and/or native")
+                    help="duet's weights, comma-separated: f32, native and/or bf16")
+    ap.add_argument("--gemm", default="invariant",
+                    help="duet's CPU GEMM: invariant, or bf16 (bf16 matrices on bf16 dot "
+                         "products; with native or bf16 weights)")
     args = ap.parse_args()
     prefill = [int(x) for x in args.prefill.split(",")]
     llm = Llama(model_path=args.model, n_ctx=max(prefill + [args.context]) + 64,
