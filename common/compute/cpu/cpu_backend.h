@@ -58,7 +58,8 @@ class CpuBackend : public ComputeBackend {
 
   absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(const float* w, int rows,
                                                                 int cols) override;
-  // Q8_0 / Q4_0 / Q4_1 kept in their blocks (with the invariant GEMM; openblas takes f32 only).
+  // GGUF blocks kept as stored, F16 / BF16 in 16 bits (BF16 in words of two k for the bf16 GEMM)
+  // with the invariant and bf16 GEMMs; openblas takes f32 only.
   absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareStoredMatrix(
       const StoredMatrix& w) override;
   bool KeepsWeightFormat(WeightFormat format) const override;
