@@ -275,7 +275,7 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
     return;
   }
   const auto& pw = dynamic_cast<const PackedMatrix&>(w);
-  cpu::InvariantGemm(&pool_, x, m, pw.packed(), bias, y, isa_);
+  cpu::InvariantGemm(&pool_, x, m, pw.packed(), bias, y, isa_, &bf16_words_);
 }
 
 void CpuBackend::MatMuls(const float* x, int m, absl::Span<const MatMulProduct> products) {
@@ -303,7 +303,7 @@ void CpuBackend::MatMuls(const float* x, int m, absl::Span<const MatMulProduct> 
     }
     if (np == products.size()) {
       std::lock_guard<std::mutex> lock(mu_);
-      cpu::InvariantGemmMany(&pool_, x, m, packed, n, isa_);
+      cpu::InvariantGemmMany(&pool_, x, m, packed, n, isa_, &bf16_words_);
       return;
     }
   }

@@ -103,6 +103,7 @@ class CpuBackend : public ComputeBackend {
   const cpu::OpenBlas* blas_ = nullptr;  // loaded for kOpenBlas (cpu/openblas.h)
   cpu::CpuIsa isa_;
   cpu::QuantScratch quant_scratch_;        // guarded by mu_
+  std::vector<uint32_t> bf16_words_;       // guarded by mu_: x as bf16 words (cpu_gemm bf16)
   RopeAnglesMemo rope_memos_[kRopeMemos];  // guarded by mu_
   int rope_next_ = 0;                      // guarded by mu_: the memo replaced next
   std::mutex mu_;  // serialises kernels: ThreadPool::ParallelFor is not reentrant

@@ -332,13 +332,13 @@ void UnpackRow(const PackedWeights& w, int row, float* out) {
 const char* GemmKernelName(CpuIsa isa) { return KernelFor(isa).name; }
 
 void InvariantGemm(ThreadPool* pool, const float* x, int m, const PackedWeights& w,
-                   const float* bias, float* y, CpuIsa isa) {
+                   const float* bias, float* y, CpuIsa isa, std::vector<uint32_t>* words) {
   const GemmProduct product{&w, bias, y};
-  InvariantGemmMany(pool, x, m, &product, 1, isa);
+  InvariantGemmMany(pool, x, m, &product, 1, isa, words);
 }
 
 void InvariantGemmMany(ThreadPool* pool, const float* x, int m, const GemmProduct* products,
-                       int count, CpuIsa isa) {
+                       int count, CpuIsa isa, std::vector<uint32_t>* words_buffer) {
   if (m <= 0 || count <= 0) return;
   const int k = products[0].w->k;
   for (int i = 1; i < count; ++i) {
@@ -360,11 +360,12 @@ void InvariantGemmMany(ThreadPool* pool, const float* x, int m, const GemmProduc
   bool pairs = false;
   for (int i = 0; i < count; ++i) pairs = pairs || products[i].w->type == PanelType::kBf16Pairs;
   const int64_t words_per_row = (k + 1) / 2;
-  thread_local std::vector<uint32_t> words_buffer;  // the caller's; the workers get `words`
+  std::vector<uint32_t> own_words;
+  if (words_buffer == nullptr) words_buffer = &own_words;
   uint32_t* words = nullptr;
   if (pairs) {
-    words_buffer.resize(static_cast<size_t>(m * words_per_row));
-    words = words_buffer.data();
+    words_buffer->resize(static_cast<size_t>(m * words_per_row));
+    words = words_buffer->data();
     auto round_rows = [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         kernel.bf16_words(x + r * k, k, words + r * words_per_row);

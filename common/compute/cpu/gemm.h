@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/base/thread_pool.h"
 #include "common/compute/cpu/aligned.h"
@@ -75,8 +76,10 @@ const char* GemmKernelName(CpuIsa isa);
 
 // y [m, w.n] = x [m, w.k] * w^T (+ bias) with the microkernel of `isa`, which the CPU must run
 // (ResolveCpuIsa checked it). pool may be null (runs on the calling thread).
+// `words`: where kBf16Pairs products' rounded rows of x go (grown as needed, kept for the next
+// call); null: a buffer of this call's own.
 void InvariantGemm(ThreadPool* pool, const float* x, int m, const PackedWeights& w,
-                   const float* bias, float* y, CpuIsa isa);
+                   const float* bias, float* y, CpuIsa isa, std::vector<uint32_t>* words = nullptr);
 
 // One product of InvariantGemmMany: y [m, w->n] = x * (*w)^T (+ bias).
 struct GemmProduct {
@@ -89,6 +92,6 @@ struct GemmProduct {
 // and up) cost one fork and join instead of three. Each y is bitwise what InvariantGemm gives
 // for it alone.
 void InvariantGemmMany(ThreadPool* pool, const float* x, int m, const GemmProduct* products,
-                       int count, CpuIsa isa);
+                       int count, CpuIsa isa, std::vector<uint32_t>* words = nullptr);
 
 }  // namespace duet::compute::cpu
