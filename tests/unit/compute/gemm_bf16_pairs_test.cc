@@ -20,16 +20,9 @@
 namespace duet::compute {
 namespace {
 
+using testing::HostCpuPaths;
 using testing::MakeCpuBackend;
 using testing::RandomVector;
-
-std::vector<cpu::CpuIsa> HostPaths() {
-  std::vector<cpu::CpuIsa> paths;
-  for (cpu::CpuIsa isa : cpu::kAllCpuIsas) {
-    if (cpu::MissingFeature(isa, cpu::HostCpuFeatures()).empty()) paths.push_back(isa);
-  }
-  return paths;
-}
 
 std::vector<uint16_t> RandomBf16(int n, int k, uint32_t seed) {
   const auto f = RandomVector(static_cast<size_t>(n) * k, seed, -3.f, 3.f);
@@ -67,7 +60,7 @@ TEST(Bf16PairsGemmTest, EveryPathGivesTheStatedArithmeticBitwise) {
   const std::vector<std::pair<int, int>> nk = {{45, 401}, {17, 193}, {70, 385}, {1, 7},
                                                {96, 64},  {33, 1},   {20, 576}};
   ThreadPool pool1(1), pool2(2);
-  const std::vector<cpu::CpuIsa> paths = HostPaths();
+  const std::vector<cpu::CpuIsa> paths = HostCpuPaths();
   int compared = 0;
   for (const auto& [n, k] : nk) {
     const auto w = RandomBf16(n, k, 21 + n);
@@ -115,7 +108,7 @@ TEST(Bf16PairsGemmTest, DenormalsAreFlushedOnEveryPath) {
                           std::bit_cast<float>(0x00400000u)};  // row 2
   const cpu::PackedWeights packed = cpu::PackWeightsBf16Pairs(w.data(), n, k);
   ASSERT_TRUE(packed.ok());
-  for (cpu::CpuIsa isa : HostPaths()) {
+  for (cpu::CpuIsa isa : HostCpuPaths()) {
     std::vector<float> y(static_cast<size_t>(m) * n, -1.f);
     cpu::InvariantGemm(nullptr, x.data(), m, packed, nullptr, y.data(), isa);
     for (int j = 0; j < n; ++j) {

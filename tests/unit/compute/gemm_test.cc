@@ -18,6 +18,7 @@
 namespace duet::compute {
 namespace {
 
+using testing::HostCpuPaths;
 using testing::MakeCpuBackend;
 using testing::RandomVector;
 
@@ -79,15 +80,6 @@ TEST(GemmTest, OddShapesMatchDoubleReference) {
   }
 }
 
-// Every CpuIsa path this CPU runs (the scalar one always).
-std::vector<cpu::CpuIsa> HostPaths() {
-  std::vector<cpu::CpuIsa> paths;
-  for (cpu::CpuIsa isa : cpu::kAllCpuIsas) {
-    if (cpu::MissingFeature(isa, cpu::HostCpuFeatures()).empty()) paths.push_back(isa);
-  }
-  return paths;
-}
-
 TEST(GemmTest, KernelPerPath) {
   EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kScalar), "scalar");
   EXPECT_STREQ(cpu::GemmKernelName(cpu::CpuIsa::kAvx2), "avx2");
@@ -103,7 +95,7 @@ TEST(GemmTest, KernelPerPath) {
 TEST(GemmTest, EveryPathEqualsPortableBitwise) {
   const std::vector<std::pair<int, int>> nk = {{45, 401}, {17, 193}, {70, 385}, {1, 7}, {96, 64}};
   ThreadPool pool1(1), pool2(2);
-  const std::vector<cpu::CpuIsa> paths = HostPaths();
+  const std::vector<cpu::CpuIsa> paths = HostCpuPaths();
   int compared = 0;
   for (const auto& [n, k] : nk) {
     const auto w = RandomVector(static_cast<size_t>(n) * k, 11 + n);
@@ -140,7 +132,7 @@ TEST(GemmTest, EveryPathIsBatchInvariant) {
   cpu::PackedWeights packed = cpu::PackWeights(w.data(), n, k);
   ASSERT_NE(packed.data, nullptr);
   ThreadPool pool(2);
-  for (cpu::CpuIsa isa : HostPaths()) {
+  for (cpu::CpuIsa isa : HostCpuPaths()) {
     std::vector<float> alone(n);
     cpu::InvariantGemm(nullptr, row.data(), 1, packed, b.data(), alone.data(), isa);
     for (int m : {2, 3, 4, 5, 8, 11, 12, 13, 24, 25, 64, 97, 130}) {
@@ -220,7 +212,7 @@ std::vector<float> Widen(cpu::PanelType type, const std::vector<uint16_t>& bits)
 TEST(GemmTest, HalfPanelsEqualFloatGemmOnWidenedWeightsBitwise) {
   const std::vector<std::pair<int, int>> nk = {{45, 401}, {17, 193}, {96, 64}};
   ThreadPool pool(2);
-  const std::vector<cpu::CpuIsa> paths = HostPaths();
+  const std::vector<cpu::CpuIsa> paths = HostCpuPaths();
   int compared = 0;
   for (cpu::PanelType type : {cpu::PanelType::kBf16, cpu::PanelType::kF16}) {
     for (const auto& [n, k] : nk) {

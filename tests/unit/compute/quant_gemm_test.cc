@@ -24,6 +24,7 @@ namespace {
 
 using cpu::CpuIsa;
 using cpu::QuantFormat;
+using testing::HostCpuPaths;
 using testing::RandomVector;
 
 constexpr QuantFormat kFormats[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1,
@@ -62,15 +63,6 @@ WeightFormat ToWeightFormat(QuantFormat f) {
       return WeightFormat::kQ3_K;
   }
   return WeightFormat::kF32;
-}
-
-// Every path the host runs (scalar and avx2 at least on x86-64).
-std::vector<CpuIsa> HostPaths() {
-  std::vector<CpuIsa> out;
-  for (CpuIsa isa : cpu::kAllCpuIsas) {
-    if (cpu::MissingFeature(isa, cpu::HostCpuFeatures()).empty()) out.push_back(isa);
-  }
-  return out;
 }
 
 // k rounded up to whole blocks of the format (256 for the K-quants), and a row's GGUF bytes.
@@ -281,7 +273,7 @@ TEST(QuantGemmTest, EveryPathEqualsTheStatedArithmeticBitwise) {
       const auto bias = RandomVector(n, 5);
       for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
         const std::vector<float> want = ModelOfKernel(f, w, n, k, x, m, b);
-        for (CpuIsa isa : HostPaths()) {
+        for (CpuIsa isa : HostCpuPaths()) {
           auto backend = Backend(2, isa);
           const std::vector<float> got = MatMulStored(*backend, f, w, n, k, x, m, b);
           ASSERT_EQ(got.size(), want.size());
@@ -307,7 +299,7 @@ TEST(QuantGemmTest, Q3KGivesTheBitsOfItsValuesWrittenAsQ6K) {
     EncodeQ6K(blk, q6.data() + 210 * b);
   }
   const auto x = RandomVector(static_cast<size_t>(m) * k, 19, -3.f, 3.f);
-  for (CpuIsa isa : HostPaths()) {
+  for (CpuIsa isa : HostCpuPaths()) {
     auto backend = Backend(2, isa);
     const std::vector<float> want =
         MatMulStored(*backend, QuantFormat::kQ6_K, q6, n, k, x, m, nullptr);
@@ -339,7 +331,7 @@ TEST(QuantGemmTest, ExtremeCodesAreExactOnEveryPath) {
         for (float v : {1.f, -1.f}) {
           const std::vector<float> x(static_cast<size_t>(m) * k, v);
           const std::vector<float> want = ModelOfKernel(f, w, n, k, x, m, nullptr);
-          for (CpuIsa isa : HostPaths()) {
+          for (CpuIsa isa : HostCpuPaths()) {
             auto backend = Backend(1, isa);
             const std::vector<float> got = MatMulStored(*backend, f, w, n, k, x, m, nullptr);
             ASSERT_EQ(got.size(), want.size());
@@ -435,7 +427,7 @@ TEST(QuantGemmTest, RowsAreBatchAndThreadInvariant) {
     const auto w = RandomBlocks(f, n, k, 21);
     const auto bias = RandomVector(n, 22);
     const auto rows = RandomVector(static_cast<size_t>(64) * k, 23, -3.f, 3.f);
-    for (CpuIsa isa : HostPaths()) {
+    for (CpuIsa isa : HostCpuPaths()) {
       auto one_thread = Backend(1, isa);
       for (int threads : {1, 2, 3}) {
         auto backend = Backend(threads, isa);
@@ -459,7 +451,7 @@ TEST(QuantGemmTest, RowsAreBatchAndThreadInvariant) {
 
 // Realistic shapes through the backend: every path gives the scalar path's bits.
 TEST(QuantGemmTest, IsaPathsAgreeWithScalarOnModelShapes) {
-  const auto paths = HostPaths();
+  const auto paths = HostCpuPaths();
   if (paths.size() < 2) GTEST_SKIP() << "only the scalar path runs here";
   for (QuantFormat f : kFormats) {
     for (auto [n, k32] : {std::pair{576, 1536}, std::pair{192, 576}}) {
@@ -487,7 +479,7 @@ TEST(QuantGemmTest, IsaPathsAgreeWithScalarOnModelShapes) {
 TEST(QuantGemmTest, MatMulsEqualsMatMulPerProductBitwise) {
   const int k = 96;
   const int ns[] = {48, 16, 40};  // q, k, v-like: different widths, one k
-  for (CpuIsa isa : HostPaths()) {
+  for (CpuIsa isa : HostCpuPaths()) {
     for (int threads : {1, 2, 3}) {
       SCOPED_TRACE(::testing::Message() << cpu::CpuIsaName(isa) << " threads " << threads);
       auto backend = Backend(threads, isa);
@@ -606,7 +598,7 @@ TEST(QuantGemmTest, EmbedFromMatrixIsTheDequantizedRow) {
   for (QuantFormat f : kFormats) {
     const int k = Cols(f, 64);
     const auto w = RandomBlocks(f, n, k, 8);
-    auto backend = Backend(2, HostPaths().back());
+    auto backend = Backend(2, HostCpuPaths().back());
     auto pm = backend->PrepareStoredMatrix(
         {.format = ToWeightFormat(f), .data = w.data(), .rows = n, .cols = k});
     ASSERT_TRUE(pm.ok()) << pm.status();

@@ -30,6 +30,7 @@ namespace fs = std::filesystem;
 
 using testing::ExpectBatchInvariant;
 using testing::ExpectDecodeAndChunksEqualRecompute;
+using testing::ExpectEveryCpuPathGivesTheScalarLogits;
 using testing::Model;
 using testing::RunOne;
 using testing::Tokens;
@@ -77,19 +78,10 @@ TEST_P(HalfWeightsTest, LogitsEqualFloatWeightsOfTheWidenedValuesBitwise) {
 }
 
 TEST_P(HalfWeightsTest, EveryCpuPathGivesTheSameLogits) {
-  Model scalar = MakeModel(GetParam(), true, 2, "scalar");
-  const auto t = Tokens(19, 6, scalar.runner->config().vocab_size);
-  kv::BlockTable ts(scalar.pool.get());
-  const std::vector<float> want = RunOne(scalar, ts, t);
-  int paths = 0;
-  for (const char* isa : {"avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"}) {
-    if (!compute::cpu::ResolveCpuIsa(isa).ok()) continue;
-    ++paths;
-    Model m = MakeModel(GetParam(), true, 2, isa);
-    kv::BlockTable tt(m.pool.get());
-    EXPECT_EQ(RunOne(m, tt, t), want) << isa;
+  if (!ExpectEveryCpuPathGivesTheScalarLogits(
+          [t = GetParam()](const std::string& isa) { return MakeModel(t, true, 2, isa); })) {
+    GTEST_SKIP() << "only the scalar path runs here";
   }
-  if (paths == 0) GTEST_SKIP() << "only the scalar path runs here";
 }
 
 TEST_P(HalfWeightsTest, DecodeAndChunksEqualRecomputeBitwise) {
@@ -131,19 +123,10 @@ TEST(Bf16DotWeightsTest, LogitsAreNearTheExactGemmsButNotItsBits) {
 }
 
 TEST(Bf16DotWeightsTest, EveryCpuPathGivesTheSameLogits) {
-  Model scalar = MakeDotModel(2, "scalar");
-  const auto t = Tokens(19, 6, scalar.runner->config().vocab_size);
-  kv::BlockTable ts(scalar.pool.get());
-  const std::vector<float> want = RunOne(scalar, ts, t);
-  int paths = 0;
-  for (const char* isa : {"avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"}) {
-    if (!compute::cpu::ResolveCpuIsa(isa).ok()) continue;
-    ++paths;
-    Model m = MakeDotModel(2, isa);
-    kv::BlockTable tt(m.pool.get());
-    EXPECT_EQ(RunOne(m, tt, t), want) << isa;
+  if (!ExpectEveryCpuPathGivesTheScalarLogits(
+          [](const std::string& isa) { return MakeDotModel(2, isa); })) {
+    GTEST_SKIP() << "only the scalar path runs here";
   }
-  if (paths == 0) GTEST_SKIP() << "only the scalar path runs here";
 }
 
 TEST(Bf16DotWeightsTest, DecodeAndChunksEqualRecomputeBitwise) {

@@ -159,6 +159,7 @@ std::vector<uint8_t> Quantize(uint32_t type, const std::vector<float>& x) {
 
 using testing::ExpectBatchInvariant;
 using testing::ExpectDecodeAndChunksEqualRecompute;
+using testing::ExpectEveryCpuPathGivesTheScalarLogits;
 using testing::Model;
 using testing::RelErr;
 using testing::RunOne;
@@ -206,19 +207,10 @@ TEST_P(NativeWeightsTest, ResultsAreBatchAndThreadInvariant) {
 
 // Every CPU path this machine runs gives the scalar path's logits bit for bit.
 TEST_P(NativeWeightsTest, EveryCpuPathGivesTheSameLogits) {
-  Model scalar = MakeModel(GetParam(), 2, "scalar");
-  const auto t = Tokens(19, 6, scalar.runner->config().vocab_size);
-  kv::BlockTable ts(scalar.pool.get());
-  const std::vector<float> want = RunOne(scalar, ts, t);
-  int paths = 0;
-  for (const char* isa : {"avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"}) {
-    if (!compute::cpu::ResolveCpuIsa(isa).ok()) continue;
-    ++paths;
-    Model m = MakeModel(GetParam(), 2, isa);
-    kv::BlockTable tt(m.pool.get());
-    EXPECT_EQ(RunOne(m, tt, t), want) << isa;
+  if (!ExpectEveryCpuPathGivesTheScalarLogits(
+          [t = GetParam()](const std::string& isa) { return MakeModel(t, 2, isa); })) {
+    GTEST_SKIP() << "only the scalar path runs here";
   }
-  if (paths == 0) GTEST_SKIP() << "only the scalar path runs here";
 }
 
 // The weights really are quantized (the logits differ from f32's), and the kept blocks give

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/compute/compute_backend.h"
+#include "common/compute/cpu/cpu_isa.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
 #include "common/model/model_runner.h"
@@ -115,6 +116,25 @@ inline void ExpectDecodeAndChunksEqualRecompute(Model& m, const std::string& wha
   ASSERT_TRUE(a.Release().ok());
   ASSERT_TRUE(b.Release().ok());
   EXPECT_EQ(m.pool->num_available(), m.pool->num_blocks());
+}
+
+// Every CPU path this machine runs gives the scalar path's logits bit for bit. make(isa): the
+// model under test on that path. Returns false (nothing compared) when only scalar runs here.
+inline bool ExpectEveryCpuPathGivesTheScalarLogits(
+    const std::function<Model(const std::string& isa)>& make) {
+  Model scalar = make("scalar");
+  const auto t = Tokens(19, 6, scalar.runner->config().vocab_size);
+  kv::BlockTable ts(scalar.pool.get());
+  const std::vector<float> want = RunOne(scalar, ts, t);
+  int paths = 0;
+  for (const char* isa : {"avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"}) {
+    if (!compute::cpu::ResolveCpuIsa(isa).ok()) continue;
+    ++paths;
+    Model m = make(isa);
+    kv::BlockTable tt(m.pool.get());
+    EXPECT_EQ(RunOne(m, tt, t), want) << isa;
+  }
+  return paths > 0;
 }
 
 // A sequence's logits are bitwise identical alone (one thread) and inside a batch that mixes
