@@ -53,6 +53,11 @@ ABSL_FLAG(double, http_idle_timeout_s,
           absl::ToDoubleSeconds(duet::http::HttpFrontOptions{}.idle_timeout),
           "coordinator/serve --colocated: seconds a kept-alive HTTP connection may idle between "
           "requests");
+ABSL_FLAG(double, http_write_timeout_s,
+          absl::ToDoubleSeconds(duet::http::HttpFrontOptions{}.write_timeout),
+          "coordinator/serve --colocated: seconds a response may wait for a client that reads "
+          "none of it (a full send buffer); then the connection is closed and its request "
+          "cancelled, as for a disconnect. Must be positive");
 
 namespace duet::cli {
 namespace {
@@ -137,6 +142,7 @@ std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags() {
       .header_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_header_timeout_s)),
       .body_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_body_timeout_s)),
       .idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_idle_timeout_s)),
+      .write_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_write_timeout_s)),
       .served_model_names = names};
 }
 
@@ -145,6 +151,7 @@ std::vector<std::string> HttpFrontFlagsForChild() {
           absl::StrCat("--http_header_timeout_s=", absl::GetFlag(FLAGS_http_header_timeout_s)),
           absl::StrCat("--http_body_timeout_s=", absl::GetFlag(FLAGS_http_body_timeout_s)),
           absl::StrCat("--http_idle_timeout_s=", absl::GetFlag(FLAGS_http_idle_timeout_s)),
+          absl::StrCat("--http_write_timeout_s=", absl::GetFlag(FLAGS_http_write_timeout_s)),
           "--served_model_name=" + absl::GetFlag(FLAGS_served_model_name)};
 }
 

@@ -27,7 +27,8 @@ cluster::NodeTransferOptions NodeTransferOptionsFromFlags();
 // --transport, --ucx_net_devices, --kv_staging.
 std::vector<std::string> NodeFlagsForChild();
 // --http_port (-1: nullopt, the API is off), --http_host, --api_key, --max_body_bytes,
-// --max_concurrent_streams, --http_max_connections, --http_{header,body,idle}_timeout_s.
+// --max_concurrent_streams, --http_max_connections, --http_{header,body,idle,write}_timeout_s
+// (a non-positive --http_write_timeout_s is refused by HttpFront::Start, naming it).
 std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags();
 // The --http_max_connections and --http_*_timeout_s flags as they are, for a child coordinator.
 std::vector<std::string> HttpFrontFlagsForChild();

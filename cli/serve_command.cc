@@ -1,7 +1,10 @@
 // `duet serve --loopback`: starts a coordinator, N prefill and M decode nodes as child processes
 // on 127.0.0.1 (every node with the same runtime and transfer flags, cli/node_flags.h), waits
 // until every node is registered, prints "ready <client address>", and stops them all on
-// SIGINT/SIGTERM. Children die with the launcher (PR_SET_PDEATHSIG), so no orphans.
+// SIGINT/SIGTERM. Children die with the launcher (PR_SET_PDEATHSIG), so no orphans. A child that
+// dies is started again (at most --restart_limit times each; --no_restart: never, and the
+// coordinator's death stops everything): a coordinator on the same address (so the nodes
+// re-register with it), a node as a new incarnation.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -19,6 +22,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
@@ -35,6 +39,7 @@ ABSL_DECLARE_FLAG(int64_t, heartbeat_timeout_ms);
 ABSL_DECLARE_FLAG(int64_t, queue_timeout_ms);
 ABSL_DECLARE_FLAG(int32_t, max_resumes);
 ABSL_DECLARE_FLAG(std::string, router);
+ABSL_DECLARE_FLAG(absl::Duration, kv_quarantine_bound);
 ABSL_DECLARE_FLAG(double, router_prefill_weight);
 ABSL_DECLARE_FLAG(double, router_queue_weight);
 ABSL_DECLARE_FLAG(double, router_transfer_weight);
@@ -50,6 +55,9 @@ ABSL_FLAG(int, prefill, 1, "serve: number of prefill nodes");
 ABSL_FLAG(int, decode, 1, "serve: number of decode nodes");
 ABSL_FLAG(int, port, 0, "serve: the coordinator's client port (0: any free port)");
 ABSL_FLAG(int, ready_timeout_s, 120, "serve: how long to wait for every node to register");
+ABSL_FLAG(bool, no_restart, false,
+          "serve: do not restart a child that dies (a dead coordinator then stops everything)");
+ABSL_FLAG(int, restart_limit, 5, "serve: restarts of each child at most (then it stays down)");
 ABSL_FLAG(bool, node_metrics, false,
           "serve: every node (or the --colocated server) serves GET /metrics on a free 127.0.0.1 "
           "port (printed when ready)");
@@ -63,9 +71,15 @@ void OnServeSignal(int) { g_serve_stop.store(true); }
 struct Child {
   std::string name;
   pid_t pid = -1;
+  std::vector<std::string> argv;  // to start it again
+  std::string log_path;
+  int restarts = 0;
 };
 
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+// Starts `duet argv...` (argv[0] is the program name) with its output in `log_path`, truncated,
+// or appended to when `append` (a restart keeps the log of the run that died).
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path,
+            bool append = false) {
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid != 0) return pid;
@@ -73,7 +87,7 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != parent) _exit(1);
   if (!log_path.empty()) {
-    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
     if (fd >= 0) {
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
@@ -212,7 +226,8 @@ int RunServe(const std::vector<char*>& args) {
       absl::StrCat("--max_body_bytes=", absl::GetFlag(FLAGS_max_body_bytes)),
       absl::StrCat("--max_concurrent_streams=", absl::GetFlag(FLAGS_max_concurrent_streams))};
   for (std::string& f : HttpFrontFlagsForChild()) coord_argv.push_back(std::move(f));
-  children.push_back({"coordinator", Spawn(coord_argv, (run_dir / "coordinator.log").string())});
+  const std::string coord_log = (run_dir / "coordinator.log").string();
+  children.push_back({"coordinator", Spawn(coord_argv, coord_log), coord_argv, coord_log});
   std::string coord_addr;
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
   while (coord_addr.empty() && absl::Now() < deadline && !g_serve_stop.load()) {
@@ -251,8 +266,11 @@ int RunServe(const std::vector<char*>& args) {
       if (absl::GetFlag(FLAGS_no_layer_pipelining)) a.push_back("--no_layer_pipelining");
     } else {
       a.push_back(absl::StrCat("--max_running=", absl::GetFlag(FLAGS_max_running)));
+      a.push_back("--kv_quarantine_bound=" +
+                  absl::FormatDuration(absl::GetFlag(FLAGS_kv_quarantine_bound)));
     }
-    children.push_back({name, Spawn(a, (run_dir / (name + ".log")).string())});
+    const std::string log = (run_dir / (name + ".log")).string();
+    children.push_back({name, Spawn(a, log), a, log});
   }
   for (const Child& c : children) std::printf("node %s pid %d\n", c.name.c_str(), c.pid);
   std::fflush(stdout);
@@ -306,7 +324,23 @@ int RunServe(const std::vector<char*>& args) {
   std::printf("ready %s (logs in %s)\n", coord_addr.c_str(), run_dir.c_str());
   std::fflush(stdout);
 
-  // Supervise: report children that die; stop everything on a signal or if the coordinator dies.
+  // A restarted coordinator must come back where the nodes and clients look for it: the same
+  // client address, and the same HTTP port.
+  for (std::string& a : children[0].argv) {
+    if (absl::StartsWith(a, "--listen=")) a = "--listen=" + coord_addr;
+    if (absl::StartsWith(a, "--http_port=")) {
+      std::ifstream in(coord_file);
+      std::string grpc_addr, http_addr;
+      if (std::getline(in, grpc_addr) && std::getline(in, http_addr) && !http_addr.empty()) {
+        a = "--http_port=" + http_addr.substr(http_addr.rfind(':') + 1);
+      }
+    }
+  }
+  const bool restart = !absl::GetFlag(FLAGS_no_restart);
+  const int restart_limit = absl::GetFlag(FLAGS_restart_limit);
+
+  // Supervise: report children that die and start them again (bounded); stop everything on a
+  // signal, or if the coordinator dies and is not restarted.
   while (!g_serve_stop.load()) {
     for (Child& c : children) {
       int st;
@@ -314,9 +348,19 @@ int RunServe(const std::vector<char*>& args) {
         std::printf("node %s exited (%s %d)\n", c.name.c_str(),
                     WIFSIGNALED(st) ? "signal" : "status",
                     WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
-        std::fflush(stdout);
         c.pid = -1;
-        if (c.name == "coordinator") g_serve_stop.store(true);
+        if (restart && c.restarts < restart_limit && !g_serve_stop.load()) {
+          ++c.restarts;
+          c.pid = Spawn(c.argv, c.log_path, /*append=*/true);
+          std::printf("node %s restarted pid %d (restart %d of at most %d)\n", c.name.c_str(),
+                      c.pid, c.restarts, restart_limit);
+        } else if (c.name == "coordinator") {
+          g_serve_stop.store(true);
+        } else if (restart) {
+          std::printf("node %s stays down: restarted %d times (--restart_limit)\n", c.name.c_str(),
+                      c.restarts);
+        }
+        std::fflush(stdout);
       }
     }
     absl::SleepFor(absl::Milliseconds(100));

@@ -10,6 +10,7 @@ v1::NodeLoad LoadToProto(const NodeLoad& load) {
   p.set_running_requests(load.running_requests);
   p.set_evictable_blocks(load.evictable_blocks);
   p.set_cached_blocks(load.cached_blocks);
+  for (const std::string& s : load.fenced_senders) p.add_fenced_senders(s);
   return p;
 }
 
@@ -19,7 +20,8 @@ NodeLoad LoadFromProto(const v1::NodeLoad& load) {
                   .queued_tokens = load.queued_tokens(),
                   .running_requests = load.running_requests(),
                   .evictable_blocks = load.evictable_blocks(),
-                  .cached_blocks = load.cached_blocks()};
+                  .cached_blocks = load.cached_blocks(),
+                  .fenced_senders = {load.fenced_senders().begin(), load.fenced_senders().end()}};
 }
 
 v1::NodeCompute ComputeToProto(const NodeCompute& compute) {

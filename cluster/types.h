@@ -28,6 +28,9 @@ struct NodeLoad {
   // uses; and every block in the prefix cache, used or evictable.
   int64_t evictable_blocks = 0;
   int64_t cached_blocks = 0;
+  // Decode nodes only: the prefill nodes (node ids) it has fenced now (docs/design.md §8.11);
+  // the router does not pair them with it until the fence lifts.
+  std::vector<std::string> fenced_senders;
 
   bool operator==(const NodeLoad&) const = default;
 };

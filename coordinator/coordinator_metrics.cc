@@ -64,10 +64,14 @@ CoordinatorMetrics::CoordinatorMetrics()
       reroutes(registry.AddCounter(
           "duet_coordinator_reroutes_total",
           "Routing hops away from a node that did not answer (suspect_decode: Reserve failed or "
-          "timed out; unreachable_prefill: the decode node could not connect to it)",
+          "timed out; unreachable_prefill: the decode node could not connect to it; "
+          "fenced_prefill: "
+          "the decode node has it fenced)",
           {"why"})) {
   for (const char* c : {"preempted", "decode_lost"}) resumes.WithLabels({c});
-  for (const char* w : {"suspect_decode", "unreachable_prefill"}) reroutes.WithLabels({w});
+  for (const char* w : {"suspect_decode", "unreachable_prefill", "fenced_prefill"}) {
+    reroutes.WithLabels({w});
+  }
   // Outcomes that exist before the first request, so rates start from zero.
   for (const char* o : {"ok", "cancelled"}) requests.WithLabels({o});
   for (const char* r : {"both", "prefill_hit", "decode_hit", "load", "sibling"}) {

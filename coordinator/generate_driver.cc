@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/error_reason.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/kv/block_hash.h"
@@ -211,9 +212,15 @@ absl::Status CoordinatorServer::Impl::StartAttempt(ActiveRequest& ar, const Atte
     if (o == Outcome::kFailed) {
       end = why;
     } else if (now + backoff > queue_deadline) {
-      end = absl::ResourceExhaustedError(
-          absl::StrCat("request ", ar.id, ": waited ", absl::FormatDuration(now - since),
-                       " (queue_timeout) for a node with room: ", why.message()));
+      // Waited in vain: for room (RESOURCE_EXHAUSTED), or for a usable pair (UNAVAILABLE, and
+      // the reason, e.g. every pair fenced).
+      end = WithReason(
+          absl::Status(
+              absl::IsUnavailable(why) ? absl::StatusCode::kUnavailable
+                                       : absl::StatusCode::kResourceExhausted,
+              absl::StrCat("request ", ar.id, ": waited ", absl::FormatDuration(now - since),
+                           " (queue_timeout) for a node with room: ", why.message())),
+          ReasonOf(why));
     } else if (sink.cancelled && sink.cancelled()) {
       end = absl::CancelledError(
           absl::StrCat("request ", ar.id, " cancelled by the client while waiting for room"));
@@ -298,9 +305,11 @@ CoordinatorServer::Impl::Outcome CoordinatorServer::Impl::TryStart(
         router_->Pick(decodes, registry_.LiveNodes(NodeKind::kPrefill), route);
     if (!pick.ok()) {
       *status = pick.status();
-      // No room now, or only suspect decode nodes left (each heartbeats again or is declared
-      // dead soon): wait. Anything else will not change by waiting.
+      // No room now, only suspect decode nodes left (each heartbeats again or is declared dead
+      // soon), or only fenced pairs (a fence lifts once the prefill node answers): wait.
+      // Anything else will not change by waiting.
       return absl::IsResourceExhausted(pick.status()) ||
+                     ReasonOf(pick.status()) == ErrorReason::kSenderFenced ||
                      (!suspects.empty() && absl::IsUnavailable(pick.status()))
                  ? Outcome::kNoRoom
                  : Outcome::kFailed;
@@ -357,13 +366,18 @@ CoordinatorServer::Impl::Outcome CoordinatorServer::Impl::TryStart(
     absl::Status s = rpc::FromGrpcStatus(dstubs->decode->Reserve(&rctx, rreq, &rresp),
                                          absl::StrCat("Reserve on ", d->node.ToString()));
     ar.reserve_us = Micros(absl::Now() - reserve_sent);
-    if (!s.ok() && absl::StrContains(s.message(), "connecting to sender")) {
-      // D could not reach the chosen prefill node (it died before its heartbeat lapsed):
-      // release whatever D may hold and route again without P.
+    if (const ErrorReason why = ReasonOf(s);
+        why == ErrorReason::kSenderUnreachable || why == ErrorReason::kSenderFenced) {
+      // D could not reach the chosen prefill node (it died before its heartbeat lapsed), or
+      // has it fenced: the pair is unusable, not D. Release whatever D may hold and route this
+      // request again without P.
       DUET_LOG(WARNING) << "request " << ar.id << ": " << s.message() << "; re-routing";
       Apply(Effects{.releases = {Effects::Release{ar.id, d->node}}});
       ar.unreachable_prefill.push_back(p->node.node_id);
-      metrics_.reroutes.WithLabels({"unreachable_prefill"}).Increment();
+      metrics_.reroutes
+          .WithLabels(
+              {why == ErrorReason::kSenderFenced ? "fenced_prefill" : "unreachable_prefill"})
+          .Increment();
       *status = s;
       return Outcome::kRerouted;
     }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/error_reason.h"
 #include "common/base/status.h"
 
 namespace duet::coordinator {
@@ -26,6 +27,23 @@ size_t ArgMin(const std::vector<NodeInfo>& candidates, KeyFn key) {
 
 bool Contains(const std::vector<NodeId>& ids, const NodeId& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// Whether `decode` has `prefill` fenced (the pair cannot be used until the fence lifts).
+bool Fenced(const NodeInfo& decode, const NodeInfo& prefill) {
+  return Contains(decode.load.fenced_senders, prefill.node.node_id);
+}
+
+// "decode-0 has prefill-0 fenced; ..." for every fenced pair among the candidates.
+std::string FencedPairs(const std::vector<NodeInfo>& decode, const std::vector<NodeInfo>& prefill) {
+  std::vector<std::string> pairs;
+  for (const NodeInfo& d : decode) {
+    for (const NodeInfo& p : prefill) {
+      if (Fenced(d, p))
+        pairs.push_back(absl::StrCat(d.node.ToString(), " has ", p.node.ToString(), " fenced"));
+    }
+  }
+  return absl::StrJoin(pairs, "; ");
 }
 
 // Live nodes of `kind` not in `excluded`, sorted by node id.
@@ -269,21 +287,49 @@ absl::StatusOr<NodeInfo> Router::PickPrefill(const std::vector<NodeInfo>& nodes,
   return eligible[i];
 }
 
+uint64_t Router::RecencyOf(const NodeInfo& decode, const NodeInfo& prefill) const {
+  absl::MutexLock lock(&recency_mu_);
+  uint64_t r = 0;
+  for (const NodeInfo* n : {&decode, &prefill}) {
+    if (auto it = last_picked_.find(n->node.node_id); it != last_picked_.end()) r += it->second;
+  }
+  return r;
+}
+
+void Router::NotePicked(const RoutePick& pick) {
+  absl::MutexLock lock(&recency_mu_);
+  last_picked_[pick.decode.node.node_id] = ++picks_;
+  last_picked_[pick.prefill.node.node_id] = ++picks_;
+}
+
 absl::StatusOr<RoutePick> Router::PickByCost(const std::vector<NodeInfo>& decode,
                                              const std::vector<NodeInfo>& prefill,
                                              const RouteRequest& request) const {
-  // Both lists are sorted by node id: strictly lower cost wins, so ties keep the smallest ids.
+  // Both lists are sorted by node id: strictly lower cost wins, then the less recently picked
+  // pair, so equal ties keep the smallest ids.
+  bool found = false;
   size_t best_d = 0, best_p = 0;
   double best = 0;
+  uint64_t best_recency = 0;
   for (size_t di = 0; di < decode.size(); ++di) {
     for (size_t pi = 0; pi < prefill.size(); ++pi) {
+      if (Fenced(decode[di], prefill[pi])) continue;
       const double c = Cost(prefill[pi], decode[di], request, weights_);
-      if ((di == 0 && pi == 0) || c < best) {
+      const uint64_t recency = RecencyOf(decode[di], prefill[pi]);
+      if (!found || c < best || (c == best && recency < best_recency)) {
+        found = true;
         best = c;
+        best_recency = recency;
         best_d = di;
         best_p = pi;
       }
     }
+  }
+  if (!found) {
+    return WithReason(absl::UnavailableError(absl::StrCat(
+                          "request ", request.request_id,
+                          ": no usable (prefill, decode) pair: ", FencedPairs(decode, prefill))),
+                      ErrorReason::kSenderFenced);
   }
   RoutePick pick;
   pick.decode = decode[best_d];
@@ -297,9 +343,10 @@ absl::StatusOr<RoutePick> Router::Pick(const std::vector<NodeInfo>& decode_nodes
                                        const RouteRequest& request) {
   absl::StatusOr<RoutePick> pick = PickUnexplained(decode_nodes, prefill_nodes, request);
   if (pick.ok() || request.earlier_failures.empty()) return pick;
-  return absl::Status(pick.status().code(),
-                      absl::StrCat(pick.status().message(),
-                                   "; earlier: ", absl::StrJoin(request.earlier_failures, "; ")));
+  return WithReason(absl::Status(pick.status().code(),
+                                 absl::StrCat(pick.status().message(), "; earlier: ",
+                                              absl::StrJoin(request.earlier_failures, "; "))),
+                    ReasonOf(pick.status()));
 }
 
 namespace {
@@ -333,9 +380,29 @@ absl::StatusOr<RoutePick> Router::PickUnexplained(const std::vector<NodeInfo>& d
   if (mode_ == RouterMode::kCacheAware) {
     DUET_ASSIGN_OR_RETURN(pick, PickByCost(fitting, eligible, request));
   } else {
-    DUET_ASSIGN_OR_RETURN(pick.decode, PickDecode(fitting, request));
-    DUET_ASSIGN_OR_RETURN(pick.prefill, PickPrefill(eligible, request));
+    // A decode node that has every eligible prefill node fenced is no candidate; then P among
+    // those the chosen D has not fenced.
+    std::vector<NodeInfo> pairable;
+    for (const NodeInfo& d : fitting) {
+      if (std::any_of(eligible.begin(), eligible.end(),
+                      [&](const NodeInfo& p) { return !Fenced(d, p); })) {
+        pairable.push_back(d);
+      }
+    }
+    if (pairable.empty()) {
+      return WithReason(absl::UnavailableError(absl::StrCat("request ", request.request_id,
+                                                            ": no usable (prefill, decode) pair: ",
+                                                            FencedPairs(fitting, eligible))),
+                        ErrorReason::kSenderFenced);
+    }
+    DUET_ASSIGN_OR_RETURN(pick.decode, PickDecode(pairable, request));
+    std::vector<NodeInfo> unfenced;
+    for (const NodeInfo& p : eligible) {
+      if (!Fenced(pick.decode, p)) unfenced.push_back(p);
+    }
+    DUET_ASSIGN_OR_RETURN(pick.prefill, PickPrefill(unfenced, request));
   }
+  NotePicked(pick);
   pick.prefill_cached_blocks = request.CachedBlocks(pick.prefill.node);
   pick.decode_cached_blocks = request.CachedBlocks(pick.decode.node);
   pick.decode_fresh_blocks = request.FreshBlocks(pick.decode.node);

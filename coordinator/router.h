@@ -2,11 +2,13 @@
 // compute it, from a snapshot of live nodes (NodeRegistry::LiveNodes). Pure logic.
 //
 // The Router applies the hard rules itself (live, of the right kind, not excluded, a pool that
-// can hold the request at all, and for decode: a free batch slot and free blocks for what D must
-// reserve fresh: blocks_needed less the leading blocks of the prompt D already holds) and then
-// chooses by its mode:
+// can hold the request at all, for decode: a free batch slot and free blocks for what D must
+// reserve fresh: blocks_needed less the leading blocks of the prompt D already holds, and for the
+// pair: D has not fenced P, NodeLoad::fenced_senders) and then chooses by its mode:
 //   cache_aware  the (P, D) pair of lowest Cost (below): where the prompt's prefix is cached
-//                against how loaded the nodes are; ties go to the smallest D id, then P id
+//                against how loaded the nodes are; ties go to the pair picked least recently
+//                (the sum of its two nodes' last-pick sequence numbers), then the smallest D id,
+//                then P id, so that light load spreads over idle nodes
 //   load         D by LeastLoadedDecodePolicy, P by LeastQueuedPrefillPolicy (caches ignored)
 //   round_robin  RoundRobinPolicy on both (caches ignored)
 // Policies (given to the Router directly, or by the mode):
@@ -190,10 +192,19 @@ class Router {
                                        const std::vector<NodeInfo>& prefill,
                                        const RouteRequest& request) const;
 
+  // How recently `pick`'s two nodes were picked (higher: more recently); ties of cost go to the
+  // least recent pair, so that idle capacity is used when nothing else tells pairs apart.
+  uint64_t RecencyOf(const NodeInfo& decode, const NodeInfo& prefill) const
+      ABSL_LOCKS_EXCLUDED(recency_mu_);
+  void NotePicked(const RoutePick& pick) ABSL_LOCKS_EXCLUDED(recency_mu_);
+
   RouterMode mode_ = RouterMode::kLoad;
   RouterWeights weights_;
   std::unique_ptr<NodePolicy> decode_policy_;
   std::unique_ptr<NodePolicy> prefill_policy_;
+  mutable absl::Mutex recency_mu_;
+  uint64_t picks_ ABSL_GUARDED_BY(recency_mu_) = 0;
+  absl::flat_hash_map<NodeId, uint64_t> last_picked_ ABSL_GUARDED_BY(recency_mu_);
 };
 
 }  // namespace duet::coordinator

@@ -65,8 +65,9 @@ void DecodeMetrics::AddQuarantineGauges(std::function<QuarantineStats()> stats) 
       });
   registry_->AddGaugeCallback(
       "duet_decode_kv_fenced_senders",
-      "Prefill nodes this node fenced for not confirming an abandoned transfer quiet in time", {},
-      [stats] {
+      "Prefill nodes this node has fenced now (one did not confirm an abandoned transfer quiet in "
+      "time; the fence lifts once it confirms every such transfer, or its endpoint is lost)",
+      {}, [stats] {
         return std::vector<metrics::Sample>{{{}, static_cast<double>(stats().fenced_senders)}};
       });
 }

@@ -18,7 +18,8 @@ cluster::NodeLoad ToNodeLoad(const SchedulerLoad& load) {
   return {.free_blocks = load.free_blocks,
           .total_blocks = load.total_blocks,
           .queued_tokens = load.queued_tokens,
-          .running_requests = load.running_requests};
+          .running_requests = load.running_requests,
+          .fenced_senders = load.fenced_senders};
 }
 
 }  // namespace

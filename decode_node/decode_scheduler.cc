@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
+#include "common/base/error_reason.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/kv_memory.h"
@@ -80,14 +81,16 @@ absl::StatusOr<transfer::PeerId> DecodeScheduler::PeerFor(const std::string& add
     if (auto it = peers_.find(address); it != peers_.end()) cached = it->second;
   }
   if (cached.has_value()) {
-    // A fenced sender (invariant 4) is refused by Connect below, so the coordinator re-routes.
-    if (transport_->PeerStatus(*cached).ok() && !tracker_.IsFenced(*cached)) return *cached;
+    // A fenced sender (invariant 4) is refused by the tracker's Expect, naming the fence.
+    if (transport_->PeerStatus(*cached).ok()) return *cached;
     absl::MutexLock lock(&mu_);
     peers_.erase(address);
   }
   absl::StatusOr<transfer::PeerId> peer = transport_->Connect(address, deadline);
   if (!peer.ok()) {
-    return Annotate(peer.status(), absl::StrCat(options_.name, ": connecting to sender ", name));
+    return WithReason(
+        Annotate(peer.status(), absl::StrCat(options_.name, ": connecting to sender ", name)),
+        ErrorReason::kSenderUnreachable);
   }
   absl::MutexLock lock(&mu_);
   peers_[address] = *peer;
@@ -353,6 +356,9 @@ SchedulerLoad DecodeScheduler::Load() const {
       ++load.pending_requests;
       load.queued_tokens += r->num_tokens;
     }
+  }
+  for (const transfer::FencedSender& f : tracker_.FencedSenders()) {
+    load.fenced_senders.push_back(f.name);
   }
   return load;
 }

@@ -117,6 +117,7 @@ struct SchedulerLoad {
   int64_t queued_tokens = 0;  // tokens of requests reserved but not yet admitted
   int32_t running_requests = 0;
   int32_t pending_requests = 0;
+  std::vector<std::string> fenced_senders;  // names of the senders fenced now
 };
 
 struct DecodeSchedulerOptions {

@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -201,10 +202,15 @@ class HttpFront::Handlers {
     }
     if (get && req.path == "/health") {
       const v1::HealthResponse h = backend_->Health();
-      json j = {{"status", h.ready() ? "ok" : "not_ready"},
+      // degraded: serving, but some (prefill, decode) pairs are fenced and not routed to.
+      json j = {{"status", !h.ready()                  ? "not_ready"
+                           : h.fenced_pairs_size() > 0 ? "degraded"
+                                                       : "ok"},
                 {"prefill_nodes", h.prefill_nodes()},
                 {"decode_nodes", h.decode_nodes()},
-                {"running_requests", h.running_requests()}};
+                {"running_requests", h.running_requests()},
+                {"fenced_pairs",
+                 std::vector<std::string>(h.fenced_pairs().begin(), h.fenced_pairs().end())}};
       HttpHeaders headers;
       if (!h.ready()) headers.emplace_back("Retry-After", "1");
       return res->Reply(h.ready() ? 200 : 503, headers, kJson, Dump(j));
@@ -351,10 +357,25 @@ class HttpFront::Handlers {
 
   // Parsing and tokenizing (up to max_body_bytes of prompt) happen off the event loop too, on
   // the thread that then runs the generation; a request refused on the way (400, 429) ends it.
+  // The request takes its first slot here, on the I/O thread: beyond max_concurrent_streams it
+  // is refused before a thread is made for it, so that a flood of requests costs no threads.
   void Spawn(Endpoint endpoint, HttpRequest req, std::shared_ptr<HttpResponder> res) {
+    if (active_.fetch_add(1) + 1 > options_.max_concurrent_streams) {
+      active_.fetch_sub(1);
+      return Reply(*res, TooManyRequests());
+    }
     threads_.Run([this, endpoint, req = std::move(req), res = std::move(res)]() mutable {
       Generate(endpoint, req, std::move(res));
     });
+  }
+
+  ApiError TooManyRequests() const {
+    return ApiError{.http_status = 429,
+                    .type = "rate_limit_error",
+                    .message = absl::StrCat("too many concurrent requests (limit ",
+                                            options_.max_concurrent_streams, ")"),
+                    .code = "too_many_requests",
+                    .retry_after_s = 1};
   }
 
   int32_t VocabSize() const {
@@ -406,8 +427,11 @@ class HttpFront::Handlers {
     return text.ok() ? *text : "";
   }
 
-  // On a generation thread: checks, admission, then the generation itself.
+  // On a generation thread: checks, admission of its further choices (Spawn took one slot),
+  // then the generation itself; every slot it holds is released when it returns.
   void Generate(Endpoint endpoint, const HttpRequest& hreq, std::shared_ptr<HttpResponder> res) {
+    int held = 1;  // slots taken
+    absl::Cleanup release = [this, &held] { active_.fetch_sub(held); };
     auto parsed = std::make_shared<ParsedRequest>();
     if (std::optional<ApiError> e = ParseRequest(endpoint, hreq.body, parsed.get())) {
       return Reply(*res, *e);
@@ -450,14 +474,13 @@ class HttpFront::Handlers {
                                   .code = "shutting_down",
                                   .retry_after_s = 1});
     }
-    if (active_.fetch_add(total) + total > options_.max_concurrent_streams) {
-      active_.fetch_sub(total);
-      return Reply(*res, ApiError{.http_status = 429,
-                                  .type = "rate_limit_error",
-                                  .message = absl::StrCat("too many concurrent requests (limit ",
-                                                          options_.max_concurrent_streams, ")"),
-                                  .code = "too_many_requests",
-                                  .retry_after_s = 1});
+    if (total > held) {
+      const int more = total - held;
+      if (active_.fetch_add(more) + more > options_.max_concurrent_streams) {
+        active_.fetch_sub(more);
+        return Reply(*res, TooManyRequests());
+      }
+      held = total;
     }
     streams_.Add(total);
 
@@ -501,7 +524,6 @@ class HttpFront::Handlers {
     }
     g->parsed = std::move(parsed);
     Run(*g);
-    active_.fetch_sub(total);
     streams_.Add(-total);
   }
 
@@ -735,6 +757,11 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
                                                             GenerationBackend* backend,
                                                             const model::Tokenizer* tokenizer,
                                                             metrics::Registry* registry) {
+  if (options.write_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("http: write_timeout (--http_write_timeout_s) must be positive, not ",
+                     absl::FormatDuration(options.write_timeout)));
+  }
   std::unique_ptr<HttpFront> f(new HttpFront());
   f->handlers_ = std::make_unique<Handlers>(options, backend, tokenizer, registry);
   Handlers* h = f->handlers_.get();
@@ -745,7 +772,8 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
                        .max_connections = options.max_connections,
                        .header_timeout = options.header_timeout,
                        .body_timeout = options.body_timeout,
-                       .idle_timeout = options.idle_timeout};
+                       .idle_timeout = options.idle_timeout,
+                       .write_timeout = options.write_timeout};
   absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
       so,
       [h](HttpRequest req, std::shared_ptr<HttpResponder> res) {

@@ -7,10 +7,11 @@
 //   POST /tokenize and /detokenize (vLLM's shapes; on a thread of their own).
 // It parses, checks and runs each request in-process through a GenerationBackend (the
 // coordinator's request path, or the colocated server's) on a thread of its own, at most
-// max_concurrent_streams generations at once (429 beyond), maps failures to OpenAI-shaped
-// errors (429/503 with Retry-After when there is no capacity), and cancels a request whose
-// client disconnects, streamed or not. /health, /metrics and /v1/models are answered on the I/O
-// threads and never wait for a generation.
+// max_concurrent_streams generations at once (429 beyond, before any thread is started), maps
+// failures to OpenAI-shaped errors (429/503 with Retry-After when there is no capacity), and
+// cancels a request whose client disconnects or stops reading (write_timeout), streamed or not.
+// /health, /metrics and /v1/models are answered on the I/O threads and never wait for a
+// generation.
 //
 //   HttpFrontOptions o{.host = "127.0.0.1", .port = 8000, .model_name = "smollm2"};
 //   DUET_ASSIGN_OR_RETURN(auto front, HttpFront::Start(o, backend, tokenizer, &registry));
@@ -64,6 +65,10 @@ struct HttpFrontOptions {
   absl::Duration header_timeout = absl::Seconds(10);  // accept (or first byte) to header's end
   absl::Duration body_timeout = absl::Seconds(30);    // header's end to body's end
   absl::Duration idle_timeout = absl::Seconds(30);    // a kept-alive connection between requests
+  // Progress deadline of a response: a client that has taken none of its pending bytes for this
+  // long (it does not read; the socket's buffers are full) is cut off, and its request
+  // cancelled as for a disconnect (slot, generation and KV freed). Must be positive.
+  absl::Duration write_timeout = absl::Seconds(30);
   int io_threads = 2;                                 // the event loop's threads
   // How much lower than the event loop the generation threads run (nice; 0: the same), so that
   // /health, accepts and deadlines are served first when every generation wakes at once.

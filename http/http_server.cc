@@ -42,6 +42,11 @@ std::string Chunk(absl::string_view data) {
 
 }  // namespace
 
+bool ClosesConnection(int status) {
+  return status == 400 || status == 408 || status == 413 || status == 429 || status == 431 ||
+         status >= 500;
+}
+
 std::string HttpRequest::Header(absl::string_view name) const {
   for (const auto& [k, v] : headers) {
     if (absl::EqualsIgnoreCase(k, name)) return v;
@@ -151,6 +156,11 @@ class Session : public std::enable_shared_from_this<Session> {
                std::string body) {
     if (state_ != State::kHandling || response_started_) return;
     response_started_ = true;
+    if (ClosesConnection(status)) {
+      // A refusal: `Connection: close`, then a lingering close once it is written.
+      keep_alive_ = false;
+      state_ = State::kClosing;
+    }
     std::string out = Head(status, headers, content_type);
     absl::StrAppend(&out, "Content-Length: ", body.size(), "\r\n\r\n");
     if (!head_only_) out += body;  // HEAD: the GET's head alone
@@ -166,6 +176,13 @@ class Session : public std::enable_shared_from_this<Session> {
     absl::StrAppend(&out, "Transfer-Encoding: chunked\r\n\r\n");
     server_->Log(path_, status);
     idle_chunk_ = std::move(idle_chunk);
+    if (options_.stream_send_buffer_bytes > 0) {
+      // Small, so that a client that reads nothing stalls the writes after a bounded number of
+      // bytes and meets the write deadline (autotuning would let megabytes sit unread).
+      error_code ignored;
+      socket_.set_option(asio::socket_base::send_buffer_size(options_.stream_send_buffer_bytes),
+                         ignored);
+    }
     Enqueue(std::move(out));
     if (!idle_chunk_.empty()) ArmPing();
   }
@@ -235,6 +252,10 @@ class Session : public std::enable_shared_from_this<Session> {
         Fail(408, "body_timeout",
              absl::StrCat("the request body did not arrive within ", Seconds(options_.body_timeout),
                           " of its header"));
+        break;
+      case State::kLingering:
+        // However long the client keeps sending: the connection ends here.
+        Close(absl::StrCat("closed ", Seconds(kLingerTime), " after an error answer"));
         break;
       default:
         break;
@@ -320,9 +341,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   void OnReadSome(error_code ec, size_t n) {
     reading_ = false;
-    if (state_ == State::kClosed || state_ == State::kClosing || state_ == State::kLingering) {
-      return;
+    if (state_ == State::kLingering) {
+      // A read begun before the error answer (a refusal of the handler's): what it got is
+      // dropped, and the lingering close goes on reading.
+      if (ec && ec != asio::error::operation_aborted) return Close("closed after an error answer");
+      return Discard();
     }
+    if (state_ == State::kClosed || state_ == State::kClosing) return;
     if (ec) {
       if (ec == asio::error::operation_aborted && restart_header_) {
         restart_header_ = false;
@@ -356,23 +381,35 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     writing_ = true;
     batch_.clear();
+    written_ = 0;
     for (std::string& s : out_) batch_ += s;
     out_.clear();
-    last_write_ = std::chrono::steady_clock::now();
+    last_write_ = last_progress_ = std::chrono::steady_clock::now();
     if (!write_watch_armed_) ArmWriteWatch(Chrono(options_.write_timeout));
-    asio::async_write(socket_, asio::buffer(batch_),
-                      [self = shared_from_this()](error_code ec, size_t n) {
-                        const size_t p = self->pending_bytes_.load();
-                        self->pending_bytes_.fetch_sub(std::min(p, n));
-                        if (ec) {
-                          self->gone_.store(true);
-                          return self->Close(absl::StrCat("a write failed: ", ec.message()));
-                        }
-                        self->WriteNext();
-                      });
+    WriteSome();
   }
-  // One timer per connection watches the write in progress (cheaper than a timer per write):
-  // a write that has not finished write_timeout after it started closes the connection.
+  // One write_some at a time, so that each byte the socket accepts counts as progress.
+  void WriteSome() {
+    socket_.async_write_some(
+        asio::buffer(batch_.data() + written_, batch_.size() - written_),
+        [self = shared_from_this()](error_code ec, size_t n) { self->OnWritten(ec, n); });
+  }
+  void OnWritten(error_code ec, size_t n) {
+    const size_t p = pending_bytes_.load();
+    pending_bytes_.fetch_sub(std::min(p, n));
+    if (ec) {
+      gone_.store(true);
+      return Close(absl::StrCat("a write failed: ", ec.message()));
+    }
+    if (n > 0) last_progress_ = std::chrono::steady_clock::now();
+    written_ += n;
+    if (written_ < batch_.size()) return WriteSome();
+    WriteNext();
+  }
+  // One timer per connection watches the writes in progress (cheaper than a timer per write):
+  // when the socket has accepted none of the pending bytes for write_timeout (the client does
+  // not read, and the kernel's buffers are full), the connection is closed; a responder then
+  // reports gone(), and the front cancels the request as for a client that went away.
   void ArmWriteWatch(std::chrono::nanoseconds after) {
     write_watch_armed_ = true;
     write_timer_.expires_after(after);
@@ -380,12 +417,16 @@ class Session : public std::enable_shared_from_this<Session> {
       self->write_watch_armed_ = false;
       if (ec || self->state_ == State::kClosed || !self->writing_) return;
       const auto limit = Chrono(self->options_.write_timeout);
-      const auto took = std::chrono::steady_clock::now() - self->last_write_;
-      if (took >= limit) {
-        return self->Close(absl::StrCat("a response write did not finish within ",
-                                        Seconds(self->options_.write_timeout)));
+      const auto stalled = std::chrono::steady_clock::now() - self->last_progress_;
+      if (stalled >= limit) {
+        self->gone_.store(true);
+        size_t unsent = self->batch_.size() - self->written_;
+        for (const std::string& s : self->out_) unsent += s.size();
+        return self->Close(absl::StrCat("the client has read nothing for ",
+                                        Seconds(self->options_.write_timeout), " (", unsent,
+                                        " response bytes unsent)"));
       }
-      self->ArmWriteWatch(std::chrono::duration_cast<std::chrono::nanoseconds>(limit - took));
+      self->ArmWriteWatch(std::chrono::duration_cast<std::chrono::nanoseconds>(limit - stalled));
     });
   }
 
@@ -419,9 +460,9 @@ class Session : public std::enable_shared_from_this<Session> {
     state_ = State::kLingering;
     error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_send, ignored);
-    ArmRead(kLingerTime);
+    ArmRead(kLingerTime);  // OnReadDeadline closes, however long the client keeps sending
     discard_ = std::make_unique<char[]>(kDiscardSize);
-    Discard();
+    if (!reading_) Discard();  // else the read in flight goes on with it (OnReadSome)
   }
   void Discard() {
     socket_.async_read_some(asio::buffer(discard_.get(), kDiscardSize),
@@ -439,8 +480,9 @@ class Session : public std::enable_shared_from_this<Session> {
     ping_timer_.expires_after(Chrono(options_.chunk_ping_interval));
     ping_timer_.async_wait([self = shared_from_this()](error_code ec) {
       if (ec || self->state_ != State::kHandling || self->response_done_) return;
-      if (std::chrono::steady_clock::now() - self->last_write_ >=
-          Chrono(self->options_.chunk_ping_interval)) {
+      // No ping while a write is stuck: the client has not read what is there already.
+      if (!self->writing_ && std::chrono::steady_clock::now() - self->last_write_ >=
+                                 Chrono(self->options_.chunk_ping_interval)) {
         self->Enqueue(Chunk(self->idle_chunk_));
       }
       self->ArmPing();
@@ -471,9 +513,12 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t lingered_ = 0;
   std::deque<std::string> out_;
   std::string batch_;  // being written
+  size_t written_ = 0;  // of batch_
   bool writing_ = false;
   std::chrono::steady_clock::time_point last_write_ =
       std::chrono::steady_clock::now();  // the start of the last write
+  // The last time the socket accepted bytes of a write (or one started): the write deadline's.
+  std::chrono::steady_clock::time_point last_progress_ = last_write_;
 };
 
 namespace {
@@ -693,6 +738,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
                                                               HttpHandler handler,
                                                               HttpResponseLogger logger,
                                                               HttpErrorFormatter error_body) {
+  if (options.write_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("http: write_timeout must be positive, not ",
+                                                   absl::FormatDuration(options.write_timeout)));
+  }
   auto impl =
       std::make_unique<Impl>(options, std::move(handler), std::move(logger), std::move(error_body));
   if (absl::Status s = impl->Listen(); !s.ok()) return s;

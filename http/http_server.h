@@ -5,8 +5,14 @@
 //     within body_timeout after the header (408 naming the deadline, then close);
 //   - a kept-alive connection may idle up to idle_timeout between requests, then is closed;
 //   - beyond max_connections open connections a new one gets 503 naming the limit;
-//   - a response write that does not finish within write_timeout, or a streamed response whose
-//     unsent bytes exceed max_pending_bytes, closes the connection (the client is too slow);
+//   - a response whose bytes stop moving (the socket accepts none of them for write_timeout: the
+//     client does not read), or a streamed response whose unsent bytes exceed max_pending_bytes,
+//     closes the connection (the client is too slow); a streamed response's kernel send buffer
+//     is capped at stream_send_buffer_bytes, so that a client that reads nothing is seen after a
+//     bounded number of bytes (TCP shows it only once its receive window is full);
+//   - a refusal or a failure (400, 408, 413, 429, 431, 5xx; see ClosesConnection) is answered
+//     with `Connection: close`, then the connection is closed after a lingering close of at most
+//     2 s, whatever the client keeps sending;
 //   - while a request is being answered the socket is still read, so a client that goes away is
 //     seen at once (HttpResponder::gone()), streamed or not.
 // The handler runs on an I/O thread: it must answer quickly or hand the responder to another
@@ -42,8 +48,13 @@ struct HttpServerOptions {
       absl::Seconds(10);  // from accept (or the first byte) to the header's end
   absl::Duration body_timeout = absl::Seconds(30);   // from the header's end to the body's end
   absl::Duration idle_timeout = absl::Seconds(30);   // keep-alive: between requests
-  absl::Duration write_timeout = absl::Seconds(30);  // one write to the socket
-  size_t max_pending_bytes = 4 << 20;                // queued, unsent response bytes
+  // Progress deadline: pending response bytes of which the socket accepts none for this long
+  // close the connection (a responder then reports gone()).
+  absl::Duration write_timeout = absl::Seconds(30);
+  size_t max_pending_bytes = 4 << 20;  // queued, unsent response bytes
+  // SO_SNDBUF of a connection once it starts a chunked response (the kernel doubles it); 0: the
+  // kernel's autotuning, which on Linux lets up to tcp_wmem's max (4 MiB) sit unread.
+  int stream_send_buffer_bytes = 32 << 10;
   // A chunked response that has sent nothing for this long gets `idle_chunk` (if set).
   absl::Duration chunk_ping_interval = absl::Seconds(1);
 };
@@ -90,6 +101,10 @@ struct HttpErrorBody {
 };
 using HttpErrorFormatter =
     std::function<HttpErrorBody(int status, const std::string& code, const std::string& message)>;
+
+// True for the statuses after which the server closes the connection (`Connection: close`, then
+// a lingering close): a refused or failed request (400, 408, 413, 429, 431, any 5xx).
+bool ClosesConnection(int status);
 
 class HttpServer {
  public:

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/error_reason.h"
 
 namespace duet::http {
 namespace {
@@ -169,6 +170,10 @@ ApiError ErrorFromStatus(const absl::Status& s) {
       e.http_status = 500;
       e.type = "server_error";
       break;
+  }
+  // A known cause is the machine-readable code (e.g. "sender_fenced").
+  if (const ErrorReason reason = ReasonOf(s); reason != ErrorReason::kNone) {
+    e.code = ErrorReasonName(reason);
   }
   return e;
 }

@@ -3,6 +3,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/error_reason.h"
+#include "duet/v1/common.pb.h"
 
 namespace duet::rpc {
 
@@ -105,23 +107,37 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   const int raw = status.raw_code();
   absl::string_view msg = status.message();
+  std::string details;
+  if (const ErrorReason reason = ReasonOf(status); reason != ErrorReason::kNone) {
+    v1::ErrorDetail d;
+    d.set_reason(ErrorReasonName(reason));
+    details = d.SerializeAsString();
+  }
   return grpc::Status(ToGrpcCode(status.code()),
-                      MessageFor(raw, IsCanonical(raw), std::string_view(msg.data(), msg.size())));
+                      MessageFor(raw, IsCanonical(raw), std::string_view(msg.data(), msg.size())),
+                      details);
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   const int raw = static_cast<int>(status.error_code());
   const std::string& msg = status.error_message();
-  return absl::Status(FromGrpcCode(status.error_code()), MessageFor(raw, IsCanonical(raw), msg));
+  absl::Status out(FromGrpcCode(status.error_code()), MessageFor(raw, IsCanonical(raw), msg));
+  if (v1::ErrorDetail d;
+      !status.error_details().empty() && d.ParseFromString(status.error_details())) {
+    out = WithReason(std::move(out), ErrorReasonFromName(d.reason()));
+  }
+  return out;
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status, std::string_view context) {
   if (status.ok()) return absl::OkStatus();
   absl::Status converted = FromGrpcStatus(status);
   absl::string_view msg = converted.message();
-  return absl::Status(converted.code(),
-                      absl::StrCat(absl::string_view(context.data(), context.size()), ": ", msg));
+  return WithReason(
+      absl::Status(converted.code(),
+                   absl::StrCat(absl::string_view(context.data(), context.size()), ": ", msg)),
+      ReasonOf(converted));
 }
 
 }  // namespace duet::rpc

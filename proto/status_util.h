@@ -1,6 +1,7 @@
 // absl::Status <-> grpc::Status, code for code: the 17 canonical codes are the same in both
 // libraries (OK=0 ... UNAUTHENTICATED=16), and the message travels unchanged. A code outside
-// that range becomes UNKNOWN with the original number in the message.
+// that range becomes UNKNOWN with the original number in the message. A duet::ErrorReason
+// attached to the status travels too, as a v1::ErrorDetail in the gRPC status's details.
 //
 //   grpc::Status Service::Reserve(...) { return duet::rpc::ToGrpcStatus(DoReserve(...)); }
 //   absl::Status s = duet::rpc::FromGrpcStatus(stub->Reserve(&ctx, req, &resp));

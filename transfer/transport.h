@@ -223,19 +223,29 @@ class Transport {
   // Connects to the peer's LocalAddress. Refuses a layout mismatch (FailedPrecondition naming
   // both sides). Connecting twice to the same peer returns the same id.
   virtual absl::StatusOr<PeerId> Connect(const std::string& peer_address, absl::Time deadline) = 0;
+  // Connects again to the address `peer` was connected with: the same id while its endpoint is
+  // usable, a fresh endpoint once it is closed or lost (e.g. to answer, or ask, over after a
+  // fence). Errors as Connect; NotFound for an unknown peer.
+  virtual absl::StatusOr<PeerId> Redial(PeerId peer, absl::Time deadline) = 0;
   virtual absl::StatusOr<PeerInfo> GetPeerInfo(PeerId peer) = 0;
   // OK while the peer is usable; the error (Unavailable, naming the peer) once it is lost.
   virtual absl::Status PeerStatus(PeerId peer) = 0;
   // Closes the endpoint after in-flight writes finish or `deadline` passes (then forcibly).
   virtual absl::Status Disconnect(PeerId peer, absl::Time deadline) = 0;
-  // Fences a peer that stopped answering (docs/design.md invariant 4): from now on Connect to
-  // its instance is refused (FailedPrecondition), and whatever of its writes this side can stop
-  // is stopped: data that arrives through this side is dropped and the endpoint is closed
-  // (PeerStatus then reports it). Returns whether that revoked every way the peer could still
-  // write into the exported region; a peer that is not revoked keeps its endpoint, so that its
-  // notices and its death are still seen. DeadlineExceeded: receives of the peer's data were
-  // still in flight at `deadline` (call again). Idempotent.
+  // Fences a peer that stopped answering (docs/design.md invariant 4): whatever of its writes
+  // this side can stop is stopped: data that arrives through this side from the peer's instance
+  // is dropped (notices that carry no data still arrive, so that it can confirm it is quiet) and
+  // the endpoint is closed (PeerStatus then reports it). Returns whether that revoked every way
+  // the peer could still write into the exported region; a peer that is not revoked keeps its
+  // endpoint, so that its notices and its death are still seen. A later Connect to the same
+  // instance succeeds (an endpoint to ask it over), but its data stays dropped until Unfence.
+  // DeadlineExceeded: receives of the peer's data were still in flight at `deadline` (call
+  // again). Idempotent.
   virtual absl::StatusOr<FenceResult> Fence(PeerId peer, absl::Time deadline) = 0;
+  // Lifts Fence from the peer's instance: its data lands again. Only for a caller that has the
+  // peer's word (or its endpoint's loss) that none of its earlier writes can still land.
+  // NotFound for an unknown peer; idempotent.
+  virtual absl::Status Unfence(PeerId peer) = 0;
 
   // Posts writes into the peer's region; `notice` (if any) reaches the peer after all of them.
   // Ops are checked against both regions' bounds here.

@@ -22,7 +22,10 @@ namespace {
 
 using namespace cluster_testing;  // NOLINT: the fixture's helpers
 
-class ClusterFailureTest : public ClusterTest {};
+class ClusterFailureTest : public ClusterTest {
+ protected:
+  void StoppedPrefillNodeServesAgainOnceItsFenceLifts(int prefill, int decode);
+};
 
 // Continues a stopped process when it goes out of scope (a stopped child cannot be shut down).
 class Stopped {
@@ -333,6 +336,111 @@ TEST_F(ClusterFailureTest, HungPrefillNodeIsRetriedWithoutWaitingForTheAbandoned
   }
   EXPECT_LT(took, absl::Seconds(12)) << "the retries waited for the hung node's calls";
   hung.Resume();
+}
+
+// Fenced prefill nodes on every decode node, per the coordinator's view of the heartbeats.
+std::vector<std::string> FencedPairs(v1::Generation::Stub& stub) {
+  const v1::HealthResponse h = Health(stub);
+  return {h.fenced_pairs().begin(), h.fenced_pairs().end()};
+}
+int FencedSenders(v1::Generation::Stub& stub) {
+  int n = 0;
+  const v1::HealthResponse h = Health(stub);
+  for (const v1::NodeStatus& s : h.nodes()) n += s.load().fenced_senders_size();
+  return n;
+}
+
+// A prefill node stopped past --kv_quarantine_bound while the decode node(s) waited for its KV is
+// fenced (seen in the decode nodes' heartbeats); once it runs again it confirms the abandoned
+// transfers quiet, the fence lifts within a few heartbeats, and the pair serves again. Before
+// fences were scoped, the pair stayed cut off until the prefill process restarted.
+void ClusterFailureTest::StoppedPrefillNodeServesAgainOnceItsFenceLifts(int prefill, int decode) {
+  ServeProcess cluster(
+      DUET_BIN, ClusterFlags(model_dir_, "shm", prefill, decode, {"--kv_quarantine_bound=2s"}));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  v1::SamplingParams s;
+  s.set_max_tokens(4);
+  s.set_ignore_eos(true);
+  // Decode nodes connect to prefill-0 (light load spreads over the pairs).
+  for (int i = 0; i < 2 * prefill * decode; ++i) {
+    ASSERT_TRUE(Generate(*stub, Prompt(30, 60 + i), s).status.ok());
+  }
+  Stopped stopped(cluster.pid_of("prefill-0"));
+  // Requests routed to prefill-0 before it is declared dead: their decode nodes wait for its KV,
+  // then release it (retry) and quarantine the blocks it may still write; it never answers.
+  std::vector<std::thread> threads;
+  std::vector<Result> during(2 * decode);
+  for (int i = 0; i < 2 * decode; ++i) {
+    threads.emplace_back(
+        [&, i] { during[i] = Generate(*stub, Prompt(30, 80 + i), s, absl::Seconds(20)); });
+  }
+  const absl::Time fence_deadline = absl::Now() + absl::Seconds(20);
+  while (FencedSenders(*stub) == 0 && absl::Now() < fence_deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_GT(FencedSenders(*stub), 0) << "no decode node fenced the stopped prefill node";
+  for (const std::string& pair : FencedPairs(*stub)) {
+    EXPECT_NE(pair.find("prefill-0"), std::string::npos) << pair;
+  }
+  stopped.Resume();
+  const absl::Time resumed = absl::Now();
+  while (FencedSenders(*stub) > 0 && absl::Now() < resumed + absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const absl::Duration lifted = absl::Now() - resumed;
+  EXPECT_EQ(FencedSenders(*stub), 0) << "still fenced 10 s after the prefill node resumed";
+  EXPECT_TRUE(FencedPairs(*stub).empty());
+  std::printf("fence lifted %.2f s after SIGCONT (%dP/%dD)\n", absl::ToDoubleSeconds(lifted),
+              prefill, decode);
+  for (auto& t : threads) t.join();
+  // Every pair serves again.
+  for (int i = 0; i < 2 * prefill * decode; ++i) {
+    Result r = Generate(*stub, Prompt(30, i), s);
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status;
+    EXPECT_EQ(r.ids, Reference(Prompt(30, i), {.max_tokens = 4, .ignore_eos = true}));
+  }
+  EXPECT_TRUE(EverythingFree(*stub, absl::Seconds(25)));
+}
+
+TEST_F(ClusterFailureTest, StoppedPrefillNodeServesAgainOnceItsFenceLifts1P1D) {
+  StoppedPrefillNodeServesAgainOnceItsFenceLifts(1, 1);
+}
+
+TEST_F(ClusterFailureTest, StoppedPrefillNodeServesAgainOnceItsFenceLifts2P2D) {
+  StoppedPrefillNodeServesAgainOnceItsFenceLifts(2, 2);
+}
+
+// `serve --loopback` survives its coordinator's death: it starts it again on the same address,
+// every node re-registers with it, and requests are served again within a few seconds.
+TEST_F(ClusterFailureTest, ServeLoopbackRestartsAKilledCoordinator) {
+  std::vector<std::string> flags = ClusterFlags(model_dir_, "shm", 1, 1);
+  flags.erase(std::remove(flags.begin(), flags.end(), "--no_restart"), flags.end());
+  ServeProcess cluster(DUET_BIN, flags);
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  v1::SamplingParams s;
+  s.set_max_tokens(4);
+  s.set_ignore_eos(true);
+  ASSERT_TRUE(Generate(*stub, Prompt(30, 1), s).status.ok());
+  ASSERT_EQ(kill(cluster.pid_of("coordinator"), SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+  Result r;
+  while (absl::Now() < killed + absl::Seconds(30)) {
+    const v1::HealthResponse h = Health(*stub);
+    if (h.prefill_nodes() == 1 && h.decode_nodes() == 1) {
+      r = Generate(*stub, Prompt(30, 2), s, absl::Seconds(10));
+      if (r.status.ok()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  const absl::Duration took = absl::Now() - killed;
+  ASSERT_TRUE(r.status.ok()) << "not served again within 30 s of the kill: " << r.status;
+  std::printf("served again %.2f s after kill -9 of the coordinator\n",
+              absl::ToDoubleSeconds(took));
+  EXPECT_LT(took, absl::Seconds(10));
+  EXPECT_EQ(r.ids, Reference(Prompt(30, 2), {.max_tokens = 4, .ignore_eos = true}));
+  EXPECT_TRUE(EverythingFree(*stub));
 }
 
 // A hung decode node (SIGSTOP): a Reserve to it times out (5 s), and the request is re-routed to

@@ -53,14 +53,13 @@ using testing::ServeProcess;
 inline std::vector<std::string> ClusterFlags(const std::string& model_dir,
                                              const std::string& transport, int prefill, int decode,
                                              const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> flags = {"--loopback",
-                                    absl::StrCat("--prefill=", prefill),
-                                    absl::StrCat("--decode=", decode),
-                                    "--model=" + model_dir,
-                                    "--transport=" + transport,
-                                    "--threads=1",
-                                    "--kv_cache_bytes=16777216",
-                                    "--heartbeat_timeout_ms=1500"};
+  std::vector<std::string> flags = {"--loopback", absl::StrCat("--prefill=", prefill),
+                                    absl::StrCat("--decode=", decode), "--model=" + model_dir,
+                                    "--transport=" + transport, "--threads=1",
+                                    "--kv_cache_bytes=16777216", "--heartbeat_timeout_ms=1500",
+                                    // A killed child stays down (the tests that kill one check
+                                    // what the others do); ServeLoopbackRestarts... drops it.
+                                    "--no_restart"};
   flags.insert(flags.end(), extra.begin(), extra.end());
   return flags;
 }

@@ -216,7 +216,7 @@ TEST_F(HttpServerTest, ResponderSeesItsClientGo) {
 }
 
 // A client that never reads: a streamed response is cut off once max_pending_bytes are queued,
-// a whole one once its write has not finished within write_timeout.
+// a whole one once the socket has taken none of it for write_timeout.
 TEST_F(HttpServerTest, ClientThatDoesNotReadIsCutOff) {
   std::atomic<bool> refused{false};
   Start({.write_timeout = absl::Milliseconds(500), .max_pending_bytes = 1 << 20},

@@ -116,15 +116,6 @@ class InprocTransport : public Transport {
                                                      "' (", a.backend, ")"));
     }
     DUET_RETURN_IF_ERROR(kv::CheckLayoutsMatch(options_.layout, a.layout, options_.name, a.name));
-    {
-      absl::MutexLock lock(&mu_);
-      if (fenced_.count(a.instance)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("transport '", options_.name, "': peer '", a.name,
-                         "' was fenced (it did not confirm "
-                         "a transfer quiet in time); a new instance of it may connect"));
-      }
-    }
     std::shared_ptr<Endpoint> ep;
     {
       absl::MutexLock lock(&fabric_mu);
@@ -143,6 +134,19 @@ class InprocTransport : public Transport {
     absl::MutexLock self_lock(&self_->mu);
     self_->peer_by_instance[a.instance] = id;
     return id;
+  }
+
+  absl::StatusOr<PeerId> Redial(PeerId peer, absl::Time deadline) override {
+    std::string blob;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = peers_.find(peer);
+      if (it == peers_.end()) {
+        return absl::NotFoundError(absl::StrCat("transport '", options_.name, "': no peer ", peer));
+      }
+      blob = EncodePeerAddress(it->second.address);
+    }
+    return Connect(blob, deadline);
   }
 
   absl::StatusOr<PeerInfo> GetPeerInfo(PeerId peer) override {
@@ -176,7 +180,6 @@ class InprocTransport : public Transport {
       return absl::NotFoundError(absl::StrCat("transport '", options_.name, "': no peer ", peer));
     }
     Peer& p = it->second;
-    fenced_.insert(p.address.instance);
     if (!options_.inproc_revocable) {
       // Models a peer that maps our region: nothing stops its writes; the endpoint stays so its
       // notices and its end are still seen.
@@ -192,6 +195,17 @@ class InprocTransport : public Transport {
     }
     p.closed = true;
     return FenceResult{true, "inproc: the peer's writes are refused and its endpoint closed"};
+  }
+
+  absl::Status Unfence(PeerId peer) override {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) {
+      return absl::NotFoundError(absl::StrCat("transport '", options_.name, "': no peer ", peer));
+    }
+    absl::MutexLock self_lock(&self_->mu);
+    self_->fenced_writers.erase(it->second.address.instance);
+    return absl::OkStatus();
   }
 
   absl::StatusOr<TransferHandle> PostWrite(PeerId peer, std::vector<WriteOp> ops,
@@ -216,7 +230,8 @@ class InprocTransport : public Transport {
     if (!ep->alive || ep->base == nullptr) {
       return absl::UnavailableError(absl::StrCat("peer '", peer_name, "' is gone"));
     }
-    if (ep->fenced_writers.count(instance_)) {
+    // A fenced writer's data is refused; a notice alone (it confirms it is quiet) still lands.
+    if (!ops.empty() && ep->fenced_writers.count(instance_)) {
       stats_.Ended(TransferState::kFailed);
       return absl::UnavailableError(
           absl::StrCat("peer '", peer_name, "' fenced '", options_.name, "': write refused"));
@@ -281,7 +296,6 @@ class InprocTransport : public Transport {
   const std::shared_ptr<Endpoint> self_;
   absl::Mutex mu_;
   std::map<PeerId, Peer> peers_ ABSL_GUARDED_BY(mu_);
-  std::set<uint64_t> fenced_ ABSL_GUARDED_BY(mu_);  // instances Fence refused
   PeerId next_peer_ ABSL_GUARDED_BY(mu_) = 1;
   internal::StatsCounters stats_;
 };

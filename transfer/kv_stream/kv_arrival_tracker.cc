@@ -3,6 +3,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/error_reason.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 
@@ -28,20 +29,24 @@ absl::Status KvArrivalTracker::Expect(uint64_t request_id, PeerId sender,
                                       std::vector<kv::BlockId> blocks, absl::Time deadline) {
   // Notices are matched by the sender's transport instance, not by PeerId: two concurrent
   // Connects to the same process may yield two ids for one peer.
-  uint64_t instance = 0;
-  std::string name = absl::StrCat("peer ", sender);
-  if (absl::StatusOr<PeerInfo> info = transport_->GetPeerInfo(sender); info.ok()) {
-    instance = info->instance;
-    name = info->name;
+  absl::StatusOr<PeerInfo> info = transport_->GetPeerInfo(sender);
+  if (!info.ok()) {
+    return Annotate(info.status(), absl::StrCat("request ", request_id, ": its sender"));
   }
+  const uint64_t instance = info->instance;
+  std::string name = info->name;
   absl::MutexLock lock(&mu_);
   if (requests_.count(request_id) || quarantine_.count(request_id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " already tracked"));
   }
-  if (fenced_.count(sender)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("request ", request_id, ": sender '", name,
-                     "' was fenced (it did not confirm an abandoned transfer quiet in time)"));
+  if (auto f = fenced_.find(instance); f != fenced_.end()) {
+    return WithReason(
+        absl::UnavailableError(absl::StrCat(
+            "request ", request_id, ": sender '", name,
+            "' is fenced (it did not confirm an abandoned transfer quiet within the quarantine "
+            "bound; ",
+            f->second.owed.size(), " transfer(s) still unconfirmed)")),
+        ErrorReason::kSenderFenced);
   }
   Request& r = requests_[request_id];
   r.sender = sender;
@@ -91,7 +96,7 @@ void KvArrivalTracker::ReleaseLocked(uint64_t id, absl::string_view why) {
 
 void KvArrivalTracker::LogOverdueLocked(uint64_t id, Quarantined& q, absl::Time now) {
   q.overdue_logged = true;
-  auto f = fenced_.find(q.sender);
+  auto f = fenced_.find(q.sender_instance);
   std::string fence = "fence under way";
   if (f != fenced_.end() && f->second.done) {
     fence = absl::StrCat("sender fenced: ", f->second.result.detail,
@@ -113,12 +118,20 @@ void KvArrivalTracker::OnNotice(const Notice& notice) {
   }
   absl::MutexLock lock(&mu_);
   if (n->kind == KvNoticeKind::kQuietRequest) return;  // we are the receiver: not ours to answer
+  const bool quiet = n->kind == KvNoticeKind::kFinal || n->kind == KvNoticeKind::kAborted ||
+                     n->kind == KvNoticeKind::kQuiet;
   // A sender's kFinal, kAborted or kQuiet means none of its writes for the request is in flight.
+  if (quiet) {
+    for (auto& [instance, f] : fenced_) {
+      if (FromSender(notice, f.peer, instance) || FromSender(notice, f.ask_peer, instance)) {
+        ConfirmedLocked(instance, n->request_id);
+        break;
+      }
+    }
+  }
   if (quarantine_.count(n->request_id)) {
     const Quarantined& q = quarantine_[n->request_id];
-    if (FromSender(notice, q.sender, q.sender_instance) &&
-        (n->kind == KvNoticeKind::kFinal || n->kind == KvNoticeKind::kAborted ||
-         n->kind == KvNoticeKind::kQuiet)) {
+    if (FromSender(notice, q.sender, q.sender_instance) && quiet) {
       ReleaseLocked(n->request_id,
                     absl::StrCat("the sender's ", KvNoticeKindName(n->kind), " notice arrived"));
     }
@@ -158,7 +171,7 @@ void KvArrivalTracker::OnNotice(const Notice& notice) {
 
 void KvArrivalTracker::Pump() {
   for (const Notice& n : transport_->DrainNotices()) OnNotice(n);
-  // Peers of waiting or quarantined requests: a lost one can write nothing more.
+  // Peers of waiting or quarantined requests and of fences: a lost one can write nothing more.
   std::set<PeerId> peers;
   {
     absl::MutexLock lock(&mu_);
@@ -166,6 +179,10 @@ void KvArrivalTracker::Pump() {
       if (r.state == ArrivalState::kWaiting) peers.insert(r.sender);
     }
     for (const auto& [id, q] : quarantine_) peers.insert(q.sender);
+    for (const auto& [instance, f] : fenced_) {
+      peers.insert(f.peer);
+      peers.insert(f.ask_peer);
+    }
   }
   std::map<PeerId, absl::Status> lost;
   for (PeerId p : peers) {
@@ -199,21 +216,35 @@ void KvArrivalTracker::Pump() {
       ReleaseLocked(id, absl::StrCat("its endpoint is lost or closed: ",
                                      lost.at(quarantine_.at(id).sender).message()));
     }
+    // A fence that did not revoke kept the sender's endpoint: its loss ends every write of it,
+    // as for a quarantine. A revoking fence closed that endpoint itself; only its word counts.
+    std::vector<std::pair<uint64_t, std::string>> lift;
+    for (auto& [instance, f] : fenced_) {
+      if (f.done && !f.result.revoked && lost.count(f.peer)) {
+        lift.emplace_back(instance,
+                          absl::StrCat("its endpoint is lost: ", lost.at(f.peer).message()));
+      } else if (f.ask_peer != f.peer && lost.count(f.ask_peer)) {
+        f.ask_peer = f.peer;  // redial next time
+      }
+    }
+    for (const auto& [instance, why] : lift) LiftLocked(instance, why);
   }
   PumpQuarantine(now);
+  AskFencedSenders(now);
+  UnfenceLifted();
 }
 
 void KvArrivalTracker::PumpQuarantine(absl::Time now) {
   // Outside the lock: ask each quarantined request's sender once, fence overdue senders.
   std::vector<std::pair<uint64_t, PeerId>> asks;
-  std::set<PeerId> to_fence;
+  std::map<uint64_t, PeerId> to_fence;  // by sender instance
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, q] : quarantine_) {
       if (!q.asked && now >= q.next_ask) asks.emplace_back(id, q.sender);
-      auto f = fenced_.find(q.sender);
+      auto f = fenced_.find(q.sender_instance);
       if (now - q.since >= options_.quarantine_bound && (f == fenced_.end() || !f->second.done)) {
-        to_fence.insert(q.sender);
+        to_fence.emplace(q.sender_instance, f == fenced_.end() ? q.sender : f->second.peer);
       }
     }
   }
@@ -223,8 +254,10 @@ void KvArrivalTracker::PumpQuarantine(absl::Time now) {
         sender, {}, EncodeKvNotice({.kind = KvNoticeKind::kQuietRequest, .request_id = id}));
     (h.ok() ? asked : unasked).push_back(id);
   }
-  std::map<PeerId, absl::StatusOr<FenceResult>> fences;
-  for (PeerId p : to_fence) fences.emplace(p, transport_->Fence(p, now + options_.fence_wait));
+  std::map<uint64_t, absl::StatusOr<FenceResult>> fences;
+  for (const auto& [instance, p] : to_fence) {
+    fences.emplace(instance, transport_->Fence(p, now + options_.fence_wait));
+  }
 
   absl::MutexLock lock(&mu_);
   for (uint64_t id : asked) {
@@ -236,8 +269,13 @@ void KvArrivalTracker::PumpQuarantine(absl::Time now) {
       it->second.next_ask = now + absl::Milliseconds(100);
     }
   }
-  for (auto& [p, r] : fences) {
-    Fenced& f = fenced_[p];
+  std::vector<uint64_t> newly_done;
+  for (auto& [instance, r] : fences) {
+    Fenced& f = fenced_[instance];
+    if (f.peer == 0) {
+      f.peer = f.ask_peer = to_fence.at(instance);
+      f.since = now;
+    }
     if (r.ok()) {
       f.done = true;
       f.result = *r;
@@ -246,12 +284,20 @@ void KvArrivalTracker::PumpQuarantine(absl::Time now) {
       f.done = true;
       f.result = FenceResult{false, absl::StrCat("fence failed: ", r.status().message())};
     }
+    if (f.done) {
+      f.since = now;
+      f.next_ask = now + options_.fence_ask_interval;
+      newly_done.push_back(instance);
+    }
   }
-  // Requests still waiting for a fenced sender cannot be trusted to finish.
+  // Requests still waiting for a fenced sender cannot be trusted to finish; they and its
+  // quarantined requests are what the fence protects until it confirms them.
   for (auto& [id, r] : requests_) {
     if (r.state != ArrivalState::kWaiting) continue;
-    auto f = fenced_.find(r.sender);
+    auto f = fenced_.find(r.sender_instance);
     if (f == fenced_.end() || !f->second.done) continue;
+    if (f->second.name.empty()) f->second.name = r.sender_name;
+    f->second.owed.insert(id);
     FailLocked(id, r,
                absl::UnavailableError(absl::StrCat("request ", id, ": sender '", r.sender_name,
                                                    "' was fenced: ", f->second.result.detail)),
@@ -259,7 +305,11 @@ void KvArrivalTracker::PumpQuarantine(absl::Time now) {
   }
   std::vector<uint64_t> release;
   for (auto& [id, q] : quarantine_) {
-    auto f = fenced_.find(q.sender);
+    auto f = fenced_.find(q.sender_instance);
+    if (f != fenced_.end() && f->second.done) {
+      if (f->second.name.empty()) f->second.name = q.sender_name;
+      f->second.owed.insert(id);
+    }
     const bool revoked = f != fenced_.end() && f->second.done && f->second.result.revoked;
     if (now - q.since >= options_.quarantine_bound && !q.overdue_logged) {
       LogOverdueLocked(id, q, now);
@@ -267,6 +317,94 @@ void KvArrivalTracker::PumpQuarantine(absl::Time now) {
     if (revoked) release.push_back(id);
   }
   for (uint64_t id : release) ReleaseLocked(id, "its sender was fenced and its writes revoked");
+  for (uint64_t instance : newly_done) {
+    auto f = fenced_.find(instance);
+    if (f == fenced_.end()) continue;
+    if (f->second.owed.empty()) {
+      // Everything it was fenced for was confirmed while the fence was under way.
+      LiftLocked(instance, "every transfer it was fenced for was confirmed quiet");
+    } else {
+      DUET_LOG(WARNING) << "KV fence: sender '" << f->second.name << "' fenced ("
+                        << f->second.result.detail << "); " << f->second.owed.size()
+                        << " abandoned transfer(s) to confirm quiet before it is used again";
+    }
+  }
+  // A fence still under way whose quarantined requests were all confirmed meanwhile.
+  std::vector<uint64_t> idle;
+  for (const auto& [instance, f] : fenced_) {
+    if (f.done) continue;
+    bool needed = false;
+    for (const auto& [id, q] : quarantine_) needed |= q.sender_instance == instance;
+    if (!needed) idle.push_back(instance);
+  }
+  for (uint64_t instance : idle) {
+    LiftLocked(instance, "its quarantined transfers were confirmed while the fence was under way");
+  }
+}
+
+void KvArrivalTracker::ConfirmedLocked(uint64_t instance, uint64_t id) {
+  auto f = fenced_.find(instance);
+  if (f == fenced_.end() || f->second.owed.erase(id) == 0) return;
+  if (f->second.done && f->second.owed.empty()) {
+    LiftLocked(instance, "it confirmed every transfer it was fenced for quiet");
+  }
+}
+
+void KvArrivalTracker::LiftLocked(uint64_t instance, absl::string_view why) {
+  auto f = fenced_.find(instance);
+  if (f == fenced_.end()) return;
+  DUET_LOG(WARNING) << "KV fence lifted: sender '" << f->second.name << "' after "
+                    << absl::FormatDuration(absl::Now() - f->second.since) << ": " << why;
+  lifted_peers_.push_back(f->second.peer);
+  fenced_.erase(f);
+  ++fences_lifted_;
+}
+
+void KvArrivalTracker::UnfenceLifted() {
+  std::vector<PeerId> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    peers.swap(lifted_peers_);
+  }
+  for (PeerId p : peers) {
+    if (absl::Status s = transport_->Unfence(p); !s.ok() && !absl::IsNotFound(s)) {
+      DUET_LOG(ERROR) << "KV fence: cannot lift the transport's fence on peer " << p << ": "
+                      << s.message();
+    }
+  }
+}
+
+void KvArrivalTracker::AskFencedSenders(absl::Time now) {
+  struct Ask {
+    uint64_t instance;
+    PeerId peer, ask_peer;
+    std::vector<uint64_t> ids;
+  };
+  std::vector<Ask> asks;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [instance, f] : fenced_) {
+      if (!f.done || f.owed.empty() || now < f.next_ask) continue;
+      f.next_ask = now + options_.fence_ask_interval;
+      asks.push_back({instance, f.peer, f.ask_peer, {f.owed.begin(), f.owed.end()}});
+    }
+  }
+  for (Ask& a : asks) {
+    auto post = [&](PeerId to) {
+      for (uint64_t id : a.ids) {
+        absl::StatusOr<TransferHandle> h = transport_->PostWrite(
+            to, {}, EncodeKvNotice({.kind = KvNoticeKind::kQuietRequest, .request_id = id}));
+        if (!h.ok()) return false;
+      }
+      return true;
+    };
+    if (post(a.ask_peer)) continue;
+    // Its endpoint is closed (a revoking fence) or broken: ask over a fresh one.
+    absl::StatusOr<PeerId> fresh = transport_->Redial(a.peer, now + options_.fence_wait);
+    if (!fresh.ok() || !post(*fresh)) continue;
+    absl::MutexLock lock(&mu_);
+    if (auto f = fenced_.find(a.instance); f != fenced_.end()) f->second.ask_peer = *fresh;
+  }
 }
 
 absl::StatusOr<ArrivalStatus> KvArrivalTracker::Query(uint64_t request_id) const {
@@ -347,13 +485,37 @@ int64_t KvArrivalTracker::quarantined_overdue_blocks() const {
 }
 
 bool KvArrivalTracker::IsFenced(PeerId sender) const {
+  absl::StatusOr<PeerInfo> info = transport_->GetPeerInfo(sender);
   absl::MutexLock lock(&mu_);
-  return fenced_.count(sender) > 0;
+  for (const auto& [instance, f] : fenced_) {
+    if (f.peer == sender || f.ask_peer == sender || (info.ok() && info->instance == instance)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 int64_t KvArrivalTracker::fenced_senders() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(fenced_.size());
+  int64_t n = 0;
+  for (const auto& [instance, f] : fenced_) n += f.done;
+  return n;
+}
+
+std::vector<FencedSender> KvArrivalTracker::FencedSenders() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<FencedSender> out;
+  for (const auto& [instance, f] : fenced_) {
+    if (!f.done) continue;
+    out.push_back(
+        {f.name, instance, f.since, f.result.revoked, static_cast<int64_t>(f.owed.size())});
+  }
+  return out;
+}
+
+int64_t KvArrivalTracker::fences_lifted() const {
+  absl::MutexLock lock(&mu_);
+  return fences_lifted_;
 }
 
 int64_t KvArrivalTracker::quarantined_blocks() const {

@@ -7,7 +7,11 @@
 // with a kQuietRequest), or the loss of its endpoint. A sender that has not answered within
 // `quarantine_bound` is fenced (Transport::Fence): where that revokes its writes, its
 // quarantined blocks are released at once; where it cannot (shared memory), they stay, are
-// counted as overdue and logged, until it answers or exits. Thread-safe.
+// counted as overdue and logged, until it answers or exits. A fence is scoped to the transfers
+// it protects: the tracker keeps asking the fenced sender about each of them, and lifts the fence
+// (Transport::Unfence) once every one is confirmed quiet or the sender's endpoint is lost (a new
+// incarnation of it is a different sender and never fenced). Until then Expect refuses it and
+// FencedSenders() reports it. Thread-safe.
 //
 //   KvArrivalTracker tracker(transport, pool, {.quarantine_bound = absl::Seconds(10)});
 //   DUET_RETURN_IF_ERROR(tracker.Expect(7, prefill_peer, blocks, DeadlineIn(absl::Seconds(30))));
@@ -17,6 +21,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,8 +49,19 @@ struct ArrivalStatus {
 struct KvArrivalTrackerOptions {
   // How long a quarantined request waits for its sender to confirm before the sender is fenced.
   absl::Duration quarantine_bound = absl::Seconds(10);
-  // How long one Pump may wait for Transport::Fence (a pending fence is retried next Pump).
+  // How long one Pump may wait for Transport::Fence, or for `redial` (retried next time).
   absl::Duration fence_wait = absl::Milliseconds(100);
+  // How often a fenced sender is asked again about the transfers it has not confirmed quiet.
+  absl::Duration fence_ask_interval = absl::Seconds(1);
+};
+
+// A sender fenced now, for status reports.
+struct FencedSender {
+  std::string name;
+  uint64_t instance = 0;
+  absl::Time since;                   // when the fence took effect
+  bool revoked = false;               // the fence stopped every way it could still write
+  int64_t unconfirmed_transfers = 0;  // abandoned transfers it has not confirmed quiet yet
 };
 
 class KvArrivalTracker {
@@ -78,9 +94,12 @@ class KvArrivalTracker {
   // Blocks quarantined for longer than the bound (their sender was fenced and its writes could
   // not be revoked, or the fence is still under way).
   int64_t quarantined_overdue_blocks() const;
-  // Senders fenced so far (each once).
+  // Senders fenced now (a lifted fence no longer counts), and each with its state.
   int64_t fenced_senders() const;
-  // Whether `sender` was fenced (Expect refuses it; a new instance of it must connect).
+  std::vector<FencedSender> FencedSenders() const;
+  // Fences lifted so far.
+  int64_t fences_lifted() const;
+  // Whether the sender behind `sender` (its transport instance) is fenced now: Expect refuses it.
   bool IsFenced(PeerId sender) const;
 
  private:
@@ -107,10 +126,16 @@ class KvArrivalTracker {
     absl::Time next_ask;  // when to try again after a failed ask
     bool overdue_logged = false;
   };
-  // A sender Fence was called on, and what it guaranteed.
+  // A sender Fence was called on (keyed by its transport instance), and what it guaranteed.
   struct Fenced {
+    PeerId peer = 0;      // the endpoint Fence was called on
+    PeerId ask_peer = 0;  // where asks go: `peer`, or a fresh endpoint after a revoking fence
+    std::string name;
     bool done = false;  // Fence returned (else: retried next Pump)
     FenceResult result;
+    absl::Time since;
+    std::set<uint64_t> owed;  // abandoned transfers not yet confirmed quiet
+    absl::Time next_ask;
   };
   void FailLocked(uint64_t id, Request& r, absl::Status error, bool quarantine)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -120,6 +145,15 @@ class KvArrivalTracker {
   void PumpQuarantine(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   void LogOverdueLocked(uint64_t id, Quarantined& q, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The fence on `instance` protects nothing more: forget it; Pump unfences it in the transport.
+  void LiftLocked(uint64_t instance, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A sender's word that transfer `id` is quiet (kQuiet, kAborted or kFinal).
+  void ConfirmedLocked(uint64_t instance, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks fenced senders again (Transport::Redial where their endpoint is closed, e.g. by a
+  // revoking fence; bounded by fence_wait); outside the lock.
+  void AskFencedSenders(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Transport::Unfence for the fences lifted since the last call; outside the lock.
+  void UnfenceLifted() ABSL_LOCKS_EXCLUDED(mu_);
 
   Transport* const transport_;
   kv::BlockPool* const pool_;
@@ -128,7 +162,9 @@ class KvArrivalTracker {
   mutable absl::Mutex mu_;
   std::map<uint64_t, Request> requests_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Quarantined> quarantine_ ABSL_GUARDED_BY(mu_);
-  std::map<PeerId, Fenced> fenced_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Fenced> fenced_ ABSL_GUARDED_BY(mu_);  // by sender instance
+  std::vector<PeerId> lifted_peers_ ABSL_GUARDED_BY(mu_);   // to Unfence
+  int64_t fences_lifted_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace duet::transfer

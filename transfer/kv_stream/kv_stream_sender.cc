@@ -45,6 +45,7 @@ absl::Status KvStreamSender::Begin(const StreamRequest& request) {
   }
   Active& a = active_[request.request_id];
   a.request = request;
+  a.receiver_instance = info.instance;
   a.remote_num_blocks = remote_blocks;
   a.layer_posted.assign(layout_.num_layers, false);
   a.layer_handle.assign(layout_.num_layers, -1);
@@ -305,7 +306,7 @@ int KvStreamSender::ServeQuietRequests() {
     }
     for (auto ask = quiet_asks_.begin(); ask != quiet_asks_.end();) {
       auto it = active_.find(ask->request_id);
-      if (it != active_.end() && it->second.request.peer == ask->peer) {
+      if (it != active_.end() && it->second.receiver_instance == ask->receiver_instance) {
         Active& a = it->second;
         if (!a.abandoned) {
           // As Abort, without the wait: no further posts, cancel what is in flight.
@@ -331,8 +332,14 @@ int KvStreamSender::ServeQuietRequests() {
   int sent = 0;
   for (const auto& [peer, id] : answers) {
     // Not waited for: the receiver releases on arrival; a lost receiver needs no answer.
-    absl::StatusOr<TransferHandle> h = transport_->PostWrite(
-        peer, {}, EncodeKvNotice({.kind = KvNoticeKind::kQuiet, .request_id = id}));
+    const std::string quiet = EncodeKvNotice({.kind = KvNoticeKind::kQuiet, .request_id = id});
+    absl::StatusOr<TransferHandle> h = transport_->PostWrite(peer, {}, quiet);
+    if (!h.ok()) {
+      // Our endpoint to it is closed or lost (it fenced us, or the link broke) while it asks
+      // over a fresh one of its own: answer over a fresh one of ours.
+      absl::StatusOr<PeerId> fresh = transport_->Redial(peer, absl::Now() + absl::Seconds(1));
+      if (fresh.ok()) h = transport_->PostWrite(*fresh, {}, quiet);
+    }
     if (h.ok()) {
       ++sent;
     } else {

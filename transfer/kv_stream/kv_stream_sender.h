@@ -102,6 +102,7 @@ class KvStreamSender {
  private:
   struct Active {
     StreamRequest request;
+    uint64_t receiver_instance = 0;  // matched against a quiet ask's (its endpoint may change)
     int64_t remote_num_blocks = 0;
     std::vector<bool> layer_posted;
     std::vector<int> layer_handle;  // index into `handles` of each posted layer's write, or -1

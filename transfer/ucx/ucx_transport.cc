@@ -204,12 +204,6 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& blob, absl::Time
   PeerId id;
   {
     absl::MutexLock lock(&peers_mu_);
-    if (fenced_instances_.count(a.instance)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("ucx transport '", options_.name, "': peer '", a.name,
-                       "' was fenced (it did not "
-                       "confirm a transfer quiet in time); a new instance of it may connect"));
-    }
     auto it = peer_by_instance_.find(a.instance);
     if (it != peer_by_instance_.end() && !peers_[it->second]->closed &&
         peers_[it->second]->status.ok()) {
@@ -481,7 +475,6 @@ absl::StatusOr<FenceResult> UcxTransport::Fence(PeerId peer, absl::Time deadline
     name = m.address.name;
     instance = m.address.instance;
     revocable = m.revocable;
-    fenced_instances_.insert(instance);  // no new Connect to it
     m.fenced = true;
   }
   if (!revocable) {
@@ -556,6 +549,40 @@ absl::StatusOr<FenceResult> UcxTransport::Fence(PeerId peer, absl::Time deadline
   return FenceResult{true, absl::StrCat("peer '", name,
                                         "' writes through our data messages "
                                         "(am lane): dropped from now on, endpoint closed")};
+}
+
+absl::StatusOr<PeerId> UcxTransport::Redial(PeerId peer, absl::Time deadline) {
+  std::string blob;
+  {
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("ucx transport '", options_.name, "': no peer ", peer));
+    }
+    blob = EncodePeerAddress(it->second->address);
+  }
+  return Connect(blob, deadline);
+}
+
+absl::Status UcxTransport::Unfence(PeerId peer) {
+  uint64_t instance;
+  {
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("ucx transport '", options_.name, "': no peer ", peer));
+    }
+    it->second->fenced = false;
+    instance = it->second->address.instance;
+  }
+  return RunOnWorker(
+      [this, instance] {
+        dropped_senders_.erase(instance);
+        return absl::OkStatus();
+      },
+      absl::Now() + absl::Seconds(3));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -188,6 +188,8 @@ class UcxTransport : public Transport {
   absl::Status PeerStatus(PeerId peer) override;
   absl::Status Disconnect(PeerId peer, absl::Time deadline) override;
   absl::StatusOr<FenceResult> Fence(PeerId peer, absl::Time deadline) override;
+  absl::Status Unfence(PeerId peer) override;
+  absl::StatusOr<PeerId> Redial(PeerId peer, absl::Time deadline) override;
   absl::StatusOr<TransferHandle> PostWrite(PeerId peer, std::vector<WriteOp> ops,
                                            std::optional<std::string> notice) override;
   std::vector<Notice> DrainNotices() override;
@@ -258,7 +260,6 @@ class UcxTransport : public Transport {
   std::map<PeerId, std::shared_ptr<PeerMeta>> peers_ ABSL_GUARDED_BY(peers_mu_);
   std::map<uint64_t, PeerId> peer_by_instance_ ABSL_GUARDED_BY(peers_mu_);
   PeerId next_peer_ ABSL_GUARDED_BY(peers_mu_) = 1;
-  std::set<uint64_t> fenced_instances_ ABSL_GUARDED_BY(peers_mu_);  // Connect refuses them
 
   absl::Mutex notice_mu_;
   std::deque<Notice> notices_ ABSL_GUARDED_BY(notice_mu_);
@@ -268,7 +269,7 @@ class UcxTransport : public Transport {
   std::list<std::unique_ptr<ActiveTransfer>> active_;
   std::list<PendingConnect> connecting_;
   std::map<std::pair<uint64_t, uint64_t>, Arrival> arrivals_;
-  std::set<uint64_t> dropped_senders_;     // fenced (revocable): their data is dropped
+  std::set<uint64_t> dropped_senders_;     // fenced (revocable), until Unfence: data dropped
   std::map<uint64_t, int> rndv_inflight_;  // posted rendezvous receives per sender
   uint64_t next_xfer_ = 1;
 

@@ -1,10 +1,12 @@
 // The router's modes over prefix caches: cache_aware scores (P, D) pairs by what they hold and
 // how loaded they are; load and round_robin ignore the caches; the hard rules hold in all.
 #include <limits>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/base/error_reason.h"
 #include "coordinator/router.h"
 #include "gtest/gtest.h"
 
@@ -48,6 +50,13 @@ std::string Pick(Router& router, const std::vector<NodeInfo>& d, const std::vect
   if (!pick.ok()) return std::string(pick.status().message());
   return pick->prefill.node.node_id + "," + pick->decode.node.node_id + " " +
          RouteReasonName(pick->reason);
+}
+
+// As Pick, by a new cache_aware router (no earlier picks to break ties of cost).
+std::string PickFresh(const std::vector<NodeInfo>& d, const std::vector<NodeInfo>& p,
+                      const RouteRequest& req) {
+  Router router(RouterMode::kCacheAware);
+  return Pick(router, d, p, req);
 }
 
 const std::vector<NodeInfo> kTwoD = {D("d0"), D("d1")};
@@ -115,11 +124,10 @@ TEST(RouterCacheTest, ExcludedDeadAndFullNodesAreNeverPicked) {
             "p0,d0 load");
   // d1 holds the prefix but has no free batch slot, or too few blocks even for the rest.
   NodeInfo busy = Node("d1", NodeKind::kDecode, 100, 64, 0, 64);
-  EXPECT_EQ(Pick(router, {D("d0"), busy}, kTwoP, Req({{"d1", 9}})), "p0,d0 load");
-  EXPECT_EQ(Pick(router, {D("d0"), D("d1", 0, 0)}, kTwoP, Req({{"d1", 9}})), "p0,d0 load");
+  EXPECT_EQ(PickFresh({D("d0"), busy}, kTwoP, Req({{"d1", 9}})), "p0,d0 load");
+  EXPECT_EQ(PickFresh({D("d0"), D("d1", 0, 0)}, kTwoP, Req({{"d1", 9}})), "p0,d0 load");
   // Its cached blocks count: 1 fresh block fits where the whole prompt (10) would not.
-  EXPECT_EQ(Pick(router, {D("d0", 0, 5), D("d1", 0, 1)}, kTwoP, Req({{"d1", 9}})),
-            "p0,d1 decode_hit");
+  EXPECT_EQ(PickFresh({D("d0", 0, 5), D("d1", 0, 1)}, kTwoP, Req({{"d1", 9}})), "p0,d1 decode_hit");
   absl::StatusOr<RoutePick> none = router.Pick({D("d0", 0, 5), D("d1", 0, 1)}, kTwoP, Req());
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
@@ -151,6 +159,53 @@ TEST(RouterCacheTest, ModesAndWeightsByName) {
   EXPECT_EQ(neg.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(neg.message().find("transfer"), absl::string_view::npos) << neg.message();
   EXPECT_FALSE(ValidateRouterWeights({.decode = std::numeric_limits<double>::infinity()}).ok());
+}
+
+NodeInfo Fencing(NodeInfo d, std::vector<std::string> fenced) {
+  d.load.fenced_senders = std::move(fenced);
+  return d;
+}
+
+// A decode node's fenced prefill nodes are skipped for that decode node only, in every mode; with
+// only fenced pairs left the refusal names them and carries kSenderFenced (the coordinator waits).
+TEST(RouterCacheTest, FencedPairsAreSkippedAndOnlyThosePairs) {
+  const std::vector<NodeInfo> d = {Fencing(D("d0"), {"p0"}), D("d1")};
+  for (RouterMode mode : {RouterMode::kCacheAware, RouterMode::kLoad, RouterMode::kRoundRobin}) {
+    Router router(mode);
+    for (int i = 0; i < 6; ++i) {
+      absl::StatusOr<RoutePick> pick = router.Pick(d, kTwoP, Req({{"p0", 9}, {"d0", 9}}));
+      ASSERT_TRUE(pick.ok()) << pick.status();
+      EXPECT_FALSE(pick->decode.node.node_id == "d0" && pick->prefill.node.node_id == "p0")
+          << RouterModeName(mode);
+    }
+    // p0 is still used, with d1.
+    EXPECT_EQ(Pick(router, {d[0], d[1]}, {P("p0")}, Req()).substr(0, 5), "p0,d1")
+        << RouterModeName(mode);
+    absl::StatusOr<RoutePick> none = router.Pick({d[0]}, {P("p0")}, Req());
+    ASSERT_FALSE(none.ok());
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(ReasonOf(none.status()), ErrorReason::kSenderFenced);
+    EXPECT_NE(none.status().message().find("d0@1 has p0@1 fenced"), std::string::npos)
+        << none.status();
+  }
+}
+
+// At light load (equal costs: nothing cached, nothing queued) cache_aware spreads over every
+// node instead of sending everything to the smallest ids; a cached prefix still wins.
+TEST(RouterCacheTest, EqualCostsGoToTheLeastRecentlyPickedPair) {
+  Router router(RouterMode::kCacheAware);
+  std::set<std::string> prefill, decode;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<RoutePick> pick = router.Pick(kTwoD, kTwoP, Req());
+    ASSERT_TRUE(pick.ok());
+    prefill.insert(pick->prefill.node.node_id);
+    decode.insert(pick->decode.node.node_id);
+  }
+  EXPECT_EQ(prefill.size(), 2u);
+  EXPECT_EQ(decode.size(), 2u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(Pick(router, kTwoD, kTwoP, Req({{"p1", 8}, {"d1", 9}})), "p1,d1 both");
+  }
 }
 
 }  // namespace

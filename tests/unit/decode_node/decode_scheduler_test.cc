@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/base/clock.h"
+#include "common/base/error_reason.h"
 #include "tests/unit/decode_node/decode_test_util.h"
 #include "transfer/kv_stream/kv_notice.h"
 
@@ -628,8 +629,9 @@ TEST_F(DecodeSchedulerTest, ShutdownEndsEverything) {
 
 // A sender that never confirms a released transfer quiet is fenced after the bound: over inproc
 // (its writes revoked) the blocks come back, the fence is counted, and a new Reserve naming it
-// fails as an unreachable sender (the coordinator then routes again without it).
-TEST(DecodeSchedulerQuarantine, SilentSenderIsFencedAfterTheBound) {
+// fails with the reason kSenderFenced (the coordinator then routes that request without it).
+// Once it answers, the fence lifts and it is served again.
+TEST(DecodeSchedulerQuarantine, SilentSenderIsFencedAfterTheBoundUntilItAnswers) {
   DecodeHarness h;
   ASSERT_TRUE(h.Init({.kv_quarantine_bound = absl::Milliseconds(200)}).ok());
   const std::vector<int32_t> prompt = h.Encode("a sender that stops answering");
@@ -647,8 +649,18 @@ TEST(DecodeSchedulerQuarantine, SilentSenderIsFencedAfterTheBound) {
   EXPECT_EQ(q.overdue_blocks, 0);
   auto again = h.scheduler().Reserve(h.Args("r", prompt, {.max_tokens = 4}));
   ASSERT_FALSE(again.ok());
-  EXPECT_NE(again.status().message().find("connecting to sender"), std::string::npos)
-      << again.status();
+  EXPECT_EQ(ReasonOf(again.status()), ErrorReason::kSenderFenced) << again.status();
+  EXPECT_TRUE(AllFree(h));  // the refused Reserve holds nothing
+  // The sender answers D's asks (sent again every fence_ask_interval): the fence lifts.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        h.sender().ServeQuietRequests();
+        return h.scheduler().quarantine_stats().fenced_senders == 0;
+      },
+      absl::Seconds(5)));
+  auto served = h.scheduler().Reserve(h.Args("s", prompt, {.max_tokens = 4}));
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_TRUE(h.scheduler().Release("s").found);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/base/error_reason.h"
 #include "gtest/gtest.h"
 
 namespace duet::rpc {
@@ -85,6 +86,28 @@ TEST(StatusUtilTest, ContextIsPrefixedAndCodeKept) {
   absl::Status a = FromGrpcStatus(g, "Reserve on decode-0");
   EXPECT_EQ(a.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(a.message(), "Reserve on decode-0: no free blocks");
+}
+
+// The machine-readable reason survives the trip (and the context added on the way); a status
+// without one, or with details that are not duet's, has none.
+TEST(StatusUtilTest, ErrorReasonTravelsOverGrpc) {
+  const absl::Status fenced = WithReason(absl::UnavailableError("sender 'prefill-0' is fenced"),
+                                         ErrorReason::kSenderFenced);
+  const grpc::Status g = ToGrpcStatus(fenced);
+  EXPECT_FALSE(g.error_details().empty());
+  const absl::Status back = FromGrpcStatus(g, "Reserve on decode-0");
+  EXPECT_EQ(back.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(back.message(), "Reserve on decode-0: sender 'prefill-0' is fenced");
+  EXPECT_EQ(ReasonOf(back), ErrorReason::kSenderFenced);
+  EXPECT_EQ(ReasonOf(FromGrpcStatus(ToGrpcStatus(
+                WithReason(absl::UnavailableError("x"), ErrorReason::kSenderUnreachable)))),
+            ErrorReason::kSenderUnreachable);
+  EXPECT_EQ(ReasonOf(FromGrpcStatus(ToGrpcStatus(absl::UnavailableError("x")))),
+            ErrorReason::kNone);
+  EXPECT_TRUE(ToGrpcStatus(absl::UnavailableError("x")).error_details().empty());
+  EXPECT_EQ(ReasonOf(FromGrpcStatus(
+                grpc::Status(grpc::StatusCode::UNAVAILABLE, "x", "\xff not a detail"))),
+            ErrorReason::kNone);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The bound on quarantine (docs/design.md invariant 4): a quarantined request's sender is asked
 // to confirm it is quiet; one that does not answer within the bound is fenced, and its blocks
 // are released only where the fence revokes its writes (inproc as tcp), else reported overdue
-// until it answers or is gone (inproc modelling shared memory).
+// until it answers or is gone (inproc modelling shared memory). The fence lasts only until the
+// sender confirms every transfer it was fenced for.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -46,7 +47,9 @@ class QuarantineBoundTest : public ::testing::TestWithParam<bool> {
     to_p_ = *d_->Connect(*p_->LocalAddress(), DeadlineIn(absl::Seconds(1)));
     sender_ = *KvStreamSender::Create(p_.get(), Layout(), kBlocks);
     tracker_ = std::make_unique<KvArrivalTracker>(
-        d_.get(), d_pool_.get(), KvArrivalTrackerOptions{.quarantine_bound = kBound});
+        d_.get(), d_pool_.get(),
+        KvArrivalTrackerOptions{.quarantine_bound = kBound,
+                                .fence_ask_interval = absl::Milliseconds(20)});
   }
 
   // Request `id`: expected by D, begun by P, layer 0 posted, then aborted by D (quarantined).
@@ -128,6 +131,16 @@ TEST_P(QuarantineBoundTest, SilentSenderIsFencedAfterTheBound) {
   // P is alive and says nothing (stopped). Within the bound nothing changes.
   ASSERT_TRUE(PumpUntil([&] { return tracker_->fenced_senders() == 1; }, kBound * 4));
   EXPECT_GE(absl::Now() - quarantined, kBound);
+  // While fenced, it gets no new transfer from this node, over any endpoint to it.
+  {
+    const PeerId fresh = *d_->Connect(*p_->LocalAddress(), DeadlineIn(absl::Seconds(1)));
+    EXPECT_TRUE(tracker_->IsFenced(fresh));
+    std::vector<kv::BlockId> remote = *d_pool_->Allocate(1);
+    absl::Status refused = tracker_->Expect(5, fresh, remote, DeadlineIn(absl::Seconds(1)));
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+    EXPECT_NE(refused.message().find("fenced"), std::string::npos) << refused;
+    ASSERT_TRUE(d_pool_->Free(remote).ok());
+  }
   // A late write of the fenced sender (it wakes up and posts layer 1).
   const absl::Status late = sender_->OnLayerDone(1, {4});
   if (!shm()) {
@@ -149,13 +162,59 @@ TEST_P(QuarantineBoundTest, SilentSenderIsFencedAfterTheBound) {
     EXPECT_EQ(tracker_->quarantined_overdue_blocks(), 0);
     EXPECT_EQ(d_pool_->Stats().free, kBlocks);
   }
-  // The fenced sender gets no new transfer from this node.
+}
+
+// The fence lifts once the sender confirms what it was fenced for (it was stopped, not dead),
+// and its writes land again: the pair serves as before.
+TEST_P(QuarantineBoundTest, FenceLiftsOnceTheSenderConfirmsAndThePairServesAgain) {
+  BeginAndAbort(4, 4);
+  ASSERT_TRUE(PumpUntil([&] { return tracker_->fenced_senders() == 1; }, kBound * 4));
+  std::vector<FencedSender> fenced = tracker_->FencedSenders();
+  ASSERT_EQ(fenced.size(), 1u);
+  EXPECT_EQ(fenced[0].name, "prefill");
+  EXPECT_EQ(fenced[0].unconfirmed_transfers, 1);
+  EXPECT_EQ(fenced[0].revoked, !shm());
+  // It wakes up: its responder answers D's asks (the first, or one D sends again over a fresh
+  // endpoint where the fence closed the old one).
+  ASSERT_TRUE(PumpUntil(
+      [&] {
+        sender_->ServeQuietRequests();
+        return tracker_->fenced_senders() == 0;
+      },
+      absl::Seconds(3)));
+  EXPECT_EQ(tracker_->fences_lifted(), 1);
+  EXPECT_TRUE(tracker_->FencedSenders().empty());
+  EXPECT_EQ(tracker_->quarantined_blocks(), 0);
+  EXPECT_EQ(d_pool_->Stats().free, kBlocks);
+  // A new request between the pair streams and lands.
+  const PeerId peer = *d_->Redial(to_p_, DeadlineIn(absl::Seconds(1)));
+  EXPECT_FALSE(tracker_->IsFenced(peer));
+  std::vector<kv::BlockId> local = *p_pool_->Allocate(2);
+  std::vector<kv::BlockId> remote = *d_pool_->Allocate(2);
+  ASSERT_TRUE(tracker_->Expect(9, peer, remote, DeadlineIn(absl::Seconds(5))).ok());
+  ASSERT_TRUE(sender_->Begin({9, to_d_, local, remote}).ok());
+  ASSERT_TRUE(sender_->OnLayerDone(0, {9}).ok());
+  ASSERT_TRUE(sender_->OnLayerDone(1, {9}).ok());
+  ASSERT_TRUE(sender_->Finish(9, "first-token").ok());
+  absl::StatusOr<std::string> ready = tracker_->WaitReady(9, DeadlineIn(absl::Seconds(2)));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  EXPECT_EQ(*ready, "first-token");
+}
+
+// A sender that never answers stays fenced and reported; one that comes back as a new process
+// (instance) is a different sender, never fenced.
+TEST_P(QuarantineBoundTest, SilentSenderStaysFencedAndItsNewIncarnationIsNot) {
+  BeginAndAbort(4, 2);
+  ASSERT_TRUE(PumpUntil([&] { return tracker_->fenced_senders() == 1; }, kBound * 4));
+  EXPECT_FALSE(PumpUntil([&] { return tracker_->fenced_senders() == 0; }, kBound * 2));
+  EXPECT_EQ(tracker_->FencedSenders().size(), 1u);
+  auto reborn = *CreateTransport("inproc", {.name = "prefill", .layout = Layout()});
+  auto region = *reborn->AllocateRegion(Layout().RegionBytes(kBlocks));
+  const PeerId peer = *d_->Connect(*reborn->LocalAddress(), DeadlineIn(absl::Seconds(1)));
+  EXPECT_FALSE(tracker_->IsFenced(peer));
   std::vector<kv::BlockId> remote = *d_pool_->Allocate(1);
-  EXPECT_EQ(tracker_->Expect(5, to_p_, remote, DeadlineIn(absl::Seconds(1))).code(),
-            absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(d_->Connect(*p_->LocalAddress(), DeadlineIn(absl::Seconds(1))).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(d_pool_->Free(remote).ok());
+  EXPECT_TRUE(tracker_->Expect(10, peer, remote, DeadlineIn(absl::Seconds(1))).ok());
+  EXPECT_TRUE(tracker_->Abort(10, "test over").ok());
 }
 
 TEST_P(QuarantineBoundTest, OverdueBlocksOfASilentSenderAreReleasedWhenItIsGone) {
