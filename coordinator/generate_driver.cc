@@ -278,6 +278,7 @@ CoordinatorServer::Impl::Outcome CoordinatorServer::Impl::TryStart(
     const std::vector<kv::BlockHash> chain =
         kv::ChainHashes(*seed, ids, layout->block_size, route.cacheable_blocks);
     route.cached_blocks = prefix_index_.LeadingBlocksAll(chain);
+    if (!chain.empty()) route.affinity = chain.front();
   }
   // Earlier failures, so that "no node available" says why.
   route.earlier_failures = t->prefill_errors;

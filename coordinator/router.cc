@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -32,6 +34,15 @@ bool Contains(const std::vector<NodeId>& ids, const NodeId& id) {
 // Whether `decode` has `prefill` fenced (the pair cannot be used until the fence lifts).
 bool Fenced(const NodeInfo& decode, const NodeInfo& prefill) {
   return Contains(decode.load.fenced_senders, prefill.node.node_id);
+}
+
+// Rendezvous hashing: the weight of `node` for prompts whose first block is `key` (splitmix64's
+// finalizer over the key and the node id's std::hash).
+uint64_t RendezvousWeight(const kv::BlockHash& key, const NodeId& node) {
+  uint64_t x = key.low ^ (key.high * 0x9e3779b97f4a7c15ULL) ^ std::hash<std::string>{}(node);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
 }
 
 // "decode-0 has prefill-0 fenced; ..." for every fenced pair among the candidates.
@@ -307,19 +318,28 @@ absl::StatusOr<RoutePick> Router::PickByCost(const std::vector<NodeInfo>& decode
                                              const RouteRequest& request) const {
   // Both lists are sorted by node id: strictly lower cost wins, then the less recently picked
   // pair, so equal ties keep the smallest ids.
+  // A tie's order: with an affinity, the pair of highest (P weight, D weight); else the least
+  // recently picked pair. Lower wins, like the cost.
+  auto tie_order = [&](const NodeInfo& d, const NodeInfo& p) {
+    if (request.affinity.has_value()) {
+      return std::make_pair(~RendezvousWeight(*request.affinity, p.node.node_id),
+                            ~RendezvousWeight(*request.affinity, d.node.node_id));
+    }
+    return std::make_pair(RecencyOf(d, p), uint64_t{0});
+  };
   bool found = false;
   size_t best_d = 0, best_p = 0;
   double best = 0;
-  uint64_t best_recency = 0;
+  std::pair<uint64_t, uint64_t> best_tie;
   for (size_t di = 0; di < decode.size(); ++di) {
     for (size_t pi = 0; pi < prefill.size(); ++pi) {
       if (Fenced(decode[di], prefill[pi])) continue;
       const double c = Cost(prefill[pi], decode[di], request, weights_);
-      const uint64_t recency = RecencyOf(decode[di], prefill[pi]);
-      if (!found || c < best || (c == best && recency < best_recency)) {
+      const std::pair<uint64_t, uint64_t> tie = tie_order(decode[di], prefill[pi]);
+      if (!found || c < best || (c == best && tie < best_tie)) {
         found = true;
         best = c;
-        best_recency = recency;
+        best_tie = tie;
         best_d = di;
         best_p = pi;
       }

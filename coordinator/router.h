@@ -6,7 +6,9 @@
 // reserve fresh: blocks_needed less the leading blocks of the prompt D already holds, and for the
 // pair: D has not fenced P, NodeLoad::fenced_senders) and then chooses by its mode:
 //   cache_aware  the (P, D) pair of lowest Cost (below): where the prompt's prefix is cached
-//                against how loaded the nodes are; ties go to the pair picked least recently
+//                against how loaded the nodes are; ties go by rendezvous hashing on the
+//                prompt's first block (RouteRequest::affinity: the P, then the D, of highest
+//                hash(first block, node id)), or without one to the pair picked least recently
 //                (the sum of its two nodes' last-pick sequence numbers), then the smallest D id,
 //                then P id, so that light load spreads over idle nodes
 //   load         D by LeastLoadedDecodePolicy, P by LeastQueuedPrefillPolicy (caches ignored)
@@ -46,6 +48,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/kv/block_hash.h"
 #include "coordinator/node_registry.h"
 #include "coordinator/types.h"
 
@@ -74,6 +77,11 @@ struct RouteRequest {
   // mode as usual.
   std::optional<NodeIncarnation> preferred_prefill;
   std::optional<NodeIncarnation> preferred_decode;
+  // The chain hash of the prompt's first block, when it has a full one: cache_aware breaks ties
+  // of cost by rendezvous hashing on it, so that the turns of one conversation (which share
+  // their first block) go where the first turn went even before the prefix index has heard of
+  // it, while different prompts spread over the nodes.
+  std::optional<kv::BlockHash> affinity;
 
   // Leading blocks of the prompt `node` holds, at most cacheable_blocks.
   int64_t CachedBlocks(const NodeIncarnation& node) const;

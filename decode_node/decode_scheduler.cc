@@ -436,8 +436,11 @@ void DecodeScheduler::AdmitReady() {
 void DecodeScheduler::Admit(Landed landed) {
   const std::shared_ptr<Request>& r = landed.request;
   if (!landed.payload.ok()) {
-    Fail(r, Annotate(landed.payload.status(),
-                     absl::StrCat(options_.name, ": KV of request ", r->id, " did not land")));
+    // The cause (e.g. kSenderFenced) stays with the error, for the coordinator and the client.
+    Fail(r, WithReason(
+                Annotate(landed.payload.status(),
+                         absl::StrCat(options_.name, ": KV of request ", r->id, " did not land")),
+                ReasonOf(landed.payload.status())));
     return;
   }
   const model::ModelConfig& config = runner_->config();

@@ -123,6 +123,10 @@ struct Generation {
   std::vector<std::unique_ptr<Choice>> choices;
   std::atomic<bool> failed{false};  // a choice failed: the others stop
   std::atomic<bool> client_gone{false};
+  // Concurrency slots it holds, given back once (ReleaseSlots): before its last bytes are
+  // written, so that a client that sends its next request on reading them finds its slot free.
+  int slots = 0;
+  std::atomic<bool> slots_released{false};
   absl::Mutex mu;
   absl::Status failure ABSL_GUARDED_BY(mu);            // the first failed choice's
   std::vector<ChoiceState> state ABSL_GUARDED_BY(mu);  // one per choice
@@ -485,6 +489,8 @@ class HttpFront::Handlers {
     streams_.Add(total);
 
     auto g = std::make_shared<Generation>();
+    g->slots = held;
+    held = 0;  // the generation's now (ReleaseSlots)
     g->endpoint = endpoint;
     g->model = parsed->model.empty() ? ServedNames().front() : parsed->model;
     g->id = absl::StrCat(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", id_prefix_, "-",
@@ -524,7 +530,12 @@ class HttpFront::Handlers {
     }
     g->parsed = std::move(parsed);
     Run(*g);
+    ReleaseSlots(*g);  // if Respond did not (the client left first)
     streams_.Add(-total);
+  }
+
+  void ReleaseSlots(Generation& g) {
+    if (!g.slots_released.exchange(true)) active_.fetch_sub(g.slots);
   }
 
   // The prompt's tokens with their logprobs (from the first response; the first token has
@@ -684,6 +695,7 @@ class HttpFront::Handlers {
   // Once every choice ended: the whole response, or the end of the stream (usage, [DONE]), or
   // the first failure.
   void Respond(Generation& g) {
+    ReleaseSlots(g);
     absl::MutexLock lock(&g.mu);
     if (g.client_gone.load()) return;  // nobody to answer
     if (g.failed.load() && (!g.responded || !g.parsed->stream)) {

@@ -298,10 +298,12 @@ void KvArrivalTracker::PumpQuarantine(absl::Time now) {
     if (f == fenced_.end() || !f->second.done) continue;
     if (f->second.name.empty()) f->second.name = r.sender_name;
     f->second.owed.insert(id);
-    FailLocked(id, r,
-               absl::UnavailableError(absl::StrCat("request ", id, ": sender '", r.sender_name,
-                                                   "' was fenced: ", f->second.result.detail)),
-               /*quarantine=*/!f->second.result.revoked);
+    FailLocked(
+        id, r,
+        WithReason(absl::UnavailableError(absl::StrCat("request ", id, ": sender '", r.sender_name,
+                                                       "' was fenced: ", f->second.result.detail)),
+                   ErrorReason::kSenderFenced),
+        /*quarantine=*/!f->second.result.revoked);
   }
   std::vector<uint64_t> release;
   for (auto& [id, q] : quarantine_) {

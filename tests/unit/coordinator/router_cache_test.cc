@@ -208,5 +208,33 @@ TEST(RouterCacheTest, EqualCostsGoToTheLeastRecentlyPickedPair) {
   }
 }
 
+// With an affinity (the prompt's first block), ties go by rendezvous hashing on it: the same
+// first block always gets the same pair, whatever was picked in between (a conversation's turns
+// stay where its first turn's KV is, before the prefix index has heard of it), and different
+// first blocks spread over every node.
+TEST(RouterCacheTest, EqualCostsFollowThePromptsFirstBlock) {
+  Router router(RouterMode::kCacheAware);
+  std::set<std::string> prefill, decode;
+  for (uint64_t k = 1; k <= 32; ++k) {
+    RouteRequest req = Req();
+    req.affinity = kv::BlockHash{k * 7919, k};
+    absl::StatusOr<RoutePick> first = router.Pick(kTwoD, kTwoP, req);
+    ASSERT_TRUE(first.ok());
+    prefill.insert(first->prefill.node.node_id);
+    decode.insert(first->decode.node.node_id);
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j <= i; ++j) {  // 1, 2, then 3 other picks in between
+        ASSERT_TRUE(router.Pick(kTwoD, kTwoP, Req()).ok());
+      }
+      absl::StatusOr<RoutePick> again = router.Pick(kTwoD, kTwoP, req);
+      ASSERT_TRUE(again.ok());
+      EXPECT_EQ(again->prefill.node, first->prefill.node);
+      EXPECT_EQ(again->decode.node, first->decode.node);
+    }
+  }
+  EXPECT_EQ(prefill.size(), 2u);
+  EXPECT_EQ(decode.size(), 2u);
+}
+
 }  // namespace
 }  // namespace duet::coordinator
