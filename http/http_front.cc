@@ -14,6 +14,7 @@
 #include "common/base/logging.h"
 #include "http/generation_threads.h"
 #include "http/openai_protocol.h"
+#include "http/response_builder.h"
 #include "http/vllm_metrics.h"
 
 namespace duet::http {
@@ -22,71 +23,6 @@ namespace {
 using nlohmann::json;
 
 constexpr char kJson[] = "application/json";
-
-// A token's text as responses show it: control tokens (BOS, EOS, ...) are empty.
-std::string TokenText(const model::Tokenizer& tok, int32_t id) {
-  if (tok.IsControl(id)) return "";
-  absl::StatusOr<std::string> s = tok.Decode({id});
-  return s.ok() ? *s : "";
-}
-
-// Turns GenerateResponses into OpenAI text, logprobs and a finish reason.
-class ResponseBuilder {
- public:
-  ResponseBuilder(const ParsedRequest& req, const model::Tokenizer* tok)
-      : req_(req), tok_(tok), text_(req.stop) {}
-
-  // Consumes one response; returns the text that may be sent now and, when logprobs were
-  // asked for, this token's entry in *lp.
-  std::string Consume(const v1::GenerateResponse& r, std::vector<TokenOut>* lp) {
-    std::string piece;
-    if (r.has_token() && !text_.stopped()) {
-      ++completion_tokens_;
-      const std::string bytes = TokenText(r.token_id());
-      piece = text_.Add(bytes);
-      if (req_.logprobs) {
-        TokenOut t{.id = r.token_id(), .text = bytes, .logprob = r.logprob()};
-        for (const v1::TopLogprob& top : r.top_logprobs()) {
-          t.top.emplace_back(TokenText(top.token_id()), top.logprob());
-        }
-        lp->push_back(std::move(t));
-      }
-    }
-    if (r.prompt_tokens() > 0) prompt_tokens_ = r.prompt_tokens();
-    if (r.has_timings()) cached_tokens_ = r.timings().prefill_cached_tokens();
-    if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-      finish_reason_ = FinishReasonText(r.finish_reason());
-    }
-    if (text_.stopped()) finish_reason_ = "stop";
-    full_text_ += piece;
-    return piece;
-  }
-  std::string Finish() {
-    std::string rest = text_.Finish();
-    full_text_ += rest;
-    return rest;
-  }
-  bool stopped() const { return text_.stopped(); }
-  const std::string& finish_reason() const { return finish_reason_; }
-  const std::string& full_text() const { return full_text_; }
-  Usage usage(int64_t prompt_tokens) const {
-    return Usage{.prompt_tokens = prompt_tokens_ > 0 ? prompt_tokens_ : prompt_tokens,
-                 .completion_tokens = completion_tokens_,
-                 .cached_tokens = cached_tokens_};
-  }
-
- private:
-  std::string TokenText(int32_t id) const { return http::TokenText(*tok_, id); }
-
-  const ParsedRequest& req_;
-  const model::Tokenizer* tok_;
-  TextAssembler text_;
-  int64_t completion_tokens_ = 0;
-  int64_t prompt_tokens_ = 0;
-  int64_t cached_tokens_ = 0;
-  std::string finish_reason_;
-  std::string full_text_;
-};
 
 // One choice of a request: one backend generation (one prompt, one sample).
 struct Choice {
@@ -104,7 +40,7 @@ struct ChoiceState {
   std::unique_ptr<ResponseBuilder> builder;
   bool first_chunk = true;
   size_t text_offset = 0;
-  std::vector<TokenOut> logprobs;             // not streamed: every token's
+  std::vector<TokenOut> logprobs;  // not streamed: every token's
   // echo with logprobs: the prompt's tokens, the first without a logprob (set with the first
   // response; a later choice of the prompt takes its first choice's).
   std::optional<std::vector<TokenOut>> prompt_logprobs;
