@@ -1,6 +1,5 @@
 #include "coordinator/coordinator_server.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -350,19 +349,11 @@ v1::HealthResponse CoordinatorServer::Impl::Health() {
     }
   }
   // Ready: some live (prefill, decode) pair is usable, i.e. not fenced by its decode node.
-  bool usable = false;
   const std::vector<NodeInfo> prefills = registry_.LiveNodes(NodeKind::kPrefill);
-  for (const NodeInfo& d : registry_.LiveNodes(NodeKind::kDecode)) {
-    for (const NodeInfo& p : prefills) {
-      const auto& f = d.load.fenced_senders;
-      if (std::find(f.begin(), f.end(), p.node.node_id) != f.end()) {
-        h.add_fenced_pairs(absl::StrCat(d.node.ToString(), " has ", p.node.ToString(), " fenced"));
-      } else {
-        usable = true;
-      }
-    }
-  }
-  h.set_ready(usable);
+  const std::vector<NodeInfo> decodes = registry_.LiveNodes(NodeKind::kDecode);
+  const std::vector<std::string> fenced = FencedPairs(decodes, prefills);
+  for (const std::string& pair : fenced) h.add_fenced_pairs(pair);
+  h.set_ready(prefills.size() * decodes.size() > fenced.size());
   h.set_running_requests(static_cast<int32_t>(tracker_.size()));
   h.set_directory_entries(static_cast<int64_t>(directory_.size()));
   return h;

@@ -31,11 +31,6 @@ bool Contains(const std::vector<NodeId>& ids, const NodeId& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
-// Whether `decode` has `prefill` fenced (the pair cannot be used until the fence lifts).
-bool Fenced(const NodeInfo& decode, const NodeInfo& prefill) {
-  return Contains(decode.load.fenced_senders, prefill.node.node_id);
-}
-
 // Rendezvous hashing: the weight of `node` for prompts whose first block is `key` (splitmix64's
 // finalizer over the key and the node id's std::hash).
 uint64_t RendezvousWeight(const kv::BlockHash& key, const NodeId& node) {
@@ -43,18 +38,6 @@ uint64_t RendezvousWeight(const kv::BlockHash& key, const NodeId& node) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
-}
-
-// "decode-0 has prefill-0 fenced; ..." for every fenced pair among the candidates.
-std::string FencedPairs(const std::vector<NodeInfo>& decode, const std::vector<NodeInfo>& prefill) {
-  std::vector<std::string> pairs;
-  for (const NodeInfo& d : decode) {
-    for (const NodeInfo& p : prefill) {
-      if (Fenced(d, p))
-        pairs.push_back(absl::StrCat(d.node.ToString(), " has ", p.node.ToString(), " fenced"));
-    }
-  }
-  return absl::StrJoin(pairs, "; ");
 }
 
 // Live nodes of `kind` not in `excluded`, sorted by node id.
@@ -80,6 +63,23 @@ absl::Status NoNode(NodeKind kind, const std::vector<NodeInfo>& nodes,
 }
 
 }  // namespace
+
+bool IsFencedPair(const NodeInfo& decode, const NodeInfo& prefill) {
+  return Contains(decode.load.fenced_senders, prefill.node.node_id);
+}
+
+std::vector<std::string> FencedPairs(const std::vector<NodeInfo>& decode,
+                                     const std::vector<NodeInfo>& prefill) {
+  std::vector<std::string> pairs;
+  for (const NodeInfo& d : decode) {
+    for (const NodeInfo& p : prefill) {
+      if (IsFencedPair(d, p)) {
+        pairs.push_back(absl::StrCat(d.node.ToString(), " has ", p.node.ToString(), " fenced"));
+      }
+    }
+  }
+  return pairs;
+}
 
 int64_t RouteRequest::CachedBlocks(const NodeIncarnation& node) const {
   auto it = cached_blocks.find(node);
@@ -333,7 +333,7 @@ absl::StatusOr<RoutePick> Router::PickByCost(const std::vector<NodeInfo>& decode
   std::pair<uint64_t, uint64_t> best_tie;
   for (size_t di = 0; di < decode.size(); ++di) {
     for (size_t pi = 0; pi < prefill.size(); ++pi) {
-      if (Fenced(decode[di], prefill[pi])) continue;
+      if (IsFencedPair(decode[di], prefill[pi])) continue;
       const double c = Cost(prefill[pi], decode[di], request, weights_);
       const std::pair<uint64_t, uint64_t> tie = tie_order(decode[di], prefill[pi]);
       if (!found || c < best || (c == best && tie < best_tie)) {
@@ -347,8 +347,8 @@ absl::StatusOr<RoutePick> Router::PickByCost(const std::vector<NodeInfo>& decode
   }
   if (!found) {
     return WithReason(absl::UnavailableError(absl::StrCat(
-                          "request ", request.request_id,
-                          ": no usable (prefill, decode) pair: ", FencedPairs(decode, prefill))),
+                          "request ", request.request_id, ": no usable (prefill, decode) pair: ",
+                          absl::StrJoin(FencedPairs(decode, prefill), "; "))),
                       ErrorReason::kSenderFenced);
   }
   RoutePick pick;
@@ -405,20 +405,20 @@ absl::StatusOr<RoutePick> Router::PickUnexplained(const std::vector<NodeInfo>& d
     std::vector<NodeInfo> pairable;
     for (const NodeInfo& d : fitting) {
       if (std::any_of(eligible.begin(), eligible.end(),
-                      [&](const NodeInfo& p) { return !Fenced(d, p); })) {
+                      [&](const NodeInfo& p) { return !IsFencedPair(d, p); })) {
         pairable.push_back(d);
       }
     }
     if (pairable.empty()) {
-      return WithReason(absl::UnavailableError(absl::StrCat("request ", request.request_id,
-                                                            ": no usable (prefill, decode) pair: ",
-                                                            FencedPairs(fitting, eligible))),
+      return WithReason(absl::UnavailableError(absl::StrCat(
+                            "request ", request.request_id, ": no usable (prefill, decode) pair: ",
+                            absl::StrJoin(FencedPairs(fitting, eligible), "; "))),
                         ErrorReason::kSenderFenced);
     }
     DUET_ASSIGN_OR_RETURN(pick.decode, PickDecode(pairable, request));
     std::vector<NodeInfo> unfenced;
     for (const NodeInfo& p : eligible) {
-      if (!Fenced(pick.decode, p)) unfenced.push_back(p);
+      if (!IsFencedPair(pick.decode, p)) unfenced.push_back(p);
     }
     DUET_ASSIGN_OR_RETURN(pick.prefill, PickPrefill(unfenced, request));
   }

@@ -89,6 +89,13 @@ struct RouteRequest {
   int64_t FreshBlocks(const NodeIncarnation& node) const;
 };
 
+// Whether `decode` has `prefill` fenced now (NodeLoad::fenced_senders): the pair is not used
+// until the fence lifts.
+bool IsFencedPair(const NodeInfo& decode, const NodeInfo& prefill);
+// Every fenced pair among these nodes, as "decode-0@3 has prefill-0@1 fenced".
+std::vector<std::string> FencedPairs(const std::vector<NodeInfo>& decode,
+                                     const std::vector<NodeInfo>& prefill);
+
 enum class RouterMode : uint8_t { kCacheAware, kLoad, kRoundRobin };
 const char* RouterModeName(RouterMode mode);  // "cache_aware", "load", "round_robin"
 // INVALID_ARGUMENT naming `name` and the modes for anything else.

@@ -498,10 +498,7 @@ bool KvArrivalTracker::IsFenced(PeerId sender) const {
 }
 
 int64_t KvArrivalTracker::fenced_senders() const {
-  absl::MutexLock lock(&mu_);
-  int64_t n = 0;
-  for (const auto& [instance, f] : fenced_) n += f.done;
-  return n;
+  return static_cast<int64_t>(FencedSenders().size());
 }
 
 std::vector<FencedSender> KvArrivalTracker::FencedSenders() const {
