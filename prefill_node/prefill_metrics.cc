@@ -46,7 +46,8 @@ PrefillMetrics::PrefillMetrics(metrics::Registry* registry, const kv::KvLayout& 
 }
 
 void PrefillMetrics::AddNodeGauges(std::function<kv::BlockPoolStats()> pool,
-                                   std::function<PrefillLoad()> load) {
+                                   std::function<PrefillLoad()> load,
+                                   std::function<PrefillStopCounters()> stops) {
   kv::AddBlockPoolGauge(registry_, "duet_prefill_kv_blocks", "The prefill node's KV pool by state",
                         std::move(pool));
   registry_->AddGaugeCallback(
@@ -58,6 +59,22 @@ void PrefillMetrics::AddNodeGauges(std::function<kv::BlockPoolStats()> pool,
             {{"queued_tokens"}, static_cast<double>(l.queued_tokens)},
             {{"running_requests"}, static_cast<double>(l.running_requests)},
             {{"waiting_for_room"}, static_cast<double>(l.waiting_for_room)}};
+      });
+  registry_->AddCounterCallback(
+      "duet_prefill_compute_after_stop_seconds_total",
+      "Forward-pass time spent on requests after they were cancelled or expired", {}, [stops] {
+        return std::vector<metrics::Sample>{
+            {{}, static_cast<double>(stops().compute_after_stop_us) * 1e-6}};
+      });
+  registry_->AddCounterCallback(
+      "duet_prefill_requests_stopped_in_pass_total",
+      "Requests cancelled or expired while a forward pass computed them", {}, [stops] {
+        return std::vector<metrics::Sample>{{{}, static_cast<double>(stops().stopped_in_pass)}};
+      });
+  registry_->AddCounterCallback(
+      "duet_prefill_passes_abandoned_total",
+      "Forward passes cut short at a layer because every request in them stopped", {}, [stops] {
+        return std::vector<metrics::Sample>{{{}, static_cast<double>(stops().passes_abandoned)}};
       });
 }
 

@@ -1,7 +1,8 @@
 // PrefillMetrics: a prefill node's Prometheus metrics (duet_prefill_*): Prefill calls by
 // outcome, prompt tokens, KV bytes streamed to decode nodes, per-layer transfer latency
 // (layer computed -> its write landed), transfer tail and compute histograms, transfer errors;
-// pool and queue gauges are read from the node at scrape time.
+// pool and queue gauges, and the compute stopped requests cost, are read from the node at
+// scrape time.
 //
 //   PrefillMetrics m(&registry, layout);
 //   m.RecordPrefill(status, prompt_tokens, remote_blocks, ok ? &response : nullptr);
@@ -22,8 +23,9 @@ namespace duet::prefill {
 class PrefillMetrics {
  public:
   PrefillMetrics(metrics::Registry* registry, const kv::KvLayout& layout);
-  // Gauges over the node's pool and scheduler, read when /metrics is scraped.
-  void AddNodeGauges(std::function<kv::BlockPoolStats()> pool, std::function<PrefillLoad()> load);
+  // Gauges and counters over the node's pool and scheduler, read when /metrics is scraped.
+  void AddNodeGauges(std::function<kv::BlockPoolStats()> pool, std::function<PrefillLoad()> load,
+                     std::function<PrefillStopCounters()> stops);
   void RecordPrefill(const absl::Status& status, int64_t prompt_tokens, int64_t remote_blocks,
                      const v1::PrefillResponse* response);
 

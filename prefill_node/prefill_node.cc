@@ -69,7 +69,8 @@ absl::Status PrefillNode::Init() {
   metrics_ = std::make_unique<PrefillMetrics>(&runtime_->metrics_registry(), layout_);
   PrefillScheduler* sched = scheduler_.get();
   kv::BlockPool* pool = pool_;
-  metrics_->AddNodeGauges([pool] { return pool->Stats(); }, [sched] { return sched->Load(); });
+  metrics_->AddNodeGauges([pool] { return pool->Stats(); }, [sched] { return sched->Load(); },
+                          [sched] { return sched->StopCounters(); });
   kv::AddPrefixCacheCounters(
       &runtime_->metrics_registry(), "duet_prefill",
       [sched] { return sched->PrefixCacheCounters(); }, [pool] { return pool->Stats(); });

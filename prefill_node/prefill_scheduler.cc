@@ -63,6 +63,7 @@ struct PrefillScheduler::Entry {
   std::vector<int64_t> landed_us;
   absl::Status error;      // the scheduler failed the request
   absl::Status stop;       // Cancel, deadline or shutdown: do not go on
+  absl::Time stopped_at = absl::InfiniteFuture();  // when `stop` was set
   bool abandoned = false;  // its Run left; the scheduler cleans up after the pass
 };
 
@@ -118,7 +119,7 @@ void PrefillScheduler::Shutdown() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     for (auto& [id, e] : by_id_) {
-      if (e->stop.ok()) e->stop = absl::UnavailableError("the prefill node is shutting down");
+      MarkStopped(*e, absl::UnavailableError("the prefill node is shutting down"), absl::Now());
     }
   }
   absl::MutexLock join_lock(&join_mu_);
@@ -169,10 +170,15 @@ bool PrefillScheduler::Cancel(const std::string& request_id, absl::Status reason
   absl::MutexLock lock(&mu_);
   auto it = by_id_.find(request_id);
   if (it == by_id_.end()) return false;
-  if (it->second->stop.ok()) {
-    it->second->stop = reason.ok() ? absl::CancelledError("cancelled") : std::move(reason);
-  }
+  MarkStopped(*it->second, reason.ok() ? absl::CancelledError("cancelled") : std::move(reason),
+              absl::Now());
   return true;
+}
+
+void PrefillScheduler::MarkStopped(Entry& e, absl::Status reason, absl::Time now) {
+  if (!e.stop.ok()) return;
+  e.stop = std::move(reason);
+  e.stopped_at = now;
 }
 
 PrefillLoad PrefillScheduler::Load() const {
@@ -355,13 +361,15 @@ absl::Status PrefillScheduler::PeerFailure(const Entry& e, const absl::Status& s
                                   ": streaming KV to decode node ", e.job.peer_name));
 }
 
+absl::Status PrefillScheduler::DeadlinePassed(const Entry& e) {
+  return absl::DeadlineExceededError(absl::StrCat(
+      "prefill of request ", e.job.request_id, ": the deadline passed (", e.job.prompt.size(),
+      " prompt tokens, KV to decode node ", e.job.peer_name, ")"));
+}
+
 absl::Status PrefillScheduler::CheckStillWanted(const Entry& e,
                                                 const std::function<bool()>& caller_gone) {
-  if (absl::Now() >= e.job.deadline) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "prefill of request ", e.job.request_id, ": the deadline passed (", e.job.prompt.size(),
-        " prompt tokens, KV to decode node ", e.job.peer_name, ")"));
-  }
+  if (absl::Now() >= e.job.deadline) return DeadlinePassed(e);
   if (caller_gone && caller_gone()) {
     return absl::CancelledError(
         absl::StrCat("prefill of request ", e.job.request_id, ": the caller went away"));
@@ -437,7 +445,7 @@ absl::Status PrefillScheduler::Drive(Entry& e, const std::function<bool()>& call
 void PrefillScheduler::Stop(const std::shared_ptr<Entry>& e, const absl::Status& reason) {
   {
     absl::MutexLock lock(&mu_);
-    if (e->stop.ok()) e->stop = reason;
+    MarkStopped(*e, reason, absl::Now());
     if (e->phase == Phase::kQueued) {
       RemoveFromQueue(e.get());
       e->phase = Phase::kStopped;
@@ -543,6 +551,9 @@ std::vector<PrefillScheduler::BatchItem> PrefillScheduler::NextBatch() {
   const absl::Time now = absl::Now();
   for (const auto& e : queue_) {
     if (budget <= 0) break;
+    if (e->phase == Phase::kQueued && e->stop.ok() && now >= e->job.deadline) {
+      MarkStopped(*e, DeadlinePassed(*e), now);  // its Run ends it: no pass for it
+    }
     if (e->phase != Phase::kQueued || !e->stop.ok() || !e->error.ok()) continue;
     const int64_t remaining = static_cast<int64_t>(e->job.prompt.size()) - e->done_tokens;
     const int64_t n = std::min(remaining, budget);
@@ -663,8 +674,10 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
       absl::MakeSpan(inputs), pool_->View(),
       [this, &batch](int layer, absl::Span<const model::LayerSpan> spans) {
         OnLayer(batch, layer, spans);
-      });
-  const int64_t pass_us = absl::ToInt64Microseconds(absl::Now() - t0);
+      },
+      [this, &batch] { return AllStopped(batch); });
+  const absl::Time t1 = absl::Now();
+  const int64_t pass_us = absl::ToInt64Microseconds(t1 - t0);
 
   std::vector<absl::Status> results(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -699,7 +712,13 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
       e.compute_us += pass_us;
       ++e.chunks;
       if (out.ok()) e.done_tokens += batch[i].tokens;
-      if (!results[i].ok() && e.error.ok()) e.error = results[i];
+      // A stopped request's own reason is its error (not the pass it abandoned).
+      if (!results[i].ok() && e.error.ok() && e.stop.ok()) e.error = results[i];
+      if (!e.stop.ok()) {
+        ++stop_counters_.stopped_in_pass;
+        stop_counters_.compute_after_stop_us +=
+            absl::ToInt64Microseconds(t1 - std::max(t0, e.stopped_at));
+      }
       if (!e.error.ok() || !e.stop.ok()) {
         RemoveFromQueue(&e);
         e.phase = Phase::kStopped;
@@ -713,6 +732,18 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
     }
   }
   for (const auto& e : orphans) Release(*e, e->stop);
+}
+
+bool PrefillScheduler::AllStopped(const std::vector<BatchItem>& batch) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  for (const BatchItem& it : batch) {
+    Entry& e = *it.entry;
+    if (e.stop.ok() && now >= e.job.deadline) MarkStopped(e, DeadlinePassed(e), now);
+    if (e.stop.ok()) return false;
+  }
+  ++stop_counters_.passes_abandoned;
+  return true;
 }
 
 void PrefillScheduler::ScorePrompt(const BatchItem& item, const model::ForwardOutput& out,

@@ -120,6 +120,15 @@ struct PrefillResult {
   std::vector<model::SampledToken> prompt_logprobs;
 };
 
+// What stopped requests cost after they were stopped (cancelled, deadline, shutdown, caller
+// gone). A pass whose every request stopped is abandoned at the next layer; a pass that still
+// serves others runs to its end, so a stopped request costs at most the rest of one chunk.
+struct PrefillStopCounters {
+  int64_t passes_abandoned = 0;       // forward passes cut short: every request in them stopped
+  int64_t stopped_in_pass = 0;        // requests that stopped while a pass computed them
+  int64_t compute_after_stop_us = 0;  // pass time after a request in it stopped (per request)
+};
+
 struct PrefillLoad {
   int64_t queued_tokens = 0;     // prompt tokens not yet computed (waiting for room included)
   int32_t running_requests = 0;  // admitted and not yet answered
@@ -157,6 +166,10 @@ class PrefillScheduler {
   bool Cancel(const std::string& request_id,
               absl::Status reason = absl::CancelledError("cancelled by CancelPrefill"));
   PrefillLoad Load() const;
+  PrefillStopCounters StopCounters() const {
+    absl::MutexLock lock(&mu_);
+    return stop_counters_;
+  }
   kv::PrefixCacheCounters PrefixCacheCounters() const { return kv_.counters(); }
   // Fails every request in flight (Unavailable), waits for their Runs to end, stops the thread.
   // Idempotent; later Runs fail with Unavailable.
@@ -181,6 +194,12 @@ class PrefillScheduler {
   absl::Status Drive(Entry& e, const std::function<bool()>& caller_gone,
                      const FirstTokenCallback& on_first_token);
   absl::Status CheckStillWanted(const Entry& e, const std::function<bool()>& caller_gone);
+  static absl::Status DeadlinePassed(const Entry& e);
+  // Sets the request's stop reason (the first one counts) and when it stopped.
+  static void MarkStopped(Entry& e, absl::Status reason, absl::Time now);
+  // Every request of the pass is stopped (or past its deadline, which stops it): the pass can
+  // be abandoned.
+  bool AllStopped(const std::vector<BatchItem>& batch);
   // `s` as the request's error: Unavailable naming the decode node when it is lost.
   absl::Status PeerFailure(const Entry& e, const absl::Status& s) const;
   void Stop(const std::shared_ptr<Entry>& e, const absl::Status& reason);
@@ -221,6 +240,7 @@ class PrefillScheduler {
   int waiting_for_room_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t waiting_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // their prompt tokens
   uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;          // requests that gave their blocks back
+  PrefillStopCounters stop_counters_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<Entry>> queue_ ABSL_GUARDED_BY(mu_);             // FIFO, chunked stay
   std::map<std::string, std::shared_ptr<Entry>> by_id_ ABSL_GUARDED_BY(mu_);  // in flight
   std::deque<StagedLayer> staged_ ABSL_GUARDED_BY(mu_);  // in copy order

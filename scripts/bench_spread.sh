@@ -23,21 +23,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-DUET="$BUILD/cli/duet"
-[ -x "$DUET" ] || { echo "bench_spread.sh: $DUET not built" >&2; exit 2; }
-[ -e "$MODEL" ] || { echo "bench_spread.sh: no model at $MODEL (scripts/get_model.sh)" >&2; exit 2; }
-OUT="$(mktemp -d /tmp/duet-spread-XXXXXX)"
-"$DUET" serve --loopback --prefill 2 --decode 2 --model "$MODEL" --transport shm --threads 1 \
-  --node_metrics >"$OUT/serve.out" 2>"$OUT/serve.err" &
-SERVE=$!
-trap 'kill "$SERVE" 2>/dev/null; wait "$SERVE" 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  grep -q '^ready ' "$OUT/serve.out" && break
-  kill -0 "$SERVE" 2>/dev/null || { cat "$OUT/serve.err" >&2; exit 1; }
-  sleep 0.2
-done
-ADDR="$(awk '/^ready /{print $2}' "$OUT/serve.out")"
-[ -n "$ADDR" ] || { echo "bench_spread.sh: the cluster did not become ready" >&2; exit 1; }
+. "$ROOT/scripts/loopback_lib.sh"
+loopback_inputs spread
+start_loopback "$DUET" "$OUT" --prefill 2 --decode 2 --model "$MODEL" --transport shm --threads 1 \
+  --node_metrics
 "$DUET" bench serve --server "$ADDR" --request_rate "$RATE" --num_requests "$REQUESTS" \
   --input_len 64-256 --output_len 8 --warmup_requests 0 --json_out "$OUT/report.json" \
   >"$OUT/bench.out"

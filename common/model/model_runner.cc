@@ -353,7 +353,8 @@ void ModelRunner::EnsureWorkspace(int64_t rows) {
 
 absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> batch,
                                                    const kv::KvCacheView& kv,
-                                                   const LayerDoneHook& on_layer_done) {
+                                                   const LayerDoneHook& on_layer_done,
+                                                   const AbandonCheck& abandon) {
   const ModelConfig& c = config_;
   // ---- Validate everything before touching any state.
   const kv::KvLayout want = MakeKvLayout(kv.layout.block_size);
@@ -508,6 +509,14 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
         b.Synchronize();
       }
       on_layer_done(li, spans);
+    }
+    if (abandon && li + 1 < c.num_hidden_layers && abandon()) {
+      b.Synchronize();  // no queued kernel may outlive the blocks handed back below
+      for (size_t i = 0; i < batch.size(); ++i) {
+        DUET_RETURN_IF_ERROR(batch[i].table->TruncateBlocks(old_sizes[i]));
+      }
+      return absl::CancelledError(absl::StrCat("Forward: the pass was abandoned after layer ", li,
+                                               " of ", c.num_hidden_layers));
     }
     attn.sliding_window = l.window;
     b.PagedAttention(kv, li, w.q, seqs, attn, w.attn);

@@ -68,6 +68,8 @@ struct LayerSpan {
 };
 
 using LayerDoneHook = std::function<void(int layer, absl::Span<const LayerSpan> spans)>;
+// Asked after each layer's work is queued (after the layer-done hook): true abandons the pass.
+using AbandonCheck = std::function<bool()>;
 
 // One row per sequence with want_logits or a `sample` (one per new token with all_logits), in
 // batch order.
@@ -122,9 +124,13 @@ class ModelRunner {
   // Runs the batch. Validates every input first (token ids, positions, table, layout), so a
   // bad request fails with InvalidArgument and writes nothing. Grows each table (allocating
   // blocks; ResourceExhausted when the pool is out, with nothing changed) and advances
-  // num_tokens by the new tokens on success.
+  // num_tokens by the new tokens on success. When `abandon` returns true after a layer, the pass
+  // stops there (the device finishes the work already queued): Cancelled naming the layer, and
+  // every table is back to its blocks and tokens from before the call. The K/V the abandoned
+  // pass wrote lie in blocks no table holds any more (or past num_tokens), so nothing reads them.
   absl::StatusOr<ForwardOutput> Forward(absl::Span<SequenceInput> batch, const kv::KvCacheView& kv,
-                                        const LayerDoneHook& on_layer_done = nullptr);
+                                        const LayerDoneHook& on_layer_done = nullptr,
+                                        const AbandonCheck& abandon = nullptr);
 
  private:
   struct Layer;

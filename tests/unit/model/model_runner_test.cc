@@ -271,6 +271,46 @@ TEST(ModelRunnerTest, LayerHookFiresPerLayerWithKvAlreadyInThePool) {
   EXPECT_EQ(seen, want);
 }
 
+// An abandoned pass stops after the layer it was abandoned in, leaves each table as it was
+// (blocks and tokens), and the same tokens run again give exactly the uninterrupted result.
+TEST(ModelRunnerTest, AbandonedPassStopsAtTheLayerAndLeavesTheTablesAsTheyWere) {
+  Model m = MakeModel({});
+  const int vocab = m.runner->config().vocab_size;
+  ASSERT_GE(m.runner->config().num_hidden_layers, 2);
+  kv::BlockTable t(m.pool.get()), ref(m.pool.get());
+  const std::vector<int32_t> head = Tokens(10, 1, vocab), tail = Tokens(30, 2, vocab);
+  for (kv::BlockTable* table : {&t, &ref}) {
+    std::vector<SequenceInput> b = {{.tokens = head, .table = table}};
+    ASSERT_TRUE(m.runner->Forward(absl::MakeSpan(b), m.pool->View()).ok());
+  }
+  const int64_t available = m.pool->num_available();
+  const size_t blocks = t.blocks().size();
+  std::vector<int> seen;
+  std::vector<SequenceInput> cut = {
+      {.tokens = tail, .start_pos = 10, .table = &t, .want_logits = true}};
+  auto r = m.runner->Forward(
+      absl::MakeSpan(cut), m.pool->View(),
+      [&](int layer, absl::Span<const LayerSpan>) { seen.push_back(layer); },
+      [&] { return seen.size() == 1; });
+  EXPECT_TRUE(absl::IsCancelled(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("abandoned after layer 0"), std::string::npos) << r.status();
+  EXPECT_EQ(seen, std::vector<int>{0});
+  EXPECT_EQ(t.num_tokens(), 10);
+  EXPECT_EQ(t.blocks().size(), blocks);
+  EXPECT_EQ(m.pool->num_available(), available);
+
+  std::vector<SequenceInput> again = {
+      {.tokens = tail, .start_pos = 10, .table = &t, .want_logits = true}};
+  std::vector<SequenceInput> whole = {
+      {.tokens = tail, .start_pos = 10, .table = &ref, .want_logits = true}};
+  auto a = m.runner->Forward(absl::MakeSpan(again), m.pool->View(), nullptr, [] { return false; });
+  auto w = m.runner->Forward(absl::MakeSpan(whole), m.pool->View());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(a->logits, w->logits);
+  EXPECT_EQ(t.num_tokens(), 40);
+}
+
 TEST(ModelRunnerTest, BadInputIsRefusedAndChangesNothing) {
   Model m = MakeModel({}, 16, /*num_blocks=*/4);
   const int vocab = m.runner->config().vocab_size;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -109,6 +110,19 @@ struct Rig {
     EXPECT_EQ(sched->Load().queued_tokens, 0);
   }
   int vocab() const { return runner->config().vocab_size; }
+  // Runs `prompt` to the end: the first token and D's K/V are exactly the reference's, and
+  // nothing leaks.
+  void ExpectServesExactly(const std::string& id, uint64_t tid,
+                           const std::vector<int32_t>& prompt) {
+    Reference ref = Reference::Load(16);
+    PrefillJob job = Job(id, tid, prompt);
+    const std::vector<kv::BlockId> dest = job.remote_blocks;
+    auto ok = sched->Run(std::move(job));
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_EQ(ok->first_token.id, ref.FirstToken(prompt));
+    ref.ExpectKvEquals(prompt, *dpool, dest);
+    ExpectNoLeaks();
+  }
 };
 
 // Blocks the scheduler thread in its first pass until Open().
@@ -624,14 +638,113 @@ TEST_F(PrefillSchedulerTest, CancelDuringThePassAbortsAndTheNextRequestStillWork
   EXPECT_FALSE(r.got[5].HasFinal());
   r.ExpectNoLeaks();
 
+  r.ExpectServesExactly("after", 6, Prompt(64, 6, r.vocab()));
+}
+
+// A request stopped in the middle of a pass that serves nobody else costs no more layers: the
+// pass is abandoned after the layer it was stopped in, and no later chunk runs.
+TEST_F(PrefillSchedulerTest, StoppedAloneThePassIsAbandonedAtTheNextLayer) {
+  for (const bool by_deadline : {false, true}) {
+    SCOPED_TRACE(by_deadline ? "deadline" : "cancel");
+    PrefillScheduler* sched = nullptr;
+    std::atomic<int> passes{0};
+    std::atomic<bool> stopped{false};
+    std::atomic<int> layers_after_stop{0};
+    PrefillSchedulerOptions opts{.max_batch_tokens = 64};
+    opts.on_batch = [&](const BatchInfo&) { ++passes; };
+    opts.on_layer_done = [&](int layer) {
+      if (stopped) ++layers_after_stop;
+      if (passes == 2 && layer == 0 && !stopped.exchange(true)) {
+        if (by_deadline) {
+          absl::SleepFor(absl::Milliseconds(400));  // the deadline passes in this layer
+        } else {
+          EXPECT_TRUE(sched->Cancel("long"));
+        }
+      }
+    };
+    Rig r(std::move(opts));
+    sched = r.sched.get();
+    const absl::Time t0 = absl::Now();
+    auto res = r.sched->Run(r.Job("long", 11, Prompt(256, 11, r.vocab()),
+                                  by_deadline ? absl::Milliseconds(300) : absl::Seconds(30)));
+    if (by_deadline) {
+      ASSERT_GE(absl::Now() - t0, absl::Milliseconds(300));
+      EXPECT_TRUE(absl::IsDeadlineExceeded(res.status())) << res.status();
+    } else {
+      EXPECT_TRUE(absl::IsCancelled(res.status())) << res.status();
+    }
+    EXPECT_EQ(passes.load(), 2) << "a chunk ran after the request stopped";
+    EXPECT_EQ(layers_after_stop.load(), 0) << "layers ran after the request stopped";
+    const PrefillStopCounters c = r.sched->StopCounters();
+    EXPECT_EQ(c.passes_abandoned, 1);
+    EXPECT_EQ(c.stopped_in_pass, 1);
+    EXPECT_GT(c.compute_after_stop_us, 0);
+    r.DrainD();
+    EXPECT_FALSE(r.got[11].HasFinal());
+    r.ExpectNoLeaks();
+
+    // The pool and the model are fine: the same prompt, run again, is exact.
+    r.ExpectServesExactly("again", 12, Prompt(256, 11, r.vocab()));
+  }
+}
+
+// A request cancelled in a pass it shares with another rides to the end of that pass (at most
+// one chunk) and gets no later one; the other request is unaffected.
+TEST_F(PrefillSchedulerTest, CancelledInASharedPassCostsAtMostTheRestOfThatChunk) {
+  PrefillScheduler* sched = nullptr;
+  Gate gate;
+  std::mutex mu;
+  std::vector<BatchInfo> batches;
+  std::atomic<bool> armed{false};
+  PrefillSchedulerOptions opts{.max_batch_tokens = 64};
+  opts.on_batch = [&](const BatchInfo& b) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      batches.push_back(b);
+    }
+    gate.Block();  // the first pass waits until both requests are queued
+  };
+  opts.on_layer_done = [&](int layer) {
+    std::lock_guard<std::mutex> l(mu);
+    if (layer == 0 && batches.size() == 2 && !armed.exchange(true)) {
+      EXPECT_TRUE(sched->Cancel("gone"));
+    }
+  };
+  Rig r(std::move(opts));
+  sched = r.sched.get();
   Reference ref = Reference::Load(16);
-  const std::vector<int32_t> prompt = Prompt(64, 6, r.vocab());
-  PrefillJob job = r.Job("after", 6, prompt);
+  // Pass 1: kept[0, 64); pass 2: kept[64, 100) and gone[0, 28), cancelled there.
+  const std::vector<int32_t> keep_prompt = Prompt(100, 21, r.vocab());
+  absl::StatusOr<PrefillResult> gone = absl::UnknownError(""), kept = gone;
+  PrefillJob job = r.Job("kept", 22, keep_prompt);
   const std::vector<kv::BlockId> dest = job.remote_blocks;
-  auto ok = r.sched->Run(std::move(job));
-  ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(ok->first_token.id, ref.FirstToken(prompt));
-  ref.ExpectKvEquals(prompt, *r.dpool, dest);
+  std::thread b([&] { kept = r.sched->Run(std::move(job)); });
+  gate.AwaitReached();
+  std::thread a([&] { gone = r.sched->Run(r.Job("gone", 21, Prompt(320, 20, r.vocab()))); });
+  AwaitRunning(*r.sched, 2);
+  gate.Open();
+  a.join();
+  b.join();
+  EXPECT_TRUE(absl::IsCancelled(gone.status())) << gone.status();
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->first_token.id, ref.FirstToken(keep_prompt));
+  r.DrainD();
+  ref.ExpectKvEquals(keep_prompt, *r.dpool, dest);
+  // "gone" was in pass 2 (cancelled there) and in none after.
+  int with_gone = 0;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    for (size_t i = 0; i < batches.size(); ++i) {
+      for (const std::string& id : batches[i].request_ids) {
+        if (id == "gone") {
+          ++with_gone;
+          EXPECT_EQ(i, 1u) << "pass " << i << " computed the cancelled request";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(with_gone, 1);
+  EXPECT_EQ(r.sched->StopCounters().passes_abandoned, 0);  // the pass served "kept" too
   r.ExpectNoLeaks();
 }
 
