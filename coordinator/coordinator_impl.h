@@ -62,7 +62,10 @@ struct ActiveRequest {
   std::shared_ptr<grpc::ClientContext> stream_ctx;   // D's token stream of the current attempt
   std::shared_ptr<grpc::ClientContext> prefill_ctx;  // P's Prefill call of the current attempt
   std::vector<std::thread> threads;
-  std::vector<std::string> unreachable_prefill;  // D could not connect to these writers
+  // Prefill nodes D refused as writers (it could not connect to them, or has them fenced), and
+  // the causes of those and of the prefill nodes D fenced during a transfer: refusals name them.
+  std::vector<NodeId> refused_prefill;
+  absl::flat_hash_map<NodeId, Exclusion> exclusions;
   std::vector<LoadAdjustment> load_adjustments;   // of the current attempt's routing
   int64_t reserve_us = 0;  // the current attempt's successful Reserve round trip to D
   int32_t decode_cached_tokens = 0;  // prompt tokens D held (KvDestination.cached_blocks)
@@ -178,7 +181,7 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
     int64_t prompt_tokens = 0;
   };
   enum class Outcome { kStarted, kNoRoom, kRerouted, kFailed };
-  // The request driver (generate_driver.cc).
+  // The request driver (generate_driver.cc; one attempt's start: start_attempt.cc).
   absl::Status GenerateUnmetered(const v1::GenerateRequest& req, const http::GenerateSink& sink);
   absl::Status Drive(const http::GenerateSink& sink, ActiveRequest& ar,
                      const std::vector<int32_t>& ids, const v1::SamplingParams& sampling,

@@ -273,6 +273,19 @@ absl::StatusOr<Effects> RequestTracker::OnPrefillFailed(const RequestId& request
   return fx;
 }
 
+absl::StatusOr<Effects> RequestTracker::OnSenderFenced(const RequestId& request,
+                                                       const NodeIncarnation& prefill,
+                                                       const absl::Status& error, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  DUET_ASSIGN_OR_RETURN(auto it, Lookup(request, "sender fenced"));
+  TrackedRequest& r = it->second;
+  if (!Prefilling(r.phase)) return WrongPhase(r, "sender fenced");
+  if (r.prefill != prefill) return WrongNode(r, "sender fenced", "prefill", prefill, r.prefill);
+  Effects fx;
+  PrefillFailedLocked(it, error, /*cancel_on_prefill=*/true, now, fx, /*counts=*/false);
+  return fx;
+}
+
 absl::StatusOr<Effects> RequestTracker::OnDecodeFailed(const RequestId& request,
                                                        const NodeIncarnation& decode,
                                                        const absl::Status& error, absl::Time now) {

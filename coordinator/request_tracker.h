@@ -15,7 +15,8 @@
 // the reservation and, if fewer than max_prefill_attempts prefills failed it, asks for
 // a retry on another prefill node (Effects::retries; TrackedRequest::failed_prefill are the nodes
 // to exclude); otherwise the request ends with an error listing every attempt. A prefill node
-// that was never reached (dead before its heartbeat lapsed) is excluded but uses up no attempt.
+// that was never reached (dead before its heartbeat lapsed), or that the decode node fenced while
+// it waited for the KV (OnSenderFenced), is excluded but uses up no attempt.
 // A decode node that gives a request back (preempted: OnDecodeLost) or dies with it (OnNodeDead)
 // sends it back to kReserve as well, to be resumed on another decode node from the prompt and
 // the tokens already streamed, up to max_resumes times; a dead one is excluded from then on. A
@@ -155,6 +156,12 @@ class RequestTracker {
   absl::StatusOr<Effects> OnPrefillFailed(const RequestId& request, const NodeIncarnation& prefill,
                                           const absl::Status& error, absl::Time now,
                                           bool unreached = false);
+  // D fenced P while it waited for the request's KV (ErrorReason::kSenderFenced, §8.11): the
+  // pair is unusable, not the request. Like OnPrefillFailed, P is excluded from the request and
+  // it is retried elsewhere (or ends, listing the attempts), but the attempt does not count
+  // and P is told to cancel its call (it may only be stopped, or cut off from D).
+  absl::StatusOr<Effects> OnSenderFenced(const RequestId& request, const NodeIncarnation& prefill,
+                                         const absl::Status& error, absl::Time now);
   // D gave the request back (preempted for room; it freed the blocks) or its token stream broke
   // (D died or is unreachable: `exclude` it from now on): back to kReserve to be resumed
   // elsewhere (Effects::retries), unless it was resumed max_resumes times (then it ends,

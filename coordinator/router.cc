@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -52,14 +53,35 @@ std::vector<NodeInfo> Eligible(const std::vector<NodeInfo>& nodes, NodeKind kind
   return out;
 }
 
+// "no prefill node available (1 live, excluded: prefill-0 (fenced by decode-0@5))". When every
+// live node of `kind` is excluded for the same reason (RouteRequest::exclusions), the refusal
+// carries it.
 absl::Status NoNode(NodeKind kind, const std::vector<NodeInfo>& nodes,
                     const std::vector<NodeId>& excluded, const RouteRequest& request) {
   int live = 0;
-  for (const NodeInfo& n : nodes) live += (n.alive && n.kind == kind) ? 1 : 0;
-  return absl::UnavailableError(absl::StrCat(
-      "request ", request.request_id, ": no ", NodeKindName(kind), " node available (", live,
-      " live", excluded.empty() ? "" : absl::StrCat(", excluded: ", absl::StrJoin(excluded, ",")),
-      ")"));
+  std::optional<ErrorReason> shared;  // of every live node's exclusion, while they agree
+  for (const NodeInfo& n : nodes) {
+    if (!n.alive || n.kind != kind) continue;
+    ++live;
+    auto e = request.exclusions.find(n.node.node_id);
+    const ErrorReason reason = e == request.exclusions.end() || !Contains(excluded, e->first)
+                                   ? ErrorReason::kNone
+                                   : e->second.reason;
+    shared = !shared.has_value() || *shared == reason ? reason : ErrorReason::kNone;
+  }
+  std::vector<std::string> listed;
+  for (auto id = excluded.begin(); id != excluded.end(); ++id) {
+    if (std::find(excluded.begin(), id, *id) != id) continue;  // listed once
+    auto e = request.exclusions.find(*id);
+    listed.push_back(e == request.exclusions.end() ? *id
+                                                   : absl::StrCat(*id, " (", e->second.why, ")"));
+  }
+  return WithReason(
+      absl::UnavailableError(absl::StrCat(
+          "request ", request.request_id, ": no ", NodeKindName(kind), " node available (", live,
+          " live", listed.empty() ? "" : absl::StrCat(", excluded: ", absl::StrJoin(listed, ",")),
+          ")")),
+      shared.value_or(ErrorReason::kNone));
 }
 
 }  // namespace

@@ -48,11 +48,22 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/error_reason.h"
 #include "common/kv/block_hash.h"
 #include "coordinator/node_registry.h"
 #include "coordinator/types.h"
 
 namespace duet::coordinator {
+
+// Why a node is excluded from a request's routes, where the earlier failures do not say it (D
+// refused the prefill node as fenced or unreachable, or fenced it during a transfer; the decode
+// node is suspect): a refusal lists it as "prefill-0 (fenced by decode-0@5)", and when every
+// live node of its kind is excluded for the same `reason`, the refusal carries that reason
+// (kSenderFenced: HTTP 503 "sender_fenced").
+struct Exclusion {
+  std::string why;  // "fenced by decode-0@5"
+  ErrorReason reason = ErrorReason::kNone;
+};
 
 struct RouteRequest {
   RequestId request_id;
@@ -60,6 +71,8 @@ struct RouteRequest {
   int64_t blocks_needed = 0;             // KV blocks the prompt takes on the decode node
   std::vector<NodeId> excluded_prefill;  // nodes that already failed this request
   std::vector<NodeId> excluded_decode;
+  // Why some of the excluded nodes (of either kind) are excluded (the others: earlier_failures).
+  absl::flat_hash_map<NodeId, Exclusion> exclusions;
   // Blocks the whole request may come to hold (prompt and every output token): a decode node
   // whose pool is smaller could never finish it. A prefill node's pool must hold blocks_needed.
   int64_t total_blocks_needed = 0;
@@ -183,12 +196,14 @@ class Router {
   static double Cost(const NodeInfo& prefill, const NodeInfo& decode, const RouteRequest& request,
                      const RouterWeights& weights);
 
-  // By the decode policy. UNAVAILABLE when no live, non-excluded decode node exists;
+  // By the decode policy. UNAVAILABLE when no live, non-excluded decode node exists (with the
+  // Exclusion::reason shared by every live one, if any);
   // RESOURCE_EXHAUSTED (naming each node's free blocks and batch) when none can fit its fresh
   // blocks (FreshBlocks) and a batch slot.
   absl::StatusOr<NodeInfo> PickDecode(const std::vector<NodeInfo>& nodes,
                                       const RouteRequest& request);
-  // By the prefill policy. UNAVAILABLE when no live, non-excluded prefill node exists.
+  // By the prefill policy. UNAVAILABLE when no live, non-excluded prefill node exists (with
+  // the Exclusion::reason shared by every live one, if any: e.g. each was fenced).
   absl::StatusOr<NodeInfo> PickPrefill(const std::vector<NodeInfo>& nodes,
                                        const RouteRequest& request);
 

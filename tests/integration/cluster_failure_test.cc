@@ -13,9 +13,12 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/error_reason.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/integration/http_exchange.h"
 
 namespace duet {
 namespace {
@@ -409,6 +412,89 @@ TEST_F(ClusterFailureTest, StoppedPrefillNodeServesAgainOnceItsFenceLifts1P1D) {
 
 TEST_F(ClusterFailureTest, StoppedPrefillNodeServesAgainOnceItsFenceLifts2P2D) {
   StoppedPrefillNodeServesAgainOnceItsFenceLifts(2, 2);
+}
+
+// A transfer that a fence kills reaches the client as what it is: 503 (UNAVAILABLE on the gRPC
+// API) with the reason sender_fenced and a message naming the fence and the sender, never a 500.
+// Before, the decode node's FINISH_REASON_ERROR became ABORTED (HTTP 500) without its reason,
+// or, when it came before the prefill node's first token, waited for that token until the
+// Prefill call broke (15 s) and ended as a plain "unavailable". prefill-0 is stopped (with a
+// heartbeat timeout that keeps it live) while two requests wait on decode-0 for its KV, and a
+// third is abandoned by its client: decode-0 quarantines that one's blocks and asks prefill-0,
+// which does not answer, so past --kv_quarantine_bound decode-0 fences it, which fails the two
+// waiting transfers. The coordinator routes each again without prefill-0, and with no other
+// prefill node refuses it at once (a short queue_timeout bounds any wait for a fenced pair).
+// Once prefill-0 runs again it confirms the transfers quiet, the fence lifts and the pair serves.
+TEST_F(ClusterFailureTest, TransferKilledByAFenceIsRefused503NamingTheFence) {
+  ServeProcess cluster(DUET_BIN,
+                       ClusterFlags(model_dir_, "shm", 1, 1,
+                                    {"--kv_quarantine_bound=1s", "--heartbeat_timeout_ms=30000",
+                                     "--queue_timeout_ms=2000", "--http_port=0"}));
+  ASSERT_TRUE(cluster.ready());
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(cluster.http_url().substr(17), &port)) << cluster.http_url();
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  v1::SamplingParams s;
+  s.set_max_tokens(4);
+  s.set_ignore_eos(true);
+  ASSERT_TRUE(Generate(*stub, Prompt(30, 1), s).status.ok());  // decode-0 connects to prefill-0
+  const absl::Time start = absl::Now();
+  Stopped stopped(cluster.pid_of("prefill-0"));
+  testing::Reply http;
+  Result grpc;
+  std::thread http_client([&] {
+    std::string prompt;
+    for (int32_t t : Prompt(30, 2)) absl::StrAppend(&prompt, prompt.empty() ? "" : ",", t);
+    http = testing::Exchange(
+        port, "POST", "/v1/completions",
+        absl::StrCat(R"({"prompt": [)", prompt, R"(], "max_tokens": 4, "ignore_eos": true})"));
+  });
+  std::thread grpc_client([&] { grpc = Generate(*stub, Prompt(30, 3), s, absl::Seconds(20)); });
+  // Both reserved on decode-0 (two blocks each held), waiting for prefill-0's KV.
+  v1::HealthResponse h;
+  bool reserved = false;
+  for (const absl::Time until = absl::Now() + absl::Seconds(5); !reserved && absl::Now() < until;
+       absl::SleepFor(absl::Milliseconds(20))) {
+    h = Health(*stub);
+    reserved = h.running_requests() == 2 &&
+               std::all_of(h.nodes().begin(), h.nodes().end(), [](const v1::NodeStatus& n) {
+                 return n.kind() != v1::NODE_KIND_DECODE ||
+                        n.load().total_blocks() - n.load().free_blocks() >= 4;
+               });
+  }
+  EXPECT_TRUE(reserved) << h.DebugString();
+  absl::SleepFor(absl::Milliseconds(200));
+  // Abandoned by its client: decode-0 quarantines its blocks and asks prefill-0 to confirm.
+  const Result abandoned = Generate(*stub, Prompt(30, 4), s, absl::Milliseconds(500));
+  EXPECT_EQ(abandoned.status.code(), absl::StatusCode::kDeadlineExceeded) << abandoned.status;
+  http_client.join();
+  grpc_client.join();
+  const absl::Duration refused = absl::Now() - start;
+  EXPECT_EQ(http.status, 503) << http.head << http.body;
+  EXPECT_NE(http.body.find(R"("code":"sender_fenced")"), std::string::npos) << http.body;
+  EXPECT_NE(http.body.find("prefill-0 (fenced by decode-0"), std::string::npos) << http.body;
+  EXPECT_EQ(grpc.status.code(), absl::StatusCode::kUnavailable) << grpc.status;
+  EXPECT_EQ(ReasonOf(grpc.status), ErrorReason::kSenderFenced) << grpc.status;
+  EXPECT_NE(grpc.status.message().find("prefill-0 (fenced by decode-0"), absl::string_view::npos)
+      << grpc.status;
+  std::printf("refused %.2f s after SIGSTOP\n", absl::ToDoubleSeconds(refused));
+
+  // decode-0's heartbeat reports the fence, so that its lifting is seen below.
+  for (const absl::Time until = absl::Now() + absl::Seconds(5);
+       FencedSenders(*stub) == 0 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_GT(FencedSenders(*stub), 0) << "decode-0's heartbeat never reported the fence";
+  stopped.Resume();
+  const absl::Time resumed = absl::Now();
+  while (FencedSenders(*stub) > 0 && absl::Now() < resumed + absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(FencedSenders(*stub), 0) << "still fenced 10 s after the prefill node resumed";
+  const Result again = Generate(*stub, Prompt(30, 5), s);
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.ids, Reference(Prompt(30, 5), {.max_tokens = 4, .ignore_eos = true}));
+  EXPECT_TRUE(EverythingFree(*stub, absl::Seconds(15)));
 }
 
 // `serve --loopback` survives its coordinator's death: it starts it again on the same address,

@@ -1,5 +1,6 @@
 #include "coordinator/request_tracker.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -375,6 +376,45 @@ TEST_F(RequestTrackerTest, UnreachedPrefillNodeIsExcludedWithoutUsingAnAttempt) 
   ASSERT_TRUE(fx.ok());
   EXPECT_EQ(fx->retries, (std::vector<RequestId>{"r1"}));
   EXPECT_TRUE(fx->finished.empty());
+}
+
+// D fenced the prefill node while it waited for the KV (in either prefill phase): the request
+// is released on D, the prefill node is told to cancel and excluded, and the request is retried
+// without using up an attempt, even where only one is allowed. The cause is kept for the
+// refusal that lists the attempts.
+TEST_F(RequestTrackerTest, SenderFencedDuringTheTransferIsExcludedWithoutUsingAnAttempt) {
+  TrackerOptions o = Opts();
+  o.max_prefill_attempts = 1;
+  CacheDirectory dir;
+  RequestTracker tracker(o, &dir);
+  ASSERT_TRUE(tracker.Start("r1", kT0).ok());
+  EXPECT_TRUE(tracker.OnReserved("r1", kD, {1, 2}, kT0).empty());
+  ASSERT_TRUE(tracker.OnPrefillStarted("r1", kP0, kT0).ok());
+  ASSERT_TRUE(tracker.OnFirstToken("r1", kP0, kT0).ok());  // kTransfer
+  // A stale report (another prefill node) changes nothing.
+  EXPECT_EQ(tracker.OnSenderFenced("r1", kP1, absl::UnavailableError("x"), kT0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<Effects> fx = tracker.OnSenderFenced(
+      "r1", kP0, absl::UnavailableError("d0@1 fenced it while waiting for the KV"), kT0);
+  ASSERT_TRUE(fx.ok()) << fx.status();
+  EXPECT_EQ(fx->releases, (std::vector<Effects::Release>{{"r1", kD}}));
+  EXPECT_EQ(fx->prefill_cancels, (std::vector<Effects::CancelPrefill>{{"r1", kP0}}));
+  EXPECT_EQ(fx->retries, (std::vector<RequestId>{"r1"}));
+  EXPECT_TRUE(fx->finished.empty());
+  std::optional<TrackedRequest> r = tracker.Find("r1");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->phase, Phase::kReserve);
+  EXPECT_EQ(r->prefill_failures, 0);
+  EXPECT_EQ(r->failed_prefill, (std::vector<NodeId>{"p0"}));
+  ASSERT_EQ(r->prefill_errors.size(), 1u);
+  EXPECT_TRUE(Contains(r->prefill_errors[0], "p0@1: d0@1 fenced it")) << r->prefill_errors[0];
+  EXPECT_EQ(dir.StateOf("r1"), KvState::kAbsent);
+  // Once admitted, there is no transfer left to fence.
+  tracker.OnReserved("r1", kD, {3}, kT0);
+  ASSERT_TRUE(tracker.OnPrefillStarted("r1", kP1, kT0).ok());
+  ASSERT_TRUE(tracker.OnAdmitted("r1", kD, kT0).ok());
+  EXPECT_EQ(tracker.OnSenderFenced("r1", kP1, absl::UnavailableError("x"), kT0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // Prefills of resumed attempts are not failures: a request resumed after its first prefill

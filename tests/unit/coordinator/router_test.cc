@@ -135,6 +135,64 @@ TEST(RouterTest, RefusalNamesWhyTheExcludedNodesFailedBefore) {
       << msg;
 }
 
+// A refusal says why each excluded node is excluded where the caller knows it (D refused it as
+// fenced or unreachable; a suspect decode node), and carries the reason when it is why every
+// live node of that kind is excluded: a request whose only prefill node its decode node fenced
+// is refused UNAVAILABLE with kSenderFenced (HTTP 503 "sender_fenced"), never without a cause.
+TEST(RouterTest, RefusalNamesWhyEachNodeIsExcludedAndCarriesTheSharedReason) {
+  for (RouterMode mode : {RouterMode::kCacheAware, RouterMode::kLoad}) {
+    Router router(mode);
+    RouteRequest req = Req(1);
+    req.excluded_prefill = {"p0", "p0"};  // listed once
+    req.exclusions["p0"] = {.why = "fenced by d0@1", .reason = ErrorReason::kSenderFenced};
+    auto fenced = router.Pick({D("d0", 90, 0)}, {P("p0", 0)}, req);
+    ASSERT_FALSE(fenced.ok());
+    EXPECT_EQ(fenced.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(ReasonOf(fenced.status()), ErrorReason::kSenderFenced) << fenced.status();
+    EXPECT_NE(fenced.status().message().find(
+                  "no prefill node available (1 live, excluded: p0 (fenced by d0@1))"),
+              absl::string_view::npos)
+        << fenced.status();
+
+    // Two live prefill nodes, excluded for different causes: each named, no shared reason.
+    req.excluded_prefill = {"p0", "p1"};
+    req.exclusions["p1"] = {.why = "unreachable from d0@1",
+                            .reason = ErrorReason::kSenderUnreachable};
+    auto mixed = router.Pick({D("d0", 90, 0)}, {P("p0", 0), P("p1", 0)}, req);
+    ASSERT_FALSE(mixed.ok());
+    EXPECT_EQ(ReasonOf(mixed.status()), ErrorReason::kNone) << mixed.status();
+    EXPECT_NE(
+        mixed.status().message().find("excluded: p0 (fenced by d0@1),p1 (unreachable from d0@1))"),
+        absl::string_view::npos)
+        << mixed.status();
+    // One excluded for a cause the earlier failures give (no exclusion): no shared reason.
+    req.exclusions.erase("p1");
+    auto failed = router.Pick({D("d0", 90, 0)}, {P("p0", 0), P("p1", 0)}, req);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_EQ(ReasonOf(failed.status()), ErrorReason::kNone) << failed.status();
+    EXPECT_NE(failed.status().message().find("excluded: p0 (fenced by d0@1),p1)"),
+              absl::string_view::npos)
+        << failed.status();
+    // A dead prefill node does not count: the live one's reason is the refusal's.
+    NodeInfo dead = P("p1", 0);
+    dead.alive = false;
+    auto with_dead = router.Pick({D("d0", 90, 0)}, {P("p0", 0), dead}, req);
+    ASSERT_FALSE(with_dead.ok());
+    EXPECT_EQ(ReasonOf(with_dead.status()), ErrorReason::kSenderFenced) << with_dead.status();
+
+    // A suspect decode node is named as such.
+    RouteRequest suspect = Req(1);
+    suspect.excluded_decode = {"d0"};
+    suspect.exclusions["d0"] = {.why = "suspect until its next heartbeat"};
+    auto no_d = router.Pick({D("d0", 90, 0)}, {P("p0", 0)}, suspect);
+    ASSERT_FALSE(no_d.ok());
+    EXPECT_EQ(ReasonOf(no_d.status()), ErrorReason::kNone);
+    EXPECT_NE(no_d.status().message().find("excluded: d0 (suspect until its next heartbeat))"),
+              absl::string_view::npos)
+        << no_d.status();
+  }
+}
+
 // Nodes whose whole pool is smaller than the request can grow to (decode) or than its prompt
 // (prefill) are never picked, and the refusal says so.
 TEST(RouterTest, NodesWhosePoolCanNeverHoldTheRequestAreSkipped) {

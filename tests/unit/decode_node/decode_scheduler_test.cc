@@ -663,5 +663,39 @@ TEST(DecodeSchedulerQuarantine, SilentSenderIsFencedAfterTheBoundUntilItAnswers)
   EXPECT_TRUE(h.scheduler().Release("s").found);
 }
 
+// A request waiting for its KV when the decode node fences its sender (another transfer of that
+// sender was released and never confirmed quiet) ends with kError whose status keeps the reason
+// kSenderFenced and names the sender: the coordinator routes it again without that sender, and
+// a client is told 503 sender_fenced rather than a server error.
+TEST(DecodeSchedulerQuarantine, WaitingRequestOfAFencedSenderFailsWithTheReason) {
+  DecodeHarness h;
+  ASSERT_TRUE(h.Init({.kv_quarantine_bound = absl::Milliseconds(200)}).ok());
+  const std::vector<int32_t> prompt = h.Encode("a sender that stops answering");
+  auto abandoned = h.scheduler().Reserve(h.Args("q", prompt, {.max_tokens = 4}));
+  ASSERT_TRUE(abandoned.ok()) << abandoned.status();
+  ASSERT_TRUE(h.Prefill(prompt, {.max_tokens = 4}, *abandoned, /*layers_to_send=*/1).ok());
+  auto waiting = h.scheduler().Reserve(h.Args("w", prompt, {.max_tokens = 4}));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  auto stream = h.scheduler().Subscribe("w");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_TRUE(h.scheduler().Release("q").found);  // quarantined; the sender never answers
+  std::vector<DecodeEvent> events = DrainStream(**stream, absl::Seconds(5));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish, FinishReason::kError);
+  const absl::Status& error = events[0].error;
+  EXPECT_EQ(error.code(), absl::StatusCode::kUnavailable) << error;
+  EXPECT_EQ(ReasonOf(error), ErrorReason::kSenderFenced) << error;
+  EXPECT_NE(error.message().find("sender 'prefill-0' was fenced"), absl::string_view::npos)
+      << error;
+  EXPECT_EQ(h.scheduler().quarantine_stats().fenced_senders, 1);
+  // The sender answers: the fence lifts and every block comes back.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        h.sender().ServeQuietRequests();
+        return h.scheduler().quarantine_stats().fenced_senders == 0 && AllFree(h);
+      },
+      absl::Seconds(5)));
+}
+
 }  // namespace
 }  // namespace duet::decode

@@ -8,10 +8,12 @@
 #include <vector>
 
 #include "common/base/clock.h"
+#include "common/base/error_reason.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
 #include "proto/sampling_convert.h"
+#include "proto/status_util.h"
 #include "tests/unit/decode_node/decode_test_util.h"
 
 namespace duet::decode {
@@ -21,8 +23,9 @@ using testing::DecodeHarness;
 
 class DecodeServiceTest : public ::testing::Test {
  protected:
+  virtual testing::HarnessOptions Options() const { return {}; }
   void SetUp() override {
-    ASSERT_TRUE(h_.Init({}).ok());
+    ASSERT_TRUE(h_.Init(Options()).ok());
     service_ =
         std::make_unique<DecodeService>(&h_.scheduler(),
                                         DecodeServiceIdentity{.node_id = "decode-0",
@@ -206,6 +209,43 @@ TEST_F(DecodeServiceTest, ReleaseEndsAnOpenStreamCancelled) {
   EXPECT_EQ(last, v1::FINISH_REASON_CANCELLED);
   const kv::BlockPoolStats stats = h_.d_pool().Stats();
   EXPECT_EQ(stats.available(), stats.total);
+}
+
+// A decode node that fences the sender of a request still waiting for its KV (it never confirmed
+// an abandoned transfer quiet) ends that request's stream with one ERROR event and the status
+// UNAVAILABLE whose ErrorDetail keeps the reason sender_fenced: the wire contract the coordinator
+// routes by (without that sender), never words in the message.
+class DecodeServiceFenceTest : public DecodeServiceTest {
+ protected:
+  testing::HarnessOptions Options() const override {
+    return {.kv_quarantine_bound = absl::Milliseconds(200)};
+  }
+};
+
+TEST_F(DecodeServiceFenceTest, StreamOfATransferKilledByAFenceKeepsTheReason) {
+  const model::SamplingParams params{.max_tokens = 4};
+  const std::vector<int32_t> prompt = h_.Encode("a sender that stops answering");
+  grpc::ClientContext c1, c2, c3;
+  v1::ReserveResponse abandoned, waiting;
+  ASSERT_TRUE(stub_->Reserve(&c1, MakeReserve("q", prompt, params), &abandoned).ok());
+  Reservation res{.transfer_id = abandoned.destination().transfer_id(),
+                  .cached_blocks = abandoned.destination().cached_blocks(),
+                  .blocks = {abandoned.destination().block_ids().begin(),
+                             abandoned.destination().block_ids().end()}};
+  ASSERT_TRUE(h_.Prefill(prompt, params, res, /*layers_to_send=*/1).ok());
+  ASSERT_TRUE(stub_->Reserve(&c2, MakeReserve("w", prompt, params), &waiting).ok());
+  v1::ReleaseRequest rel;
+  rel.set_request_id("q");
+  v1::ReleaseResponse rel_resp;
+  ASSERT_TRUE(stub_->Release(&c3, rel, &rel_resp).ok());  // quarantined; never confirmed
+  std::vector<v1::TokenEvent> events;
+  const grpc::Status st = ReadAll("w", &events);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish_reason(), v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  const absl::Status s = rpc::FromGrpcStatus(st);
+  EXPECT_EQ(ReasonOf(s), ErrorReason::kSenderFenced) << s;
+  EXPECT_NE(s.message().find("'prefill-0' was fenced"), absl::string_view::npos) << s;
 }
 
 }  // namespace
