@@ -165,11 +165,14 @@ absl::StatusOr<transfer::PeerId> PrefillService::ConnectPeer(const std::string& 
       absl::MutexLock lock(&mu_);
       peers_.erase(address);
     }
-    // Close the dead endpoint; the peer's address names one process incarnation, so a fresh
-    // Connect to it would fail the same way.
-    (void)transport_->Disconnect(cached, absl::Now());
-    return absl::UnavailableError(
-        absl::StrCat("decode node ", node_name, " is unavailable: ", s.message()));
+    // FailedPrecondition: this side closed the endpoint (its writes were revoked by a fence and
+    // stuck): connect afresh. Otherwise the endpoint was lost: close it; the peer's address
+    // names one process incarnation, so a fresh Connect to it would fail the same way.
+    if (!absl::IsFailedPrecondition(s)) {
+      (void)transport_->Disconnect(cached, absl::Now());
+      return absl::UnavailableError(
+          absl::StrCat("decode node ", node_name, " is unavailable: ", s.message()));
+    }
   }
   absl::StatusOr<transfer::PeerId> peer =
       transport_->Connect(address, std::min(deadline, absl::Now() + options_.connect_timeout));

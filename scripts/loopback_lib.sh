@@ -10,6 +10,7 @@ start_loopback() {
   "$duet" serve --loopback "$@" >"$out/serve.out" 2>"$out/serve.err" &
   SERVE=$!
   trap 'kill "$SERVE" 2>/dev/null; wait "$SERVE" 2>/dev/null || true' EXIT
+  trap 'exit 130' INT TERM  # so that EXIT runs (and stops the cluster) when killed
   for _ in $(seq 1 600); do
     grep -q '^ready ' "$out/serve.out" && break
     kill -0 "$SERVE" 2>/dev/null || { cat "$out/serve.err" >&2; exit 1; }

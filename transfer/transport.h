@@ -95,6 +95,10 @@ struct TransportOptions {
   // inproc only: false models a peer that maps this side's region (shared memory), whose
   // writes Fence cannot stop (FenceResult::revoked false). For tests of the fencing rules.
   bool inproc_revocable = true;
+  // inproc only: while it holds true, this side's writes (and their notices) neither land nor
+  // end, through Cancel too, as on a tcp connection whose link is black-holed, until Disconnect
+  // ends them (Aborted). For tests of what a stuck endpoint does to quiet and fences.
+  std::shared_ptr<std::atomic<bool>> inproc_black_hole;
 };
 
 // What Transport::Fence could guarantee about a fenced peer.
@@ -228,7 +232,8 @@ class Transport {
   // fence). Errors as Connect; NotFound for an unknown peer.
   virtual absl::StatusOr<PeerId> Redial(PeerId peer, absl::Time deadline) = 0;
   virtual absl::StatusOr<PeerInfo> GetPeerInfo(PeerId peer) = 0;
-  // OK while the peer is usable; the error (Unavailable, naming the peer) once it is lost.
+  // OK while the peer is usable; the error (Unavailable, naming the peer) once it is lost;
+  // FailedPrecondition once this side closed it (Disconnect); NotFound for an unknown peer.
   virtual absl::Status PeerStatus(PeerId peer) = 0;
   // Closes the endpoint after in-flight writes finish or `deadline` passes (then forcibly).
   virtual absl::Status Disconnect(PeerId peer, absl::Time deadline) = 0;

@@ -57,6 +57,9 @@ struct Peer {
   PeerAddress address;
   std::shared_ptr<Endpoint> ep;
   bool closed = false;
+  // Writes posted into a black hole (TransportOptions::inproc_black_hole): pending until
+  // Disconnect.
+  std::vector<std::shared_ptr<internal::TransferRecord>> held;
 };
 
 class InprocTransport : public Transport {
@@ -158,6 +161,10 @@ class InprocTransport : public Transport {
 
   absl::Status PeerStatus(PeerId peer) override {
     absl::MutexLock lock(&mu_);
+    if (auto it = peers_.find(peer); it != peers_.end() && it->second.closed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("peer '", it->second.address.name, "' was disconnected"));
+    }
     DUET_ASSIGN_OR_RETURN(Peer * p, FindPeer(peer));
     absl::MutexLock peer_lock(&p->ep->mu);
     if (!p->ep->alive) {
@@ -170,6 +177,11 @@ class InprocTransport : public Transport {
     absl::MutexLock lock(&mu_);
     DUET_ASSIGN_OR_RETURN(Peer * p, FindPeer(peer));
     p->closed = true;
+    for (auto& rec : p->held) {
+      rec->Complete(absl::AbortedError("endpoint closed by Disconnect"));
+      stats_.Ended(TransferState::kFailed);
+    }
+    p->held.clear();
     return absl::OkStatus();
   }
 
@@ -215,6 +227,11 @@ class InprocTransport : public Transport {
     {
       absl::MutexLock lock(&mu_);
       DUET_ASSIGN_OR_RETURN(Peer * p, FindPeer(peer));
+      if (options_.inproc_black_hole != nullptr && options_.inproc_black_hole->load()) {
+        for (const WriteOp& op : ops) stats_.Posted(op.length);
+        p->held.push_back(std::make_shared<internal::TransferRecord>());
+        return TransferHandle(p->held.back());
+      }
       ep = p->ep;
       peer_name = p->address.name;
     }

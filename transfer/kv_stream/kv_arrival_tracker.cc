@@ -380,6 +380,7 @@ void KvArrivalTracker::AskFencedSenders(absl::Time now) {
   struct Ask {
     uint64_t instance;
     PeerId peer, ask_peer;
+    bool revoked;  // its writes cannot land here any more: it may drop what is stuck
     std::vector<uint64_t> ids;
   };
   std::vector<Ask> asks;
@@ -388,14 +389,18 @@ void KvArrivalTracker::AskFencedSenders(absl::Time now) {
     for (auto& [instance, f] : fenced_) {
       if (!f.done || f.owed.empty() || now < f.next_ask) continue;
       f.next_ask = now + options_.fence_ask_interval;
-      asks.push_back({instance, f.peer, f.ask_peer, {f.owed.begin(), f.owed.end()}});
+      asks.push_back(
+          {instance, f.peer, f.ask_peer, f.result.revoked, {f.owed.begin(), f.owed.end()}});
     }
   }
   for (Ask& a : asks) {
     auto post = [&](PeerId to) {
       for (uint64_t id : a.ids) {
-        absl::StatusOr<TransferHandle> h = transport_->PostWrite(
-            to, {}, EncodeKvNotice({.kind = KvNoticeKind::kQuietRequest, .request_id = id}));
+        absl::StatusOr<TransferHandle> h =
+            transport_->PostWrite(to, {},
+                                  EncodeKvNotice({.kind = KvNoticeKind::kQuietRequest,
+                                                  .request_id = id,
+                                                  .writes_revoked = a.revoked}));
         if (!h.ok()) return false;
       }
       return true;

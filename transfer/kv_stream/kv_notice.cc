@@ -33,7 +33,11 @@ std::string EncodeKvNotice(const KvNotice& n) {
   out[1] = static_cast<char>(n.kind);
   std::memcpy(out.data() + 2, &n.request_id, 8);
   std::memcpy(out.data() + 10, &n.layer, 4);
-  out += n.payload;
+  if (n.kind == KvNoticeKind::kQuietRequest) {
+    out.push_back(n.writes_revoked ? '\1' : '\0');
+  } else {
+    out += n.payload;
+  }
   return out;
 }
 
@@ -49,7 +53,11 @@ absl::StatusOr<KvNotice> DecodeKvNotice(const std::string& bytes) {
   n.kind = static_cast<KvNoticeKind>(kind);
   std::memcpy(&n.request_id, bytes.data() + 2, 8);
   std::memcpy(&n.layer, bytes.data() + 10, 4);
-  n.payload = bytes.substr(kHeader);
+  if (n.kind == KvNoticeKind::kQuietRequest) {
+    n.writes_revoked = bytes.size() > kHeader && bytes[kHeader] == '\1';
+  } else {
+    n.payload = bytes.substr(kHeader);
+  }
   return n;
 }
 

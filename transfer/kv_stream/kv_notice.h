@@ -3,7 +3,9 @@
 // and metadata), or one kAborted notice (the sender stopped and has nothing in flight). The
 // other way, from the receiver: kQuietRequest ("I gave up on this request: stop writing it and
 // confirm"), answered by the sender with kQuiet once none of its writes for the request can
-// still land (docs/design.md invariant 4).
+// still land (docs/design.md invariant 4). A kQuietRequest with writes_revoked says more: the
+// receiver fenced the sender and revoked its writes (none can land any more), so the sender
+// may drop whatever of them is still stuck on its side (a black-holed tcp connection) at once.
 //
 //   std::string bytes = EncodeKvNotice({.kind = KvNoticeKind::kLayer, .request_id = 7, .layer =
 //   3}); DUET_ASSIGN_OR_RETURN(KvNotice n, DecodeKvNotice(bytes));
@@ -30,6 +32,7 @@ struct KvNotice {
   uint64_t request_id = 0;
   int32_t layer = -1;   // kLayer
   std::string payload;  // kFinal: first token + metadata (opaque here); kAborted: reason
+  bool writes_revoked = false;  // kQuietRequest only (see above)
 };
 
 std::string EncodeKvNotice(const KvNotice& n);

@@ -1,6 +1,7 @@
 #include "transfer/kv_stream/kv_stream_sender.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -11,6 +12,9 @@
 namespace duet::transfer {
 
 namespace {
+// How long closing an endpoint with revoked, stuck writes waits before it closes forcibly.
+constexpr absl::Duration kStuckCloseWait = absl::Milliseconds(100);
+
 absl::Status AbandonedError(uint64_t request_id) {
   return absl::AbortedError(
       absl::StrCat("request ", request_id, ": the receiver gave up on it (asked for quiet)"));
@@ -247,16 +251,34 @@ absl::Status KvStreamSender::Abort(uint64_t request_id, absl::Time deadline,
   }
   for (TransferHandle& h : handles) h.Cancel();
   for (const TransferHandle& h : handles) {
-    if (absl::IsDeadlineExceeded(h.Wait(deadline))) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "request ", request_id, ": cancelled writes still in flight at the deadline"));
+    if (!absl::IsDeadlineExceeded(h.Wait(deadline))) continue;
+    absl::Status closed = CloseStuckEndpoint(peer);
+    {
+      absl::MutexLock lock(&mu_);
+      active_.erase(request_id);
     }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "request ", request_id, ": cancelled writes still in flight at the deadline; their ",
+        "endpoint was closed", closed.ok() ? "" : absl::StrCat(" (", closed.message(), ")")));
   }
   {
     absl::MutexLock lock(&mu_);
     active_.erase(request_id);
   }
   return SendAbortNotice(transport_, peer, request_id, reason, deadline);
+}
+
+absl::Status KvStreamSender::CloseStuckEndpoint(PeerId peer) {
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    for (const auto& [id, a] : active_) {
+      if (a.request.peer == peer) cut_[{a.receiver_instance, id}] = now;
+    }
+  }
+  DUET_LOG(WARNING) << "KvStreamSender: closing the endpoint to peer " << peer
+                    << ": cancelled writes are stuck on it";
+  return transport_->Disconnect(peer, absl::Now() + kStuckCloseWait);
 }
 
 absl::Status SendAbortNotice(Transport* transport, PeerId peer, uint64_t request_id,
@@ -284,6 +306,7 @@ absl::StatusOr<TransferHandle> KvStreamSender::LayerHandle(uint64_t request_id, 
 int KvStreamSender::ServeQuietRequests() {
   std::vector<Notice> notices = transport_->DrainNotices();
   std::vector<std::pair<PeerId, uint64_t>> answers;
+  std::set<PeerId> stuck;  // endpoints whose cancelled writes the receiver has revoked
   {
     absl::MutexLock lock(&mu_);
     for (const Notice& n : notices) {
@@ -298,11 +321,13 @@ int KvStreamSender::ServeQuietRequests() {
                           << " from a receiver we are not connected to; dropped";
         continue;
       }
-      quiet_asks_.push_back({n.peer, n.sender_instance, kn->request_id});
+      quiet_asks_.push_back({n.peer, n.sender_instance, kn->request_id, kn->writes_revoked});
     }
     const absl::Time now = absl::Now();
-    for (auto it = answered_.begin(); it != answered_.end();) {
-      it = now - it->second > absl::Hours(1) ? answered_.erase(it) : std::next(it);
+    for (auto* m : {&answered_, &cut_}) {
+      for (auto it = m->begin(); it != m->end();) {
+        it = now - it->second > absl::Hours(1) ? m->erase(it) : std::next(it);
+      }
     }
     for (auto ask = quiet_asks_.begin(); ask != quiet_asks_.end();) {
       auto it = active_.find(ask->request_id);
@@ -320,14 +345,27 @@ int KvStreamSender::ServeQuietRequests() {
         bool quiet = true;
         for (const TransferHandle& h : a.handles) quiet &= h.Poll() != TransferState::kPending;
         if (!quiet) {
+          // Cancelled, still pending, and the receiver says none of them can land (it fenced
+          // us and revoked our writes): they are stuck on our endpoint (a tcp connection in
+          // retransmission backoff after a black hole), which closing ends at once.
+          if (ask->writes_revoked) stuck.insert(a.request.peer);
           ++ask;
           continue;
         }
+      } else if (cut_.count({ask->receiver_instance, ask->request_id}) && !ask->writes_revoked) {
+        // Ended by closing a stuck endpoint: bytes of it may still be in the network. The
+        // receiver fences us after its bound and asks again, saying it revoked our writes.
+        ask = quiet_asks_.erase(ask);
+        continue;
       }
       answered_[{ask->receiver_instance, ask->request_id}] = now;
       answers.emplace_back(ask->peer, ask->request_id);
       ask = quiet_asks_.erase(ask);
     }
+  }
+  for (PeerId peer : stuck) {
+    absl::Status s = CloseStuckEndpoint(peer);
+    if (!s.ok() && !absl::IsNotFound(s)) DUET_LOG(WARNING) << "KvStreamSender: " << s;
   }
   int sent = 0;
   for (const auto& [peer, id] : answers) {

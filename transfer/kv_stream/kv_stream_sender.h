@@ -83,7 +83,11 @@ class KvStreamSender {
   // DeadlineExceeded (the request is kept).
   absl::Status Wait(uint64_t request_id, absl::Time deadline);
   // Cancels the request's writes, waits until none is in flight, then sends kAborted (unless
-  // the peer is gone) so the receiver can reuse its blocks; forgets the request.
+  // the peer is gone) so the receiver can reuse its blocks; forgets the request. Writes still
+  // in flight at `deadline` are stuck on their endpoint (a black-holed tcp link in
+  // retransmission backoff): the endpoint is closed so that they end, the request is
+  // forgotten, and DeadlineExceeded says so. Their bytes may still be in the network, so the
+  // request is then confirmed quiet only to a receiver that says it revoked our writes.
   absl::Status Abort(uint64_t request_id, absl::Time deadline, const std::string& reason = "");
   // Answers receivers that gave up on a request (docs/design.md invariant 4): drains this
   // transport's notices and, for each kQuietRequest, stops the request's writes (as Abort
@@ -116,12 +120,16 @@ class KvStreamSender {
     PeerId peer = 0;
     uint64_t receiver_instance = 0;
     uint64_t request_id = 0;
+    bool writes_revoked = false;  // the receiver fenced us: none of our writes can land there
   };
   // Posts one layer's write / the final notice (the caller checked the layer is unposted).
   absl::Status PostLayerLocked(uint64_t id, Active& a, int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PostFinalLocked(uint64_t id, Active& a, std::string payload)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool HasStagedLocked(const Active& a);
+  // Closes `peer`'s endpoint, whose cancelled writes do not end (stuck), so that they do;
+  // every request streaming to it is recorded in cut_ first.
+  absl::Status CloseStuckEndpoint(PeerId peer) ABSL_LOCKS_EXCLUDED(mu_);
 
   KvStreamSender(Transport* transport, const kv::KvLayout& layout, int64_t local_num_blocks)
       : transport_(transport), layout_(layout), local_num_blocks_(local_num_blocks) {}
@@ -134,6 +142,9 @@ class KvStreamSender {
   std::vector<QuietAsk> quiet_asks_ ABSL_GUARDED_BY(mu_);  // not answered yet
   // (receiver instance, request id) answered quiet: Begin refuses them. Pruned after an hour.
   std::map<std::pair<uint64_t, uint64_t>, absl::Time> answered_ ABSL_GUARDED_BY(mu_);
+  // (receiver instance, request id) whose writes were ended by closing a stuck endpoint: quiet
+  // is confirmed only to an ask that says our writes were revoked. Pruned after an hour.
+  std::map<std::pair<uint64_t, uint64_t>, absl::Time> cut_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace duet::transfer

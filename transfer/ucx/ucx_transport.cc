@@ -55,6 +55,14 @@ absl::Status UcxTransport::Init() {
     return absl::InvalidArgumentError(
         absl::StrCat("keepalive must be positive, got ", absl::FormatDuration(options_.keepalive)));
   }
+  // tcp connects without blocking the progress thread: with UCX's default a connect to an
+  // unreachable peer (a black-holed link, a fence's re-ask) holds the worker, and every other
+  // peer's transfers with it, in connect() through the kernel's SYN retries (up to minutes),
+  // and a connect made after the link returns waits for the next retry. UCX reads this
+  // transport setting from the environment only (ucp_config_modify does not reach it); one set
+  // by the user still decides. Transports are created at startup, before other threads read
+  // the environment.
+  setenv("UCX_TCP_CONN_NB", "y", /*overwrite=*/0);
   ucp_config_t* raw_config = nullptr;
   DUET_UCX_RETURN_IF_ERROR(ucp_config_read(nullptr, nullptr, &raw_config));
   ucx::ConfigPtr config(raw_config);
@@ -407,7 +415,10 @@ absl::Status UcxTransport::PeerStatus(PeerId peer) {
 }
 
 absl::Status UcxTransport::Disconnect(PeerId peer, absl::Time deadline) {
-  // Refuse new writes, wait for the peer's transfers to end, then close the endpoint.
+  // Refuse new writes, wait for the peer's transfers to end, then close the endpoint. The
+  // worker calls get a grace beyond `deadline` (a busy progress thread is not a reason to
+  // leave the endpoint open); transfers still running at `deadline` are cut by a forced close.
+  const absl::Time grace = deadline + absl::Seconds(3);
   auto busy = std::make_shared<std::atomic<bool>>(true);
   DUET_RETURN_IF_ERROR(RunOnWorker(
       [this, peer] {
@@ -416,9 +427,9 @@ absl::Status UcxTransport::Disconnect(PeerId peer, absl::Time deadline) {
         it->second->closing = true;
         return absl::OkStatus();
       },
-      deadline));
-  while (true) {
-    DUET_RETURN_IF_ERROR(RunOnWorker(
+      grace));
+  while (absl::Now() < deadline) {
+    absl::Status s = RunOnWorker(
         [this, peer, busy] {
           bool any = false;
           for (const auto& t : active_)
@@ -426,8 +437,8 @@ absl::Status UcxTransport::Disconnect(PeerId peer, absl::Time deadline) {
           busy->store(any);
           return absl::OkStatus();
         },
-        deadline));
-    if (!busy->load() || absl::Now() >= deadline) break;
+        deadline);
+    if (!s.ok() || !busy->load()) break;
     absl::SleepFor(absl::Microseconds(200));
   }
   const bool force = busy->load();
@@ -453,7 +464,7 @@ absl::Status UcxTransport::Disconnect(PeerId peer, absl::Time deadline) {
         conns_.erase(it);
         return absl::OkStatus();
       },
-      deadline + absl::Seconds(3));
+      grace);
   absl::MutexLock lock(&peers_mu_);
   auto it = peers_.find(peer);
   if (it != peers_.end()) it->second->closed = true;

@@ -93,6 +93,24 @@ class KvStreamTest : public ::testing::Test {
   std::unique_ptr<KvArrivalTracker> tracker_;
 };
 
+// Notices survive encoding, a quiet ask's writes_revoked included (only there).
+TEST(KvNoticeTest, RoundTripsEveryKind) {
+  for (const KvNotice& n :
+       {KvNotice{.kind = KvNoticeKind::kLayer, .request_id = 7, .layer = 3},
+        KvNotice{.kind = KvNoticeKind::kFinal, .request_id = 8, .payload = "tok"},
+        KvNotice{.kind = KvNoticeKind::kQuietRequest, .request_id = 9},
+        KvNotice{.kind = KvNoticeKind::kQuietRequest, .request_id = 10, .writes_revoked = true},
+        KvNotice{.kind = KvNoticeKind::kQuiet, .request_id = 11}}) {
+    absl::StatusOr<KvNotice> back = DecodeKvNotice(EncodeKvNotice(n));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->kind, n.kind);
+    EXPECT_EQ(back->request_id, n.request_id);
+    EXPECT_EQ(back->layer, n.layer);
+    EXPECT_EQ(back->payload, n.payload);
+    EXPECT_EQ(back->writes_revoked, n.writes_revoked) << n.request_id;
+  }
+}
+
 TEST_F(KvStreamTest, LayersThenFinalMakeReadyAndBytesMatch) {
   auto local = *p_pool_->Allocate(3);
   auto remote = *d_pool_->Allocate(3);

@@ -5,6 +5,7 @@
 // sender confirms every transfer it was fenced for.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "common/base/clock.h"
@@ -36,7 +37,8 @@ class QuarantineBoundTest : public ::testing::TestWithParam<bool> {
  protected:
   bool shm() const { return GetParam(); }
   void SetUp() override {
-    p_ = *CreateTransport("inproc", {.name = "prefill", .layout = Layout()});
+    p_ = *CreateTransport(
+        "inproc", {.name = "prefill", .layout = Layout(), .inproc_black_hole = black_hole_});
     d_ = *CreateTransport("inproc",
                           {.name = "decode", .layout = Layout(), .inproc_revocable = !shm()});
     p_region_ = *p_->AllocateRegion(Layout().RegionBytes(kBlocks));
@@ -77,6 +79,8 @@ class QuarantineBoundTest : public ::testing::TestWithParam<bool> {
     return true;
   }
 
+  // While true, P's writes neither land nor end (its link to D black-holed).
+  std::shared_ptr<std::atomic<bool>> black_hole_ = std::make_shared<std::atomic<bool>>(false);
   std::unique_ptr<Transport> p_, d_;
   std::unique_ptr<MemoryRegion> p_region_, d_region_;
   std::unique_ptr<kv::BlockPool> p_pool_, d_pool_;
@@ -199,6 +203,102 @@ TEST_P(QuarantineBoundTest, FenceLiftsOnceTheSenderConfirmsAndThePairServesAgain
   absl::StatusOr<std::string> ready = tracker_->WaitReady(9, DeadlineIn(absl::Seconds(2)));
   ASSERT_TRUE(ready.ok()) << ready.status();
   EXPECT_EQ(*ready, "first-token");
+}
+
+// P's link to D black-holed: its cancelled writes stay pending on its endpoint (as on a tcp
+// connection in retransmission backoff), so it cannot confirm them quiet and is fenced. Where
+// the fence revoked them, D's asks say so and P closes that endpoint: the writes end, P answers
+// once the link is back, and the fence lifts at once (not when tcp would next retransmit).
+// Where they were not revoked (shared memory), P keeps its endpoint and the fence stays.
+TEST_P(QuarantineBoundTest, WritesStuckOnABlackHoledLinkEndOnceTheFenceRevokedThem) {
+  *black_hole_ = true;
+  BeginAndAbort(11, 3);
+  ASSERT_TRUE(PumpUntil(
+      [&] {
+        sender_->ServeQuietRequests();
+        return tracker_->fenced_senders() == 1;
+      },
+      kBound * 4));
+  if (shm()) {
+    *black_hole_ = false;
+    EXPECT_FALSE(PumpUntil(
+        [&] {
+          sender_->ServeQuietRequests();
+          return tracker_->fenced_senders() == 0;
+        },
+        kBound * 2));
+    EXPECT_TRUE(p_->PeerStatus(to_d_).ok()) << p_->PeerStatus(to_d_);
+    return;
+  }
+  // D's revoked asks reach P while its writes are still black-holed: it drops them.
+  ASSERT_TRUE(PumpUntil(
+      [&] {
+        sender_->ServeQuietRequests();
+        return absl::IsFailedPrecondition(p_->PeerStatus(to_d_));
+      },
+      absl::Seconds(2)));
+  *black_hole_ = false;  // the link is back
+  const absl::Time back = absl::Now();
+  ASSERT_TRUE(PumpUntil(
+      [&] {
+        sender_->ServeQuietRequests();
+        return tracker_->fenced_senders() == 0;
+      },
+      absl::Seconds(2)));
+  EXPECT_LT(absl::Now() - back, absl::Seconds(1));
+  EXPECT_EQ(tracker_->fences_lifted(), 1);
+  EXPECT_EQ(d_pool_->Stats().free, kBlocks);
+  // A new request streams over a fresh endpoint and lands.
+  const PeerId to_d = *p_->Connect(*d_->LocalAddress(), DeadlineIn(absl::Seconds(1)));
+  EXPECT_NE(to_d, to_d_);
+  const PeerId peer = *d_->Redial(to_p_, DeadlineIn(absl::Seconds(1)));
+  std::vector<kv::BlockId> local = *p_pool_->Allocate(2);
+  std::vector<kv::BlockId> remote = *d_pool_->Allocate(2);
+  ASSERT_TRUE(tracker_->Expect(12, peer, remote, DeadlineIn(absl::Seconds(5))).ok());
+  ASSERT_TRUE(sender_->Begin({12, to_d, local, remote}).ok());
+  ASSERT_TRUE(sender_->OnLayerDone(0, {12}).ok());
+  ASSERT_TRUE(sender_->OnLayerDone(1, {12}).ok());
+  ASSERT_TRUE(sender_->Finish(12, "first-token").ok());
+  absl::StatusOr<std::string> ready = tracker_->WaitReady(12, DeadlineIn(absl::Seconds(2)));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+}
+
+// P's own Abort of writes stuck in a black hole closes their endpoint rather than keep it
+// waiting on the link: the writes end, the request is forgotten, and a later connection starts
+// clean. Their bytes may still be in the network, so P confirms the request quiet only once D
+// says it revoked P's writes (a fence, tcp-like); with shared memory it never does.
+TEST_P(QuarantineBoundTest, AbortOfWritesStuckInABlackHoleClosesTheEndpoint) {
+  *black_hole_ = true;
+  std::vector<kv::BlockId> local = *p_pool_->Allocate(2);
+  std::vector<kv::BlockId> remote = *d_pool_->Allocate(2);
+  ASSERT_TRUE(tracker_->Expect(13, to_p_, remote, DeadlineIn(absl::Seconds(30))).ok());
+  ASSERT_TRUE(sender_->Begin({13, to_d_, local, remote}).ok());
+  ASSERT_TRUE(sender_->OnLayerDone(0, {13}).ok());
+  const absl::Status aborted = sender_->Abort(13, DeadlineIn(absl::Milliseconds(50)), "gone");
+  EXPECT_TRUE(absl::IsDeadlineExceeded(aborted)) << aborted;
+  EXPECT_NE(aborted.message().find("endpoint was closed"), std::string::npos) << aborted;
+  EXPECT_TRUE(absl::IsFailedPrecondition(p_->PeerStatus(to_d_))) << p_->PeerStatus(to_d_);
+  EXPECT_EQ(sender_->active_requests(), 0);
+  ASSERT_TRUE(p_pool_->Free(local).ok());
+  *black_hole_ = false;
+  // D gives up on it: its plain asks are not answered (bytes may still be on the way).
+  ASSERT_TRUE(tracker_->Abort(13, "client went away").ok());
+  tracker_->Pump();
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(sender_->ServeQuietRequests(), 0);
+    tracker_->Pump();
+  }
+  EXPECT_EQ(tracker_->quarantined_blocks(), 2);
+  // After the bound D fences P. Where that revoked P's writes, D says so and P confirms.
+  const bool lifted = PumpUntil(
+      [&] {
+        sender_->ServeQuietRequests();
+        return tracker_->fences_lifted() == 1;
+      },
+      kBound * 6);
+  EXPECT_EQ(lifted, !shm());
+  if (!shm()) EXPECT_EQ(d_pool_->Stats().free, kBlocks);
+  if (shm()) EXPECT_EQ(tracker_->quarantined_blocks(), 2);  // held until P confirms or is gone
 }
 
 // A sender that never answers stays fenced and reported; one that comes back as a new process
