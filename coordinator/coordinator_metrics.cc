@@ -44,7 +44,8 @@ CoordinatorMetrics::CoordinatorMetrics()
       routing_decisions(registry.AddCounter(
           "duet_coordinator_routing_decisions_total",
           "Requests routed, by the prompt blocks the chosen nodes held in their prefix caches "
-          "(reason: both, prefill_hit, decode_hit, load = neither)",
+          "(reason: both, prefill_hit, decode_hit, load = neither; sibling: a later choice of an "
+          "n > 1 request sent to its first choice's nodes)",
           {"reason"})),
       prompt_blocks_cached(
           registry
