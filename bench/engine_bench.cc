@@ -241,6 +241,7 @@ int main(int argc, char** argv) {
         batch[0].tokens.resize(len);
         for (int i = 0; i < len; ++i) batch[0].tokens[i] = token(i);
         batch[0].table = &table;
+        if (absl::Status st = table.Reserve(len); !st.ok()) return fail(st);
         duet::Stopwatch sw;
         auto out = engine.runner().Forward(absl::MakeSpan(batch), engine.pool().View());
         if (!out.ok()) return fail(out.status());
@@ -266,6 +267,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < context; ++i) one[0].tokens[i] = token(i + s);
         one[0].table = tables[vi].back().get();
         one[0].want_logits = false;
+        if (absl::Status st = one[0].table->Reserve(context); !st.ok()) return fail(st);
         if (auto out = engine.runner().Forward(absl::MakeSpan(one), engine.pool().View());
             !out.ok()) {
           return fail(out.status());
@@ -291,6 +293,10 @@ int main(int argc, char** argv) {
                                      .want_logits = !on_backend,
                                      .sample = on_backend ? &sampling : nullptr,
                                      .sample_step = r};
+            if (absl::Status st = tables[vi][s]->Reserve(tables[vi][s]->num_tokens() + 1);
+                !st.ok()) {
+              return fail(st);
+            }
           }
           duet::Stopwatch sw;
           auto out = engine.runner().Forward(absl::MakeSpan(batch), engine.pool().View());

@@ -131,6 +131,10 @@ std::vector<Generation> Generate(LocalEngine& e, const std::vector<std::vector<i
                                          .tokens = prompts[i],
                                          .start_pos = 0,
                                          .table = tables.back().get()}};
+      if (absl::Status s = tables.back()->Reserve(static_cast<int64_t>(prompts[i].size()));
+          !s.ok()) {
+        Die("prefill", s);
+      }
       auto r = e.runner().Forward(absl::MakeSpan(one), e.pool().View());
       if (!r.ok()) Die("prefill", r.status());
       const auto t = duet::model::Sample(r->Row(0), r->vocab, greedy, 0);
@@ -141,6 +145,7 @@ std::vector<Generation> Generate(LocalEngine& e, const std::vector<std::vector<i
       std::vector<SequenceInput> b;
       for (size_t i = g0; i < g1; ++i) {
         BlockTable* table = tables[i - g0].get();
+        if (absl::Status s = table->Reserve(table->num_tokens() + 1); !s.ok()) Die("decode", s);
         b.push_back({.seq_id = static_cast<int64_t>(i),
                      .tokens = {out[i].ids.back()},
                      .start_pos = static_cast<int32_t>(table->num_tokens()),
@@ -189,6 +194,7 @@ Perplexity Score(LocalEngine& e, const std::vector<int32_t>& tokens, int window,
            .start_pos = static_cast<int32_t>(c0 - w0),
            .table = &table,
            .all_logits = true}};
+      if (absl::Status s = table.Reserve(static_cast<int64_t>(c1 - w0)); !s.ok()) Die("score", s);
       auto r = e.runner().Forward(absl::MakeSpan(b), e.pool().View());
       if (!r.ok()) Die("score", r.status());
       for (size_t i = c0; i < c1 && i + 1 < w1; ++i) {
@@ -362,6 +368,7 @@ int main(int argc, char** argv) {
                                      .start_pos = 0,
                                      .table = &table,
                                      .want_logits = false}};
+    if (absl::Status s = table.Reserve(n); !s.ok()) Die("scale study", s);
     if (auto r = e.runner().Forward(absl::MakeSpan(b), e.pool().View()); !r.ok()) {
       Die("scale study", r.status());
     }

@@ -559,8 +559,8 @@ std::vector<std::shared_ptr<DecodeScheduler::Request>> DecodeScheduler::GrowOrPr
 }
 
 void DecodeScheduler::Step() {
-  // Cancellations, then room for this step's token in every table (Forward would fail the whole
-  // batch for one request it cannot grow): the newest requests are preempted for it.
+  // Cancellations, then room for this step's token in every table (Forward never allocates, and
+  // refuses the whole batch for one table without room): the newest requests are preempted for it.
   std::vector<std::shared_ptr<Request>> live;
   for (std::shared_ptr<Request>& r : running_) {
     bool cancelled;

@@ -260,6 +260,7 @@ int main(int argc, char** argv) {
       duet::kv::BlockTable table(pool);
       std::vector<SequenceInput> batch = {
           {.seq_id = 1, .tokens = tokens, .start_pos = 0, .table = &table, .want_logits = true}};
+      OrDie(table.Reserve(len), "reserve");
       backend->Synchronize();
       const auto t0 = Clock::now();
       OrDie(runner->Forward(absl::MakeSpan(batch), pool->View()).status(), "prefill");
@@ -308,6 +309,7 @@ int main(int argc, char** argv) {
     std::vector<double> ms;
     double kv_tokens = 0;
     for (int rep = 0; rep <= reps; ++rep) {
+      for (auto& s : batch) OrDie(s.table->Reserve(s.start_pos + 1), "reserve");
       backend->Synchronize();
       const auto t0 = Clock::now();
       auto out = runner->Forward(absl::MakeSpan(batch), pool->View());

@@ -40,16 +40,6 @@ void BlockTable::Append(int64_t n) {
   num_tokens_ += n;
 }
 
-absl::Status BlockTable::TruncateBlocks(size_t keep) {
-  if (keep >= blocks_.size()) return absl::OkStatus();
-  if (static_cast<int64_t>(keep) * block_size_ < num_tokens_) {
-    return absl::FailedPreconditionError("BlockTable::TruncateBlocks would drop written tokens");
-  }
-  std::vector<BlockId> dropped(blocks_.begin() + keep, blocks_.end());
-  blocks_.resize(keep);
-  return pool_->Free(dropped);
-}
-
 absl::Status BlockTable::Release() {
   std::vector<BlockId> blocks = std::move(blocks_);
   blocks_.clear();

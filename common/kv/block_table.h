@@ -33,8 +33,6 @@ class BlockTable {
   absl::Status Reserve(int64_t total_tokens);
   // Marks `n` more tokens as written (capacity must already be there).
   void Append(int64_t n);
-  // Frees the blocks past the first `keep` (which must still hold every written token).
-  absl::Status TruncateBlocks(size_t keep);
   // Frees every block back to the pool.
   absl::Status Release();
   // Gives up ownership of the blocks without freeing them (caller frees or quarantines).

@@ -95,6 +95,9 @@ absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t
                            .sample = &params,
                            .sample_step = 0,
                            .sample_state = &state};
+  // Forward never allocates: room for the prompt, then for each step's token (ResourceExhausted
+  // when the pool is out).
+  DUET_RETURN_IF_ERROR(table.Reserve(static_cast<int64_t>(prompt_ids.size())));
   DUET_ASSIGN_OR_RETURN(ForwardOutput out, runner_->Forward(absl::MakeSpan(batch), pool_->View()));
   while (true) {
     const int step = static_cast<int>(result.generated_ids.size());
@@ -122,6 +125,7 @@ absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t
                              .sample = &params,
                              .sample_step = step + 1,
                              .sample_state = &state};
+    DUET_RETURN_IF_ERROR(table.Reserve(table.num_tokens() + 1));
     DUET_ASSIGN_OR_RETURN(out, runner_->Forward(absl::MakeSpan(batch), pool_->View()));
   }
   return result;

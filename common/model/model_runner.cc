@@ -403,21 +403,13 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
             absl::StrCat("Forward: sequence ", s.seq_id, ": ", st.message()));
       }
     }
-    total += static_cast<int64_t>(s.tokens.size());
-  }
-  // ---- Grow block tables (all or nothing across the batch).
-  std::vector<size_t> old_sizes;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    SequenceInput& s = batch[i];
-    old_sizes.push_back(s.table->blocks().size());
-    absl::Status st = s.table->Reserve(s.start_pos + static_cast<int64_t>(s.tokens.size()));
-    if (!st.ok()) {
-      for (size_t j = 0; j < i; ++j) {
-        absl::Status undo = batch[j].table->TruncateBlocks(old_sizes[j]);
-        if (!undo.ok()) return undo;
-      }
-      return st;
+    if (s.table->capacity() < end) {  // Forward never allocates
+      return absl::FailedPreconditionError(
+          absl::StrCat("Forward: sequence ", s.seq_id, " needs room for ", end,
+                       " tokens but its block table has capacity ", s.table->capacity(),
+                       "; the caller grows tables first (BlockTable::Reserve, KvCacheManager)"));
     }
+    total += static_cast<int64_t>(s.tokens.size());
   }
 
   // ---- Gather ids, positions, slots.
@@ -511,10 +503,7 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
       on_layer_done(li, spans);
     }
     if (abandon && li + 1 < c.num_hidden_layers && abandon()) {
-      b.Synchronize();  // no queued kernel may outlive the blocks handed back below
-      for (size_t i = 0; i < batch.size(); ++i) {
-        DUET_RETURN_IF_ERROR(batch[i].table->TruncateBlocks(old_sizes[i]));
-      }
+      b.Synchronize();  // no queued kernel may outlive the call: the caller may free the blocks
       return absl::CancelledError(absl::StrCat("Forward: the pass was abandoned after layer ", li,
                                                " of ", c.num_hidden_layers));
     }

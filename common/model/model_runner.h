@@ -13,6 +13,7 @@
 //                                        .table = &table, .want_logits = true}};
 //   DUET_ASSIGN_OR_RETURN(ForwardOutput out, runner->Forward(batch, pool->View()));
 //   // out.logits: [1, vocab]; table.num_tokens() == prompt.size()
+//   DUET_RETURN_IF_ERROR(table.Reserve(prompt.size() + 1));  // Forward never allocates
 //   batch[0] = {.seq_id = 1, .tokens = {next}, .start_pos = int32_t(prompt.size()),
 //               .table = &table, .want_logits = false, .sample = &params, .sample_step = 1};
 //   // runner->Forward(...)->tokens[0]: Sample(logits of `next`, vocab, params, /*step=*/1)
@@ -40,7 +41,7 @@ struct SequenceInput {
   int64_t seq_id = 0;            // caller's id, passed back in LayerSpan
   std::vector<int32_t> tokens;   // new tokens this step (a prompt chunk, or one decode token)
   int32_t start_pos = 0;         // position of tokens[0]; must equal table->num_tokens()
-  kv::BlockTable* table = nullptr;  // grown by Forward to hold start_pos + tokens.size() tokens
+  kv::BlockTable* table = nullptr;  // with capacity for start_pos + tokens.size() tokens
   bool want_logits = true;       // logits of the last new token
   // Logits of every new token (one output row each, in order), e.g. to score a text or the
   // prompt; with `sample`, the last row's token is sampled.
@@ -121,13 +122,13 @@ class ModelRunner {
   int64_t MatrixBytes() const;
   compute::ComputeBackend* backend() const { return backend_; }
 
-  // Runs the batch. Validates every input first (token ids, positions, table, layout), so a
-  // bad request fails with InvalidArgument and writes nothing. Grows each table (allocating
-  // blocks; ResourceExhausted when the pool is out, with nothing changed) and advances
-  // num_tokens by the new tokens on success. When `abandon` returns true after a layer, the pass
-  // stops there (the device finishes the work already queued): Cancelled naming the layer, and
-  // every table is back to its blocks and tokens from before the call. The K/V the abandoned
-  // pass wrote lie in blocks no table holds any more (or past num_tokens), so nothing reads them.
+  // Runs the batch. Never allocates: each table must already hold blocks for start_pos +
+  // tokens.size() tokens (the caller grows it: BlockTable::Reserve, KvCacheManager), else
+  // FailedPrecondition. Validates every input first (token ids, positions, room, layout), so a
+  // bad request fails and writes nothing. Advances num_tokens by the new tokens on success. When
+  // `abandon` returns true after a layer, the pass stops there (the device finishes the work
+  // already queued): Cancelled naming the layer, every table's num_tokens unchanged. The K/V the
+  // abandoned pass wrote lie past num_tokens, so nothing reads them.
   absl::StatusOr<ForwardOutput> Forward(absl::Span<SequenceInput> batch, const kv::KvCacheView& kv,
                                         const LayerDoneHook& on_layer_done = nullptr,
                                         const AbandonCheck& abandon = nullptr);

@@ -20,12 +20,14 @@
 #include "common/model/weights.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/unit/model/runner_test_util.h"
 
 namespace duet::model {
 namespace {
 
 namespace fs = std::filesystem;
 using compute::gpu_testing::RelErr;
+using testing::ReserveFor;
 
 bool GpuUsable() {
   auto n = compute::cuda::CudaDeviceCount();
@@ -122,6 +124,9 @@ Trace RunGreedy(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int
   }
   t.tokens.resize(prompts.size());
   for (int step = 0; step <= steps; ++step) {
+    const absl::Status room = ReserveFor(batch);
+    EXPECT_TRUE(room.ok()) << room;
+    if (!room.ok()) return t;
     auto out = e.runner->Forward(absl::MakeSpan(batch), e.pool->View());
     EXPECT_TRUE(out.ok()) << out.status();
     if (!out.ok()) return t;
@@ -280,6 +285,7 @@ TEST(CudaSamplingModelTest, DeviceSamplingInForwardMatchesSampleOfTheLogits) {
   int compared = 0;
   for (int step = 0; step < 6; ++step) {
     for (SequenceInput& s : batch) s.sample_step = step;
+    ASSERT_TRUE(ReserveFor(batch).ok());
     auto out = gpu.runner->Forward(absl::MakeSpan(batch), gpu.pool->View());
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_EQ(out->tokens.size(), batch.size());
@@ -352,6 +358,7 @@ TEST(CudaLayerHookTest, AsyncHookStagesEachLayerBehindItsEvent) {
     kv::BlockTable table(e.pool.get());
     std::vector<SequenceInput> b = {
         {.seq_id = 7, .tokens = prompt, .start_pos = 0, .table = &table, .want_logits = true}};
+    EXPECT_TRUE(ReserveFor(b).ok());
     std::vector<std::shared_ptr<compute::WorkMarker>> copies;
     int calls = 0;
     auto hook = [&](int layer, absl::Span<const LayerSpan> spans) {
@@ -423,6 +430,7 @@ TEST(CudaDisaggregationTest, StagedKvGivesTheColocatedTokens) {
       std::vector<SequenceInput> b = {{.seq_id = 1, .tokens = {out.back()},
                                        .start_pos = int32_t(table->num_tokens()), .table = table,
                                        .want_logits = true}};
+      EXPECT_TRUE(ReserveFor(b).ok());
       auto r = e.runner->Forward(absl::MakeSpan(b), e.pool->View());
       EXPECT_TRUE(r.ok()) << r.status();
       if (!r.ok()) break;
@@ -437,6 +445,7 @@ TEST(CudaDisaggregationTest, StagedKvGivesTheColocatedTokens) {
     kv::BlockTable table(p.pool.get());
     std::vector<SequenceInput> b = {
         {.seq_id = 1, .tokens = prompt, .start_pos = 0, .table = &table, .want_logits = true}};
+    ASSERT_TRUE(ReserveFor(b).ok());
     auto r = p.runner->Forward(absl::MakeSpan(b), p.pool->View());
     ASSERT_TRUE(r.ok()) << r.status();
     colocated = decode(p, &table, Argmax(r->Row(0), r->vocab));
@@ -455,6 +464,7 @@ TEST(CudaDisaggregationTest, StagedKvGivesTheColocatedTokens) {
     kv::BlockTable table(p.pool.get());
     std::vector<SequenceInput> b = {
         {.seq_id = 1, .tokens = prompt, .start_pos = 0, .table = &table, .want_logits = true}};
+    ASSERT_TRUE(ReserveFor(b).ok());
     auto r = p.runner->Forward(
         absl::MakeSpan(b), p.pool->View(), [&](int layer, absl::Span<const LayerSpan> spans) {
           p_blocks = *spans[0].blocks;

@@ -507,6 +507,7 @@ TEST_F(ColocatedSchedulerTest, PromptLogprobsScoreTheWholePromptInChunks) {
   model::SamplingParams greedy{.max_tokens = 3, .ignore_eos = true};
   const std::vector<int32_t> want_ids = Reference(prompt, greedy);  // also loads ref_
   kv::BlockTable table(&ref_->pool());
+  ASSERT_TRUE(table.Reserve(static_cast<int64_t>(prompt.size())).ok());
   std::vector<model::SequenceInput> b = {
       {.seq_id = 1, .tokens = prompt, .start_pos = 0, .table = &table, .all_logits = true}};
   auto rows = ref_->runner().Forward(absl::MakeSpan(b), ref_->pool().View());

@@ -18,6 +18,7 @@ namespace {
 
 std::vector<float> Logits(ModelRunner& runner, kv::BlockPool& pool, std::vector<int32_t> tokens) {
   kv::BlockTable table(&pool);
+  EXPECT_TRUE(table.Reserve(static_cast<int64_t>(tokens.size())).ok());
   std::vector<SequenceInput> b = {
       {.seq_id = 1, .tokens = tokens, .start_pos = 0, .table = &table, .want_logits = true}};
   auto out = runner.Forward(absl::MakeSpan(b), pool.View());
@@ -77,6 +78,7 @@ TEST(ModelRandomTest, AsyncLayerHookOnCpuGetsDoneMarkers) {
   for (bool async : {false, true}) {
     (*runner)->set_async_layer_hook(async);
     kv::BlockTable table(pool->get());
+    ASSERT_TRUE(table.Reserve(3).ok());
     std::vector<SequenceInput> b = {
         {.seq_id = 1, .tokens = {3, 4, 5}, .start_pos = 0, .table = &table, .want_logits = true}};
     int calls = 0;
@@ -85,7 +87,9 @@ TEST(ModelRandomTest, AsyncLayerHookOnCpuGetsDoneMarkers) {
                                     ++calls;
                                     ASSERT_EQ(spans.size(), 1u);
                                     ASSERT_EQ(spans[0].ready != nullptr, async);
-                                    if (async) EXPECT_TRUE(spans[0].ready->Done());
+                                    if (async) {
+                                      EXPECT_TRUE(spans[0].ready->Done());
+                                    }
                                   });
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_EQ(calls, config->num_hidden_layers);

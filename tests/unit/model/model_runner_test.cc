@@ -30,6 +30,7 @@ using testing::ExpectDecodeAndChunksEqualRecompute;
 using testing::MakeModel;
 using testing::Model;
 using testing::RelErr;
+using testing::ReserveFor;
 using testing::RunOne;
 using testing::Tokens;
 
@@ -196,6 +197,7 @@ TEST_P(KvDtypeTest, AllLogitsRowsAreEachPrefixsLogits) {
                                    .start_pos = 5,
                                    .table = &table,
                                    .all_logits = true}};
+  ASSERT_TRUE(ReserveFor(b).ok());
   auto out = m.runner->Forward(absl::MakeSpan(b), m.pool->View());
   ASSERT_TRUE(out.ok()) << out.status();
   ASSERT_EQ(out->seq_ids.size(), 7u);
@@ -217,6 +219,7 @@ TEST_P(KvDtypeTest, AllLogitsRowsAreEachPrefixsLogits) {
                                       .table = &other,
                                       .all_logits = true,
                                       .sample = &params}};
+  ASSERT_TRUE(ReserveFor(both).ok());
   auto sampled = m.runner->Forward(absl::MakeSpan(both), m.pool->View());
   ASSERT_TRUE(sampled.ok()) << sampled.status();
   ASSERT_EQ(sampled->seq_ids.size(), 7u);
@@ -265,6 +268,7 @@ TEST(ModelRunnerTest, LayerHookFiresPerLayerWithKvAlreadyInThePool) {
       for (int i = 0; i < v.layout.token_elems(); ++i) ASSERT_EQ(next[i], 0.f);
     }
   };
+  ASSERT_TRUE(ReserveFor(b).ok());
   ASSERT_TRUE(m.runner->Forward(absl::MakeSpan(b), m.pool->View(), hook).ok());
   std::vector<int> want(layers);
   for (int i = 0; i < layers; ++i) want[i] = i;
@@ -272,7 +276,8 @@ TEST(ModelRunnerTest, LayerHookFiresPerLayerWithKvAlreadyInThePool) {
 }
 
 // An abandoned pass stops after the layer it was abandoned in, leaves each table as it was
-// (blocks and tokens), and the same tokens run again give exactly the uninterrupted result.
+// (the blocks its caller reserved, and its tokens), and the same tokens run again give exactly
+// the uninterrupted result.
 TEST(ModelRunnerTest, AbandonedPassStopsAtTheLayerAndLeavesTheTablesAsTheyWere) {
   Model m = MakeModel({});
   const int vocab = m.runner->config().vocab_size;
@@ -281,13 +286,16 @@ TEST(ModelRunnerTest, AbandonedPassStopsAtTheLayerAndLeavesTheTablesAsTheyWere) 
   const std::vector<int32_t> head = Tokens(10, 1, vocab), tail = Tokens(30, 2, vocab);
   for (kv::BlockTable* table : {&t, &ref}) {
     std::vector<SequenceInput> b = {{.tokens = head, .table = table}};
+    ASSERT_TRUE(ReserveFor(b).ok());
     ASSERT_TRUE(m.runner->Forward(absl::MakeSpan(b), m.pool->View()).ok());
   }
-  const int64_t available = m.pool->num_available();
-  const size_t blocks = t.blocks().size();
   std::vector<int> seen;
   std::vector<SequenceInput> cut = {
       {.tokens = tail, .start_pos = 10, .table = &t, .want_logits = true}};
+  ASSERT_TRUE(ReserveFor(cut).ok());  // 40 tokens: 3 blocks of 16
+  const int64_t available = m.pool->num_available();
+  const std::vector<kv::BlockId> blocks = t.blocks();
+  ASSERT_EQ(blocks.size(), 3u);
   auto r = m.runner->Forward(
       absl::MakeSpan(cut), m.pool->View(),
       [&](int layer, absl::Span<const LayerSpan>) { seen.push_back(layer); },
@@ -296,25 +304,69 @@ TEST(ModelRunnerTest, AbandonedPassStopsAtTheLayerAndLeavesTheTablesAsTheyWere) 
   EXPECT_NE(r.status().message().find("abandoned after layer 0"), std::string::npos) << r.status();
   EXPECT_EQ(seen, std::vector<int>{0});
   EXPECT_EQ(t.num_tokens(), 10);
-  EXPECT_EQ(t.blocks().size(), blocks);
+  EXPECT_EQ(t.blocks(), blocks);
   EXPECT_EQ(m.pool->num_available(), available);
 
   std::vector<SequenceInput> again = {
       {.tokens = tail, .start_pos = 10, .table = &t, .want_logits = true}};
   std::vector<SequenceInput> whole = {
       {.tokens = tail, .start_pos = 10, .table = &ref, .want_logits = true}};
+  ASSERT_TRUE(ReserveFor(whole).ok());
   auto a = m.runner->Forward(absl::MakeSpan(again), m.pool->View(), nullptr, [] { return false; });
   auto w = m.runner->Forward(absl::MakeSpan(whole), m.pool->View());
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(a->logits, w->logits);
   EXPECT_EQ(t.num_tokens(), 40);
+  EXPECT_EQ(t.blocks(), blocks);
+}
+
+// Forward never allocates: a table without room for its new tokens fails the whole batch with
+// FailedPrecondition naming the sequence, and no table or block changes (the caller grows them).
+TEST(ModelRunnerTest, TableWithoutRoomIsRefusedAndNothingIsAllocated) {
+  Model m = MakeModel({}, /*block_size=*/16, /*num_blocks=*/8);
+  const int vocab = m.runner->config().vocab_size;
+  kv::BlockTable roomy(m.pool.get()), short_table(m.pool.get());
+  ASSERT_TRUE(roomy.Reserve(20).ok());
+  ASSERT_TRUE(short_table.Reserve(16).ok());  // one block: 16 tokens of room, 20 needed
+  const std::vector<kv::BlockId> roomy_blocks = roomy.blocks(), short_blocks = short_table.blocks();
+  const int64_t available = m.pool->num_available();
+  std::vector<int> layers;
+  std::vector<SequenceInput> b = {
+      {.seq_id = 1, .tokens = Tokens(20, 1, vocab), .table = &roomy},
+      {.seq_id = 2, .tokens = Tokens(20, 2, vocab), .table = &short_table}};
+  auto r =
+      m.runner->Forward(absl::MakeSpan(b), m.pool->View(),
+                        [&](int layer, absl::Span<const LayerSpan>) { layers.push_back(layer); });
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("sequence 2"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("20 tokens"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("capacity 16"), std::string::npos) << r.status();
+  EXPECT_TRUE(layers.empty());
+  EXPECT_EQ(m.pool->num_available(), available);
+  EXPECT_EQ(roomy.blocks(), roomy_blocks);
+  EXPECT_EQ(short_table.blocks(), short_blocks);
+  EXPECT_EQ(roomy.num_tokens(), 0);
+  EXPECT_EQ(short_table.num_tokens(), 0);
+  // An empty table has no room either; once the caller reserves, the same batch runs.
+  kv::BlockTable empty(m.pool.get());
+  std::vector<SequenceInput> one = {{.seq_id = 3, .tokens = {1, 2}, .table = &empty}};
+  EXPECT_EQ(m.runner->Forward(absl::MakeSpan(one), m.pool->View()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(empty.blocks().empty());
+  EXPECT_EQ(m.pool->num_available(), available);
+  ASSERT_TRUE(short_table.Reserve(20).ok());
+  auto ok = m.runner->Forward(absl::MakeSpan(b), m.pool->View());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(short_table.num_tokens(), 20);
+  EXPECT_EQ(short_table.blocks().size(), 2u);
 }
 
 TEST(ModelRunnerTest, BadInputIsRefusedAndChangesNothing) {
   Model m = MakeModel({}, 16, /*num_blocks=*/4);
   const int vocab = m.runner->config().vocab_size;
   kv::BlockTable t(m.pool.get()), u(m.pool.get());
+  ASSERT_TRUE(t.Reserve(2).ok());  // room, so that only the input is wrong
   std::vector<SequenceInput> bad_id = {{.tokens = {1, vocab}, .table = &t}};
   auto r = m.runner->Forward(absl::MakeSpan(bad_id), m.pool->View());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
@@ -322,13 +374,19 @@ TEST(ModelRunnerTest, BadInputIsRefusedAndChangesNothing) {
   std::vector<SequenceInput> bad_pos = {{.tokens = {1}, .start_pos = 3, .table = &t}};
   EXPECT_EQ(m.runner->Forward(absl::MakeSpan(bad_pos), m.pool->View()).status().code(),
             absl::StatusCode::kInvalidArgument);
-  // 40 + 40 tokens need 6 blocks of 16; the pool has 4: the first sequence's blocks come back.
+  EXPECT_EQ(t.num_tokens(), 0);
+  EXPECT_EQ(t.blocks().size(), 1u);
+  // 40 + 40 tokens need 6 blocks of 16; the pool has 4: the caller's Reserve is out of blocks,
+  // and Forward refuses the batch it could not grow.
   std::vector<SequenceInput> too_big = {{.seq_id = 1, .tokens = Tokens(40, 1, vocab), .table = &t},
                                         {.seq_id = 2, .tokens = Tokens(40, 2, vocab), .table = &u}};
+  EXPECT_EQ(ReserveFor(too_big).code(), absl::StatusCode::kResourceExhausted);
+  const int64_t available = m.pool->num_available();
   EXPECT_EQ(m.runner->Forward(absl::MakeSpan(too_big), m.pool->View()).status().code(),
-            absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(m.pool->num_available(), 4);
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m.pool->num_available(), available);
   EXPECT_EQ(t.num_tokens(), 0);
+  EXPECT_EQ(u.num_tokens(), 0);
   // A pool of another layout is refused, naming both.
   kv::KvLayout other = m.runner->MakeKvLayout(16);
   other.num_kv_heads += 1;
@@ -376,6 +434,8 @@ TEST(ModelRunnerTest, SamplingInForwardEqualsSampleOfTheLogits) {
                          .sample = sample ? &params[i] : nullptr,
                          .sample_step = step + i});
       }
+      ASSERT_TRUE(ReserveFor(ref).ok());
+      ASSERT_TRUE(ReserveFor(batch).ok());
       auto want = m.runner->Forward(absl::MakeSpan(ref), m.pool->View());
       auto got = m.runner->Forward(absl::MakeSpan(batch), m.pool->View());
       ASSERT_TRUE(want.ok()) << want.status();
@@ -439,6 +499,8 @@ TEST(ModelRunnerTest, PenaltiesSampleFromTheSequencesState) {
                                      .sample = &p,
                                      .sample_step = step,
                                      .sample_state = &state}};
+    ASSERT_TRUE(ReserveFor(ref).ok());
+    ASSERT_TRUE(ReserveFor(b).ok());
     auto want = m.runner->Forward(absl::MakeSpan(ref), m.pool->View());
     ASSERT_TRUE(want.ok()) << want.status();
     auto got = m.runner->Forward(absl::MakeSpan(b), m.pool->View());
@@ -488,6 +550,27 @@ TEST(LocalEngineTest, GreedyGenerationIsDeterministicAndStops) {
   EXPECT_LE(c->generated_ids.size(), 3u);
   EXPECT_EQ((*e1)->pool().num_available(), (*e1)->pool().num_blocks());
   EXPECT_FALSE((*e1)->Generate({}, p).ok());
+}
+
+// Generate grows its table before each Forward: a prompt, or a generation, past the pool fails
+// with the pool's ResourceExhausted, and its blocks come back.
+TEST(LocalEngineTest, GenerationPastThePoolIsResourceExhausted) {
+  const fs::path dir = fs::temp_directory_path() / ("duet_engine_full_" + std::to_string(getpid()));
+  ASSERT_TRUE(WriteSyntheticModel("tiny", 5, dir.string()).ok());
+  // kv_cache_bytes = 1: a pool of one block of 4 tokens.
+  auto e = LocalEngine::Load(dir.string(), {.device = "cpu", .block_size = 4, .kv_cache_bytes = 1});
+  fs::remove_all(dir);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ((*e)->pool().num_blocks(), 1);
+  const SamplingParams p{.max_tokens = 8, .ignore_eos = true};
+  auto fits = (*e)->Generate({1, 2, 3}, {.max_tokens = 2, .ignore_eos = true});
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(fits->generated_ids.size(), 2u);
+  auto long_prompt = (*e)->Generate({1, 2, 3, 4, 5}, p);
+  EXPECT_TRUE(absl::IsResourceExhausted(long_prompt.status())) << long_prompt.status();
+  auto long_generation = (*e)->Generate({1, 2, 3}, p);  // the 5th token has no room
+  EXPECT_TRUE(absl::IsResourceExhausted(long_generation.status())) << long_generation.status();
+  EXPECT_EQ((*e)->pool().num_available(), 1);
 }
 
 // A model directory with config.json and safetensors but no tokenizer files runs ids in, ids

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_isa.h"
 #include "common/kv/block_pool.h"
@@ -70,6 +72,16 @@ inline std::vector<int32_t> Tokens(int n, int salt, int vocab) {
   return t;
 }
 
+// Room in each sequence's table for its new tokens, as a scheduler makes it before Forward (which
+// never allocates). ResourceExhausted when the pool is out.
+inline absl::Status ReserveFor(absl::Span<const SequenceInput> batch) {
+  for (const SequenceInput& s : batch) {
+    absl::Status st = s.table->Reserve(s.start_pos + static_cast<int64_t>(s.tokens.size()));
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 inline std::vector<float> RunOne(Model& m, kv::BlockTable& table,
                                  const std::vector<int32_t>& tokens) {
   std::vector<SequenceInput> b = {{.seq_id = 1,
@@ -77,6 +89,7 @@ inline std::vector<float> RunOne(Model& m, kv::BlockTable& table,
                                    .start_pos = static_cast<int32_t>(table.num_tokens()),
                                    .table = &table,
                                    .want_logits = true}};
+  EXPECT_TRUE(ReserveFor(b).ok());
   auto out = m.runner->Forward(absl::MakeSpan(b), m.pool->View());
   EXPECT_TRUE(out.ok()) << out.status();
   return out.ok() ? out->logits : std::vector<float>();
@@ -160,6 +173,7 @@ inline void ExpectBatchInvariant(const std::function<Model(int threads)>& make,
     std::vector<SequenceInput> b1 = {
         {.seq_id = 2, .tokens = Tokens(33, 2, vocab), .start_pos = 0, .table = &tb},
         {.seq_id = 1, .tokens = a_prompt, .start_pos = 0, .table = &ta}};
+    ASSERT_TRUE(ReserveFor(b1).ok());
     auto o1 = m.runner->Forward(absl::MakeSpan(b1), m.pool->View());
     ASSERT_TRUE(o1.ok()) << o1.status();
     ASSERT_EQ(o1->seq_ids[1], 1);
@@ -177,6 +191,7 @@ inline void ExpectBatchInvariant(const std::function<Model(int threads)>& make,
            .tokens = {tok},
            .start_pos = static_cast<int32_t>(ta.num_tokens()),
            .table = &ta}};
+      ASSERT_TRUE(ReserveFor(b2).ok());
       auto o2 = m.runner->Forward(absl::MakeSpan(b2), m.pool->View());
       ASSERT_TRUE(o2.ok()) << o2.status();
       EXPECT_EQ(0, std::memcmp(o2->Row(2), ref[step].data(), vocab * sizeof(float)))

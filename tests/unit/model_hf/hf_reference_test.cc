@@ -85,6 +85,7 @@ class CpuModel {
 
   // Appends `tokens` to the sequence in `table`; the logits of the last one.
   absl::StatusOr<std::vector<float>> Forward(kv::BlockTable& table, std::vector<int32_t> tokens) {
+    DUET_RETURN_IF_ERROR(table.Reserve(table.num_tokens() + static_cast<int64_t>(tokens.size())));
     std::vector<SequenceInput> batch = {{.seq_id = 1,
                                          .tokens = std::move(tokens),
                                          .start_pos = static_cast<int32_t>(table.num_tokens()),

@@ -101,6 +101,7 @@ void ExpectDecodePastTheWindowEqualsRecompute(LocalEngine& engine, bool bitwise)
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = 2 + static_cast<int32_t>((i * 7919) % 30000);
   const int prefix = 510;
   kv::BlockTable cached(&pool);
+  ASSERT_TRUE(cached.Reserve(static_cast<int64_t>(ids.size())).ok());  // the prefix and decodes
   std::vector<SequenceInput> b = {
       {.seq_id = 1,
        .tokens = std::vector<int32_t>(ids.begin(), ids.begin() + prefix),
@@ -113,6 +114,7 @@ void ExpectDecodePastTheWindowEqualsRecompute(LocalEngine& engine, bool bitwise)
     ASSERT_TRUE(dec.ok()) << dec.status();
     if (pos % 5 != 4) continue;
     kv::BlockTable fresh(&pool);
+    ASSERT_TRUE(fresh.Reserve(pos + 1).ok());
     std::vector<SequenceInput> f = {
         {.seq_id = 2,
          .tokens = std::vector<int32_t>(ids.begin(), ids.begin() + pos + 1),

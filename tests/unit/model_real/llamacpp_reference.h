@@ -50,6 +50,8 @@ inline std::vector<float> TeacherForcedLogits(LocalEngine& engine,
   kv::BlockTable table(&engine.pool());
   std::vector<int32_t> rest = {prompt.back()};
   rest.insert(rest.end(), ids.begin(), ids.end() - 1);
+  const int64_t total = static_cast<int64_t>(prompt.size() + rest.size()) - 1;
+  EXPECT_TRUE(table.Reserve(total).ok());
   std::vector<SequenceInput> chunks = {
       {.seq_id = 1,
        .tokens = std::vector<int32_t>(prompt.begin(), prompt.end() - 1),

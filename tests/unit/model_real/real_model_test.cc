@@ -239,6 +239,7 @@ void ExpectDecodeMatchesRecompute(LocalEngine& engine, bool bitwise) {
   ModelRunner& runner = engine.runner();
   kv::BlockPool& pool = engine.pool();
   auto run = [&](kv::BlockTable& table, std::vector<int32_t> tokens) {
+    EXPECT_TRUE(table.Reserve(table.num_tokens() + static_cast<int64_t>(tokens.size())).ok());
     std::vector<SequenceInput> b = {{.seq_id = 1,
                                      .tokens = std::move(tokens),
                                      .start_pos = static_cast<int32_t>(table.num_tokens()),

@@ -76,6 +76,7 @@ struct Reference {
   };
   std::vector<Scored> PromptLogprobs(const std::vector<int32_t>& prompt, int top) {
     kv::BlockTable table(&engine->pool());
+    EXPECT_TRUE(table.Reserve(static_cast<int64_t>(prompt.size())).ok());
     std::vector<model::SequenceInput> b = {
         {.seq_id = 1, .tokens = prompt, .start_pos = 0, .table = &table, .all_logits = true}};
     auto out = engine->runner().Forward(absl::MakeSpan(b), engine->pool().View());
@@ -102,6 +103,7 @@ struct Reference {
   void ExpectKvEquals(const std::vector<int32_t>& prompt, const kv::BlockPool& dest_pool,
                       const std::vector<kv::BlockId>& dest_blocks, int64_t first_block = 0) {
     kv::BlockTable table(&engine->pool());
+    ASSERT_TRUE(table.Reserve(static_cast<int64_t>(prompt.size())).ok());
     std::vector<model::SequenceInput> b = {
         {.seq_id = 1, .tokens = prompt, .start_pos = 0, .table = &table, .want_logits = true}};
     auto out = engine->runner().Forward(absl::MakeSpan(b), engine->pool().View());
