@@ -96,19 +96,8 @@ ColocatedScheduler::~ColocatedScheduler() { Shutdown(); }
 absl::StatusOr<std::shared_ptr<ColocatedStream>> ColocatedScheduler::Submit(SubmitArgs args) {
   const model::ModelConfig& c = runner_->config();
   const std::string what = absl::StrCat(options_.name, ": request ", args.request_id);
-  if (args.prompt.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": empty prompt"));
-  for (int32_t id : args.prompt) {
-    if (id < 0 || id >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
-    }
-  }
+  DUET_RETURN_IF_ERROR(Annotate(c.CheckPrompt(args.prompt), what));
   const int64_t n = static_cast<int64_t>(args.prompt.size());
-  if (n >= c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": a prompt of ", n,
-                                                   " tokens does not fit the context of ",
-                                                   c.max_position_embeddings));
-  }
   DUET_RETURN_IF_ERROR(Annotate(args.sampling.Validate(c.vocab_size), what));
   const int64_t need = pool_->layout().BlocksForTokens(n + 1);
   if (need > pool_->num_blocks()) {
@@ -407,12 +396,9 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
     }
     r.output.push_back(ev.token.id);
     r.sampling_state.AddGenerated(ev.token.id);
-    // The stop rules of LocalEngine::Generate and the decode node.
-    model::StopReason stop = model::CheckStop(r.params, options_.eos_ids, ev.token.id, r.generated);
-    if (stop == model::StopReason::kNone &&
-        r.table->num_tokens() + 1 > config.max_position_embeddings) {
-      stop = model::StopReason::kMaxTokens;  // the context is full
-    }
+    const model::StopReason stop =
+        model::StopAfterToken(r.params, options_.eos_ids, ev.token.id, r.generated,
+                              r.table->num_tokens(), config.max_position_embeddings);
     if (stop != model::StopReason::kNone) {
       ev.finish = cluster::FinishReasonFromStop(stop);
       PublishSequence(r);

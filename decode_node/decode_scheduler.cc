@@ -128,13 +128,8 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
                                                    args.prompt.size(), " prompt token ids for ",
                                                    args.num_tokens, " prompt tokens"));
   }
-  for (int32_t t : args.prompt) {
-    if (t < 0 || t >= config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("Reserve ", args.request_id, ": token id ", t,
-                                                     " is outside the vocabulary [0, ",
-                                                     config.vocab_size, ")"));
-    }
-  }
+  DUET_RETURN_IF_ERROR(
+      Annotate(config.CheckPrompt(args.prompt), absl::StrCat("Reserve ", args.request_id)));
   if (args.sender_address.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Reserve ", args.request_id, ": no sender transfer address"));
@@ -449,10 +444,9 @@ void DecodeScheduler::Admit(Landed landed) {
   if (!completion.ParseFromString(*landed.payload)) {
     bad = absl::InternalError(absl::StrCat(options_.name, ": request ", r->id,
                                            ": the final KV notice is not a KvCompletion"));
-  } else if (completion.first_token_id() < 0 || completion.first_token_id() >= config.vocab_size) {
-    bad = absl::InvalidArgumentError(absl::StrCat(
-        options_.name, ": request ", r->id, ": first token ", completion.first_token_id(),
-        " is outside the vocabulary [0, ", config.vocab_size, ")"));
+  } else {
+    bad = Annotate(config.CheckTokenId(completion.first_token_id()),
+                   absl::StrCat(options_.name, ": request ", r->id, ": the first token"));
   }
   // From here on the table owns the blocks: the cached prefix, then what the sender wrote.
   const std::vector<kv::BlockId> landed_blocks = std::move(r->blocks);
@@ -507,11 +501,9 @@ void DecodeScheduler::Admit(Landed landed) {
   }
   // The first token (sampled on the prefill node) may already end the request, exactly as in
   // LocalEngine::Generate.
-  model::StopReason stop =
-      model::CheckStop(r->params, options_.eos_ids, r->last_token, r->generated);
-  if (stop == model::StopReason::kNone && r->num_tokens + 1 > config.max_position_embeddings) {
-    stop = model::StopReason::kMaxTokens;
-  }
+  const model::StopReason stop =
+      model::StopAfterToken(r->params, options_.eos_ids, r->last_token, r->generated, r->num_tokens,
+                            config.max_position_embeddings);
   if (stop != model::StopReason::kNone) {
     ev.finish = FinishReasonFromStop(stop);
     Finish(r, std::move(ev));
@@ -620,11 +612,9 @@ void DecodeScheduler::Step() {
     DecodeEvent ev{.has_token = true, .index = step};
     ev.token = std::move(out->tokens[i]);  // sampled on the backend at `step`
     ++r.generated;
-    model::StopReason stop = model::CheckStop(r.params, options_.eos_ids, ev.token.id, r.generated);
-    if (stop == model::StopReason::kNone &&
-        r.table->num_tokens() + 1 > config.max_position_embeddings) {
-      stop = model::StopReason::kMaxTokens;  // the context is full
-    }
+    const model::StopReason stop =
+        model::StopAfterToken(r.params, options_.eos_ids, ev.token.id, r.generated,
+                              r.table->num_tokens(), config.max_position_embeddings);
     if (stop != model::StopReason::kNone) {
       ev.finish = FinishReasonFromStop(stop);
       Finish(rp, std::move(ev));

@@ -200,20 +200,8 @@ absl::Status PrefillScheduler::Validate(const PrefillJob& job) const {
   const kv::KvLayout& layout = pool_->layout();
   const std::string what = absl::StrCat("prefill of request ", job.request_id);
   if (job.request_id.empty()) return absl::InvalidArgumentError("prefill: the request id is empty");
-  if (job.prompt.empty())
-    return absl::InvalidArgumentError(absl::StrCat(what, ": the prompt is empty"));
-  for (int32_t t : job.prompt) {
-    if (t < 0 || t >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
-    }
-  }
+  DUET_RETURN_IF_ERROR(Annotate(c.CheckPrompt(job.prompt), what));
   const int64_t n = static_cast<int64_t>(job.prompt.size());
-  if (n >= c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": a prompt of ", n,
-                                                   " tokens does not fit the context of ",
-                                                   c.max_position_embeddings));
-  }
   DUET_RETURN_IF_ERROR(Annotate(job.sampling.Validate(c.vocab_size), what));
   if (job.sample_step < 0 || job.sample_step >= n) {
     return absl::InvalidArgumentError(

@@ -17,18 +17,7 @@ absl::StatusOr<ClientPrompt> ParseGenerateRequest(const v1::GenerateRequest& req
   } else if (req.has_text()) {
     DUET_ASSIGN_OR_RETURN(out.ids, tokenizer.Encode(req.text(), /*add_bos=*/true));
   }
-  if (out.ids.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
-  for (int32_t id : out.ids) {
-    if (id < 0 || id >= config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Generate: token id ", id, " is outside the vocabulary [0, ", config.vocab_size, ")"));
-    }
-  }
-  if (static_cast<int64_t>(out.ids.size()) >= config.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("Generate: prompt of ", out.ids.size(),
-                                                   " tokens does not fit the context of ",
-                                                   config.max_position_embeddings));
-  }
+  DUET_RETURN_IF_ERROR(Annotate(config.CheckPrompt(out.ids), "Generate"));
   out.sampling = FromProto(req.sampling());
   DUET_RETURN_IF_ERROR(out.sampling.Validate(config.vocab_size));
   return out;

@@ -111,10 +111,8 @@ absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t
     } else {
       result.decode_ms.push_back(sw.ElapsedMs());
     }
-    result.stop = CheckStop(params, eos, id, step + 1);
-    if (result.stop == StopReason::kNone && table.num_tokens() + 1 > c.max_position_embeddings) {
-      result.stop = StopReason::kMaxTokens;  // the context is full
-    }
+    result.stop =
+        StopAfterToken(params, eos, id, step + 1, table.num_tokens(), c.max_position_embeddings);
     if (result.stop != StopReason::kNone) break;
     sw.Reset();
     batch[0] = SequenceInput{.seq_id = 0,

@@ -225,6 +225,25 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
   return c;
 }
 
+absl::Status ModelConfig::CheckTokenId(int32_t id) const {
+  if (id >= 0 && id < vocab_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+}
+
+absl::Status ModelConfig::CheckPrompt(absl::Span<const int32_t> prompt) const {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t id : prompt) {
+    if (absl::Status s = CheckTokenId(id); !s.ok()) return s;
+  }
+  if (static_cast<int64_t>(prompt.size()) >= max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("a prompt of ", prompt.size(),
+                                                   " tokens does not fit the context of ",
+                                                   max_position_embeddings));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ModelConfig::Validate() const {
   auto positive = [](const char* field, int64_t v) -> absl::Status {
     if (v > 0) return absl::OkStatus();

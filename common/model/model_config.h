@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace duet::model {
 
@@ -80,6 +81,11 @@ struct ModelConfig {
   // Positive sizes, heads % kv_heads == 0, even head_dim, token ids in range, ...; the message
   // names the offending field.
   absl::Status Validate() const;
+  // The checks every node makes of a prompt (InvalidArgument naming the problem): not empty,
+  // every id in the vocabulary, and room in the context for at least one generated token.
+  absl::Status CheckPrompt(absl::Span<const int32_t> prompt) const;
+  // InvalidArgument unless `id` is in the vocabulary [0, vocab_size).
+  absl::Status CheckTokenId(int32_t id) const;
 
   // Short stable identifier used in KV layout fingerprints:
   // "llama-L30-H576-A9-KV3-D64-I1536-V49152" (+ "-SW4096" with a sliding window on every layer;

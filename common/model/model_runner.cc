@@ -380,11 +380,8 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
           c.max_position_embeddings));
     }
     for (int32_t t : s.tokens) {
-      if (t < 0 || t >= c.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("Forward: sequence ", s.seq_id, " has token id ",
-                                                       t, " outside the vocabulary [0, ",
-                                                       c.vocab_size, ")"));
-      }
+      DUET_RETURN_IF_ERROR(
+          Annotate(c.CheckTokenId(t), absl::StrCat("Forward: sequence ", s.seq_id)));
     }
     if (s.sample != nullptr) {
       if (s.sample->NeedsState() && s.sample_state == nullptr) {

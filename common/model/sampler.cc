@@ -128,6 +128,13 @@ StopReason CheckStop(const SamplingParams& params, const std::vector<int32_t>& e
   return StopReason::kNone;
 }
 
+StopReason StopAfterToken(const SamplingParams& params, const std::vector<int32_t>& eos_ids,
+                          int32_t token, int generated, int64_t held, int64_t max_positions) {
+  const StopReason stop = CheckStop(params, eos_ids, token, generated);
+  if (stop == StopReason::kNone && held + 1 > max_positions) return StopReason::kMaxTokens;
+  return stop;
+}
+
 void ScorePromptChunk(const float* rows, int vocab, int64_t num_rows, int64_t start,
                       absl::Span<const int32_t> prompt, int num_logprobs,
                       std::vector<SampledToken>* out) {

@@ -84,5 +84,10 @@ SampledToken Sample(const float* logits, int vocab, const SamplingParams& params
 // min_tokens output tokens only max_tokens ends it (as vLLM).
 StopReason CheckStop(const SamplingParams& params, const std::vector<int32_t>& eos_ids,
                      int32_t token, int generated);
+// The stop rule of every generator (LocalEngine, the decode node, the colocated server):
+// CheckStop, else kMaxTokens once the context is full (the cache holds `held` tokens and the
+// token just emitted would be past `max_positions`).
+StopReason StopAfterToken(const SamplingParams& params, const std::vector<int32_t>& eos_ids,
+                          int32_t token, int generated, int64_t held, int64_t max_positions);
 
 }  // namespace duet::model

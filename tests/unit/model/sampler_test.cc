@@ -76,6 +76,16 @@ TEST(SamplerTest, StopRules) {
   EXPECT_EQ(CheckStop(p, {2}, 2, 1), StopReason::kNone);
 }
 
+// The one stop rule adds the full context to CheckStop: after the token that fills it.
+TEST(SamplerTest, StopAfterTokenEndsWhenTheContextIsFull) {
+  const SamplingParams p{.max_tokens = 100, .stop_token_ids = {7}};
+  EXPECT_EQ(StopAfterToken(p, {2}, 5, 1, /*held=*/30, /*max_positions=*/32), StopReason::kNone);
+  EXPECT_EQ(StopAfterToken(p, {2}, 5, 1, 31, 32), StopReason::kNone);
+  EXPECT_EQ(StopAfterToken(p, {2}, 5, 1, 32, 32), StopReason::kMaxTokens);
+  EXPECT_EQ(StopAfterToken(p, {2}, 7, 1, 32, 32), StopReason::kStopToken);  // its own reason first
+  EXPECT_EQ(StopAfterToken(p, {2}, 2, 1, 10, 32), StopReason::kEos);
+}
+
 TEST(SamplerTest, ValidateNamesTheBadParameter) {
   EXPECT_NE(SamplingParams{.temperature = -1}.Validate(10).message().find("temperature"),
             std::string::npos);

@@ -88,6 +88,25 @@ TEST(ModelConfigTest, SmolLM2) {
   EXPECT_EQ(c->ModelId(), "llama-L30-H576-A9-KV3-D64-I1536-V49152");
 }
 
+// The prompt checks every node makes, each naming its problem.
+TEST(ModelConfigTest, CheckPromptNamesWhatIsWrong) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJsonString(kSmolLM2, "smol/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<int32_t> ok = {1, 2, 49151};
+  EXPECT_TRUE(c->CheckPrompt(ok).ok());
+  const absl::Status empty = c->CheckPrompt({});
+  EXPECT_TRUE(absl::IsInvalidArgument(empty)) << empty;
+  EXPECT_THAT(std::string(empty.message()), HasSubstr("empty"));
+  const std::vector<int32_t> outside = {1, 49152};
+  EXPECT_THAT(std::string(c->CheckPrompt(outside).message()),
+              HasSubstr("token id 49152 is outside the vocabulary [0, 49152)"));
+  EXPECT_FALSE(c->CheckTokenId(-1).ok());
+  const std::vector<int32_t> full(c->max_position_embeddings, 5);
+  EXPECT_THAT(std::string(c->CheckPrompt(full).message()), HasSubstr("does not fit the context"));
+  const std::vector<int32_t> fits(c->max_position_embeddings - 1, 5);
+  EXPECT_TRUE(c->CheckPrompt(fits).ok());
+}
+
 TEST(ModelConfigTest, Llama31WithRopeScalingAndEosList) {
   absl::StatusOr<ModelConfig> c = ModelConfig::FromJsonString(kLlama31, "l3/config.json");
   ASSERT_TRUE(c.ok()) << c.status();
