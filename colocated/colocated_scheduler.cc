@@ -222,11 +222,9 @@ void ColocatedScheduler::Admit() {
   while (!waiting_.empty() && static_cast<int>(active_.size()) < options_.max_running) {
     Request& r = *waiting_.front();
     const int64_t n = static_cast<int64_t>(r.prompt.size());
-    // Room for the prompt, and a block of headroom per running request so that decodes can
-    // grow without preempting the prompt just admitted.
+    // Room for the prompt, and headroom for the running ones (KvCacheManager::HasRoomToAdmit).
     const int64_t need = pool_->layout().BlocksForTokens(n);
-    const int64_t headroom = static_cast<int64_t>(active_.size());
-    if (!active_.empty() && pool_->num_available() < need + headroom) return;  // wait (FIFO)
+    if (!kv_.HasRoomToAdmit(need, static_cast<int64_t>(active_.size()))) return;  // wait (FIFO)
     absl::StatusOr<kv::SequenceBlocks> blocks =
         kv_.AllocateSequence(r.prompt, n, /*use_cache=*/!r.ScoresPrompt());
     if (!blocks.ok()) return;  // wait for blocks to come back

@@ -185,18 +185,16 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
     return error;
   };
 
-  // Room to grow: besides its own blocks, keep one free block for each other request here, so
-  // that admitting it does not at once preempt a running one (a request alone is always taken).
+  // Room to grow (KvCacheManager::HasRoomToAdmit).
   {
     int others;
     {
       absl::MutexLock lock(&mu_);
       others = active_ - 1;
     }
-    const int64_t available = pool_->Stats().available();
-    if (others > 0 && available < r->num_blocks + others) {
+    if (!kv_.HasRoomToAdmit(r->num_blocks, others)) {
       return rollback(absl::ResourceExhaustedError(absl::StrCat(
-          options_.name, ": no room to grow request ", r->id, ": ", available,
+          options_.name, ": no room to grow request ", r->id, ": ", pool_->num_available(),
           " blocks available, ", r->num_blocks, " needed for its ", r->num_tokens,
           " tokens and one of headroom for each of the ", others, " other requests here")));
     }

@@ -63,6 +63,13 @@ class KvCacheManager {
   // The chain hashes of `tokens`' full blocks (at most max_blocks, -1: all).
   std::vector<BlockHash> Chain(absl::Span<const int32_t> tokens, int64_t max_blocks = -1) const;
 
+  // The admission rule of the decode node and the colocated server: a sequence needing `blocks`
+  // joins `others` running ones only if the pool then still has a block of headroom for each of
+  // them, so that admitting it does not at once preempt one; a sequence alone is always tried.
+  bool HasRoomToAdmit(int64_t blocks, int64_t others) const {
+    return others <= 0 || pool_->num_available() >= blocks + others;
+  }
+
   // Blocks for a sequence that starts with `tokens` and needs room for `capacity_tokens`
   // (>= tokens.size()): the cached prefix (up to MaxCachedTokens(tokens.size()), none when
   // caching is off, or `use_cache` is false: a sequence whose every position must be computed,

@@ -243,5 +243,19 @@ TEST(KvCacheManagerTest, OffMeansNoLookupAndNoPublish) {
   EXPECT_EQ(kv.counters().queries, 0);
 }
 
+// The admission rule: a sequence alone is always tried; beside others it needs its blocks plus
+// one of headroom for each of them.
+TEST(KvCacheManagerTest, HasRoomToAdmitKeepsABlockOfHeadroomPerRunningSequence) {
+  auto pool = BlockPool::Create(Layout(), 10).value();
+  KvCacheManager kv(pool.get(), SeedFromText("s"), true);
+  EXPECT_TRUE(kv.HasRoomToAdmit(12, 0));  // alone: tried (its allocation says whether it fits)
+  EXPECT_TRUE(kv.HasRoomToAdmit(8, 2));
+  EXPECT_FALSE(kv.HasRoomToAdmit(9, 2));
+  auto held = pool->Allocate(3).value();
+  EXPECT_TRUE(kv.HasRoomToAdmit(5, 2));
+  EXPECT_FALSE(kv.HasRoomToAdmit(6, 2));
+  ASSERT_TRUE(pool->Free(held).ok());
+}
+
 }  // namespace
 }  // namespace duet::kv
