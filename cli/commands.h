@@ -1,25 +1,20 @@
-// The `duet` command's subcommands. Each takes the positional arguments left after absl flag
-// parsing (argv[0] is the subcommand name) and returns a process exit code.
+// The `duet` commands, one function per mode (command_table.h); main.cc parses the command line
+// (command_line.h) and calls the mode's. Each reads its flag groups and returns the exit code.
 //
 //   duet generate --model models/tiny --prompt "hello" --max-tokens 8 [--json]
 #pragma once
 
-#include <vector>
+#include "cli/command_line.h"
 
 namespace duet::cli {
 
-int RunGenerate(const std::vector<char*>& args);
-// generate --server: the cluster client (generate_remote.cc).
-bool GenerateUsesServer();
-int RunGenerateRemote();
-int RunCoordinator(const std::vector<char*>& args);
-int RunPrefill(const std::vector<char*>& args);
-int RunDecode(const std::vector<char*>& args);
-int RunServe(const std::vector<char*>& args);
-// bench serve: the serving load generator (bench_command.cc).
-int RunBench(const std::vector<char*>& args);
-// serve --colocated: prefill and decode in this process (serve_colocated.cc).
-bool ServeColocated();
-int RunServeColocated(const std::vector<char*>& args);
+int RunGenerate();                              // generate_command.cc
+int RunGenerateRemote();                        // generate --server: generate_remote.cc
+int RunCoordinator();                           // node_commands.cc
+int RunPrefill();                               // node_commands.cc
+int RunDecode();                                // node_commands.cc
+int RunServeLoopback(const CommandLine& line);  // serve_command.cc: hands `line.given` on
+int RunServeColocated();                        // serve_colocated.cc
+int RunBenchServe(const CommandLine& line);     // bench_command.cc: refuses --ignore-eos=false
 
 }  // namespace duet::cli

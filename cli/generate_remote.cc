@@ -6,82 +6,45 @@
 #include <string>
 #include <vector>
 
-#include "absl/flags/declare.h"
-#include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "cli/commands.h"
+#include "cli/generate_flags.h"
 #include "common/base/clock.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "proto/channel.h"
 #include "proto/status_util.h"
 
-ABSL_DECLARE_FLAG(std::string, prompt);
-ABSL_DECLARE_FLAG(std::string, prompt_ids);
-ABSL_DECLARE_FLAG(int, max_tokens);
-ABSL_DECLARE_FLAG(double, temperature);
-ABSL_DECLARE_FLAG(double, top_p);
-ABSL_DECLARE_FLAG(int, top_k);
-ABSL_DECLARE_FLAG(uint64_t, seed);
-ABSL_DECLARE_FLAG(int, logprobs);
-ABSL_DECLARE_FLAG(bool, ignore_eos);
-ABSL_DECLARE_FLAG(std::string, stop_ids);
-ABSL_DECLARE_FLAG(bool, json);
-ABSL_FLAG(std::string, server, "", "generate: send the request to this coordinator (host:port)");
-ABSL_FLAG(int, timeout_s, 300, "generate --server: deadline of the whole request");
-
 namespace duet::cli {
-namespace {
-
-bool ParseIdList(const std::string& text, std::vector<int32_t>* out) {
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    int32_t id;
-    if (!absl::SimpleAtoi(part, &id)) return false;
-    out->push_back(id);
-  }
-  return true;
-}
-
-}  // namespace
-
-bool GenerateUsesServer() { return !absl::GetFlag(FLAGS_server).empty(); }
 
 int RunGenerateRemote() {
-  if (absl::GetFlag(FLAGS_prompt).empty() == absl::GetFlag(FLAGS_prompt_ids).empty()) {
-    std::fprintf(stderr, "duet generate: give exactly one of --prompt and --prompt-ids\n");
+  absl::StatusOr<RequestFlags> request = ReadRequestFlags();
+  if (!request.ok()) {
+    std::fprintf(stderr, "duet generate: %s\n", std::string(request.status().message()).c_str());
     return 2;
   }
+  const ClientFlags client = ReadClientFlags();
   v1::GenerateRequest req;
-  if (!absl::GetFlag(FLAGS_prompt_ids).empty()) {
-    std::vector<int32_t> ids;
-    if (!ParseIdList(absl::GetFlag(FLAGS_prompt_ids), &ids)) {
-      std::fprintf(stderr, "duet generate: --prompt-ids must be comma-separated token ids\n");
-      return 2;
-    }
-    req.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
+  if (request->prompt_ids) {
+    req.mutable_token_ids()->mutable_ids()->Assign(request->prompt_ids->begin(),
+                                                   request->prompt_ids->end());
   } else {
-    req.set_text(absl::GetFlag(FLAGS_prompt));
+    req.set_text(*request->prompt);
   }
   v1::SamplingParams* s = req.mutable_sampling();
-  s->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
-  s->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
-  s->set_top_k(absl::GetFlag(FLAGS_top_k));
-  s->set_seed(absl::GetFlag(FLAGS_seed));
-  s->set_max_tokens(absl::GetFlag(FLAGS_max_tokens));
-  s->set_logprobs(absl::GetFlag(FLAGS_logprobs));
-  s->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
-  std::vector<int32_t> stop;
-  if (!ParseIdList(absl::GetFlag(FLAGS_stop_ids), &stop)) {
-    std::fprintf(stderr, "duet generate: --stop-ids must be comma-separated token ids\n");
-    return 2;
-  }
-  s->mutable_stop_token_ids()->Assign(stop.begin(), stop.end());
+  s->set_temperature(static_cast<float>(request->temperature));
+  s->set_top_p(static_cast<float>(request->top_p));
+  s->set_top_k(request->top_k);
+  const SamplingFlags sampling = ReadSamplingFlags();
+  s->set_seed(sampling.seed);
+  s->set_max_tokens(request->max_tokens);
+  s->set_logprobs(request->logprobs);
+  s->set_ignore_eos(sampling.ignore_eos);
+  s->mutable_stop_token_ids()->Assign(request->stop_ids.begin(), request->stop_ids.end());
   req.set_return_text(true);
 
-  auto stub = v1::Generation::NewStub(rpc::MakeChannel(absl::GetFlag(FLAGS_server)));
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(client.server));
   grpc::ClientContext ctx;
-  rpc::SetDeadline(ctx, absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+  rpc::SetDeadline(ctx, client.timeout);
   Stopwatch sw;
   auto reader = stub->Generate(&ctx, req);
   v1::GenerateResponse r;
@@ -93,11 +56,14 @@ int RunGenerateRemote() {
   std::vector<double> token_ms;
   v1::RequestTimings timings;
   int32_t prompt_tokens = 0;
-  const bool json = absl::GetFlag(FLAGS_json);
+  const bool json = request->json;
   while (reader->Read(&r)) {
     if (r.has_token()) {
       const double t = sw.ElapsedMs();
-      if (generated.empty()) ttft_ms = t; else token_ms.push_back(t);
+      if (generated.empty())
+        ttft_ms = t;
+      else
+        token_ms.push_back(t);
       generated.push_back(r.token_id());
       text += r.text();
       if (!json) {
@@ -131,10 +97,11 @@ int RunGenerateRemote() {
     return 0;
   }
   nlohmann::json j;
-  j["server"] = absl::GetFlag(FLAGS_server);
+  j["server"] = client.server;
   j["prompt_tokens"] = prompt_tokens;
   if (req.has_token_ids()) {
-    j["prompt_ids"] = std::vector<int32_t>(req.token_ids().ids().begin(), req.token_ids().ids().end());
+    j["prompt_ids"] =
+        std::vector<int32_t>(req.token_ids().ids().begin(), req.token_ids().ids().end());
   }
   j["generated_ids"] = generated;
   j["text"] = text;

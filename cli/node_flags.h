@@ -1,36 +1,55 @@
-// The flags every serving process shares (`duet prefill`, `duet decode`, `duet serve
-// --colocated`), read into one NodeRuntimeOptions, the transfer flags of prefill and decode
-// nodes, and the HTTP API flags of the processes that serve clients (`duet coordinator`, `duet
-// serve --colocated`). `duet serve --loopback` forwards the node flags to each child
-// (NodeFlagsForChild).
+// The flag groups of the cluster's processes and serving nodes (flag_groups.h), read into typed
+// options: a serving node's prefix cache and /metrics (prefill, decode, serve), a cluster
+// process's address (coordinator, prefill, decode), a node's coordinator and id, and the
+// prefill and decode batches. NodeRuntimeOptionsFromFlags joins them with the model and engine
+// groups (model_flags.h) into what every serving process starts from.
 //
-//   cluster::NodeRuntimeOptions o = NodeRuntimeOptionsFromFlags("decode");
-//   cluster::NodeTransferOptions t = NodeTransferOptionsFromFlags();
-//   std::optional<http::HttpFrontOptions> h = HttpFrontOptionsFromFlags();  // nullopt: off
+//   cluster::NodeRuntimeOptions o = NodeRuntimeOptionsFromFlags("decode");  // id "decode-0"
+//   DecodeFlags d = ReadDecodeFlags();  // d.max_running, d.kv_quarantine_bound
 #pragma once
 
-#include <optional>
+#include <cstdint>
 #include <string>
-#include <vector>
 
+#include "absl/time/time.h"
 #include "cluster/node_runtime.h"
-#include "cluster/node_transport.h"
-#include "http/http_front.h"
 
 namespace duet::cli {
 
-// `kind` names the default node id ("decode" -> "decode-0") when --node_id is not given.
+struct NodeFlags {
+  bool enable_prefix_caching = true;
+  int metrics_port = 0;  // 0: off, -1: any free port
+  std::string metrics_host;
+};
+
+struct ProcessFlags {
+  std::string listen;        // host:port of the gRPC service (port 0: any free)
+  std::string address_file;  // empty: none
+};
+
+struct MembershipFlags {
+  std::string coordinator;  // host:port
+  std::string node_id;      // empty: "<kind>-0"
+};
+
+struct PrefillFlags {
+  int64_t max_batch_tokens = 0;
+  bool layer_pipelining = true;  // --no-layer-pipelining: false
+};
+
+struct DecodeFlags {
+  int max_running = 0;
+  absl::Duration kv_quarantine_bound;
+};
+
+NodeFlags ReadNodeFlags();
+ProcessFlags ReadProcessFlags();
+MembershipFlags ReadMembershipFlags();
+PrefillFlags ReadPrefillFlags();
+DecodeFlags ReadDecodeFlags();
+
+// The model, engine, node, process and membership groups as one NodeRuntimeOptions; `kind`
+// names the default node id ("decode" -> "decode-0") when --node-id is not given.
 cluster::NodeRuntimeOptions NodeRuntimeOptionsFromFlags(const std::string& kind);
-cluster::NodeTransferOptions NodeTransferOptionsFromFlags();
-// The runtime and transfer flags as this process has them, for a node it spawns:
-// --model, --device, --threads, --cpu_gemm, --block_size, --kv_cache_bytes, --metrics_host,
-// --transport, --ucx_net_devices, --kv_staging.
-std::vector<std::string> NodeFlagsForChild();
-// --http_port (-1: nullopt, the API is off), --http_host, --api_key, --max_body_bytes,
-// --max_concurrent_streams, --http_max_connections, --http_{header,body,idle,write}_timeout_s
-// (a non-positive --http_write_timeout_s is refused by HttpFront::Start, naming it).
-std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags();
-// The --http_max_connections and --http_*_timeout_s flags as they are, for a child coordinator.
-std::vector<std::string> HttpFrontFlagsForChild();
 
 }  // namespace duet::cli

@@ -1,17 +1,16 @@
 // `duet serve --loopback`: starts a coordinator, N prefill and M decode nodes as child processes
-// on 127.0.0.1 (every node with the same runtime and transfer flags, cli/node_flags.h), waits
-// until every node is registered, prints "ready <client address>", and stops them all on
-// SIGINT/SIGTERM. Children die with the launcher (PR_SET_PDEATHSIG), so no orphans. A child that
-// dies is started again (at most --restart_limit times each; --no_restart: never, and the
-// coordinator's death stops everything): a coordinator on the same address (so the nodes
-// re-register with it), a node as a new incarnation.
+// on 127.0.0.1 (each child gets the flags given here that its command takes, child_flags.h: every
+// node the same runtime and transfer flags), waits until every node is registered, prints "ready
+// <client address>", and stops them all on SIGINT/SIGTERM. Children die with the launcher
+// (PR_SET_PDEATHSIG), so no orphans. A child that dies is started again (at most --restart-limit
+// times each; --no-restart: never, and the coordinator's death stops everything): a coordinator
+// on the same address (so the nodes re-register with it), a node as a new incarnation.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -20,53 +19,21 @@
 #include <string>
 #include <vector>
 
-#include "absl/flags/declare.h"
-#include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cli/child_flags.h"
 #include "cli/commands.h"
-#include "cli/node_flags.h"
+#include "cli/coordinator_flags.h"
+#include "cli/model_flags.h"
+#include "cli/serve_flags.h"
+#include "cli/stop_signal.h"
+#include "cli/transport_flags.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "proto/channel.h"
 
-ABSL_DECLARE_FLAG(std::string, model);
-ABSL_DECLARE_FLAG(std::string, transport);
-ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
-ABSL_DECLARE_FLAG(bool, no_layer_pipelining);
-ABSL_DECLARE_FLAG(int, max_running);
-ABSL_DECLARE_FLAG(int64_t, heartbeat_timeout_ms);
-ABSL_DECLARE_FLAG(int64_t, queue_timeout_ms);
-ABSL_DECLARE_FLAG(int32_t, max_resumes);
-ABSL_DECLARE_FLAG(std::string, router);
-ABSL_DECLARE_FLAG(absl::Duration, kv_quarantine_bound);
-ABSL_DECLARE_FLAG(double, router_prefill_weight);
-ABSL_DECLARE_FLAG(double, router_queue_weight);
-ABSL_DECLARE_FLAG(double, router_transfer_weight);
-ABSL_DECLARE_FLAG(double, router_decode_weight);
-ABSL_DECLARE_FLAG(int, http_port);
-ABSL_DECLARE_FLAG(std::string, http_host);
-ABSL_DECLARE_FLAG(std::string, api_key);
-ABSL_DECLARE_FLAG(int64_t, max_body_bytes);
-ABSL_DECLARE_FLAG(int, max_concurrent_streams);
-
-ABSL_FLAG(bool, loopback, false, "serve: run every process on this machine, on 127.0.0.1");
-ABSL_FLAG(int, prefill, 1, "serve: number of prefill nodes");
-ABSL_FLAG(int, decode, 1, "serve: number of decode nodes");
-ABSL_FLAG(int, port, 0, "serve: the coordinator's client port (0: any free port)");
-ABSL_FLAG(int, ready_timeout_s, 120, "serve: how long to wait for every node to register");
-ABSL_FLAG(bool, no_restart, false,
-          "serve: do not restart a child that dies (a dead coordinator then stops everything)");
-ABSL_FLAG(int, restart_limit, 5, "serve: restarts of each child at most (then it stays down)");
-ABSL_FLAG(bool, node_metrics, false,
-          "serve: every node (or the --colocated server) serves GET /metrics on a free 127.0.0.1 "
-          "port (printed when ready)");
-
 namespace duet::cli {
 namespace {
-
-std::atomic<bool> g_serve_stop{false};
-void OnServeSignal(int) { g_serve_stop.store(true); }
 
 struct Child {
   std::string name;
@@ -159,37 +126,31 @@ void PrintHttpAddresses(const std::filesystem::path& run_dir, const std::vector<
 
 }  // namespace
 
-int RunServe(const std::vector<char*>& args) {
-  if (args.size() > 1) {
-    std::fprintf(stderr, "duet serve: unexpected argument '%s'\n", args[1]);
-    return 2;
-  }
-  if (ServeColocated()) return RunServeColocated(args);
-  if (!absl::GetFlag(FLAGS_loopback)) {
-    std::fprintf(stderr,
-                 "duet serve: give --loopback (the cluster on this machine) or --colocated (one "
-                 "process); on a cluster start `duet coordinator`, `duet prefill` and `duet "
-                 "decode` on each host\n");
-    return 2;
-  }
-  const std::string model = absl::GetFlag(FLAGS_model);
-  const int num_prefill = absl::GetFlag(FLAGS_prefill);
-  const int num_decode = absl::GetFlag(FLAGS_decode);
-  if (model.empty() || num_prefill < 1 || num_decode < 1) {
+int RunServeLoopback(const CommandLine& line) {
+  const std::string model = ReadModelFlags().model_dir;
+  const ServeFlags serve = ReadServeFlags();
+  const SupervisorFlags sup = ReadSupervisorFlags();
+  if (model.empty() || sup.prefill < 1 || sup.decode < 1) {
     std::fprintf(stderr, "duet serve: need --model DIR, --prefill >= 1 and --decode >= 1\n");
     return 2;
   }
-  const std::string transport = absl::GetFlag(FLAGS_transport);
-  if (transport != "shm" && transport != "tcp") {
-    std::fprintf(stderr, "duet serve: --transport must be shm or tcp, got '%s'\n",
-                 transport.c_str());
+  // What the children would refuse, refused before any starts.
+  absl::StatusOr<TransportFlags> transport = ReadTransportFlags();
+  if (transport.ok() && transport->transport != TransportKind::kShm &&
+      transport->transport != TransportKind::kTcp) {
+    transport = absl::InvalidArgumentError(
+        absl::StrCat("--transport=", TransportKindName(transport->transport),
+                     ": serve --loopback runs shm or tcp"));
+  }
+  if (!transport.ok()) {
+    std::fprintf(stderr, "duet serve: %s\n", std::string(transport.status().message()).c_str());
     return 2;
   }
-  struct sigaction sa = {};
-  sa.sa_handler = OnServeSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  if (absl::StatusOr<RoutingFlags> routing = ReadRoutingFlags(); !routing.ok()) {
+    std::fprintf(stderr, "duet serve: %s\n", std::string(routing.status().message()).c_str());
+    return 2;
+  }
+  InstallStopSignalHandlers();
 
   // A fresh directory per run (mkdtemp): a name from our pid alone could be a directory left by
   // an earlier run whose pid was the same, and its stale coordinator.addr would send the nodes
@@ -206,31 +167,19 @@ int RunServe(const std::vector<char*>& args) {
   std::vector<Child> children;
   // Coordinator first: its address is what the nodes need.
   const std::string coord_file = (run_dir / "coordinator.addr").string();
-  std::vector<std::string> coord_argv = {
-      "duet",
-      "coordinator",
-      "--model=" + model,
-      absl::StrCat("--listen=127.0.0.1:", absl::GetFlag(FLAGS_port)),
-      "--address_file=" + coord_file,
-      absl::StrCat("--heartbeat_timeout_ms=", absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
-      absl::StrCat("--queue_timeout_ms=", absl::GetFlag(FLAGS_queue_timeout_ms)),
-      absl::StrCat("--max_resumes=", absl::GetFlag(FLAGS_max_resumes)),
-      "--router=" + absl::GetFlag(FLAGS_router),
-      absl::StrCat("--router_prefill_weight=", absl::GetFlag(FLAGS_router_prefill_weight)),
-      absl::StrCat("--router_queue_weight=", absl::GetFlag(FLAGS_router_queue_weight)),
-      absl::StrCat("--router_transfer_weight=", absl::GetFlag(FLAGS_router_transfer_weight)),
-      absl::StrCat("--router_decode_weight=", absl::GetFlag(FLAGS_router_decode_weight)),
-      absl::StrCat("--http_port=", absl::GetFlag(FLAGS_http_port)),
-      "--http_host=" + absl::GetFlag(FLAGS_http_host),
-      "--api_key=" + absl::GetFlag(FLAGS_api_key),
-      absl::StrCat("--max_body_bytes=", absl::GetFlag(FLAGS_max_body_bytes)),
-      absl::StrCat("--max_concurrent_streams=", absl::GetFlag(FLAGS_max_concurrent_streams))};
-  for (std::string& f : HttpFrontFlagsForChild()) coord_argv.push_back(std::move(f));
+  // Each child gets the flags given here that its command takes (child_flags.h), after what is
+  // its own.
+  std::vector<std::string> coord_argv = {"duet", "coordinator",
+                                         FlagArg("listen", absl::StrCat("127.0.0.1:", serve.port)),
+                                         FlagArg("address_file", coord_file)};
+  for (std::string& f : ForwardedFlags(SpecOf(CommandId::kCoordinator), line.given)) {
+    coord_argv.push_back(std::move(f));
+  }
   const std::string coord_log = (run_dir / "coordinator.log").string();
   children.push_back({"coordinator", Spawn(coord_argv, coord_log), coord_argv, coord_log});
   std::string coord_addr;
-  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_ready_timeout_s));
-  while (coord_addr.empty() && absl::Now() < deadline && !g_serve_stop.load()) {
+  const absl::Time deadline = absl::Now() + sup.ready_timeout;
+  while (coord_addr.empty() && absl::Now() < deadline && !StopRequested()) {
     coord_addr = ReadFirstLine(coord_file);
     int st;
     if (coord_addr.empty() && waitpid(children[0].pid, &st, WNOHANG) == children[0].pid) {
@@ -248,27 +197,21 @@ int RunServe(const std::vector<char*>& args) {
     StopAll(children);
     return 1;
   }
-  for (int i = 0; i < num_prefill + num_decode; ++i) {
-    const bool is_prefill = i < num_prefill;
+  for (int i = 0; i < sup.prefill + sup.decode; ++i) {
+    const bool is_prefill = i < sup.prefill;
     const std::string name =
-        is_prefill ? absl::StrCat("prefill-", i) : absl::StrCat("decode-", i - num_prefill);
+        is_prefill ? absl::StrCat("prefill-", i) : absl::StrCat("decode-", i - sup.prefill);
     // Every node gets the same runtime and transfer flags (compute, pool, staging): the
     // coordinator refuses a node whose layout or compute differs from the others'.
-    std::vector<std::string> a = {"duet", is_prefill ? "prefill" : "decode", "--listen=127.0.0.1:0",
-                                  "--coordinator=" + coord_addr, "--node_id=" + name};
-    for (std::string& f : NodeFlagsForChild()) a.push_back(std::move(f));
-    if (absl::GetFlag(FLAGS_node_metrics)) {
-      a.push_back("--metrics_port=-1");
-      a.push_back("--address_file=" + (run_dir / (name + ".addr")).string());
+    std::vector<std::string> a = {"duet", is_prefill ? "prefill" : "decode",
+                                  FlagArg("listen", "127.0.0.1:0"),
+                                  FlagArg("coordinator", coord_addr), FlagArg("node_id", name)};
+    if (serve.node_metrics) {
+      a.push_back(FlagArg("metrics_port", "-1"));
+      a.push_back(FlagArg("address_file", (run_dir / (name + ".addr")).string()));
     }
-    if (is_prefill) {
-      a.push_back(absl::StrCat("--max_batch_tokens=", absl::GetFlag(FLAGS_max_batch_tokens)));
-      if (absl::GetFlag(FLAGS_no_layer_pipelining)) a.push_back("--no_layer_pipelining");
-    } else {
-      a.push_back(absl::StrCat("--max_running=", absl::GetFlag(FLAGS_max_running)));
-      a.push_back("--kv_quarantine_bound=" +
-                  absl::FormatDuration(absl::GetFlag(FLAGS_kv_quarantine_bound)));
-    }
+    const CommandSpec& spec = SpecOf(is_prefill ? CommandId::kPrefill : CommandId::kDecode);
+    for (std::string& f : ForwardedFlags(spec, line.given)) a.push_back(std::move(f));
     const std::string log = (run_dir / (name + ".log")).string();
     children.push_back({name, Spawn(a, log), a, log});
   }
@@ -278,12 +221,12 @@ int RunServe(const std::vector<char*>& args) {
   // Ready when the coordinator reports every node registered.
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(coord_addr));
   bool ready = false;
-  while (!ready && absl::Now() < deadline && !g_serve_stop.load()) {
+  while (!ready && absl::Now() < deadline && !StopRequested()) {
     grpc::ClientContext ctx;
     rpc::SetDeadline(ctx, absl::Seconds(1));
     v1::HealthResponse h;
-    if (stub->Health(&ctx, v1::HealthRequest(), &h).ok() && h.prefill_nodes() == num_prefill &&
-        h.decode_nodes() == num_decode) {
+    if (stub->Health(&ctx, v1::HealthRequest(), &h).ok() && h.prefill_nodes() == sup.prefill &&
+        h.decode_nodes() == sup.decode) {
       ready = true;
       break;
     }
@@ -311,11 +254,11 @@ int RunServe(const std::vector<char*>& args) {
   }
   // A node registers before it writes its address file: wait for those files (bounded) so that
   // every "metrics" line is printed.
-  if (absl::GetFlag(FLAGS_node_metrics)) {
+  if (serve.node_metrics) {
     for (const Child& c : children) {
       const std::filesystem::path f = run_dir / (c.name + ".addr");
       while (c.name != "coordinator" && !std::filesystem::exists(f) && absl::Now() < deadline &&
-             !g_serve_stop.load()) {
+             !StopRequested()) {
         absl::SleepFor(absl::Milliseconds(10));
       }
     }
@@ -326,22 +269,25 @@ int RunServe(const std::vector<char*>& args) {
 
   // A restarted coordinator must come back where the nodes and clients look for it: the same
   // client address, and the same HTTP port.
-  for (std::string& a : children[0].argv) {
-    if (absl::StartsWith(a, "--listen=")) a = "--listen=" + coord_addr;
-    if (absl::StartsWith(a, "--http_port=")) {
-      std::ifstream in(coord_file);
-      std::string grpc_addr, http_addr;
-      if (std::getline(in, grpc_addr) && std::getline(in, http_addr) && !http_addr.empty()) {
-        a = "--http_port=" + http_addr.substr(http_addr.rfind(':') + 1);
-      }
+  {
+    std::vector<std::string>& argv = children[0].argv;
+    std::erase_if(argv, [](const std::string& a) {
+      return absl::StartsWith(a, FlagArg("listen", "")) ||
+             absl::StartsWith(a, FlagArg("http_port", ""));
+    });
+    argv.push_back(FlagArg("listen", coord_addr));
+    std::ifstream in(coord_file);
+    std::string grpc_addr, http_addr;
+    if (std::getline(in, grpc_addr) && std::getline(in, http_addr) && !http_addr.empty()) {
+      argv.push_back(FlagArg("http_port", http_addr.substr(http_addr.rfind(':') + 1)));
     }
   }
-  const bool restart = !absl::GetFlag(FLAGS_no_restart);
-  const int restart_limit = absl::GetFlag(FLAGS_restart_limit);
+  const bool restart = sup.restart;
+  const int restart_limit = sup.restart_limit;
 
   // Supervise: report children that die and start them again (bounded); stop everything on a
   // signal, or if the coordinator dies and is not restarted.
-  while (!g_serve_stop.load()) {
+  while (!StopRequested()) {
     for (Child& c : children) {
       int st;
       if (c.pid > 0 && waitpid(c.pid, &st, WNOHANG) == c.pid) {
@@ -349,15 +295,15 @@ int RunServe(const std::vector<char*>& args) {
                     WIFSIGNALED(st) ? "signal" : "status",
                     WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
         c.pid = -1;
-        if (restart && c.restarts < restart_limit && !g_serve_stop.load()) {
+        if (restart && c.restarts < restart_limit && !StopRequested()) {
           ++c.restarts;
           c.pid = Spawn(c.argv, c.log_path, /*append=*/true);
           std::printf("node %s restarted pid %d (restart %d of at most %d)\n", c.name.c_str(),
                       c.pid, c.restarts, restart_limit);
         } else if (c.name == "coordinator") {
-          g_serve_stop.store(true);
+          RequestStop();
         } else if (restart) {
-          std::printf("node %s stays down: restarted %d times (--restart_limit)\n", c.name.c_str(),
+          std::printf("node %s stays down: restarted %d times (--restart-limit)\n", c.name.c_str(),
                       c.restarts);
         }
         std::fflush(stdout);

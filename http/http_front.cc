@@ -707,8 +707,16 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
                                                             metrics::Registry* registry) {
   if (options.write_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("http: write_timeout (--http_write_timeout_s) must be positive, not ",
+        absl::StrCat("http: write_timeout (--http-write-timeout-s) must be positive, not ",
                      absl::FormatDuration(options.write_timeout)));
+  }
+  if (options.max_body_bytes < 1) {
+    return absl::InvalidArgumentError("http: max_body_bytes (--max-body-bytes) must be at least 1");
+  }
+  if (options.max_connections < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("http: max_connections (--http-max-connections) must be at least 1, not ",
+                     options.max_connections));
   }
   std::unique_ptr<HttpFront> f(new HttpFront());
   f->handlers_ = std::make_unique<Handlers>(options, backend, tokenizer, registry);

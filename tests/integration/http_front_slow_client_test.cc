@@ -139,8 +139,17 @@ TEST_F(HttpFrontSlowClientTest, NonPositiveWriteTimeoutIsRefusedByName) {
     auto f = HttpFront::Start(o, &backend_, tokenizer_.get(), &registry_);
     ASSERT_FALSE(f.ok());
     EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(f.status().message().find("--http_write_timeout_s"), std::string::npos) << f.status();
+    EXPECT_NE(f.status().message().find("--http-write-timeout-s"), std::string::npos) << f.status();
   }
+  // The body and connection limits likewise (they were raised to 1 without a word).
+  HttpFrontOptions no_body{.host = "127.0.0.1", .max_body_bytes = 0};
+  auto f = HttpFront::Start(no_body, &backend_, tokenizer_.get(), &registry_);
+  EXPECT_TRUE(absl::IsInvalidArgument(f.status())) << f.status();
+  EXPECT_NE(f.status().message().find("--max-body-bytes"), std::string::npos) << f.status();
+  HttpFrontOptions no_connections{.host = "127.0.0.1", .max_connections = 0};
+  f = HttpFront::Start(no_connections, &backend_, tokenizer_.get(), &registry_);
+  EXPECT_TRUE(absl::IsInvalidArgument(f.status())) << f.status();
+  EXPECT_NE(f.status().message().find("--http-max-connections"), std::string::npos) << f.status();
 }
 
 // 200 streaming clients that never read (each stream's first event echoes a 384 KiB prompt, more
@@ -180,9 +189,11 @@ TEST_F(HttpFrontSlowClientTest, NeverReadingAndTricklingClientsAreCutOffWhileCom
   std::vector<std::pair<absl::Time, int>> server_fds;  // (when, the server's descriptors)
   std::thread sampler([&] {
     while (sampling.load()) {
-      // The good client's socket may be open: counted as the server's (within the slack).
-      const int clients = client_fds.load();
-      const int fds = CountProcEntries("fd") - base_fds - clients;
+      // The good client's socket may be open: counted as the server's (within the slack). The
+      // attackers' count is read after the scan, which sockets they open meanwhile would
+      // otherwise join as the server's (dozens when the machine is busy).
+      const int all = CountProcEntries("fd");
+      const int fds = all - base_fds - client_fds.load();
       const int threads = CountProcEntries("task");
       server_fds.emplace_back(absl::Now(), fds);
       max_server_fds = std::max(max_server_fds, fds);

@@ -1,0 +1,23 @@
+// The HTTP API flag groups (flag_groups.h): the OpenAI-compatible API of the processes that
+// serve clients (`duet coordinator`, `duet serve`), and its key, which `duet bench serve`
+// sends as a client.
+//
+//   std::optional<http::HttpFrontOptions> h = HttpFrontOptionsFromFlags();  // nullopt: API off
+//   std::string key = ReadApiKeyFlag();
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "http/http_front.h"
+
+namespace duet::cli {
+
+// --http-port (-1: nullopt, the API is off), --http-host, --served-model-name, --api-key,
+// --max-body-bytes, --max-concurrent-streams, --http-max-connections and the
+// --http-{header,body,idle,write}-timeout-s deadlines (a non-positive --http-write-timeout-s is
+// refused by HttpFront::Start, naming it).
+std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags();
+std::string ReadApiKeyFlag();
+
+}  // namespace duet::cli

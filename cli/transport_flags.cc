@@ -1,0 +1,125 @@
+#include "cli/transport_flags.h"
+
+#include <array>
+#include <utility>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cli/flag_groups.h"
+
+ABSL_FLAG(std::string, transport, "shm",
+          "KV transport between nodes: shm, tcp or shm-mm (UCX profiles)");
+ABSL_FLAG(std::string, ucx_tls, "", "UCX_TLS list to use instead of --transport's");
+ABSL_FLAG(std::string, ucx_net_devices, "",
+          "UCX_NET_DEVICES to use instead of --transport's (tcp: lo; across hosts: eth0)");
+ABSL_FLAG(std::string, transfer_write_mode, "auto",
+          "how KV reaches a decode node's pool over UCX: auto, put, am or memcpy");
+ABSL_FLAG(int64_t, transfer_chunk_kib, 1024,
+          "UCX put lane: KV runs are split into chunks this size");
+ABSL_FLAG(int64_t, transfer_am_chunk_kib, 4096, "UCX am lane: chunk size");
+ABSL_FLAG(absl::Duration, transfer_keepalive, absl::Milliseconds(500),
+          "UCX dead-peer detection interval");
+ABSL_FLAG(std::string, kv_staging, "auto",
+          "stage KV through a host mirror of the pool that the transport exports: auto (iff the "
+          "compute backend's KV pool is device memory), always (also on cpu), never (refuses a "
+          "device pool)");
+
+namespace duet::cli {
+namespace {
+
+template <typename E, size_t N>
+using NameTable = std::array<std::pair<E, const char*>, N>;
+
+constexpr NameTable<TransportKind, 3> kTransports = {{{TransportKind::kShm, "shm"},
+                                                      {TransportKind::kTcp, "tcp"},
+                                                      {TransportKind::kShmMm, "shm-mm"}}};
+constexpr NameTable<TransferWriteMode, 4> kWriteModes = {{{TransferWriteMode::kAuto, "auto"},
+                                                          {TransferWriteMode::kPut, "put"},
+                                                          {TransferWriteMode::kAm, "am"},
+                                                          {TransferWriteMode::kMemcpy, "memcpy"}}};
+constexpr NameTable<KvStaging, 3> kStagings = {
+    {{KvStaging::kAuto, "auto"}, {KvStaging::kAlways, "always"}, {KvStaging::kNever, "never"}}};
+
+template <typename E, size_t N>
+const char* NameOf(const NameTable<E, N>& table, E value) {
+  for (const auto& [e, name] : table) {
+    if (e == value) return name;
+  }
+  return "?";
+}
+
+template <typename E, size_t N>
+absl::StatusOr<E> Parse(const NameTable<E, N>& table, const char* flag, const std::string& value) {
+  std::vector<const char*> names;
+  for (const auto& [e, name] : table) {
+    if (value == name) return e;
+    names.push_back(name);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--", DashedFlagName(flag), "=", value,
+                                                 ": not one of ", absl::StrJoin(names, ", ")));
+}
+
+// KiB from a flag in bytes; out-of-range values become 0 or UINT64_MAX, which the transport
+// refuses by name.
+uint64_t KibToBytes(int64_t kib) {
+  if (kib <= 0) return 0;
+  if (kib > (INT64_MAX >> 10)) return UINT64_MAX;
+  return static_cast<uint64_t>(kib) << 10;
+}
+
+}  // namespace
+
+std::vector<FlagGroupInfo> TransportFlagGroups() {
+  return {{FlagGroup::kTransport,
+           "transport",
+           "KV transport between prefill and decode nodes",
+           {&absl::GetFlagReflectionHandle(FLAGS_transport),
+            &absl::GetFlagReflectionHandle(FLAGS_ucx_tls),
+            &absl::GetFlagReflectionHandle(FLAGS_ucx_net_devices),
+            &absl::GetFlagReflectionHandle(FLAGS_transfer_write_mode),
+            &absl::GetFlagReflectionHandle(FLAGS_transfer_chunk_kib),
+            &absl::GetFlagReflectionHandle(FLAGS_transfer_am_chunk_kib),
+            &absl::GetFlagReflectionHandle(FLAGS_transfer_keepalive),
+            &absl::GetFlagReflectionHandle(FLAGS_kv_staging)}}};
+}
+
+const char* TransportKindName(TransportKind kind) { return NameOf(kTransports, kind); }
+const char* TransferWriteModeName(TransferWriteMode mode) { return NameOf(kWriteModes, mode); }
+const char* KvStagingName(KvStaging staging) { return NameOf(kStagings, staging); }
+
+absl::StatusOr<TransportFlags> ReadTransportFlags() {
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport == "inproc") {
+    return absl::InvalidArgumentError(
+        "--transport=inproc connects nodes inside one process only; use shm, tcp or shm-mm");
+  }
+  TransportFlags t{.ucx_tls = absl::GetFlag(FLAGS_ucx_tls),
+                   .ucx_net_devices = absl::GetFlag(FLAGS_ucx_net_devices),
+                   .chunk_kib = absl::GetFlag(FLAGS_transfer_chunk_kib),
+                   .am_chunk_kib = absl::GetFlag(FLAGS_transfer_am_chunk_kib),
+                   .keepalive = absl::GetFlag(FLAGS_transfer_keepalive)};
+  auto kind = Parse(kTransports, "transport", transport);
+  if (!kind.ok()) return kind.status();
+  t.transport = *kind;
+  auto mode = Parse(kWriteModes, "transfer_write_mode", absl::GetFlag(FLAGS_transfer_write_mode));
+  if (!mode.ok()) return mode.status();
+  t.write_mode = *mode;
+  auto staging = Parse(kStagings, "kv_staging", absl::GetFlag(FLAGS_kv_staging));
+  if (!staging.ok()) return staging.status();
+  t.kv_staging = *staging;
+  return t;
+}
+
+cluster::NodeTransferOptions NodeTransferOptionsOf(const TransportFlags& flags) {
+  return {.transport = TransportKindName(flags.transport),
+          .ucx_net_devices = flags.ucx_net_devices,
+          .ucx_tls = flags.ucx_tls,
+          .write_mode = TransferWriteModeName(flags.write_mode),
+          .chunk_bytes = KibToBytes(flags.chunk_kib),
+          .am_chunk_bytes = KibToBytes(flags.am_chunk_kib),
+          .keepalive = flags.keepalive,
+          .kv_staging = KvStagingName(flags.kv_staging)};
+}
+
+}  // namespace duet::cli
