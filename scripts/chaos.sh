@@ -21,11 +21,13 @@
 #   1,000 streams + 200 slow clients, /health answering           HttpFrontLoadTest.*
 #   client disconnects (streamed or not) cancel the request       *Disconnect*, *ClientLeaves*
 #   a multi-host cluster in network namespaces (tcp)              netns_cluster_test
+#   the P<->D link black-holed past the bound, then back          netns_blackhole_test
+#   a prefill node stopped past the bound: fenced, then lifted    *FenceLifts*, *KilledByAFence*
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${DUET_BUILD_DIR:-$ROOT/build}"
 [ -f "$BUILD/build.ninja" ] || { echo "chaos.sh: build first (scripts/build.sh)" >&2; exit 2; }
 PATTERN='ClusterFailureTest\.|Quarantine|MembershipLivenessTest\.|HttpFrontLoadTest\.'
-PATTERN+='|Disconnect|ClientLeaves|netns_cluster_test'
+PATTERN+='|Disconnect|ClientLeaves|netns_cluster_test|netns_blackhole_test'
 cd "$BUILD"
 exec ctest -R "$PATTERN" --output-on-failure "$@"
