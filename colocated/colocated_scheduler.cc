@@ -399,7 +399,6 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
                               r.table->num_tokens(), config.max_position_embeddings);
     if (stop != model::StopReason::kNone) {
       ev.finish = cluster::FinishReasonFromStop(stop);
-      PublishSequence(r);
       Finish(r, std::move(ev));
       continue;
     }
@@ -420,6 +419,9 @@ void ColocatedScheduler::Finish(Request& r, ColocatedEvent last) {
   if (r.done) return;
   r.done = true;
   if (r.table != nullptr) {
+    // As the decode node: a stopped, cancelled or expired request's complete K/V stays in the
+    // prefix cache (not after a failed step, whose K/V may be incomplete).
+    if (last.finish != FinishReason::kError) PublishSequence(r);
     if (absl::Status s = r.table->Release(); !s.ok()) {
       DUET_LOG(ERROR) << options_.name << ": request " << r.id
                       << ": cannot free its blocks: " << s.message();

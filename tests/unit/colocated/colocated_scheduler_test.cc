@@ -501,6 +501,38 @@ TEST_F(ColocatedSchedulerTest, PrefixCacheHitsAreTokenExact) {
 // sampling.prompt_logprobs: the first token's event scores every prompt token after the first,
 // in chunks and with the prompt's prefix cached (it is computed whole then), as one pass over
 // the whole prompt does; tokens stay exact. Without it, the prefix comes from the cache.
+// As on the decode node, a request that ends early (cancelled mid-decode) leaves the K/V of its
+// generated tokens in the prefix cache too: a prompt that continues its conversation takes
+// those blocks from there, exactly.
+TEST_F(ColocatedSchedulerTest, ACancelledRequestsGeneratedBlocksStayInThePrefixCache) {
+  using prefix::CachedOf;
+  using prefix::Concat;
+  Start({.max_batch_tokens = 64, .max_running = 4});
+  const std::vector<int32_t> prompt = Prompt(21, 7);  // 5 full blocks of 4, and one token
+  auto s = Submit("cancel-me", prompt, {.max_tokens = 2000, .ignore_eos = true});
+  std::vector<int32_t> generated;
+  for (const absl::Time end = DeadlineIn(absl::Seconds(30));
+       generated.size() < 8 && absl::Now() < end;) {
+    for (const ColocatedEvent& e : s->Pop(DeadlineIn(absl::Milliseconds(50)))) {
+      if (e.has_token) generated.push_back(e.token.id);
+    }
+  }
+  ASSERT_GE(generated.size(), 8u);
+  EXPECT_TRUE(sched_->Cancel("cancel-me"));
+  Outcome cancelled = Drain(*s, absl::Seconds(30));
+  EXPECT_EQ(cancelled.finish, FinishReason::kCancelled);
+  EXPECT_TRUE(AllFree());
+  // The first 8 tokens it generated: positions 21-28, whose K/V (but the last's) is in blocks
+  // 5-6 (positions 20-27), complete.
+  const std::vector<int32_t> next = Concat(
+      Concat(prompt, std::vector<int32_t>(generated.begin(), generated.begin() + 8)), Prompt(3, 8));
+  const model::SamplingParams greedy{.max_tokens = 5, .ignore_eos = true};
+  Outcome again = Drain(*Submit("next-turn", next, greedy));
+  ASSERT_EQ(again.finish, FinishReason::kMaxTokens) << again.error;
+  EXPECT_EQ(CachedOf(again), 28) << "the cancelled request's generated blocks were not cached";
+  EXPECT_EQ(again.ids, Reference(next, greedy));
+}
+
 TEST_F(ColocatedSchedulerTest, PromptLogprobsScoreTheWholePromptInChunks) {
   Start({.max_batch_tokens = 8, .max_running = 4});
   const std::vector<int32_t> prompt = Prompt(30, 61);
