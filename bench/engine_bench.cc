@@ -41,8 +41,8 @@
 #include "common/base/logging.h"
 #include "common/kv/block_table.h"
 #include "common/model/local_engine.h"
-#include "common/model/sampler.h"
 #include "common/model/synthetic_model.h"
+#include "common/sampling/sampler.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model, "",

@@ -40,7 +40,7 @@
 #include "common/base/logging.h"
 #include "common/kv/block_table.h"
 #include "common/model/local_engine.h"
-#include "common/model/sampler.h"
+#include "common/sampling/sampler.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model, "", "model directory or .gguf file");

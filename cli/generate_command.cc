@@ -11,8 +11,8 @@
 #include "cli/generate_flags.h"
 #include "cli/model_flags.h"
 #include "common/base/logging.h"
-#include "common/model/chat_template.h"
 #include "common/model/local_engine.h"
+#include "common/tokenizer/chat_template.h"
 #include "nlohmann/json.hpp"
 
 namespace duet::cli {

@@ -8,7 +8,7 @@
 #include "cluster/node_load_convert.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
-#include "common/model/weights.h"
+#include "common/weights/weights.h"
 #include "proto/kv_layout_convert.h"
 
 namespace duet::cluster {

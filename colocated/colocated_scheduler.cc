@@ -398,7 +398,7 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
         model::StopAfterToken(r.params, options_.eos_ids, ev.token.id, r.generated,
                               r.table->num_tokens(), config.max_position_embeddings);
     if (stop != model::StopReason::kNone) {
-      ev.finish = cluster::FinishReasonFromStop(stop);
+      ev.finish = engine::FinishReasonFromStop(stop);
       Finish(r, std::move(ev));
       continue;
     }

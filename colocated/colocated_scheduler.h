@@ -38,17 +38,17 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "cluster/finish_reason.h"
 #include "common/base/event_stream.h"
+#include "common/engine/finish_reason.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/model/model_runner.h"
-#include "common/model/sampler.h"
+#include "common/sampling/sampler.h"
 
 namespace duet::colocated {
 
-using cluster::FinishReason;
+using engine::FinishReason;
 
 // One event of a request's stream.
 struct ColocatedEvent {

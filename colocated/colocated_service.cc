@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cluster/finish_reason.h"
+#include "cluster/finish_reason_convert.h"
 #include "cluster/node_load_convert.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"

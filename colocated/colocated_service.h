@@ -22,8 +22,8 @@
 #include "absl/time/time.h"
 #include "colocated/colocated_metrics.h"
 #include "colocated/colocated_scheduler.h"
-#include "common/model/model_config.h"
-#include "common/model/tokenizer.h"
+#include "common/config/model_config.h"
+#include "common/tokenizer/tokenizer.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "http/http_front.h"
 

@@ -15,8 +15,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "common/model/model_config.h"
-#include "common/model/tokenizer.h"
+#include "common/config/model_config.h"
+#include "common/tokenizer/tokenizer.h"
 #include "coordinator/background_calls.h"
 #include "coordinator/cache_directory.h"
 #include "coordinator/coordinator_metrics.h"

@@ -7,7 +7,7 @@
 #include "cluster/node_load_convert.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
-#include "common/model/gguf_model.h"
+#include "common/weights/gguf_model.h"
 #include "coordinator/coordinator_impl.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"

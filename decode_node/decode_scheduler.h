@@ -39,23 +39,23 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "cluster/finish_reason.h"
 #include "common/base/event_stream.h"
+#include "common/engine/finish_reason.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/kv/kv_layout.h"
 #include "common/model/model_runner.h"
-#include "common/model/sampler.h"
+#include "common/sampling/sampler.h"
 #include "transfer/kv_stream/kv_arrival_tracker.h"
 #include "transfer/transport.h"
 
 namespace duet::decode {
 
-// How a request's stream ended (cluster/finish_reason.h, shared with the colocated server).
-using cluster::FinishReason;
-using cluster::FinishReasonFromStop;
-using cluster::FinishReasonName;
+// How a request's stream ended (common/engine/finish_reason.h, shared with the colocated server).
+using engine::FinishReason;
+using engine::FinishReasonFromStop;
+using engine::FinishReasonName;
 // The exposed transfer tail: how long after P's forward pass ended (the first token sampled)
 // the last of a request's KV and its final notice landed here (`ready_us`). Senders that do not
 // report `forward_done_us` (0) are measured from their last layer's K/V write. 0 when neither

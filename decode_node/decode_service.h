@@ -19,7 +19,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/model/tokenizer.h"
+#include "cluster/finish_reason_convert.h"
+#include "common/tokenizer/tokenizer.h"
 #include "decode_node/decode_metrics.h"
 #include "decode_node/decode_scheduler.h"
 #include "duet/v1/decode.grpc.pb.h"
@@ -36,7 +37,7 @@ struct DecodeServiceIdentity {
 // Converts one scheduler event to its wire form.
 v1::TokenEvent ToProto(const std::string& request_id, const DecodeEvent& event,
                        const model::Tokenizer* tokenizer);
-using cluster::ToProto;  // FinishReason's wire form (cluster/finish_reason.h)
+using cluster::ToProto;  // FinishReason's wire form (cluster/finish_reason_convert.h)
 
 class DecodeService final : public v1::DecodeNode::Service {
  public:

@@ -3,10 +3,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/model/bpe_tokenizer.h"
-#include "common/model/gguf.h"
-#include "common/model/gguf_model.h"
-#include "common/model/spm_tokenizer.h"
+#include "common/tokenizer/bpe_tokenizer.h"
+#include "common/tokenizer/spm_tokenizer.h"
+#include "common/weights/gguf.h"
+#include "common/weights/gguf_model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace duet::model;

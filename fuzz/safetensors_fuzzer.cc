@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "common/model/safetensors.h"
+#include "common/weights/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace duet::model;

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "common/model/bpe_tokenizer.h"
+#include "common/tokenizer/bpe_tokenizer.h"
 
 namespace {
 

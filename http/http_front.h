@@ -28,7 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/metrics/metrics.h"
-#include "common/model/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "duet/v1/client.pb.h"
 #include "http/http_server.h"
 

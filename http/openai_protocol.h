@@ -2,11 +2,11 @@
 // request JSON -> ParsedRequest (types, ranges, n, the prompts), the context/max_tokens checks once
 // the prompt is tokenized, streamed text assembly (UTF-8 boundaries and `stop` strings), and the
 // JSON of responses, chunks and errors. Chat messages become prompt text in
-// common/model/chat_template.h.
+// common/tokenizer/chat_template.h.
 //
 //   ParsedRequest req;
 //   if (std::optional<ApiError> e = ParseRequest(Endpoint::kChat, body, &req)) reply(*e);
-//   DUET_ASSIGN_OR_RETURN(std::string prompt,   // common/model/chat_template.h
+//   DUET_ASSIGN_OR_RETURN(std::string prompt,   // common/tokenizer/chat_template.h
 //                         model::RenderChat(model::ChatTemplateOf(*tokenizer), req.messages));
 //   std::optional<ApiError> e = CheckLengths(&req, prompt_tokens, context_length);
 //   v1::SamplingParams sp = ToSampling(req);
@@ -21,8 +21,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/compute/sampling.h"
-#include "common/model/chat_template.h"
+#include "common/sampling/sampling.h"
+#include "common/tokenizer/chat_template.h"
 #include "duet/v1/common.pb.h"
 #include "nlohmann/json.hpp"
 
@@ -70,7 +70,7 @@ struct ParsedRequest {
   int top_k = 0;  // 0: off (vLLM's -1 too)
   std::optional<uint64_t> seed;
   std::vector<int32_t> stop_token_ids;  // extension (as vLLM): stop after any of these
-  // As vLLM (common/compute/sampling.h): min_p, repetition_penalty, min_tokens are extensions.
+  // As vLLM (common/sampling/sampling.h): min_p, repetition_penalty, min_tokens are extensions.
   float min_p = 0.f;
   float repetition_penalty = 1.f;
   float presence_penalty = 0.f;

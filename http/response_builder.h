@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/model/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "duet/v1/client.pb.h"
 #include "http/openai_protocol.h"
 

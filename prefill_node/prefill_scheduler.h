@@ -46,7 +46,7 @@
 #include "common/kv/block_pool.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/model/model_runner.h"
-#include "common/model/sampler.h"
+#include "common/sampling/sampler.h"
 #include "transfer/kv_stream/kv_stream_sender.h"
 #include "transfer/transport.h"
 

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model/model_config.h"
-#include "common/model/sampler.h"
-#include "common/model/tokenizer.h"
+#include "common/config/model_config.h"
+#include "common/sampling/sampler.h"
+#include "common/tokenizer/tokenizer.h"
 #include "duet/v1/client.pb.h"
 
 namespace duet::rpc {

@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "common/model/sampler.h"
+#include "common/sampling/sampler.h"
 #include "duet/v1/common.pb.h"
 
 namespace duet::rpc {

@@ -1,5 +1,5 @@
 // ggml's quantized blocks decoded to their integer codes and scales, the one place their bit
-// layouts are spelled out for both the GGUF dequantizer (common/model/gguf_quant.cc,
+// layouts are spelled out for both the GGUF dequantizer (common/weights/gguf_quant.cc,
 // gguf_kquant.cc) and the CPU backend's packer of weights it keeps quantized
 // (common/compute/cpu/quant_gemm.cc). gguf_quant.h documents each layout.
 //

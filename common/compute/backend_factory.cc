@@ -5,11 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/base/uniform_hash.h"
 #include "common/compute/backend_plugin.h"
 #include "common/compute/backend_registry.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_backend.h"
-#include "common/compute/uniform_hash.h"
 
 namespace duet::compute {
 namespace {

@@ -24,8 +24,8 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/compute/kv_memory.h"
-#include "common/compute/sampling.h"
 #include "common/kv/kv_layout.h"
+#include "common/sampling/sampling.h"
 
 namespace duet::compute {
 

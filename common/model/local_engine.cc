@@ -8,10 +8,10 @@
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/kv/block_table.h"
-#include "common/model/bpe_tokenizer.h"
-#include "common/model/gguf.h"
-#include "common/model/gguf_model.h"
-#include "common/model/weights.h"
+#include "common/tokenizer/bpe_tokenizer.h"
+#include "common/weights/gguf.h"
+#include "common/weights/gguf_model.h"
+#include "common/weights/weights.h"
 
 namespace duet::model {
 

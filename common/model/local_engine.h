@@ -16,11 +16,11 @@
 #include "absl/status/statusor.h"
 #include "common/base/logging.h"
 #include "common/compute/compute_backend.h"
+#include "common/config/model_config.h"
 #include "common/kv/block_pool.h"
-#include "common/model/model_config.h"
 #include "common/model/model_runner.h"
-#include "common/model/sampler.h"
-#include "common/model/tokenizer.h"
+#include "common/sampling/sampler.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace duet::model {
 

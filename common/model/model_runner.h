@@ -28,12 +28,12 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/compute/compute_backend.h"
+#include "common/config/model_config.h"
 #include "common/kv/block_hash.h"
 #include "common/kv/block_table.h"
-#include "common/model/model_config.h"
-#include "common/model/sampler.h"
-#include "common/model/sampling_state.h"
-#include "common/model/weights.h"
+#include "common/sampling/sampler.h"
+#include "common/sampling/sampling_state.h"
+#include "common/weights/weights.h"
 
 namespace duet::model {
 

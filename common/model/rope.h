@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "common/model/model_config.h"
+#include "common/config/model_config.h"
 
 namespace duet::model {
 

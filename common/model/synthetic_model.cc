@@ -10,11 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/base/json_util.h"
 #include "common/base/status.h"
-#include "common/model/byte_tokenizer.h"
-#include "common/model/json_util.h"
-#include "common/model/safetensors_writer.h"
-#include "common/model/weights.h"
+#include "common/tokenizer/byte_tokenizer.h"
+#include "common/weights/safetensors_writer.h"
+#include "common/weights/weights.h"
 #include "nlohmann/json.hpp"
 
 namespace duet::model {

@@ -27,7 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model/model_config.h"
+#include "common/config/model_config.h"
 
 namespace duet::model {
 

@@ -17,7 +17,7 @@
 #include "common/kv/block_table.h"
 #include "common/model/model_runner.h"
 #include "common/model/synthetic_model.h"
-#include "common/model/weights.h"
+#include "common/weights/weights.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/model/runner_test_util.h"

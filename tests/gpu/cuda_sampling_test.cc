@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/compute/sampling.h"
+#include "common/sampling/sampling.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace duet::compute {

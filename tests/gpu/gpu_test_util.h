@@ -17,7 +17,7 @@
 
 #include "common/compute/backend_registry.h"
 #include "common/compute/cuda/cuda_backend.h"
-#include "common/compute/sampling.h"
+#include "common/sampling/sampling.h"
 #include "gtest/gtest.h"
 
 namespace duet::compute::gpu_testing {

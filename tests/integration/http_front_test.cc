@@ -25,7 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "common/model/byte_tokenizer.h"
+#include "common/tokenizer/byte_tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/http_exchange.h"
 

@@ -30,7 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
-#include "common/model/byte_tokenizer.h"
+#include "common/tokenizer/byte_tokenizer.h"
 #include "http/http_front.h"
 #include "nlohmann/json.hpp"
 

@@ -158,7 +158,7 @@ class CudaBackend : public ComputeBackend {
   DeviceBuffer sort_ids_[2];
   DeviceBuffer sort_temp_;
   DeviceBuffer sample_results_;
-  DeviceBuffer processed_logits_;  // processed rows (compute/sampling.h), [processed, vocab]
+  DeviceBuffer processed_logits_;  // processed rows (sampling/sampling.h), [processed, vocab]
   UploadSlot slots_[kNumSlots];
   std::vector<DeviceBuffer> vectors_;  // UploadVector results, alive as long as the backend
 

@@ -1,4 +1,4 @@
-// The CUDA backend's sampling: greedy argmax and SampleRows (common/compute/sampling.h's
+// The CUDA backend's sampling: greedy argmax and SampleRows (common/sampling/sampling.h's
 // algorithm on the device; only the sampled tokens and their log-probabilities reach the host).
 #include <algorithm>
 #include <climits>

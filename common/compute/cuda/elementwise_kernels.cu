@@ -4,7 +4,7 @@
 
 #include "common/compute/cuda/device_types.cuh"
 #include "common/compute/cuda/kernels.h"
-#include "common/compute/uniform_hash.h"
+#include "common/base/uniform_hash.h"
 
 namespace duet::compute::cuda {
 namespace {

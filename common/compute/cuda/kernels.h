@@ -38,7 +38,7 @@ void LaunchConvertFromF32(const float* src, void* dst, ElemType dst_type, int64_
 void LaunchFillUniform(void* dst, ElemType type, int64_t n, uint64_t seed, float scale,
                        cudaStream_t s);
 
-// ---- sampling (sampling_kernels.cu; the algorithm of common/compute/sampling.h)
+// ---- sampling (sampling_kernels.cu; the algorithm of common/sampling/sampling.h)
 // out[r] = argmax_j logits[r, j] (lowest index on ties).
 void LaunchArgMax(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s);
 
@@ -93,7 +93,7 @@ struct DevSampledRow {
 };
 
 // processed[i * vocab + j] = logits[processed_rows[i] * vocab + j], then the logit processing of
-// common/compute/sampling.h with params[processed_rows[i]]'s inputs (bias, banned, penalties),
+// common/sampling/sampling.h with params[processed_rows[i]]'s inputs (bias, banned, penalties),
 // for i < num_processed (everything in device memory).
 void LaunchProcessRows(const float* logits, int vocab, const DevRowSampling* params,
                        const int32_t* processed_rows, int num_processed, const DevLogitBias* biases,

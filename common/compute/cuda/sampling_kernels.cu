@@ -1,6 +1,6 @@
 // Sampling kernels: the logit processing (bias, bans, penalties), greedy argmax, and temperature
 // / top-k / min-p / top-p sampling with the chosen token's log-probability and the top-N
-// alternatives: common/compute/sampling.h's algorithm on the device, so that a decode step copies
+// alternatives: common/sampling/sampling.h's algorithm on the device, so that a decode step copies
 // back a few bytes per row instead of [rows, vocab].
 //
 // The processing writes a copy of each processed row (the raw row stays for the logprobs); its
@@ -32,7 +32,7 @@
 
 #include "common/compute/cuda/device_types.cuh"
 #include "common/compute/cuda/kernels.h"
-#include "common/compute/uniform_hash.h"
+#include "common/base/uniform_hash.h"
 
 namespace duet::compute::cuda {
 namespace {

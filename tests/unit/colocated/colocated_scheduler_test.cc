@@ -16,9 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/clock.h"
-#include "common/compute/sampling.h"
 #include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"
+#include "common/sampling/sampling.h"
 
 namespace duet::colocated {
 namespace {

@@ -20,7 +20,7 @@
 #include "common/model/local_engine.h"
 #include "common/model/model_runner.h"
 #include "common/model/synthetic_model.h"
-#include "common/model/weights.h"
+#include "common/weights/weights.h"
 #include "tests/unit/model/runner_test_util.h"
 
 namespace duet::model {

@@ -18,7 +18,7 @@
 #include "common/kv/block_table.h"
 #include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"
-#include "common/model/weights.h"
+#include "common/weights/weights.h"
 #include "tests/unit/model/runner_test_util.h"
 
 namespace duet::model {

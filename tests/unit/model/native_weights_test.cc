@@ -18,10 +18,10 @@
 #include "common/compute/cpu/cpu_isa.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
-#include "common/model/gguf_quant.h"
 #include "common/model/model_runner.h"
 #include "common/model/synthetic_model.h"
-#include "common/model/weights.h"
+#include "common/weights/gguf_quant.h"
+#include "common/weights/weights.h"
 #include "tests/unit/model/runner_test_util.h"
 
 namespace duet::model {

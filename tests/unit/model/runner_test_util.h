@@ -24,7 +24,7 @@
 #include "common/kv/block_table.h"
 #include "common/model/model_runner.h"
 #include "common/model/synthetic_model.h"
-#include "common/model/weights.h"
+#include "common/weights/weights.h"
 
 namespace duet::model::testing {
 

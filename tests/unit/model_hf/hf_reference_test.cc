@@ -22,12 +22,12 @@
 #include "absl/types/span.h"
 #include "common/base/status.h"
 #include "common/compute/compute_backend.h"
+#include "common/config/model_config.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
-#include "common/model/gguf_model.h"
-#include "common/model/model_config.h"
 #include "common/model/model_runner.h"
-#include "common/model/weights.h"
+#include "common/weights/gguf_model.h"
+#include "common/weights/weights.h"
 #include "nlohmann/json.hpp"
 
 namespace duet::model {

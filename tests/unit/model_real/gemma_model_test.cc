@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "common/kv/block_table.h"
-#include "common/model/gguf.h"
 #include "common/model/local_engine.h"
+#include "common/weights/gguf.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/model_real/llamacpp_reference.h"
 

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "common/model/chat_template.h"
-#include "common/model/tokenizer.h"
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "tests/unit/model_io/test_util.h"
+#include "tests/unit/weights/test_util.h"
 
 namespace duet::model {
 namespace {

@@ -16,15 +16,16 @@
 #include "common/compute/compute_backend.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
-#include "common/model/bpe_tokenizer.h"
-#include "common/model/chat_template.h"
-#include "common/model/gguf.h"
-#include "common/model/gguf_model.h"
 #include "common/model/local_engine.h"
-#include "common/model/unicode_tables.h"
+#include "common/tokenizer/bpe_tokenizer.h"
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/unicode_tables.h"
+#include "common/weights/gguf.h"
+#include "common/weights/gguf_model.h"
 #include "nlohmann/json.hpp"
-#include "tests/unit/model_io/test_util.h"
 #include "tests/unit/model_real/llamacpp_reference.h"
+#include "tests/unit/tokenizer/sweep_template.h"
+#include "tests/unit/weights/test_util.h"
 
 namespace duet::model {
 namespace {

@@ -18,8 +18,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/base/clock.h"
 #include "common/compute/compute_backend.h"
-#include "common/model/model_config.h"
-#include "common/model/weights.h"
+#include "common/config/model_config.h"
+#include "common/weights/weights.h"
 #include "prefill_node/prefill_scheduler.h"
 #include "tests/unit/prefill_node/prefill_test_util.h"
 

@@ -1,0 +1,64 @@
+// Chat prompts without a Jinja engine: the model's chat template is recognised by its markers
+// and the messages are rendered as that family's published template does (with
+// add_generation_prompt), for:
+// - ChatML (<|im_start|>role\ncontent<|im_end|>\n; SmolLM2, Qwen2): the template's literal
+//   default system turn is kept when the messages have none;
+// - Llama-3 (<|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>,
+//   content trimmed; Llama-3.1+ templates with "Cutting Knowledge Date" always write the
+//   system turn with that preamble and the template's default date);
+// - Llama-2 ([INST] with <<SYS>>: the system turn folded into the first user turn, every user
+//   turn starting with BOS, assistant turns followed by EOS);
+// - Mistral ([INST] without <<SYS>>: BOS once, the system message folded into the first user
+//   turn as mistral-common does, assistant turns followed by EOS);
+// - Gemma (<start_of_turn>user\n...<end_of_turn>\n, assistant -> model, the system message
+//   folded into the first user turn as Gemma 3 does; templates that refuse a system role
+//   refuse it here too).
+// [INST] and Gemma templates require user/assistant alternation starting with a user turn:
+// InvalidArgument otherwise. An empty template gives "role: content" lines; any other
+// template is Unimplemented (quoting its start).
+//
+//   DUET_ASSIGN_OR_RETURN(std::string prompt,
+//                         RenderChat(ChatTemplateOf(tokenizer), {{"user", "What is 2+2?"}}));
+//   // SmolLM2: "<|im_start|>system\nYou are ...<|im_end|>\n<|im_start|>user\nWhat is 2+2?"
+//   //          "<|im_end|>\n<|im_start|>assistant\n"
+//   DUET_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(prompt, /*add_bos=*/true));
+//
+// A rendered prompt may begin with the BOS text (Llama-3, Llama-2, Mistral, Gemma);
+// Tokenizer::Encode does not add a second BOS in front of it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tokenizer/tokenizer.h"
+
+namespace duet::model {
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant" (others pass through where allowed)
+  std::string content;
+};
+
+// The template and the texts it refers to as bos_token / eos_token. Empty token texts: the
+// family's usual ones (<|begin_of_text|>, <s> and </s>, <bos>).
+struct ChatTemplate {
+  std::string source;  // Jinja source; empty: none
+  std::string bos_token;
+  std::string eos_token;
+};
+
+// The tokenizer's template with the texts of its BOS and (first) EOS tokens.
+ChatTemplate ChatTemplateOf(const Tokenizer& tokenizer);
+
+absl::StatusOr<std::string> RenderChat(const ChatTemplate& chat_template,
+                                       const std::vector<ChatMessage>& messages);
+// One user message.
+absl::StatusOr<std::string> RenderChat(const ChatTemplate& chat_template,
+                                       const std::string& user_message);
+
+// The token that ends an assistant turn in the template's family ("<|im_end|>", "<|eot_id|>",
+// "<end_of_turn>"), or empty (none, or the family ends turns with EOS).
+std::string EndOfTurnToken(const std::string& chat_template_source);
+
+}  // namespace duet::model
