@@ -75,7 +75,9 @@ class GenerationService final : public v1::Generation::Service {
 CoordinatorServer::Impl::Impl(const CoordinatorOptions& options)
     : options_(options),
       registry_(NodeRegistry::Options{.heartbeat_timeout = options.heartbeat_timeout}),
-      tracker_(options.tracker, &directory_) {}
+      tracker_(options.tracker, &directory_),
+      routes_(&registry_),
+      active_(&registry_, &node_calls_, &background_) {}
 
 CoordinatorServer::Impl::~Impl() { Shutdown(); }
 
@@ -169,24 +171,6 @@ void CoordinatorServer::Impl::InstallNodeGauges() {
                      });
 }
 
-std::shared_ptr<NodeStubs> CoordinatorServer::Impl::StubsFor(const std::string& address) {
-  absl::MutexLock lock(&mu_);
-  auto& s = stubs_[address];
-  if (s == nullptr) {
-    s = std::make_shared<NodeStubs>();
-    auto channel = rpc::MakeChannel(address);
-    s->decode = v1::DecodeNode::NewStub(channel);
-    s->prefill = v1::PrefillNode::NewStub(channel);
-  }
-  return s;
-}
-
-std::shared_ptr<ActiveRequest> CoordinatorServer::Impl::FindActive(const std::string& id) {
-  absl::MutexLock lock(&mu_);
-  auto it = active_.find(id);
-  return it == active_.end() ? nullptr : it->second;
-}
-
 absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
     const v1::RegisterRequest& req) {
   NodeRegistration reg;
@@ -254,58 +238,13 @@ absl::Status CoordinatorServer::Impl::Deregister(const v1::DeregisterRequest& re
   return absl::OkStatus();
 }
 
-void CoordinatorServer::Impl::Apply(Effects fx) {
-  for (const Effects::Release& r : fx.releases) {
-    std::optional<NodeInfo> node = registry_.Find(r.decode.node_id);
-    if (!node || node->node.epoch != r.decode.epoch) continue;  // that incarnation is gone
-    std::shared_ptr<NodeStubs> stubs = StubsFor(node->address);
-    background_.Post(node->address, [stubs, id = r.request_id, name = r.decode.ToString()] {
-      grpc::ClientContext ctx;
-      rpc::SetDeadline(ctx, absl::Seconds(2));
-      v1::ReleaseRequest req;
-      req.set_request_id(id);
-      v1::ReleaseResponse resp;
-      absl::Status s = rpc::FromGrpcStatus(stubs->decode->Release(&ctx, req, &resp));
-      if (!s.ok()) DUET_LOG(WARNING) << "Release " << id << " on " << name << ": " << s;
-    });
-  }
-  for (const Effects::CancelPrefill& c : fx.prefill_cancels) {
-    std::optional<NodeInfo> node = registry_.Find(c.prefill.node_id);
-    if (!node || node->node.epoch != c.prefill.epoch) continue;
-    std::shared_ptr<NodeStubs> stubs = StubsFor(node->address);
-    background_.Post(node->address, [stubs, id = c.request_id] {
-      grpc::ClientContext ctx;
-      rpc::SetDeadline(ctx, absl::Seconds(2));
-      v1::CancelPrefillRequest req;
-      req.set_request_id(id);
-      v1::CancelPrefillResponse resp;
-      (void)stubs->prefill->CancelPrefill(&ctx, req, &resp);
-    });
-  }
-  for (const RequestId& id : fx.retries) {
-    if (auto ar = FindActive(id)) {
-      std::lock_guard<std::mutex> lock(ar->mu);
-      ar->retry = true;
-      ar->cv.notify_all();
-    }
-  }
-  for (const Effects::Finished& f : fx.finished) {
-    if (auto ar = FindActive(f.request_id)) {
-      std::lock_guard<std::mutex> lock(ar->mu);
-      if (!ar->terminal) ar->terminal = f.status;
-      if (ar->stream_ctx) ar->stream_ctx->TryCancel();
-      if (ar->prefill_ctx && !f.status.ok()) ar->prefill_ctx->TryCancel();
-      ar->cv.notify_all();
-    }
-  }
-}
-
 void CoordinatorServer::Impl::TimerLoop() {
-  std::unique_lock<std::mutex> lock(timer_mu_);
-  while (!stopping_.load()) {
-    timer_cv_.wait_for(lock, std::chrono::milliseconds(50));
-    if (stopping_.load()) break;
-    lock.unlock();
+  while (true) {
+    {
+      absl::MutexLock lock(&timer_mu_);
+      timer_mu_.AwaitWithTimeout(absl::Condition(&timer_stop_), absl::Milliseconds(50));
+      if (timer_stop_) return;
+    }
     const absl::Time now = absl::Now();
     // The registry measures silence only while this loop runs: a late tick is our own stall.
     const ExpireOutcome expired = registry_.ExpireDead(now);
@@ -324,7 +263,6 @@ void CoordinatorServer::Impl::TimerLoop() {
       DropNode(dead.node, now);
     }
     Apply(tracker_.ExpireDeadlines(now));
-    lock.lock();
   }
 }
 
@@ -361,18 +299,12 @@ v1::HealthResponse CoordinatorServer::Impl::Health() {
 
 void CoordinatorServer::Impl::Shutdown() {
   if (stopping_.exchange(true)) return;
-  timer_cv_.notify_all();
-  if (http_) http_->Stop();  // cancels its open streams; their requests end below
   {
-    absl::MutexLock lock(&mu_);
-    for (auto& [id, ar] : active_) {
-      std::lock_guard<std::mutex> l(ar->mu);
-      if (!ar->terminal) ar->terminal = absl::UnavailableError("the coordinator is shutting down");
-      if (ar->stream_ctx) ar->stream_ctx->TryCancel();
-      if (ar->prefill_ctx) ar->prefill_ctx->TryCancel();
-      ar->cv.notify_all();
-    }
+    absl::MutexLock lock(&timer_mu_);
+    timer_stop_ = true;
   }
+  if (http_) http_->Stop();  // cancels its open streams; their requests end below
+  active_.EndAll(absl::UnavailableError("the coordinator is shutting down"));
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (timer_.joinable()) timer_.join();
   background_.DrainAll();
