@@ -4,7 +4,7 @@
 //                [--decode-batch 1,8,32] [--gemm invariant,openblas] [--json FILE]
 //                [--decode_sample logits,host,backend [--temperature T --top_p P]]
 //                [--kv_dtypes f32,bf16,f16,int8,fp8] [--context N] [--kv_cache_bytes B]
-//                [--weights_dtype f32,native] [--cpu_isa auto,avx2,avx512,...]
+//                [--weights_dtype f32,native,auto] [--cpu_isa auto,avx2,avx512,...]
 //
 // Prefill: tokens/s of one prompt's forward pass (best of --reps). Decode: tokens/s of one
 // decode step over a batch of sequences, each with --context tokens already cached (every
@@ -37,6 +37,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/base/auto_option.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/kv/block_table.h"
@@ -55,7 +56,8 @@ ABSL_FLAG(std::string, kv_dtypes, "f32", "KV cache dtypes to compare (f32, bf16,
 ABSL_FLAG(int64_t, kv_cache_bytes, 512ll << 20, "bytes of the KV pool");
 ABSL_FLAG(std::string, gemm, "invariant,openblas", "CPU GEMMs to compare");
 ABSL_FLAG(std::string, weights_dtype, "f32",
-          "ways of keeping the weight matrices to compare (f32, native)");
+          "ways of keeping the weight matrices to compare (f32, native, bf16, or auto: duet's "
+          "default, reported as what it resolved to, e.g. auto=native)");
 ABSL_FLAG(
     std::string, cpu_isa, "auto",
     "CPU kernel paths to compare (auto, scalar, avx2, avx512, avx512_vnni, avx512_bf16, amx)");
@@ -73,6 +75,17 @@ namespace {
 
 using duet::model::LocalEngine;
 using duet::model::SequenceInput;
+
+// The value of a --flag's element, or exit 2 naming the flag.
+template <typename T>
+T OrExit(absl::StatusOr<T> v, const char* flag) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "engine_bench: --%s: %s\n", flag,
+                 std::string(v.status().message()).c_str());
+    std::exit(2);
+  }
+  return *std::move(v);
+}
 
 std::vector<int> ParseList(const std::string& s) {
   std::vector<int> out;
@@ -193,19 +206,29 @@ int main(int argc, char** argv) {
     return blocks;
   };
   for (Variant& v : variants) {
-    duet::model::EngineOptions opts{.device = "cpu",
-                                    .num_threads = absl::GetFlag(FLAGS_threads),
-                                    .cpu_gemm = v.gemm,
-                                    .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
-                                    .kv_dtype = v.kv_dtype,
-                                    .cpu_isa = v.isa,
-                                    .weights_dtype = v.weights};
+    duet::model::EngineOptions opts{
+        .device = duet::compute::Device::kCpu,
+        .num_threads = absl::GetFlag(FLAGS_threads),
+        .cpu_gemm = OrExit(duet::compute::ParseCpuGemm(v.gemm), "gemm"),
+        .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
+        .kv_dtype = OrExit(duet::ParseOrAuto<duet::kv::KvDtype>(v.kv_dtype, duet::kv::ParseKvDtype),
+                           "kv_dtypes"),
+        .cpu_isa = OrExit(
+            duet::ParseOrAuto<duet::compute::cpu::CpuIsa>(v.isa, duet::compute::cpu::ParseCpuIsa),
+            "cpu_isa"),
+        .weights_dtype = OrExit(
+            duet::ParseOrAuto<duet::model::WeightsDtype>(v.weights, duet::model::ParseWeightsDtype),
+            "weights_dtype")};
     auto engine_or = LocalEngine::Load(model_dir, opts);
     if (!engine_or.ok()) {
       std::fprintf(stderr, "engine_bench: %s\n", std::string(engine_or.status().message()).c_str());
       return 1;
     }
     v.engine = *std::move(engine_or);
+    // "auto" reported as what it resolved to: "auto=native".
+    if (!opts.weights_dtype) {
+      v.weights += std::string("=") + duet::model::WeightsDtypeName(v.engine->weights_dtype());
+    }
     config = v.engine->config();
     duet::kv::BlockPool& pool = v.engine->pool();
     if (pool.layout().BytesForTokens(blocks_needed(pool.layout()) * pool.layout().block_size) >

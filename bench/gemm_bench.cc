@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/base/auto_option.h"
 #include "common/base/float16.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_isa.h"
@@ -74,9 +75,18 @@ std::unique_ptr<ComputeBackend> MakeBackend(const std::string& gemm, int threads
                                             const std::string& isa = "auto") {
   BackendOptions options;
   options.num_threads = threads;
-  options.cpu_gemm = gemm;
-  options.cpu_isa = isa;
-  auto backend = duet::compute::CreateBackend("cpu", options);
+  absl::StatusOr<duet::compute::CpuGemm> g = duet::compute::ParseCpuGemm(gemm);
+  absl::StatusOr<std::optional<duet::compute::cpu::CpuIsa>> i =
+      duet::ParseOrAuto<duet::compute::cpu::CpuIsa>(isa, duet::compute::cpu::ParseCpuIsa);
+  for (const absl::Status& s : {g.status(), i.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "gemm_bench: %s\n", std::string(s.message()).c_str());
+      std::exit(2);
+    }
+  }
+  options.cpu_gemm = *g;
+  options.cpu_isa = *i;
+  auto backend = duet::compute::CreateBackend(duet::compute::Device::kCpu, options);
   if (!backend.ok()) {
     std::fprintf(stderr, "gemm_bench: %s\n", std::string(backend.status().message()).c_str());
     std::exit(1);
@@ -297,7 +307,8 @@ int RunBf16Dot(const std::vector<std::string>& isas, int threads, const std::vec
   using duet::compute::WeightFormat;
   const int peak_threads =
       threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const bool has_dot = duet::compute::cpu::ResolveCpuIsa("avx512_bf16").ok();
+  const bool has_dot =
+      duet::compute::cpu::ResolveCpuIsa(duet::compute::cpu::CpuIsa::kAvx512Bf16).ok();
   nlohmann::json peaks;
   peaks["avx512"] = MeasurePeak("avx512", peak_threads);
   peaks["avx2"] = MeasurePeak("avx2", peak_threads);

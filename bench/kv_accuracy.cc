@@ -35,6 +35,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "common/base/auto_option.h"
 #include "common/base/clock.h"
 #include "common/base/float8.h"
 #include "common/base/logging.h"
@@ -106,13 +107,23 @@ struct Generation {
 std::unique_ptr<LocalEngine> Load(const std::string& model, const std::string& dtype,
                                   int64_t kv_bytes, const std::string& weights = "f32") {
   const size_t slash = weights.find('/');
+  auto parsed = [&](auto v, const std::string& what) {
+    if (!v.ok()) Die(what, v.status());
+    return *std::move(v);
+  };
   auto e = LocalEngine::Load(
-      model, {.device = "cpu",
-              .num_threads = absl::GetFlag(FLAGS_threads),
-              .cpu_gemm = slash == std::string::npos ? "invariant" : weights.substr(slash + 1),
-              .kv_cache_bytes = kv_bytes,
-              .kv_dtype = dtype,
-              .weights_dtype = weights.substr(0, slash)});
+      model,
+      {.device = duet::compute::Device::kCpu,
+       .num_threads = absl::GetFlag(FLAGS_threads),
+       .cpu_gemm = parsed(duet::compute::ParseCpuGemm(
+                              slash == std::string::npos ? "invariant" : weights.substr(slash + 1)),
+                          "--weights_dtypes " + weights),
+       .kv_cache_bytes = kv_bytes,
+       .kv_dtype = parsed(duet::ParseOrAuto<duet::kv::KvDtype>(dtype, duet::kv::ParseKvDtype),
+                          "--kv_dtypes " + dtype),
+       .weights_dtype = parsed(duet::ParseOrAuto<duet::model::WeightsDtype>(
+                                   weights.substr(0, slash), duet::model::ParseWeightsDtype),
+                               "--weights_dtypes " + weights)});
   if (!e.ok()) Die("load " + dtype + " / weights " + weights, e.status());
   return *std::move(e);
 }

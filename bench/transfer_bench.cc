@@ -140,7 +140,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& prof
   TransportOptions options{
       .name = name, .layout = layout, .tls = profile.tls, .net_devices = profile.net_devices};
   const int64_t spin = absl::GetFlag(FLAGS_idle_spin_us);
-  options.write_mode = absl::GetFlag(FLAGS_write_mode);
+  DUET_ASSIGN_OR_RETURN(options.write_mode, ParseWriteMode(absl::GetFlag(FLAGS_write_mode)));
   options.am_eager_max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_am_eager_kib)) << 10;
   options.chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
   options.am_chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_am_chunk_kib)) << 10;

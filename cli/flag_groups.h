@@ -7,6 +7,7 @@
 //   const FlagGroupInfo& g = FlagGroupInfoOf(FlagGroup::kTransport);  // g.flags: its flags
 //   std::optional<FlagGroup> group = GroupOfFlag("router");         // FlagGroup::kRouting
 //   DashedFlagName("max_batch_tokens");                              // "max-batch-tokens"
+//   absl::StatusOr<compute::CpuGemm> g = FlagValue("cpu_gemm", compute::ParseCpuGemm(v));
 #pragma once
 
 #include <optional>
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace duet::cli {
@@ -54,6 +57,15 @@ const FlagGroupInfo& FlagGroupInfoOf(FlagGroup group);
 std::optional<FlagGroup> GroupOfFlag(absl::string_view name);
 // The documented spelling: underscores as dashes ("max_batch_tokens" -> "max-batch-tokens").
 std::string DashedFlagName(absl::string_view name);
+// A flag's value as its enum's Parse function (or ParseOrAuto, common/base/auto_option.h) made
+// it; a refusal (which names the valid values) is InvalidArgument naming the flag too:
+// "--kv-dtype: unknown kv_dtype 'int4': valid values are f32, f16, bf16, int8, fp8, or auto".
+template <typename T>
+absl::StatusOr<T> FlagValue(absl::string_view name, absl::StatusOr<T> parsed) {
+  if (parsed.ok()) return parsed;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", DashedFlagName(name), ": ", parsed.status().message()));
+}
 
 // Each group's flags, listed by the file that defines them (flag_groups.cc gathers them).
 std::vector<FlagGroupInfo> ModelFlagGroups();        // model_flags.cc: kModel, kEngine

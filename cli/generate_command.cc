@@ -36,8 +36,13 @@ int RunGenerate() {
     std::fprintf(stderr, "duet generate: %s\n", std::string(request.status().message()).c_str());
     return 2;
   }
+  absl::StatusOr<model::EngineOptions> options = EngineOptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "duet generate: %s\n", std::string(options.status().message()).c_str());
+    return 2;
+  }
   SetMinLogLevel(LogLevel::kWarning);
-  auto engine = model::LocalEngine::Load(model_dir, EngineOptionsFromFlags());
+  auto engine = model::LocalEngine::Load(model_dir, *options);
   if (!engine.ok()) return Fail(engine.status());
 
   std::vector<int32_t> prompt_ids;

@@ -2,6 +2,8 @@
 
 #include "absl/flags/flag.h"
 #include "cli/flag_groups.h"
+#include "common/base/auto_option.h"
+#include "common/base/status.h"
 
 ABSL_FLAG(std::string, model, "",
           "the model: a directory (config.json, model.safetensors, tokenizer) or a .gguf file");
@@ -16,10 +18,11 @@ ABSL_FLAG(std::string, cpu_isa, "auto",
           "CPU kernel path: auto (the best this CPU runs), scalar, avx2, avx512, avx512_vnni, "
           "avx512_bf16 or amx; a path the CPU lacks is refused");
 ABSL_FLAG(std::string, weights_dtype, "auto",
-          "weight matrices: f32 (dequantized at load; also auto), native (GGUF Q8_0/Q4_x/Q5_x/"
-          "Q4_K/Q5_K/Q6_K and F16/BF16 kept as stored, other GGUF block types converted to "
-          "Q8_0; cpu backend) or bf16 (every matrix in 16 bits: F16/BF16 as stored, the others "
-          "rounded to bf16; cpu backend)");
+          "weight matrices: auto (as stored: native where the GEMM multiplies the stored forms, "
+          "the cpu backend but for --cpu-gemm openblas; else f32), f32 (dequantized / widened "
+          "at load), native (GGUF Q8_0/Q4_x/Q5_x/Q2_K..Q6_K and F16/BF16 kept as stored, other "
+          "GGUF block types converted to Q8_0, F32 as F32; cpu backend) or bf16 (every matrix in "
+          "16 bits: F16/BF16 as stored, the others rounded to bf16; cpu backend)");
 ABSL_FLAG(int, block_size, 16, "KV cache block size in tokens");
 ABSL_FLAG(std::string, kv_dtype, "auto",
           "KV cache dtype: f32, bf16, f16, int8, fp8 (e4m3), or auto (the compute dtype: f32 on "
@@ -46,21 +49,32 @@ std::vector<FlagGroupInfo> ModelFlagGroups() {
 
 ModelFlags ReadModelFlags() { return {.model_dir = absl::GetFlag(FLAGS_model)}; }
 
-EngineFlags ReadEngineFlags() {
+absl::StatusOr<EngineFlags> ReadEngineFlags() {
   const absl::CommandLineFlag& pool = absl::GetFlagReflectionHandle(FLAGS_kv_cache_bytes);
-  return {.device = absl::GetFlag(FLAGS_device),
-          .threads = absl::GetFlag(FLAGS_threads),
-          .cpu_gemm = absl::GetFlag(FLAGS_cpu_gemm),
-          .cpu_isa = absl::GetFlag(FLAGS_cpu_isa),
-          .weights_dtype = absl::GetFlag(FLAGS_weights_dtype),
-          .block_size = absl::GetFlag(FLAGS_block_size),
-          .kv_dtype = absl::GetFlag(FLAGS_kv_dtype),
-          .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
-          .kv_cache_bytes_given = pool.CurrentValue() != pool.DefaultValue()};
+  EngineFlags e{.threads = absl::GetFlag(FLAGS_threads),
+                .block_size = absl::GetFlag(FLAGS_block_size),
+                .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes),
+                .kv_cache_bytes_given = pool.CurrentValue() != pool.DefaultValue()};
+  DUET_ASSIGN_OR_RETURN(
+      e.device, FlagValue("device", ParseOrAuto<compute::Device>(absl::GetFlag(FLAGS_device),
+                                                                 compute::ParseDevice)));
+  DUET_ASSIGN_OR_RETURN(
+      e.cpu_gemm, FlagValue("cpu_gemm", compute::ParseCpuGemm(absl::GetFlag(FLAGS_cpu_gemm))));
+  DUET_ASSIGN_OR_RETURN(e.cpu_isa, FlagValue("cpu_isa", ParseOrAuto<compute::cpu::CpuIsa>(
+                                                            absl::GetFlag(FLAGS_cpu_isa),
+                                                            compute::cpu::ParseCpuIsa)));
+  DUET_ASSIGN_OR_RETURN(e.weights_dtype,
+                        FlagValue("weights_dtype", ParseOrAuto<model::WeightsDtype>(
+                                                       absl::GetFlag(FLAGS_weights_dtype),
+                                                       model::ParseWeightsDtype)));
+  DUET_ASSIGN_OR_RETURN(
+      e.kv_dtype, FlagValue("kv_dtype", ParseOrAuto<kv::KvDtype>(absl::GetFlag(FLAGS_kv_dtype),
+                                                                 kv::ParseKvDtype)));
+  return e;
 }
 
-model::EngineOptions EngineOptionsFromFlags() {
-  const EngineFlags e = ReadEngineFlags();
+absl::StatusOr<model::EngineOptions> EngineOptionsFromFlags() {
+  DUET_ASSIGN_OR_RETURN(const EngineFlags e, ReadEngineFlags());
   model::EngineOptions o{.device = e.device,
                          .num_threads = e.threads,
                          .cpu_gemm = e.cpu_gemm,

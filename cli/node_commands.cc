@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
@@ -91,7 +92,9 @@ int RunPrefill() {
   if (!transport.ok()) return Fail("prefill", transport.status());
   const PrefillFlags batch = ReadPrefillFlags();
   prefill::PrefillNodeOptions opt;
-  opt.runtime = NodeRuntimeOptionsFromFlags("prefill");
+  absl::StatusOr<cluster::NodeRuntimeOptions> runtime = NodeRuntimeOptionsFromFlags("prefill");
+  if (!runtime.ok()) return Fail("prefill", runtime.status());
+  opt.runtime = *std::move(runtime);
   opt.transfer = NodeTransferOptionsOf(*transport);
   opt.max_batch_tokens = batch.max_batch_tokens;
   opt.no_layer_pipelining = !batch.layer_pipelining;
@@ -106,7 +109,9 @@ int RunDecode() {
   if (!transport.ok()) return Fail("decode", transport.status());
   const DecodeFlags batch = ReadDecodeFlags();
   decode::DecodeNodeOptions opt;
-  opt.runtime = NodeRuntimeOptionsFromFlags("decode");
+  absl::StatusOr<cluster::NodeRuntimeOptions> runtime = NodeRuntimeOptionsFromFlags("decode");
+  if (!runtime.ok()) return Fail("decode", runtime.status());
+  opt.runtime = *std::move(runtime);
   opt.transfer = NodeTransferOptionsOf(*transport);
   opt.max_running = batch.max_running;
   opt.kv_quarantine_bound = batch.kv_quarantine_bound;

@@ -3,6 +3,7 @@
 #include "absl/flags/flag.h"
 #include "cli/flag_groups.h"
 #include "cli/model_flags.h"
+#include "common/base/status.h"
 
 ABSL_FLAG(bool, enable_prefix_caching, true, "reuse the KV of cached prompt prefixes");
 ABSL_FLAG(int, metrics_port, 0, "serve GET /metrics on this port (0: off, -1: any free port)");
@@ -80,8 +81,8 @@ DecodeFlags ReadDecodeFlags() {
           .kv_quarantine_bound = absl::GetFlag(FLAGS_kv_quarantine_bound)};
 }
 
-cluster::NodeRuntimeOptions NodeRuntimeOptionsFromFlags(const std::string& kind) {
-  const EngineFlags e = ReadEngineFlags();
+absl::StatusOr<cluster::NodeRuntimeOptions> NodeRuntimeOptionsFromFlags(const std::string& kind) {
+  DUET_ASSIGN_OR_RETURN(const EngineFlags e, ReadEngineFlags());
   const NodeFlags n = ReadNodeFlags();
   const MembershipFlags m = ReadMembershipFlags();
   cluster::NodeRuntimeOptions o;

@@ -4,13 +4,15 @@
 // prefill and decode batches. NodeRuntimeOptionsFromFlags joins them with the model and engine
 // groups (model_flags.h) into what every serving process starts from.
 //
-//   cluster::NodeRuntimeOptions o = NodeRuntimeOptionsFromFlags("decode");  // id "decode-0"
+//   absl::StatusOr<cluster::NodeRuntimeOptions> o = NodeRuntimeOptionsFromFlags("decode");
+//   // o->node_id "decode-0" unless --node-id; a bad engine flag refused naming it
 //   DecodeFlags d = ReadDecodeFlags();  // d.max_running, d.kv_quarantine_bound
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cluster/node_runtime.h"
 
@@ -49,7 +51,8 @@ PrefillFlags ReadPrefillFlags();
 DecodeFlags ReadDecodeFlags();
 
 // The model, engine, node, process and membership groups as one NodeRuntimeOptions; `kind`
-// names the default node id ("decode" -> "decode-0") when --node-id is not given.
-cluster::NodeRuntimeOptions NodeRuntimeOptionsFromFlags(const std::string& kind);
+// names the default node id ("decode" -> "decode-0") when --node-id is not given. The engine
+// flags' refusals (ReadEngineFlags).
+absl::StatusOr<cluster::NodeRuntimeOptions> NodeRuntimeOptionsFromFlags(const std::string& kind);
 
 }  // namespace duet::cli

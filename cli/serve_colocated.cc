@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
@@ -22,7 +23,13 @@ namespace duet::cli {
 int RunServeColocated() {
   const ServeFlags serve = ReadServeFlags();
   colocated::ColocatedServerOptions o;
-  o.runtime = NodeRuntimeOptionsFromFlags("colocated");
+  absl::StatusOr<cluster::NodeRuntimeOptions> runtime = NodeRuntimeOptionsFromFlags("colocated");
+  if (!runtime.ok()) {
+    std::fprintf(stderr, "duet serve --colocated: %s\n",
+                 std::string(runtime.status().message()).c_str());
+    return 2;
+  }
+  o.runtime = *std::move(runtime);
   o.runtime.listen_address = absl::StrCat("127.0.0.1:", serve.port);
   // --node-metrics: a free port, as `serve --loopback` gives each node; else --metrics-port.
   if (serve.node_metrics) o.runtime.metrics_port = -1;

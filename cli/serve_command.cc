@@ -150,6 +150,10 @@ int RunServeLoopback(const CommandLine& line) {
     std::fprintf(stderr, "duet serve: %s\n", std::string(routing.status().message()).c_str());
     return 2;
   }
+  if (absl::StatusOr<EngineFlags> engine = ReadEngineFlags(); !engine.ok()) {
+    std::fprintf(stderr, "duet serve: %s\n", std::string(engine.status().message()).c_str());
+    return 2;
+  }
   InstallStopSignalHandlers();
 
   // A fresh directory per run (mkdtemp): a name from our pid alone could be a directory left by

@@ -34,12 +34,6 @@ using NameTable = std::array<std::pair<E, const char*>, N>;
 constexpr NameTable<TransportKind, 3> kTransports = {{{TransportKind::kShm, "shm"},
                                                       {TransportKind::kTcp, "tcp"},
                                                       {TransportKind::kShmMm, "shm-mm"}}};
-constexpr NameTable<TransferWriteMode, 4> kWriteModes = {{{TransferWriteMode::kAuto, "auto"},
-                                                          {TransferWriteMode::kPut, "put"},
-                                                          {TransferWriteMode::kAm, "am"},
-                                                          {TransferWriteMode::kMemcpy, "memcpy"}}};
-constexpr NameTable<KvStaging, 3> kStagings = {
-    {{KvStaging::kAuto, "auto"}, {KvStaging::kAlways, "always"}, {KvStaging::kNever, "never"}}};
 
 template <typename E, size_t N>
 const char* NameOf(const NameTable<E, N>& table, E value) {
@@ -85,8 +79,6 @@ std::vector<FlagGroupInfo> TransportFlagGroups() {
 }
 
 const char* TransportKindName(TransportKind kind) { return NameOf(kTransports, kind); }
-const char* TransferWriteModeName(TransferWriteMode mode) { return NameOf(kWriteModes, mode); }
-const char* KvStagingName(KvStaging staging) { return NameOf(kStagings, staging); }
 
 absl::StatusOr<TransportFlags> ReadTransportFlags() {
   const std::string transport = absl::GetFlag(FLAGS_transport);
@@ -102,10 +94,11 @@ absl::StatusOr<TransportFlags> ReadTransportFlags() {
   auto kind = Parse(kTransports, "transport", transport);
   if (!kind.ok()) return kind.status();
   t.transport = *kind;
-  auto mode = Parse(kWriteModes, "transfer_write_mode", absl::GetFlag(FLAGS_transfer_write_mode));
+  auto mode = FlagValue("transfer_write_mode",
+                        transfer::ParseWriteMode(absl::GetFlag(FLAGS_transfer_write_mode)));
   if (!mode.ok()) return mode.status();
   t.write_mode = *mode;
-  auto staging = Parse(kStagings, "kv_staging", absl::GetFlag(FLAGS_kv_staging));
+  auto staging = FlagValue("kv_staging", compute::ParseKvStaging(absl::GetFlag(FLAGS_kv_staging)));
   if (!staging.ok()) return staging.status();
   t.kv_staging = *staging;
   return t;
@@ -115,11 +108,11 @@ cluster::NodeTransferOptions NodeTransferOptionsOf(const TransportFlags& flags) 
   return {.transport = TransportKindName(flags.transport),
           .ucx_net_devices = flags.ucx_net_devices,
           .ucx_tls = flags.ucx_tls,
-          .write_mode = TransferWriteModeName(flags.write_mode),
+          .write_mode = flags.write_mode,
           .chunk_bytes = KibToBytes(flags.chunk_kib),
           .am_chunk_bytes = KibToBytes(flags.am_chunk_kib),
           .keepalive = flags.keepalive,
-          .kv_staging = KvStagingName(flags.kv_staging)};
+          .kv_staging = flags.kv_staging};
 }
 
 }  // namespace duet::cli

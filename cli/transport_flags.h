@@ -16,22 +16,18 @@
 namespace duet::cli {
 
 enum class TransportKind { kShm, kTcp, kShmMm };  // the UCX profiles "shm", "tcp", "shm-mm"
-enum class TransferWriteMode { kAuto, kPut, kAm, kMemcpy };
-enum class KvStaging { kAuto, kAlways, kNever };
 
 const char* TransportKindName(TransportKind kind);
-const char* TransferWriteModeName(TransferWriteMode mode);
-const char* KvStagingName(KvStaging staging);
 
 struct TransportFlags {
   TransportKind transport = TransportKind::kShm;
   std::string ucx_tls;          // empty: the profile's
   std::string ucx_net_devices;  // empty: the profile's
-  TransferWriteMode write_mode = TransferWriteMode::kAuto;
+  transfer::WriteMode write_mode = transfer::WriteMode::kAuto;
   int64_t chunk_kib = 0;
   int64_t am_chunk_kib = 0;
   absl::Duration keepalive;
-  KvStaging kv_staging = KvStaging::kAuto;
+  compute::KvStaging kv_staging = compute::KvStaging::kAuto;
 };
 
 // INVALID_ARGUMENT naming the flag and its values for a --transport, --transfer-write-mode or

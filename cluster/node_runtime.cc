@@ -58,18 +58,18 @@ absl::Status NodeRuntime::Init(const NodeRuntimeRole& role) {
   DUET_ASSIGN_OR_RETURN(num_blocks_, PoolBlocks(o.kv_cache_bytes, layout_));
   region_bytes_ = layout_.RegionBytes(num_blocks_);
   const std::string backend_name = engine_->backend().name();
-  const std::string gemm = o.cpu_gemm.empty() ? "invariant" : o.cpu_gemm;
-  if (backend_name != "cpu" && gemm != "invariant") {
-    return absl::InvalidArgumentError(absl::StrCat("cpu_gemm '", o.cpu_gemm,
+  const bool on_cpu = backend_name == compute::DeviceName(compute::Device::kCpu);
+  if (!on_cpu && o.cpu_gemm != compute::CpuGemm::kInvariant) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu_gemm '", compute::CpuGemmName(o.cpu_gemm),
                                                    "' applies to the cpu backend only; this ",
                                                    role.role, " computes on ", backend_name));
   }
-  DUET_ASSIGN_OR_RETURN(const model::WeightsDtype weights,
-                        model::ParseWeightsDtype(o.weights_dtype));
+  // The resolved weights dtype, never "auto": nodes whose auto resolved differently must not
+  // join one cluster.
   compute_ = NodeCompute{.backend = backend_name,
-                         .cpu_gemm = backend_name == "cpu" ? gemm : "",
+                         .cpu_gemm = on_cpu ? compute::CpuGemmName(o.cpu_gemm) : "",
                          .threads = o.threads,
-                         .weights = model::WeightsDtypeName(weights)};
+                         .weights = model::WeightsDtypeName(engine_->weights_dtype())};
   // What the node computes with, for dashboards and for checking a cluster's nodes agree.
   metrics_registry_.AddGaugeCallback(
       "duet_node_info", "How this node computes (value 1)",

@@ -6,8 +6,9 @@
 // the coordinator refuses a node that would not be token-exact with the others).
 // The node builds what is its own (scheduler, transport, gRPC service) over it.
 //
-//   NodeRuntimeOptions o{.node_id = "decode-0", .model_dir = "models/tiny", .cpu_gemm =
-//   "invariant"}; DUET_ASSIGN_OR_RETURN(auto rt, NodeRuntime::Load(o, {.role = "decode node",
+//   NodeRuntimeOptions o{.node_id = "decode-0", .model_dir = "models/tiny",
+//                        .device = compute::Device::kCpu};
+//   DUET_ASSIGN_OR_RETURN(auto rt, NodeRuntime::Load(o, {.role = "decode node",
 //                                                        .needs_tokenizer = true}));
 //   ... rt->runner(), rt->layout(), rt->num_blocks() ...
 //   DUET_RETURN_IF_ERROR(rt->StartMetricsExporter());   // after the node's gauges are added
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -45,14 +47,15 @@ struct NodeRuntimeOptions {
   std::string listen_address = "127.0.0.1:0";  // gRPC; port 0 picks a free one
   std::string coordinator_address;             // empty: do not register (standalone, colocated)
   std::string model_dir;
-  std::string device = "auto";           // auto | cpu | cuda
-  int threads = 0;                       // compute threads (0: all cores)
-  std::string cpu_gemm = "invariant";    // invariant | bf16 | openblas: every node alike
-  std::string cpu_isa = "auto";          // model::EngineOptions::cpu_isa
-  std::string weights_dtype = "auto";    // model::EngineOptions::weights_dtype: nodes alike
+  // The engine's options (model::EngineOptions has their meaning); std::nullopt is "auto".
+  std::optional<compute::Device> device;  // std::nullopt: cuda where usable, else cpu
+  int threads = 0;                        // compute threads (0: all cores)
+  compute::CpuGemm cpu_gemm = compute::CpuGemm::kInvariant;  // every node alike
+  std::optional<compute::cpu::CpuIsa> cpu_isa;
+  std::optional<model::WeightsDtype> weights_dtype;  // nodes alike (as resolved)
   int block_size = 16;                   // tokens per KV block
   int64_t kv_cache_bytes = 256ll << 20;  // the node's KV pool
-  std::string kv_dtype = "auto";         // model::EngineOptions::kv_dtype
+  std::optional<kv::KvDtype> kv_dtype;
   bool enable_prefix_caching = true;     // reuse the KV of cached prompt prefixes
   int metrics_port = 0;                  // GET /metrics: 0 off, -1 any free port
   std::string metrics_host = "127.0.0.1";

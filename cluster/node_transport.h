@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/compute/kv_memory.h"
 #include "common/kv/kv_layout.h"
 #include "transfer/transport.h"
 
@@ -25,14 +26,14 @@ struct NodeTransferOptions {
   std::string ucx_tls;          // overrides the profile's UCX_TLS list (e.g. "tcp,self")
   // How the UCX transport writes and chunks KV and how often it probes a peer
   // (transfer::TransportOptions has the meaning of each).
-  std::string write_mode = "auto";
+  transfer::WriteMode write_mode = transfer::WriteMode::kAuto;
   uint64_t chunk_bytes = 1 << 20;
   uint64_t am_chunk_bytes = 4 << 20;
   absl::Duration keepalive = absl::Milliseconds(500);
-  // auto: stage KV through a host mirror of the pool (which the transport exports) iff the
-  // backend's KV memory is not host memory (cuda); always: stage anyway (tests the path on cpu);
-  // never: refuse a device pool.
-  std::string kv_staging = "auto";
+  // kAuto: stage KV through a host mirror of the pool (which the transport exports) iff the
+  // backend's KV memory is not host memory (cuda); kAlways: stage anyway (tests the path on
+  // cpu); kNever: refuse a device pool.
+  compute::KvStaging kv_staging = compute::KvStaging::kAuto;
 };
 
 // The transport named `name` for `layout`; InvalidArgument for an unknown transport, or for UCX

@@ -42,7 +42,8 @@ struct NodeCompute {
   std::string backend;   // the compute backend's name: cpu | cuda
   std::string cpu_gemm;  // cpu: invariant | bf16 | openblas; empty on other backends
   int32_t threads = 0;   // compute threads asked for (0: all cores); numerics do not depend on it
-  // How weight matrices are kept (model::WeightsDtype): "f32" (or empty) | "native" | "bf16".
+  // How weight matrices are kept (model::WeightsDtypeName of what --weights_dtype resolved to,
+  // never "auto"): "f32" (or empty) | "native" | "bf16".
   // The ISA path (--cpu_isa) is not here: every path gives the same bits.
   std::string weights = "f32";
 

@@ -18,41 +18,30 @@ int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
 
 struct ColocatedScheduler::Request {
   std::string id;
-  std::vector<int32_t> prompt;
-  model::SamplingParams params;
-  model::SamplingState sampling_state;  // the prompt, then each token in `output`
   absl::Time submitted;
   absl::Time deadline;
-  int64_t seq_id = 0;
   std::shared_ptr<ColocatedStream> stream = std::make_shared<ColocatedStream>();
   // Guarded by mu_.
   bool cancel_requested = false;
-  // Scheduler thread only.
-  Phase phase = Phase::kWaiting;
+  // Scheduler thread only (the sequence from Submit on, before the thread sees it).
+  engine::Sequence seq;  // its table is null while it waits (first, or after a preemption)
   bool done = false;
-  std::unique_ptr<kv::BlockTable> table;
-  int64_t prefilled_tokens = 0;
+  absl::Time queued_at;  // since when it waits for admission
+  // The prompt's prefill, for the first token's event.
   absl::Time first_pass = absl::InfiniteFuture();
   int64_t compute_us = 0;
   int chunks = 0;
   absl::Time prefilled_at;
   bool joined_decode = false;
-  int32_t last_token = -1;
-  std::vector<int32_t> output;  // sampled tokens, in order
-  int64_t cached_tokens = 0;    // of the prompt, taken from the prefix cache
-  int generated = 0;    // output tokens so far
-  int preemptions = 0;  // times its prefill was given up for a growing decode
-  // params.prompt_logprobs: the prompt is computed whole (no cache hits) and scored.
-  std::vector<model::SampledToken> prompt_logprobs;
-  bool ScoresPrompt() const { return params.prompt_logprobs >= 0; }
+  int preemptions = 0;  // times its blocks were taken for a growing decode
+  bool waiting() const { return seq.table == nullptr; }
 };
 
 struct ColocatedScheduler::Item {
   Request* request = nullptr;
-  int64_t start = 0;  // first position of this step's tokens
   int64_t tokens = 0;
   bool decode = false;
-  bool final = false;  // the prompt's last chunk (prefill) or always (decode): samples a token
+  bool final = false;  // reaches the sequence's last token: samples one
 };
 
 // ---- Construction, Submit, Cancel, Load, Shutdown
@@ -62,8 +51,8 @@ ColocatedScheduler::ColocatedScheduler(ColocatedSchedulerOptions options,
     : options_(std::move(options)),
       runner_(runner),
       pool_(pool),
-      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size),
-          options_.enable_prefix_caching) {}
+      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size), options_.enable_prefix_caching),
+      step_(runner, &kv_, options_.eos_ids) {}
 
 absl::StatusOr<std::unique_ptr<ColocatedScheduler>> ColocatedScheduler::Create(
     ColocatedSchedulerOptions options, model::ModelRunner* runner, kv::BlockPool* pool) {
@@ -107,17 +96,17 @@ absl::StatusOr<std::shared_ptr<ColocatedStream>> ColocatedScheduler::Submit(Subm
   }
   auto r = std::make_shared<Request>();
   r->id = std::move(args.request_id);
-  r->prompt = std::move(args.prompt);
-  r->params = std::move(args.sampling);
-  r->sampling_state = model::SamplingState(r->params, options_.eos_ids, r->prompt, {});
+  r->seq = engine::Sequence(/*id=*/0, std::move(args.prompt), /*generated_before=*/0,
+                            std::move(args.sampling), options_.eos_ids);
   r->submitted = absl::Now();
+  r->queued_at = r->submitted;
   r->deadline = args.deadline == absl::InfiniteFuture() ? r->submitted + options_.default_deadline
                                                         : args.deadline;
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError(absl::StrCat(options_.name, " is shutting down"));
   if (by_id_.count(r->id))
     return absl::AlreadyExistsError(absl::StrCat(what, ": already in flight"));
-  r->seq_id = next_seq_id_++;
+  r->seq.id = next_seq_id_++;
   by_id_[r->id] = r;
   incoming_.push_back(r);
   ++load_.waiting_requests;
@@ -204,12 +193,13 @@ void ColocatedScheduler::Reap(absl::Time now) {
       Finish(r, ColocatedEvent{.finish = FinishReason::kCancelled});
     } else if (now >= r.deadline) {
       Fail(r, absl::DeadlineExceededError(absl::StrCat(
-                  options_.name, ": request ", r.id, " passed its deadline (", r.generated,
-                  " tokens generated, prompt of ", r.prompt.size(), ")")));
-    } else if (r.phase == Phase::kWaiting && now - r.submitted >= options_.admission_timeout) {
+                  options_.name, ": request ", r.id, " passed its deadline (", r.seq.generated(),
+                  " tokens generated, prompt of ", r.seq.prompt_len, ")")));
+    } else if (r.waiting() && now - r.queued_at >= options_.admission_timeout) {
       Fail(r, absl::ResourceExhaustedError(absl::StrCat(
                   options_.name, ": request ", r.id, " found no batch slot and KV room for ",
-                  r.prompt.size(), " prompt tokens within ",
+                  r.seq.tokens.size(), " tokens (a prompt of ", r.seq.prompt_len, " and ",
+                  r.seq.generated(), " generated) within ",
                   absl::FormatDuration(options_.admission_timeout))));
     }
   };
@@ -221,108 +211,101 @@ void ColocatedScheduler::Reap(absl::Time now) {
 void ColocatedScheduler::Admit() {
   while (!waiting_.empty() && static_cast<int>(active_.size()) < options_.max_running) {
     Request& r = *waiting_.front();
-    const int64_t n = static_cast<int64_t>(r.prompt.size());
-    // Room for the prompt, and headroom for the running ones (KvCacheManager::HasRoomToAdmit).
+    // Its prompt, and after a preemption every token it generated: all computed again (mostly
+    // prefix-cache hits: its complete blocks were published when it was preempted).
+    engine::Sequence& seq = r.seq;
+    const int64_t n = static_cast<int64_t>(seq.tokens.size());
+    // Room for them, and headroom for the running ones (KvCacheManager::HasRoomToAdmit).
     const int64_t need = pool_->layout().BlocksForTokens(n);
     if (!kv_.HasRoomToAdmit(need, static_cast<int64_t>(active_.size()))) return;  // wait (FIFO)
     absl::StatusOr<kv::SequenceBlocks> blocks =
-        kv_.AllocateSequence(r.prompt, n, /*use_cache=*/!r.ScoresPrompt());
-    if (!blocks.ok()) return;  // wait for blocks to come back
-    r.prompt_logprobs.clear();  // a preempted prefill starts over
-    r.cached_tokens = blocks->cached_tokens;
-    r.prefilled_tokens = r.cached_tokens;
-    r.table = std::move(*blocks).MakeTable(pool_);
-    r.phase = Phase::kPrefilling;
+        kv_.AllocateSequence(seq.tokens, n, /*use_cache=*/!seq.ScoresPrompt());
+    if (!blocks.ok()) return;     // wait for blocks to come back
+    seq.prompt_logprobs.clear();  // a preempted prefill scores its prompt again
+    seq.cached_tokens = blocks->cached_tokens;
+    seq.table = std::move(*blocks).MakeTable(pool_);
     active_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
 }
 
+void ColocatedScheduler::GrowOrPreempt() {
+  // Every running request is a claim, oldest first, so that the newest can be preempted; only a
+  // decode needs more room (a prefill got room for all its tokens at admission).
+  std::vector<kv::GrowthClaim> claims;
+  claims.reserve(active_.size());
+  for (const auto& rp : active_) {
+    const engine::Sequence& seq = rp->seq;
+    claims.push_back(kv::GrowthClaim{.table = seq.table.get(),
+                                     .total_tokens = seq.computed() + (seq.decoding() ? 1 : 0),
+                                     .tokens = seq.tokens});
+  }
+  std::vector<std::shared_ptr<Request>> preempted;  // newest first
+  const size_t kept = kv_.GrowOrPreempt(claims, [&](const kv::Preemption& p) {
+    const std::shared_ptr<Request>& victim = active_[p.victim];
+    Request& r = *victim;
+    r.seq.table.reset();  // its blocks are published and freed
+    const kv::BlockPoolStats stats = pool_->Stats();
+    if (p.victim == p.claimer && p.victim == 0) {
+      // Alone, it still cannot grow: the pool can never hold it.
+      Fail(r, Annotate(p.why,
+                       absl::StrCat(options_.name, ": request ", r.id, " cannot grow to ",
+                                    r.seq.tokens.size(), " tokens: the KV pool holds ", stats.total,
+                                    " blocks of ", pool_->layout().block_size, " tokens")));
+      return;
+    }
+    ++r.preemptions;
+    r.queued_at = absl::Now();
+    if (r.seq.generated() == 0) {
+      // Its prompt's prefill starts over.
+      r.first_pass = absl::InfiniteFuture();
+      r.compute_us = 0;
+      r.chunks = 0;
+    }
+    DUET_LOG(INFO) << options_.name << ": preempting request " << r.id << " (" << p.freed_blocks
+                   << " blocks, " << r.seq.generated() << " tokens generated, " << r.preemptions
+                   << " preemptions so far) for request " << active_[p.claimer]->id
+                   << ": the KV pool cannot grow it (" << stats.available() << " of " << stats.total
+                   << " blocks available after the preemption); it resumes once there is room";
+    preempted.push_back(victim);
+  });
+  active_.resize(kept);
+  // Back to the head of the queue, oldest first.
+  for (auto& r : preempted) {
+    if (!r->done) waiting_.push_front(std::move(r));
+  }
+}
+
 std::vector<ColocatedScheduler::Item> ColocatedScheduler::BuildStep() {
+  GrowOrPreempt();
   std::vector<Item> items;
   int64_t budget = options_.max_batch_tokens;
   // Decodes first: one token each (max_running <= max_batch_tokens, so they always fit).
   for (auto& rp : active_) {
     Request& r = *rp;
-    if (r.done || r.phase != Phase::kDecoding || budget <= 0) continue;
-    absl::Status s = r.table->Reserve(r.table->num_tokens() + 1);
-    // Out of blocks: take them from the newest request still prefilling (it has produced no
-    // token, so prefilling it again later changes nothing it will generate).
-    while (!s.ok() && PreemptNewestPrefill()) s = r.table->Reserve(r.table->num_tokens() + 1);
-    if (!s.ok()) {
-      Fail(r, Annotate(s, absl::StrCat(options_.name, ": growing the KV of request ", r.id, " to ",
-                                       r.table->num_tokens() + 1, " tokens")));
-      continue;
-    }
-    items.push_back(Item{
-        .request = &r, .start = r.table->num_tokens(), .tokens = 1, .decode = true, .final = true});
+    if (r.done || !r.seq.decoding() || budget <= 0) continue;
+    items.push_back(Item{.request = &r, .tokens = 1, .decode = true, .final = true});
     --budget;
   }
-  // Then prompt chunks, oldest admitted first.
+  // Then chunks of prompts (and of resumed sequences), oldest admitted first.
   for (auto& rp : active_) {
     Request& r = *rp;
-    if (r.done || r.phase != Phase::kPrefilling || budget <= 0) continue;
-    const int64_t remaining = static_cast<int64_t>(r.prompt.size()) - r.prefilled_tokens;
+    if (r.done || r.seq.decoding() || budget <= 0) continue;
+    const int64_t remaining = r.seq.pending();
     const int64_t n = std::min(remaining, budget);
     budget -= n;
-    items.push_back(Item{.request = &r,
-                         .start = r.prefilled_tokens,
-                         .tokens = n,
-                         .decode = false,
-                         .final = n == remaining});
-  }
-  // Preempted requests go back to the head of the queue, in their order.
-  std::vector<std::shared_ptr<Request>> kept, preempted;
-  for (auto& rp : active_) (rp->phase == Phase::kWaiting ? preempted : kept).push_back(rp);
-  if (!preempted.empty()) {
-    active_ = std::move(kept);
-    waiting_.insert(waiting_.begin(), preempted.begin(), preempted.end());
+    items.push_back(Item{.request = &r, .tokens = n, .decode = false, .final = n == remaining});
   }
   return items;
 }
 
-bool ColocatedScheduler::PreemptNewestPrefill() {
-  for (auto it = active_.rbegin(); it != active_.rend(); ++it) {
-    Request& r = **it;
-    if (r.done || r.phase != Phase::kPrefilling) continue;
-    if (absl::Status s = r.table->Release(); !s.ok()) {
-      DUET_LOG(ERROR) << options_.name << ": request " << r.id << ": freeing its blocks: " << s;
-    }
-    r.table.reset();
-    r.phase = Phase::kWaiting;
-    r.prefilled_tokens = 0;
-    r.cached_tokens = 0;
-    r.first_pass = absl::InfiniteFuture();
-    r.compute_us = 0;
-    r.chunks = 0;
-    ++r.preemptions;
-    DUET_LOG(INFO) << options_.name << ": request " << r.id
-                   << " preempted while prefilling (KV pool full, " << r.preemptions
-                   << " times so far); it will start again";
-    return true;
-  }
-  return false;
-}
-
 void ColocatedScheduler::RunStep(std::vector<Item>& items) {
-  std::vector<model::SequenceInput> batch;
-  batch.reserve(items.size());
+  std::vector<engine::StepItem> step;
+  step.reserve(items.size());
   StepInfo info;
   for (const Item& it : items) {
     Request& r = *it.request;
-    std::vector<int32_t> tokens =
-        it.decode ? std::vector<int32_t>{r.last_token}
-                  : std::vector<int32_t>(r.prompt.begin() + it.start,
-                                         r.prompt.begin() + it.start + it.tokens);
-    batch.push_back(model::SequenceInput{.seq_id = r.seq_id,
-                                         .tokens = std::move(tokens),
-                                         .start_pos = static_cast<int32_t>(it.start),
-                                         .table = r.table.get(),
-                                         .want_logits = false,
-                                         .all_logits = !it.decode && r.ScoresPrompt(),
-                                         .sample = it.final ? &r.params : nullptr,
-                                         .sample_step = r.generated,
-                                         .sample_state = &r.sampling_state});
+    step.push_back(engine::StepItem{.seq = &r.seq, .tokens = it.tokens});
     (it.decode ? info.decode_tokens : info.prefill_tokens) += it.tokens;
     info.request_ids.push_back(r.id);
     info.tokens.push_back(it.tokens);
@@ -331,12 +314,15 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
   }
   if (options_.on_step) options_.on_step(info);
 
+  // The prompt's own prefill (before its first token), for that token's event.
+  std::vector<bool> prefills(items.size());
   const absl::Time t0 = absl::Now();
-  for (const Item& it : items) {
-    Request& r = *it.request;
-    if (!it.decode && r.first_pass == absl::InfiniteFuture()) r.first_pass = t0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Request& r = *items[i].request;
+    prefills[i] = r.seq.generated() == 0;
+    if (prefills[i] && r.first_pass == absl::InfiniteFuture()) r.first_pass = t0;
   }
-  absl::StatusOr<model::ForwardOutput> out = runner_->Forward(absl::MakeSpan(batch), pool_->View());
+  absl::StatusOr<std::vector<engine::StepOutcome>> out = step_.Run(step);
   const absl::Time t1 = absl::Now();
   if (!out.ok()) {
     for (const Item& it : items) {
@@ -344,89 +330,46 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
     }
     return;
   }
-  // Each sequence's last row (its sampled token) and first row (a scored chunk's first).
-  std::map<int64_t, size_t> rows, first_rows;
-  for (size_t i = 0; i < out->seq_ids.size(); ++i) {
-    rows[out->seq_ids[i]] = i;
-    first_rows.emplace(out->seq_ids[i], i);
-  }
-
-  const model::ModelConfig& config = runner_->config();
-  for (const Item& it : items) {
-    Request& r = *it.request;
-    if (!it.decode) {
-      r.prefilled_tokens += it.tokens;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Request& r = *items[i].request;
+    engine::StepOutcome& o = (*out)[i];
+    if (prefills[i]) {
       r.compute_us += Micros(t1 - t0);
       ++r.chunks;
-      kv_.Publish(*r.table, r.prompt);  // the blocks this chunk completed
-      if (r.ScoresPrompt() && first_rows.contains(r.seq_id)) {
-        model::ScorePromptChunk(out->Row(first_rows[r.seq_id]), out->vocab, it.tokens, it.start,
-                                r.prompt, r.params.prompt_logprobs, &r.prompt_logprobs);
-      }
-      if (!it.final) continue;
     }
-    auto row = rows.find(r.seq_id);
-    if (row == rows.end()) {
-      Fail(r, absl::InternalError(absl::StrCat(options_.name,
-                                               ": the forward step returned no "
-                                               "token for request ",
-                                               r.id)));
-      continue;
-    }
-    const int step = r.generated;  // index of this output token
-    ColocatedEvent ev{.has_token = true, .index = step};
-    ev.token = std::move(out->tokens.at(row->second));  // sampled on the backend at `step`
-    ++r.generated;
-    if (it.decode) {
-      if (!r.joined_decode) {
-        r.joined_decode = true;
-        ev.joined_decode = true;
-        ev.decode_admission_us = std::max<int64_t>(0, Micros(t0 - r.prefilled_at));
-      }
-    } else {
+    if (!o.sampled) continue;
+    ColocatedEvent ev{.has_token = true, .index = r.seq.generated() - 1};
+    ev.token = std::move(o.token);  // sampled on the backend at step `index`
+    if (prefills[i]) {
       r.prefilled_at = t1;
       ev.prefilled = true;
       ev.queue_us = std::max<int64_t>(0, Micros(r.first_pass - r.submitted));
       ev.prefill_compute_us = r.compute_us;
       ev.prefill_chunks = r.chunks;
-      ev.cached_tokens = r.cached_tokens;
-      ev.prompt_logprobs = std::move(r.prompt_logprobs);
+      ev.cached_tokens = r.seq.cached_tokens;
+      ev.prompt_logprobs = std::move(r.seq.prompt_logprobs);
+    } else if (!r.joined_decode) {
+      r.joined_decode = true;
+      ev.joined_decode = true;
+      ev.decode_admission_us = std::max<int64_t>(0, Micros(t0 - r.prefilled_at));
     }
-    r.output.push_back(ev.token.id);
-    r.sampling_state.AddGenerated(ev.token.id);
-    const model::StopReason stop =
-        model::StopAfterToken(r.params, options_.eos_ids, ev.token.id, r.generated,
-                              r.table->num_tokens(), config.max_position_embeddings);
-    if (stop != model::StopReason::kNone) {
-      ev.finish = engine::FinishReasonFromStop(stop);
+    if (o.stop != model::StopReason::kNone) {
+      ev.finish = engine::FinishReasonFromStop(o.stop);
       Finish(r, std::move(ev));
       continue;
     }
-    r.phase = Phase::kDecoding;
-    r.last_token = ev.token.id;
     r.stream->Push(std::move(ev));
   }
-}
-
-void ColocatedScheduler::PublishSequence(Request& r) {
-  // Every token but the last sampled one has its K/V in the table.
-  std::vector<int32_t> seq = r.prompt;
-  seq.insert(seq.end(), r.output.begin(), r.output.end());
-  kv_.Publish(*r.table, seq);
 }
 
 void ColocatedScheduler::Finish(Request& r, ColocatedEvent last) {
   if (r.done) return;
   r.done = true;
-  if (r.table != nullptr) {
+  if (r.seq.table != nullptr) {
     // As the decode node: a stopped, cancelled or expired request's complete K/V stays in the
     // prefix cache (not after a failed step, whose K/V may be incomplete).
-    if (last.finish != FinishReason::kError) PublishSequence(r);
-    if (absl::Status s = r.table->Release(); !s.ok()) {
-      DUET_LOG(ERROR) << options_.name << ": request " << r.id
-                      << ": cannot free its blocks: " << s.message();
-    }
-    r.table.reset();
+    kv_.Finish(*r.seq.table, r.seq.tokens, /*publish=*/last.finish != FinishReason::kError);
+    r.seq.table.reset();
   }
   {
     absl::MutexLock lock(&mu_);
@@ -450,18 +393,19 @@ void ColocatedScheduler::RemoveDone() {
 
 void ColocatedScheduler::PublishLoad() {
   ColocatedLoad load;
+  // Tokens to compute before each request's next token (its pending ones, but for a decode).
   for (const auto& r : waiting_) {
     ++load.waiting_requests;
-    load.queued_tokens += static_cast<int64_t>(r->prompt.size());
+    load.queued_tokens += static_cast<int64_t>(r->seq.tokens.size());
   }
   for (const auto& r : active_) {
     ++load.running_requests;
-    load.queued_tokens += static_cast<int64_t>(r->prompt.size()) - r->prefilled_tokens;
+    if (!r->seq.decoding()) load.queued_tokens += r->seq.pending();
   }
   absl::MutexLock lock(&mu_);
   for (const auto& r : incoming_) {
     ++load.waiting_requests;
-    load.queued_tokens += static_cast<int64_t>(r->prompt.size());
+    load.queued_tokens += static_cast<int64_t>(r->seq.tokens.size());
   }
   load_ = load;
 }

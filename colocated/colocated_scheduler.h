@@ -7,13 +7,21 @@
 // the same per-step seeding, so greedy (and seeded) tokens equal LocalEngine::Generate's and the
 // disaggregated cluster's.
 //
+// It is a role adapter over the engine core (common/engine/): each request is an
+// engine::Sequence, each step one engine::StepRunner::Run, and every block comes and goes
+// through the kv::KvCacheManager, as on the decode node.
+//
 // Admission is FIFO: a waiting request joins when fewer than max_running requests hold KV and
 // the pool has room for its whole prompt (plus one block of headroom per running request); it
 // waits otherwise, up to admission_timeout, and a prompt the whole pool cannot hold is refused
-// at once (ResourceExhausted). A decode the pool cannot grow takes the blocks of the newest
-// request still prefilling (which goes back to the head of the queue and starts over: it has
-// sampled nothing yet, so its tokens do not change); with none to take, it fails alone. Finished,
-// cancelled, failed and timed-out requests give every block back before their last event is pushed.
+// at once (ResourceExhausted). When the pool cannot grow a running decode by its next token, the
+// newest running request (admitted last, decoding or prefilling) is preempted as the decode
+// node does (KvCacheManager::GrowOrPreempt): its complete blocks go into the prefix cache, the
+// rest are freed, and it goes back to the head of the queue. Once admitted again it computes its
+// prompt and every token it generated (mostly prefix-cache hits) and samples on where it
+// stopped: its stream goes on, token-exact, with no token repeated or missing. A decode that
+// cannot grow with nothing left to preempt fails alone. Finished, cancelled, failed and
+// timed-out requests give every block back before their last event is pushed.
 //
 //   ColocatedSchedulerOptions o{.max_batch_tokens = 512, .eos_ids = tokenizer.eos_ids()};
 //   DUET_ASSIGN_OR_RETURN(auto sched, ColocatedScheduler::Create(o, &runner, &pool));
@@ -40,8 +48,8 @@
 #include "absl/time/time.h"
 #include "common/base/event_stream.h"
 #include "common/engine/finish_reason.h"
+#include "common/engine/step_runner.h"
 #include "common/kv/block_pool.h"
-#include "common/kv/block_table.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/model/model_runner.h"
 #include "common/sampling/sampler.h"
@@ -52,7 +60,8 @@ using engine::FinishReason;
 
 // One event of a request's stream.
 struct ColocatedEvent {
-  // Set on the event of the first token (index 0): the prompt is prefilled.
+  // Set on the event of the first token (index 0): the prompt is prefilled (not again after a
+  // preemption: a resumed request's next token is an ordinary one).
   bool prefilled = false;
   int64_t queue_us = 0;            // submitted -> first forward pass holding the prompt
   int64_t prefill_compute_us = 0;  // wall time of the passes holding the prompt
@@ -143,7 +152,6 @@ class ColocatedScheduler {
   kv::PrefixCacheCounters PrefixCacheCounters() const { return kv_.counters(); }
 
  private:
-  enum class Phase { kWaiting, kPrefilling, kDecoding };
   struct Request;
   struct Item;  // one request's share of a step
 
@@ -153,23 +161,24 @@ class ColocatedScheduler {
   // Moves new requests in and ends cancelled and timed-out ones.
   void Reap(absl::Time now);
   void Admit();
-  // Fails decodes the pool cannot grow, unless a prefilling request can give its blocks back.
+  // Room for every running decode's next token: while the pool has none, the newest running
+  // requests are preempted (KvCacheManager::GrowOrPreempt) and go back to the head of the queue.
+  void GrowOrPreempt();
+  // The step's items under the token budget: every decode, then prompt chunks, oldest first.
   std::vector<Item> BuildStep();
-  // Frees the newest prefilling request's blocks and marks it waiting (BuildStep requeues it).
-  bool PreemptNewestPrefill();
   void RunStep(std::vector<Item>& items);
-  // Frees the request's blocks, forgets it and pushes `last` (finish set by the caller).
+  // Ends the request's sequence (its complete blocks published unless it failed; every block
+  // freed), forgets it and pushes `last` (finish set by the caller).
   void Finish(Request& r, ColocatedEvent last);
   void Fail(Request& r, absl::Status error);
-  // Publishes the full blocks of a finished request (prompt and generated tokens).
-  void PublishSequence(Request& r);
   void RemoveDone();
   void PublishLoad();
 
   const ColocatedSchedulerOptions options_;
   model::ModelRunner* const runner_;
   kv::BlockPool* const pool_;
-  kv::KvCacheManager kv_;  // how every request gets its blocks
+  kv::KvCacheManager kv_;    // how every request gets its blocks
+  engine::StepRunner step_;  // the forward step, over kv_
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -44,6 +44,7 @@ DecodeScheduler::DecodeScheduler(DecodeSchedulerOptions options, model::ModelRun
       runner_(runner),
       pool_(pool),
       kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size), options_.enable_prefix_caching),
+      step_(runner, &kv_, options_.eos_ids),
       transport_(transport),
       tracker_(transport, pool, {.quarantine_bound = options_.kv_quarantine_bound}),
       transfer_id_base_(RandomTransferBase()) {}
@@ -143,9 +144,8 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
   r->num_tokens = args.num_tokens;
   const int64_t bs = layout().block_size;
   r->num_blocks = (args.num_tokens + bs - 1) / bs;
-  r->params = args.sampling;
-  r->tokens = args.prompt;
-  r->generated_before = args.generated_tokens;
+  r->seq = engine::Sequence(/*id=*/0, args.prompt, args.generated_tokens, args.sampling,
+                            options_.eos_ids);
   r->layer_landed_us.assign(layout().num_layers, 0);
   {
     absl::MutexLock lock(&mu_);
@@ -164,6 +164,7 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
                        options_.max_running, ")"));
     }
     r->transfer_id = transfer_id_base_ + ++next_transfer_;
+    r->seq.id = static_cast<int64_t>(r->transfer_id);
     requests_[r->id] = r;
     ++active_;
   }
@@ -199,7 +200,7 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
           " tokens and one of headroom for each of the ", others, " other requests here")));
     }
   }
-  absl::StatusOr<kv::SequenceBlocks> blocks = kv_.AllocateSequence(r->tokens, r->num_tokens);
+  absl::StatusOr<kv::SequenceBlocks> blocks = kv_.AllocateSequence(r->seq.tokens, r->num_tokens);
   if (!blocks.ok()) {
     return rollback(Annotate(
         blocks.status(), absl::StrCat(options_.name, ": reserving ", r->num_blocks, " blocks for ",
@@ -452,7 +453,8 @@ void DecodeScheduler::Admit(Landed landed) {
   all.insert(all.end(), landed_blocks.begin(), landed_blocks.end());
   r->cached.clear();
   r->blocks.clear();
-  r->table = std::make_unique<kv::BlockTable>(pool_, std::move(all), r->num_tokens);
+  engine::Sequence& seq = r->seq;
+  seq.table = std::make_unique<kv::BlockTable>(pool_, std::move(all), r->num_tokens);
   if (bad.ok() && options_.host_mirror.base != nullptr) {
     bad = Annotate(CopyMirrorToPool(landed_blocks), absl::StrCat(options_.name, ": request ", r->id,
                                                                  ": copying its KV into the pool"));
@@ -461,17 +463,10 @@ void DecodeScheduler::Admit(Landed landed) {
     Fail(r, bad);
     return;
   }
-  kv_.Publish(*r->table, r->tokens);  // the prompt's KV is complete here now
-  // The tokens end with the generated_before already streamed (a resumed request): output
-  // tokens for the penalties, as on the prefill node.
-  const absl::Span<const int32_t> tokens = r->tokens;
-  r->sampling_state = model::SamplingState(r->params, options_.eos_ids,
-                                           tokens.first(tokens.size() - r->generated_before),
-                                           tokens.last(r->generated_before));
-  r->last_token = completion.first_token_id();
-  r->tokens.push_back(r->last_token);
-  r->sampling_state.AddGenerated(r->last_token);
-  r->generated = r->generated_before + 1;
+  kv_.Publish(*seq.table, seq.tokens);  // the prompt's KV is complete here now
+  // The first token (sampled on the prefill node) may already end the request, exactly as in
+  // LocalEngine::Generate.
+  const model::StopReason stop = step_.Append(seq, completion.first_token_id());
 
   DecodeEvent ev{.admitted = true};
   const int64_t joined_us = NowUnixMicros();
@@ -497,11 +492,6 @@ void DecodeScheduler::Admit(Landed landed) {
     Finish(r, DecodeEvent{.finish = FinishReason::kCancelled});
     return;
   }
-  // The first token (sampled on the prefill node) may already end the request, exactly as in
-  // LocalEngine::Generate.
-  const model::StopReason stop =
-      model::StopAfterToken(r->params, options_.eos_ids, r->last_token, r->generated, r->num_tokens,
-                            config.max_position_embeddings);
   if (stop != model::StopReason::kNone) {
     ev.finish = FinishReasonFromStop(stop);
     Finish(r, std::move(ev));
@@ -524,27 +514,29 @@ absl::Status DecodeScheduler::CopyMirrorToPool(absl::Span<const kv::BlockId> blo
 
 std::vector<std::shared_ptr<DecodeScheduler::Request>> DecodeScheduler::GrowOrPreempt(
     std::vector<std::shared_ptr<Request>> live) {
-  // live[0, end) still run; the newest (admitted last) is at end - 1.
-  size_t end = live.size();
-  for (size_t i = 0; i < end; ++i) {
-    Request& r = *live[i];
-    while (true) {
-      absl::Status s = r.table->Reserve(r.table->num_tokens() + 1);
-      if (s.ok()) break;
-      const std::shared_ptr<Request> victim = live[--end];
-      const kv::BlockPoolStats stats = pool_->Stats();
-      DUET_LOG(INFO) << options_.name << ": preempting request " << victim->id << " ("
-                     << victim->table->blocks().size() << " blocks, " << victim->generated
-                     << " tokens generated) for request " << r.id
-                     << ": the KV pool cannot grow it (" << stats.available() << " of "
-                     << stats.total << " blocks available)";
-      Finish(victim, DecodeEvent{.finish = FinishReason::kPreempted,
-                                 .error = Annotate(s, absl::StrCat(options_.name, ": request ",
-                                                                   victim->id, " preempted"))});
-      if (end == i) break;  // it was the newest itself
-    }
+  std::vector<kv::GrowthClaim> claims;
+  claims.reserve(live.size());
+  for (const std::shared_ptr<Request>& r : live) {
+    claims.push_back(kv::GrowthClaim{.table = r->seq.table.get(),
+                                     .total_tokens = r->seq.computed() + 1,
+                                     .tokens = r->seq.tokens});
   }
-  live.resize(end);
+  const size_t kept = kv_.GrowOrPreempt(claims, [&](const kv::Preemption& p) {
+    const std::shared_ptr<Request>& victim = live[p.victim];
+    const kv::BlockPoolStats stats = pool_->Stats();
+    DUET_LOG(INFO) << options_.name << ": preempting request " << victim->id << " ("
+                   << p.freed_blocks << " blocks, " << victim->seq.generated()
+                   << " tokens generated) for request " << live[p.claimer]->id
+                   << ": the KV pool cannot grow it (" << stats.available() << " of " << stats.total
+                   << " blocks available after the preemption)";
+    victim->seq.table.reset();  // its blocks are published and freed
+    Finish(victim,
+           DecodeEvent{.finish = FinishReason::kPreempted,
+                       .error = Annotate(p.why, absl::StrCat(options_.name, ": request ",
+                                                             victim->id, " preempted"))},
+           p.freed_blocks);
+  });
+  live.resize(kept);
   return live;
 }
 
@@ -567,77 +559,52 @@ void DecodeScheduler::Step() {
   running_ = GrowOrPreempt(std::move(live));
   if (running_.empty()) return;
 
-  std::vector<model::SequenceInput> batch;
-  batch.reserve(running_.size());
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Request& r = *running_[i];
-    batch.push_back(model::SequenceInput{.seq_id = static_cast<int64_t>(i),
-                                         .tokens = {r.last_token},
-                                         .start_pos = static_cast<int32_t>(r.table->num_tokens()),
-                                         .table = r.table.get(),
-                                         .want_logits = false,
-                                         .sample = &r.params,
-                                         .sample_step = r.generated,
-                                         .sample_state = &r.sampling_state});
+  std::vector<engine::StepItem> items;
+  items.reserve(running_.size());
+  for (const std::shared_ptr<Request>& r : running_) {
+    items.push_back(engine::StepItem{.seq = &r->seq, .tokens = 1});
   }
-  absl::StatusOr<model::ForwardOutput> out = runner_->Forward(absl::MakeSpan(batch), pool_->View());
-  if (!out.ok() || out->seq_ids.size() != running_.size() ||
-      out->tokens.size() != running_.size()) {
-    const absl::Status error =
-        out.ok() ? absl::InternalError("forward returned the wrong number of rows") : out.status();
+  absl::StatusOr<std::vector<engine::StepOutcome>> out = step_.Run(items);
+  if (!out.ok()) {
     for (const std::shared_ptr<Request>& r : running_) {
-      Fail(r, Annotate(error, absl::StrCat(options_.name, ": decode step")));
+      Fail(r, Annotate(out.status(), absl::StrCat(options_.name, ": decode step")));
     }
     running_.clear();
     return;
   }
 
-  const model::ModelConfig& config = runner_->config();
   std::vector<std::shared_ptr<Request>> still_running;
   for (size_t i = 0; i < running_.size(); ++i) {
     const std::shared_ptr<Request>& rp = running_[i];
-    Request& r = *rp;
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
-      cancelled = r.cancel_requested;
+      cancelled = rp->cancel_requested;
     }
     if (cancelled) {
       Finish(rp, DecodeEvent{.finish = FinishReason::kCancelled});
       continue;
     }
-    const int step = r.generated;  // index of this output token
-    DecodeEvent ev{.has_token = true, .index = step};
-    ev.token = std::move(out->tokens[i]);  // sampled on the backend at `step`
-    ++r.generated;
-    const model::StopReason stop =
-        model::StopAfterToken(r.params, options_.eos_ids, ev.token.id, r.generated,
-                              r.table->num_tokens(), config.max_position_embeddings);
-    if (stop != model::StopReason::kNone) {
-      ev.finish = FinishReasonFromStop(stop);
+    engine::StepOutcome& o = (*out)[i];
+    DecodeEvent ev{.has_token = true, .index = rp->seq.generated() - 1};
+    ev.token = std::move(o.token);  // sampled on the backend at step `index`
+    if (o.stop != model::StopReason::kNone) {
+      ev.finish = FinishReasonFromStop(o.stop);
       Finish(rp, std::move(ev));
       continue;
     }
-    r.last_token = ev.token.id;
-    r.tokens.push_back(r.last_token);
-    r.sampling_state.AddGenerated(r.last_token);
-    r.stream->Push(std::move(ev));
+    rp->stream->Push(std::move(ev));
     still_running.push_back(rp);
   }
   running_ = std::move(still_running);
 }
 
-void DecodeScheduler::Finish(const std::shared_ptr<Request>& r, DecodeEvent last) {
-  int64_t freed = 0;
-  if (r->table != nullptr) {
+void DecodeScheduler::Finish(const std::shared_ptr<Request>& r, DecodeEvent last, int64_t freed) {
+  if (r->seq.table != nullptr) {
     // Every token in the table has complete K/V unless a forward step failed.
-    if (last.finish != FinishReason::kError) kv_.Publish(*r->table, r->tokens);
-    freed = static_cast<int64_t>(r->table->blocks().size());
-    if (absl::Status s = r->table->Release(); !s.ok()) {
-      DUET_LOG(ERROR) << options_.name << ": request " << r->id
-                      << ": cannot free its blocks: " << s.message();
-    }
-    r->table.reset();
+    freed = kv_.Finish(*r->seq.table, r->seq.tokens,
+                       /*publish=*/last.finish != FinishReason::kError);
+    r->seq.table.reset();
   }
   absl::MutexLock lock(&mu_);
   r->freed_blocks = freed;

@@ -7,6 +7,9 @@
 // docs/design.md invariant 4). When the pool cannot grow a running request by its next token,
 // the newest running request is preempted: its blocks go back (its full blocks into the prefix
 // cache) and its stream ends with kPreempted, for the coordinator to continue it elsewhere.
+// The running batch is the engine core's (common/engine/): each request an engine::Sequence,
+// each step one engine::StepRunner::Run, every block through the kv::KvCacheManager; the
+// transfer side stays in the KvArrivalTracker.
 //
 // Staging (options.host_mirror set): the transport exports a host mirror of the pool, the KV
 // lands there, and admission copies the request's blocks (all layers) mirror -> pool
@@ -41,8 +44,9 @@
 #include "absl/time/time.h"
 #include "common/base/event_stream.h"
 #include "common/engine/finish_reason.h"
+#include "common/engine/sequence.h"
+#include "common/engine/step_runner.h"
 #include "common/kv/block_pool.h"
-#include "common/kv/block_table.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/kv/kv_layout.h"
 #include "common/model/model_runner.h"
@@ -196,10 +200,8 @@ class DecodeScheduler {
     uint64_t transfer_id = 0;
     int64_t num_tokens = 0;
     int64_t num_blocks = 0;
-    model::SamplingParams params;
     std::vector<kv::BlockId> blocks;  // reserved; the table owns them once admitted
     std::vector<kv::BlockId> cached;  // leading prompt blocks from the cache (referenced)
-    std::vector<int32_t> tokens;      // the prompt, then every token fed back
     std::shared_ptr<TokenStream> stream = std::make_shared<TokenStream>();
     // Guarded by mu_.
     State state = State::kReserving;
@@ -209,12 +211,11 @@ class DecodeScheduler {
     int64_t freed_blocks = 0;
     std::vector<int64_t> layer_landed_us;  // wall clock, 0 = not seen
     int64_t final_landed_us = 0;
-    // Touched only by the scheduler thread (and Shutdown after it stopped).
-    std::unique_ptr<kv::BlockTable> table;
-    int32_t last_token = -1;
-    int generated = 0;  // output tokens so far, the prefill node's first one included
-    int generated_before = 0;  // of them, streamed before this node (a resumed request)
-    model::SamplingState sampling_state;  // from admission: the prompt and every output token
+    // Set by Reserve; then touched only by the scheduler thread (and Shutdown after it
+    // stopped). Its tokens: the prompt (ending with the tokens a resumed request streamed
+    // before, counted as output), then the prefill node's first token and every one after; its
+    // table from admission on.
+    engine::Sequence seq;
   };
   // What admission took out of the tracker for one request: the final notice's payload (the
   // blocks are then the request's) or why its KV never landed (blocks already given back).
@@ -236,10 +237,12 @@ class DecodeScheduler {
   absl::Status CopyMirrorToPool(absl::Span<const kv::BlockId> blocks);
   void Step();
   // Takes every running request's next token's room, oldest first, preempting the newest while
-  // the pool has none; returns the requests still running, in order.
+  // the pool has none (KvCacheManager::GrowOrPreempt); returns the requests still running.
   std::vector<std::shared_ptr<Request>> GrowOrPreempt(std::vector<std::shared_ptr<Request>> live);
-  // Frees the request's table, marks it done and pushes `last` (finish set by the caller).
-  void Finish(const std::shared_ptr<Request>& r, DecodeEvent last);
+  // Ends the request's sequence (KvCacheManager::Finish: its complete blocks published unless
+  // it failed, every block freed), marks it done and pushes `last` (finish set by the caller).
+  // `freed`: the blocks it gave back already (a preempted request's), when it holds no table.
+  void Finish(const std::shared_ptr<Request>& r, DecodeEvent last, int64_t freed = 0);
   void Fail(const std::shared_ptr<Request>& r, absl::Status error);
   // Gives back the cached blocks a request took at Reserve and has not handed to a table.
   void FreeCached(Request& r);
@@ -253,7 +256,8 @@ class DecodeScheduler {
   const DecodeSchedulerOptions options_;
   model::ModelRunner* const runner_;
   kv::BlockPool* const pool_;
-  kv::KvCacheManager kv_;  // how every request gets its blocks
+  kv::KvCacheManager kv_;    // how every request gets its blocks
+  engine::StepRunner step_;  // the decode step, over kv_
   transfer::Transport* const transport_;
   transfer::KvArrivalTracker tracker_;
   const uint64_t transfer_id_base_;

@@ -1,78 +1,20 @@
+// The prefill scheduler's thread: its mail (submissions, cancels, helper reports), admission
+// and waiting for room, stops, and the end of each request. Forward passes: prefill_pass.cc;
+// the helper threads: prefill_helpers.cc.
 #include "prefill_node/prefill_scheduler.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/kv_memory.h"
-#include "common/kv/block_table.h"
-#include "duet/v1/decode.pb.h"
+#include "prefill_node/prefill_request.h"
 
 namespace duet::prefill {
-namespace {
 
-// How long a stopping request waits for the forward pass it is in to end before leaving its
-// cleanup to the scheduler thread.
-constexpr absl::Duration kPassTimeout = absl::Seconds(60);
-
-int64_t NowUnixMicros() { return absl::ToUnixMicros(absl::Now()); }
-
-}  // namespace
-
-// Where a request is. Only the scheduler thread moves kQueued -> kRunning -> kQueued (another
-// chunk) | kComputed (final notice sent) | kStopped; the request's Run thread moves kQueued ->
-// kStopped (a request that is not in a pass) and owns cleanup, except for an abandoned entry.
-enum class Phase { kAdmitting, kQueued, kRunning, kComputed, kStopped };
-
-struct PrefillScheduler::Entry {
-  Entry(PrefillJob j, absl::Span<const int32_t> eos_ids)
-      : job(std::move(j)),
-        // The prompt ends with the sample_step tokens already generated (a resumed request).
-        sampling_state(job.sampling, eos_ids,
-                       absl::MakeConstSpan(job.prompt).first(job.prompt.size() - job.sample_step),
-                       absl::MakeConstSpan(job.prompt).last(job.sample_step)) {}
-  const PrefillJob job;
-  const model::SamplingState sampling_state;
-  // Scores its prompt (sampling.prompt_logprobs, not resumed): computed whole, every row's
-  // logits kept.
-  bool ScoresPrompt() const { return job.sampling.prompt_logprobs >= 0 && job.sample_step == 0; }
-  int64_t seq_id = 0;
-  absl::Time admitted = absl::Now();
-  // Set during admission, before the entry is queued; read-only afterwards.
-  std::vector<kv::BlockId> local_blocks;  // the blocks sent: those D does not hold
-  int64_t cached_tokens = 0;              // of the prompt, from P's cache
-  std::unique_ptr<kv::BlockTable> table;  // P's blocks; Forward writes the K/V there
-  bool begun = false;                     // KvStreamSender::Begin succeeded
-  bool stream_done = false;               // the sender forgot the request (Wait ended)
-
-  // Guarded by the scheduler's mu_.
-  Phase phase = Phase::kAdmitting;
-  int64_t done_tokens = 0;  // prompt tokens whose K/V are in the pool
-  int layers_posted = 0;    // layers handed to the sender (in order)
-  int chunks = 0;
-  absl::Time first_pass = absl::InfiniteFuture();
-  int64_t compute_us = 0;
-  std::vector<int64_t> layer_done_us;
-  int64_t forward_done_us = 0;  // the first token sampled
-  model::SampledToken first_token;
-  std::vector<model::SampledToken> prompt_logprobs;  // ScoresPrompt(): positions 1.. so far
-  // Written by the Run thread only: when each layer's write was seen complete.
-  std::vector<int64_t> landed_us;
-  absl::Status error;      // the scheduler failed the request
-  absl::Status stop;       // Cancel, deadline or shutdown: do not go on
-  absl::Time stopped_at = absl::InfiniteFuture();  // when `stop` was set
-  bool abandoned = false;  // its Run left; the scheduler cleans up after the pass
-};
-
-struct PrefillScheduler::BatchItem {
-  std::shared_ptr<Entry> entry;
-  int64_t start = 0;  // first prompt position of this pass
-  int64_t tokens = 0;
-  bool final = false;
-};
+using internal::Phase;
 
 absl::StatusOr<std::unique_ptr<PrefillScheduler>> PrefillScheduler::Create(
     model::ModelRunner* runner, kv::BlockPool* pool, transfer::Transport* transport,
@@ -96,7 +38,6 @@ absl::StatusOr<std::unique_ptr<PrefillScheduler>> PrefillScheduler::Create(
   {
     absl::MutexLock lock(&s->join_mu_);
     s->thread_ = std::thread([p = s.get()] { p->Loop(); });
-    if (s->staging()) s->poster_ = std::thread([p = s.get()] { p->PostLoop(); });
   }
   return s;
 }
@@ -115,84 +56,68 @@ PrefillScheduler::PrefillScheduler(model::ModelRunner* runner, kv::BlockPool* po
 PrefillScheduler::~PrefillScheduler() { Shutdown(); }
 
 void PrefillScheduler::Shutdown() {
+  const absl::Status down = absl::UnavailableError("the prefill node is shutting down");
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    for (auto& [id, e] : by_id_) {
-      MarkStopped(*e, absl::UnavailableError("the prefill node is shutting down"), absl::Now());
+    // Not taken yet: nothing of them is held or sent, so they are refused here.
+    for (RequestPtr& r : incoming_) {
+      by_id_.erase(r->job.request_id);
+      queued_tokens_ -= r->load_tokens;
+      r->load_tokens = 0;
+      r->stream->Push({.kind = PrefillEventKind::kFailed, .status = down});
     }
+    incoming_.clear();
   }
   absl::MutexLock join_lock(&join_mu_);
-  if (thread_.joinable()) thread_.join();  // the loop ends after its current pass
-  if (poster_.joinable()) poster_.join();  // ends after its current post (one poll interval)
-  absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_runs_ == 0; };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&idle),
-                             absl::Now() + options_.abort_timeout + absl::Seconds(10))) {
-    DUET_LOG(ERROR) << "prefill scheduler: " << active_runs_
-                    << " requests still ending at shutdown";
-  }
+  // The thread fails the rest once it is out of its pass and ends when they all have.
+  if (thread_.joinable()) thread_.join();
 }
 
 // ---------------------------------------------------------------------------------------------
-// The caller's side: admission, waiting, cleanup.
+// Any thread: submit, cancel, load.
 
-absl::StatusOr<PrefillResult> PrefillScheduler::Run(PrefillJob job,
-                                                    std::function<bool()> caller_gone,
-                                                    FirstTokenCallback on_first_token) {
+absl::StatusOr<std::shared_ptr<PrefillStream>> PrefillScheduler::Submit(PrefillJob job) {
+  const std::string what = absl::StrCat("prefill of request ", job.request_id);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the prefill node is shutting down");
-    ++active_runs_;
   }
-  absl::Cleanup leave = [this] {
-    absl::MutexLock lock(&mu_);
-    --active_runs_;
-  };
-  const std::string id = job.request_id;
-  DUET_ASSIGN_OR_RETURN(std::shared_ptr<Entry> e, Admit(std::move(job), caller_gone));
-  absl::Status status = Drive(*e, caller_gone, on_first_token);
-  absl::StatusOr<PrefillResult> result;
-  if (status.ok()) {
-    // Completion times of each layer's write, in posting order (each a bound from above).
-    result = MakeResult(*e, /*kv_landed=*/true);
-    Release(*e, absl::OkStatus());
-  } else {
-    Stop(e, status);
-    result = status;
+  DUET_RETURN_IF_ERROR(Validate(job));
+  if (job.peer == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": no decode peer"));
+  if (absl::Now() >= job.deadline) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": the deadline passed before admission"));
   }
+  auto r = std::make_shared<Request>(std::move(job), options_.eos_ids, num_layers_);
   absl::MutexLock lock(&mu_);
-  by_id_.erase(id);
-  return result;
+  if (stopping_) return absl::UnavailableError("the prefill node is shutting down");
+  if (by_id_.count(r->job.request_id)) {
+    return absl::AlreadyExistsError(absl::StrCat(what, ": already in flight"));
+  }
+  r->seq_id = next_seq_id_++;
+  r->load_tokens = static_cast<int64_t>(r->job.prompt.size());
+  queued_tokens_ += r->load_tokens;
+  by_id_[r->job.request_id] = r;
+  incoming_.push_back(r);
+  return r->stream;
 }
 
 bool PrefillScheduler::Cancel(const std::string& request_id, absl::Status reason) {
   absl::MutexLock lock(&mu_);
   auto it = by_id_.find(request_id);
   if (it == by_id_.end()) return false;
-  MarkStopped(*it->second, reason.ok() ? absl::CancelledError("cancelled") : std::move(reason),
-              absl::Now());
+  cancels_.push_back({.request = it->second,
+                      .reason = reason.ok() ? absl::CancelledError("cancelled") : std::move(reason),
+                      .at = absl::Now()});
   return true;
-}
-
-void PrefillScheduler::MarkStopped(Entry& e, absl::Status reason, absl::Time now) {
-  if (!e.stop.ok()) return;
-  e.stop = std::move(reason);
-  e.stopped_at = now;
 }
 
 PrefillLoad PrefillScheduler::Load() const {
   absl::MutexLock lock(&mu_);
-  PrefillLoad load;
-  for (const auto& e : queue_) {
-    if (e->phase == Phase::kQueued || e->phase == Phase::kRunning) {
-      load.queued_tokens += static_cast<int64_t>(e->job.prompt.size()) - e->done_tokens;
-    }
-  }
-  load.queued_tokens += waiting_tokens_;
-  load.running_requests = static_cast<int32_t>(by_id_.size());
-  load.waiting_for_room = waiting_for_room_;
-  return load;
+  return {.queued_tokens = queued_tokens_,
+          .running_requests = static_cast<int32_t>(by_id_.size()),
+          .waiting_for_room = waiting_for_room_};
 }
 
 absl::Status PrefillScheduler::Validate(const PrefillJob& job) const {
@@ -229,301 +154,33 @@ absl::Status PrefillScheduler::Validate(const PrefillJob& job) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<kv::SequenceBlocks> PrefillScheduler::AllocateWaiting(
-    Entry& e, const std::function<bool()>& caller_gone) {
-  const int64_t n = static_cast<int64_t>(e.job.prompt.size());
-  const absl::Time since = absl::Now();
-  bool waiting = false;
-  absl::Cleanup leave = [&] {
-    if (!waiting) return;
-    absl::MutexLock lock(&mu_);
-    --waiting_for_room_;
-    waiting_tokens_ -= n;
-  };
-  while (true) {
-    uint64_t frees;
-    {
-      absl::MutexLock lock(&mu_);
-      frees = frees_;
-    }
-    absl::StatusOr<kv::SequenceBlocks> blocks =
-        kv_.AllocateSequence(e.job.prompt, n, /*use_cache=*/!e.ScoresPrompt());
-    if (blocks.ok() || !absl::IsResourceExhausted(blocks.status())) return blocks;
-    const std::string what = absl::StrCat("prefill of request ", e.job.request_id);
-    if (!waiting) {
-      absl::MutexLock lock(&mu_);
-      if (waiting_for_room_ >= options_.max_waiting_for_room) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            what, ": the prefill node's KV pool has no room (", blocks.status().message(), ") and ",
-            waiting_for_room_, " prompts already wait for it (max_waiting_for_room)"));
-      }
-      waiting = true;
-      ++waiting_for_room_;
-      waiting_tokens_ += n;
-      DUET_LOG(INFO) << what << " waits for room in the KV pool: " << blocks.status().message();
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      auto freed = [this, frees]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return frees_ != frees || stopping_; };
-      mu_.AwaitWithDeadline(absl::Condition(&freed),
-                            std::min(e.job.deadline, absl::Now() + options_.poll_interval));
-      if (stopping_) return absl::UnavailableError("the prefill node is shutting down");
-      if (!e.stop.ok()) return e.stop;
-    }
-    if (absl::Now() >= e.job.deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(what, ": waited ", absl::FormatDuration(absl::Now() - since),
-                       " for room in the prefill node's KV pool until the deadline: ",
-                       blocks.status().message()));
-    }
-    if (caller_gone && caller_gone()) {
-      return absl::CancelledError(absl::StrCat(what, ": the caller went away"));
-    }
-    if (absl::Status peer = transport_->PeerStatus(e.job.peer); !peer.ok()) {
-      return absl::UnavailableError(absl::StrCat(what, ": decode node ", e.job.peer_name,
-                                                 " is unavailable: ", peer.message()));
-    }
-  }
-}
-
-absl::StatusOr<std::shared_ptr<PrefillScheduler::Entry>> PrefillScheduler::Admit(
-    PrefillJob job, const std::function<bool()>& caller_gone) {
-  const std::string what = absl::StrCat("prefill of request ", job.request_id);
-  DUET_RETURN_IF_ERROR(Validate(job));
-  if (job.peer == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": no decode peer"));
-  if (absl::Now() >= job.deadline) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(what, ": the deadline passed before admission"));
-  }
-  auto e = std::make_shared<Entry>(std::move(job), options_.eos_ids);
-  e->layer_done_us.assign(num_layers_, 0);
-  e->landed_us.assign(num_layers_, 0);
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("the prefill node is shutting down");
-    if (by_id_.count(e->job.request_id)) {
-      return absl::AlreadyExistsError(absl::StrCat(what, ": already in flight"));
-    }
-    e->seq_id = next_seq_id_++;
-    by_id_[e->job.request_id] = e;
-  }
-  auto forget = [&](absl::Status s) {
-    absl::MutexLock lock(&mu_);
-    by_id_.erase(e->job.request_id);
-    return s;
-  };
-  absl::StatusOr<kv::SequenceBlocks> blocks = AllocateWaiting(*e, caller_gone);
-  if (!blocks.ok()) return forget(blocks.status());
-  e->cached_tokens = blocks->cached_tokens;
-  e->done_tokens = e->cached_tokens;
-  e->table = std::move(*blocks).MakeTable(pool_);
-  e->local_blocks.assign(e->table->blocks().begin() + e->job.remote_cached_blocks,
-                         e->table->blocks().end());
-  absl::Status begun = sender_->Begin({.request_id = e->job.transfer_id,
-                                       .peer = e->job.peer,
-                                       .local_blocks = e->local_blocks,
-                                       .remote_blocks = e->job.remote_blocks});
-  if (!begun.ok()) {
-    absl::Status freed = e->table->Release();
-    if (!freed.ok()) DUET_LOG(ERROR) << what << ": freeing blocks: " << freed;
-    return forget(PeerFailure(*e, begun));
-  }
-  e->begun = true;
-  absl::MutexLock lock(&mu_);
-  e->phase = Phase::kQueued;
-  e->admitted = absl::Now();
-  queue_.push_back(e);
-  return e;
-}
-
-absl::Status PrefillScheduler::PeerFailure(const Entry& e, const absl::Status& s) const {
-  if (s.ok()) return s;
-  absl::Status peer = transport_->PeerStatus(e.job.peer);
-  if (!peer.ok()) {
-    return absl::UnavailableError(absl::StrCat("prefill of request ", e.job.request_id,
-                                               ": decode node ", e.job.peer_name,
-                                               " is unavailable: ", peer.message()));
-  }
-  return Annotate(s, absl::StrCat("prefill of request ", e.job.request_id,
-                                  ": streaming KV to decode node ", e.job.peer_name));
-}
-
-absl::Status PrefillScheduler::DeadlinePassed(const Entry& e) {
-  return absl::DeadlineExceededError(absl::StrCat(
-      "prefill of request ", e.job.request_id, ": the deadline passed (", e.job.prompt.size(),
-      " prompt tokens, KV to decode node ", e.job.peer_name, ")"));
-}
-
-absl::Status PrefillScheduler::CheckStillWanted(const Entry& e,
-                                                const std::function<bool()>& caller_gone) {
-  if (absl::Now() >= e.job.deadline) return DeadlinePassed(e);
-  if (caller_gone && caller_gone()) {
-    return absl::CancelledError(
-        absl::StrCat("prefill of request ", e.job.request_id, ": the caller went away"));
-  }
-  absl::Status peer = transport_->PeerStatus(e.job.peer);
-  if (!peer.ok()) {
-    return absl::UnavailableError(absl::StrCat("prefill of request ", e.job.request_id,
-                                               ": decode node ", e.job.peer_name,
-                                               " is unavailable: ", peer.message()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status PrefillScheduler::Drive(Entry& e, const std::function<bool()>& caller_gone,
-                                     const FirstTokenCallback& on_first_token) {
-  const uint64_t tid = e.job.transfer_id;
-  int timed = 0;  // layers whose write completion was recorded
-  bool told_first_token = on_first_token == nullptr;
-  while (true) {
-    const absl::Time wake = std::min(e.job.deadline, absl::Now() + options_.poll_interval);
-    bool computed = false;
-    int posted = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      auto progress = [&e, timed]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return e.phase == Phase::kStopped || e.phase == Phase::kComputed || !e.stop.ok() ||
-               !e.error.ok() || e.layers_posted > timed;
-      };
-      mu_.AwaitWithDeadline(absl::Condition(&progress), wake);
-      if (!e.error.ok()) return e.error;
-      if (!e.stop.ok()) return e.stop;
-      if (e.phase == Phase::kStopped) {
-        return absl::InternalError(
-            absl::StrCat("prefill of request ", e.job.request_id, ": stopped without a reason"));
-      }
-      computed = e.phase == Phase::kComputed;
-      posted = e.layers_posted;
-    }
-    DUET_RETURN_IF_ERROR(CheckStillWanted(e, caller_gone));
-    if (computed && !told_first_token) {
-      told_first_token = true;
-      on_first_token(MakeResult(e, /*kv_landed=*/false));
-    }
-    if (timed < posted) {
-      DUET_ASSIGN_OR_RETURN(transfer::TransferHandle h, sender_->LayerHandle(tid, timed));
-      absl::Status s = h.Wait(std::min(e.job.deadline, absl::Now() + options_.poll_interval));
-      if (absl::IsDeadlineExceeded(s)) continue;  // re-check cancel, peer and deadline
-      if (!s.ok()) return PeerFailure(e, s);
-      e.landed_us[timed++] = NowUnixMicros();
-      continue;
-    }
-    if (computed && timed == num_layers_) break;
-  }
-  // The final notice, and anything still in flight.
-  while (true) {
-    absl::Status s =
-        sender_->Wait(tid, std::min(e.job.deadline, absl::Now() + options_.poll_interval));
-    if (s.ok()) break;
-    if (!absl::IsDeadlineExceeded(s)) {
-      e.stream_done = true;  // the sender forgot the request
-      return PeerFailure(e, s);
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      if (!e.stop.ok()) return e.stop;
-    }
-    DUET_RETURN_IF_ERROR(CheckStillWanted(e, caller_gone));
-  }
-  e.stream_done = true;
-  return absl::OkStatus();
-}
-
-void PrefillScheduler::Stop(const std::shared_ptr<Entry>& e, const absl::Status& reason) {
-  {
-    absl::MutexLock lock(&mu_);
-    MarkStopped(*e, reason, absl::Now());
-    if (e->phase == Phase::kQueued) {
-      RemoveFromQueue(e.get());
-      e->phase = Phase::kStopped;
-    }
-    auto out_of_pass = [&e]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return e->phase != Phase::kRunning;
-    };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&out_of_pass), absl::Now() + kPassTimeout)) {
-      DUET_LOG(ERROR) << "prefill of request " << e->job.request_id
-                      << ": its forward pass is still running; the scheduler will clean up";
-      e->abandoned = true;
-      return;
-    }
-  }
-  Release(*e, reason);
-}
-
-void PrefillScheduler::Release(Entry& e, const absl::Status& reason) {
-  if (e.begun && !e.stream_done) {
-    absl::Status s = sender_->Abort(e.job.transfer_id, absl::Now() + options_.abort_timeout,
-                                    std::string(reason.message()));
-    e.stream_done = true;
-    if (!s.ok() && !absl::IsNotFound(s)) {
-      DUET_LOG(WARNING) << "prefill of request " << e.job.request_id << ": abort: " << s;
-    }
-  }
-  if (e.table != nullptr) {
-    absl::Status s = e.table->Release();
-    if (!s.ok()) DUET_LOG(ERROR) << "prefill of request " << e.job.request_id << ": free: " << s;
-    absl::MutexLock lock(&mu_);
-    ++frees_;  // wakes prompts waiting for room
-  }
-}
-
-PrefillResult PrefillScheduler::MakeResult(const Entry& e, bool kv_landed) {
-  absl::MutexLock lock(&mu_);
-  PrefillResult r;
-  r.first_token = e.first_token;
-  r.queue_us = absl::ToInt64Microseconds(e.first_pass - e.admitted);
-  r.prefill_compute_us = e.compute_us;
-  r.layer_done_unix_us = e.layer_done_us;
-  r.chunks = e.chunks;
-  r.cached_tokens = e.cached_tokens;
-  r.prompt_logprobs = e.prompt_logprobs;
-  if (!kv_landed) return r;
-  r.kv_bytes_sent = static_cast<int64_t>(e.local_blocks.size()) * num_layers_ *
-                    static_cast<int64_t>(pool_->layout().BlockBytes());
-  int64_t last_landed = 0;
-  for (int l = 0; l < num_layers_; ++l) {
-    r.layer_transfer_us.push_back(std::max<int64_t>(0, e.landed_us[l] - e.layer_done_us[l]));
-    last_landed = std::max(last_landed, e.landed_us[l]);
-  }
-  r.transfer_tail_us = std::max<int64_t>(0, last_landed - e.forward_done_us);
-  return r;
-}
-
-void PrefillScheduler::RemoveFromQueue(const Entry* e) {
-  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-    if (it->get() == e) {
-      queue_.erase(it);
-      return;
-    }
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
-// The scheduler thread: batching, forward passes, the KV producer.
+// The scheduler thread.
 
 void PrefillScheduler::Loop() {
   while (true) {
-    std::vector<BatchItem> batch;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (stopping_) return true;
-        for (const auto& e : queue_) {
-          if (e->phase == Phase::kQueued && e->stop.ok() && e->error.ok()) return true;
-        }
-        return false;
-      };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
-      if (stopping_) return;
-      batch = NextBatch();
+    Mail mail = AwaitMail();
+    for (Report& report : mail.reports) OnReport(std::move(report));
+    for (RequestPtr& r : mail.incoming) {
+      r->taken = true;
+      live_.push_back(r);
+      Admit(r);
     }
+    ApplyStops(std::move(mail.cancels), mail.stopping);
+    ApplyStops(std::exchange(early_cancels_, {}), false);
+    CheckLive(absl::Now());
+    EndFinished();
+    if (stop_seen_) {
+      if (live_.empty()) return;
+      continue;  // every request is ending: wait for their helpers' reports
+    }
+    std::vector<BatchItem> batch = NextBatch();
     if (batch.empty()) continue;
     if (options_.on_batch) {
       BatchInfo info;
       for (const BatchItem& it : batch) {
         info.tokens += it.tokens;
-        info.request_ids.push_back(it.entry->job.request_id);
+        info.request_ids.push_back(it.request->job.request_id);
         info.chunk_tokens.push_back(it.tokens);
         info.final_chunk.push_back(it.final);
       }
@@ -533,252 +190,313 @@ void PrefillScheduler::Loop() {
   }
 }
 
-std::vector<PrefillScheduler::BatchItem> PrefillScheduler::NextBatch() {
-  std::vector<BatchItem> batch;
-  int64_t budget = options_.max_batch_tokens;
-  const absl::Time now = absl::Now();
-  for (const auto& e : queue_) {
-    if (budget <= 0) break;
-    if (e->phase == Phase::kQueued && e->stop.ok() && now >= e->job.deadline) {
-      MarkStopped(*e, DeadlinePassed(*e), now);  // its Run ends it: no pass for it
-    }
-    if (e->phase != Phase::kQueued || !e->stop.ok() || !e->error.ok()) continue;
-    const int64_t remaining = static_cast<int64_t>(e->job.prompt.size()) - e->done_tokens;
-    const int64_t n = std::min(remaining, budget);
-    budget -= n;
-    e->phase = Phase::kRunning;
-    if (e->first_pass == absl::InfiniteFuture()) e->first_pass = now;
-    batch.push_back({.entry = e, .start = e->done_tokens, .tokens = n, .final = n == remaining});
-  }
-  return batch;
-}
-
-void PrefillScheduler::OnLayer(std::vector<BatchItem>& batch, int layer,
-                               absl::Span<const model::LayerSpan> spans) {
-  const int64_t now_us = NowUnixMicros();
-  for (BatchItem& it : batch) {
-    if (!it.final) continue;
-    Entry& e = *it.entry;
-    bool post = false;
-    {
-      absl::MutexLock lock(&mu_);
-      e.layer_done_us[layer] = now_us;
-      post = !options_.no_layer_pipelining && e.stop.ok() && e.error.ok();
-    }
-    if (!post) continue;
-    const compute::WorkMarker* ready = nullptr;
-    for (const model::LayerSpan& span : spans) {
-      if (span.seq_id == e.seq_id) ready = span.ready.get();
-    }
-    absl::Status failure = HandOverLayer(it.entry, layer, ready);
-    if (!failure.ok()) {
-      absl::MutexLock lock(&mu_);
-      if (e.error.ok()) e.error = failure;
-    }
-  }
-  if (options_.on_layer_done) options_.on_layer_done(layer);
-}
-
-absl::Status PrefillScheduler::HandOverLayer(const std::shared_ptr<Entry>& e, int layer,
-                                             const compute::WorkMarker* ready) {
-  const uint64_t tid = e->job.transfer_id;
-  if (!staging()) {
-    DUET_RETURN_IF_ERROR(PeerFailure(*e, sender_->OnLayerDone(layer, absl::MakeConstSpan(&tid, 1))));
-    absl::MutexLock lock(&mu_);
-    e->layers_posted = layer + 1;
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::shared_ptr<compute::WorkMarker>> copied = runner_->backend()->CopyKvToHost(
-      pool_->View(), layer, e->local_blocks, options_.host_mirror, ready);
-  if (!copied.ok()) {
-    return Annotate(copied.status(), absl::StrCat("prefill of request ", e->job.request_id,
-                                                  ": staging layer ", layer, " to host memory"));
-  }
-  DUET_RETURN_IF_ERROR(PeerFailure(
-      *e, sender_->OnLayerStaged(layer, tid, [m = *std::move(copied)](absl::Time deadline) {
-        return m->Wait(deadline);
-      })));
+PrefillScheduler::Mail PrefillScheduler::AwaitMail() {
+  // A pass is due when a request waits for one; else sleep until mail or a deadline.
+  const bool pass_due =
+      !stop_seen_ && std::any_of(queue_.begin(), queue_.end(), [](const RequestPtr& r) {
+        return r->phase == Phase::kQueued && r->end.ok();
+      });
+  const absl::Time wake = pass_due ? absl::InfinitePast() : NextDeadline();
   absl::MutexLock lock(&mu_);
-  staged_.push_back({.entry = e, .layer = layer});
-  return absl::OkStatus();
+  auto has_mail = [this, seen = stop_seen_]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return (stopping_ && !seen) || !incoming_.empty() || !cancels_.empty() || !reports_.empty();
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&has_mail), wake);
+  Mail mail;
+  mail.incoming.swap(incoming_);
+  mail.cancels.swap(cancels_);
+  mail.reports.swap(reports_);
+  mail.stopping = stopping_;
+  return mail;
 }
 
-void PrefillScheduler::PostLoop() {
-  while (true) {
-    StagedLayer item;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !staged_.empty();
-      };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
-      if (stopping_) return;  // requests in flight fail; their aborts drop what is staged
-      if (staged_.empty()) continue;
-      item = staged_.front();
-      if (!item.entry->stop.ok() || !item.entry->error.ok()) {
-        staged_.pop_front();  // the request is ending: its abort drops the staged layers
-        continue;
-      }
+absl::Time PrefillScheduler::NextDeadline() const {
+  absl::Time t = absl::InfiniteFuture();
+  for (const RequestPtr& r : live_) {
+    if (r->phase == Phase::kWaitingForRoom || r->phase == Phase::kQueued ||
+        r->phase == Phase::kLanding) {
+      t = std::min(t, r->job.deadline);
     }
-    Entry& e = *item.entry;
-    // Copies finish in the order they were queued (one copy stream), so waiting on the oldest
-    // one first never holds back a layer that is ready.
-    absl::StatusOr<int> posted = sender_->PostStaged(
-        e.job.transfer_id, std::min(e.job.deadline, absl::Now() + options_.poll_interval));
-    const absl::Status failure = posted.ok() ? absl::OkStatus() : PeerFailure(e, posted.status());
+  }
+  return t;
+}
+
+void PrefillScheduler::TakeStops() {
+  std::vector<CancelNote> cancels;
+  bool stopping;
+  {
     absl::MutexLock lock(&mu_);
-    if (!failure.ok()) {
-      if (e.error.ok() && e.stop.ok()) e.error = failure;
-    } else {
-      e.layers_posted = std::max(e.layers_posted, *posted);
-      // Not yet copied: keep it first in line (its request's Run sees the deadline).
-      if (*posted <= item.layer && absl::Now() < e.job.deadline) continue;
-    }
-    if (!staged_.empty() && staged_.front().entry == item.entry &&
-        staged_.front().layer == item.layer) {
-      staged_.pop_front();
-    }
+    cancels.swap(cancels_);
+    stopping = stopping_;
   }
+  ApplyStops(std::move(cancels), stopping);
 }
 
-void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
-  std::vector<model::SequenceInput> inputs;
-  inputs.reserve(batch.size());
-  for (const BatchItem& it : batch) {
-    const std::vector<int32_t>& p = it.entry->job.prompt;
-    inputs.push_back(model::SequenceInput{
-        .seq_id = it.entry->seq_id,
-        .tokens = std::vector<int32_t>(p.begin() + it.start, p.begin() + it.start + it.tokens),
-        .start_pos = static_cast<int32_t>(it.start),
-        .table = it.entry->table.get(),
-        .want_logits = false,
-        .all_logits = it.entry->ScoresPrompt(),
-        .sample = it.final ? &it.entry->job.sampling : nullptr,
-        .sample_step = it.entry->job.sample_step,
-        .sample_state = &it.entry->sampling_state});
-  }
-  const absl::Time t0 = absl::Now();
-  absl::StatusOr<model::ForwardOutput> out = runner_->Forward(
-      absl::MakeSpan(inputs), pool_->View(),
-      [this, &batch](int layer, absl::Span<const model::LayerSpan> spans) {
-        OnLayer(batch, layer, spans);
-      },
-      [this, &batch] { return AllStopped(batch); });
-  const absl::Time t1 = absl::Now();
-  const int64_t pass_us = absl::ToInt64Microseconds(t1 - t0);
-
-  std::vector<absl::Status> results(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (!out.ok()) {
-      results[i] = Annotate(
-          out.status(),
-          absl::StrCat("prefill of request ", batch[i].entry->job.request_id, ": forward pass"));
+void PrefillScheduler::ApplyStops(std::vector<CancelNote> cancels, bool stopping) {
+  for (CancelNote& c : cancels) {
+    // Taken from a pass while its request still waits in incoming_: applied once it is taken.
+    if (!c.request->taken) {
+      early_cancels_.push_back(std::move(c));
       continue;
     }
-    // The sequence's rows: one (its last token's), or one per token when it scores its prompt.
-    size_t first = 0;
-    while (first < out->seq_ids.size() && out->seq_ids[first] != batch[i].entry->seq_id) ++first;
-    size_t end = first;
-    while (end < out->seq_ids.size() && out->seq_ids[end] == batch[i].entry->seq_id) ++end;
-    if (batch[i].entry->ScoresPrompt()) ScorePrompt(batch[i], *out, first, end);
-    if (!batch[i].final) continue;
-    results[i] = end > first
-                     ? Complete(batch[i], *out, end - 1, pass_us)
-                     : absl::InternalError("prefill: the forward pass returned no token row");
+    Stop(c.request, std::move(c.reason), c.at);
   }
-
-  // The blocks this pass completed are shared from now on (still in the pass: no Run thread
-  // releases a table before its entry leaves kRunning).
-  if (out.ok()) {
-    for (const BatchItem& it : batch) kv_.Publish(*it.entry->table, it.entry->job.prompt);
-  }
-  std::vector<std::shared_ptr<Entry>> orphans;
-  {
-    absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      Entry& e = *batch[i].entry;
-      e.compute_us += pass_us;
-      ++e.chunks;
-      if (out.ok()) e.done_tokens += batch[i].tokens;
-      // A stopped request's own reason is its error (not the pass it abandoned).
-      if (!results[i].ok() && e.error.ok() && e.stop.ok()) e.error = results[i];
-      if (!e.stop.ok()) {
-        ++stop_counters_.stopped_in_pass;
-        stop_counters_.compute_after_stop_us +=
-            absl::ToInt64Microseconds(t1 - std::max(t0, e.stopped_at));
-      }
-      if (!e.error.ok() || !e.stop.ok()) {
-        RemoveFromQueue(&e);
-        e.phase = Phase::kStopped;
-        if (e.abandoned) orphans.push_back(batch[i].entry);
-      } else if (!batch[i].final) {
-        e.phase = Phase::kQueued;  // keeps its place: the next pass continues it first
-      } else {
-        RemoveFromQueue(&e);
-        e.phase = Phase::kComputed;
-      }
+  if (stopping && !stop_seen_) {
+    stop_seen_ = true;
+    const absl::Time now = absl::Now();
+    for (const RequestPtr& r : std::vector<RequestPtr>(live_)) {
+      Stop(r, absl::UnavailableError("the prefill node is shutting down"), now);
     }
   }
-  for (const auto& e : orphans) Release(*e, e->stop);
 }
 
-bool PrefillScheduler::AllStopped(const std::vector<BatchItem>& batch) {
+void PrefillScheduler::Admit(const RequestPtr& r) {
+  if (!r->end.ok()) return;
+  const int64_t n = static_cast<int64_t>(r->job.prompt.size());
+  const std::string what = absl::StrCat("prefill of request ", r->job.request_id);
   const absl::Time now = absl::Now();
-  absl::MutexLock lock(&mu_);
-  for (const BatchItem& it : batch) {
-    Entry& e = *it.entry;
-    if (e.stop.ok() && now >= e.job.deadline) MarkStopped(e, DeadlinePassed(e), now);
-    if (e.stop.ok()) return false;
+  const bool waited = r->phase == Phase::kWaitingForRoom;
+  absl::StatusOr<kv::SequenceBlocks> blocks =
+      kv_.AllocateSequence(r->job.prompt, n, /*use_cache=*/!r->ScoresPrompt());
+  if (!blocks.ok()) {
+    if (!absl::IsResourceExhausted(blocks.status())) {
+      Stop(r, Annotate(blocks.status(), what), now);
+      return;
+    }
+    r->room_error = std::string(blocks.status().message());
+    if (waited) return;  // still no room
+    {
+      absl::MutexLock lock(&mu_);
+      if (waiting_for_room_ < options_.max_waiting_for_room) {
+        ++waiting_for_room_;
+        r->phase = Phase::kWaitingForRoom;
+      }
+    }
+    if (r->phase != Phase::kWaitingForRoom) {
+      int32_t waiting;
+      {
+        absl::MutexLock lock(&mu_);
+        waiting = waiting_for_room_;
+      }
+      Stop(r,
+           absl::ResourceExhaustedError(absl::StrCat(
+               what, ": the prefill node's KV pool has no room (", r->room_error, ") and ", waiting,
+               " prompts already wait for it (max_waiting_for_room)")),
+           now);
+      return;
+    }
+    r->room_since = now;
+    room_waiters_.push_back(r);
+    DUET_LOG(INFO) << what << " waits for room in the KV pool: " << r->room_error;
+    return;
   }
-  ++stop_counters_.passes_abandoned;
-  return true;
+  if (waited) LeaveRoomWait(*r);
+  r->cached_tokens = blocks->cached_tokens;
+  r->done_tokens = r->cached_tokens;
+  r->table = std::move(*blocks).MakeTable(pool_);
+  r->local_blocks.assign(r->table->blocks().begin() + r->job.remote_cached_blocks,
+                         r->table->blocks().end());
+  absl::Status begun = sender_->Begin({.request_id = r->job.transfer_id,
+                                       .peer = r->job.peer,
+                                       .local_blocks = r->local_blocks,
+                                       .remote_blocks = r->job.remote_blocks});
+  if (!begun.ok()) {
+    absl::Status freed = r->table->Release();
+    if (!freed.ok()) DUET_LOG(ERROR) << what << ": freeing blocks: " << freed;
+    r->table.reset();
+    freed_ = true;
+    // The transfer id streams for another request: D's word for it is not ours to send.
+    r->tell_decode = !absl::IsAlreadyExists(begun);
+    Stop(r, PeerFailure(*r, begun), now);
+    return;
+  }
+  r->begun = true;
+  r->phase = Phase::kQueued;
+  // Queue time counts from Submit, or from when room was found (as the time of a prompt that
+  // waited for room is not the scheduler's).
+  r->admitted = waited ? now : r->submitted;
+  queue_.push_back(r);
+  SetLoadTokens(*r, n - r->cached_tokens);
 }
 
-void PrefillScheduler::ScorePrompt(const BatchItem& item, const model::ForwardOutput& out,
-                                   size_t first, size_t end) {
-  Entry& e = *item.entry;
-  std::vector<model::SampledToken> scored;
-  model::ScorePromptChunk(out.Row(first), out.vocab, static_cast<int64_t>(end - first), item.start,
-                          e.job.prompt, e.job.sampling.prompt_logprobs, &scored);
-  absl::MutexLock lock(&mu_);
-  for (model::SampledToken& t : scored) e.prompt_logprobs.push_back(std::move(t));
+void PrefillScheduler::AdmitWaiting() {
+  for (const RequestPtr& r : std::vector<RequestPtr>(room_waiters_.begin(), room_waiters_.end())) {
+    if (r->phase == Phase::kWaitingForRoom) Admit(r);
+  }
 }
 
-absl::Status PrefillScheduler::Complete(BatchItem& item, const model::ForwardOutput& out,
-                                        size_t row, int64_t pass_us) {
-  Entry& e = *item.entry;
-  const uint64_t tid = e.job.transfer_id;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!e.stop.ok() || !e.error.ok()) return e.error;
-  }
-  const model::SampledToken& tok = out.tokens.at(row);  // sampled on the backend, step 0
-  const int64_t forward_done_us = NowUnixMicros();
-  if (options_.no_layer_pipelining) {
-    const std::shared_ptr<compute::WorkMarker> computed = runner_->backend()->MarkQueuedWork();
-    for (int l = 0; l < num_layers_; ++l) {
-      DUET_RETURN_IF_ERROR(HandOverLayer(item.entry, l, computed.get()));
+void PrefillScheduler::LeaveRoomWait(Request& r) {
+  room_waiters_.erase(std::find_if(room_waiters_.begin(), room_waiters_.end(),
+                                   [&r](const RequestPtr& w) { return w.get() == &r; }));
+  r.phase = Phase::kSubmitted;
+  absl::MutexLock lock(&mu_);
+  --waiting_for_room_;
+}
+
+void PrefillScheduler::CheckLive(absl::Time now) {
+  for (const RequestPtr& r : std::vector<RequestPtr>(live_)) {
+    const Phase p = r->phase;
+    if (p != Phase::kWaitingForRoom && p != Phase::kQueued && p != Phase::kLanding) continue;
+    if (now >= r->job.deadline) {
+      Stop(
+          r,
+          p != Phase::kWaitingForRoom
+              ? DeadlinePassed(*r)
+              : absl::DeadlineExceededError(absl::StrCat(
+                    "prefill of request ", r->job.request_id, ": waited ",
+                    absl::FormatDuration(now - r->room_since),
+                    " for room in the prefill node's KV pool until the deadline: ", r->room_error)),
+          now);
+      continue;
+    }
+    // A landing request hears of a lost peer from its writes.
+    if (p == Phase::kLanding) continue;
+    if (absl::Status peer = transport_->PeerStatus(r->job.peer); !peer.ok()) {
+      Stop(r, PeerUnavailable(*r, peer), now);
     }
   }
-  v1::KvCompletion done;
-  done.set_first_token_id(tok.id);
-  done.set_logprob(tok.logprob);
-  for (const auto& [id, lp] : tok.top_logprobs) {
-    v1::TopLogprob* t = done.add_top_logprobs();
-    t->set_token_id(id);
-    t->set_logprob(lp);
+}
+
+void PrefillScheduler::Stop(const RequestPtr& r, absl::Status reason, absl::Time at) {
+  if (r->landed) return;  // nothing left to stop: it ends with kKvLanded
+  if (r->end.ok()) {
+    r->end = std::move(reason);
+    r->stopped_at = at;
   }
-  done.set_prompt_tokens(static_cast<int32_t>(e.job.prompt.size()));
+  // A request in the pass is ended after it (AfterPass).
+  if (r->phase == Phase::kRunning || r->phase == Phase::kEnding) return;
+  EndStream(r);
+}
+
+void PrefillScheduler::EndStream(const RequestPtr& r) {
+  if (r->phase == Phase::kWaitingForRoom) LeaveRoomWait(*r);
+  auto q = std::find(queue_.begin(), queue_.end(), r);
+  if (q != queue_.end()) queue_.erase(q);
+  r->phase = Phase::kEnding;
+  SetLoadTokens(*r, 0);
+  r->watch->Stop();
+  if (r->tell_decode) StartAborter(r);
+}
+
+void PrefillScheduler::OnReport(Report report) {
+  const RequestPtr& r = report.request;
+  if (!report.lander) {
+    r->aborter.join();
+    r->aborter_running = false;
+    return;
+  }
+  r->lander.join();
+  r->lander_running = false;
+  r->landed_us = std::move(report.landed_us);
+  if (report.status.ok()) {
+    // Stopped meanwhile: it ends with its stop (its aborter finds the stream gone).
+    if (r->end.ok()) r->landed = true;
+    return;
+  }
+  Stop(
+      r,
+      absl::IsDeadlineExceeded(report.status) ? DeadlinePassed(*r) : PeerFailure(*r, report.status),
+      absl::Now());
+}
+
+bool PrefillScheduler::Done(const Request& r) const {
+  if (r.lander_running || r.aborter_running) return false;
+  return r.phase == Phase::kEnding || (r.phase == Phase::kLanding && r.landed);
+}
+
+void PrefillScheduler::EndFinished() {
+  while (true) {
+    std::vector<RequestPtr> done;
+    for (auto it = live_.begin(); it != live_.end();) {
+      if (Done(**it)) {
+        done.push_back(std::move(*it));
+        it = live_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const RequestPtr& r : done) freed_ |= Finish(r);
+    if (!freed_ || room_waiters_.empty()) return;
+    freed_ = false;
+    AdmitWaiting();  // may end requests at once (a failed Begin): look again
+  }
+}
+
+bool PrefillScheduler::Finish(const RequestPtr& r) {
+  bool freed = false;
+  if (r->table != nullptr) {
+    absl::Status s = r->table->Release();
+    if (!s.ok()) DUET_LOG(ERROR) << "prefill of request " << r->job.request_id << ": free: " << s;
+    r->table.reset();
+    freed = true;
+  }
+  PrefillEvent last;
+  if (r->landed && r->end.ok()) {
+    last.kind = PrefillEventKind::kKvLanded;
+    last.result = MakeResult(*r, /*kv_landed=*/true);
+  } else {
+    last.kind = PrefillEventKind::kFailed;
+    last.status = r->end.ok() ? absl::InternalError(absl::StrCat(
+                                    "prefill of request ", r->job.request_id, ": ended unlanded"))
+                              : r->end;
+  }
   {
     absl::MutexLock lock(&mu_);
-    done.set_prefill_compute_us(e.compute_us + pass_us);
-    done.set_last_layer_done_unix_us(e.layer_done_us.back());
-    for (int64_t us : e.layer_done_us) done.add_layer_done_unix_us(us);
-    done.set_forward_done_unix_us(forward_done_us);
-    e.forward_done_us = forward_done_us;
-    e.first_token = tok;
+    auto it = by_id_.find(r->job.request_id);
+    if (it != by_id_.end() && it->second == r) by_id_.erase(it);
+    queued_tokens_ -= r->load_tokens;
+    r->load_tokens = 0;
   }
-  return PeerFailure(e, sender_->Finish(tid, done.SerializeAsString()));
+  r->stream->Push(std::move(last));  // after the blocks went back and the id was forgotten
+  return freed;
+}
+
+void PrefillScheduler::SetLoadTokens(Request& r, int64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  queued_tokens_ += tokens - r.load_tokens;
+  r.load_tokens = tokens;
+}
+
+PrefillResult PrefillScheduler::MakeResult(const Request& r, bool kv_landed) const {
+  PrefillResult res;
+  res.first_token = r.first_token;
+  res.queue_us = absl::ToInt64Microseconds(r.first_pass - r.admitted);
+  res.prefill_compute_us = r.compute_us;
+  res.layer_done_unix_us = r.layer_done_us;
+  res.chunks = r.chunks;
+  res.cached_tokens = r.cached_tokens;
+  res.prompt_logprobs = r.prompt_logprobs;
+  if (!kv_landed) return res;
+  res.kv_bytes_sent = static_cast<int64_t>(r.local_blocks.size()) * num_layers_ *
+                      static_cast<int64_t>(pool_->layout().BlockBytes());
+  // Completion times of each layer's write (each a bound from above).
+  int64_t last_landed = 0;
+  for (int l = 0; l < num_layers_; ++l) {
+    res.layer_transfer_us.push_back(std::max<int64_t>(0, r.landed_us[l] - r.layer_done_us[l]));
+    last_landed = std::max(last_landed, r.landed_us[l]);
+  }
+  res.transfer_tail_us = std::max<int64_t>(0, last_landed - r.forward_done_us);
+  return res;
+}
+
+absl::Status PrefillScheduler::PeerUnavailable(const Request& r, const absl::Status& peer) const {
+  return absl::UnavailableError(absl::StrCat("prefill of request ", r.job.request_id,
+                                             ": decode node ", r.job.peer_name,
+                                             " is unavailable: ", peer.message()));
+}
+
+absl::Status PrefillScheduler::PeerFailure(const Request& r, const absl::Status& s) const {
+  if (s.ok()) return s;
+  absl::Status peer = transport_->PeerStatus(r.job.peer);
+  if (!peer.ok()) return PeerUnavailable(r, peer);
+  return Annotate(s, absl::StrCat("prefill of request ", r.job.request_id,
+                                  ": streaming KV to decode node ", r.job.peer_name));
+}
+
+absl::Status PrefillScheduler::DeadlinePassed(const Request& r) {
+  return absl::DeadlineExceededError(absl::StrCat(
+      "prefill of request ", r.job.request_id, ": the deadline passed (", r.job.prompt.size(),
+      " prompt tokens, KV to decode node ", r.job.peer_name, ")"));
 }
 
 }  // namespace duet::prefill

@@ -1,30 +1,41 @@
-// PrefillScheduler: the prefill node's engine, with no gRPC in it. Requests wait in a FIFO; one
-// scheduler thread packs waiting prompts under a token budget into ONE ModelRunner::Forward
-// (the kernels are batch-invariant, so batching never changes a token), prefilling a prompt
-// longer than the budget in chunks over several passes. In the pass that holds a request's last
-// chunk, the layer-done hook hands layer l of all its blocks to the KvStreamSender, so layer l's
-// KV travels to the decode node while layer l+1 computes (layer pipelining). After that pass the
-// first token is sampled and the final notice (a serialized duet.v1.KvCompletion) is sent.
+// PrefillScheduler: the prefill node's engine, with no gRPC in it. One scheduler thread owns every
+// request from Submit to its last event: it admits it (P's blocks, KvStreamSender::Begin; a
+// prompt the pool has no room for waits for room), packs waiting prompts, oldest first, under a
+// token budget into ONE ModelRunner::Forward (the kernels are batch-invariant, so batching never
+// changes a token), prefilling a prompt longer than the budget in chunks over several passes. In
+// the pass that holds a request's last chunk, the layer-done hook hands layer l of all its blocks
+// to the KvStreamSender, so layer l's KV travels to the decode node while layer l+1 computes
+// (layer pipelining). After that pass the first token is sampled and pushed to the request's
+// event stream (kFirstToken) and the final notice (a serialized duet.v1.KvCompletion) is sent.
+// Once every write has landed the scheduler frees P's blocks and ends the stream (kKvLanded). On
+// a failure, the deadline, Cancel(), a lost decode peer or Shutdown it aborts the stream (the
+// decode node may reuse its blocks after the kAborted notice), frees P's blocks and ends the
+// stream (kFailed). The blocks are free before the last event is pushed.
+//
+// The caller submits and reads; it never drives the request, and the scheduler never waits for
+// it (a stream nobody reads holds nothing back). Cancel is a message the scheduler acts on at its
+// next step: between passes, or at the next layer of the pass the request is in (a pass whose
+// requests all stopped is abandoned there). The blocking transfer calls run on helper threads the
+// scheduler starts and joins, one job each, bounded by the request's deadline (or abort_timeout):
+// a landing watcher times each layer's write and waits for the last one, an aborter aborts the
+// stream. They report to the scheduler thread, which decides.
 //
 // Staging (options.host_mirror set: the transport exports a host mirror of the pool, e.g.
 // because the pool is GPU memory): the hook instead queues a copy of layer l's blocks into the
 // mirror behind the layer's LayerSpan::ready marker (ComputeBackend::CopyKvToHost) and returns;
-// a poster thread posts each layer (KvStreamSender::PostStaged) once its copy is done, in copy
-// order, so the compute thread never waits for a copy or a post. The final notice follows the
+// the request's landing watcher posts each layer (KvStreamSender::PostStaged) once its copy is
+// done, so the compute thread never waits for a copy or a post. The final notice follows the
 // last staged layer.
-//
-// Each request is driven by its caller's thread in Run(): it admits the request (validation,
-// P's blocks, KvStreamSender::Begin), waits for it with the request's deadline, times each
-// layer's write, and on any failure, deadline, Cancel() or a lost decode peer aborts the stream
-// (the decode node may reuse its blocks after the kAborted notice) and frees P's blocks. Every
-// local block is free again once Run returns, whatever happened.
 //
 //   DUET_ASSIGN_OR_RETURN(auto sched, PrefillScheduler::Create(runner, pool, transport, sender,
 //                                                               {.max_batch_tokens = 2048}));
 //   PrefillJob job{.request_id = "r1", .transfer_id = dest.transfer_id(), .prompt = ids,
 //                  .peer = peer, .peer_name = "decode-0", .remote_blocks = dest_blocks,
 //                  .deadline = DeadlineIn(absl::Seconds(30))};
-//   DUET_ASSIGN_OR_RETURN(PrefillResult r, sched->Run(std::move(job)));   // blocks
+//   DUET_ASSIGN_OR_RETURN(std::shared_ptr<PrefillStream> s, sched->Submit(std::move(job)));
+//   for (bool done = false; !done;)
+//     for (PrefillEvent& e : s->Pop(job_deadline)) done = e.finished();  // kFirstToken, then
+//                                                                        // kKvLanded | kFailed
 //   // from another thread:  sched->Cancel("r1");
 #pragma once
 
@@ -43,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/base/event_stream.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/model/model_runner.h"
@@ -70,21 +82,22 @@ struct PrefillSchedulerOptions {
   bool no_layer_pipelining = false;
   // How long aborting a request may wait for its cancelled writes to end.
   absl::Duration abort_timeout = absl::Seconds(5);
-  // How often a waiting request re-checks its decode peer and its caller.
-  absl::Duration poll_interval = absl::Milliseconds(50);
   // Optional observers, called on the scheduler thread: after each pass is built, and after
   // each layer's KV was handed to the sender (or would have been, without pipelining).
   std::function<void(const BatchInfo&)> on_batch;
   std::function<void(int layer)> on_layer_done;
+  // Optional observer, called on a request's landing watcher once its final notice went out,
+  // before it waits for its last write (P's blocks are still the request's; tests hold them).
+  std::function<void(const std::string& request_id)> on_landing;
   // The host mirror the transport exports (same layout and block count as the pool): when its
   // base is set, each layer is staged into it and posted from there (see above).
   kv::KvCacheView host_mirror;
   // Reuse the KV of cached prompt prefixes (common/kv/kv_cache_manager.h): compute only the
   // rest of the prompt over the cached blocks.
   bool enable_prefix_caching = true;
-  // A prompt the pool has no room for now waits (in Run, until its deadline) for other
-  // requests to free blocks; at most this many wait at once, beyond that Run refuses
-  // (ResourceExhausted). A prompt larger than the whole pool is refused at once.
+  // A prompt the pool has no room for now waits (until its deadline) for other requests to
+  // free blocks; at most this many wait at once, beyond that one fails (ResourceExhausted). A
+  // prompt larger than the whole pool is refused at once (Submit).
   int max_waiting_for_room = 256;
 };
 
@@ -97,8 +110,8 @@ struct PrefillJob {
   // The output index of the token sampled after the prompt: 0, or for a resumed request the
   // tokens already generated (the prompt then ends with them).
   int32_t sample_step = 0;
-  transfer::PeerId peer = 0;               // the decode node on the scheduler's transport
-  std::string peer_name;                   // names the decode node in errors
+  transfer::PeerId peer = 0;  // the decode node on the scheduler's transport
+  std::string peer_name;      // names the decode node in errors
   // The decode node's leading prompt blocks it already holds (not sent), and its blocks for the
   // rest, in token order.
   int32_t remote_cached_blocks = 0;
@@ -120,6 +133,23 @@ struct PrefillResult {
   std::vector<model::SampledToken> prompt_logprobs;
 };
 
+// One event of a request's stream: kFirstToken, then kKvLanded or kFailed (the last).
+enum class PrefillEventKind {
+  kFirstToken,  // sampled; the KV is still landing. No transfer timings yet.
+  kKvLanded,    // every write landed, the final notice too; P's blocks are free
+  kFailed,      // `status` says why (Cancelled, DeadlineExceeded, Unavailable, ...); blocks free
+};
+struct PrefillEvent {
+  PrefillEventKind kind = PrefillEventKind::kFirstToken;
+  // kFirstToken: first_token, queue_us, prefill_compute_us, chunks, cached_tokens,
+  // layer_done_unix_us, prompt_logprobs. kKvLanded: all of it.
+  PrefillResult result;
+  absl::Status status;  // kFailed: the request's error as the scheduler got it (payloads kept)
+  bool finished() const { return kind != PrefillEventKind::kFirstToken; }
+};
+// The events of one request, in order; single consumer. Thread-safe.
+using PrefillStream = EventStream<PrefillEvent>;
+
 // What stopped requests cost after they were stopped (cancelled, deadline, shutdown, caller
 // gone). A pass whose every request stopped is abandoned at the next layer; a pass that still
 // serves others runs to its end, so a stopped request costs at most the rest of one chunk.
@@ -131,9 +161,13 @@ struct PrefillStopCounters {
 
 struct PrefillLoad {
   int64_t queued_tokens = 0;     // prompt tokens not yet computed (waiting for room included)
-  int32_t running_requests = 0;  // admitted and not yet answered
+  int32_t running_requests = 0;  // submitted and not yet answered (their last event)
   int32_t waiting_for_room = 0;  // of them, prompts waiting for the pool to have room
 };
+
+namespace internal {
+struct PrefillRequest;
+}
 
 class PrefillScheduler {
  public:
@@ -147,22 +181,21 @@ class PrefillScheduler {
   PrefillScheduler(const PrefillScheduler&) = delete;
   PrefillScheduler& operator=(const PrefillScheduler&) = delete;
 
-  // Prefills one request and streams its KV; returns once the final notice and every write
-  // completed. A prompt the pool has no room for waits for it (options.max_waiting_for_room).
-  // Errors: InvalidArgument (bad prompt, block count, sampling, a prompt larger than the pool),
-  // AlreadyExists (id in flight), ResourceExhausted (too many prompts already wait for room),
-  // DeadlineExceeded (also while waiting for room, naming it), Cancelled (Cancel or
-  // `caller_gone` returned true), Unavailable (decode peer lost, or shutting down).
-  // `on_first_token`, when set, is called on the caller's thread as soon as the first token is
-  // sampled, before the KV has landed, with the token, queue_us, prefill_compute_us, chunks and
-  // layer_done_unix_us (no transfer timings); Run may still fail after it.
-  using FirstTokenCallback = std::function<void(const PrefillResult&)>;
-  absl::StatusOr<PrefillResult> Run(PrefillJob job, std::function<bool()> caller_gone = nullptr,
-                                    FirstTokenCallback on_first_token = nullptr);
-  // The checks Run makes before admitting a job, except its peer and deadline: prompt (token
+  // Hands a request to the scheduler thread and returns its event stream. Refused at once:
+  // InvalidArgument (Validate, or no peer), DeadlineExceeded (the deadline passed before
+  // admission: nothing is sent to the decode node), AlreadyExists (id in flight), Unavailable
+  // (shutting down). Later failures end the stream with kFailed: ResourceExhausted (too many
+  // prompts already wait for room), DeadlineExceeded (also while waiting for room, naming it),
+  // Cancelled (Cancel), Unavailable (decode peer lost, or shutting down), AlreadyExists (its
+  // transfer id is streaming), or the transfer's error. The decode node hears kAborted from the
+  // scheduler for every request that ends unlanded, but for one whose transfer id is another
+  // request's and one Shutdown refused before the scheduler thread took it (nothing was sent).
+  absl::StatusOr<std::shared_ptr<PrefillStream>> Submit(PrefillJob job);
+  // The checks Submit makes before accepting a job, except its peer and deadline: prompt (token
   // ids in the vocabulary, shorter than the context), sampling, destination block count.
   absl::Status Validate(const PrefillJob& job) const;
-  // Stops a request with `reason` (its Run returns it). False when no such request is in flight.
+  // Asks the scheduler thread to stop a request with `reason` (its stream ends with it once its
+  // stream is aborted and its blocks are free). False when no such request is in flight.
   bool Cancel(const std::string& request_id,
               absl::Status reason = absl::CancelledError("cancelled by CancelPrefill"));
   PrefillLoad Load() const;
@@ -171,59 +204,100 @@ class PrefillScheduler {
     return stop_counters_;
   }
   kv::PrefixCacheCounters PrefixCacheCounters() const { return kv_.counters(); }
-  // Fails every request in flight (Unavailable), waits for their Runs to end, stops the thread.
-  // Idempotent; later Runs fail with Unavailable.
+  // Refuses the requests the scheduler thread has not taken yet and, through it, fails every
+  // other request (Unavailable) at its next step (a pass is abandoned at its next layer);
+  // returns once all have ended and the thread stopped. Idempotent; later Submits fail with
+  // Unavailable.
   void Shutdown();
 
  private:
-  struct Entry;
+  using Request = internal::PrefillRequest;
+  using RequestPtr = std::shared_ptr<Request>;
   struct BatchItem;
-  // A staged layer of a request, waiting for the poster thread.
-  struct StagedLayer {
-    std::shared_ptr<Entry> entry;
-    int layer = 0;
+  // Cancel's message.
+  struct CancelNote {
+    RequestPtr request;
+    absl::Status reason;
+    absl::Time at;
+  };
+  // What a helper thread reports when its job for a request is done (its last act).
+  struct Report {
+    RequestPtr request;
+    bool lander = false;             // from the landing watcher (else from the aborter)
+    absl::Status status;             // lander: how the writes ended; aborter: the abort's result
+    std::vector<int64_t> landed_us;  // lander: per layer, when its write was seen landed
+  };
+  // What other threads handed the scheduler thread since it last looked.
+  struct Mail {
+    std::vector<RequestPtr> incoming;
+    std::vector<CancelNote> cancels;
+    std::vector<Report> reports;
+    bool stopping = false;
   };
   PrefillScheduler(model::ModelRunner* runner, kv::BlockPool* pool, transfer::Transport* transport,
                    transfer::KvStreamSender* sender, PrefillSchedulerOptions options);
 
-  absl::StatusOr<std::shared_ptr<Entry>> Admit(PrefillJob job,
-                                               const std::function<bool()>& caller_gone);
-  // P's blocks for `e`, waiting (bounded) while the pool has no room for them.
-  absl::StatusOr<kv::SequenceBlocks> AllocateWaiting(Entry& e,
-                                                     const std::function<bool()>& caller_gone);
-  absl::Status Drive(Entry& e, const std::function<bool()>& caller_gone,
-                     const FirstTokenCallback& on_first_token);
-  absl::Status CheckStillWanted(const Entry& e, const std::function<bool()>& caller_gone);
-  static absl::Status DeadlinePassed(const Entry& e);
-  // Sets the request's stop reason (the first one counts) and when it stopped.
-  static void MarkStopped(Entry& e, absl::Status reason, absl::Time now);
-  // Every request of the pass is stopped (or past its deadline, which stops it): the pass can
-  // be abandoned.
-  bool AllStopped(const std::vector<BatchItem>& batch);
-  // `s` as the request's error: Unavailable naming the decode node when it is lost.
-  absl::Status PeerFailure(const Entry& e, const absl::Status& s) const;
-  void Stop(const std::shared_ptr<Entry>& e, const absl::Status& reason);
-  void Release(Entry& e, const absl::Status& reason);
-  // The result so far; with kv_landed, also the transfer timings (every layer landed).
-  PrefillResult MakeResult(const Entry& e, bool kv_landed);
-
+  // The scheduler thread (prefill_scheduler.cc): the loop, admission, stops and ends.
   void Loop();
-  std::vector<BatchItem> NextBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits, unless a pass is due, for mail or the earliest deadline of a live request.
+  Mail AwaitMail();
+  absl::Time NextDeadline() const;
+  // Stops the requests Cancel and Shutdown asked to stop (also from inside a pass).
+  void TakeStops();
+  void ApplyStops(std::vector<CancelNote> cancels, bool stopping);
+  // P's blocks and the stream for `r`; it waits for room (or fails) when the pool has none.
+  void Admit(const RequestPtr& r);
+  void AdmitWaiting();
+  void LeaveRoomWait(Request& r);
+  // Deadlines of every live request; decode peers of those that wait for room or a pass.
+  void CheckLive(absl::Time now);
+  // Stops `r` with `reason` (the first reason counts) at `at`; one in a pass is ended after it.
+  void Stop(const RequestPtr& r, absl::Status reason, absl::Time at);
+  // Takes `r` out of every queue and has its stream aborted (kEnding).
+  void EndStream(const RequestPtr& r);
+  void OnReport(Report report);
+  // Ends the requests that are done: frees their blocks, forgets them, pushes their last
+  // event; gives freed room to waiting prompts.
+  void EndFinished();
+  bool Done(const Request& r) const;
+  // Returns whether blocks went back to the pool.
+  bool Finish(const RequestPtr& r);
+  void SetLoadTokens(Request& r, int64_t tokens);
+  // The result so far; with kv_landed, also the transfer timings (every layer landed).
+  PrefillResult MakeResult(const Request& r, bool kv_landed) const;
+  absl::Status PeerFailure(const Request& r, const absl::Status& s) const;
+  absl::Status PeerUnavailable(const Request& r, const absl::Status& peer) const;
+  static absl::Status DeadlinePassed(const Request& r);
+
+  // The helper threads (prefill_helpers.cc).
+  void StartLander(const RequestPtr& r);
+  void StartAborter(const RequestPtr& r);
+  // The landing watcher: posts staged layers, times each layer's write, waits for the last.
+  void Land(const RequestPtr& r);
+  // The aborter: KvStreamSender::Abort, or a kAborted notice for a stream never begun.
+  void AbortStream(const RequestPtr& r, bool begun, const std::string& reason);
+  void Post(Report report);
+
+  // Forward passes (prefill_pass.cc), on the scheduler thread.
+  std::vector<BatchItem> NextBatch();
   void RunBatch(std::vector<BatchItem>& batch);
   void OnLayer(std::vector<BatchItem>& batch, int layer, absl::Span<const model::LayerSpan> spans);
   bool staging() const { return options_.host_mirror.base != nullptr; }
   // Hands `layer` of the request to the sender: posted now, or (staging) copied into the host
-  // mirror behind `ready` and queued for the poster thread.
-  absl::Status HandOverLayer(const std::shared_ptr<Entry>& e, int layer,
-                             const compute::WorkMarker* ready);
-  // The poster thread (staging only): posts queued layers once their copies are done.
-  void PostLoop();
+  // mirror behind `ready` for its landing watcher to post.
+  absl::Status HandOverLayer(const RequestPtr& r, int layer, const compute::WorkMarker* ready);
   // Scores the prompt tokens after this pass's positions (rows [first, end) of `out`).
   void ScorePrompt(const BatchItem& item, const model::ForwardOutput& out, size_t first,
                    size_t end);
+  // Samples nothing (the backend did): sends the final notice for the request's last chunk.
   absl::Status Complete(BatchItem& item, const model::ForwardOutput& out, size_t row,
                         int64_t pass_us);
-  void RemoveFromQueue(const Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every request of the pass is stopped (or past its deadline, which stops it): the pass can
+  // be abandoned.
+  bool AllStopped(const std::vector<BatchItem>& batch);
+  // After the pass: its requests go on (another chunk), land, or end.
+  void AfterPass(std::vector<BatchItem>& batch, const absl::StatusOr<model::ForwardOutput>& out,
+                 const std::vector<absl::Status>& results, absl::Time t0, absl::Time t1);
 
   model::ModelRunner* const runner_;
   kv::BlockPool* const pool_;
@@ -234,19 +308,29 @@ class PrefillScheduler {
   const int num_layers_;
 
   mutable absl::Mutex mu_;
+  // Mail for the scheduler thread.
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<RequestPtr> incoming_ ABSL_GUARDED_BY(mu_);  // submitted, not yet taken
+  std::vector<CancelNote> cancels_ ABSL_GUARDED_BY(mu_);
+  std::vector<Report> reports_ ABSL_GUARDED_BY(mu_);
+  // Submitted and not yet ended (last event not pushed), by id.
+  std::map<std::string, RequestPtr> by_id_ ABSL_GUARDED_BY(mu_);
   int64_t next_seq_id_ ABSL_GUARDED_BY(mu_) = 1;
-  int active_runs_ ABSL_GUARDED_BY(mu_) = 0;
-  int waiting_for_room_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t waiting_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // their prompt tokens
-  uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;          // requests that gave their blocks back
+  // The load, kept by Submit and the scheduler thread.
+  int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t waiting_for_room_ ABSL_GUARDED_BY(mu_) = 0;
   PrefillStopCounters stop_counters_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::shared_ptr<Entry>> queue_ ABSL_GUARDED_BY(mu_);             // FIFO, chunked stay
-  std::map<std::string, std::shared_ptr<Entry>> by_id_ ABSL_GUARDED_BY(mu_);  // in flight
-  std::deque<StagedLayer> staged_ ABSL_GUARDED_BY(mu_);  // in copy order
+
+  // The scheduler thread's alone.
+  std::vector<RequestPtr> live_;           // taken from incoming_ and not yet ended, in order
+  std::deque<RequestPtr> queue_;           // admitted, prompt not computed; FIFO, chunked stay
+  std::deque<RequestPtr> room_waiters_;    // waiting for room in the pool, oldest first
+  std::vector<CancelNote> early_cancels_;  // for requests still in incoming_ (taken mid-pass)
+  bool stop_seen_ = false;                 // Shutdown's stop was taken
+  bool freed_ = false;                     // blocks went back since waiting prompts last tried
+
   absl::Mutex join_mu_;  // serializes Shutdown's join
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);
-  std::thread poster_ ABSL_GUARDED_BY(join_mu_);
 };
 
 }  // namespace duet::prefill

@@ -1,7 +1,5 @@
 #include "prefill_node/prefill_service.h"
 
-#include "prefill_node/prefill_metrics.h"
-
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -10,10 +8,11 @@
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
-#include "transfer/kv_stream/kv_stream_sender.h"
+#include "prefill_node/prefill_metrics.h"
 #include "proto/kv_layout_convert.h"
 #include "proto/sampling_convert.h"
 #include "proto/status_util.h"
+#include "transfer/kv_stream/kv_stream_sender.h"
 
 namespace duet::prefill {
 
@@ -51,13 +50,15 @@ v1::PrefillResponse ToResponse(const std::string& request_id, const PrefillResul
 grpc::Status PrefillService::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* request,
                                      grpc::ServerWriter<v1::PrefillResponse>* writer) {
   const absl::Time deadline = absl::FromChrono(ctx->deadline());
-  // A failed Write means the caller is gone, which ctx->IsCancelled() reports to the scheduler.
+  // A failed Write means the caller is gone, which ctx->IsCancelled() then reports (DoPrefill
+  // asks it while the stream is quiet and tells the scheduler).
   absl::StatusOr<v1::PrefillResponse> r = DoPrefill(
       *request, deadline, [ctx] { return ctx->IsCancelled(); },
       [writer](const v1::PrefillResponse& first) { (void)writer->Write(first); });
   if (options_.metrics != nullptr) {
     options_.metrics->RecordPrefill(r.status(), request->prompt_token_ids_size(),
-                                    request->destination().block_ids_size(), r.ok() ? &*r : nullptr);
+                                    request->destination().block_ids_size(),
+                                    r.ok() ? &*r : nullptr);
   }
   if (!r.ok()) return rpc::ToGrpcStatus(r.status());
   (void)writer->Write(*r);
@@ -119,34 +120,58 @@ absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(
   job.remote_blocks.assign(dest.block_ids().begin(), dest.block_ids().end());
   job.deadline = deadline;
   // D quarantines the reserved blocks until we confirm that nothing will be written: a request
-  // refused before its stream began must still say so (the scheduler does it for the others).
+  // refused before the scheduler took it must still say so.
   const absl::Status valid = scheduler_->Validate(job);
   DUET_ASSIGN_OR_RETURN(job.peer, ConnectPeer(dest.transfer_address(), decode_name, deadline));
   const transfer::PeerId peer = job.peer;
   const uint64_t transfer_id = job.transfer_id;
   auto tell_decode = [&](const absl::Status& why) {
-    absl::Status s = transfer::SendAbortNotice(transport_, peer, transfer_id,
-                                               std::string(why.message()),
-                                               absl::Now() + absl::Seconds(2));
+    absl::Status s = transfer::SendAbortNotice(
+        transport_, peer, transfer_id, std::string(why.message()), absl::Now() + absl::Seconds(2));
     if (!s.ok()) DUET_LOG(WARNING) << what << ": abort notice to " << decode_name << ": " << s;
   };
   if (!valid.ok()) {
     tell_decode(valid);
     return valid;
   }
-  PrefillScheduler::FirstTokenCallback first;
-  if (on_first_token) {
-    first = [&](const PrefillResult& r) {
-      on_first_token(ToResponse(request.request_id(), r, /*kv_landed=*/false));
-    };
+  absl::StatusOr<std::shared_ptr<PrefillStream>> stream = scheduler_->Submit(std::move(job));
+  if (!stream.ok()) {
+    tell_decode(stream.status());
+    return stream.status();
   }
-  absl::StatusOr<PrefillResult> run =
-      scheduler_->Run(std::move(job), std::move(caller_gone), std::move(first));
-  if (!run.ok()) {
-    tell_decode(run.status());  // a second kAborted after the scheduler's own is harmless
-    return run.status();
+  // Read the stream until its last event or the deadline. The scheduler ends the request at its
+  // deadline itself; the caller's going away is only seen by asking (gRPC's sync API), between
+  // events. Either way the scheduler is told, and it ends the request at its next step.
+  while (true) {
+    const absl::Time wake =
+        caller_gone ? std::min(deadline, absl::Now() + options_.caller_check) : deadline;
+    for (PrefillEvent& ev : (*stream)->Pop(wake)) {
+      switch (ev.kind) {
+        case PrefillEventKind::kFirstToken:
+          if (on_first_token) {
+            on_first_token(ToResponse(request.request_id(), ev.result, /*kv_landed=*/false));
+          }
+          break;
+        case PrefillEventKind::kKvLanded:
+          return ToResponse(request.request_id(), ev.result, /*kv_landed=*/true);
+        case PrefillEventKind::kFailed:
+          // Every write has ended; a second kAborted after the scheduler's own is harmless,
+          // and covers a request Shutdown refused before the scheduler took it.
+          tell_decode(ev.status);
+          return ev.status;
+      }
+    }
+    absl::Status gone;
+    if (absl::Now() >= deadline) {
+      gone = absl::DeadlineExceededError(absl::StrCat(what, ": the deadline passed"));
+    } else if (caller_gone && caller_gone()) {
+      gone = absl::CancelledError(absl::StrCat(what, ": the caller went away"));
+    } else {
+      continue;
+    }
+    scheduler_->Cancel(request.request_id(), gone);
+    return gone;
   }
-  return ToResponse(request.request_id(), *run, /*kv_landed=*/true);
 }
 
 absl::StatusOr<transfer::PeerId> PrefillService::ConnectPeer(const std::string& address,

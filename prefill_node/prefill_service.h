@@ -1,10 +1,11 @@
 // PrefillService: the duet.v1.PrefillNode gRPC service. Turns a PrefillRequest into a
 // PrefillJob for the scheduler: checks the destination's KV layout against this node's
 // (FAILED_PRECONDITION naming both), connects to the decode node's transfer address (one
-// PeerId per address, cached), converts sampling options, then blocks in PrefillScheduler::Run:
-// it streams the first token as soon as it is sampled, and a last message (kv_landed) with the
-// timings once the KV has landed. CancelPrefill stops a request in flight (its Prefill call
-// answers CANCELLED).
+// PeerId per address, cached), converts sampling options, submits the job to the scheduler and
+// reads its event stream: it streams the first token as soon as it is sampled, and a last
+// message (kv_landed) with the timings once the KV has landed. CancelPrefill, the caller going
+// away and the deadline are messages to the scheduler (its Prefill call answers CANCELLED or
+// DEADLINE_EXCEEDED); the scheduler aborts the stream and frees the blocks.
 //
 //   PrefillService service({.node_id = "prefill-0", .layout = layout}, transport, scheduler);
 //   DUET_ASSIGN_OR_RETURN(auto server, rpc::StartServer("127.0.0.1:0", {&service}, &port));
@@ -33,6 +34,8 @@ struct PrefillServiceOptions {
   // Used when a request carries no deadline_ms.
   absl::Duration default_deadline = absl::Seconds(120);
   absl::Duration connect_timeout = absl::Seconds(10);
+  // While its stream is quiet, how often a Prefill call asks gRPC whether its caller is gone.
+  absl::Duration caller_check = absl::Milliseconds(50);
   PrefillMetrics* metrics = nullptr;  // optional; must outlive the service
 };
 
@@ -48,7 +51,8 @@ class PrefillService final : public v1::PrefillNode::Service {
                              v1::CancelPrefillResponse* response) override;
 
   // The handler without gRPC: `deadline` bounds the whole request (deadline_ms narrows it).
-  // Returns the last message (kv_landed); `on_first_token` gets the first one.
+  // Returns the last message (kv_landed); `on_first_token` gets the first one. `caller_gone` is
+  // asked while the stream is quiet (every caller_check).
   absl::StatusOr<v1::PrefillResponse> DoPrefill(
       const v1::PrefillRequest& request, absl::Time deadline,
       std::function<bool()> caller_gone = nullptr,

@@ -31,7 +31,8 @@ preamble read from /usr/share/common-licenses/GPL-3; or the --prompt texts):
     reported: the largest difference between duet's logprob of its token and llama.cpp's
     log-softmax of it.
 
-Both engines run on the CPU with --threads threads (duet with --device cpu). The summary
+Both engines run on the CPU with --threads threads (duet with --device cpu and --weights-dtype,
+f32 unless given: the dequantised weights). The summary
 line totals the counts over the prompts; --json writes every id, logprob and margin.
 """
 import argparse
@@ -89,7 +90,7 @@ def run_duet(args, prompt_flag, max_tokens):
     """`duet generate ... --json` with prompt_flag (--prompt=TEXT or --prompt-ids=IDS)."""
     cmd = [args.duet, "generate", f"--model={args.model}", prompt_flag,
            f"--max-tokens={max_tokens}", "--ignore-eos", "--logprobs=2", "--json",
-           "--device=cpu", f"--threads={args.threads}"]
+           "--device=cpu", f"--threads={args.threads}", f"--weights-dtype={args.weights_dtype}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise DuetError(proc.stderr.strip() or f"exit status {proc.returncode}")
@@ -227,6 +228,9 @@ def main():
     ap.add_argument("--duet", default=os.path.join(ROOT, "build/cli/duet"))
     ap.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--weights-dtype", default="f32",
+                    help="duet's --weights-dtype (f32: the dequantised weights the committed "
+                         "fixtures and docs/models.md's table were measured with; auto, native)")
     ap.add_argument("--n-ctx", type=int, default=1024, help="llama.cpp context length")
     ap.add_argument("--prompt", action="append",
                     help="a prompt text (repeatable; replaces the default prompts)")

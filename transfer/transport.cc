@@ -7,6 +7,28 @@
 
 namespace duet::transfer {
 
+absl::StatusOr<WriteMode> ParseWriteMode(absl::string_view name) {
+  for (WriteMode m : {WriteMode::kAuto, WriteMode::kPut, WriteMode::kAm, WriteMode::kMemcpy}) {
+    if (name == WriteModeName(m)) return m;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown write_mode '", name, "': valid values are auto, put, am, memcpy"));
+}
+
+const char* WriteModeName(WriteMode mode) {
+  switch (mode) {
+    case WriteMode::kAuto:
+      return "auto";
+    case WriteMode::kPut:
+      return "put";
+    case WriteMode::kAm:
+      return "am";
+    case WriteMode::kMemcpy:
+      return "memcpy";
+  }
+  return "?";
+}
+
 const char* TransferStateName(TransferState s) {
   switch (s) {
     case TransferState::kPending:

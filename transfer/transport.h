@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -73,15 +74,23 @@ struct PeerInfo {
   std::string lane;           // how bytes move: "memcpy" (peer region mapped here), "put", "am"
 };
 
+// How the UCX transport writes KV into a peer's region (TransportOptions::write_mode):
+//   kAuto: memcpy where the peer's region is mapped here, else put where the endpoint has a
+//     native RMA lane, else am;
+//   kPut, kAm: forced; kMemcpy: forced where the region is mapped (else as kAuto).
+enum class WriteMode { kAuto, kPut, kAm, kMemcpy };
+// "auto", "put", "am", "memcpy"; others InvalidArgument naming the valid values.
+absl::StatusOr<WriteMode> ParseWriteMode(absl::string_view name);
+// What PeerAddress::write_mode carries.
+const char* WriteModeName(WriteMode mode);
+
 struct TransportOptions {
   std::string name = "transport";  // names this side in errors ("decode-0")
   kv::KvLayout layout;             // fingerprint exchanged in LocalAddress, checked at Connect
   // ucx only. Empty strings keep UCX's own configuration (its UCX_* environment).
   std::string tls;          // e.g. "posix,sysv,cma,self" or "tcp,self"
   std::string net_devices;  // e.g. "lo"
-  // ucx: auto (memcpy where the peer's region is mapped here, else put where the endpoint has
-  // a native RMA lane, else am), or force put, am or memcpy (falls back like auto if unmapped).
-  std::string write_mode = "auto";
+  WriteMode write_mode = WriteMode::kAuto;  // ucx only
   uint64_t chunk_bytes = 1 << 20;          // "put" lane: large runs are split into chunks this size
   uint64_t am_chunk_bytes = 4 << 20;       // "am" lane (rendezvous messages): chunk size
   // "am" lane: chunks up to this size go eager (UCX 1.13 rendezvous over tcp cost ~10 ms per

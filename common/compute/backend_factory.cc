@@ -50,74 +50,75 @@ bool IsBackendRegistered(const std::string& name) {
   return Registry().count(name) > 0;
 }
 
-absl::StatusOr<std::string> ResolveBackendName(const std::string& name, std::string* why) {
+absl::StatusOr<Device> ResolveDevice(std::optional<Device> device, std::string* why) {
   std::string reason;
-  auto done = [&](std::string picked) -> absl::StatusOr<std::string> {
+  auto done = [&](Device picked) -> absl::StatusOr<Device> {
     if (why != nullptr) *why = reason;
     return picked;
   };
-  if (name == "cpu") {
+  if (device == Device::kCpu) {
     reason = "requested";
-    return done("cpu");
+    return done(Device::kCpu);
   }
-  if (name != "cuda" && name != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown compute backend '", name, "': valid names are 'auto', 'cpu', 'cuda'"));
-  }
+  const bool cuda_asked = device == Device::kCuda;  // else auto
+  const std::string cuda_name = DeviceName(Device::kCuda);
   BackendFactory cuda;
-  if (!FindFactory("cuda", &cuda) && BackendPluginEnabled("cuda")) {
-    // Built as a plugin: loaded for "cuda" always, for "auto" only where a GPU driver is.
+  if (!FindFactory(cuda_name, &cuda) && BackendPluginEnabled(cuda_name)) {
+    // Built as a plugin: loaded for cuda always, for auto only where a GPU driver is.
     std::string absent;
-    if (name == "auto" && !GpuDeviceNodesPresent(&absent)) {
+    if (!cuda_asked && !GpuDeviceNodesPresent(&absent)) {
       reason = absl::StrCat("no usable GPU (", absent, "; the CUDA backend plugin was not loaded)");
-      return done("cpu");
+      return done(Device::kCpu);
     }
-    if (absl::Status loaded = LoadBackendPlugin("cuda"); !loaded.ok()) {
-      if (name == "cuda") return loaded;
+    if (absl::Status loaded = LoadBackendPlugin(cuda_name); !loaded.ok()) {
+      if (cuda_asked) return loaded;
       reason = absl::StrCat("the CUDA backend plugin did not load: ", loaded.message());
-      return done("cpu");
+      return done(Device::kCpu);
     }
-    FindFactory("cuda", &cuda);
+    FindFactory(cuda_name, &cuda);
   }
   if (!cuda.device_count && !cuda.create) {
-    if (name == "cuda") {
+    if (cuda_asked) {
       return absl::UnimplementedError(
           "compute backend 'cuda': the CUDA backend is not built into this binary (only "
           "binaries that link duet_cuda_backend or load its plugin have it, and only when nvcc "
           "was found at configure time; use 'cpu' or 'auto')");
     }
     reason = "the CUDA backend is not built into this binary";
-    return done("cpu");
+    return done(Device::kCpu);
   }
   absl::StatusOr<int> devices = cuda.device_count ? cuda.device_count() : absl::StatusOr<int>(0);
   if (!devices.ok() || *devices <= 0) {
     const std::string detail =
         devices.ok() ? std::string("no CUDA device found") : std::string(devices.status().message());
-    if (name == "cuda") {
+    if (cuda_asked) {
       return absl::FailedPreconditionError(
           absl::StrCat("compute backend 'cuda' requested but no GPU is usable: ", detail));
     }
     reason = absl::StrCat("no usable GPU (", detail, ")");
-    return done("cpu");
+    return done(Device::kCpu);
   }
   reason = absl::StrCat(*devices, " CUDA device(s) usable");
-  return done("cuda");
+  return done(Device::kCuda);
 }
 
-absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const std::string& name,
+absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(std::optional<Device> device,
                                                               const BackendOptions& options) {
   std::string why;
-  absl::StatusOr<std::string> picked = ResolveBackendName(name, &why);
+  absl::StatusOr<Device> picked = ResolveDevice(device, &why);
   if (!picked.ok()) return picked.status();
-  if (name == "auto") DUET_LOG(INFO) << "compute backend: auto picked " << *picked << " (" << why << ")";
-  if (*picked == "cpu") {
+  if (!device.has_value()) {
+    DUET_LOG(INFO) << "compute backend: auto picked " << DeviceName(*picked) << " (" << why << ")";
+  }
+  if (*picked == Device::kCpu) {
     auto backend = CpuBackend::Create(options);
     if (!backend.ok()) return backend.status();
     return std::unique_ptr<ComputeBackend>(std::move(backend).value());
   }
   BackendFactory factory;
-  if (!FindFactory(*picked, &factory) || !factory.create) {
-    return absl::InternalError(absl::StrCat("compute backend '", *picked, "' has no factory"));
+  if (!FindFactory(DeviceName(*picked), &factory) || !factory.create) {
+    return absl::InternalError(
+        absl::StrCat("compute backend '", DeviceName(*picked), "' has no factory"));
   }
   return factory.create(options);
 }

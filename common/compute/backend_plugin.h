@@ -4,7 +4,7 @@
 // of resident memory once loaded). The module registers its factory (backend_registry.h) from a
 // static initializer into the loading binary, which must export its symbols (CMake: ENABLE_EXPORTS;
 // duet_use_cuda_plugin(target) sets it up, with a static EnableBackendPlugin("cuda")).
-// ResolveBackendName (backend_registry.h) loads an enabled plugin on first use: for "cuda" always,
+// ResolveDevice (backend_registry.h) loads an enabled plugin on first use: for cuda always,
 // for "auto" only where GpuDeviceNodesPresent().
 //
 //   std::string path;
@@ -20,7 +20,7 @@
 
 namespace duet::compute {
 
-// Lets ResolveBackendName load the plugin for `name` when it is not linked in. Returns true so
+// Lets ResolveDevice load the plugin for `name` when it is not linked in. Returns true so
 // it can initialise a static.
 bool EnableBackendPlugin(const std::string& name);
 bool BackendPluginEnabled(const std::string& name);

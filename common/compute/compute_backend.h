@@ -10,19 +10,21 @@
 // attention and the elementwise kernels are per-row too, but cuBLAS picks its GEMM algorithm by
 // shape, so a row's last bits may depend on the batch size (see cuda/cuda_backend.h).
 //
-//   DUET_ASSIGN_OR_RETURN(auto backend, compute::CreateBackend("cpu", {}));
+//   DUET_ASSIGN_OR_RETURN(auto backend, compute::CreateBackend(compute::Device::kCpu, {}));
 //   DUET_ASSIGN_OR_RETURN(auto wq, backend->PrepareMatrix(q_proj.data(), rows, cols));
 //   backend->MatMul(x, m, *wq, /*bias=*/nullptr, y);
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/compute/backend_options.h"
 #include "common/compute/kv_memory.h"
 #include "common/kv/kv_layout.h"
 #include "common/sampling/sampling.h"
@@ -113,17 +115,6 @@ class WorkMarker {
   virtual bool Done() = 0;
   // Returns once Done(), or DeadlineExceeded at `deadline`.
   virtual absl::Status Wait(absl::Time deadline) = 0;
-};
-
-struct BackendOptions {
-  int num_threads = 0;         // 0: all hardware threads
-  std::string cpu_gemm = "invariant";  // cpu: "invariant" (own packed kernel) or "openblas"
-  std::string cpu_isa = "auto";  // cpu: kernel path, cpu/cpu_isa.h ("auto": the best the CPU runs)
-  int cuda_device = 0;                 // cuda: device ordinal
-  std::string cuda_gemm_dtype = "bf16";  // cuda: weights and GEMM inputs in "bf16", "f16" or
-                                         // "f32" (fp32 accumulation and activations always)
-  std::string cuda_prefill_attention = "simt";  // cuda: "simt" (fp32 FMA) or "tensor" (bf16
-                                                // tensor cores; head_dim 64/128, else simt)
 };
 
 class ComputeBackend {
@@ -262,10 +253,10 @@ class ComputeBackend {
       const float* logits, int rows, int vocab, absl::Span<const RowSampling> params) = 0;
 };
 
-// Creates a backend by name: "cpu" (always available), "cuda" (when the CUDA backend is linked
-// into this binary and a device is usable), or "auto" (cuda when both hold, else cpu; logs which
-// it picked and why).
-absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(const std::string& name,
+// Creates the backend of `device`: cpu (always available), cuda (when the CUDA backend is linked
+// into this binary and a device is usable), or, for std::nullopt ("auto"), cuda when both hold,
+// else cpu (logging which it picked and why; backend_registry.h ResolveDevice).
+absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(std::optional<Device> device,
                                                               const BackendOptions& options);
 
 // out[i] = uniform in [-scale, scale] from a hash of (seed, i); bit-identical to the CUDA

@@ -85,19 +85,42 @@ absl::StatusOr<std::vector<KvCopyRun>> PlanKvCopy(const kv::KvCacheView& from,
   return runs;
 }
 
-absl::StatusOr<bool> ResolveKvStaging(const std::string& mode, bool pool_is_host) {
-  if (mode == "auto") return !pool_is_host;
-  if (mode == "always") return true;
-  if (mode == "never") {
-    if (!pool_is_host) {
-      return absl::InvalidArgumentError(
-          "--kv_staging=never, but the compute backend's KV pool is device memory that the "
-          "transport cannot read: use --kv_staging=auto (stage through a host mirror)");
-    }
-    return false;
+absl::StatusOr<KvStaging> ParseKvStaging(absl::string_view name) {
+  for (KvStaging k : {KvStaging::kAuto, KvStaging::kAlways, KvStaging::kNever}) {
+    if (name == KvStagingName(k)) return k;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown --kv_staging '", mode, "': valid values are 'auto', 'always', 'never'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown kv_staging '", name, "': valid values are auto, always, never"));
+}
+
+const char* KvStagingName(KvStaging staging) {
+  switch (staging) {
+    case KvStaging::kAuto:
+      return "auto";
+    case KvStaging::kAlways:
+      return "always";
+    case KvStaging::kNever:
+      return "never";
+  }
+  return "?";
+}
+
+absl::StatusOr<bool> ResolveKvStaging(KvStaging staging, bool pool_is_host) {
+  switch (staging) {
+    case KvStaging::kAuto:
+      return !pool_is_host;
+    case KvStaging::kAlways:
+      return true;
+    case KvStaging::kNever:
+      if (!pool_is_host) {
+        return absl::InvalidArgumentError(
+            "--kv_staging=never, but the compute backend's KV pool is device memory that the "
+            "transport cannot read: use --kv_staging=auto (stage through a host mirror)");
+      }
+      return false;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown kv_staging code ", static_cast<int>(staging)));
 }
 
 // ---- ComputeBackend defaults: host memory, memcpy staging (the cpu backend uses them as-is).

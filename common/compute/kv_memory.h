@@ -7,7 +7,8 @@
 // the transport exports the mirror, and ComputeBackend::CopyKvToHost / CopyKvFromHost move one
 // layer's blocks between pool and mirror, so transfer write ops keep their offsets.
 //
-//   DUET_ASSIGN_OR_RETURN(bool stage, ResolveKvStaging(flag, backend->kv_memory_is_host()));
+//   DUET_ASSIGN_OR_RETURN(bool stage, ResolveKvStaging(KvStaging::kAuto,
+//                                                      backend->kv_memory_is_host()));
 //   DUET_ASSIGN_OR_RETURN(auto pool_mem, backend->AllocateKvMemory(layout.RegionBytes(n)));
 //   DUET_ASSIGN_OR_RETURN(auto mirror, backend->AllocateHostMirror(layout.RegionBytes(n)));
 //   kv::KvCacheView pool{layout, pool_mem->data(), n}, host{layout, mirror->data(), n};
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/kv/kv_layout.h"
 
@@ -67,9 +69,15 @@ absl::StatusOr<std::vector<KvCopyRun>> PlanKvCopy(const kv::KvCacheView& from,
                                                   absl::Span<const kv::BlockId> blocks,
                                                   const char* what);
 
-// --kv_staging: "auto" stages iff the pool is not host-addressable, "always" stages even when it
-// is (exercises the mirror path on cpu), "never" refuses a pool that is not host-addressable.
-// Returns whether to stage, or InvalidArgument for an unknown mode or an impossible "never".
-absl::StatusOr<bool> ResolveKvStaging(const std::string& mode, bool pool_is_host);
+// --kv_staging: whether a node stages its KV through a host mirror of the pool. kAuto stages iff
+// the pool is not host-addressable, kAlways stages even when it is (exercises the mirror path on
+// cpu), kNever refuses a pool that is not host-addressable.
+enum class KvStaging { kAuto, kAlways, kNever };
+// "auto", "always", "never"; others InvalidArgument naming the valid values.
+absl::StatusOr<KvStaging> ParseKvStaging(absl::string_view name);
+const char* KvStagingName(KvStaging staging);
+
+// Whether to stage, or InvalidArgument for kNever with a pool that is not host-addressable.
+absl::StatusOr<bool> ResolveKvStaging(KvStaging staging, bool pool_is_host);
 
 }  // namespace duet::compute

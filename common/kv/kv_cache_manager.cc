@@ -88,6 +88,44 @@ int64_t KvCacheManager::Publish(const BlockTable& table, absl::Span<const int32_
   return published;
 }
 
+absl::Status KvCacheManager::Grow(BlockTable& table, int64_t total_tokens) {
+  return table.Reserve(total_tokens);
+}
+
+size_t KvCacheManager::GrowOrPreempt(absl::Span<const GrowthClaim> oldest_first,
+                                     PreemptFn on_preempted) {
+  // Claims [0, end) still run; the newest of them is end - 1.
+  size_t end = oldest_first.size();
+  for (size_t i = 0; i < end; ++i) {
+    const GrowthClaim& c = oldest_first[i];
+    while (true) {
+      absl::Status s = Grow(*c.table, c.total_tokens);
+      if (s.ok()) break;
+      const size_t victim = --end;
+      const GrowthClaim& v = oldest_first[victim];
+      const int64_t freed = Finish(*v.table, v.tokens, /*publish=*/true);
+      on_preempted(Preemption{.victim = victim, .claimer = i, .freed_blocks = freed, .why = s});
+      if (victim == i) break;  // it was the newest itself
+    }
+  }
+  return end;
+}
+
+int64_t KvCacheManager::Finish(BlockTable& table, absl::Span<const int32_t> tokens, bool publish) {
+  if (publish) Publish(table, tokens);
+  // Last block first: its cached blocks join the eviction order tail first, so an allocation
+  // that evicts takes a chain's tail and leaves its head (what a later prompt, or this sequence
+  // resumed, hits first).
+  std::vector<BlockId> blocks = table.Detach();
+  std::reverse(blocks.begin(), blocks.end());
+  const int64_t held = static_cast<int64_t>(blocks.size());
+  if (held == 0) return 0;
+  if (absl::Status s = pool_->Free(blocks); !s.ok()) {
+    DUET_LOG(ERROR) << "KvCacheManager: freeing a sequence's " << held << " blocks: " << s;
+  }
+  return held;
+}
+
 PrefixCacheCounters KvCacheManager::counters() const {
   return PrefixCacheCounters{.queries = queries_.load(),
                              .query_tokens = query_tokens_.load(),

@@ -9,17 +9,26 @@
 // are complete (computed, or landed from a transfer), Publish makes it findable; when its last
 // user frees it, it stays cached until an allocation needs the room (BlockPool).
 //
+// It owns every allocation of a sequence's life (ModelRunner::Forward never allocates): the
+// admission rule (HasRoomToAdmit), its first blocks (AllocateSequence), room for each step's
+// tokens (Grow, or GrowOrPreempt for a running batch: the newest running sequence is preempted
+// while the pool has none) and its end (Finish: publish, or not, then free).
+//
 //   KvCacheManager kv(pool, seed, /*enable_prefix_caching=*/true);
 //   DUET_ASSIGN_OR_RETURN(SequenceBlocks s, kv.AllocateSequence(prompt, prompt.size()));
-//   BlockTable table = s.MakeTable(pool);   // table.num_tokens() == s.cached_tokens
+//   std::unique_ptr<BlockTable> table = std::move(s).MakeTable(pool);  // s.cached_tokens held
 //   ... compute prompt[s.cached_tokens:] ...
-//   kv.Publish(table, prompt);              // its full blocks are now shared
+//   kv.Publish(*table, prompt);             // its full blocks are now shared
+//   DUET_RETURN_IF_ERROR(kv.Grow(*table, prompt.size() + 1));  // room for the next token
+//   kv.Finish(*table, tokens, /*publish=*/true);
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/kv/block_hash.h"
@@ -38,6 +47,23 @@ struct SequenceBlocks {
   // A table over all of them holding `cached_tokens` tokens (it frees them when it goes).
   std::unique_ptr<BlockTable> MakeTable(BlockPool* pool) &&;
 };
+
+// One running sequence's room for its next step (KvCacheManager::GrowOrPreempt).
+struct GrowthClaim {
+  BlockTable* table = nullptr;
+  int64_t total_tokens = 0;          // room wanted; at most its capacity: nothing to allocate
+  absl::Span<const int32_t> tokens;  // its tokens, to publish its complete blocks if preempted
+};
+
+// One preempted claim, its blocks already published and freed: `victim` gave them up because
+// `claimer` could not grow (victim == claimer: the claimer was the newest itself).
+struct Preemption {
+  size_t victim = 0;
+  size_t claimer = 0;
+  int64_t freed_blocks = 0;
+  absl::Status why;  // the allocation's error (ResourceExhausted naming the pool's state)
+};
+using PreemptFn = absl::FunctionRef<void(const Preemption&)>;
 
 struct PrefixCacheCounters {
   int64_t queries = 0;       // sequences looked up
@@ -81,6 +107,20 @@ class KvCacheManager {
   // their K/V must be complete. Blocks already cached, or whose hash another block holds, are
   // left as they are. Returns the blocks newly published (0 when caching is off).
   int64_t Publish(const BlockTable& table, absl::Span<const int32_t> tokens);
+
+  // Room in `table` for `total_tokens` tokens, before the step that writes them. All or
+  // nothing: ResourceExhausted naming the pool's state.
+  absl::Status Grow(BlockTable& table, int64_t total_tokens);
+  // Grows each claim, oldest first (the order sequences were admitted in). While the pool has
+  // no room for one, the newest claim still running is preempted: its complete blocks are
+  // published and every block freed (Finish), then `on_preempted` is told. Returns how many
+  // leading claims still run: claims [result, size) were preempted, newest first.
+  size_t GrowOrPreempt(absl::Span<const GrowthClaim> oldest_first, PreemptFn on_preempted);
+  // The end of a sequence: publishes the full blocks of `tokens` that it holds (Publish) when
+  // `publish` (not after a failed step, whose K/V may be incomplete), then frees every block,
+  // the last first (so that eviction takes a cached chain's tail before its head). Returns the
+  // blocks it held.
+  int64_t Finish(BlockTable& table, absl::Span<const int32_t> tokens, bool publish);
 
   PrefixCacheCounters counters() const;
 

@@ -48,14 +48,14 @@ double KvBytesPerToken(int num_layers, int num_kv_heads, int head_dim, KvDtype d
          (static_cast<double>(head_dim) * static_cast<double>(KvDtypeBytes(dtype)) + scale_bytes);
 }
 
-absl::StatusOr<KvDtype> ParseKvDtype(const std::string& name) {
+absl::StatusOr<KvDtype> ParseKvDtype(absl::string_view name) {
   if (name == "f32" || name == "float32") return KvDtype::kF32;
   if (name == "f16" || name == "float16") return KvDtype::kF16;
   if (name == "bf16" || name == "bfloat16") return KvDtype::kBF16;
   if (name == "int8") return KvDtype::kInt8;
   if (name == "fp8" || name == "fp8_e4m3") return KvDtype::kFp8E4M3;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown KV dtype '", name, "' (expected f32, f16, bf16, int8 or fp8)"));
+      absl::StrCat("unknown kv_dtype '", name, "': valid values are f32, f16, bf16, int8, fp8"));
 }
 
 absl::Status KvLayout::Validate() const {

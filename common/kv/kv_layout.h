@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace duet::kv {
 
@@ -33,8 +34,10 @@ enum class KvDtype : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kInt8 = 3, kFp8E4M
 // Bytes of one element's code (the scales are extra, below).
 size_t KvDtypeBytes(KvDtype dtype);
 const char* KvDtypeName(KvDtype dtype);
-// "f32", "f16", "bf16", "int8", "fp8" (also "float32", "float16", "bfloat16", "fp8_e4m3").
-absl::StatusOr<KvDtype> ParseKvDtype(const std::string& name);
+// "f32", "f16", "bf16", "int8", "fp8" (also "float32", "float16", "bfloat16", "fp8_e4m3");
+// others InvalidArgument naming the valid values. "auto" is not one: where it is allowed the
+// option is a std::optional<KvDtype> (common/base/auto_option.h).
+absl::StatusOr<KvDtype> ParseKvDtype(absl::string_view name);
 // Whether the dtype stores a scale per (token, kv head) next to its codes.
 bool KvDtypeHasScales(KvDtype dtype);
 // Bytes of one scale (f32).

@@ -4,10 +4,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/auto_option.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
-#include "common/kv/block_table.h"
+#include "common/engine/sequence.h"
+#include "common/engine/step_runner.h"
+#include "common/kv/kv_cache_manager.h"
 #include "common/tokenizer/bpe_tokenizer.h"
 #include "common/weights/gguf.h"
 #include "common/weights/gguf_model.h"
@@ -15,17 +18,46 @@
 
 namespace duet::model {
 
+namespace {
+
+compute::BackendOptions BackendOptionsOf(const EngineOptions& o) {
+  return {.num_threads = o.num_threads, .cpu_gemm = o.cpu_gemm, .cpu_isa = o.cpu_isa};
+}
+
+}  // namespace
+
+kv::KvDtype ResolveKvDtype(std::optional<kv::KvDtype> requested,
+                           const compute::ComputeBackend& backend) {
+  return requested.value_or(backend.NativeKvDtype());
+}
+
+WeightsDtype ResolveWeightsDtype(std::optional<WeightsDtype> requested,
+                                 const compute::ComputeBackend& backend) {
+  if (requested.has_value()) return *requested;
+  using compute::WeightFormat;
+  for (WeightFormat f :
+       {WeightFormat::kBf16, WeightFormat::kF16, WeightFormat::kQ8_0, WeightFormat::kQ4_0,
+        WeightFormat::kQ4_1, WeightFormat::kQ5_0, WeightFormat::kQ5_1, WeightFormat::kQ4_K,
+        WeightFormat::kQ5_K, WeightFormat::kQ6_K, WeightFormat::kQ2_K, WeightFormat::kQ3_K}) {
+    if (!backend.KeepsWeightFormat(f)) return WeightsDtype::kF32;
+  }
+  return WeightsDtype::kNative;
+}
+
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string& model_dir,
                                                                const EngineOptions& options) {
-  absl::StatusOr<WeightsDtype> dtype = ParseWeightsDtype(options.weights_dtype);
-  if (!dtype.ok()) return Annotate(dtype.status(), "weights_dtype");
-  if (options.cpu_gemm == "bf16" && *dtype == WeightsDtype::kF32) {
+  // The backend first: how the weights are kept depends on what its GEMM multiplies.
+  DUET_ASSIGN_OR_RETURN(std::unique_ptr<compute::ComputeBackend> backend,
+                        compute::CreateBackend(options.device, BackendOptionsOf(options)));
+  const WeightsDtype dtype = ResolveWeightsDtype(options.weights_dtype, *backend);
+  if (options.cpu_gemm == compute::CpuGemm::kBf16 && dtype == WeightsDtype::kF32) {
     // Float32 matrices keep the float32 GEMM: the flag would change nothing.
     return absl::InvalidArgumentError(absl::StrCat(
-        "cpu_gemm 'bf16' multiplies bf16 weights, and weights_dtype '", options.weights_dtype,
+        "cpu_gemm 'bf16' multiplies bf16 weights, and weights_dtype '",
+        NameOrAuto(options.weights_dtype, WeightsDtypeName),
         "' keeps none: use --weights_dtype=bf16 (or native for BF16-stored matrices)"));
   }
-  DUET_ASSIGN_OR_RETURN(ModelFiles files, LoadModelFiles(model_dir, *dtype));
+  DUET_ASSIGN_OR_RETURN(ModelFiles files, LoadModelFiles(model_dir, dtype));
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(model_dir);
   if (absl::IsNotFound(tokenizer.status())) {
     // Ids in, ids out (vLLM's --skip-tokenizer-init): a model needs no tokenizer to run.
@@ -33,29 +65,31 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string
     tokenizer = std::unique_ptr<Tokenizer>();
   }
   if (!tokenizer.ok()) return tokenizer.status();
-  return Create(files.config, std::move(files.weights), *std::move(tokenizer), options);
-}
-
-absl::StatusOr<kv::KvDtype> ResolveKvDtype(const std::string& name,
-                                           const compute::ComputeBackend& backend) {
-  if (name == "auto" || name.empty()) return backend.NativeKvDtype();
-  absl::StatusOr<kv::KvDtype> d = kv::ParseKvDtype(name);
-  if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("kv_dtype: ", d.status().message()));
-  return *d;
+  return CreateOn(std::move(backend), files.config, std::move(files.weights), *std::move(tokenizer),
+                  options, dtype);
 }
 
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
     const ModelConfig& config, ModelWeights weights, std::unique_ptr<Tokenizer> tokenizer,
     const EngineOptions& options) {
+  DUET_ASSIGN_OR_RETURN(std::unique_ptr<compute::ComputeBackend> backend,
+                        compute::CreateBackend(options.device, BackendOptionsOf(options)));
+  const WeightsDtype kept = options.weights_dtype.value_or(WeightsDtype::kNative);
+  return CreateOn(std::move(backend), config, std::move(weights), std::move(tokenizer), options,
+                  kept);
+}
+
+absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::CreateOn(
+    std::unique_ptr<compute::ComputeBackend> backend, const ModelConfig& config,
+    ModelWeights weights, std::unique_ptr<Tokenizer> tokenizer, const EngineOptions& options,
+    WeightsDtype weights_dtype) {
   std::unique_ptr<LocalEngine> e(new LocalEngine());
-  compute::BackendOptions bo{
-      .num_threads = options.num_threads, .cpu_gemm = options.cpu_gemm, .cpu_isa = options.cpu_isa};
-  DUET_ASSIGN_OR_RETURN(e->backend_, compute::CreateBackend(options.device, bo));
+  e->backend_ = std::move(backend);
+  e->weights_dtype_ = weights.stored.empty() ? WeightsDtype::kF32 : weights_dtype;
   e->tokenizer_ = std::move(tokenizer);
   DUET_ASSIGN_OR_RETURN(e->runner_,
                         ModelRunner::Create(config, std::move(weights), e->backend_.get()));
-  DUET_ASSIGN_OR_RETURN(const kv::KvDtype kv_dtype, ResolveKvDtype(options.kv_dtype, *e->backend_));
-  DUET_RETURN_IF_ERROR(e->runner_->SetKvDtype(kv_dtype));
+  DUET_RETURN_IF_ERROR(e->runner_->SetKvDtype(ResolveKvDtype(options.kv_dtype, *e->backend_)));
   const kv::KvLayout layout = e->runner_->MakeKvLayout(options.block_size);
   DUET_RETURN_IF_ERROR(layout.Validate());
   const int64_t num_blocks =
@@ -72,60 +106,37 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
 absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t>& prompt_ids,
                                                        const SamplingParams& params) {
   const ModelConfig& c = config();
-  if (prompt_ids.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
+  DUET_RETURN_IF_ERROR(Annotate(c.CheckPrompt(prompt_ids), "Generate"));
   DUET_RETURN_IF_ERROR(params.Validate(c.vocab_size));
-  if (static_cast<int64_t>(prompt_ids.size()) >= c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("Generate: prompt of ", prompt_ids.size(),
-                                                   " tokens does not fit the context of ",
-                                                   c.max_position_embeddings));
-  }
   GenerationResult result;
   result.prompt_ids = prompt_ids;
-  kv::BlockTable table(pool_.get());
-  const std::vector<int32_t> eos = eos_ids();
-  SamplingState state(params, eos, prompt_ids, /*generated=*/{});
+  // The engine core with one sequence: what every scheduler runs, without a prefix cache.
+  kv::KvCacheManager kv(pool_.get(), kv::BlockHash{}, /*enable_prefix_caching=*/false);
+  engine::StepRunner step(runner_.get(), &kv, eos_ids());
+  const int64_t n = static_cast<int64_t>(prompt_ids.size());
+  engine::Sequence seq(/*id=*/0, prompt_ids, /*generated_before=*/0, params, step.eos_ids());
 
   Stopwatch sw;
-  std::vector<SequenceInput> batch(1);
-  batch[0] = SequenceInput{.seq_id = 0,
-                           .tokens = prompt_ids,
-                           .start_pos = 0,
-                           .table = &table,
-                           .want_logits = false,
-                           .sample = &params,
-                           .sample_step = 0,
-                           .sample_state = &state};
   // Forward never allocates: room for the prompt, then for each step's token (ResourceExhausted
   // when the pool is out).
-  DUET_RETURN_IF_ERROR(table.Reserve(static_cast<int64_t>(prompt_ids.size())));
-  DUET_ASSIGN_OR_RETURN(ForwardOutput out, runner_->Forward(absl::MakeSpan(batch), pool_->View()));
+  DUET_ASSIGN_OR_RETURN(kv::SequenceBlocks blocks, kv.AllocateSequence(prompt_ids, n));
+  seq.table = std::move(blocks).MakeTable(pool_.get());
   while (true) {
-    const int step = static_cast<int>(result.generated_ids.size());
-    SampledToken tok = std::move(out.tokens.at(0));
-    const int32_t id = tok.id;
-    result.generated_ids.push_back(id);
-    result.tokens.push_back(std::move(tok));
-    state.AddGenerated(id);
-    if (step == 0) {
+    if (seq.decoding()) DUET_RETURN_IF_ERROR(kv.Grow(*seq.table, seq.computed() + 1));
+    const engine::StepItem item{.seq = &seq, .tokens = seq.pending()};
+    DUET_ASSIGN_OR_RETURN(std::vector<engine::StepOutcome> out, step.Run({&item, 1}));
+    result.generated_ids.push_back(out[0].token.id);
+    result.tokens.push_back(std::move(out[0].token));
+    if (result.generated_ids.size() == 1) {
       result.prefill_ms = sw.ElapsedMs();
     } else {
       result.decode_ms.push_back(sw.ElapsedMs());
     }
-    result.stop =
-        StopAfterToken(params, eos, id, step + 1, table.num_tokens(), c.max_position_embeddings);
+    result.stop = out[0].stop;
     if (result.stop != StopReason::kNone) break;
     sw.Reset();
-    batch[0] = SequenceInput{.seq_id = 0,
-                             .tokens = {id},
-                             .start_pos = static_cast<int32_t>(table.num_tokens()),
-                             .table = &table,
-                             .want_logits = false,
-                             .sample = &params,
-                             .sample_step = step + 1,
-                             .sample_state = &state};
-    DUET_RETURN_IF_ERROR(table.Reserve(table.num_tokens() + 1));
-    DUET_ASSIGN_OR_RETURN(out, runner_->Forward(absl::MakeSpan(batch), pool_->View()));
   }
+  kv.Finish(*seq.table, seq.tokens, /*publish=*/false);
   return result;
 }
 

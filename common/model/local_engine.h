@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,27 +22,35 @@
 #include "common/model/model_runner.h"
 #include "common/sampling/sampler.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/weights/weights.h"
 
 namespace duet::model {
 
+// Typed, as the flags parse them (cli/model_flags.h); std::nullopt is "auto".
 struct EngineOptions {
-  std::string device = "auto";         // auto | cpu | cuda
-  int num_threads = 0;                 // 0: all cores
-  std::string cpu_gemm = "invariant";  // invariant | bf16 (bf16 dot products) | openblas
+  std::optional<compute::Device> device;  // std::nullopt: cuda where usable, else cpu
+  int num_threads = 0;                    // 0: all cores
+  compute::CpuGemm cpu_gemm = compute::CpuGemm::kInvariant;
   int block_size = 16;
   int64_t kv_cache_bytes = 512ll << 20;  // size of the KV pool (in the backend's KV memory)
-  // KV cache dtype: f32, bf16, f16, int8, fp8, or auto (the backend's compute dtype: f32 on
-  // cpu, the GEMM dtype on cuda).
-  std::string kv_dtype = "auto";
-  std::string cpu_isa = "auto";  // cpu kernel path (compute/cpu/cpu_isa.h)
-  // How weight matrices are kept (weights.h WeightsDtype): auto | f32 | native | bf16. Load only;
-  // Create takes the weights as they are.
-  std::string weights_dtype = "auto";
+  // KV cache dtype; std::nullopt: the backend's compute dtype (f32 on cpu, the GEMM dtype on
+  // cuda).
+  std::optional<kv::KvDtype> kv_dtype;
+  std::optional<compute::cpu::CpuIsa> cpu_isa;  // cpu kernel path; std::nullopt: the best
+  // How weight matrices are kept (weights.h WeightsDtype); std::nullopt: ResolveWeightsDtype.
+  // Load only; Create takes the weights as they are.
+  std::optional<WeightsDtype> weights_dtype;
 };
 
-// The KV dtype EngineOptions::kv_dtype names on `backend` ("auto": its NativeKvDtype).
-absl::StatusOr<kv::KvDtype> ResolveKvDtype(const std::string& name,
-                                           const compute::ComputeBackend& backend);
+// The KV dtype of EngineOptions::kv_dtype on `backend` (std::nullopt: its NativeKvDtype).
+kv::KvDtype ResolveKvDtype(std::optional<kv::KvDtype> requested,
+                           const compute::ComputeBackend& backend);
+// How Load keeps the weight matrices for EngineOptions::weights_dtype on `backend`.
+// std::nullopt ("auto") is "as stored": kNative where the backend's GEMM keeps every stored form
+// (quantized GGUF blocks, F16, BF16; the cpu backend but for cpu_gemm openblas), so a quantized
+// file stays quantized and 16-bit matrices stay 16-bit; else kF32.
+WeightsDtype ResolveWeightsDtype(std::optional<WeightsDtype> requested,
+                                 const compute::ComputeBackend& backend);
 
 struct GenerationResult {
   std::vector<int32_t> prompt_ids;
@@ -83,15 +92,25 @@ class LocalEngine {
   ModelRunner& runner() { return *runner_; }
   kv::BlockPool& pool() { return *pool_; }
   compute::ComputeBackend& backend() { return *backend_; }
+  // How the weight matrices are kept (what a node registers): Load's ResolveWeightsDtype (Create:
+  // EngineOptions::weights_dtype, else native), but kF32 whenever no matrix is kept in a stored
+  // form (native on a float32 checkpoint computes f32's bits).
+  WeightsDtype weights_dtype() const { return weights_dtype_; }
 
  private:
   LocalEngine() = default;
+  // Create over a backend made already (Load makes it first, to resolve the weights dtype).
+  static absl::StatusOr<std::unique_ptr<LocalEngine>> CreateOn(
+      std::unique_ptr<compute::ComputeBackend> backend, const ModelConfig& config,
+      ModelWeights weights, std::unique_ptr<Tokenizer> tokenizer, const EngineOptions& options,
+      WeightsDtype weights_dtype);
 
   std::unique_ptr<compute::ComputeBackend> backend_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<compute::KvMemory> pool_memory_;  // in the backend's memory (device on cuda)
   std::unique_ptr<kv::BlockPool> pool_;
+  WeightsDtype weights_dtype_ = WeightsDtype::kF32;
 };
 
 }  // namespace duet::model

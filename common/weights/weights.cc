@@ -90,12 +90,12 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   return out;
 }
 
-absl::StatusOr<WeightsDtype> ParseWeightsDtype(const std::string& name) {
-  if (name.empty() || name == "auto" || name == "f32") return WeightsDtype::kF32;
-  if (name == "native") return WeightsDtype::kNative;
-  if (name == "bf16") return WeightsDtype::kBf16;
-  return absl::InvalidArgumentError("unknown weights_dtype '" + name +
-                                    "': valid values are auto, f32, native, bf16");
+absl::StatusOr<WeightsDtype> ParseWeightsDtype(absl::string_view name) {
+  for (WeightsDtype d : {WeightsDtype::kF32, WeightsDtype::kNative, WeightsDtype::kBf16}) {
+    if (name == WeightsDtypeName(d)) return d;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown weights_dtype '", name, "': valid values are f32, native, bf16"));
 }
 
 const char* WeightsDtypeName(WeightsDtype dtype) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/config/model_config.h"
 #include "common/weights/safetensors.h"
 
@@ -44,7 +45,7 @@ struct LayerWeights {
 };
 
 // How the loaders keep the weight matrices (--weights_dtype):
-//   kF32 (also "auto" for now): every matrix dequantized / converted to float32.
+//   kF32: every matrix dequantized / converted to float32.
 //   kNative: GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K matrices kept as
 //     stored (ModelWeights::stored) for a backend that multiplies with them directly; F32
 //     matrices stay F32; other block types (Q8_K) converted to Q8_0 by a stated rule
@@ -55,10 +56,11 @@ struct LayerWeights {
 //   kBf16: every matrix kept in 16 bits: BF16 and F16 ones as stored (F16 is not rounded to
 //     bf16: its bits are kept, and widened as exactly), the others (F32, or the block types
 //     dequantized) rounded to bf16, nearest even.
-// Norm weights, biases and other vectors are always float32.
+// Norm weights, biases and other vectors are always float32. "auto" is not a WeightsDtype: the
+// option is a std::optional<WeightsDtype>, resolved against the backend (model::LocalEngine).
 enum class WeightsDtype { kF32, kNative, kBf16 };
-// "auto", "f32", "native", "bf16"; others InvalidArgument naming the valid values.
-absl::StatusOr<WeightsDtype> ParseWeightsDtype(const std::string& name);
+// "f32", "native", "bf16"; others InvalidArgument naming the valid values.
+absl::StatusOr<WeightsDtype> ParseWeightsDtype(absl::string_view name);
 // "f32", "native", "bf16" (what NodeCompute::weights carries).
 const char* WeightsDtypeName(WeightsDtype dtype);
 
@@ -119,8 +121,8 @@ std::vector<float>* Destination(ModelWeights& w, const ExpectedTensor& e);
 
 // Loads model_dir/model.safetensors or model_dir/model.safetensors.index.json, converting
 // F32/F16/BF16 to float32 and checking each tensor's presence and shape against the config.
-// Extra tensors (e.g. lm_head.weight of a tied model) are ignored. kNative keeps F32 matrices
-// and refuses F16 / BF16 ones, naming the tensor (see WeightsDtype).
+// Extra tensors (e.g. lm_head.weight of a tied model) are ignored. kNative keeps F32 matrices as
+// F32 and F16 / BF16 ones as stored (see WeightsDtype).
 absl::StatusOr<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config,
                                          WeightsDtype dtype = WeightsDtype::kF32);
 

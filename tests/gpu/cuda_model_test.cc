@@ -37,17 +37,17 @@ bool GpuUsable() {
 TEST(CudaDeviceChoiceTest, AutoPicksCudaExactlyWhenAGpuIsUsable) {
   ASSERT_TRUE(compute::IsBackendRegistered("cuda")) << "this binary links the CUDA backend";
   std::string why;
-  auto picked = compute::ResolveBackendName("auto", &why);
+  auto picked = compute::ResolveDevice(std::nullopt, &why);
   ASSERT_TRUE(picked.ok()) << picked.status();
-  EXPECT_EQ(*picked, GpuUsable() ? "cuda" : "cpu") << why;
+  EXPECT_EQ(*picked, GpuUsable() ? compute::Device::kCuda : compute::Device::kCpu) << why;
   EXPECT_FALSE(why.empty());
-  auto backend = compute::CreateBackend("auto", {});
+  auto backend = compute::CreateBackend(std::nullopt, {});
   ASSERT_TRUE(backend.ok()) << backend.status();
-  EXPECT_EQ((*backend)->name(), *picked);
+  EXPECT_EQ((*backend)->name(), compute::DeviceName(*picked));
 }
 
 TEST(CudaDeviceChoiceTest, CudaWithoutGpuIsAClearError) {
-  auto backend = compute::CreateBackend("cuda", {});
+  auto backend = compute::CreateBackend(compute::Device::kCuda, {});
   if (GpuUsable()) {
     ASSERT_TRUE(backend.ok()) << backend.status();
     EXPECT_EQ((*backend)->name(), "cuda");
@@ -60,7 +60,7 @@ TEST(CudaDeviceChoiceTest, CudaWithoutGpuIsAClearError) {
 
 TEST(CudaDeviceChoiceTest, BadGemmDtypeRejected) {
   if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
-  auto backend = compute::CreateBackend("cuda", {.cuda_gemm_dtype = "int4"});
+  auto backend = compute::CreateBackend(compute::Device::kCuda, {.cuda_gemm_dtype = "int4"});
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -82,7 +82,7 @@ void MakePool(Engine& e, int64_t blocks) {
   e.pool = std::move(pool).value();
 }
 
-Engine MakeEngine(const std::string& device, const std::string& gemm_dtype,
+Engine MakeEngine(compute::Device device, const std::string& gemm_dtype,
                   const SyntheticOverrides& o, const std::string& prefill = "simt") {
   static int counter = 0;
   const fs::path dir = fs::temp_directory_path() / ("duet_gpu_model_" + std::to_string(getpid()) +
@@ -160,8 +160,8 @@ class CudaModelParityTest : public ::testing::TestWithParam<ModelCase> {};
 
 TEST_P(CudaModelParityTest, Fp32GreedyTokensEqualCpu) {
   if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
-  Engine cpu = MakeEngine("cpu", "f32", GetParam().o);
-  Engine gpu = MakeEngine("cuda", "f32", GetParam().o);
+  Engine cpu = MakeEngine(compute::Device::kCpu, "f32", GetParam().o);
+  Engine gpu = MakeEngine(compute::Device::kCuda, "f32", GetParam().o);
   const auto prompts = Prompts(cpu.runner->config().vocab_size);
   const Trace want = RunGreedy(cpu, prompts, 24);
   const Trace got = RunGreedy(gpu, prompts, 24);
@@ -175,8 +175,8 @@ TEST_P(CudaModelParityTest, Fp32GreedyTokensEqualCpu) {
 
 TEST_P(CudaModelParityTest, Bf16LogitsWithinTolerance) {
   if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
-  Engine cpu = MakeEngine("cpu", "f32", GetParam().o);
-  Engine gpu = MakeEngine("cuda", "bf16", GetParam().o);
+  Engine cpu = MakeEngine(compute::Device::kCpu, "f32", GetParam().o);
+  Engine gpu = MakeEngine(compute::Device::kCuda, "bf16", GetParam().o);
   const auto prompts = Prompts(cpu.runner->config().vocab_size);
   const Trace want = RunGreedy(cpu, prompts, 0);
   const Trace got = RunGreedy(gpu, prompts, 0);
@@ -188,8 +188,8 @@ TEST_P(CudaModelParityTest, Bf16LogitsWithinTolerance) {
 
 TEST_P(CudaModelParityTest, Bf16TensorPrefillLogitsWithinTolerance) {
   if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
-  Engine cpu = MakeEngine("cpu", "f32", GetParam().o);
-  Engine gpu = MakeEngine("cuda", "bf16", GetParam().o, "tensor");
+  Engine cpu = MakeEngine(compute::Device::kCpu, "f32", GetParam().o);
+  Engine gpu = MakeEngine(compute::Device::kCuda, "bf16", GetParam().o, "tensor");
   const auto prompts = Prompts(cpu.runner->config().vocab_size);
   const Trace want = RunGreedy(cpu, prompts, 0);
   const Trace got = RunGreedy(gpu, prompts, 0);
@@ -207,8 +207,8 @@ TEST_P(CudaModelParityTest, QuantizedKvMatchesCpuWithTheSameKvDtype) {
   if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
   for (kv::KvDtype dtype : {kv::KvDtype::kInt8, kv::KvDtype::kFp8E4M3}) {
     SCOPED_TRACE(kv::KvDtypeName(dtype));
-    Engine cpu = MakeEngine("cpu", "f32", GetParam().o);
-    Engine gpu = MakeEngine("cuda", "f32", GetParam().o);
+    Engine cpu = MakeEngine(compute::Device::kCpu, "f32", GetParam().o);
+    Engine gpu = MakeEngine(compute::Device::kCuda, "f32", GetParam().o);
     for (Engine* e : {&cpu, &gpu}) {
       ASSERT_TRUE(e->runner->SetKvDtype(dtype).ok());
       MakePool(*e, 512);
@@ -262,7 +262,7 @@ INSTANTIATE_TEST_SUITE_P(
 // cumulative boundary; greedy exactly. Decodes on the sampled tokens for a few steps.
 TEST(CudaSamplingModelTest, DeviceSamplingInForwardMatchesSampleOfTheLogits) {
   if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
-  Engine gpu = MakeEngine("cuda", "f32", {});
+  Engine gpu = MakeEngine(compute::Device::kCuda, "f32", {});
   const int vocab = gpu.runner->config().vocab_size;
   const std::vector<SamplingParams> params = {
       {.logprobs = 4},
@@ -322,7 +322,8 @@ TEST(CudaRandomModelTest, DeviceGeneratedWeightsMatchCpu) {
   ASSERT_TRUE(config.ok()) << config.status();
   std::vector<Engine> engines(2);
   for (int i = 0; i < 2; ++i) {
-    auto b = compute::CreateBackend(i == 0 ? "cpu" : "cuda", {.num_threads = 2, .cuda_gemm_dtype = "f32"});
+    auto b = compute::CreateBackend(i == 0 ? compute::Device::kCpu : compute::Device::kCuda,
+                                    {.num_threads = 2, .cuda_gemm_dtype = "f32"});
     ASSERT_TRUE(b.ok()) << b.status();
     engines[i].backend = std::move(b).value();
     auto r = ModelRunner::CreateRandom(*config, 9, engines[i].backend.get());
@@ -344,7 +345,7 @@ TEST(CudaRandomModelTest, DeviceGeneratedWeightsMatchCpu) {
 // host equals the pool after the pass. Logits equal those of the synchronising hook.
 TEST(CudaLayerHookTest, AsyncHookStagesEachLayerBehindItsEvent) {
   if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
-  Engine e = MakeEngine("cuda", "bf16", {.num_layers = 4});
+  Engine e = MakeEngine(compute::Device::kCuda, "bf16", {.num_layers = 4});
   auto* cuda = static_cast<compute::cuda::CudaBackend*>(e.backend.get());
   const kv::KvLayout layout = e.pool->layout();
   std::vector<int32_t> prompt(100);
@@ -410,8 +411,8 @@ TEST(CudaDisaggregationTest, StagedKvGivesTheColocatedTokens) {
   if (!GpuUsable()) GTEST_SKIP() << "no usable GPU";
   const SyntheticOverrides o{.num_layers = 3, .num_heads = 8, .num_kv_heads = 2, .head_dim = 64,
                              .hidden = 256, .intermediate = 512, .vocab = 1000};
-  Engine p = MakeEngine("cuda", "bf16", o);
-  Engine d = MakeEngine("cuda", "bf16", o);
+  Engine p = MakeEngine(compute::Device::kCuda, "bf16", o);
+  Engine d = MakeEngine(compute::Device::kCuda, "bf16", o);
   for (Engine* e : {&p, &d}) {
     ASSERT_TRUE(e->runner->SetKvDtype(kv::KvDtype::kBF16).ok());
     MakePool(*e, 64);

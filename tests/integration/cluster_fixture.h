@@ -30,6 +30,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/auto_option.h"
 #include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"
 #include "duet/v1/client.grpc.pb.h"
@@ -137,9 +138,14 @@ class ClusterTest : public ::testing::TestWithParam<std::string> {
                                  const std::string& kv_dtype = "auto") {
     std::unique_ptr<model::LocalEngine>& engine = engines_[kv_dtype];
     if (!engine) {
-      auto e = model::LocalEngine::Load(
-          model_dir_,
-          {.device = "cpu", .num_threads = 1, .kv_cache_bytes = 64 << 20, .kv_dtype = kv_dtype});
+      // The flag's name, parsed as `duet generate` parses it.
+      auto dtype = ParseOrAuto<kv::KvDtype>(kv_dtype, kv::ParseKvDtype);
+      EXPECT_TRUE(dtype.ok()) << dtype.status();
+      if (!dtype.ok()) return {};
+      auto e = model::LocalEngine::Load(model_dir_, {.device = compute::Device::kCpu,
+                                                     .num_threads = 1,
+                                                     .kv_cache_bytes = 64 << 20,
+                                                     .kv_dtype = *dtype});
       EXPECT_TRUE(e.ok()) << e.status();
       if (!e.ok()) return {};
       engine = std::move(*e);

@@ -168,7 +168,7 @@ TEST(ClusterArchitectureTest, Gemma3IsTokenExactAgainstOneProcess) {
   absl::Cleanup remove_dir = [&] { fs::remove_all(dir); };
   ASSERT_TRUE(model::WriteSyntheticModel("tiny", 7, dir, o).ok());
   auto engine = model::LocalEngine::Load(
-      dir, {.device = "cpu", .num_threads = 1, .kv_cache_bytes = 64 << 20});
+      dir, {.device = compute::Device::kCpu, .num_threads = 1, .kv_cache_bytes = 64 << 20});
   ASSERT_TRUE(engine.ok()) << engine.status();
   {
     ServeProcess cluster(DUET_BIN, ClusterFlags(dir, "shm", 1, 1));

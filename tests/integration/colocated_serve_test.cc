@@ -138,7 +138,8 @@ class ColocatedServeTest : public ::testing::Test {
                                  const model::SamplingParams& params) {
     if (!engine_) {
       auto e = model::LocalEngine::Load(
-          model_dir_, {.device = "cpu", .num_threads = 1, .kv_cache_bytes = 64 << 20});
+          model_dir_,
+          {.device = compute::Device::kCpu, .num_threads = 1, .kv_cache_bytes = 64 << 20});
       EXPECT_TRUE(e.ok()) << e.status();
       engine_ = std::move(*e);
     }

@@ -76,7 +76,9 @@ int Run(int argc, char** argv) {
                        .layout = layout,
                        .tls = profile->tls,
                        .net_devices = profile->net_devices};
-  opt.write_mode = Flag(argc, argv, "write_mode", "auto");
+  auto write_mode = ParseWriteMode(Flag(argc, argv, "write_mode", "auto"));
+  if (!write_mode.ok()) return Fail(dir, write_mode.status());
+  opt.write_mode = *write_mode;
   opt.am_chunk_bytes = 1 << 20;
   opt.am_eager_max_bytes = 256 << 10;  // tcp: small requests eager, 1 MiB chunks rendezvous  // the 2.5 MiB-per-layer request is chunked on both lanes
   auto t = CreateTransport("ucx", opt);

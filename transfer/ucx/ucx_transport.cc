@@ -36,11 +36,6 @@ absl::StatusOr<std::unique_ptr<Transport>> UcxTransport::Create(const TransportO
 }
 
 absl::Status UcxTransport::Init() {
-  const std::string& mode = options_.write_mode;
-  if (mode != "auto" && mode != "put" && mode != "am" && mode != "memcpy") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown write_mode '", mode, "' (auto, put, am, memcpy)"));
-  }
   constexpr uint64_t kMinChunk = 4 << 10;
   constexpr uint64_t kMaxChunk = uint64_t{1} << 30;
   for (const auto& [name, bytes] :
@@ -191,7 +186,7 @@ absl::StatusOr<std::string> UcxTransport::LocalAddress() {
     a.region_key = slot_->rkey;
   }
   a.worker_address = worker_address_;
-  a.write_mode = options_.write_mode;
+  a.write_mode = WriteModeName(options_.write_mode);
   FillProcessIdentity(a);
   return EncodePeerAddress(a);
 }
@@ -351,28 +346,33 @@ absl::Status UcxTransport::FinishConnect(std::unique_ptr<PeerConn> conn) {
   void* mapped = nullptr;
   const bool has_rma_lane = absl::StrContains(ep_info, "rma_bw#");
   const bool is_mapped = ucp_rkey_ptr(rkey, a.region_base, &mapped) == UCS_OK;
-  if (options_.write_mode == "put") {
-    conn->use_put = true;
-  } else if (options_.write_mode == "am") {
-    conn->use_put = false;
-  } else if ((options_.write_mode == "auto" || options_.write_mode == "memcpy") && is_mapped) {
-    // The peer's region is mapped here (UCX-allocated shm): copy straight into it with
-    // streaming stores instead of a UCX lane (cma: process_vm_writev), 1.3-1.8x faster here
-    // (transfer/README.md).
-    conn->use_put = true;
-    conn->mapped_base = static_cast<uint8_t*>(mapped);
-  } else if (options_.write_mode == "auto" || options_.write_mode == "memcpy") {
-    conn->use_put = has_rma_lane;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown write_mode '", options_.write_mode, "'"));
+  switch (options_.write_mode) {
+    case WriteMode::kPut:
+      conn->use_put = true;
+      break;
+    case WriteMode::kAm:
+      conn->use_put = false;
+      break;
+    case WriteMode::kAuto:
+    case WriteMode::kMemcpy:
+      if (is_mapped) {
+        // The peer's region is mapped here (UCX-allocated shm): copy straight into it with
+        // streaming stores instead of a UCX lane (cma: process_vm_writev), 1.3-1.8x faster here
+        // (transfer/README.md).
+        conn->use_put = true;
+        conn->mapped_base = static_cast<uint8_t*>(mapped);
+      } else {
+        conn->use_put = has_rma_lane;
+      }
+      break;
   }
   conn->meta->lane = conn->mapped_base != nullptr ? "memcpy" : (conn->use_put ? "put" : "am");
   // Can this side stop the peer's writes into our region (Fence)? Only if all of them come as
   // our "am" data messages, which our handler can drop: the peer does not force puts (UCX
   // applies puts itself, even emulated ones), and no lane between us could map our region
   // (posix, sysv), write it directly (cma, knem, xpmem) or put into it (an rma_bw lane).
-  conn->meta->revocable = a.write_mode != "put" && !has_rma_lane;
+  const absl::StatusOr<WriteMode> peer_mode = ParseWriteMode(a.write_mode);
+  conn->meta->revocable = !(peer_mode.ok() && *peer_mode == WriteMode::kPut) && !has_rma_lane;
   for (const char* tl : {"posix/", "sysv/", "cma/", "knem/", "xpmem/", "self/"}) {
     if (absl::StrContains(ep_info, tl)) conn->meta->revocable = false;
   }

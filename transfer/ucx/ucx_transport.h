@@ -14,8 +14,8 @@
 //   "am":  each chunk is an active message whose rendezvous data lands in place at the remote
 //          offset; the notice carries the byte count and the receiver holds it until that many
 //          bytes have landed. Chosen where put would be emulated (tcp).
-// TransportOptions::write_mode: "auto" (memcpy where the peer region is mapped, else put where
-// a native RMA lane exists, else am), or forces "put", "am", "memcpy".
+// TransportOptions::write_mode (WriteMode): kAuto (memcpy where the peer region is mapped, else
+// put where a native RMA lane exists, else am), or forces kPut, kAm, kMemcpy.
 //
 // Peer failure: endpoints use UCP_ERR_HANDLING_MODE_PEER where every lane supports it (tcp);
 // UCX 1.13's shm transports do not, so those endpoints use mode NONE and a watchdog on the

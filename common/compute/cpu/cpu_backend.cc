@@ -68,23 +68,13 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const BackendOpti
     return absl::InvalidArgumentError(absl::StrCat(
         "num_threads must be >= 0 (0: all hardware threads), got ", options.num_threads));
   }
-  GemmKind kind;
-  if (options.cpu_gemm == "invariant" || options.cpu_gemm.empty()) {
-    kind = GemmKind::kInvariant;
-  } else if (options.cpu_gemm == "bf16") {
-    kind = GemmKind::kBf16Dot;
-  } else if (options.cpu_gemm == "openblas") {
-#if defined(DUET_HAVE_OPENBLAS)
-    kind = GemmKind::kOpenBlas;
-#else
+  const CpuGemm kind = options.cpu_gemm;
+#if !defined(DUET_HAVE_OPENBLAS)
+  if (kind == CpuGemm::kOpenBlas) {
     return absl::InvalidArgumentError(
         "cpu_gemm 'openblas': this build has no OpenBLAS (use 'invariant' or 'bf16')");
-#endif
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown cpu_gemm '", options.cpu_gemm,
-                                                   "': valid values are 'invariant', 'bf16', "
-                                                   "'openblas'"));
   }
+#endif
   DUET_ASSIGN_OR_RETURN(cpu::CpuIsa isa, cpu::ResolveCpuIsa(options.cpu_isa));
   {
     // Once per process and path (tests create many backends).
@@ -93,12 +83,12 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const BackendOpti
     std::lock_guard<std::mutex> lock(log_mu);
     if (logged.insert(static_cast<CpuIsaLevel>(isa)).second) {
       DUET_LOG(INFO) << "cpu backend: " << cpu::CpuIsaName(isa) << " kernels (cpu_isa '"
-                     << (options.cpu_isa.empty() ? "auto" : options.cpu_isa) << "')";
+                     << (options.cpu_isa ? cpu::CpuIsaName(*options.cpu_isa) : "auto") << "')";
     }
   }
   auto backend = std::unique_ptr<CpuBackend>(new CpuBackend(options.num_threads, kind, isa));
 #if defined(DUET_HAVE_OPENBLAS)
-  if (kind == GemmKind::kOpenBlas) {
+  if (kind == CpuGemm::kOpenBlas) {
     DUET_ASSIGN_OR_RETURN(backend->blas_, cpu::LoadOpenBlas());
     backend->blas_->set_num_threads(backend->num_threads());
   }
@@ -106,7 +96,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const BackendOpti
   return backend;
 }
 
-CpuBackend::CpuBackend(int num_threads, GemmKind gemm_kind, cpu::CpuIsa isa)
+CpuBackend::CpuBackend(int num_threads, CpuGemm gemm_kind, cpu::CpuIsa isa)
     : gemm_kind_(gemm_kind), isa_(isa), pool_(num_threads) {}
 
 CpuBackend::~CpuBackend() = default;
@@ -129,7 +119,7 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareMatrix(const 
     return absl::InvalidArgumentError(absl::StrCat("PrepareMatrix: bad matrix ", rows, "x", cols,
                                                    w == nullptr ? " (null data)" : ""));
   }
-  if (gemm_kind_ == GemmKind::kOpenBlas) {
+  if (gemm_kind_ == CpuGemm::kOpenBlas) {
     const int64_t count = static_cast<int64_t>(rows) * cols;
     cpu::AlignedFloats copy = cpu::AllocateAlignedFloats(count);
     if (copy == nullptr) {
@@ -163,7 +153,7 @@ bool CpuBackend::KeepsWeightFormat(WeightFormat format) const {
     case WeightFormat::kQ3_K:
     case WeightFormat::kBf16:
     case WeightFormat::kF16:
-      return gemm_kind_ != GemmKind::kOpenBlas;
+      return gemm_kind_ != CpuGemm::kOpenBlas;
   }
   return false;
 }
@@ -174,10 +164,10 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
     return PrepareMatrix(static_cast<const float*>(w.data), w.rows, w.cols);
   }
   if (!KeepsWeightFormat(w.format)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the cpu backend cannot keep ", WeightFormatName(w.format), " weights",
-        gemm_kind_ == GemmKind::kOpenBlas ? " with cpu_gemm 'openblas' (f32 only)" : "",
-        " (use --weights_dtype=f32)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the cpu backend cannot keep ", WeightFormatName(w.format), " weights",
+                     gemm_kind_ == CpuGemm::kOpenBlas ? " with cpu_gemm 'openblas' (f32 only)" : "",
+                     " (use --weights_dtype=f32)"));
   }
   if (w.format == WeightFormat::kBf16 || w.format == WeightFormat::kF16) {
     if (w.data == nullptr || w.rows <= 0 || w.cols <= 0) {
@@ -189,7 +179,7 @@ absl::StatusOr<std::unique_ptr<PreparedMatrix>> CpuBackend::PrepareStoredMatrix(
     cpu::PackedWeights packed =
         w.format == WeightFormat::kF16
             ? cpu::PackWeights16(bits, w.rows, w.cols, cpu::PanelType::kF16)
-        : gemm_kind_ == GemmKind::kBf16Dot
+        : gemm_kind_ == CpuGemm::kBf16
             ? cpu::PackWeightsBf16Pairs(bits, w.rows, w.cols)
             : cpu::PackWeights16(bits, w.rows, w.cols, cpu::PanelType::kBf16);
     if (!packed.ok()) {
@@ -255,7 +245,7 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
                         float* y) {
   std::lock_guard<std::mutex> lock(mu_);
 #if defined(DUET_HAVE_OPENBLAS)
-  if (gemm_kind_ == GemmKind::kOpenBlas) {
+  if (gemm_kind_ == CpuGemm::kOpenBlas) {
     const auto& bw = dynamic_cast<const BlasMatrix&>(w);
     const int n = bw.rows();
     const int k = bw.cols();
@@ -281,7 +271,7 @@ void CpuBackend::MatMul(const float* x, int m, const PreparedMatrix& w, const fl
 void CpuBackend::MatMuls(const float* x, int m, absl::Span<const MatMulProduct> products) {
   // Quantized matrices of one k, or packed ones of one k: one pass; anything else one by one.
   constexpr size_t kMax = cpu::internal::kMaxProducts;
-  if (gemm_kind_ != GemmKind::kOpenBlas && !products.empty() && products.size() <= kMax) {
+  if (gemm_kind_ != CpuGemm::kOpenBlas && !products.empty() && products.size() <= kMax) {
     cpu::QuantProduct quant[kMax];
     cpu::GemmProduct packed[kMax];
     size_t nq = 0;

@@ -39,16 +39,14 @@ namespace duet::compute {
 
 class CpuBackend : public ComputeBackend {
  public:
-  enum class GemmKind { kInvariant, kBf16Dot, kOpenBlas };
-
-  // InvalidArgumentError for an unknown cpu_gemm or cpu_isa, a cpu_isa this CPU lacks, or a
-  // negative num_threads.
+  // InvalidArgumentError for cpu_gemm openblas in a build without OpenBLAS, a cpu_isa this CPU
+  // lacks, or a negative num_threads.
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const BackendOptions& options);
   ~CpuBackend() override;
 
   std::string name() const override { return "cpu"; }
   int num_threads() const { return pool_.num_threads(); }
-  GemmKind gemm_kind() const { return gemm_kind_; }
+  CpuGemm gemm_kind() const { return gemm_kind_; }
   cpu::CpuIsa isa() const { return isa_; }
 
   float* AllocateActivations(int64_t count) override;
@@ -88,7 +86,7 @@ class CpuBackend : public ComputeBackend {
       const float* logits, int rows, int vocab, absl::Span<const RowSampling> params) override;
 
  private:
-  CpuBackend(int num_threads, GemmKind gemm_kind, cpu::CpuIsa isa);
+  CpuBackend(int num_threads, CpuGemm gemm_kind, cpu::CpuIsa isa);
 
   // The angles of a recent Rope call (positions and frequencies), reused by the next calls with
   // the same ones: a forward pass's q and k of every layer sharing a RoPE compute them once.
@@ -99,7 +97,7 @@ class CpuBackend : public ComputeBackend {
   };
   static constexpr int kRopeMemos = 4;  // Gemma 3 alternates two RoPEs; room for both and more
 
-  GemmKind gemm_kind_;
+  CpuGemm gemm_kind_;
   const cpu::OpenBlas* blas_ = nullptr;  // loaded for kOpenBlas (cpu/openblas.h)
   cpu::CpuIsa isa_;
   cpu::QuantScratch quant_scratch_;        // guarded by mu_

@@ -102,8 +102,17 @@ std::string MissingFeature(CpuIsa isa, const CpuFeatures& f) {
   return "";
 }
 
-absl::StatusOr<CpuIsa> ResolveCpuIsa(const std::string& name, const CpuFeatures& features) {
-  if (name.empty() || name == "auto") {
+absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name) {
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (name == CpuIsaName(isa)) return isa;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown cpu_isa '", name,
+                   "': valid values are scalar, avx2, avx512, avx512_vnni, avx512_bf16, amx"));
+}
+
+absl::StatusOr<CpuIsa> ResolveCpuIsa(std::optional<CpuIsa> requested, const CpuFeatures& features) {
+  if (!requested.has_value()) {
     CpuIsa best = CpuIsa::kScalar;
     for (CpuIsa isa : kAllCpuIsas) {
       // amx is asked for by name only: its kernel is slower than avx512_vnni's so far
@@ -113,17 +122,12 @@ absl::StatusOr<CpuIsa> ResolveCpuIsa(const std::string& name, const CpuFeatures&
     }
     return best;
   }
-  for (CpuIsa isa : kAllCpuIsas) {
-    if (name != CpuIsaName(isa)) continue;
-    if (std::string missing = MissingFeature(isa, features); !missing.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cpu_isa '", name, "': this CPU lacks ", missing, " (use --cpu_isa=auto)"));
-    }
-    return isa;
+  if (std::string missing = MissingFeature(*requested, features); !missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu_isa '", CpuIsaName(*requested),
+                                                   "': this CPU lacks ", missing,
+                                                   " (use --cpu_isa=auto)"));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown cpu_isa '", name,
-      "': valid values are auto, scalar, avx2, avx512, avx512_vnni, avx512_bf16, amx"));
+  return *requested;
 }
 
 }  // namespace duet::compute::cpu

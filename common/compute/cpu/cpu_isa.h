@@ -1,7 +1,8 @@
 // Runtime CPU dispatch: which instruction-set path the CPU backend's kernels run, chosen once
 // when the backend is created (BackendOptions::cpu_isa, flag --cpu_isa).
 //
-//   DUET_ASSIGN_OR_RETURN(CpuIsa isa, ResolveCpuIsa("auto"));  // the best this CPU runs
+//   DUET_ASSIGN_OR_RETURN(CpuIsa asked, ParseCpuIsa("avx2"));     // where --cpu_isa is read
+//   DUET_ASSIGN_OR_RETURN(CpuIsa isa, ResolveCpuIsa(std::nullopt));  // auto: the best it runs
 //   DUET_LOG(INFO) << "cpu kernels: " << CpuIsaName(isa);
 //
 // Paths, each a superset of the one before:
@@ -19,9 +20,11 @@
 // (quant_gemm.h), so nodes of a cluster on different paths still agree token for token there.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace duet::compute::cpu {
 
@@ -55,14 +58,16 @@ struct CpuFeatures {
 const CpuFeatures& HostCpuFeatures();
 
 const char* CpuIsaName(CpuIsa isa);
+// The path CpuIsaName names ("auto" is not one: callers hold std::optional<CpuIsa>, see
+// common/base/auto_option.h); others InvalidArgument listing the valid names.
+absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name);
 
 // Empty when `features` allow `isa`, else the first missing feature's name ("avx512_vnni").
 std::string MissingFeature(CpuIsa isa, const CpuFeatures& features);
 
-// "auto" (or empty): the best path `features` allow (amx excepted, above); else the named path,
-// InvalidArgument naming the missing feature when `features` lack it, or listing the valid names
-// when unknown.
-absl::StatusOr<CpuIsa> ResolveCpuIsa(const std::string& name,
+// std::nullopt ("auto"): the best path `features` allow (amx excepted, above); else the path
+// asked for, InvalidArgument naming the missing feature when `features` lack it.
+absl::StatusOr<CpuIsa> ResolveCpuIsa(std::optional<CpuIsa> requested,
                                      const CpuFeatures& features = HostCpuFeatures());
 
 }  // namespace duet::compute::cpu

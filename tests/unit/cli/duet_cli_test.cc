@@ -138,6 +138,23 @@ TEST(DuetCliTest, ModesExcludeEachOtherAndServeNeedsOne) {
   EXPECT_THAT(r.output, HasSubstr("give --loopback"));
 }
 
+// An option value outside its enum is refused where the flags are read, naming the flag, before
+// any model loads or process starts.
+TEST(DuetCliTest, ABadOptionValueIsRefusedNamingTheFlag) {
+  Result r = RunDuet({"generate", "--model=/nonexistent", "--prompt-ids=1", "--device=tpu"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--device: unknown compute backend 'tpu'"));
+  r = RunDuet({"serve", "--loopback", "--model=/nonexistent", "--kv-dtype=int4"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--kv-dtype: unknown kv_dtype 'int4'"));
+  r = RunDuet({"serve", "--colocated", "--model=/nonexistent", "--weights-dtype=int3"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--weights-dtype: unknown weights_dtype 'int3'"));
+  r = RunDuet({"decode", "--model=/nonexistent", "--transfer-write-mode=telepathy"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--transfer-write-mode: unknown write_mode 'telepathy'"));
+}
+
 TEST(DuetCliTest, AnUnknownFlagIsStillAnError) {
   const Result r = RunDuet({"decode", "--no-such-flag=1"});
   EXPECT_NE(r.exit_code, 0) << r.output;

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <vector>
 
+#include "common/base/auto_option.h"
 #include "common/compute/backend_plugin.h"
 #include "common/compute/backend_registry.h"
 #include "common/compute/compute_backend.h"
@@ -15,15 +16,16 @@ namespace duet::compute {
 namespace {
 
 TEST(BackendFactoryTest, CpuAndAutoCreateCpuBackend) {
-  for (const char* name : {"cpu", "auto"}) {
-    auto backend = CreateBackend(name, BackendOptions{});
-    ASSERT_TRUE(backend.ok()) << name << ": " << backend.status();
+  for (std::optional<Device> device :
+       {std::optional<Device>(Device::kCpu), std::optional<Device>()}) {
+    auto backend = CreateBackend(device, BackendOptions{});
+    ASSERT_TRUE(backend.ok()) << NameOrAuto(device, DeviceName) << ": " << backend.status();
     EXPECT_EQ((*backend)->name(), "cpu");
   }
 }
 
 TEST(BackendFactoryTest, CudaIsUnimplemented) {
-  auto backend = CreateBackend("cuda", BackendOptions{});
+  auto backend = CreateBackend(Device::kCuda, BackendOptions{});
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(backend.status().message().find("not built"), absl::string_view::npos);
 }
@@ -53,14 +55,14 @@ class FakeCudaRegistration {
 TEST(BackendFactoryTest, AutoPicksCudaWhenRegisteredAndADeviceIsUsable) {
   FakeCudaRegistration fake(2);
   std::string why;
-  auto picked = ResolveBackendName("auto", &why);
+  auto picked = ResolveDevice(std::nullopt, &why);
   ASSERT_TRUE(picked.ok()) << picked.status();
-  EXPECT_EQ(*picked, "cuda");
+  EXPECT_EQ(*picked, Device::kCuda);
   EXPECT_NE(why.find("2 CUDA device"), std::string::npos) << why;
-  ASSERT_TRUE(CreateBackend("auto", {}).ok());
-  ASSERT_TRUE(CreateBackend("cuda", {}).ok());
+  ASSERT_TRUE(CreateBackend(std::nullopt, {}).ok());
+  ASSERT_TRUE(CreateBackend(Device::kCuda, {}).ok());
   EXPECT_EQ(fake.creates(), 2);
-  EXPECT_EQ(*ResolveBackendName("cpu"), "cpu");
+  EXPECT_EQ(*ResolveDevice(Device::kCpu), Device::kCpu);
 }
 
 TEST(BackendFactoryTest, AutoFallsBackToCpuWithoutDevicesAndCudaIsAClearError) {
@@ -68,14 +70,14 @@ TEST(BackendFactoryTest, AutoFallsBackToCpuWithoutDevicesAndCudaIsAClearError) {
        {absl::StatusOr<int>(0), absl::StatusOr<int>(absl::UnavailableError("no driver (35)"))}) {
     FakeCudaRegistration fake(devices);
     std::string why;
-    auto picked = ResolveBackendName("auto", &why);
+    auto picked = ResolveDevice(std::nullopt, &why);
     ASSERT_TRUE(picked.ok()) << picked.status();
-    EXPECT_EQ(*picked, "cpu");
+    EXPECT_EQ(*picked, Device::kCpu);
     EXPECT_NE(why.find("no usable GPU"), std::string::npos) << why;
-    auto backend = CreateBackend("auto", {});
+    auto backend = CreateBackend(std::nullopt, {});
     ASSERT_TRUE(backend.ok()) << backend.status();
     EXPECT_EQ((*backend)->name(), "cpu");
-    auto cuda = CreateBackend("cuda", {});
+    auto cuda = CreateBackend(Device::kCuda, {});
     EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
     if (!devices.ok()) {
       EXPECT_NE(cuda.status().message().find("no driver (35)"), absl::string_view::npos)
@@ -89,7 +91,7 @@ TEST(BackendFactoryTest, AutoFallsBackToCpuWithoutDevicesAndCudaIsAClearError) {
 TEST(BackendFactoryTest, AutoWithoutCudaBuiltPicksCpu) {
   ASSERT_FALSE(IsBackendRegistered("cuda")) << "this binary must not link the CUDA backend";
   std::string why;
-  EXPECT_EQ(*ResolveBackendName("auto", &why), "cpu");
+  EXPECT_EQ(*ResolveDevice(std::nullopt, &why), Device::kCpu);
   EXPECT_NE(why.find("not built"), std::string::npos) << why;
 }
 
@@ -123,37 +125,49 @@ TEST(BackendPluginTest, AutoLeavesTheCudaPluginUnloadedWithoutAGpuDriver) {
   ASSERT_FALSE(IsBackendRegistered("cuda"));
   EnableBackendPlugin("cuda");
   std::string why;
-  absl::StatusOr<std::string> picked = ResolveBackendName("auto", &why);
+  absl::StatusOr<Device> picked = ResolveDevice(std::nullopt, &why);
   DisableBackendPlugin("cuda");
   ASSERT_TRUE(picked.ok()) << picked.status();
-  EXPECT_EQ(*picked, "cpu");
+  EXPECT_EQ(*picked, Device::kCpu);
   EXPECT_NE(why.find("plugin was not loaded"), std::string::npos) << why;
   EXPECT_FALSE(IsBackendRegistered("cuda"));
 }
 
-TEST(BackendFactoryTest, UnknownNameListsValidNames) {
-  auto backend = CreateBackend("tpu", BackendOptions{});
-  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(backend.status().message().find("tpu"), absl::string_view::npos);
-  EXPECT_NE(backend.status().message().find("cpu"), absl::string_view::npos);
+// --device and --cpu_gemm: each enum's names parse back to it; anything else is refused naming
+// the value and the valid names (with "auto" where the option takes it).
+TEST(BackendOptionsTest, DeviceAndCpuGemmNamesRoundTripAndOthersAreRefused) {
+  for (Device d : {Device::kCpu, Device::kCuda}) EXPECT_EQ(*ParseDevice(DeviceName(d)), d);
+  EXPECT_STREQ(DeviceName(Device::kCuda), "cuda");
+  for (CpuGemm g : {CpuGemm::kInvariant, CpuGemm::kBf16, CpuGemm::kOpenBlas}) {
+    EXPECT_EQ(*ParseCpuGemm(CpuGemmName(g)), g);
+  }
+  EXPECT_STREQ(CpuGemmName(CpuGemm::kOpenBlas), "openblas");
+  auto device = ParseOrAuto<Device>("tpu", ParseDevice);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device.status().message(),
+            "unknown compute backend 'tpu': valid names are cpu, cuda, or auto");
+  EXPECT_EQ(*ParseOrAuto<Device>("auto", ParseDevice), std::nullopt);
+  EXPECT_EQ(*ParseOrAuto<Device>("cuda", ParseDevice), Device::kCuda);
+  EXPECT_EQ(NameOrAuto(std::optional<Device>(), DeviceName), "auto");
+  auto gemm = ParseCpuGemm("mkl");
+  EXPECT_EQ(gemm.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm.status().message(),
+            "unknown cpu_gemm 'mkl': valid values are invariant, bf16, openblas");
+  EXPECT_FALSE(ParseCpuGemm("auto").ok());  // the GEMM has no auto
 }
 
 TEST(BackendFactoryTest, BadOptionsRejected) {
   BackendOptions options;
-  options.cpu_gemm = "mkl";
-  auto backend = CreateBackend("cpu", options);
-  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(backend.status().message().find("mkl"), absl::string_view::npos);
-  options.cpu_gemm = "invariant";
   options.num_threads = -1;
-  EXPECT_EQ(CreateBackend("cpu", options).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateBackend(compute::Device::kCpu, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(BackendFactoryTest, ThreadCountAndGemmKindFollowOptions) {
-  auto backend = CpuBackend::Create({.num_threads = 3, .cpu_gemm = "openblas"});
+  auto backend = CpuBackend::Create({.num_threads = 3, .cpu_gemm = CpuGemm::kOpenBlas});
   ASSERT_TRUE(backend.ok()) << backend.status();
   EXPECT_EQ((*backend)->num_threads(), 3);
-  EXPECT_EQ((*backend)->gemm_kind(), CpuBackend::GemmKind::kOpenBlas);
+  EXPECT_EQ((*backend)->gemm_kind(), CpuGemm::kOpenBlas);
 }
 
 TEST(CpuBackendTest, PrepareMatrixRejectsBadShapes) {

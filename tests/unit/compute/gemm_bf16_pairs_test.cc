@@ -150,8 +150,8 @@ TEST(Bf16PairsGemmTest, PanelsKeepTheBits) {
 // EmbedFromMatrix), f16 and f32 ones as exact as under "invariant"; x keeps only its top 16
 // bits, so the result is near the exact GEMM's, not equal.
 TEST(Bf16PairsGemmTest, BackendPacksBf16MatricesAsPairsUnderCpuGemmBf16) {
-  auto dot = MakeCpuBackend(2, "bf16");
-  auto exact = MakeCpuBackend(2, "invariant");
+  auto dot = MakeCpuBackend(2, CpuGemm::kBf16);
+  auto exact = MakeCpuBackend(2, CpuGemm::kInvariant);
   ASSERT_NE(dot, nullptr);
   const int n = 37, k = 70, m = 9;
   const auto bits = RandomBf16(n, k, 61);

@@ -45,8 +45,8 @@ void ReferenceGemm(const std::vector<float>& x, int m, const std::vector<float>&
   }
 }
 
-void ExpectMatchesReference(const std::string& gemm, int m, int n, int k, bool with_bias) {
-  SCOPED_TRACE(::testing::Message() << gemm << " m=" << m << " n=" << n << " k=" << k
+void ExpectMatchesReference(CpuGemm gemm, int m, int n, int k, bool with_bias) {
+  SCOPED_TRACE(::testing::Message() << CpuGemmName(gemm) << " m=" << m << " n=" << n << " k=" << k
                                     << " bias=" << with_bias);
   auto backend = MakeCpuBackend(2, gemm);
   const auto x = RandomVector(static_cast<size_t>(m) * k, 1 + m);
@@ -74,8 +74,8 @@ TEST(GemmTest, OddShapesMatchDoubleReference) {
       {37, 50, 193}, {2, 48, 385}, {100, 130, 64}, {97, 31, 577}, {3, 1, 1000}};
   for (const auto& [m, n, k] : shapes) {
     for (bool bias : {false, true}) {
-      ExpectMatchesReference("invariant", m, n, k, bias);
-      ExpectMatchesReference("openblas", m, n, k, bias);
+      ExpectMatchesReference(CpuGemm::kInvariant, m, n, k, bias);
+      ExpectMatchesReference(CpuGemm::kOpenBlas, m, n, k, bias);
     }
   }
 }
@@ -297,7 +297,7 @@ TEST(GemmTest, BackendKeepsHalfMatrices) {
     }
     const int32_t bad[] = {n};
     EXPECT_FALSE(backend->EmbedFromMatrix(**half, bad, 1, 1.f, rows.data()).ok());
-    auto blas = MakeCpuBackend(1, "openblas");
+    auto blas = MakeCpuBackend(1, CpuGemm::kOpenBlas);
     if (blas != nullptr) {
       EXPECT_FALSE(blas->KeepsWeightFormat(format));
       auto r = blas->PrepareStoredMatrix(

@@ -20,7 +20,7 @@ constexpr int64_t kBlocks = 10;
 class KvMemoryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto b = CreateBackend("cpu", {.num_threads = 1});
+    auto b = CreateBackend(compute::Device::kCpu, {.num_threads = 1});
     ASSERT_TRUE(b.ok()) << b.status();
     backend_ = std::move(*b);
     auto pool = backend_->AllocateKvMemory(kLayout.RegionBytes(kBlocks));
@@ -155,16 +155,26 @@ TEST_F(KvMemoryTest, ForeignPendingMarkerIsRefused) {
 }
 
 TEST(KvStagingModeTest, Resolves) {
-  EXPECT_FALSE(*ResolveKvStaging("auto", /*pool_is_host=*/true));
-  EXPECT_TRUE(*ResolveKvStaging("auto", false));
-  EXPECT_TRUE(*ResolveKvStaging("always", true));
-  EXPECT_TRUE(*ResolveKvStaging("always", false));
-  EXPECT_FALSE(*ResolveKvStaging("never", true));
-  absl::StatusOr<bool> never = ResolveKvStaging("never", false);
+  EXPECT_FALSE(*ResolveKvStaging(KvStaging::kAuto, /*pool_is_host=*/true));
+  EXPECT_TRUE(*ResolveKvStaging(KvStaging::kAuto, false));
+  EXPECT_TRUE(*ResolveKvStaging(KvStaging::kAlways, true));
+  EXPECT_TRUE(*ResolveKvStaging(KvStaging::kAlways, false));
+  EXPECT_FALSE(*ResolveKvStaging(KvStaging::kNever, true));
+  absl::StatusOr<bool> never = ResolveKvStaging(KvStaging::kNever, false);
   EXPECT_EQ(never.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(never.status().message().find("device memory"), std::string::npos) << never.status();
-  EXPECT_EQ(ResolveKvStaging("sometimes", true).status().code(),
-            absl::StatusCode::kInvalidArgument);
+}
+
+// --kv_staging: each name parses back to its mode; others are refused naming the valid ones.
+TEST(KvStagingModeTest, NamesRoundTripAndOthersAreRefused) {
+  for (KvStaging k : {KvStaging::kAuto, KvStaging::kAlways, KvStaging::kNever}) {
+    EXPECT_EQ(*ParseKvStaging(KvStagingName(k)), k);
+  }
+  EXPECT_STREQ(KvStagingName(KvStaging::kAlways), "always");
+  absl::StatusOr<KvStaging> bad = ParseKvStaging("sometimes");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(),
+            "unknown kv_staging 'sometimes': valid values are auto, always, never");
 }
 
 }  // namespace

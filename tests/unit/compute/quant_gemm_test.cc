@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/auto_option.h"
 #include "common/base/float16.h"
 #include "common/base/ggml_blocks.h"
 #include "common/compute/compute_backend.h"
@@ -232,9 +233,8 @@ std::vector<float> ModelOfKernel(QuantFormat f, const std::vector<uint8_t>& w, i
   return y;
 }
 
-std::unique_ptr<CpuBackend> Backend(int threads, CpuIsa isa, const std::string& gemm = "") {
-  auto b = CpuBackend::Create(
-      {.num_threads = threads, .cpu_gemm = gemm, .cpu_isa = cpu::CpuIsaName(isa)});
+std::unique_ptr<CpuBackend> Backend(int threads, CpuIsa isa, CpuGemm gemm = CpuGemm::kInvariant) {
+  auto b = CpuBackend::Create({.num_threads = threads, .cpu_gemm = gemm, .cpu_isa = isa});
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(b).value() : nullptr;
 }
@@ -530,43 +530,56 @@ TEST(QuantGemmTest, MatMulsEqualsMatMulPerProductBitwise) {
 
 TEST(QuantGemmTest, PathsTheCpuLacksAreRefusedByName) {
   cpu::CpuFeatures avx2_only{.avx2 = true, .fma = true, .f16c = true};
-  auto refused = cpu::ResolveCpuIsa("avx512_vnni", avx2_only);
+  auto refused = cpu::ResolveCpuIsa(CpuIsa::kAvx512Vnni, avx2_only);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("avx512f"), std::string::npos) << refused.status();
   cpu::CpuFeatures no_vnni = avx2_only;
   no_vnni.avx512f = no_vnni.avx512bw = no_vnni.avx512vl = true;
-  refused = cpu::ResolveCpuIsa("avx512_vnni", no_vnni);
+  refused = cpu::ResolveCpuIsa(CpuIsa::kAvx512Vnni, no_vnni);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("avx512_vnni"), std::string::npos);
-  EXPECT_EQ(*cpu::ResolveCpuIsa("auto", no_vnni), CpuIsa::kAvx512);
-  EXPECT_EQ(*cpu::ResolveCpuIsa("auto", avx2_only), CpuIsa::kAvx2);
-  EXPECT_EQ(*cpu::ResolveCpuIsa("auto", cpu::CpuFeatures{}), CpuIsa::kScalar);
+  EXPECT_EQ(*cpu::ResolveCpuIsa(std::nullopt, no_vnni), CpuIsa::kAvx512);
+  EXPECT_EQ(*cpu::ResolveCpuIsa(std::nullopt, avx2_only), CpuIsa::kAvx2);
+  EXPECT_EQ(*cpu::ResolveCpuIsa(std::nullopt, cpu::CpuFeatures{}), CpuIsa::kScalar);
   // AMX needs its tile state granted as well as the CPU's AMX-INT8.
   cpu::CpuFeatures bf16 = no_vnni;
   bf16.avx512vnni = bf16.avx512bf16 = true;
   bf16.amx_int8 = true;
-  EXPECT_EQ(*cpu::ResolveCpuIsa("auto", bf16), CpuIsa::kAvx512Bf16);
-  refused = cpu::ResolveCpuIsa("amx", bf16);
+  EXPECT_EQ(*cpu::ResolveCpuIsa(std::nullopt, bf16), CpuIsa::kAvx512Bf16);
+  refused = cpu::ResolveCpuIsa(CpuIsa::kAmx, bf16);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("amx_tile"), std::string::npos) << refused.status();
   cpu::CpuFeatures amx = bf16;
   amx.amx_tile = true;
-  EXPECT_EQ(*cpu::ResolveCpuIsa("amx", amx), CpuIsa::kAmx);
-  EXPECT_EQ(*cpu::ResolveCpuIsa("auto", amx), CpuIsa::kAvx512Bf16);  // amx by name only
+  EXPECT_EQ(*cpu::ResolveCpuIsa(CpuIsa::kAmx, amx), CpuIsa::kAmx);
+  EXPECT_EQ(*cpu::ResolveCpuIsa(std::nullopt, amx), CpuIsa::kAvx512Bf16);  // amx by name only
   amx.amx_int8 = false;
-  refused = cpu::ResolveCpuIsa("amx", amx);
+  refused = cpu::ResolveCpuIsa(CpuIsa::kAmx, amx);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("amx_int8"), std::string::npos) << refused.status();
-  auto unknown = cpu::ResolveCpuIsa("sse9");
-  ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.status().message().find("sse9"), std::string::npos);
-  for (const char* name : {"avx512", "avx512_vnni", "avx512_bf16", "amx"}) {
-    auto b = CpuBackend::Create({.cpu_isa = name});
+  for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kAvx512Vnni, CpuIsa::kAvx512Bf16, CpuIsa::kAmx}) {
+    auto b = CpuBackend::Create({.cpu_isa = isa});
     if (!cpu::HostCpuFeatures().avx512f) {
-      ASSERT_FALSE(b.ok()) << name;
+      ASSERT_FALSE(b.ok()) << cpu::CpuIsaName(isa);
       EXPECT_NE(b.status().message().find("lacks"), std::string::npos) << b.status();
     }
   }
+}
+
+// --cpu_isa: every path's name parses back to it; "auto" is the caller's std::nullopt, and an
+// unknown name is refused listing the valid ones.
+TEST(QuantGemmTest, CpuIsaNamesRoundTripAndOthersAreRefused) {
+  for (CpuIsa isa : cpu::kAllCpuIsas) EXPECT_EQ(*cpu::ParseCpuIsa(cpu::CpuIsaName(isa)), isa);
+  auto unknown = cpu::ParseCpuIsa("sse9");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().message(),
+            "unknown cpu_isa 'sse9': valid values are scalar, avx2, avx512, avx512_vnni, "
+            "avx512_bf16, amx");
+  EXPECT_FALSE(cpu::ParseCpuIsa("auto").ok());
+  EXPECT_EQ(*ParseOrAuto<CpuIsa>("auto", cpu::ParseCpuIsa), std::nullopt);
+  EXPECT_EQ(*ParseOrAuto<CpuIsa>("avx2", cpu::ParseCpuIsa), CpuIsa::kAvx2);
+  EXPECT_NE(ParseOrAuto<CpuIsa>("sse9", cpu::ParseCpuIsa).status().message().find("or auto"),
+            std::string::npos);
 }
 
 TEST(QuantGemmTest, UnsupportedFormatsAndGemmsAreRefusedByName) {
@@ -583,7 +596,7 @@ TEST(QuantGemmTest, UnsupportedFormatsAndGemmsAreRefusedByName) {
   EXPECT_NE(short_k.status().message().find("multiple of 256"), std::string::npos)
       << short_k.status();
   // The OpenBLAS GEMM takes f32 weights only (where this build has OpenBLAS).
-  auto blas = CpuBackend::Create({.num_threads = 1, .cpu_gemm = "openblas"});
+  auto blas = CpuBackend::Create({.num_threads = 1, .cpu_gemm = CpuGemm::kOpenBlas});
   if (blas.ok()) {
     auto b = (*blas)->PrepareStoredMatrix(
         {.format = WeightFormat::kQ4_1, .data = w.data(), .rows = 16, .cols = 64});

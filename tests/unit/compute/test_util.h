@@ -31,11 +31,11 @@ inline std::vector<float> RandomVector(size_t n, uint32_t seed, float lo = -1.f,
 }
 
 inline std::unique_ptr<ComputeBackend> MakeCpuBackend(int threads,
-                                                      const std::string& gemm = "invariant") {
+                                                      CpuGemm gemm = CpuGemm::kInvariant) {
   BackendOptions options;
   options.num_threads = threads;
   options.cpu_gemm = gemm;
-  auto backend = CreateBackend("cpu", options);
+  auto backend = CreateBackend(compute::Device::kCpu, options);
   EXPECT_TRUE(backend.ok()) << backend.status();
   return backend.ok() ? std::move(backend).value() : nullptr;
 }

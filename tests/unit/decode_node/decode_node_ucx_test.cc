@@ -23,7 +23,7 @@ TEST_P(DecodeNodeUcxTest, TokensEqualLocalEngine) {
   ASSERT_TRUE(p.Init("ucx", /*block_size=*/4, GetParam()).ok());
   auto node = DecodeNode::Start({.runtime = {.node_id = "decode-0",
                                              .model_dir = testing::TinyModelDir(),
-                                             .device = "cpu",
+                                             .device = compute::Device::kCpu,
                                              .threads = 1,
                                              .block_size = 4,
                                              .kv_cache_bytes = 256 << 10},
@@ -100,14 +100,14 @@ TEST(DecodeNodeStart, BadOptionsFailClearly) {
   EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument);
   node = DecodeNode::Start({.runtime = {.node_id = "decode-0",
                                         .model_dir = testing::TinyModelDir(),
-                                        .device = "cpu",
+                                        .device = compute::Device::kCpu,
                                         .threads = 1},
                             .transfer = {.transport = "carrier-pigeon"}});
   EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument) << node.status();
   EXPECT_NE(node.status().message().find("carrier-pigeon"), std::string::npos) << node.status();
   node = DecodeNode::Start({.runtime = {.node_id = "decode-0",
                                         .model_dir = testing::TinyModelDir(),
-                                        .device = "cpu",
+                                        .device = compute::Device::kCpu,
                                         .threads = 1,
                                         .kv_cache_bytes = 10}});
   EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument) << node.status();

@@ -30,7 +30,7 @@ const std::string& TinyModelDir() {
 absl::Status PrefillSide::Init(const std::string& backend, int block_size,
                                const std::string& ucx_profile) {
   DUET_ASSIGN_OR_RETURN(engine_,
-                        model::LocalEngine::Load(TinyModelDir(), {.device = "cpu",
+                        model::LocalEngine::Load(TinyModelDir(), {.device = compute::Device::kCpu,
                                                                   .num_threads = 1,
                                                                   .block_size = block_size,
                                                                   .kv_cache_bytes = 4 << 20}));
@@ -113,11 +113,11 @@ std::vector<int32_t> PrefillSide::Encode(const std::string& text) const {
 
 absl::Status DecodeHarness::Init(const HarnessOptions& o) {
   DUET_RETURN_IF_ERROR(p_.Init("inproc", o.block_size));
-  DUET_ASSIGN_OR_RETURN(
-      d_engine_,
-      model::LocalEngine::Load(
-          TinyModelDir(),
-          {.device = "cpu", .num_threads = 1, .block_size = o.block_size, .kv_cache_bytes = 1}));
+  DUET_ASSIGN_OR_RETURN(d_engine_,
+                        model::LocalEngine::Load(TinyModelDir(), {.device = compute::Device::kCpu,
+                                                                  .num_threads = 1,
+                                                                  .block_size = o.block_size,
+                                                                  .kv_cache_bytes = 1}));
   const kv::KvLayout& layout = p_.layout();
   DUET_ASSIGN_OR_RETURN(
       d_, transfer::CreateTransport("inproc", {.name = "decode-0", .layout = layout}));

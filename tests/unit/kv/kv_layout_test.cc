@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+
+#include "common/base/auto_option.h"
+
 namespace duet::kv {
 namespace {
 
@@ -108,6 +112,24 @@ TEST(KvLayoutTest, ValidateRejectsNonPositive) {
   EXPECT_TRUE(Tiny().Validate().ok());
   EXPECT_FALSE(ParseKvDtype("f8").ok());
   EXPECT_EQ(*ParseKvDtype("bf16"), KvDtype::kBF16);
+}
+
+// --kv_dtype: each dtype's name parses back to it; "auto" is the option's std::nullopt (the
+// backend's own dtype), and an unknown name is refused naming the valid ones.
+TEST(KvDtypeTest, NamesRoundTripAndOthersAreRefused) {
+  for (KvDtype d :
+       {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kInt8, KvDtype::kFp8E4M3}) {
+    EXPECT_EQ(*ParseKvDtype(KvDtypeName(d)), d);
+  }
+  absl::StatusOr<KvDtype> bad = ParseKvDtype("int4");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(),
+            "unknown kv_dtype 'int4': valid values are f32, f16, bf16, int8, fp8");
+  EXPECT_FALSE(ParseKvDtype("auto").ok());
+  EXPECT_EQ(*ParseOrAuto<KvDtype>("auto", ParseKvDtype), std::nullopt);
+  EXPECT_EQ(*ParseOrAuto<KvDtype>("int8", ParseKvDtype), KvDtype::kInt8);
+  EXPECT_EQ(ParseOrAuto<KvDtype>("int4", ParseKvDtype).status().message(),
+            "unknown kv_dtype 'int4': valid values are f32, f16, bf16, int8, fp8, or auto");
 }
 
 }  // namespace

@@ -10,9 +10,11 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/base/auto_option.h"
 #include "common/base/float16.h"
 #include "common/compute/compute_backend.h"
 #include "common/compute/cpu/cpu_isa.h"
@@ -44,8 +46,9 @@ float From16(uint32_t type, uint16_t b) {
 
 // The synthetic "tiny" model with every matrix rounded to `type` (kGgmlBf16 / kGgmlF16):
 // kept as 16-bit stored matrices when `keep`, else as float32 holding the widened values.
-Model MakeModel(uint32_t type, bool keep, int threads, const std::string& isa = "auto",
-                const std::string& gemm = "invariant") {
+Model MakeModel(uint32_t type, bool keep, int threads,
+                std::optional<compute::cpu::CpuIsa> isa = std::nullopt,
+                compute::CpuGemm gemm = compute::CpuGemm::kInvariant) {
   auto edit = [type, keep](const ModelConfig& config, ModelWeights& w) {
     for (const ExpectedTensor& e : ExpectedTensors(config)) {
       if (!IsMatrixTensor(e)) continue;
@@ -79,7 +82,7 @@ TEST_P(HalfWeightsTest, LogitsEqualFloatWeightsOfTheWidenedValuesBitwise) {
 
 TEST_P(HalfWeightsTest, EveryCpuPathGivesTheSameLogits) {
   if (!ExpectEveryCpuPathGivesTheScalarLogits(
-          [t = GetParam()](const std::string& isa) { return MakeModel(t, true, 2, isa); })) {
+          [t = GetParam()](compute::cpu::CpuIsa isa) { return MakeModel(t, true, 2, isa); })) {
     GTEST_SKIP() << "only the scalar path runs here";
   }
 }
@@ -100,8 +103,8 @@ INSTANTIATE_TEST_SUITE_P(Types, HalfWeightsTest, ::testing::Values(kGgmlBf16, kG
 // cpu_gemm bf16: the bf16 matrices on bf16 dot products (activations rounded to bf16). Not the
 // exact GEMM's bits, but near them, and as invariant: every path the same logits, decode equal
 // to a recompute, rows independent of the batch and the threads.
-Model MakeDotModel(int threads, const std::string& isa = "auto") {
-  return MakeModel(kGgmlBf16, true, threads, isa, "bf16");
+Model MakeDotModel(int threads, std::optional<compute::cpu::CpuIsa> isa = std::nullopt) {
+  return MakeModel(kGgmlBf16, true, threads, isa, compute::CpuGemm::kBf16);
 }
 
 TEST(Bf16DotWeightsTest, LogitsAreNearTheExactGemmsButNotItsBits) {
@@ -124,7 +127,7 @@ TEST(Bf16DotWeightsTest, LogitsAreNearTheExactGemmsButNotItsBits) {
 
 TEST(Bf16DotWeightsTest, EveryCpuPathGivesTheSameLogits) {
   if (!ExpectEveryCpuPathGivesTheScalarLogits(
-          [](const std::string& isa) { return MakeDotModel(2, isa); })) {
+          [](compute::cpu::CpuIsa isa) { return MakeDotModel(2, isa); })) {
     GTEST_SKIP() << "only the scalar path runs here";
   }
 }
@@ -139,22 +142,23 @@ TEST(Bf16DotWeightsTest, ResultsAreBatchAndThreadInvariant) {
 }
 
 // The engine takes cpu_gemm bf16 with bf16 (or native) weights and refuses it with float32
-// ones, where it would change nothing, naming both.
+// ones, where it would change nothing, naming both. (auto keeps the matrices as stored, which
+// the bf16 GEMM takes: ResolveWeightsDtype.)
 TEST(Bf16DotWeightsTest, EngineRefusesItWithFloat32Weights) {
   const fs::path dir = fs::temp_directory_path() / ("duet_bf16_dot_" + std::to_string(getpid()));
   ASSERT_TRUE(WriteSyntheticModel("tiny", 5, dir.string()).ok());
-  for (const char* weights : {"f32", "auto"}) {
-    auto e = LocalEngine::Load(
-        dir.string(),
-        {.device = "cpu", .cpu_gemm = "bf16", .kv_cache_bytes = 8 << 20, .weights_dtype = weights});
-    ASSERT_FALSE(e.ok()) << weights;
-    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(e.status().message().find("cpu_gemm 'bf16'"), std::string::npos) << e.status();
-    EXPECT_NE(e.status().message().find(weights), std::string::npos) << e.status();
-  }
-  auto ok = LocalEngine::Load(
-      dir.string(),
-      {.device = "cpu", .cpu_gemm = "bf16", .kv_cache_bytes = 8 << 20, .weights_dtype = "bf16"});
+  auto e = LocalEngine::Load(dir.string(), {.device = compute::Device::kCpu,
+                                            .cpu_gemm = compute::CpuGemm::kBf16,
+                                            .kv_cache_bytes = 8 << 20,
+                                            .weights_dtype = WeightsDtype::kF32});
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("cpu_gemm 'bf16'"), std::string::npos) << e.status();
+  EXPECT_NE(e.status().message().find("weights_dtype 'f32'"), std::string::npos) << e.status();
+  auto ok = LocalEngine::Load(dir.string(), {.device = compute::Device::kCpu,
+                                             .cpu_gemm = compute::CpuGemm::kBf16,
+                                             .kv_cache_bytes = 8 << 20,
+                                             .weights_dtype = WeightsDtype::kBf16});
   fs::remove_all(dir);
   ASSERT_TRUE(ok.ok()) << ok.status();
   auto ids = (*ok)->tokenizer().Encode("Hello", true);
@@ -164,6 +168,44 @@ TEST(Bf16DotWeightsTest, EngineRefusesItWithFloat32Weights) {
   auto out = (*ok)->Generate(*ids, greedy);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_FALSE(out->generated_ids.empty());
+}
+
+// weights_dtype auto is "as stored": a bf16 or f16 checkpoint keeps its matrices in 16 bits on
+// the invariant (and the bf16) GEMM, computing what float32 weights of the same values compute,
+// and is widened to float32 for OpenBLAS's GEMM, which multiplies float32 only.
+TEST(HalfWeightsEngineTest, AutoKeeps16BitCheckpointsAsStored) {
+  for (const char* file_dtype : {"bf16", "f16"}) {
+    const fs::path dir = fs::temp_directory_path() /
+                         ("duet_half_auto_" + std::to_string(getpid()) + "_" + file_dtype);
+    ASSERT_TRUE(WriteSyntheticModel("tiny", 5, dir.string(), {.dtype = file_dtype}).ok());
+    auto load = [&](std::optional<WeightsDtype> w, compute::CpuGemm gemm) {
+      auto e = LocalEngine::Load(dir.string(), {.device = compute::Device::kCpu,
+                                                .num_threads = 1,
+                                                .cpu_gemm = gemm,
+                                                .kv_cache_bytes = 8 << 20,
+                                                .weights_dtype = w});
+      EXPECT_TRUE(e.ok()) << e.status();
+      return std::move(e).value();
+    };
+    auto as_stored = load(std::nullopt, compute::CpuGemm::kInvariant);
+    auto f32 = load(WeightsDtype::kF32, compute::CpuGemm::kInvariant);
+    auto blas = load(std::nullopt, compute::CpuGemm::kOpenBlas);
+    fs::remove_all(dir);
+    EXPECT_EQ(as_stored->weights_dtype(), WeightsDtype::kNative) << file_dtype;
+    EXPECT_EQ(f32->weights_dtype(), WeightsDtype::kF32) << file_dtype;
+    EXPECT_EQ(blas->weights_dtype(), WeightsDtype::kF32) << file_dtype;
+    EXPECT_EQ(as_stored->runner().MatrixBytes() * 2, f32->runner().MatrixBytes()) << file_dtype;
+    EXPECT_EQ(ResolveWeightsDtype(std::nullopt, as_stored->backend()), WeightsDtype::kNative);
+    EXPECT_EQ(ResolveWeightsDtype(std::nullopt, blas->backend()), WeightsDtype::kF32);
+    EXPECT_EQ(ResolveWeightsDtype(WeightsDtype::kBf16, blas->backend()), WeightsDtype::kBf16);
+    SamplingParams greedy;
+    greedy.max_tokens = 6;
+    greedy.ignore_eos = true;
+    auto a = as_stored->Generate({1, 2, 3, 4}, greedy);
+    auto b = f32->Generate({1, 2, 3, 4}, greedy);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->generated_ids, b->generated_ids) << file_dtype;
+  }
 }
 
 // Loads the synthetic model written in `file_dtype` with `dtype`.
@@ -226,7 +268,8 @@ TEST(HalfWeightsLoadTest, OpenBlasRefusesSixteenBitMatricesByName) {
   ModelConfig config;
   auto weights = Load("f32", WeightsDtype::kBf16, &config);
   ASSERT_TRUE(weights.ok()) << weights.status();
-  auto backend = compute::CreateBackend("cpu", {.num_threads = 1, .cpu_gemm = "openblas"});
+  auto backend = compute::CreateBackend(
+      compute::Device::kCpu, {.num_threads = 1, .cpu_gemm = compute::CpuGemm::kOpenBlas});
   if (!backend.ok()) GTEST_SKIP() << "no OpenBLAS in this build";
   auto runner = ModelRunner::Create(config, std::move(*weights), backend->get());
   ASSERT_FALSE(runner.ok());

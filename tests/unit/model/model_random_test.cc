@@ -30,7 +30,7 @@ std::vector<float> Logits(ModelRunner& runner, kv::BlockPool& pool, std::vector<
 TEST(ModelRandomTest, SameSeedSameModelOtherSeedOtherModel) {
   auto config = SyntheticConfig("tiny", {});
   ASSERT_TRUE(config.ok()) << config.status();
-  auto backend = compute::CreateBackend("cpu", {.num_threads = 2});
+  auto backend = compute::CreateBackend(compute::Device::kCpu, {.num_threads = 2});
   ASSERT_TRUE(backend.ok());
   auto a = ModelRunner::CreateRandom(*config, 3, backend->get());
   auto b = ModelRunner::CreateRandom(*config, 3, backend->get());
@@ -55,7 +55,7 @@ TEST(ModelRandomTest, SameSeedSameModelOtherSeedOtherModel) {
 
 TEST(ModelRandomTest, CpuStoresEveryKvDtypeAndRefusesUnknownCodes) {
   auto config = SyntheticConfig("tiny", {});
-  auto backend = compute::CreateBackend("cpu", {.num_threads = 1});
+  auto backend = compute::CreateBackend(compute::Device::kCpu, {.num_threads = 1});
   auto runner = ModelRunner::CreateRandom(*config, 1, backend->get());
   ASSERT_TRUE(runner.ok()) << runner.status();
   EXPECT_EQ((*runner)->MakeKvLayout(16).dtype, kv::KvDtype::kF32);
@@ -71,7 +71,7 @@ TEST(ModelRandomTest, CpuStoresEveryKvDtypeAndRefusesUnknownCodes) {
 
 TEST(ModelRandomTest, AsyncLayerHookOnCpuGetsDoneMarkers) {
   auto config = SyntheticConfig("tiny", {});
-  auto backend = compute::CreateBackend("cpu", {.num_threads = 1});
+  auto backend = compute::CreateBackend(compute::Device::kCpu, {.num_threads = 1});
   auto runner = ModelRunner::CreateRandom(*config, 2, backend->get());
   ASSERT_TRUE(runner.ok()) << runner.status();
   auto pool = kv::BlockPool::Create((*runner)->MakeKvLayout(16), 8);

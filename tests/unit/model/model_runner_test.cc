@@ -525,8 +525,10 @@ TEST(ModelRunnerTest, PenaltiesSampleFromTheSequencesState) {
 TEST(LocalEngineTest, GreedyGenerationIsDeterministicAndStops) {
   const fs::path dir = fs::temp_directory_path() / ("duet_engine_test_" + std::to_string(getpid()));
   ASSERT_TRUE(WriteSyntheticModel("tiny", 5, dir.string()).ok());
-  auto e1 = LocalEngine::Load(dir.string(), {.device = "cpu", .kv_cache_bytes = 8 << 20});
-  auto e2 = LocalEngine::Load(dir.string(), {.device = "cpu", .num_threads = 1, .kv_cache_bytes = 8 << 20});
+  auto e1 =
+      LocalEngine::Load(dir.string(), {.device = compute::Device::kCpu, .kv_cache_bytes = 8 << 20});
+  auto e2 = LocalEngine::Load(
+      dir.string(), {.device = compute::Device::kCpu, .num_threads = 1, .kv_cache_bytes = 8 << 20});
   fs::remove_all(dir);
   ASSERT_TRUE(e1.ok()) << e1.status();
   ASSERT_TRUE(e2.ok()) << e2.status();
@@ -558,7 +560,8 @@ TEST(LocalEngineTest, GenerationPastThePoolIsResourceExhausted) {
   const fs::path dir = fs::temp_directory_path() / ("duet_engine_full_" + std::to_string(getpid()));
   ASSERT_TRUE(WriteSyntheticModel("tiny", 5, dir.string()).ok());
   // kv_cache_bytes = 1: a pool of one block of 4 tokens.
-  auto e = LocalEngine::Load(dir.string(), {.device = "cpu", .block_size = 4, .kv_cache_bytes = 1});
+  auto e = LocalEngine::Load(
+      dir.string(), {.device = compute::Device::kCpu, .block_size = 4, .kv_cache_bytes = 1});
   fs::remove_all(dir);
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_EQ((*e)->pool().num_blocks(), 1);
@@ -579,10 +582,12 @@ TEST(LocalEngineTest, ModelWithoutTokenizerFilesRunsOnIds) {
   const fs::path dir =
       fs::temp_directory_path() / ("duet_engine_notok_" + std::to_string(getpid()));
   ASSERT_TRUE(WriteSyntheticModel("tiny", 5, dir.string()).ok());
-  auto with = LocalEngine::Load(dir.string(), {.device = "cpu", .kv_cache_bytes = 8 << 20});
+  auto with =
+      LocalEngine::Load(dir.string(), {.device = compute::Device::kCpu, .kv_cache_bytes = 8 << 20});
   ASSERT_TRUE(with.ok()) << with.status();
   ASSERT_TRUE(fs::remove(dir / "tokenizer_config.json"));
-  auto without = LocalEngine::Load(dir.string(), {.device = "cpu", .kv_cache_bytes = 8 << 20});
+  auto without =
+      LocalEngine::Load(dir.string(), {.device = compute::Device::kCpu, .kv_cache_bytes = 8 << 20});
   fs::remove_all(dir);
   ASSERT_TRUE(without.ok()) << without.status();
   EXPECT_TRUE((*with)->has_tokenizer());

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -170,7 +171,7 @@ using testing::Tokens;
 // super-blocks), as in llama.cpp's files of SmolLM2: the intermediate size 256, the down
 // projection (256 wide) in `type` and the 64-wide matrices Q4_0. `dequantized`: the same blocks'
 // values held as float32 instead (what the f32 load of such a file gives).
-Model MakeModel(uint32_t type, int threads, const std::string& isa = "auto",
+Model MakeModel(uint32_t type, int threads, std::optional<compute::cpu::CpuIsa> isa = std::nullopt,
                 bool dequantized = false) {
   auto keep = [type, dequantized](const ModelConfig& config, ModelWeights& w) {
     for (const ExpectedTensor& e : ExpectedTensors(config)) {
@@ -208,7 +209,7 @@ TEST_P(NativeWeightsTest, ResultsAreBatchAndThreadInvariant) {
 // Every CPU path this machine runs gives the scalar path's logits bit for bit.
 TEST_P(NativeWeightsTest, EveryCpuPathGivesTheSameLogits) {
   if (!ExpectEveryCpuPathGivesTheScalarLogits(
-          [t = GetParam()](const std::string& isa) { return MakeModel(t, 2, isa); })) {
+          [t = GetParam()](compute::cpu::CpuIsa isa) { return MakeModel(t, 2, isa); })) {
     GTEST_SKIP() << "only the scalar path runs here";
   }
 }
@@ -218,7 +219,7 @@ TEST_P(NativeWeightsTest, EveryCpuPathGivesTheSameLogits) {
 TEST_P(NativeWeightsTest, LogitsStayCloseToF32Weights) {
   const uint32_t type = GetParam();
   Model f32 = IsKQuant(type) ? testing::MakeModel({.intermediate = 256}, 8) : MakeModel(0, 2);
-  Model same_values = MakeModel(type, 2, "auto", /*dequantized=*/true);
+  Model same_values = MakeModel(type, 2, std::nullopt, /*dequantized=*/true);
   Model q = MakeModel(type, 2);
   EXPECT_LT(q.runner->MatrixBytes() * 3, f32.runner->MatrixBytes());
   const auto t = Tokens(30, 9, f32.runner->config().vocab_size);
@@ -253,24 +254,14 @@ TEST(NativeWeightsTest, BackendThatCannotKeepTheFormatRefusesByName) {
   std::vector<float>& q = weights->layers[1].q_proj;
   weights->stored["model.layers.1.self_attn.q_proj.weight"] = {kQ4_1, Quantize(kQ4_1, q)};
   q.clear();
-  auto backend = *compute::CreateBackend("cpu", {.num_threads = 1, .cpu_gemm = "openblas"});
+  auto backend = *compute::CreateBackend(
+      compute::Device::kCpu, {.num_threads = 1, .cpu_gemm = compute::CpuGemm::kOpenBlas});
   auto runner = ModelRunner::Create(*config, std::move(*weights), backend.get());
   ASSERT_FALSE(runner.ok());
   EXPECT_NE(runner.status().message().find("model.layers.1.self_attn.q_proj.weight"),
             std::string::npos)
       << runner.status();
   EXPECT_NE(runner.status().message().find("Q4_1"), std::string::npos) << runner.status();
-}
-
-TEST(NativeWeightsTest, WeightsDtypeNamesAreParsedOrRefused) {
-  EXPECT_EQ(*ParseWeightsDtype("auto"), WeightsDtype::kF32);
-  EXPECT_EQ(*ParseWeightsDtype("f32"), WeightsDtype::kF32);
-  EXPECT_EQ(*ParseWeightsDtype("native"), WeightsDtype::kNative);
-  EXPECT_EQ(*ParseWeightsDtype("bf16"), WeightsDtype::kBf16);
-  for (WeightsDtype d : {WeightsDtype::kF32, WeightsDtype::kNative, WeightsDtype::kBf16}) {
-    EXPECT_EQ(*ParseWeightsDtype(WeightsDtypeName(d)), d);
-  }
-  EXPECT_EQ(ParseWeightsDtype("int3").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,9 +43,10 @@ using WeightsEdit = std::function<void(const ModelConfig&, ModelWeights&)>;
 // The synthetic "tiny" model (with overrides `o`) on a cpu backend.
 inline Model MakeModel(const SyntheticOverrides& o, int block_size = 16, int64_t num_blocks = 256,
                        int threads = 2, kv::KvDtype kv_dtype = kv::KvDtype::kF32,
-                       const WeightsEdit& edit = nullptr, const std::string& cpu_isa = "auto",
+                       const WeightsEdit& edit = nullptr,
+                       std::optional<compute::cpu::CpuIsa> cpu_isa = std::nullopt,
                        WeightsDtype weights_dtype = WeightsDtype::kF32,
-                       const std::string& cpu_gemm = "invariant") {
+                       compute::CpuGemm cpu_gemm = compute::CpuGemm::kInvariant) {
   static int counter = 0;
   const fs::path dir = fs::temp_directory_path() / ("duet_runner_test_" + std::to_string(getpid()) +
                                                     "_" + std::to_string(counter++));
@@ -57,7 +59,7 @@ inline Model MakeModel(const SyntheticOverrides& o, int block_size = 16, int64_t
   if (edit) edit(*config, *weights);
   Model m;
   m.backend = *compute::CreateBackend(
-      "cpu", {.num_threads = threads, .cpu_gemm = cpu_gemm, .cpu_isa = cpu_isa});
+      compute::Device::kCpu, {.num_threads = threads, .cpu_gemm = cpu_gemm, .cpu_isa = cpu_isa});
   auto runner = ModelRunner::Create(*config, std::move(*weights), m.backend.get());
   EXPECT_TRUE(runner.ok()) << runner.status();
   m.runner = std::move(*runner);
@@ -134,18 +136,19 @@ inline void ExpectDecodeAndChunksEqualRecompute(Model& m, const std::string& wha
 // Every CPU path this machine runs gives the scalar path's logits bit for bit. make(isa): the
 // model under test on that path. Returns false (nothing compared) when only scalar runs here.
 inline bool ExpectEveryCpuPathGivesTheScalarLogits(
-    const std::function<Model(const std::string& isa)>& make) {
-  Model scalar = make("scalar");
+    const std::function<Model(compute::cpu::CpuIsa isa)>& make) {
+  using compute::cpu::CpuIsa;
+  Model scalar = make(CpuIsa::kScalar);
   const auto t = Tokens(19, 6, scalar.runner->config().vocab_size);
   kv::BlockTable ts(scalar.pool.get());
   const std::vector<float> want = RunOne(scalar, ts, t);
   int paths = 0;
-  for (const char* isa : {"avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"}) {
-    if (!compute::cpu::ResolveCpuIsa(isa).ok()) continue;
+  for (CpuIsa isa : compute::cpu::kAllCpuIsas) {
+    if (isa == CpuIsa::kScalar || !compute::cpu::ResolveCpuIsa(isa).ok()) continue;
     ++paths;
     Model m = make(isa);
     kv::BlockTable tt(m.pool.get());
-    EXPECT_EQ(RunOne(m, tt, t), want) << isa;
+    EXPECT_EQ(RunOne(m, tt, t), want) << compute::cpu::CpuIsaName(isa);
   }
   return paths > 0;
 }

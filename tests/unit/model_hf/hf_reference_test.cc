@@ -75,7 +75,7 @@ class CpuModel {
  public:
   static absl::StatusOr<std::unique_ptr<CpuModel>> Create(ModelFiles files) {
     std::unique_ptr<CpuModel> m(new CpuModel());
-    DUET_ASSIGN_OR_RETURN(m->backend_, compute::CreateBackend("cpu", {}));
+    DUET_ASSIGN_OR_RETURN(m->backend_, compute::CreateBackend(compute::Device::kCpu, {}));
     DUET_ASSIGN_OR_RETURN(
         m->runner_, ModelRunner::Create(files.config, std::move(files.weights), m->backend_.get()));
     DUET_ASSIGN_OR_RETURN(m->pool_,

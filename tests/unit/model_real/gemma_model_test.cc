@@ -34,7 +34,8 @@ class LoadedGemmaTest : public ::testing::Test {
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(kModel)) return;
     auto e = LocalEngine::Load(
-        kModel, {.device = "cpu", .kv_cache_bytes = 64 << 20, .weights_dtype = W::kDtype});
+        kModel,
+        {.device = compute::Device::kCpu, .kv_cache_bytes = 64 << 20, .weights_dtype = W::kDtype});
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = e->release();
   }
@@ -50,10 +51,10 @@ class LoadedGemmaTest : public ::testing::Test {
   static inline LocalEngine* engine_ = nullptr;
 };
 struct F32Weights {
-  static constexpr const char* kDtype = "f32";
+  static constexpr WeightsDtype kDtype = WeightsDtype::kF32;
 };
 struct NativeWeights {
-  static constexpr const char* kDtype = "native";
+  static constexpr WeightsDtype kDtype = WeightsDtype::kNative;
 };
 using GemmaModelTest = LoadedGemmaTest<F32Weights>;
 using GemmaNativeTest = LoadedGemmaTest<NativeWeights>;
@@ -168,8 +169,9 @@ TEST_F(GemmaNativeTest, DecodePastTheWindowEqualsRecomputeBitwise) {
 // llama.cpp's (Q8_K blocks of 256 for its K-quant products), which moves Gemma's logits by up to
 // a few tenths, so a step that float32 itself calls by less is not judged.
 TEST_F(GemmaNativeTest, TopIdsEqualLlamaCppWhereItAndFloat32AreClear) {
-  auto f32 = LocalEngine::Load(
-      kModel, {.device = "cpu", .kv_cache_bytes = 64 << 20, .weights_dtype = "f32"});
+  auto f32 = LocalEngine::Load(kModel, {.device = compute::Device::kCpu,
+                                        .kv_cache_bytes = 64 << 20,
+                                        .weights_dtype = WeightsDtype::kF32});
   ASSERT_TRUE(f32.ok()) << f32.status();
   testing::ExpectTopIdsEqualLlamaCppWhereBothAreClear(
       *engine_, **f32, kData + "gemma3_llamacpp_greedy.json", /*min_margin=*/0.5,

@@ -30,7 +30,7 @@ class PrefillNodeUcxTest : public ::testing::TestWithParam<std::string> {
 TEST_P(PrefillNodeUcxTest, StreamsExactKvAndAnswersTheFirstToken) {
   auto node = PrefillNode::Start({.runtime = {.node_id = "prefill-u",
                                               .model_dir = testing::TinyModelDir(),
-                                              .device = "cpu",
+                                              .device = compute::Device::kCpu,
                                               .threads = 1,
                                               .kv_cache_bytes = 2 << 20},
                                   .transfer = {.transport = GetParam()},

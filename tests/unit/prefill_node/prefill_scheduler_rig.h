@@ -1,15 +1,18 @@
 // The prefill scheduler's test rig: P (runner, pool, sender, scheduler) and D (a pool and an
-// inproc transport) in one process, a gate that holds the scheduler thread in a pass, and the
-// fixture. Shared by prefill_scheduler_test.cc and prefill_scheduler_stop_test.cc.
+// inproc transport) in one process, RunToEnd (submit a job, read its stream to the last event),
+// a gate that holds the thread that calls it (the scheduler thread in a pass, or a request's
+// landing watcher), and the fixture. Shared by the prefill_scheduler*_test.cc files.
 //
 //   Rig r({.max_batch_tokens = 64});
-//   auto res = r.sched->Run(r.Job("id", /*tid=*/1, Prompt(64, 1, r.vocab())));
+//   auto res = r.Run(r.Job("id", /*tid=*/1, Prompt(64, 1, r.vocab())));
 //   r.ExpectNoLeaks();
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +37,32 @@ using testing::TinyModelDir;
 
 constexpr char kPeerName[] = "decode-test";
 
+// Submits `job` and reads its stream to the last event: the result once the KV landed, or the
+// request's error. `on_first_token` gets the kFirstToken event's result. Waits at most 30 s past
+// the job's deadline (the scheduler ends a request at its deadline).
+inline absl::StatusOr<PrefillResult> RunToEnd(
+    PrefillScheduler& sched, PrefillJob job,
+    const std::function<void(const PrefillResult&)>& on_first_token = nullptr) {
+  const absl::Time limit = std::min(job.deadline, DeadlineIn(absl::Minutes(5))) + absl::Seconds(30);
+  absl::StatusOr<std::shared_ptr<PrefillStream>> stream = sched.Submit(std::move(job));
+  if (!stream.ok()) return stream.status();
+  while (true) {
+    std::vector<PrefillEvent> events = (*stream)->Pop(limit);
+    if (events.empty()) return absl::InternalError("the stream did not end 30 s past the deadline");
+    for (PrefillEvent& ev : events) {
+      switch (ev.kind) {
+        case PrefillEventKind::kFirstToken:
+          if (on_first_token) on_first_token(ev.result);
+          break;
+        case PrefillEventKind::kKvLanded:
+          return std::move(ev.result);
+        case PrefillEventKind::kFailed:
+          return ev.status;
+      }
+    }
+  }
+}
+
 // P (runner, pool, sender, scheduler) and D (a pool and an inproc transport) in one process.
 struct Rig {
   std::unique_ptr<compute::ComputeBackend> backend;
@@ -47,6 +76,9 @@ struct Rig {
   std::unique_ptr<transfer::MemoryRegion> pregion;
   std::unique_ptr<transfer::MemoryRegion> dregion;
   transfer::PeerId peer = 0;
+  // While true, P's writes neither land nor end, through Cancel too, until their endpoint is
+  // closed (as on a black-holed tcp link).
+  std::shared_ptr<std::atomic<bool>> black_hole = std::make_shared<std::atomic<bool>>(false);
   std::unique_ptr<transfer::KvStreamSender> sender;
   std::unique_ptr<PrefillScheduler> sched;
   std::map<uint64_t, Received> got;
@@ -59,12 +91,13 @@ struct Rig {
     EXPECT_TRUE(config.ok()) << config.status();
     auto weights = model::LoadWeights(TinyModelDir(), *config);
     EXPECT_TRUE(weights.ok()) << weights.status();
-    backend = *compute::CreateBackend("cpu", {.num_threads = 2});
+    backend = *compute::CreateBackend(compute::Device::kCpu, {.num_threads = 2});
     runner = *model::ModelRunner::Create(*config, std::move(*weights), backend.get());
     layout = runner->MakeKvLayout(block_size);
     ppool = *kv::BlockPool::Create(layout, p_blocks);
     dpool = *kv::BlockPool::Create(layout, d_blocks);
-    tp = *transfer::CreateTransport("inproc", {.name = "prefill-test", .layout = layout});
+    tp = *transfer::CreateTransport(
+        "inproc", {.name = "prefill-test", .layout = layout, .inproc_black_hole = black_hole});
     td = *transfer::CreateTransport("inproc", {.name = kPeerName, .layout = layout});
     if (staged) {
       pmirror = *backend->AllocateHostMirror(ppool->region_bytes());
@@ -82,6 +115,11 @@ struct Rig {
     sched = std::move(*s);
   }
   ~Rig() { sched.reset(); }
+
+  absl::StatusOr<PrefillResult> Run(
+      PrefillJob job, const std::function<void(const PrefillResult&)>& on_first_token = nullptr) {
+    return RunToEnd(*sched, std::move(job), on_first_token);
+  }
 
   // What the coordinator would send: D's blocks reserved for the prompt.
   PrefillJob Job(const std::string& id, uint64_t tid, std::vector<int32_t> prompt,
@@ -115,7 +153,7 @@ struct Rig {
     Reference ref = Reference::Load(16);
     PrefillJob job = Job(id, tid, prompt);
     const std::vector<kv::BlockId> dest = job.remote_blocks;
-    auto ok = sched->Run(std::move(job));
+    auto ok = Run(std::move(job));
     ASSERT_TRUE(ok.ok()) << ok.status();
     EXPECT_EQ(ok->first_token.id, ref.FirstToken(prompt));
     ref.ExpectKvEquals(prompt, *dpool, dest);
@@ -123,7 +161,8 @@ struct Rig {
   }
 };
 
-// Blocks the scheduler thread in its first pass until Open().
+// Blocks the first thread that calls Block() (from an observer: the scheduler thread in a pass,
+// or a request's landing watcher) until Open().
 struct Gate {
   std::atomic<bool> reached{false};
   absl::Notification open;

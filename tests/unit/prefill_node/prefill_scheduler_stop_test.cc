@@ -25,13 +25,12 @@ TEST_F(PrefillSchedulerStopTest, StagedCancelAndDeadlineFreeEverything) {
   PrefillSchedulerOptions opts;
   opts.on_batch = [&](const BatchInfo&) { gate.Block(); };
   Rig r(std::move(opts), 256, 512, 16, /*staged=*/true);
-  std::thread first([&] { (void)r.sched->Run(r.Job("blocker", 600, Prompt(30, 1, r.vocab()))); });
+  std::thread first([&] { (void)r.Run(r.Job("blocker", 600, Prompt(30, 1, r.vocab()))); });
   gate.AwaitReached();
   absl::StatusOr<PrefillResult> cancelled, late;
-  std::thread a([&] { cancelled = r.sched->Run(r.Job("c", 601, Prompt(20, 2, r.vocab()))); });
-  std::thread b([&] {
-    late = r.sched->Run(r.Job("d", 602, Prompt(20, 3, r.vocab()), absl::Milliseconds(50)));
-  });
+  std::thread a([&] { cancelled = r.Run(r.Job("c", 601, Prompt(20, 2, r.vocab()))); });
+  std::thread b(
+      [&] { late = r.Run(r.Job("d", 602, Prompt(20, 3, r.vocab()), absl::Milliseconds(50))); });
   AwaitRunning(*r.sched, 3);
   EXPECT_TRUE(r.sched->Cancel("c"));
   absl::SleepFor(absl::Milliseconds(100));
@@ -50,20 +49,21 @@ TEST_F(PrefillSchedulerStopTest, CancelAndDeadlineWhileQueuedAbortAndFree) {
   opts.on_batch = [&](const BatchInfo&) { gate.Block(); };
   Rig r(std::move(opts));
   absl::StatusOr<PrefillResult> r0 = absl::UnknownError(""), r1 = r0, r2 = r0;
-  std::thread t0([&] { r0 = r.sched->Run(r.Job("blocker", 1, Prompt(20, 1, r.vocab()))); });
+  std::thread t0([&] { r0 = r.Run(r.Job("blocker", 1, Prompt(20, 1, r.vocab()))); });
   gate.AwaitReached();
-  std::thread t1([&] { r1 = r.sched->Run(r.Job("cancel-me", 2, Prompt(50, 2, r.vocab()))); });
-  std::thread t2([&] {
-    r2 = r.sched->Run(r.Job("late", 3, Prompt(30, 3, r.vocab()), absl::Milliseconds(150)));
-  });
+  std::thread t1([&] { r1 = r.Run(r.Job("cancel-me", 2, Prompt(50, 2, r.vocab()))); });
+  std::thread t2(
+      [&] { r2 = r.Run(r.Job("late", 3, Prompt(30, 3, r.vocab()), absl::Milliseconds(150))); });
   AwaitRunning(*r.sched, 3);
   EXPECT_TRUE(r.sched->Cancel("cancel-me"));
   EXPECT_FALSE(r.sched->Cancel("no-such-request"));
+  // The scheduler thread acts on both once out of the blocker's pass: after late's deadline.
+  absl::SleepFor(absl::Milliseconds(200));
+  gate.Open();
   t1.join();
   t2.join();
   EXPECT_TRUE(absl::IsCancelled(r1.status())) << r1.status();
   EXPECT_TRUE(absl::IsDeadlineExceeded(r2.status())) << r2.status();
-  gate.Open();
   t0.join();
   EXPECT_TRUE(r0.ok()) << r0.status();
   r.DrainD();
@@ -86,7 +86,7 @@ TEST_F(PrefillSchedulerStopTest, CancelDuringThePassAbortsAndTheNextRequestStill
   };
   Rig r(std::move(opts));
   sched = r.sched.get();
-  auto res = r.sched->Run(r.Job("mid", 5, Prompt(64, 5, r.vocab())));
+  auto res = r.Run(r.Job("mid", 5, Prompt(64, 5, r.vocab())));
   EXPECT_TRUE(absl::IsCancelled(res.status())) << res.status();
   r.DrainD();
   EXPECT_TRUE(r.got[5].HasAborted());
@@ -120,8 +120,8 @@ TEST_F(PrefillSchedulerStopTest, StoppedAloneThePassIsAbandonedAtTheNextLayer) {
     Rig r(std::move(opts));
     sched = r.sched.get();
     const absl::Time t0 = absl::Now();
-    auto res = r.sched->Run(r.Job("long", 11, Prompt(256, 11, r.vocab()),
-                                  by_deadline ? absl::Milliseconds(300) : absl::Seconds(30)));
+    auto res = r.Run(r.Job("long", 11, Prompt(256, 11, r.vocab()),
+                           by_deadline ? absl::Milliseconds(300) : absl::Seconds(30)));
     if (by_deadline) {
       ASSERT_GE(absl::Now() - t0, absl::Milliseconds(300));
       EXPECT_TRUE(absl::IsDeadlineExceeded(res.status())) << res.status();
@@ -173,9 +173,9 @@ TEST_F(PrefillSchedulerStopTest, CancelledInASharedPassCostsAtMostTheRestOfThatC
   absl::StatusOr<PrefillResult> gone = absl::UnknownError(""), kept = gone;
   PrefillJob job = r.Job("kept", 22, keep_prompt);
   const std::vector<kv::BlockId> dest = job.remote_blocks;
-  std::thread b([&] { kept = r.sched->Run(std::move(job)); });
+  std::thread b([&] { kept = r.Run(std::move(job)); });
   gate.AwaitReached();
-  std::thread a([&] { gone = r.sched->Run(r.Job("gone", 21, Prompt(320, 20, r.vocab()))); });
+  std::thread a([&] { gone = r.Run(r.Job("gone", 21, Prompt(320, 20, r.vocab()))); });
   AwaitRunning(*r.sched, 2);
   gate.Open();
   a.join();
@@ -209,17 +209,17 @@ TEST_F(PrefillSchedulerStopTest, LostDecodePeerEndsRequestsWithUnavailableNaming
   opts.on_batch = [&](const BatchInfo&) { gate.Block(); };
   Rig r(std::move(opts));
   absl::StatusOr<PrefillResult> r0 = absl::UnknownError(""), r1 = r0;
-  std::thread t0([&] { r0 = r.sched->Run(r.Job("first", 1, Prompt(20, 1, r.vocab()))); });
+  std::thread t0([&] { r0 = r.Run(r.Job("first", 1, Prompt(20, 1, r.vocab()))); });
   gate.AwaitReached();
-  std::thread t1([&] { r1 = r.sched->Run(r.Job("second", 2, Prompt(20, 2, r.vocab()))); });
+  std::thread t1([&] { r1 = r.Run(r.Job("second", 2, Prompt(20, 2, r.vocab()))); });
   AwaitRunning(*r.sched, 2);
   const absl::Time lost = absl::Now();
   r.td.reset();  // the decode node dies
+  gate.Open();   // the scheduler thread acts on it once out of the pass
   t1.join();
   EXPECT_LT(absl::Now() - lost, absl::Seconds(5));
   EXPECT_TRUE(absl::IsUnavailable(r1.status())) << r1.status();
   EXPECT_NE(r1.status().message().find(kPeerName), std::string::npos) << r1.status();
-  gate.Open();
   t0.join();
   EXPECT_TRUE(absl::IsUnavailable(r0.status())) << r0.status();
   EXPECT_NE(r0.status().message().find(kPeerName), std::string::npos) << r0.status();
@@ -232,11 +232,11 @@ TEST_F(PrefillSchedulerStopTest, DuplicateRequestIdIsRefusedAndShutdownFailsWait
   opts.on_batch = [&](const BatchInfo&) { gate.Block(); };
   Rig r(std::move(opts));
   absl::StatusOr<PrefillResult> r0 = absl::UnknownError(""), r1 = r0;
-  std::thread t0([&] { r0 = r.sched->Run(r.Job("same", 1, Prompt(20, 1, r.vocab()))); });
+  std::thread t0([&] { r0 = r.Run(r.Job("same", 1, Prompt(20, 1, r.vocab()))); });
   gate.AwaitReached();
-  absl::Status dup = r.sched->Run(r.Job("same", 2, Prompt(20, 2, r.vocab()))).status();
+  absl::Status dup = r.Run(r.Job("same", 2, Prompt(20, 2, r.vocab()))).status();
   EXPECT_TRUE(absl::IsAlreadyExists(dup)) << dup;
-  std::thread t1([&] { r1 = r.sched->Run(r.Job("queued", 3, Prompt(20, 3, r.vocab()))); });
+  std::thread t1([&] { r1 = r.Run(r.Job("queued", 3, Prompt(20, 3, r.vocab()))); });
   AwaitRunning(*r.sched, 2);
   std::thread stopper([&] { r.sched->Shutdown(); });
   t1.join();
@@ -245,8 +245,7 @@ TEST_F(PrefillSchedulerStopTest, DuplicateRequestIdIsRefusedAndShutdownFailsWait
   t0.join();
   stopper.join();
   EXPECT_FALSE(r0.ok());
-  EXPECT_TRUE(
-      absl::IsUnavailable(r.sched->Run(r.Job("after", 4, Prompt(5, 1, r.vocab()))).status()));
+  EXPECT_TRUE(absl::IsUnavailable(r.Run(r.Job("after", 4, Prompt(5, 1, r.vocab()))).status()));
   r.ExpectNoLeaks();
 }
 
@@ -268,7 +267,7 @@ TEST_F(PrefillSchedulerStopTest, MixedOutcomesUnderLoadLeakNothing) {
   std::vector<absl::StatusOr<PrefillResult>> results(kRequests, absl::UnknownError(""));
   std::vector<std::thread> threads;
   for (int i = 0; i < kRequests; ++i) {
-    threads.emplace_back([&, i] { results[i] = r.sched->Run(std::move(jobs[i])); });
+    threads.emplace_back([&, i] { results[i] = r.Run(std::move(jobs[i])); });
   }
   std::thread canceller([&] {
     for (int i = 0; i < kRequests; i += 3) {

@@ -28,7 +28,7 @@ TEST_F(PrefillSchedulerTest, SinglePromptLandsExactKvAndTheReferenceFirstToken) 
     const std::vector<int32_t> prompt = Prompt(n, n, r.vocab());
     PrefillJob job = r.Job("req-" + std::to_string(n), 1000 + n, prompt);
     const std::vector<kv::BlockId> dest = job.remote_blocks;
-    absl::StatusOr<PrefillResult> res = r.sched->Run(std::move(job));
+    absl::StatusOr<PrefillResult> res = r.Run(std::move(job));
     ASSERT_TRUE(res.ok()) << res.status();
     EXPECT_EQ(res->first_token.id, ref.FirstToken(prompt)) << n << " tokens";
     EXPECT_EQ(res->chunks, 1);
@@ -56,7 +56,7 @@ TEST_F(PrefillSchedulerTest, SampledFirstTokenAndLogprobsMatchTheReference) {
       .temperature = 0.8f, .top_p = 0.9f, .top_k = 40, .seed = 77, .logprobs = 3};
   PrefillJob job = r.Job("sampled", 7, prompt);
   job.sampling = p;
-  auto res = r.sched->Run(std::move(job));
+  auto res = r.Run(std::move(job));
   ASSERT_TRUE(res.ok()) << res.status();
   p.max_tokens = 1;
   auto g = ref.engine->Generate(prompt, p);
@@ -81,7 +81,7 @@ TEST_F(PrefillSchedulerTest, PromptLogprobsScoreEveryTokenInChunksAndPastTheCach
     PrefillJob job = r.Job("scored-" + std::to_string(run), 9100 + run, prompt);
     if (scored) job.sampling.prompt_logprobs = 3;
     const std::vector<kv::BlockId> dest = job.remote_blocks;
-    absl::StatusOr<PrefillResult> res = r.sched->Run(std::move(job));
+    absl::StatusOr<PrefillResult> res = r.Run(std::move(job));
     ASSERT_TRUE(res.ok()) << res.status();
     EXPECT_EQ(res->chunks, scored ? 3 : 1) << run;  // 100 tokens in passes of 48; 4 uncached
     EXPECT_EQ(res->cached_tokens, scored ? 0 : 96) << run;
@@ -131,11 +131,11 @@ TEST_F(PrefillSchedulerTest, BatchesWaitingPromptsUnderTheBudgetAndChunksTheRest
   std::vector<absl::StatusOr<PrefillResult>> results(lengths.size(), absl::UnknownError(""));
   std::vector<std::thread> threads;
   // The first prompt's first pass holds the scheduler until the others are all waiting.
-  threads.emplace_back([&] { results[0] = r.sched->Run(std::move(jobs[0])); });
+  threads.emplace_back([&] { results[0] = r.Run(std::move(jobs[0])); });
   gate.AwaitReached();
   int64_t queued = lengths[0];
   for (size_t i = 1; i < lengths.size(); ++i) {  // queued in this order
-    threads.emplace_back([&, i] { results[i] = r.sched->Run(std::move(jobs[i])); });
+    threads.emplace_back([&, i] { results[i] = r.Run(std::move(jobs[i])); });
     queued += lengths[i];
     AwaitQueuedTokens(*r.sched, queued);
   }
@@ -181,7 +181,7 @@ TEST_F(PrefillSchedulerTest, LongPromptIsPrefilledInChunksWithExactKv) {
   const std::vector<int32_t> prompt = Prompt(300, 9, r.vocab());
   PrefillJob job = r.Job("long", 55, prompt);
   const std::vector<kv::BlockId> dest = job.remote_blocks;
-  auto res = r.sched->Run(std::move(job));
+  auto res = r.Run(std::move(job));
   ASSERT_TRUE(res.ok()) << res.status();
   EXPECT_EQ(res->chunks, 5);
   ASSERT_EQ(batches.size(), 5u);
@@ -234,7 +234,7 @@ TEST_F(PrefillSchedulerTest, CachedPrefixComputesOnlyTheRestWithExactKv) {
         }
         const std::vector<kv::BlockId> dest = job.remote_blocks;
         batches.clear();
-        absl::StatusOr<PrefillResult> res = r.sched->Run(std::move(job));
+        absl::StatusOr<PrefillResult> res = r.Run(std::move(job));
         ASSERT_TRUE(res.ok()) << res.status();
         // The second run of a prompt (d_cached 1) finds all of the first run's full blocks.
         const int64_t cached = d_cached == 1 ? (n - 1) / 16 * 16 : want_cached;
@@ -265,13 +265,13 @@ TEST_F(PrefillSchedulerTest, RefusesADestinationWhoseCachedBlocksDoNotAddUp) {
   PrefillJob job = r.Job("bad", 9, prompt);
   job.remote_cached_blocks = 2;  // both blocks: the last token's block must be sent
   job.remote_blocks.clear();
-  absl::StatusOr<PrefillResult> res = r.sched->Run(std::move(job));
+  absl::StatusOr<PrefillResult> res = r.Run(std::move(job));
   EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument) << res.status();
   EXPECT_NE(res.status().message().find("at most 1 may be cached"), std::string::npos)
       << res.status();
   PrefillJob job2 = r.Job("bad2", 10, prompt);
   job2.remote_cached_blocks = 1;  // but still two blocks listed
-  res = r.sched->Run(std::move(job2));
+  res = r.Run(std::move(job2));
   EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument) << res.status();
   r.ExpectNoLeaks();
 }
@@ -294,7 +294,7 @@ TEST_F(PrefillSchedulerTest, LayerPipeliningPostsEachLayerFromTheHook) {
     const std::vector<int32_t> prompt = Prompt(40, 1, r.vocab());
     PrefillJob job = r.Job("p", 9, prompt);
     const std::vector<kv::BlockId> dest = job.remote_blocks;
-    auto res = r.sched->Run(std::move(job));
+    auto res = r.Run(std::move(job));
     ASSERT_TRUE(res.ok()) << res.status();
     ASSERT_EQ(landed_at_hook.size(), 2u);
     if (pipelined) {
@@ -311,11 +311,11 @@ TEST_F(PrefillSchedulerTest, LayerPipeliningPostsEachLayerFromTheHook) {
 }
 
 // Staging (the path a GPU pool takes), on the cpu: the transport exports only the host mirror,
-// so what lands on D went through CopyKvToHost and the poster thread; pipelined and bulk, single
-// and chunked prompts, batched together: exact KV, the reference first token, every layer once
-// and the final notice last, nothing left behind.
-// The first token is handed out once sampled, before Run waits for the KV to land: once per
-// request, without transfer timings, and equal to the token Run returns.
+// so what lands on D went through CopyKvToHost and PostStaged (the landing watcher); pipelined and
+// bulk, single and chunked prompts, batched together: exact KV, the reference first token, every
+// layer once and the final notice last, nothing left behind. The first token is handed out
+// (kFirstToken) once sampled, before the KV has landed: once per request, without transfer timings,
+// and equal to the token of the last event (kKvLanded).
 TEST_F(PrefillSchedulerTest, FirstTokenIsHandedOutBeforeRunReturns) {
   for (bool pipelined : {true, false}) {
     SCOPED_TRACE(pipelined ? "pipelined" : "bulk");
@@ -324,8 +324,8 @@ TEST_F(PrefillSchedulerTest, FirstTokenIsHandedOutBeforeRunReturns) {
     const std::vector<int32_t> prompt = Prompt(40, 9, r.vocab());
     PrefillJob job = r.Job("first", 77, prompt);
     std::vector<PrefillResult> early;
-    absl::StatusOr<PrefillResult> res = r.sched->Run(
-        std::move(job), nullptr, [&](const PrefillResult& first) { early.push_back(first); });
+    absl::StatusOr<PrefillResult> res =
+        r.Run(std::move(job), [&](const PrefillResult& first) { early.push_back(first); });
     ASSERT_TRUE(res.ok()) << res.status();
     ASSERT_EQ(early.size(), 1u);
     EXPECT_EQ(early[0].first_token.id, ref.FirstToken(prompt));
@@ -352,10 +352,11 @@ TEST_F(PrefillSchedulerTest, StagedThroughAHostMirrorLandsExactKv) {
     std::vector<absl::StatusOr<PrefillResult>> results(lengths.size());
     std::vector<std::vector<kv::BlockId>> dests(lengths.size());
     for (size_t i = 0; i < lengths.size(); ++i) {
-      PrefillJob job = r.Job("s" + std::to_string(i), 500 + i, Prompt(lengths[i], int(i), r.vocab()));
+      PrefillJob job =
+          r.Job("s" + std::to_string(i), 500 + i, Prompt(lengths[i], int(i), r.vocab()));
       dests[i] = job.remote_blocks;
       callers.emplace_back([&r, &results, i, job = std::move(job)]() mutable {
-        results[i] = r.sched->Run(std::move(job));
+        results[i] = r.Run(std::move(job));
       });
     }
     for (auto& t : callers) t.join();
@@ -375,23 +376,23 @@ TEST_F(PrefillSchedulerTest, StagedThroughAHostMirrorLandsExactKv) {
 // P's pool holds one prompt at a time: the next waits for room (and says so in its load)
 // instead of failing, then lands exact KV; one that runs out of time while waiting fails with
 // DeadlineExceeded naming the pool; past max_waiting_for_room a prompt is refused at once.
+// (The holder keeps its blocks while its landing watcher is held, the scheduler thread free.)
 TEST_F(PrefillSchedulerTest, PromptWithoutRoomWaitsForItThenLandsExactKv) {
   Gate gate;
   PrefillSchedulerOptions opts;
-  opts.on_batch = [&](const BatchInfo&) { gate.Block(); };
+  opts.on_landing = [&](const std::string&) { gate.Block(); };
   opts.max_waiting_for_room = 2;
   Rig r(std::move(opts), /*p_blocks=*/4);
   Reference ref = Reference::Load(16);
   const std::vector<int32_t> first = Prompt(60, 1, r.vocab()), second = Prompt(40, 2, r.vocab());
   absl::StatusOr<PrefillResult> r0 = absl::UnknownError(""), r1 = r0, r2 = r0, r3 = r0;
-  std::thread t0([&] { r0 = r.sched->Run(r.Job("holder", 1, first)); });
-  gate.AwaitReached();  // holds all 4 blocks in its pass
+  std::thread t0([&] { r0 = r.Run(r.Job("holder", 1, first)); });
+  gate.AwaitReached();  // holds all 4 blocks while its KV lands
   PrefillJob j1 = r.Job("waiter", 2, second);
   const std::vector<kv::BlockId> dest = j1.remote_blocks;
-  std::thread t1([&] { r1 = r.sched->Run(std::move(j1)); });
-  std::thread t2([&] {
-    r2 = r.sched->Run(r.Job("late", 3, Prompt(30, 3, r.vocab()), absl::Milliseconds(300)));
-  });
+  std::thread t1([&] { r1 = r.Run(std::move(j1)); });
+  std::thread t2(
+      [&] { r2 = r.Run(r.Job("late", 3, Prompt(30, 3, r.vocab()), absl::Milliseconds(300))); });
   const absl::Time until = DeadlineIn(absl::Seconds(10));
   while (r.sched->Load().waiting_for_room < 2 && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(1));
@@ -399,7 +400,7 @@ TEST_F(PrefillSchedulerTest, PromptWithoutRoomWaitsForItThenLandsExactKv) {
   EXPECT_EQ(r.sched->Load().waiting_for_room, 2);
   EXPECT_GE(r.sched->Load().queued_tokens, 70);
   // A third waiter is one too many.
-  r3 = r.sched->Run(r.Job("refused", 4, Prompt(20, 4, r.vocab())));
+  r3 = r.Run(r.Job("refused", 4, Prompt(20, 4, r.vocab())));
   EXPECT_TRUE(absl::IsResourceExhausted(r3.status())) << r3.status();
   EXPECT_NE(r3.status().message().find("max_waiting_for_room"), std::string::npos) << r3.status();
   t2.join();
@@ -422,7 +423,7 @@ TEST_F(PrefillSchedulerTest, PromptWithoutRoomWaitsForItThenLandsExactKv) {
 TEST_F(PrefillSchedulerTest, RefusesBadRequestsCleanly) {
   Rig r({}, /*p_blocks=*/4);
   const int vocab = r.vocab();
-  auto run = [&](PrefillJob j) { return r.sched->Run(std::move(j)).status(); };
+  auto run = [&](PrefillJob j) { return r.Run(std::move(j)).status(); };
 
   PrefillJob bad_token = r.Job("t", 1, Prompt(10, 1, vocab));
   bad_token.prompt[3] = vocab;

@@ -35,7 +35,7 @@ class PrefillServiceTest : public ::testing::Test {
   void SetUp() override {
     auto node = PrefillNode::Start({.runtime = {.node_id = "prefill-t",
                                                 .model_dir = TinyModelDir(),
-                                                .device = "cpu",
+                                                .device = compute::Device::kCpu,
                                                 .threads = 2,
                                                 .kv_cache_bytes = 4 << 20},
                                     .transfer = {.transport = "inproc"},

@@ -54,9 +54,10 @@ struct Reference {
 
   static Reference Load(int block_size) {
     Reference r;
-    auto e = model::LocalEngine::Load(
-        TinyModelDir(),
-        {.device = "cpu", .num_threads = 2, .block_size = block_size, .kv_cache_bytes = 8 << 20});
+    auto e = model::LocalEngine::Load(TinyModelDir(), {.device = compute::Device::kCpu,
+                                                       .num_threads = 2,
+                                                       .block_size = block_size,
+                                                       .kv_cache_bytes = 8 << 20});
     EXPECT_TRUE(e.ok()) << e.status();
     if (e.ok()) r.engine = std::move(*e);
     return r;

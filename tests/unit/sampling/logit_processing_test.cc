@@ -126,7 +126,7 @@ TEST(LogitProcessingTest, BadInputsAreRefused) {
 }
 
 TEST(LogitProcessingTest, CpuBackendProcessesEachRowAsSampleRowOnHost) {
-  auto backend = CreateBackend("cpu", {.num_threads = 2});
+  auto backend = CreateBackend(compute::Device::kCpu, {.num_threads = 2});
   ASSERT_TRUE(backend.ok()) << backend.status();
   const int vocab = 97;
   std::vector<float> logits(3 * vocab);

@@ -55,7 +55,7 @@ void ExpectRowsSampledAlone(ComputeBackend& backend) {
 TEST(SampleRowsTest, CpuBackendSamplesEachRowWithItsOwnParameters) {
   for (int threads : {1, 3}) {  // rows are spread over the pool: any thread count, same tokens
     SCOPED_TRACE(threads);
-    auto backend = CreateBackend("cpu", {.num_threads = threads});
+    auto backend = CreateBackend(compute::Device::kCpu, {.num_threads = threads});
     ASSERT_TRUE(backend.ok()) << backend.status();
     ExpectRowsSampledAlone(**backend);
   }
@@ -81,7 +81,7 @@ TEST(SampleRowsTest, TopPKeepsTheShortestPrefixReachingIt) {
 }
 
 TEST(SampleRowsTest, NoRowsAndBadArguments) {
-  auto backend = CreateBackend("cpu", {.num_threads = 1});
+  auto backend = CreateBackend(compute::Device::kCpu, {.num_threads = 1});
   ASSERT_TRUE(backend.ok()) << backend.status();
   const std::vector<float> logits(8, 0.f);
   auto none = (*backend)->SampleRows(logits.data(), 0, 8, {});

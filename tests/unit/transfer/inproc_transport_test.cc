@@ -42,6 +42,19 @@ TEST(TransportRegistryTest, KnowsBuiltinsAndRefusesUnknown) {
   EXPECT_NE(t.status().message().find("inproc"), std::string::npos);
 }
 
+// TransportOptions::write_mode (--transfer_write_mode): each mode's name parses back to it (the
+// name PeerAddress carries); others are refused naming the valid ones.
+TEST(WriteModeTest, NamesRoundTripAndOthersAreRefused) {
+  for (WriteMode m : {WriteMode::kAuto, WriteMode::kPut, WriteMode::kAm, WriteMode::kMemcpy}) {
+    EXPECT_EQ(*ParseWriteMode(WriteModeName(m)), m);
+  }
+  EXPECT_STREQ(WriteModeName(WriteMode::kMemcpy), "memcpy");
+  absl::StatusOr<WriteMode> bad = ParseWriteMode("telepathy");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(),
+            "unknown write_mode 'telepathy': valid values are auto, put, am, memcpy");
+}
+
 TEST(InprocTransportTest, WritesLandBeforeTheirNotice) {
   Side a = MakeSide("a", Layout(), 4096);
   Side b = MakeSide("b", Layout(), 4096);

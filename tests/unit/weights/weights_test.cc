@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 
+#include "common/base/auto_option.h"
 #include "common/base/float16.h"
 #include "common/model/synthetic_model.h"
 #include "common/weights/safetensors.h"
@@ -46,6 +48,26 @@ void ExpectShapes(const ModelWeights& w, const ModelConfig& c) {
     EXPECT_EQ(l.up_proj.size(), in * h);
     EXPECT_EQ(l.down_proj.size(), h * in);
   }
+}
+
+// --weights_dtype: each WeightsDtype's name parses back to it; "auto" is the option's
+// std::nullopt (resolved by LocalEngine), and an unknown name is refused naming the valid ones.
+TEST(WeightsDtypeTest, NamesRoundTripAndOthersAreRefused) {
+  EXPECT_EQ(*ParseWeightsDtype("f32"), WeightsDtype::kF32);
+  EXPECT_EQ(*ParseWeightsDtype("native"), WeightsDtype::kNative);
+  EXPECT_EQ(*ParseWeightsDtype("bf16"), WeightsDtype::kBf16);
+  for (WeightsDtype d : {WeightsDtype::kF32, WeightsDtype::kNative, WeightsDtype::kBf16}) {
+    EXPECT_EQ(*ParseWeightsDtype(WeightsDtypeName(d)), d);
+  }
+  absl::StatusOr<WeightsDtype> bad = ParseWeightsDtype("int3");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Msg(bad.status()), "unknown weights_dtype 'int3': valid values are f32, native, bf16");
+  EXPECT_FALSE(ParseWeightsDtype("auto").ok());
+  EXPECT_EQ(*ParseOrAuto<WeightsDtype>("auto", ParseWeightsDtype), std::nullopt);
+  EXPECT_EQ(*ParseOrAuto<WeightsDtype>("native", ParseWeightsDtype), WeightsDtype::kNative);
+  EXPECT_EQ(Msg(ParseOrAuto<WeightsDtype>("int3", ParseWeightsDtype).status()),
+            "unknown weights_dtype 'int3': valid values are f32, native, bf16, or auto");
+  EXPECT_EQ(NameOrAuto(std::optional<WeightsDtype>(WeightsDtype::kBf16), WeightsDtypeName), "bf16");
 }
 
 TEST(WeightsTest, LoadsTinySyntheticModelExactly) {

@@ -1,0 +1,126 @@
+// The option flags parsed once, where they are read: --device, --cpu-gemm, --cpu-isa,
+// --weights-dtype, --kv-dtype (model_flags.h), --transfer-write-mode and --kv-staging
+// (transport_flags.h) reach the options structs as enums ("auto" as std::nullopt, where the
+// option has it), and a value outside them is refused naming the flag and the valid values.
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/reflection.h"
+#include "cli/model_flags.h"
+#include "cli/node_flags.h"
+#include "cli/transport_flags.h"
+#include "gtest/gtest.h"
+
+namespace duet::cli {
+namespace {
+
+using FlagValues = std::vector<std::pair<std::string, std::string>>;  // Abseil name, value
+
+// Sets flags for the scope, then puts back what they held.
+class ScopedFlags {
+ public:
+  explicit ScopedFlags(const FlagValues& values) {
+    for (const auto& [name, value] : values) {
+      absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
+      EXPECT_NE(f, nullptr) << name;
+      if (f == nullptr) continue;
+      saved_.emplace_back(f, f->CurrentValue());
+      std::string error;
+      EXPECT_TRUE(f->ParseFrom(value, &error)) << name << ": " << error;
+    }
+  }
+  ~ScopedFlags() {
+    std::string error;
+    for (auto& [flag, value] : saved_) flag->ParseFrom(value, &error);
+  }
+
+ private:
+  std::vector<std::pair<absl::CommandLineFlag*, std::string>> saved_;
+};
+
+TEST(TypedFlagsTest, EngineDefaultsAreAutoAndTheInvariantGemm) {
+  absl::StatusOr<EngineFlags> e = ReadEngineFlags();
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->device, std::nullopt);
+  EXPECT_EQ(e->cpu_gemm, compute::CpuGemm::kInvariant);
+  EXPECT_EQ(e->cpu_isa, std::nullopt);
+  EXPECT_EQ(e->weights_dtype, std::nullopt);
+  EXPECT_EQ(e->kv_dtype, std::nullopt);
+}
+
+TEST(TypedFlagsTest, EngineValuesReachEngineAndNodeOptionsTyped) {
+  ScopedFlags flags({{"device", "cpu"},
+                     {"cpu_gemm", "openblas"},
+                     {"cpu_isa", "avx2"},
+                     {"weights_dtype", "native"},
+                     {"kv_dtype", "int8"}});
+  absl::StatusOr<model::EngineOptions> o = EngineOptionsFromFlags();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->device, compute::Device::kCpu);
+  EXPECT_EQ(o->cpu_gemm, compute::CpuGemm::kOpenBlas);
+  EXPECT_EQ(o->cpu_isa, compute::cpu::CpuIsa::kAvx2);
+  EXPECT_EQ(o->weights_dtype, model::WeightsDtype::kNative);
+  EXPECT_EQ(o->kv_dtype, kv::KvDtype::kInt8);
+  absl::StatusOr<cluster::NodeRuntimeOptions> n = NodeRuntimeOptionsFromFlags("decode");
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->node_id, "decode-0");
+  EXPECT_EQ(n->device, compute::Device::kCpu);
+  EXPECT_EQ(n->cpu_gemm, compute::CpuGemm::kOpenBlas);
+  EXPECT_EQ(n->cpu_isa, compute::cpu::CpuIsa::kAvx2);
+  EXPECT_EQ(n->weights_dtype, model::WeightsDtype::kNative);
+  EXPECT_EQ(n->kv_dtype, kv::KvDtype::kInt8);
+}
+
+TEST(TypedFlagsTest, BadEngineValuesAreRefusedNamingTheFlagAndTheValidValues) {
+  const std::vector<std::pair<std::string, std::pair<std::string, std::string>>> cases = {
+      {"device",
+       {"tpu", "--device: unknown compute backend 'tpu': valid names are cpu, cuda, or auto"}},
+      {"cpu_gemm",
+       {"mkl", "--cpu-gemm: unknown cpu_gemm 'mkl': valid values are invariant, bf16, openblas"}},
+      {"cpu_isa",
+       {"sse9",
+        "--cpu-isa: unknown cpu_isa 'sse9': valid values are scalar, avx2, avx512, "
+        "avx512_vnni, avx512_bf16, amx, or auto"}},
+      {"weights_dtype",
+       {"int3",
+        "--weights-dtype: unknown weights_dtype 'int3': valid values are f32, native, bf16, or "
+        "auto"}},
+      {"kv_dtype",
+       {"int4",
+        "--kv-dtype: unknown kv_dtype 'int4': valid values are f32, f16, bf16, int8, fp8, "
+        "or auto"}},
+  };
+  for (const auto& [flag, c] : cases) {
+    ScopedFlags flags(FlagValues{{flag, c.first}});
+    absl::StatusOr<EngineFlags> e = ReadEngineFlags();
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << flag;
+    EXPECT_EQ(e.status().message(), c.second);
+    EXPECT_EQ(EngineOptionsFromFlags().status(), e.status());
+    EXPECT_EQ(NodeRuntimeOptionsFromFlags("prefill").status(), e.status());
+  }
+}
+
+TEST(TypedFlagsTest, TransportWriteModeAndStagingAreTyped) {
+  {
+    ScopedFlags flags({{"transfer_write_mode", "memcpy"}, {"kv_staging", "always"}});
+    absl::StatusOr<TransportFlags> t = ReadTransportFlags();
+    ASSERT_TRUE(t.ok()) << t.status();
+    const cluster::NodeTransferOptions o = NodeTransferOptionsOf(*t);
+    EXPECT_EQ(o.write_mode, transfer::WriteMode::kMemcpy);
+    EXPECT_EQ(o.kv_staging, compute::KvStaging::kAlways);
+  }
+  {
+    ScopedFlags flags(FlagValues{{"transfer_write_mode", "telepathy"}});
+    EXPECT_EQ(ReadTransportFlags().status().message(),
+              "--transfer-write-mode: unknown write_mode 'telepathy': valid values are auto, put, "
+              "am, memcpy");
+  }
+  ScopedFlags flags(FlagValues{{"kv_staging", "sometimes"}});
+  EXPECT_EQ(ReadTransportFlags().status().message(),
+            "--kv-staging: unknown kv_staging 'sometimes': valid values are auto, always, never");
+}
+
+}  // namespace
+}  // namespace duet::cli
