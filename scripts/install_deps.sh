@@ -11,6 +11,7 @@ PACKAGES=(
   clang clang-format libclang-rt-14-dev
   libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libboost1.81-dev libxxhash-dev
   iproute2 curl python3-venv
+  etcd-server etcd-client
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
