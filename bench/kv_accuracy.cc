@@ -39,8 +39,8 @@
 #include "common/base/clock.h"
 #include "common/base/float8.h"
 #include "common/base/logging.h"
+#include "common/engine/local_engine.h"
 #include "common/kv/block_table.h"
-#include "common/model/local_engine.h"
 #include "common/sampling/sampler.h"
 #include "nlohmann/json.hpp"
 

@@ -58,10 +58,8 @@ absl::StatusOr<RoutingFlags> ReadRoutingFlags() {
     return absl::InvalidArgumentError(absl::StrCat(
         "--queue-timeout-ms (", queue_ms, ") and --max-resumes (", max_resumes, ") must be >= 0"));
   }
-  auto router = coordinator::ParseRouterMode(absl::GetFlag(FLAGS_router));
-  if (!router.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--router: ", router.status().message()));
-  }
+  auto router = FlagValue("router", coordinator::ParseRouterMode(absl::GetFlag(FLAGS_router)));
+  if (!router.ok()) return router.status();
   return RoutingFlags{.heartbeat_timeout = absl::Milliseconds(heartbeat_ms),
                       .queue_timeout = absl::Milliseconds(queue_ms),
                       .max_resumes = max_resumes,

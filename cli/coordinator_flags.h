@@ -3,7 +3,7 @@
 // absl::Duration, the router as coordinator::RouterMode.
 //
 //   absl::StatusOr<RoutingFlags> r = ReadRoutingFlags();  // refuses --router=fast by name
-//   options.router = coordinator::RouterModeName(r->router);
+//   options.router = r->router;  // coordinator::CoordinatorOptions takes the mode
 #pragma once
 
 #include "absl/status/statusor.h"

@@ -11,7 +11,7 @@
 #include "cli/generate_flags.h"
 #include "cli/model_flags.h"
 #include "common/base/logging.h"
-#include "common/model/local_engine.h"
+#include "common/engine/local_engine.h"
 #include "common/tokenizer/chat_template.h"
 #include "nlohmann/json.hpp"
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/model/local_engine.h"
+#include "common/engine/local_engine.h"
 
 namespace duet::cli {
 

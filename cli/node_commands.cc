@@ -68,7 +68,7 @@ int RunCoordinator() {
   opt.heartbeat_timeout = routing->heartbeat_timeout;
   opt.tracker.queue_timeout = routing->queue_timeout;
   opt.tracker.max_resumes = routing->max_resumes;
-  opt.router = coordinator::RouterModeName(routing->router);
+  opt.router = routing->router;
   opt.router_weights = routing->router_weights;
   opt.http = HttpFrontOptionsFromFlags();
   auto server = coordinator::CoordinatorServer::Start(opt);

@@ -136,10 +136,10 @@ int RunServeLoopback(const CommandLine& line) {
   }
   // What the children would refuse, refused before any starts.
   absl::StatusOr<TransportFlags> transport = ReadTransportFlags();
-  if (transport.ok() && transport->transport != TransportKind::kShm &&
-      transport->transport != TransportKind::kTcp) {
+  if (transport.ok() && transport->transport != cluster::TransportKind::kShm &&
+      transport->transport != cluster::TransportKind::kTcp) {
     transport = absl::InvalidArgumentError(
-        absl::StrCat("--transport=", TransportKindName(transport->transport),
+        absl::StrCat("--transport=", cluster::TransportKindName(transport->transport),
                      ": serve --loopback runs shm or tcp"));
   }
   if (!transport.ok()) {

@@ -1,11 +1,6 @@
 #include "cli/transport_flags.h"
 
-#include <array>
-#include <utility>
-
 #include "absl/flags/flag.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "cli/flag_groups.h"
 
 ABSL_FLAG(std::string, transport, "shm",
@@ -27,32 +22,6 @@ ABSL_FLAG(std::string, kv_staging, "auto",
 
 namespace duet::cli {
 namespace {
-
-template <typename E, size_t N>
-using NameTable = std::array<std::pair<E, const char*>, N>;
-
-constexpr NameTable<TransportKind, 3> kTransports = {{{TransportKind::kShm, "shm"},
-                                                      {TransportKind::kTcp, "tcp"},
-                                                      {TransportKind::kShmMm, "shm-mm"}}};
-
-template <typename E, size_t N>
-const char* NameOf(const NameTable<E, N>& table, E value) {
-  for (const auto& [e, name] : table) {
-    if (e == value) return name;
-  }
-  return "?";
-}
-
-template <typename E, size_t N>
-absl::StatusOr<E> Parse(const NameTable<E, N>& table, const char* flag, const std::string& value) {
-  std::vector<const char*> names;
-  for (const auto& [e, name] : table) {
-    if (value == name) return e;
-    names.push_back(name);
-  }
-  return absl::InvalidArgumentError(absl::StrCat("--", DashedFlagName(flag), "=", value,
-                                                 ": not one of ", absl::StrJoin(names, ", ")));
-}
 
 // KiB from a flag in bytes; out-of-range values become 0 or UINT64_MAX, which the transport
 // refuses by name.
@@ -78,22 +47,19 @@ std::vector<FlagGroupInfo> TransportFlagGroups() {
             &absl::GetFlagReflectionHandle(FLAGS_kv_staging)}}};
 }
 
-const char* TransportKindName(TransportKind kind) { return NameOf(kTransports, kind); }
-
 absl::StatusOr<TransportFlags> ReadTransportFlags() {
-  const std::string transport = absl::GetFlag(FLAGS_transport);
-  if (transport == "inproc") {
+  auto kind = FlagValue("transport", cluster::ParseTransportKind(absl::GetFlag(FLAGS_transport)));
+  if (!kind.ok()) return kind.status();
+  if (*kind == cluster::TransportKind::kInproc) {
     return absl::InvalidArgumentError(
         "--transport=inproc connects nodes inside one process only; use shm, tcp or shm-mm");
   }
-  TransportFlags t{.ucx_tls = absl::GetFlag(FLAGS_ucx_tls),
+  TransportFlags t{.transport = *kind,
+                   .ucx_tls = absl::GetFlag(FLAGS_ucx_tls),
                    .ucx_net_devices = absl::GetFlag(FLAGS_ucx_net_devices),
                    .chunk_kib = absl::GetFlag(FLAGS_transfer_chunk_kib),
                    .am_chunk_kib = absl::GetFlag(FLAGS_transfer_am_chunk_kib),
                    .keepalive = absl::GetFlag(FLAGS_transfer_keepalive)};
-  auto kind = Parse(kTransports, "transport", transport);
-  if (!kind.ok()) return kind.status();
-  t.transport = *kind;
   auto mode = FlagValue("transfer_write_mode",
                         transfer::ParseWriteMode(absl::GetFlag(FLAGS_transfer_write_mode)));
   if (!mode.ok()) return mode.status();
@@ -105,7 +71,7 @@ absl::StatusOr<TransportFlags> ReadTransportFlags() {
 }
 
 cluster::NodeTransferOptions NodeTransferOptionsOf(const TransportFlags& flags) {
-  return {.transport = TransportKindName(flags.transport),
+  return {.transport = flags.transport,
           .ucx_net_devices = flags.ucx_net_devices,
           .ucx_tls = flags.ucx_tls,
           .write_mode = flags.write_mode,

@@ -15,12 +15,8 @@
 
 namespace duet::cli {
 
-enum class TransportKind { kShm, kTcp, kShmMm };  // the UCX profiles "shm", "tcp", "shm-mm"
-
-const char* TransportKindName(TransportKind kind);
-
 struct TransportFlags {
-  TransportKind transport = TransportKind::kShm;
+  cluster::TransportKind transport = cluster::TransportKind::kShm;  // never kInproc
   std::string ucx_tls;          // empty: the profile's
   std::string ucx_net_devices;  // empty: the profile's
   transfer::WriteMode write_mode = transfer::WriteMode::kAuto;

@@ -31,11 +31,11 @@
 #include "cluster/membership_client.h"
 #include "cluster/types.h"
 #include "common/compute/kv_memory.h"
+#include "common/engine/local_engine.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/kv_layout.h"
 #include "common/metrics/http_exporter.h"
 #include "common/metrics/metrics.h"
-#include "common/model/local_engine.h"
 #include "duet/v1/membership.pb.h"
 
 namespace duet::cluster {

@@ -1,26 +1,61 @@
 #include "cluster/node_transport.h"
 
+#include <ostream>
+
 #include "absl/strings/str_cat.h"
 #include "transfer/ucx/ucx_transport.h"
 
 namespace duet::cluster {
 
+absl::StatusOr<TransportKind> ParseTransportKind(absl::string_view name) {
+  for (TransportKind k :
+       {TransportKind::kShm, TransportKind::kTcp, TransportKind::kShmMm, TransportKind::kInproc}) {
+    if (name == TransportKindName(k)) return k;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown transport '", name, "': valid values are shm, tcp, shm-mm, inproc"));
+}
+
+const char* TransportKindName(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kShm:
+      return "shm";
+    case TransportKind::kTcp:
+      return "tcp";
+    case TransportKind::kShmMm:
+      return "shm-mm";
+    case TransportKind::kInproc:
+      return "inproc";
+  }
+  return "?";
+}
+
+std::ostream& operator<<(std::ostream& os, TransportKind kind) {
+  return os << TransportKindName(kind);
+}
+
 absl::StatusOr<std::unique_ptr<transfer::Transport>> CreateNodeTransport(
     const NodeTransferOptions& options, const std::string& name, const kv::KvLayout& layout) {
   transfer::TransportOptions topt{.name = name, .layout = layout};
-  if (options.transport == "inproc") {
-    if (!options.ucx_tls.empty() || !options.ucx_net_devices.empty()) {
-      return absl::InvalidArgumentError(
-          "ucx_tls / ucx_net_devices apply to UCX transports, not to inproc");
-    }
-    return transfer::CreateTransport("inproc", topt);
+  transfer::UcxProfileKind ucx = transfer::UcxProfileKind::kShm;
+  switch (options.transport) {
+    case TransportKind::kInproc:
+      if (!options.ucx_tls.empty() || !options.ucx_net_devices.empty()) {
+        return absl::InvalidArgumentError(
+            "ucx_tls / ucx_net_devices apply to UCX transports, not to inproc");
+      }
+      return transfer::CreateTransport("inproc", topt);
+    case TransportKind::kShm:
+      ucx = transfer::UcxProfileKind::kShm;
+      break;
+    case TransportKind::kTcp:
+      ucx = transfer::UcxProfileKind::kTcp;
+      break;
+    case TransportKind::kShmMm:
+      ucx = transfer::UcxProfileKind::kShmMm;
+      break;
   }
-  absl::StatusOr<transfer::UcxProfile> p = transfer::UcxProfileByName(options.transport);
-  if (!p.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown transport '", options.transport,
-                                                   "': shm, shm-mm, tcp (UCX) or inproc"));
-  }
-  const transfer::UcxProfile& profile = *p;
+  const transfer::UcxProfile profile = transfer::UcxProfileOf(ucx);
   topt.tls = options.ucx_tls.empty() ? profile.tls : options.ucx_tls;
   topt.net_devices =
       options.ucx_net_devices.empty() ? profile.net_devices : options.ucx_net_devices;

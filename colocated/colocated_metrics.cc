@@ -26,13 +26,19 @@ void ColocatedMetrics::AddServerGauges(std::function<kv::BlockPoolStats()> pool,
                         std::move(pool));
   registry_->AddGaugeCallback("duet_colocated_queue",
                               "Requests waiting for admission, running, queued prompt tokens",
-                              {"what"}, [load = std::move(load)] {
+                              {"what"}, [load] {
                                 const ColocatedLoad l = load();
                                 return std::vector<metrics::Sample>{
                                     {{"waiting_requests"}, static_cast<double>(l.waiting_requests)},
                                     {{"running_requests"}, static_cast<double>(l.running_requests)},
                                     {{"queued_tokens"}, static_cast<double>(l.queued_tokens)}};
                               });
+  registry_->AddCounterCallback(
+      "duet_colocated_preemptions_total",
+      "Running requests sent back to the queue for want of KV blocks (resumed by recompute)", {},
+      [load] {
+        return std::vector<metrics::Sample>{{{}, static_cast<double>(load().preemptions)}};
+      });
 }
 
 void ColocatedMetrics::RecordRequest(const absl::Status& status) {

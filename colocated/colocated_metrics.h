@@ -1,7 +1,7 @@
 // ColocatedMetrics: the colocated server's Prometheus metrics (duet_colocated_*), served on
 // --metrics_port like a node's: requests by outcome, tokens generated, and gauges read at
-// scrape over the scheduler (waiting and running requests, queued prompt tokens) and the KV
-// pool (free, used, quarantined, total).
+// scrape over the scheduler (waiting and running requests, queued prompt tokens, preemptions) and
+// the KV pool (free, used, quarantined, total).
 //
 //   metrics::Registry registry;
 //   ColocatedMetrics m(&registry);

@@ -255,6 +255,7 @@ void ColocatedScheduler::GrowOrPreempt() {
       return;
     }
     ++r.preemptions;
+    ++preemptions_;
     r.queued_at = absl::Now();
     if (r.seq.generated() == 0) {
       // Its prompt's prefill starts over.
@@ -392,7 +393,7 @@ void ColocatedScheduler::RemoveDone() {
 }
 
 void ColocatedScheduler::PublishLoad() {
-  ColocatedLoad load;
+  ColocatedLoad load{.preemptions = preemptions_};
   // Tokens to compute before each request's next token (its pending ones, but for a decode).
   for (const auto& r : waiting_) {
     ++load.waiting_requests;

@@ -123,6 +123,7 @@ struct ColocatedLoad {
   int64_t queued_tokens = 0;     // prompt tokens not yet prefilled
   int32_t waiting_requests = 0;  // not yet admitted
   int32_t running_requests = 0;  // admitted (prefilling or decoding)
+  int64_t preemptions = 0;       // since start: running requests sent back for want of blocks
 };
 
 class ColocatedScheduler {
@@ -187,6 +188,7 @@ class ColocatedScheduler {
   std::deque<std::shared_ptr<Request>> incoming_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Request>> by_id_ ABSL_GUARDED_BY(mu_);  // in flight
   ColocatedLoad load_ ABSL_GUARDED_BY(mu_);  // counts, refreshed by the thread
+  int64_t preemptions_ = 0;                  // the scheduler thread's own count
 
   // Scheduler thread only (and Shutdown once it stopped).
   std::deque<std::shared_ptr<Request>> waiting_;  // FIFO

@@ -82,9 +82,8 @@ CoordinatorServer::Impl::Impl(const CoordinatorOptions& options)
 CoordinatorServer::Impl::~Impl() { Shutdown(); }
 
 absl::Status CoordinatorServer::Impl::Init() {
-  DUET_ASSIGN_OR_RETURN(RouterMode mode, ParseRouterMode(options_.router));
   DUET_RETURN_IF_ERROR(ValidateRouterWeights(options_.router_weights));
-  router_ = std::make_unique<Router>(mode, options_.router_weights);
+  router_ = std::make_unique<Router>(options_.router, options_.router_weights);
   if (options_.model_dir.empty()) {
     return absl::InvalidArgumentError("coordinator: --model is required (tokenizer and config)");
   }

@@ -30,9 +30,8 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   TrackerOptions tracker;
-  // How requests are routed (coordinator/router.h): cache_aware, load or round_robin; anything
-  // else, or a negative weight, is refused at Start.
-  std::string router = "cache_aware";
+  // How requests are routed (coordinator/router.h); a negative weight is refused at Start.
+  RouterMode router = RouterMode::kCacheAware;
   RouterWeights router_weights;
   // The OpenAI-compatible HTTP API and /metrics (http/http_front.h); nullopt: off. Its model
   // name, context length and vocabulary are the model's.

@@ -129,9 +129,9 @@ absl::StatusOr<RouterMode> ParseRouterMode(std::string_view name) {
   for (RouterMode m : {RouterMode::kCacheAware, RouterMode::kLoad, RouterMode::kRoundRobin}) {
     if (name == RouterModeName(m)) return m;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown router '",
-                                                 absl::string_view(name.data(), name.size()),
-                                                 "' (expected cache_aware, load or round_robin)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown router '", absl::string_view(name.data(), name.size()),
+                   "': valid values are cache_aware, load, round_robin"));
 }
 
 absl::Status ValidateRouterWeights(const RouterWeights& w) {
@@ -193,20 +193,6 @@ size_t RoundRobinPolicy::Pick(const std::vector<NodeInfo>& candidates,
   last_ = candidates[pick].node.node_id;
   has_last_ = true;
   return pick;
-}
-
-absl::StatusOr<std::unique_ptr<NodePolicy>> MakeNodePolicy(std::string_view name, NodeKind kind) {
-  if (name == "round_robin") return std::make_unique<RoundRobinPolicy>();
-  if (kind == NodeKind::kDecode && (name == "least_loaded" || name == "default")) {
-    return std::make_unique<LeastLoadedDecodePolicy>();
-  }
-  if (kind == NodeKind::kPrefill && (name == "least_queued" || name == "default")) {
-    return std::make_unique<LeastQueuedPrefillPolicy>();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown ", NodeKindName(kind), " routing policy '",
-      absl::string_view(name.data(), name.size()), "' (expected ",
-      kind == NodeKind::kDecode ? "least_loaded" : "least_queued", " or round_robin)"));
 }
 
 Router::Router(std::unique_ptr<NodePolicy> decode_policy,

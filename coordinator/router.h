@@ -111,7 +111,7 @@ std::vector<std::string> FencedPairs(const std::vector<NodeInfo>& decode,
 
 enum class RouterMode : uint8_t { kCacheAware, kLoad, kRoundRobin };
 const char* RouterModeName(RouterMode mode);  // "cache_aware", "load", "round_robin"
-// INVALID_ARGUMENT naming `name` and the modes for anything else.
+// Parses RouterModeName's names; INVALID_ARGUMENT naming `name` and the modes for anything else.
 absl::StatusOr<RouterMode> ParseRouterMode(std::string_view name);
 
 // The cache_aware Cost's weights (router.h's header comment); all finite and >= 0.
@@ -172,10 +172,6 @@ class RoundRobinPolicy : public NodePolicy {
   NodeId last_ ABSL_GUARDED_BY(mu_);
   bool has_last_ ABSL_GUARDED_BY(mu_) = false;
 };
-
-// "least_loaded" (decode), "least_queued" (prefill), "round_robin" (both); "default" picks the
-// kind's default. INVALID_ARGUMENT for anything else or a policy of the other kind.
-absl::StatusOr<std::unique_ptr<NodePolicy>> MakeNodePolicy(std::string_view name, NodeKind kind);
 
 class Router {
  public:

@@ -7,7 +7,7 @@
 //
 //   DUET_ASSIGN_OR_RETURN(auto node, DecodeNode::Start({.runtime = {.node_id = "decode-0",
 //       .coordinator_address = "127.0.0.1:5000", .model_dir = "models/tiny"},
-//       .transfer = {.transport = "shm"}}));
+//       .transfer = {.transport = cluster::TransportKind::kShm}}));
 //   std::cout << "decode node on " << node->address() << "\n";
 //   ...   // until told to stop
 //   node->Shutdown();

@@ -1,6 +1,7 @@
-// The prefill scheduler's forward passes, on its thread: batching under the token budget, the
-// layer-done hook that hands each layer to the KvStreamSender, the abandon check, the first
-// token and the final notice, and what each request does after the pass.
+// The prefill scheduler's forward passes, on its thread, each one step of the engine core
+// (engine::StepRunner::Run): batching under the token budget, the layer-done hook that hands
+// each layer to the KvStreamSender, the abandon check, the final notice with the first token,
+// and what each request does after the pass.
 #include <algorithm>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/compute_backend.h"
+#include "common/engine/step_runner.h"
 #include "duet/v1/decode.pb.h"
 #include "prefill_node/prefill_request.h"
 #include "prefill_node/prefill_scheduler.h"
@@ -28,36 +30,28 @@ std::vector<PrefillScheduler::BatchItem> PrefillScheduler::NextBatch() {
   for (const RequestPtr& r : queue_) {
     if (budget <= 0) break;
     if (r->phase != Phase::kQueued || !r->end.ok()) continue;
-    const int64_t remaining = static_cast<int64_t>(r->job.prompt.size()) - r->done_tokens;
+    const int64_t remaining = r->seq.pending();
     const int64_t n = std::min(remaining, budget);
     budget -= n;
     r->phase = Phase::kRunning;
     if (r->first_pass == absl::InfiniteFuture()) r->first_pass = now;
-    batch.push_back({.request = r, .start = r->done_tokens, .tokens = n, .final = n == remaining});
+    batch.push_back({.request = r, .tokens = n, .final = n == remaining});
   }
   return batch;
 }
 
 void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
-  std::vector<model::SequenceInput> inputs;
-  inputs.reserve(batch.size());
+  // One step of the engine core: it builds the inputs, maps the rows back, scores the prompts
+  // that ask for it, publishes the blocks each chunk completed and samples each last chunk's
+  // first token (appended to its sequence; the stop rule after it is the decode node's).
+  std::vector<engine::StepItem> items;
+  items.reserve(batch.size());
   for (const BatchItem& it : batch) {
-    const Request& r = *it.request;
-    const std::vector<int32_t>& p = r.job.prompt;
-    inputs.push_back(model::SequenceInput{
-        .seq_id = r.seq_id,
-        .tokens = std::vector<int32_t>(p.begin() + it.start, p.begin() + it.start + it.tokens),
-        .start_pos = static_cast<int32_t>(it.start),
-        .table = r.table.get(),
-        .want_logits = false,
-        .all_logits = r.ScoresPrompt(),
-        .sample = it.final ? &r.job.sampling : nullptr,
-        .sample_step = r.job.sample_step,
-        .sample_state = &r.sampling_state});
+    items.push_back({.seq = &it.request->seq, .tokens = it.tokens});
   }
   const absl::Time t0 = absl::Now();
-  absl::StatusOr<model::ForwardOutput> out = runner_->Forward(
-      absl::MakeSpan(inputs), pool_->View(),
+  absl::StatusOr<std::vector<engine::StepOutcome>> out = step_.Run(
+      items,
       [this, &batch](int layer, absl::Span<const model::LayerSpan> spans) {
         OnLayer(batch, layer, spans);
       },
@@ -73,26 +67,15 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
           out.status(), absl::StrCat("prefill of request ", r.job.request_id, ": forward pass"));
       continue;
     }
-    // The sequence's rows: one (its last token's), or one per token when it scores its prompt.
-    size_t first = 0;
-    while (first < out->seq_ids.size() && out->seq_ids[first] != r.seq_id) ++first;
-    size_t end = first;
-    while (end < out->seq_ids.size() && out->seq_ids[end] == r.seq_id) ++end;
-    if (r.ScoresPrompt()) ScorePrompt(batch[i], *out, first, end);
     if (!batch[i].final) continue;
-    results[i] = end > first
-                     ? Complete(batch[i], *out, end - 1, pass_us)
-                     : absl::InternalError("prefill: the forward pass returned no token row");
+    const engine::StepOutcome& o = (*out)[i];
+    results[i] = o.sampled ? Complete(batch[i], o.token, pass_us)
+                           : absl::InternalError("prefill: the last chunk sampled no token");
   }
-  // The blocks this pass completed are shared from now on.
-  if (out.ok()) {
-    for (const BatchItem& it : batch) kv_.Publish(*it.request->table, it.request->job.prompt);
-  }
-  AfterPass(batch, out, results, t0, t1);
+  AfterPass(batch, results, t0, t1);
 }
 
 void PrefillScheduler::AfterPass(std::vector<BatchItem>& batch,
-                                 const absl::StatusOr<model::ForwardOutput>& out,
                                  const std::vector<absl::Status>& results, absl::Time t0,
                                  absl::Time t1) {
   const int64_t pass_us = absl::ToInt64Microseconds(t1 - t0);
@@ -100,7 +83,6 @@ void PrefillScheduler::AfterPass(std::vector<BatchItem>& batch,
     const RequestPtr& r = batch[i].request;
     r->compute_us += pass_us;
     ++r->chunks;
-    if (out.ok()) r->done_tokens += batch[i].tokens;
     // A stopped request's own reason is its error (not the pass it abandoned).
     if (!results[i].ok() && r->end.ok()) r->end = results[i];
     if (r->stopped()) {
@@ -113,7 +95,7 @@ void PrefillScheduler::AfterPass(std::vector<BatchItem>& batch,
       EndStream(r);
     } else if (!batch[i].final) {
       r->phase = Phase::kQueued;  // keeps its place: the next pass continues it first
-      SetLoadTokens(*r, static_cast<int64_t>(r->job.prompt.size()) - r->done_tokens);
+      SetLoadTokens(*r, r->seq.pending());
     } else {
       queue_.erase(std::find(queue_.begin(), queue_.end(), r));
       r->phase = Phase::kLanding;
@@ -147,7 +129,7 @@ void PrefillScheduler::OnLayer(std::vector<BatchItem>& batch, int layer,
     if (options_.no_layer_pipelining || !r.end.ok()) continue;
     const compute::WorkMarker* ready = nullptr;
     for (const model::LayerSpan& span : spans) {
-      if (span.seq_id == r.seq_id) ready = span.ready.get();
+      if (span.seq_id == r.seq.id) ready = span.ready.get();
     }
     absl::Status failure = HandOverLayer(it.request, layer, ready);
     if (!failure.ok() && r.end.ok()) r.end = failure;
@@ -178,18 +160,10 @@ absl::Status PrefillScheduler::HandOverLayer(const RequestPtr& r, int layer,
   return absl::OkStatus();
 }
 
-void PrefillScheduler::ScorePrompt(const BatchItem& item, const model::ForwardOutput& out,
-                                   size_t first, size_t end) {
-  Request& r = *item.request;
-  model::ScorePromptChunk(out.Row(first), out.vocab, static_cast<int64_t>(end - first), item.start,
-                          r.job.prompt, r.job.sampling.prompt_logprobs, &r.prompt_logprobs);
-}
-
-absl::Status PrefillScheduler::Complete(BatchItem& item, const model::ForwardOutput& out,
-                                        size_t row, int64_t pass_us) {
+absl::Status PrefillScheduler::Complete(BatchItem& item, const model::SampledToken& tok,
+                                        int64_t pass_us) {
   Request& r = *item.request;
   if (!r.end.ok()) return r.end;
-  const model::SampledToken& tok = out.tokens.at(row);  // sampled on the backend, step 0
   const int64_t forward_done_us = NowUnixMicros();
   if (options_.no_layer_pipelining) {
     const std::shared_ptr<compute::WorkMarker> computed = runner_->backend()->MarkQueuedWork();

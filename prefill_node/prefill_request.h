@@ -20,9 +20,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/engine/sequence.h"
 #include "common/kv/block_table.h"
 #include "common/sampling/sampler.h"
-#include "common/sampling/sampling_state.h"
 #include "prefill_node/prefill_scheduler.h"
 
 namespace duet::prefill::internal {
@@ -76,37 +76,33 @@ class LandingWatch {
 struct PrefillRequest {
   PrefillRequest(PrefillJob j, absl::Span<const int32_t> eos_ids, int num_layers)
       : job(std::move(j)),
-        // The prompt ends with the sample_step tokens already generated (a resumed request).
-        sampling_state(job.sampling, eos_ids,
-                       absl::MakeConstSpan(job.prompt).first(job.prompt.size() - job.sample_step),
-                       absl::MakeConstSpan(job.prompt).last(job.sample_step)),
+        // The prompt ends with the sample_step tokens already generated (a resumed request):
+        // they count as output for the penalties and min_tokens, and the first token sampled
+        // here is output token sample_step, as one process would draw it.
+        seq(/*id=*/0, job.prompt, job.sample_step, job.sampling, eos_ids),
         layer_done_us(num_layers, 0),
         landed_us(num_layers, 0) {}
 
   // Fixed at Submit (before the request is handed to the scheduler thread); any thread reads.
   const PrefillJob job;
-  const model::SamplingState sampling_state;
   const absl::Time submitted = absl::Now();
   const std::shared_ptr<PrefillStream> stream = std::make_shared<PrefillStream>();
   const std::shared_ptr<LandingWatch> watch = std::make_shared<LandingWatch>();
-  int64_t seq_id = 0;
-  // Scores its prompt (sampling.prompt_logprobs, not resumed): computed whole, every row's
-  // logits kept.
-  bool ScoresPrompt() const { return job.sampling.prompt_logprobs >= 0 && job.sample_step == 0; }
 
   // Its share of the scheduler's queued tokens: guarded by the scheduler's mu_.
   int64_t load_tokens = 0;
 
-  // Everything below: the scheduler thread's alone.
+  // Everything below: the scheduler thread's alone (seq's id is set at Submit).
+  // The prompt on the engine core: its table (P's blocks; Forward writes the K/V there, and
+  // computed() are the prompt tokens whose K/V are in the pool), the tokens it took from P's
+  // cache, its prompt scores; after its last chunk, the first token appended.
+  engine::Sequence seq;
   bool taken = false;  // out of incoming_
   Phase phase = Phase::kSubmitted;
   absl::Time admitted;                             // its queue time starts here
   absl::Time room_since = absl::InfiniteFuture();  // waiting for room in the pool since
   std::string room_error;                          // why the pool had no room
-  std::unique_ptr<kv::BlockTable> table;           // P's blocks; Forward writes the K/V there
   std::vector<kv::BlockId> local_blocks;           // the blocks sent: those D does not hold
-  int64_t cached_tokens = 0;                       // of the prompt, from P's cache
-  int64_t done_tokens = 0;                         // prompt tokens whose K/V are in the pool
   bool begun = false;                              // KvStreamSender::Begin succeeded
   bool tell_decode = true;  // D must hear kAborted if it ends unlanded (not when Begin found the
                             // transfer id streaming for another request)
@@ -116,7 +112,6 @@ struct PrefillRequest {
   std::vector<int64_t> layer_done_us;  // per layer: wall clock when its K/V were written
   int64_t forward_done_us = 0;         // the first token sampled
   model::SampledToken first_token;
-  std::vector<model::SampledToken> prompt_logprobs;  // ScoresPrompt(): positions 1.. so far
   std::vector<int64_t> landed_us;  // per layer: when its write was seen landed (the watcher's)
   bool landed = false;             // every write landed, the final notice too
   // Why it ends early (the first reason counts); OK while it goes on.
@@ -136,10 +131,9 @@ struct PrefillRequest {
 
 namespace duet::prefill {
 
-// One request's share of a forward pass.
+// One request's share of a forward pass: the next `tokens` of its prompt (engine::StepItem).
 struct PrefillScheduler::BatchItem {
   std::shared_ptr<internal::PrefillRequest> request;
-  int64_t start = 0;  // first prompt position of this pass
   int64_t tokens = 0;
   bool final = false;  // holds the prompt's last token
 };

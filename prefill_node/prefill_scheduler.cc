@@ -51,7 +51,8 @@ PrefillScheduler::PrefillScheduler(model::ModelRunner* runner, kv::BlockPool* po
       transport_(transport),
       sender_(sender),
       options_(std::move(options)),
-      num_layers_(pool->layout().num_layers) {}
+      num_layers_(pool->layout().num_layers),
+      step_(runner, &kv_, options_.eos_ids) {}
 
 PrefillScheduler::~PrefillScheduler() { Shutdown(); }
 
@@ -95,7 +96,7 @@ absl::StatusOr<std::shared_ptr<PrefillStream>> PrefillScheduler::Submit(PrefillJ
   if (by_id_.count(r->job.request_id)) {
     return absl::AlreadyExistsError(absl::StrCat(what, ": already in flight"));
   }
-  r->seq_id = next_seq_id_++;
+  r->seq.id = next_seq_id_++;
   r->load_tokens = static_cast<int64_t>(r->job.prompt.size());
   queued_tokens_ += r->load_tokens;
   by_id_[r->job.request_id] = r;
@@ -257,7 +258,7 @@ void PrefillScheduler::Admit(const RequestPtr& r) {
   const absl::Time now = absl::Now();
   const bool waited = r->phase == Phase::kWaitingForRoom;
   absl::StatusOr<kv::SequenceBlocks> blocks =
-      kv_.AllocateSequence(r->job.prompt, n, /*use_cache=*/!r->ScoresPrompt());
+      kv_.AllocateSequence(r->job.prompt, n, /*use_cache=*/!r->seq.ScoresPrompt());
   if (!blocks.ok()) {
     if (!absl::IsResourceExhausted(blocks.status())) {
       Stop(r, Annotate(blocks.status(), what), now);
@@ -291,19 +292,19 @@ void PrefillScheduler::Admit(const RequestPtr& r) {
     return;
   }
   if (waited) LeaveRoomWait(*r);
-  r->cached_tokens = blocks->cached_tokens;
-  r->done_tokens = r->cached_tokens;
-  r->table = std::move(*blocks).MakeTable(pool_);
-  r->local_blocks.assign(r->table->blocks().begin() + r->job.remote_cached_blocks,
-                         r->table->blocks().end());
+  engine::Sequence& seq = r->seq;
+  seq.cached_tokens = blocks->cached_tokens;
+  seq.table = std::move(*blocks).MakeTable(pool_);
+  r->local_blocks.assign(seq.table->blocks().begin() + r->job.remote_cached_blocks,
+                         seq.table->blocks().end());
   absl::Status begun = sender_->Begin({.request_id = r->job.transfer_id,
                                        .peer = r->job.peer,
                                        .local_blocks = r->local_blocks,
                                        .remote_blocks = r->job.remote_blocks});
   if (!begun.ok()) {
-    absl::Status freed = r->table->Release();
+    absl::Status freed = seq.table->Release();
     if (!freed.ok()) DUET_LOG(ERROR) << what << ": freeing blocks: " << freed;
-    r->table.reset();
+    seq.table.reset();
     freed_ = true;
     // The transfer id streams for another request: D's word for it is not ours to send.
     r->tell_decode = !absl::IsAlreadyExists(begun);
@@ -316,7 +317,7 @@ void PrefillScheduler::Admit(const RequestPtr& r) {
   // waited for room is not the scheduler's).
   r->admitted = waited ? now : r->submitted;
   queue_.push_back(r);
-  SetLoadTokens(*r, n - r->cached_tokens);
+  SetLoadTokens(*r, seq.pending());
 }
 
 void PrefillScheduler::AdmitWaiting() {
@@ -424,10 +425,10 @@ void PrefillScheduler::EndFinished() {
 
 bool PrefillScheduler::Finish(const RequestPtr& r) {
   bool freed = false;
-  if (r->table != nullptr) {
-    absl::Status s = r->table->Release();
+  if (r->seq.table != nullptr) {
+    absl::Status s = r->seq.table->Release();
     if (!s.ok()) DUET_LOG(ERROR) << "prefill of request " << r->job.request_id << ": free: " << s;
-    r->table.reset();
+    r->seq.table.reset();
     freed = true;
   }
   PrefillEvent last;
@@ -464,8 +465,8 @@ PrefillResult PrefillScheduler::MakeResult(const Request& r, bool kv_landed) con
   res.prefill_compute_us = r.compute_us;
   res.layer_done_unix_us = r.layer_done_us;
   res.chunks = r.chunks;
-  res.cached_tokens = r.cached_tokens;
-  res.prompt_logprobs = r.prompt_logprobs;
+  res.cached_tokens = r.seq.cached_tokens;
+  res.prompt_logprobs = r.seq.prompt_logprobs;
   if (!kv_landed) return res;
   res.kv_bytes_sent = static_cast<int64_t>(r.local_blocks.size()) * num_layers_ *
                       static_cast<int64_t>(pool_->layout().BlockBytes());

@@ -1,16 +1,19 @@
 // PrefillScheduler: the prefill node's engine, with no gRPC in it. One scheduler thread owns every
 // request from Submit to its last event: it admits it (P's blocks, KvStreamSender::Begin; a
 // prompt the pool has no room for waits for room), packs waiting prompts, oldest first, under a
-// token budget into ONE ModelRunner::Forward (the kernels are batch-invariant, so batching never
-// changes a token), prefilling a prompt longer than the budget in chunks over several passes. In
-// the pass that holds a request's last chunk, the layer-done hook hands layer l of all its blocks
-// to the KvStreamSender, so layer l's KV travels to the decode node while layer l+1 computes
-// (layer pipelining). After that pass the first token is sampled and pushed to the request's
-// event stream (kFirstToken) and the final notice (a serialized duet.v1.KvCompletion) is sent.
-// Once every write has landed the scheduler frees P's blocks and ends the stream (kKvLanded). On
-// a failure, the deadline, Cancel(), a lost decode peer or Shutdown it aborts the stream (the
-// decode node may reuse its blocks after the kAborted notice), frees P's blocks and ends the
-// stream (kFailed). The blocks are free before the last event is pushed.
+// token budget into ONE forward pass (the kernels are batch-invariant, so batching never changes
+// a token), prefilling a prompt longer than the budget in chunks over several passes. A pass is
+// one step of the engine core (engine::StepRunner::Run, common/engine/): each request's prompt is
+// an engine::Sequence, which the core scores, publishes to P's prefix cache as its blocks are
+// computed, and samples the first token of. In the pass that holds a request's last chunk, the
+// layer-done hook hands layer l of all its blocks to the KvStreamSender, so layer l's KV travels
+// to the decode node while layer l+1 computes (layer pipelining). After that pass the first token
+// (sampled in it) is pushed to the request's event stream (kFirstToken) and the final notice (a
+// serialized duet.v1.KvCompletion) is sent. Once every write has landed the scheduler frees P's
+// blocks and ends the stream (kKvLanded). On a failure, the deadline, Cancel(), a lost decode peer
+// or Shutdown it aborts the stream (the decode node may reuse its blocks after the kAborted
+// notice), frees P's blocks and ends the stream (kFailed). The blocks are free before the last
+// event is pushed.
 //
 // The caller submits and reads; it never drives the request, and the scheduler never waits for
 // it (a stream nobody reads holds nothing back). Cancel is a message the scheduler acts on at its
@@ -55,6 +58,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/base/event_stream.h"
+#include "common/engine/step_runner.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/model/model_runner.h"
@@ -286,18 +290,15 @@ class PrefillScheduler {
   // Hands `layer` of the request to the sender: posted now, or (staging) copied into the host
   // mirror behind `ready` for its landing watcher to post.
   absl::Status HandOverLayer(const RequestPtr& r, int layer, const compute::WorkMarker* ready);
-  // Scores the prompt tokens after this pass's positions (rows [first, end) of `out`).
-  void ScorePrompt(const BatchItem& item, const model::ForwardOutput& out, size_t first,
-                   size_t end);
-  // Samples nothing (the backend did): sends the final notice for the request's last chunk.
-  absl::Status Complete(BatchItem& item, const model::ForwardOutput& out, size_t row,
-                        int64_t pass_us);
+  // Samples nothing (the core did: `token`): sends the final notice for the request's last
+  // chunk.
+  absl::Status Complete(BatchItem& item, const model::SampledToken& token, int64_t pass_us);
   // Every request of the pass is stopped (or past its deadline, which stops it): the pass can
   // be abandoned.
   bool AllStopped(const std::vector<BatchItem>& batch);
   // After the pass: its requests go on (another chunk), land, or end.
-  void AfterPass(std::vector<BatchItem>& batch, const absl::StatusOr<model::ForwardOutput>& out,
-                 const std::vector<absl::Status>& results, absl::Time t0, absl::Time t1);
+  void AfterPass(std::vector<BatchItem>& batch, const std::vector<absl::Status>& results,
+                 absl::Time t0, absl::Time t1);
 
   model::ModelRunner* const runner_;
   kv::BlockPool* const pool_;
@@ -306,6 +307,7 @@ class PrefillScheduler {
   transfer::KvStreamSender* const sender_;
   const PrefillSchedulerOptions options_;
   const int num_layers_;
+  engine::StepRunner step_;  // every pass, over kv_
 
   mutable absl::Mutex mu_;
   // Mail for the scheduler thread.

@@ -199,19 +199,24 @@ int main(int argc, char** argv) {
   const ModelConfig config = OrDie(duet::model::SyntheticConfig(absl::GetFlag(FLAGS_preset), o),
                                    "config");
   duet::compute::BackendOptions bo;
-  bo.cuda_gemm_dtype = absl::GetFlag(FLAGS_dtype);
+  bo.cuda_gemm_dtype =
+      OrDie(duet::compute::ParseCudaGemmDtype(absl::GetFlag(FLAGS_dtype)), "--dtype");
   const std::vector<std::string> prefill_variants =
       absl::StrSplit(absl::GetFlag(FLAGS_prefill_attention), ',', absl::SkipWhitespace());
-  if (!prefill_variants.empty()) bo.cuda_prefill_attention = prefill_variants[0];
+  if (!prefill_variants.empty()) {
+    bo.cuda_prefill_attention =
+        OrDie(duet::compute::ParseCudaPrefillAttention(prefill_variants[0]), "--prefill_attention");
+  }
   auto backend = OrDie(CudaBackend::Create(bo), "cuda backend");
-  const double elem_bytes = bo.cuda_gemm_dtype == "f32" ? 4 : 2;
+  const double elem_bytes = bo.cuda_gemm_dtype == duet::compute::CudaGemmDtype::kF32 ? 4 : 2;
   const Geometry geo = Measure(config, elem_bytes);
-  std::printf("device: %s\nmodel: %s, %d layers, hidden %d, heads %d/%d, head_dim %d, vocab %d, "
-              "%.2f B matmul params, weights %s\n",
-              backend->device_name().c_str(), absl::GetFlag(FLAGS_preset).c_str(),
-              config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
-              config.num_key_value_heads, config.head_dim, config.vocab_size,
-              (geo.matmul_params + geo.lm_head_params) / 1e9, bo.cuda_gemm_dtype.c_str());
+  std::printf(
+      "device: %s\nmodel: %s, %d layers, hidden %d, heads %d/%d, head_dim %d, vocab %d, "
+      "%.2f B matmul params, weights %s\n",
+      backend->device_name().c_str(), absl::GetFlag(FLAGS_preset).c_str(), config.num_hidden_layers,
+      config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+      config.vocab_size, (geo.matmul_params + geo.lm_head_params) / 1e9,
+      duet::compute::CudaGemmDtypeName(bo.cuda_gemm_dtype));
 
   const double hbm_gbs = MeasureHbmBandwidth(backend->stream());
   const double peak_tflops = MeasureGemmPeak(backend.get());
@@ -343,7 +348,8 @@ int main(int argc, char** argv) {
   // ---- The other prefill attention kernels: a second backend and the same random model.
   for (size_t vi = 1; vi < variants.size(); ++vi) {
     duet::compute::BackendOptions vo = bo;
-    vo.cuda_prefill_attention = variants[vi];
+    vo.cuda_prefill_attention =
+        OrDie(duet::compute::ParseCudaPrefillAttention(variants[vi]), "--prefill_attention");
     auto vb = OrDie(CudaBackend::Create(vo), "cuda backend (prefill variant)");
     auto vr = OrDie(ModelRunner::CreateRandom(config, 1234, vb.get()), "random model (variant)");
     OrDie(vr->SetKvDtype(layout.dtype), "kv dtype");
@@ -402,7 +408,7 @@ int main(int argc, char** argv) {
   nlohmann::json doc = {{"device", backend->device_name()},
                         {"preset", absl::GetFlag(FLAGS_preset)},
                         {"layers", config.num_hidden_layers},
-                        {"gemm_dtype", bo.cuda_gemm_dtype},
+                        {"gemm_dtype", duet::compute::CudaGemmDtypeName(bo.cuda_gemm_dtype)},
                         {"kv_dtype", duet::kv::KvDtypeName(layout.dtype)},
                         {"measured_copy_gbs", hbm_gbs},
                         {"measured_bf16_gemm_tflops", peak_tflops},

@@ -11,6 +11,7 @@ Sequence::Sequence(int64_t id, std::vector<int32_t> tokens, int generated_before
     : id(id),
       tokens(std::move(tokens)),
       prompt_len(static_cast<int64_t>(this->tokens.size()) - generated_before),
+      generated_before(generated_before),
       params(std::move(params)) {
   DUET_CHECK(generated_before >= 0 && prompt_len >= 0)
       << "Sequence: " << generated_before << " generated tokens of " << this->tokens.size();

@@ -1,14 +1,16 @@
 // Sequence: one request's state in the engine core that every scheduler runs on
 // (common/engine/step_runner.h): its tokens (the prompt, then each output token), sampling
-// parameters and per-sequence sampling state, and its KV block table. Roles (the decode node,
-// the colocated server, LocalEngine) keep their own request data beside it: streams, timings,
-// transfer state.
+// parameters and per-sequence sampling state, and its KV block table. Roles (the prefill node,
+// the decode node, the colocated server, LocalEngine) keep their own request data beside it:
+// streams, timings, transfer state.
 //
 // A sequence's K/V cover tokens[0, computed()); the rest, pending(), are computed by the next
 // steps, and the step that computes the last of them samples the next token. A decode is a
-// sequence with one pending token; a prompt is prefilled in chunks; a preempted sequence
-// (its table gone) is resumed by computing every token again (the prefix cache may hold most of
-// them), which samples exactly what it would have (invariant 1).
+// sequence whose one pending token is the last it appended (StepRunner::Append); a prompt (with
+// any output tokens it was given, a resumed request's) is prefilled in chunks, its last chunk
+// too when it is one token; a preempted sequence (its table gone) is resumed by computing every
+// token again (the prefix cache may hold most of them), which samples exactly what it would
+// have (invariant 1).
 //
 //   Sequence seq(/*id=*/1, prompt, /*generated_before=*/0, params, eos_ids);
 //   seq.table = std::move(blocks).MakeTable(pool);   // KvCacheManager::AllocateSequence
@@ -42,8 +44,8 @@ struct Sequence {
   int64_t computed() const { return table != nullptr ? table->num_tokens() : 0; }
   // Tokens still to compute; the step that computes the last samples the next token.
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - computed(); }
-  // One token to compute, the last sampled one: the sequence decodes.
-  bool decoding() const { return generated() > 0 && pending() == 1; }
+  // One token to compute, the last one appended (not one it was given): the sequence decodes.
+  bool decoding() const { return generated() > generated_before && pending() == 1; }
   // Whether its prompt chunks are scored (params.prompt_logprobs): once, before the first
   // output token, so a prompt so scored takes nothing from the prefix cache.
   bool ScoresPrompt() const { return params.prompt_logprobs >= 0 && generated() == 0; }
@@ -51,6 +53,7 @@ struct Sequence {
   int64_t id = 0;               // unique among the sequences of one step (SequenceInput::seq_id)
   std::vector<int32_t> tokens;  // the prompt, then every output token
   int64_t prompt_len = 0;       // tokens[0, prompt_len) are the prompt
+  int generated_before = 0;     // tokens[prompt_len, prompt_len + this): output given, not sampled
   model::SamplingParams params;
   model::SamplingState sampling_state;  // the prompt and every output token
   // Its KV; null while it holds none (waiting, preempted, done). KvCacheManager grows and ends it.

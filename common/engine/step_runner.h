@@ -1,11 +1,12 @@
-// StepRunner: the engine core's one forward step, shared by every scheduler (the decode node,
-// the colocated server, LocalEngine). The scheduler picks the step's sequences and how many of
-// each one's pending tokens it computes (its batching policy) and gives every table room for
-// them first (kv::KvCacheManager::Grow / GrowOrPreempt: Forward never allocates). Run then
-// assembles the SequenceInputs, runs ModelRunner::Forward, maps the output rows back to the
-// sequences (MapRows, the one mapping), scores prompt rows, publishes the blocks a prefill chunk
-// completed, and for each sequence whose last token was computed appends the token sampled on
-// the backend and applies the stop rule (Append, the one stop rule).
+// StepRunner: the engine core's one forward step, shared by every scheduler (the prefill node,
+// the decode node, the colocated server, LocalEngine). The scheduler picks the step's sequences
+// and how many of each one's pending tokens it computes (its batching policy) and gives every
+// table room for them first (kv::KvCacheManager::Grow / GrowOrPreempt: Forward never
+// allocates). Run then assembles the SequenceInputs, runs ModelRunner::Forward (with the role's
+// layer-done hook and abandon check), maps the output rows back to the sequences (MapRows, the
+// one mapping), scores prompt rows, publishes the blocks a prefill chunk completed, and for each
+// sequence whose last token was computed appends the token sampled on the backend and applies
+// the stop rule (Append, the one stop rule).
 //
 //   StepRunner step(runner, &kv_manager, eos_ids);
 //   std::vector<StepItem> items = {{&decoding, 1}, {&prefilling, std::min(budget, p.pending())}};

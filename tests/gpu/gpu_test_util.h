@@ -34,8 +34,8 @@ inline std::unique_ptr<cuda::CudaBackend> MakeCudaBackend(const std::string& gem
     return nullptr;
   }
   BackendOptions options;
-  options.cuda_gemm_dtype = gemm_dtype;
-  options.cuda_prefill_attention = prefill;
+  options.cuda_gemm_dtype = ParseCudaGemmDtype(gemm_dtype).value();
+  options.cuda_prefill_attention = ParseCudaPrefillAttention(prefill).value();
   auto backend = cuda::CudaBackend::Create(options);
   if (!backend.ok()) {
     ADD_FAILURE() << "a GPU is present but the CUDA backend failed: " << backend.status();

@@ -31,7 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/auto_option.h"
-#include "common/model/local_engine.h"
+#include "common/engine/local_engine.h"
 #include "common/model/synthetic_model.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "proto/channel.h"

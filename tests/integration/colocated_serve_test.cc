@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,11 +28,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/model/local_engine.h"
+#include "common/engine/local_engine.h"
 #include "common/model/synthetic_model.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "proto/channel.h"
+#include "proto/sampling_convert.h"
 #include "proto/status_util.h"
 #include "tests/integration/http_exchange.h"
 #include "tests/integration/serve_process.h"
@@ -335,6 +337,59 @@ TEST_F(ColocatedServeTest, ServesMetricsThatMoveWithRequests) {
   EXPECT_EQ(Scrape(url, ok), 1);
   // Free, or kept in the prefix cache and unused.
   EXPECT_EQ(Scrape(url, free) + Scrape(url, evictable), Scrape(url, total));
+}
+
+// A pool too small for its running decodes (20 blocks; four requests of 40 prompt tokens that grow
+// to 10 blocks each): the server preempts the newest running request, requeues it and resumes it
+// by recomputing its prompt and the tokens it already streamed, as the decode node does. Every
+// request finishes with the single-process tokens (greedy and seeded, with and without
+// penalties), preemptions are counted, and nothing is held afterwards. The server is stopped
+// while the four requests are sent, so that all four are admitted together and grow together
+// whatever the machine's load: run one after another, they would fit.
+TEST_F(ColocatedServeTest, FullPoolPreemptsRunningDecodesAndResumesThemTokenExact) {
+  std::vector<std::string> flags = ColocatedFlags();
+  flags.push_back("--kv_cache_bytes=163840");  // 20 blocks of the tiny model
+  flags.push_back("--node_metrics");
+  ServeProcess colocated(DUET_BIN, flags);
+  ASSERT_TRUE(colocated.ready());
+  const std::string url = colocated.metrics_url("colocated-0");
+  ASSERT_FALSE(url.empty()) << "no \"metrics colocated-0 URL\" line";
+  const std::string preemptions = "duet_colocated_preemptions_total";
+  EXPECT_EQ(Scrape(url, preemptions), 0);
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+  ASSERT_EQ(Health(*stub).nodes(0).load().total_blocks(), 20);
+  auto params = [](int i) {
+    model::SamplingParams p{.max_tokens = 120, .ignore_eos = true};
+    if (i % 2) {
+      p.temperature = 0.9f;
+      p.seed = 11 + i;
+    }
+    if (i >= 2) {  // the resumed prefill counts the streamed tokens as output
+      p.repetition_penalty = 1.2f;
+      p.presence_penalty = 0.5f;
+      p.frequency_penalty = 0.3f;
+      p.min_p = 0.02f;
+    }
+    return p;
+  };
+  std::vector<Result> results(4);
+  std::vector<std::thread> threads;
+  const pid_t pid = colocated.pid_of("colocated-0");
+  ASSERT_GT(pid, 0);
+  kill(pid, SIGSTOP);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = Generate(*stub, Request(Prompt(40, i), rpc::ToProto(params(i)))); });
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // the four calls wait in the stopped server's socket
+  kill(pid, SIGCONT);
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status;
+    EXPECT_EQ(results[i].ids, Reference(Prompt(40, i), params(i))) << i;
+  }
+  EXPECT_GT(Scrape(url, preemptions), 0) << "the pool was expected to force a preemption";
+  EXPECT_TRUE(EverythingFree(*stub));
 }
 
 // Bad input gets the coordinator's status, code and message alike.

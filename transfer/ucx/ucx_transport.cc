@@ -698,16 +698,47 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOpt
   return ucx_internal::UcxTransport::Create(options);
 }
 
-absl::StatusOr<UcxProfile> UcxProfileByName(const std::string& name) {
-  // One mm transport: sysv, whose allocator UCX tries first for the exported pool (so the peer
-  // maps it), plus cma for memory it did not allocate. posix is the same transport over
-  // /dev/shm; listing it too only adds a second set of receive rings (2 MB per process).
-  if (name == "shm") return UcxProfile{"sysv,cma,self", ""};
-  if (name == "tcp") return UcxProfile{"tcp,self", "lo"};
-  // Shared memory without cma: puts into a UCX-allocated (mapped) region are plain memcpy.
-  if (name == "shm-mm") return UcxProfile{"sysv,self", ""};
+absl::StatusOr<UcxProfileKind> ParseUcxProfileKind(absl::string_view name) {
+  for (UcxProfileKind k : {UcxProfileKind::kShm, UcxProfileKind::kTcp, UcxProfileKind::kShmMm}) {
+    if (name == UcxProfileKindName(k)) return k;
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown ucx profile '", name, "' (shm, shm-mm, tcp)"));
+      absl::StrCat("unknown ucx profile '", name, "': valid values are shm, tcp, shm-mm"));
+}
+
+const char* UcxProfileKindName(UcxProfileKind kind) {
+  switch (kind) {
+    case UcxProfileKind::kShm:
+      return "shm";
+    case UcxProfileKind::kTcp:
+      return "tcp";
+    case UcxProfileKind::kShmMm:
+      return "shm-mm";
+  }
+  return "?";
+}
+
+UcxProfile UcxProfileOf(UcxProfileKind kind) {
+  switch (kind) {
+    case UcxProfileKind::kShm:
+      // One mm transport: sysv, whose allocator UCX tries first for the exported pool (so the
+      // peer maps it), plus cma for memory it did not allocate. posix is the same transport
+      // over /dev/shm; listing it too only adds a second set of receive rings (2 MB per
+      // process).
+      return UcxProfile{"sysv,cma,self", ""};
+    case UcxProfileKind::kTcp:
+      return UcxProfile{"tcp,self", "lo"};
+    case UcxProfileKind::kShmMm:
+      // Shared memory without cma: puts into a UCX-allocated (mapped) region are plain memcpy.
+      return UcxProfile{"sysv,self", ""};
+  }
+  return UcxProfile{};
+}
+
+absl::StatusOr<UcxProfile> UcxProfileByName(absl::string_view name) {
+  absl::StatusOr<UcxProfileKind> kind = ParseUcxProfileKind(name);
+  if (!kind.ok()) return kind.status();
+  return UcxProfileOf(*kind);
 }
 
 }  // namespace duet::transfer

@@ -30,19 +30,29 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "transfer/transport.h"
 
 namespace duet::transfer {
 
 absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options);
 
-// Our defaults for the two loopback profiles ("shm", "tcp"): TLS and net devices.
+// Our profiles: shm (sysv,cma,self), tcp (tcp,self on lo), shm-mm (sysv,self: no cma).
+enum class UcxProfileKind { kShm, kTcp, kShmMm };
+// "shm", "tcp", "shm-mm"; others InvalidArgument naming the valid values.
+absl::StatusOr<UcxProfileKind> ParseUcxProfileKind(absl::string_view name);
+const char* UcxProfileKindName(UcxProfileKind kind);
+
+// A profile's TLS and net devices.
 struct UcxProfile {
   std::string tls;
   std::string net_devices;
 };
-absl::StatusOr<UcxProfile> UcxProfileByName(const std::string& name);
+UcxProfile UcxProfileOf(UcxProfileKind kind);
+// UcxProfileOf(ParseUcxProfileKind(name)), for tests and benches that name the profile.
+absl::StatusOr<UcxProfile> UcxProfileByName(absl::string_view name);
 
 }  // namespace duet::transfer

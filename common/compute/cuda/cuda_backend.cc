@@ -28,12 +28,16 @@ cudaDataType_t CudaType(ElemType t) {
   }
 }
 
-absl::StatusOr<ElemType> ParseGemmDtype(const std::string& s) {
-  if (s == "bf16" || s.empty()) return ElemType::kBF16;
-  if (s == "f16" || s == "fp16") return ElemType::kF16;
-  if (s == "f32" || s == "fp32") return ElemType::kF32;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown cuda_gemm_dtype '", s, "': valid values are 'bf16', 'f16', 'f32'"));
+ElemType GemmElemType(CudaGemmDtype d) {
+  switch (d) {
+    case CudaGemmDtype::kBf16:
+      return ElemType::kBF16;
+    case CudaGemmDtype::kF16:
+      return ElemType::kF16;
+    case CudaGemmDtype::kF32:
+      return ElemType::kF32;
+  }
+  return ElemType::kBF16;
 }
 
 // Every kv::KvDtype has a kernel type (CheckKvDtype accepts them all).
@@ -113,18 +117,14 @@ class CudaWorkMarker : public WorkMarker {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
-  DUET_ASSIGN_OR_RETURN(ElemType dtype, ParseGemmDtype(options.cuda_gemm_dtype));
-  const std::string& attn = options.cuda_prefill_attention;
-  if (!attn.empty() && attn != "simt" && attn != "tensor") {
-    return absl::InvalidArgumentError(absl::StrCat("unknown cuda_prefill_attention '", attn,
-                                                   "': valid values are 'simt', 'tensor'"));
-  }
   DUET_ASSIGN_OR_RETURN(int count, CudaDeviceCount());
   if (options.cuda_device < 0 || options.cuda_device >= count) {
     return absl::InvalidArgumentError(absl::StrCat("cuda_device ", options.cuda_device,
                                                    " out of range: ", count, " device(s)"));
   }
-  std::unique_ptr<CudaBackend> b(new CudaBackend(options.cuda_device, dtype, attn == "tensor"));
+  std::unique_ptr<CudaBackend> b(
+      new CudaBackend(options.cuda_device, GemmElemType(options.cuda_gemm_dtype),
+                      options.cuda_prefill_attention == CudaPrefillAttention::kTensor));
   DUET_RETURN_IF_ERROR(b->Init());
   return b;
 }

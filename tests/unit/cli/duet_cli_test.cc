@@ -153,6 +153,15 @@ TEST(DuetCliTest, ABadOptionValueIsRefusedNamingTheFlag) {
   r = RunDuet({"decode", "--model=/nonexistent", "--transfer-write-mode=telepathy"});
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--transfer-write-mode: unknown write_mode 'telepathy'"));
+  r = RunDuet({"prefill", "--model=/nonexistent", "--transport=carrier-pigeon"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--transport: unknown transport 'carrier-pigeon'"));
+  r = RunDuet({"serve", "--loopback", "--model=/nonexistent", "--transport=inproc"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--transport=inproc connects nodes inside one process only"));
+  r = RunDuet({"coordinator", "--model=/nonexistent", "--router=fastest"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--router: unknown router 'fastest'"));
 }
 
 TEST(DuetCliTest, AnUnknownFlagIsStillAnError) {

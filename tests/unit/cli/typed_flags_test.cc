@@ -1,13 +1,15 @@
 // The option flags parsed once, where they are read: --device, --cpu-gemm, --cpu-isa,
-// --weights-dtype, --kv-dtype (model_flags.h), --transfer-write-mode and --kv-staging
-// (transport_flags.h) reach the options structs as enums ("auto" as std::nullopt, where the
-// option has it), and a value outside them is refused naming the flag and the valid values.
+// --weights-dtype, --kv-dtype (model_flags.h), --transport, --transfer-write-mode and
+// --kv-staging (transport_flags.h) and --router (coordinator_flags.h) reach the options structs
+// as enums ("auto" as std::nullopt, where the option has it), and a value outside them is
+// refused naming the flag and the valid values.
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/flags/reflection.h"
+#include "cli/coordinator_flags.h"
 #include "cli/model_flags.h"
 #include "cli/node_flags.h"
 #include "cli/transport_flags.h"
@@ -120,6 +122,66 @@ TEST(TypedFlagsTest, TransportWriteModeAndStagingAreTyped) {
   ScopedFlags flags(FlagValues{{"kv_staging", "sometimes"}});
   EXPECT_EQ(ReadTransportFlags().status().message(),
             "--kv-staging: unknown kv_staging 'sometimes': valid values are auto, always, never");
+}
+
+// Each transport name reaches NodeTransferOptions as its cluster::TransportKind and names it
+// back; one outside them, and inproc (nodes in one process only), are refused naming the flag.
+TEST(TypedFlagsTest, TransportIsTypedAndRoundTrips) {
+  {
+    absl::StatusOr<TransportFlags> t = ReadTransportFlags();
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->transport, cluster::TransportKind::kShm);  // the default
+  }
+  for (const auto& [name, kind] : std::vector<std::pair<std::string, cluster::TransportKind>>{
+           {"shm", cluster::TransportKind::kShm},
+           {"tcp", cluster::TransportKind::kTcp},
+           {"shm-mm", cluster::TransportKind::kShmMm}}) {
+    ScopedFlags flags(FlagValues{{"transport", name}});
+    absl::StatusOr<TransportFlags> t = ReadTransportFlags();
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status();
+    EXPECT_EQ(t->transport, kind) << name;
+    const cluster::NodeTransferOptions o = NodeTransferOptionsOf(*t);
+    EXPECT_EQ(o.transport, kind) << name;
+    EXPECT_EQ(cluster::TransportKindName(o.transport), name);
+  }
+  {
+    ScopedFlags flags(FlagValues{{"transport", "carrier-pigeon"}});
+    absl::StatusOr<TransportFlags> t = ReadTransportFlags();
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(t.status().message(),
+              "--transport: unknown transport 'carrier-pigeon': valid values are shm, tcp, "
+              "shm-mm, inproc");
+  }
+  ScopedFlags flags(FlagValues{{"transport", "inproc"}});
+  absl::StatusOr<TransportFlags> t = ReadTransportFlags();
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.status().message(),
+            "--transport=inproc connects nodes inside one process only; use shm, tcp or shm-mm");
+}
+
+// Each --router reaches RoutingFlags (and so CoordinatorOptions) as its coordinator::RouterMode
+// and names it back; anything else is refused naming the flag and the modes.
+TEST(TypedFlagsTest, RouterIsTypedAndRoundTrips) {
+  {
+    absl::StatusOr<RoutingFlags> r = ReadRoutingFlags();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->router, coordinator::RouterMode::kCacheAware);  // the default
+  }
+  for (const auto& [name, mode] : std::vector<std::pair<std::string, coordinator::RouterMode>>{
+           {"cache_aware", coordinator::RouterMode::kCacheAware},
+           {"load", coordinator::RouterMode::kLoad},
+           {"round_robin", coordinator::RouterMode::kRoundRobin}}) {
+    ScopedFlags flags(FlagValues{{"router", name}});
+    absl::StatusOr<RoutingFlags> r = ReadRoutingFlags();
+    ASSERT_TRUE(r.ok()) << name << ": " << r.status();
+    EXPECT_EQ(r->router, mode) << name;
+    EXPECT_EQ(coordinator::RouterModeName(r->router), name);
+  }
+  ScopedFlags flags(FlagValues{{"router", "fastest"}});
+  absl::StatusOr<RoutingFlags> r = ReadRoutingFlags();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "--router: unknown router 'fastest': valid values are cache_aware, load, round_robin");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The colocated server preempts and resumes decodes as the decode node does (issue 38): when
+// The colocated server preempts and resumes decodes as the decode node does: when
 // its KV pool is too small for the decodes it runs, the newest running request gives its
 // blocks back (its complete ones into the prefix cache), waits at the head of the queue and,
 // once admitted again, computes its prompt and every token it generated and samples on. Every
@@ -80,7 +80,9 @@ TEST_F(ColocatedServeTest, DecodesThePoolCannotGrowArePreemptedAndResumeTokenExa
 TEST_F(ColocatedServeTest, PreemptionWithoutAPrefixCacheRecomputesEverything) {
   std::map<std::string, int64_t> prefilled = RunThreeThatOutgrowThePool(/*caching=*/false);
   EXPECT_EQ(prefilled["r0"], 8);
-  EXPECT_GT(prefilled["r2"], 8 + 8) << "its prompt and the tokens it generated, again";
+  // Its prompt, then on resume its prompt again and every token it had generated (none when it
+  // was preempted before its first decode step, which the machine's timing may decide).
+  EXPECT_GE(prefilled["r2"], 8 + 8) << "its prompt and the tokens it generated, again";
   EXPECT_EQ(sched_->PrefixCacheCounters().hit_tokens, 0);
 }
 

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
-#include "common/model/local_engine.h"
+#include "common/engine/local_engine.h"
 #include "common/sampling/sampling.h"
 #include "tests/unit/colocated/colocated_test_rig.h"
 

@@ -22,7 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "colocated/colocated_scheduler.h"
 #include "common/base/clock.h"
-#include "common/model/local_engine.h"
+#include "common/engine/local_engine.h"
 #include "common/model/synthetic_model.h"
 
 namespace duet::colocated {

@@ -156,6 +156,27 @@ TEST(BackendOptionsTest, DeviceAndCpuGemmNamesRoundTripAndOthersAreRefused) {
   EXPECT_FALSE(ParseCpuGemm("auto").ok());  // the GEMM has no auto
 }
 
+// The CUDA backend's GEMM dtype and prefill attention: the same, checked before any GPU is asked.
+TEST(BackendOptionsTest, CudaGemmDtypeAndPrefillAttentionRoundTripAndOthersAreRefused) {
+  for (CudaGemmDtype d : {CudaGemmDtype::kBf16, CudaGemmDtype::kF16, CudaGemmDtype::kF32}) {
+    EXPECT_EQ(*ParseCudaGemmDtype(CudaGemmDtypeName(d)), d);
+  }
+  EXPECT_EQ(*ParseCudaGemmDtype("fp16"), CudaGemmDtype::kF16);
+  EXPECT_EQ(*ParseCudaGemmDtype("fp32"), CudaGemmDtype::kF32);
+  EXPECT_EQ(ParseCudaGemmDtype("int4").status().message(),
+            "unknown cuda_gemm_dtype 'int4': valid values are bf16, f16, f32");
+  for (CudaPrefillAttention a : {CudaPrefillAttention::kSimt, CudaPrefillAttention::kTensor}) {
+    EXPECT_EQ(*ParseCudaPrefillAttention(CudaPrefillAttentionName(a)), a);
+  }
+  auto attn = ParseCudaPrefillAttention("flash");
+  EXPECT_EQ(attn.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(attn.status().message(),
+            "unknown cuda_prefill_attention 'flash': valid values are simt, tensor");
+  const BackendOptions defaults;
+  EXPECT_EQ(defaults.cuda_gemm_dtype, CudaGemmDtype::kBf16);
+  EXPECT_EQ(defaults.cuda_prefill_attention, CudaPrefillAttention::kSimt);
+}
+
 TEST(BackendFactoryTest, BadOptionsRejected) {
   BackendOptions options;
   options.num_threads = -1;

@@ -271,16 +271,5 @@ TEST(RouterTest, PolicyIndexOutOfRangeIsAnInternalError) {
   EXPECT_EQ(router.PickPrefill({P("p0", 0)}, Req(1)).status().code(), absl::StatusCode::kInternal);
 }
 
-TEST(RouterTest, MakeNodePolicyByName) {
-  EXPECT_EQ(MakeNodePolicy("default", NodeKind::kDecode).value()->name(), "least_loaded");
-  EXPECT_EQ(MakeNodePolicy("default", NodeKind::kPrefill).value()->name(), "least_queued");
-  EXPECT_EQ(MakeNodePolicy("round_robin", NodeKind::kPrefill).value()->name(), "round_robin");
-  EXPECT_EQ(MakeNodePolicy("least_loaded", NodeKind::kDecode).value()->name(), "least_loaded");
-  EXPECT_EQ(MakeNodePolicy("least_queued", NodeKind::kDecode).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeNodePolicy("random", NodeKind::kPrefill).status().code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
 }  // namespace
 }  // namespace duet::coordinator

@@ -21,13 +21,14 @@ class DecodeNodeUcxTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(DecodeNodeUcxTest, TokensEqualLocalEngine) {
   testing::PrefillSide p;
   ASSERT_TRUE(p.Init("ucx", /*block_size=*/4, GetParam()).ok());
+  const cluster::TransportKind transport = cluster::ParseTransportKind(GetParam()).value();
   auto node = DecodeNode::Start({.runtime = {.node_id = "decode-0",
                                              .model_dir = testing::TinyModelDir(),
                                              .device = compute::Device::kCpu,
                                              .threads = 1,
                                              .block_size = 4,
                                              .kv_cache_bytes = 256 << 10},
-                                 .transfer = {.transport = GetParam()}});
+                                 .transfer = {.transport = transport}});
   ASSERT_TRUE(node.ok()) << node.status();
   EXPECT_GT((*node)->port(), 0);
   EXPECT_EQ((*node)->PoolStats().total,
@@ -98,13 +99,14 @@ INSTANTIATE_TEST_SUITE_P(Profiles, DecodeNodeUcxTest, ::testing::Values("shm", "
 TEST(DecodeNodeStart, BadOptionsFailClearly) {
   auto node = DecodeNode::Start({.runtime = {.node_id = "decode-0", .model_dir = ""}});
   EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument);
-  node = DecodeNode::Start({.runtime = {.node_id = "decode-0",
-                                        .model_dir = testing::TinyModelDir(),
-                                        .device = compute::Device::kCpu,
-                                        .threads = 1},
-                            .transfer = {.transport = "carrier-pigeon"}});
+  node = DecodeNode::Start(
+      {.runtime = {.node_id = "decode-0",
+                   .model_dir = testing::TinyModelDir(),
+                   .device = compute::Device::kCpu,
+                   .threads = 1},
+       .transfer = {.transport = cluster::TransportKind::kInproc, .ucx_tls = "tcp,self"}});
   EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument) << node.status();
-  EXPECT_NE(node.status().message().find("carrier-pigeon"), std::string::npos) << node.status();
+  EXPECT_NE(node.status().message().find("ucx_tls"), std::string::npos) << node.status();
   node = DecodeNode::Start({.runtime = {.node_id = "decode-0",
                                         .model_dir = testing::TinyModelDir(),
                                         .device = compute::Device::kCpu,

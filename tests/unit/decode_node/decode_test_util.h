@@ -16,8 +16,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/engine/local_engine.h"
 #include "common/kv/block_pool.h"
-#include "common/model/local_engine.h"
 #include "decode_node/decode_scheduler.h"
 #include "transfer/kv_stream/kv_stream_sender.h"
 #include "transfer/transport.h"

@@ -1,9 +1,9 @@
 // The engine core every scheduler runs on, tested once here: the StepRunner (chunked prefill and
 // decode equal to LocalEngine::Generate, one row mapping for mixed batches, the stop rule,
-// refused items, a table without room changes nothing) and KvCacheManager's side of a
-// sequence's life (growth, preemption of the newest, publish or not at the end, cancel frees,
-// a preempted sequence resumed token-exact). Role tests (decode node, colocated server) keep
-// only what their role adds.
+// refused items, a table without room changes nothing, a resumed prompt prefilled and sampled
+// at its step) and KvCacheManager's side of a sequence's life (growth, preemption of the
+// newest, publish or not at the end, cancel frees, a preempted sequence resumed token-exact).
+// Role tests (prefill node, decode node, colocated server) keep only what their role adds.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/engine/local_engine.h"
 #include "common/engine/sequence.h"
 #include "common/engine/step_runner.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/kv_cache_manager.h"
-#include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"
 
 namespace duet::engine {
@@ -425,6 +425,54 @@ TEST_F(EngineCoreTest, PreemptedSequenceResumesTokenExact) {
               Reference(std::vector<int32_t>(s.tokens.begin(), s.tokens.begin() + s.prompt_len),
                         s.id == 1 ? greedy : seeded))
         << "sequence " << s.id;
+  }
+  EXPECT_TRUE(AllFree());
+}
+
+// A resumed request's prompt, given with the output it already sent (generated_before: what
+// the prefill node gets as sample_step), is a prompt, never a decode: its last chunk, one token
+// that completes a block, publishes that block like any prompt chunk, and samples exactly
+// LocalEngine's token at that step (the given output counts for the penalties, min_tokens and
+// the sample step).
+TEST_F(EngineCoreTest, ResumedPromptIsPrefilledAndSamplesLocalEnginesTokenAtItsStep) {
+  Start(/*num_blocks=*/256);
+  // min_tokens bans EOS and the stop token from every step: ten tokens.
+  const model::SamplingParams p{.temperature = 0.9f,
+                                .seed = 21,
+                                .max_tokens = 10,
+                                .stop_token_ids = {7},
+                                .logprobs = 2,
+                                .repetition_penalty = 1.2f,
+                                .presence_penalty = 0.8f,
+                                .frequency_penalty = 0.4f,
+                                .min_tokens = 10};
+  const std::vector<int32_t> prompt = Prompt(11, 5);
+  auto want = engine_->Generate(prompt, p);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(want->tokens.size(), 10u);
+  int64_t id = 1;
+  for (int step : {1, 5, 9}) {  // 12, 16 and 20 tokens: the last one completes a block
+    std::vector<int32_t> tokens = prompt;
+    tokens.insert(tokens.end(), want->generated_ids.begin(), want->generated_ids.begin() + step);
+    Sequence seq = Admit(id++, tokens, p, /*generated_before=*/step);
+    ASSERT_NE(seq.table, nullptr);
+    EXPECT_EQ(seq.generated(), step);
+    const StepItem most{.seq = &seq, .tokens = seq.pending() - 1};
+    ASSERT_TRUE(step_->Run({&most, 1}).ok());
+    EXPECT_FALSE(seq.decoding()) << "one token of its prompt left, not a decode";
+    const int64_t published = kv_->counters().published_blocks;
+    const StepItem last{.seq = &seq, .tokens = 1};
+    auto out = step_->Run({&last, 1});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_FALSE((*out)[0].decode);
+    EXPECT_EQ(kv_->counters().published_blocks, published + 1) << "the block it completed";
+    ASSERT_TRUE((*out)[0].sampled);
+    EXPECT_EQ((*out)[0].token.id, want->generated_ids[step]) << "step " << step;
+    EXPECT_EQ((*out)[0].token.logprob, want->tokens[step].logprob) << "step " << step;
+    EXPECT_EQ((*out)[0].token.top_logprobs, want->tokens[step].top_logprobs) << "step " << step;
+    // The next step is a decode: the token it appended.
+    EXPECT_TRUE(seq.decoding());
+    kv_->Finish(*seq.table, seq.tokens, /*publish=*/false);
   }
   EXPECT_TRUE(AllFree());
 }

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "common/compute/compute_backend.h"
+#include "common/engine/local_engine.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
-#include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"
 #include "common/weights/weights.h"
 #include "tests/unit/model/runner_test_util.h"

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "common/engine/local_engine.h"
 #include "common/kv/block_table.h"
-#include "common/model/local_engine.h"
 #include "common/weights/gguf.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/model_real/llamacpp_reference.h"

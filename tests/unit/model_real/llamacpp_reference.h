@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/engine/local_engine.h"
 #include "common/kv/block_table.h"
-#include "common/model/local_engine.h"
 #include "nlohmann/json.hpp"
 
 namespace duet::model::testing {

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "common/compute/compute_backend.h"
+#include "common/engine/local_engine.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
-#include "common/model/local_engine.h"
 #include "common/tokenizer/bpe_tokenizer.h"
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/unicode_tables.h"

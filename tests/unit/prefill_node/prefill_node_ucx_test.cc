@@ -28,12 +28,13 @@ class PrefillNodeUcxTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(PrefillNodeUcxTest, StreamsExactKvAndAnswersTheFirstToken) {
+  const cluster::TransportKind transport = cluster::ParseTransportKind(GetParam()).value();
   auto node = PrefillNode::Start({.runtime = {.node_id = "prefill-u",
                                               .model_dir = testing::TinyModelDir(),
                                               .device = compute::Device::kCpu,
                                               .threads = 1,
                                               .kv_cache_bytes = 2 << 20},
-                                  .transfer = {.transport = GetParam()},
+                                  .transfer = {.transport = transport},
                                   .max_batch_tokens = 96});
   ASSERT_TRUE(node.ok()) << node.status();
   const kv::KvLayout layout = (*node)->layout();

@@ -1,9 +1,10 @@
 // PrefillScheduler in one process: the inproc transport writes P's KV into a second BlockPool
 // standing for the decode node's. The KV that lands is byte-exact what a one-process prefill
 // writes, for single prompts, batches and chunked prompts; the first token equals
-// LocalEngine::Generate's; every layer's notice precedes the final one; batches respect the
-// token budget; layer pipelining posts layer l before layer l+1 computes; refusals free every
-// local block. When requests stop: prefill_scheduler_stop_test.cc.
+// LocalEngine::Generate's (a resumed request's at its sample step too); every layer's notice
+// precedes the final one; batches respect the token budget; layer pipelining posts layer l
+// before layer l+1 computes; refusals free every local block. When requests stop:
+// prefill_scheduler_stop_test.cc.
 #include "prefill_node/prefill_scheduler.h"
 
 #include <gtest/gtest.h>
@@ -64,6 +65,50 @@ TEST_F(PrefillSchedulerTest, SampledFirstTokenAndLogprobsMatchTheReference) {
   EXPECT_EQ(res->first_token.id, g->generated_ids[0]);
   EXPECT_EQ(res->first_token.logprob, g->tokens[0].logprob);
   EXPECT_EQ(res->first_token.top_logprobs, g->tokens[0].top_logprobs);
+  r.ExpectNoLeaks();
+}
+
+// A resumed request (its prompt ends with the sample_step tokens it already generated) samples
+// the token one process draws at that step, with penalties, and its prompt is prefilled like any
+// other: a last chunk of one token publishes the block it completes to P's cache.
+TEST_F(PrefillSchedulerTest, ResumedRequestSamplesTheReferenceTokenAtItsStep) {
+  Rig r(PrefillSchedulerOptions{.max_batch_tokens = 31});
+  Reference ref = Reference::Load(16);
+  const model::SamplingParams p{.temperature = 0.9f,
+                                .seed = 5,
+                                .max_tokens = 8,
+                                .ignore_eos = true,
+                                .logprobs = 2,
+                                .repetition_penalty = 1.3f,
+                                .presence_penalty = 0.6f,
+                                .frequency_penalty = 0.5f};
+  uint64_t tid = 8000;
+  for (int step : {3, 7}) {
+    const std::vector<int32_t> prompt = Prompt(32 - step, 60 + step, r.vocab());
+    auto g = ref.engine->Generate(prompt, p);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_GT(g->generated_ids.size(), static_cast<size_t>(step));
+    std::vector<int32_t> resumed = prompt;  // 32 tokens: chunks of 31 and 1
+    resumed.insert(resumed.end(), g->generated_ids.begin(), g->generated_ids.begin() + step);
+    PrefillJob job = r.Job("resumed-" + std::to_string(step), tid, resumed);
+    job.sampling = p;
+    job.sample_step = step;
+    const std::vector<kv::BlockId> dest = job.remote_blocks;
+    const int64_t published = r.sched->PrefixCacheCounters().published_blocks;
+    absl::StatusOr<PrefillResult> res = r.Run(std::move(job));
+    ASSERT_TRUE(res.ok()) << res.status();
+    EXPECT_EQ(res->chunks, 2);
+    EXPECT_EQ(res->first_token.id, g->generated_ids[step]) << "step " << step;
+    EXPECT_EQ(res->first_token.logprob, g->tokens[step].logprob) << "step " << step;
+    EXPECT_EQ(res->first_token.top_logprobs, g->tokens[step].top_logprobs) << "step " << step;
+    EXPECT_EQ(r.sched->PrefixCacheCounters().published_blocks, published + 2)
+        << "both blocks of the prompt, the second by its one-token chunk";
+    ref.ExpectKvEquals(resumed, *r.dpool, dest);
+    r.DrainD();
+    ExpectCompleteStream(r.got[tid], r.layout.num_layers);
+    ASSERT_TRUE(r.dpool->Free(dest).ok());
+    ++tid;
+  }
   r.ExpectNoLeaks();
 }
 

@@ -38,7 +38,7 @@ class PrefillServiceTest : public ::testing::Test {
                                                 .device = compute::Device::kCpu,
                                                 .threads = 2,
                                                 .kv_cache_bytes = 4 << 20},
-                                    .transfer = {.transport = "inproc"},
+                                    .transfer = {.transport = cluster::TransportKind::kInproc},
                                     .max_batch_tokens = 64});
     ASSERT_TRUE(node.ok()) << node.status();
     node_ = std::move(*node);

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "common/engine/local_engine.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
-#include "common/model/local_engine.h"
 #include "common/model/synthetic_model.h"
 #include "duet/v1/decode.pb.h"
 #include "duet/v1/prefill.grpc.pb.h"

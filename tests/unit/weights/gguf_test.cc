@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/base/float16.h"
-#include "common/model/local_engine.h"
+#include "common/engine/local_engine.h"
 #include "common/model/synthetic_model.h"
 #include "common/weights/gguf_model.h"
 #include "common/weights/gguf_quant.h"

@@ -1,4 +1,4 @@
-#include "common/model/local_engine.h"
+#include "common/engine/local_engine.h"
 
 #include <algorithm>
 #include <utility>
@@ -93,13 +93,12 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::CreateOn(
   const kv::KvLayout layout = e->runner_->MakeKvLayout(options.block_size);
   DUET_RETURN_IF_ERROR(layout.Validate());
   const int64_t num_blocks =
-      std::max<int64_t>(1, options.kv_cache_bytes /
-                               static_cast<int64_t>(layout.RegionBytes(1)));
+      std::max<int64_t>(1, options.kv_cache_bytes / static_cast<int64_t>(layout.RegionBytes(1)));
   DUET_ASSIGN_OR_RETURN(e->pool_memory_,
                         e->backend_->AllocateKvMemory(layout.RegionBytes(num_blocks)));
-  DUET_ASSIGN_OR_RETURN(e->pool_, kv::BlockPool::CreateOver(layout, num_blocks,
-                                                            e->pool_memory_->data(),
-                                                            e->pool_memory_->bytes()));
+  DUET_ASSIGN_OR_RETURN(e->pool_,
+                        kv::BlockPool::CreateOver(layout, num_blocks, e->pool_memory_->data(),
+                                                  e->pool_memory_->bytes()));
   return e;
 }
 

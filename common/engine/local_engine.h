@@ -1,7 +1,9 @@
 // LocalEngine: the whole model in one process (config, weights, tokenizer, compute backend,
-// KV pool) and a simple generate loop: prefill the prompt, then decode one token at a time.
-// It is the reference the disaggregated system must match token for token (docs/design.md
-// invariant 1), the engine of `duet generate`, and what bench/engine_bench drives.
+// KV pool) and a simple generate loop on the engine core (one engine::Sequence, each step one
+// engine::StepRunner::Run): prefill the prompt, then decode one token at a time. It is the
+// reference the disaggregated system must match token for token (docs/design.md invariant 1),
+// the engine of `duet generate`, and what bench/engine_bench drives. (It stays in namespace
+// duet::model, where its users have always named it.)
 //
 //   DUET_ASSIGN_OR_RETURN(auto engine, LocalEngine::Load("models/tiny", {}));
 //   DUET_ASSIGN_OR_RETURN(auto ids, engine->tokenizer().Encode("hello", /*add_bos=*/true));
@@ -57,8 +59,8 @@ struct GenerationResult {
   std::vector<int32_t> generated_ids;
   std::vector<SampledToken> tokens;  // one per generated id, with logprobs
   StopReason stop = StopReason::kNone;
-  double prefill_ms = 0;             // prompt forward + first sample
-  std::vector<double> decode_ms;     // per decode step
+  double prefill_ms = 0;          // prompt forward + first sample
+  std::vector<double> decode_ms;  // per decode step
 };
 
 class LocalEngine {
