@@ -2,9 +2,9 @@
 // bias, dtype conversion, uniform fill.
 #include <cstdint>
 
+#include "common/base/uniform_hash.h"
 #include "common/compute/cuda/device_types.cuh"
 #include "common/compute/cuda/kernels.h"
-#include "common/base/uniform_hash.h"
 
 namespace duet::compute::cuda {
 namespace {

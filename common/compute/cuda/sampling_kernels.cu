@@ -30,9 +30,9 @@
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <cub/util_type.cuh>
 
+#include "common/base/uniform_hash.h"
 #include "common/compute/cuda/device_types.cuh"
 #include "common/compute/cuda/kernels.h"
-#include "common/base/uniform_hash.h"
 
 namespace duet::compute::cuda {
 namespace {
