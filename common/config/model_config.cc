@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/json_util.h"
 #include "common/base/status.h"
+#include "common/base/vocabulary.h"
 #include "common/config/config_reader.h"
 #include "nlohmann/json.hpp"
 
@@ -226,9 +227,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJsonString(const std::string& text,
 }
 
 absl::Status ModelConfig::CheckTokenId(int32_t id) const {
-  if (id >= 0 && id < vocab_size) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+  return CheckVocabularyId(id, vocab_size, "token id");
 }
 
 absl::Status ModelConfig::CheckPrompt(absl::Span<const int32_t> prompt) const {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/base/vocabulary.h"
 #include "common/sampling/sampling_state.h"
 
 namespace duet::model {
@@ -50,9 +51,8 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
   }
   for (size_t i = 0; i < logit_bias.size(); ++i) {
     const compute::LogitBias& b = logit_bias[i];
-    if (b.id < 0 || b.id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "logit_bias token id ", b.id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    if (absl::Status s = CheckVocabularyId(b.id, vocab_size, "logit_bias token id"); !s.ok()) {
+      return s;
     }
     if (!(b.bias >= -100.f && b.bias <= 100.f)) {
       return absl::InvalidArgumentError(
@@ -64,10 +64,7 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
     }
   }
   for (int32_t id : stop_token_ids) {
-    if (id < 0 || id >= vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stop token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
-    }
+    if (absl::Status s = CheckVocabularyId(id, vocab_size, "stop token id"); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
