@@ -2,33 +2,21 @@
 
 #include <ostream>
 
-#include "absl/strings/str_cat.h"
+#include "common/base/enum_names.h"
 #include "transfer/ucx/ucx_transport.h"
 
 namespace duet::cluster {
 
+constexpr EnumNameEntry<TransportKind> kTransportKindNames[] = {{TransportKind::kShm, "shm"},
+                                                                {TransportKind::kTcp, "tcp"},
+                                                                {TransportKind::kShmMm, "shm-mm"},
+                                                                {TransportKind::kInproc, "inproc"}};
+
 absl::StatusOr<TransportKind> ParseTransportKind(absl::string_view name) {
-  for (TransportKind k :
-       {TransportKind::kShm, TransportKind::kTcp, TransportKind::kShmMm, TransportKind::kInproc}) {
-    if (name == TransportKindName(k)) return k;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown transport '", name, "': valid values are shm, tcp, shm-mm, inproc"));
+  return ParseEnum(kTransportKindNames, name, "transport");
 }
 
-const char* TransportKindName(TransportKind kind) {
-  switch (kind) {
-    case TransportKind::kShm:
-      return "shm";
-    case TransportKind::kTcp:
-      return "tcp";
-    case TransportKind::kShmMm:
-      return "shm-mm";
-    case TransportKind::kInproc:
-      return "inproc";
-  }
-  return "?";
-}
+const char* TransportKindName(TransportKind kind) { return EnumName(kTransportKindNames, kind); }
 
 std::ostream& operator<<(std::ostream& os, TransportKind kind) {
   return os << TransportKindName(kind);

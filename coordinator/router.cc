@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/enum_names.h"
 #include "common/base/error_reason.h"
 #include "common/base/status.h"
 
@@ -113,25 +114,14 @@ int64_t RouteRequest::FreshBlocks(const NodeIncarnation& node) const {
   return std::max<int64_t>(0, blocks_needed - CachedBlocks(node));
 }
 
-const char* RouterModeName(RouterMode mode) {
-  switch (mode) {
-    case RouterMode::kCacheAware:
-      return "cache_aware";
-    case RouterMode::kLoad:
-      return "load";
-    case RouterMode::kRoundRobin:
-      return "round_robin";
-  }
-  return "unknown";
-}
+constexpr EnumNameEntry<RouterMode> kRouterModeNames[] = {{RouterMode::kCacheAware, "cache_aware"},
+                                                          {RouterMode::kLoad, "load"},
+                                                          {RouterMode::kRoundRobin, "round_robin"}};
+
+const char* RouterModeName(RouterMode mode) { return EnumName(kRouterModeNames, mode, "unknown"); }
 
 absl::StatusOr<RouterMode> ParseRouterMode(std::string_view name) {
-  for (RouterMode m : {RouterMode::kCacheAware, RouterMode::kLoad, RouterMode::kRoundRobin}) {
-    if (name == RouterModeName(m)) return m;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown router '", absl::string_view(name.data(), name.size()),
-                   "': valid values are cache_aware, load, round_robin"));
+  return ParseEnum(kRouterModeNames, absl::string_view(name.data(), name.size()), "router");
 }
 
 absl::Status ValidateRouterWeights(const RouterWeights& w) {

@@ -4,30 +4,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/enum_names.h"
 
 namespace duet::transfer {
 
+constexpr EnumNameEntry<WriteMode> kWriteModeNames[] = {{WriteMode::kAuto, "auto"},
+                                                        {WriteMode::kPut, "put"},
+                                                        {WriteMode::kAm, "am"},
+                                                        {WriteMode::kMemcpy, "memcpy"}};
+
 absl::StatusOr<WriteMode> ParseWriteMode(absl::string_view name) {
-  for (WriteMode m : {WriteMode::kAuto, WriteMode::kPut, WriteMode::kAm, WriteMode::kMemcpy}) {
-    if (name == WriteModeName(m)) return m;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown write_mode '", name, "': valid values are auto, put, am, memcpy"));
+  return ParseEnum(kWriteModeNames, name, "write_mode");
 }
 
-const char* WriteModeName(WriteMode mode) {
-  switch (mode) {
-    case WriteMode::kAuto:
-      return "auto";
-    case WriteMode::kPut:
-      return "put";
-    case WriteMode::kAm:
-      return "am";
-    case WriteMode::kMemcpy:
-      return "memcpy";
-  }
-  return "?";
-}
+const char* WriteModeName(WriteMode mode) { return EnumName(kWriteModeNames, mode); }
 
 const char* TransferStateName(TransferState s) {
   switch (s) {

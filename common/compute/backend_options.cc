@@ -1,85 +1,48 @@
 #include "common/compute/backend_options.h"
 
-#include "absl/strings/str_cat.h"
+#include "common/base/enum_names.h"
 
 namespace duet::compute {
 
+constexpr EnumNameEntry<Device> kDeviceNames[] = {{Device::kCpu, "cpu"}, {Device::kCuda, "cuda"}};
+
+constexpr EnumNameEntry<CpuGemm> kCpuGemmNames[] = {
+    {CpuGemm::kInvariant, "invariant"}, {CpuGemm::kBf16, "bf16"}, {CpuGemm::kOpenBlas, "openblas"}};
+
+constexpr EnumNameEntry<CudaGemmDtype> kCudaGemmDtypeNames[] = {
+    {CudaGemmDtype::kBf16, "bf16"},
+    {CudaGemmDtype::kF16, "f16"},
+    {CudaGemmDtype::kF32, "f32"},
+    {CudaGemmDtype::kF16, "fp16", kEnumAlias},
+    {CudaGemmDtype::kF32, "fp32", kEnumAlias}};
+
+constexpr EnumNameEntry<CudaPrefillAttention> kCudaPrefillAttentionNames[] = {
+    {CudaPrefillAttention::kSimt, "simt"}, {CudaPrefillAttention::kTensor, "tensor"}};
+
 absl::StatusOr<Device> ParseDevice(absl::string_view name) {
-  for (Device d : {Device::kCpu, Device::kCuda}) {
-    if (name == DeviceName(d)) return d;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown compute backend '", name, "': valid names are cpu, cuda"));
+  return ParseEnum(kDeviceNames, name, "compute backend", "names");
 }
 
-const char* DeviceName(Device device) {
-  switch (device) {
-    case Device::kCpu:
-      return "cpu";
-    case Device::kCuda:
-      return "cuda";
-  }
-  return "?";
-}
+const char* DeviceName(Device device) { return EnumName(kDeviceNames, device); }
 
 absl::StatusOr<CpuGemm> ParseCpuGemm(absl::string_view name) {
-  for (CpuGemm g : {CpuGemm::kInvariant, CpuGemm::kBf16, CpuGemm::kOpenBlas}) {
-    if (name == CpuGemmName(g)) return g;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown cpu_gemm '", name, "': valid values are invariant, bf16, openblas"));
+  return ParseEnum(kCpuGemmNames, name, "cpu_gemm");
 }
 
-const char* CpuGemmName(CpuGemm gemm) {
-  switch (gemm) {
-    case CpuGemm::kInvariant:
-      return "invariant";
-    case CpuGemm::kBf16:
-      return "bf16";
-    case CpuGemm::kOpenBlas:
-      return "openblas";
-  }
-  return "?";
-}
+const char* CpuGemmName(CpuGemm gemm) { return EnumName(kCpuGemmNames, gemm); }
 
 absl::StatusOr<CudaGemmDtype> ParseCudaGemmDtype(absl::string_view name) {
-  for (CudaGemmDtype d : {CudaGemmDtype::kBf16, CudaGemmDtype::kF16, CudaGemmDtype::kF32}) {
-    if (name == CudaGemmDtypeName(d)) return d;
-  }
-  if (name == "fp16") return CudaGemmDtype::kF16;
-  if (name == "fp32") return CudaGemmDtype::kF32;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown cuda_gemm_dtype '", name, "': valid values are bf16, f16, f32"));
+  return ParseEnum(kCudaGemmDtypeNames, name, "cuda_gemm_dtype");
 }
 
-const char* CudaGemmDtypeName(CudaGemmDtype dtype) {
-  switch (dtype) {
-    case CudaGemmDtype::kBf16:
-      return "bf16";
-    case CudaGemmDtype::kF16:
-      return "f16";
-    case CudaGemmDtype::kF32:
-      return "f32";
-  }
-  return "?";
-}
+const char* CudaGemmDtypeName(CudaGemmDtype dtype) { return EnumName(kCudaGemmDtypeNames, dtype); }
 
 absl::StatusOr<CudaPrefillAttention> ParseCudaPrefillAttention(absl::string_view name) {
-  for (CudaPrefillAttention a : {CudaPrefillAttention::kSimt, CudaPrefillAttention::kTensor}) {
-    if (name == CudaPrefillAttentionName(a)) return a;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown cuda_prefill_attention '", name, "': valid values are simt, tensor"));
+  return ParseEnum(kCudaPrefillAttentionNames, name, "cuda_prefill_attention");
 }
 
 const char* CudaPrefillAttentionName(CudaPrefillAttention attention) {
-  switch (attention) {
-    case CudaPrefillAttention::kSimt:
-      return "simt";
-    case CudaPrefillAttention::kTensor:
-      return "tensor";
-  }
-  return "?";
+  return EnumName(kCudaPrefillAttentionNames, attention);
 }
 
 }  // namespace duet::compute

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/enum_names.h"
 #include "common/base/status.h"
 #include "common/compute/compute_backend.h"
 
@@ -85,25 +86,14 @@ absl::StatusOr<std::vector<KvCopyRun>> PlanKvCopy(const kv::KvCacheView& from,
   return runs;
 }
 
+constexpr EnumNameEntry<KvStaging> kKvStagingNames[] = {
+    {KvStaging::kAuto, "auto"}, {KvStaging::kAlways, "always"}, {KvStaging::kNever, "never"}};
+
 absl::StatusOr<KvStaging> ParseKvStaging(absl::string_view name) {
-  for (KvStaging k : {KvStaging::kAuto, KvStaging::kAlways, KvStaging::kNever}) {
-    if (name == KvStagingName(k)) return k;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown kv_staging '", name, "': valid values are auto, always, never"));
+  return ParseEnum(kKvStagingNames, name, "kv_staging");
 }
 
-const char* KvStagingName(KvStaging staging) {
-  switch (staging) {
-    case KvStaging::kAuto:
-      return "auto";
-    case KvStaging::kAlways:
-      return "always";
-    case KvStaging::kNever:
-      return "never";
-  }
-  return "?";
-}
+const char* KvStagingName(KvStaging staging) { return EnumName(kKvStagingNames, staging); }
 
 absl::StatusOr<bool> ResolveKvStaging(KvStaging staging, bool pool_is_host) {
   switch (staging) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/enum_names.h"
 
 namespace duet::kv {
 
@@ -21,18 +22,17 @@ size_t KvDtypeBytes(KvDtype dtype) {
   return 0;
 }
 
-const char* KvDtypeName(KvDtype dtype) {
-  switch (dtype) {
-    case KvDtype::kF32: return "f32";
-    case KvDtype::kF16: return "f16";
-    case KvDtype::kBF16: return "bf16";
-    case KvDtype::kInt8:
-      return "int8";
-    case KvDtype::kFp8E4M3:
-      return "fp8";
-  }
-  return "unknown";
-}
+constexpr EnumNameEntry<KvDtype> kKvDtypeNames[] = {{KvDtype::kF32, "f32"},
+                                                    {KvDtype::kF16, "f16"},
+                                                    {KvDtype::kBF16, "bf16"},
+                                                    {KvDtype::kInt8, "int8"},
+                                                    {KvDtype::kFp8E4M3, "fp8"},
+                                                    {KvDtype::kF32, "float32", kEnumAlias},
+                                                    {KvDtype::kF16, "float16", kEnumAlias},
+                                                    {KvDtype::kBF16, "bfloat16", kEnumAlias},
+                                                    {KvDtype::kFp8E4M3, "fp8_e4m3", kEnumAlias}};
+
+const char* KvDtypeName(KvDtype dtype) { return EnumName(kKvDtypeNames, dtype, "unknown"); }
 
 bool KvDtypeHasScales(KvDtype dtype) {
   return dtype == KvDtype::kInt8 || dtype == KvDtype::kFp8E4M3;
@@ -49,13 +49,7 @@ double KvBytesPerToken(int num_layers, int num_kv_heads, int head_dim, KvDtype d
 }
 
 absl::StatusOr<KvDtype> ParseKvDtype(absl::string_view name) {
-  if (name == "f32" || name == "float32") return KvDtype::kF32;
-  if (name == "f16" || name == "float16") return KvDtype::kF16;
-  if (name == "bf16" || name == "bfloat16") return KvDtype::kBF16;
-  if (name == "int8") return KvDtype::kInt8;
-  if (name == "fp8" || name == "fp8_e4m3") return KvDtype::kFp8E4M3;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown kv_dtype '", name, "': valid values are f32, f16, bf16, int8, fp8"));
+  return ParseEnum(kKvDtypeNames, name, "kv_dtype");
 }
 
 absl::Status KvLayout::Validate() const {

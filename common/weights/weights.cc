@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/enum_names.h"
 #include "common/base/float16.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
@@ -90,25 +91,14 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   return out;
 }
 
+constexpr EnumNameEntry<WeightsDtype> kWeightsDtypeNames[] = {
+    {WeightsDtype::kF32, "f32"}, {WeightsDtype::kNative, "native"}, {WeightsDtype::kBf16, "bf16"}};
+
 absl::StatusOr<WeightsDtype> ParseWeightsDtype(absl::string_view name) {
-  for (WeightsDtype d : {WeightsDtype::kF32, WeightsDtype::kNative, WeightsDtype::kBf16}) {
-    if (name == WeightsDtypeName(d)) return d;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown weights_dtype '", name, "': valid values are f32, native, bf16"));
+  return ParseEnum(kWeightsDtypeNames, name, "weights_dtype");
 }
 
-const char* WeightsDtypeName(WeightsDtype dtype) {
-  switch (dtype) {
-    case WeightsDtype::kF32:
-      return "f32";
-    case WeightsDtype::kNative:
-      return "native";
-    case WeightsDtype::kBf16:
-      return "bf16";
-  }
-  return "?";
-}
+const char* WeightsDtypeName(WeightsDtype dtype) { return EnumName(kWeightsDtypeNames, dtype); }
 
 StoredWeight StoredBf16(const std::vector<float>& x) {
   StoredWeight w{.ggml_type = kGgmlBf16, .bytes = std::vector<uint8_t>(x.size() * 2)};

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
+#include "common/base/enum_names.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "transfer/peer_address.h"
@@ -698,25 +699,16 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOpt
   return ucx_internal::UcxTransport::Create(options);
 }
 
+constexpr EnumNameEntry<UcxProfileKind> kUcxProfileKindNames[] = {
+    {UcxProfileKind::kShm, "shm"},
+    {UcxProfileKind::kTcp, "tcp"},
+    {UcxProfileKind::kShmMm, "shm-mm"}};
+
 absl::StatusOr<UcxProfileKind> ParseUcxProfileKind(absl::string_view name) {
-  for (UcxProfileKind k : {UcxProfileKind::kShm, UcxProfileKind::kTcp, UcxProfileKind::kShmMm}) {
-    if (name == UcxProfileKindName(k)) return k;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown ucx profile '", name, "': valid values are shm, tcp, shm-mm"));
+  return ParseEnum(kUcxProfileKindNames, name, "ucx profile");
 }
 
-const char* UcxProfileKindName(UcxProfileKind kind) {
-  switch (kind) {
-    case UcxProfileKind::kShm:
-      return "shm";
-    case UcxProfileKind::kTcp:
-      return "tcp";
-    case UcxProfileKind::kShmMm:
-      return "shm-mm";
-  }
-  return "?";
-}
+const char* UcxProfileKindName(UcxProfileKind kind) { return EnumName(kUcxProfileKindNames, kind); }
 
 UcxProfile UcxProfileOf(UcxProfileKind kind) {
   switch (kind) {

@@ -9,6 +9,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "common/base/enum_names.h"
 
 namespace duet::compute::cpu {
 namespace {
@@ -63,23 +64,12 @@ const CpuFeatures& HostCpuFeatures() {
   return features;
 }
 
-const char* CpuIsaName(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kScalar:
-      return "scalar";
-    case CpuIsa::kAvx2:
-      return "avx2";
-    case CpuIsa::kAvx512:
-      return "avx512";
-    case CpuIsa::kAvx512Vnni:
-      return "avx512_vnni";
-    case CpuIsa::kAvx512Bf16:
-      return "avx512_bf16";
-    case CpuIsa::kAmx:
-      return "amx";
-  }
-  return "?";
-}
+constexpr EnumNameEntry<CpuIsa> kCpuIsaNames[] = {
+    {CpuIsa::kScalar, "scalar"},          {CpuIsa::kAvx2, "avx2"},
+    {CpuIsa::kAvx512, "avx512"},          {CpuIsa::kAvx512Vnni, "avx512_vnni"},
+    {CpuIsa::kAvx512Bf16, "avx512_bf16"}, {CpuIsa::kAmx, "amx"}};
+
+const char* CpuIsaName(CpuIsa isa) { return EnumName(kCpuIsaNames, isa); }
 
 std::string MissingFeature(CpuIsa isa, const CpuFeatures& f) {
   const int level = static_cast<int>(isa);
@@ -103,12 +93,7 @@ std::string MissingFeature(CpuIsa isa, const CpuFeatures& f) {
 }
 
 absl::StatusOr<CpuIsa> ParseCpuIsa(absl::string_view name) {
-  for (CpuIsa isa : kAllCpuIsas) {
-    if (name == CpuIsaName(isa)) return isa;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown cpu_isa '", name,
-                   "': valid values are scalar, avx2, avx512, avx512_vnni, avx512_bf16, amx"));
+  return ParseEnum(kCpuIsaNames, name, "cpu_isa");
 }
 
 absl::StatusOr<CpuIsa> ResolveCpuIsa(std::optional<CpuIsa> requested, const CpuFeatures& features) {
