@@ -58,9 +58,11 @@ ABSL_FLAG(bool, perftest, true, "run ucx_perftest for the reference bandwidth");
 ABSL_FLAG(int64_t, idle_spin_us, 200,
           "progress thread: poll this long before sleeping (-1: never sleep)");
 ABSL_FLAG(std::string, write_mode, "auto", "transport write mode: auto, put, am");
-ABSL_FLAG(int64_t, am_eager_kib, 4096, "am-lane chunks up to this size are sent eagerly (KiB)");
+ABSL_FLAG(int64_t, am_eager_kib, 4096,
+          "am-lane chunks up to this size are sent eagerly, as <= 48 KiB messages (KiB)");
 ABSL_FLAG(int64_t, chunk_kib, 1024, "put-lane chunk size (KiB)");
-ABSL_FLAG(int64_t, am_chunk_kib, 4096, "am-lane (rendezvous) chunk size (KiB)");
+ABSL_FLAG(int64_t, am_chunk_kib, 4096,
+          "am-lane chunk size (KiB); above --am_eager_kib one rendezvous message");
 ABSL_FLAG(int64_t, max_bytes, int64_t{1} << 30, "skip configurations whose KV exceeds this");
 // Receiver role (internal).
 ABSL_FLAG(std::string, role, "sender", "internal: sender or receiver");

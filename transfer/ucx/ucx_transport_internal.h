@@ -23,6 +23,10 @@
 
 namespace duet::transfer::ucx_internal {
 
+// "am" lane: the largest eager data message, so that each is one UCX tcp fragment (its receive
+// segment, UCX_TCP_RX_SEG_SIZE, is 64 KiB by default, less headers) and lands with one copy.
+constexpr uint64_t kAmEagerMessageBytes = 48 << 10;
+
 constexpr unsigned kAmData = 1;
 constexpr unsigned kAmNotice = 2;
 

@@ -4,6 +4,7 @@
 
 #include "common/base/clock.h"
 #include "transfer/transport.h"
+#include "transfer/ucx/ucx_transport.h"
 
 namespace duet::transfer {
 namespace {
@@ -122,6 +123,70 @@ TEST(InprocTransportTest, LocalAddressNeedsARegion) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ((*t)->AllocateRegion(64).status().code(), absl::StatusCode::kAlreadyExists);
 }
+
+// The ucx "am" lane over tcp in one process (two workers on lo): an eager chunk goes out as
+// messages of at most 48 KiB (each one UCX fragment) and a chunk above am_eager_max_bytes as one
+// rendezvous message; either way every byte lands at its offset before the notice is delivered
+// and no receive record is left behind.
+class UcxAmLaneTest : public ::testing::TestWithParam<uint64_t /*am_eager_max_bytes*/> {};
+
+TEST_P(UcxAmLaneTest, RunsLandByteExactBeforeTheNotice) {
+  constexpr size_t kBytes = 4 << 20;
+  auto profile = UcxProfileByName("tcp");
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  auto make = [&](const std::string& name) {
+    TransportOptions o{.name = name,
+                       .layout = Layout(),
+                       .tls = profile->tls,
+                       .net_devices = profile->net_devices,
+                       .write_mode = WriteMode::kAm};
+    o.am_chunk_bytes = 1 << 20;
+    o.am_eager_max_bytes = GetParam();
+    return CreateTransport("ucx", o);
+  };
+  auto sender = make("sender");
+  auto receiver = make("receiver");
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  auto src = (*sender)->AllocateRegion(kBytes);
+  auto dst = (*receiver)->AllocateRegion(kBytes);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  auto* s = static_cast<uint8_t*>((*src)->base());
+  for (size_t i = 0; i < kBytes; ++i) s[i] = static_cast<uint8_t>(i * 131 + 7);
+  const absl::Time deadline = DeadlineIn(absl::Seconds(20));
+  auto to_receiver = (*sender)->Connect(*(*receiver)->LocalAddress(), deadline);
+  ASSERT_TRUE(to_receiver.ok()) << to_receiver.status();
+  ASSERT_TRUE((*receiver)->Connect(*(*sender)->LocalAddress(), deadline).ok());
+  EXPECT_EQ((*sender)->GetPeerInfo(*to_receiver)->lane, "am");
+  // Odd lengths and offsets: a run of a few bytes, one just over a 48 KiB message, one over
+  // the 1 MiB chunk, and one of 1.5 MiB.
+  const std::vector<WriteOp> ops = {{3, 1001, 5},
+                                    {4096, 8192, (48 << 10) + 1},
+                                    {200000, 300001, (1 << 20) + 12345},
+                                    {2500000, 2400000, 3 << 19}};
+  auto h = (*sender)->PostWrite(*to_receiver, ops, std::string("done"));
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(h->Wait(deadline).ok()) << h->status();
+  std::vector<Notice> notices;
+  while (notices.empty() && (*receiver)->WaitForNotices(deadline)) {
+    notices = (*receiver)->DrainNotices();
+  }
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].payload, "done");
+  const auto* d = static_cast<const uint8_t*>((*dst)->base());
+  for (const WriteOp& op : ops) {
+    EXPECT_EQ(std::memcmp(d + op.remote_offset, s + op.local_offset, op.length), 0)
+        << "run at " << op.remote_offset << " (+" << op.length << ")";
+  }
+  EXPECT_EQ((*receiver)->Stats().pending_arrivals, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(EagerAndRendezvous, UcxAmLaneTest,
+                         ::testing::Values(uint64_t{4} << 20, uint64_t{64} << 10),
+                         [](const auto& info) {
+                           return info.param > (1 << 20) ? std::string("Eager")
+                                                         : std::string("RendezvousAbove64KiB");
+                         });
 
 }  // namespace
 }  // namespace duet::transfer
