@@ -47,6 +47,13 @@ int RunBenchServe(const CommandLine& line) {
   absl::StatusOr<BenchFlags> flags = ReadBenchFlags();
   if (!flags.ok()) return Fail(std::string(flags.status().message()));
   const BenchFlags& b = *flags;
+  const bench::Slo slo{.ttft_ms = b.slo_ttft_ms,
+                       .tpot_ms = b.slo_tpot_ms,
+                       .e2e_ms = b.slo_e2e_ms,
+                       .attainment = b.slo_attainment};
+  if (absl::Status st = bench::CheckSloFlags(slo, line.given); !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
   const bench::WorkloadKind workload = b.workload;
   const std::string& workload_name = b.workload_name;
   bench::RunOptions run;
@@ -167,7 +174,7 @@ int RunBenchServe(const CommandLine& line) {
           : bench::RunBenchmark(*client, run, *main_source, background.get(), warmup_source.get());
 
   bench::ReportOptions ro;
-  ro.slo = {b.slo_ttft_ms, b.slo_tpot_ms, b.slo_e2e_ms};
+  ro.slo = slo;
   ro.per_request = b.per_request;
   nlohmann::json report = bench::BuildReport(result, ro);
   report["config"] = {{"server", server},

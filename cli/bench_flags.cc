@@ -20,9 +20,14 @@ ABSL_FLAG(std::string, background_input_len, "32", "background prompt tokens, N 
 ABSL_FLAG(std::string, background_output_len, "128", "background output tokens, N or A-B");
 ABSL_FLAG(int, min_token_id, 17, "random prompt ids are drawn from [min, max]");
 ABSL_FLAG(int, max_token_id, 255, "see --min-token-id");
-ABSL_FLAG(double, slo_ttft_ms, 0, "goodput SLO on TTFT (0: none)");
-ABSL_FLAG(double, slo_tpot_ms, 0, "goodput SLO on TPOT (0: none)");
-ABSL_FLAG(double, slo_e2e_ms, 0, "goodput SLO on end-to-end time (0: none)");
+ABSL_FLAG(double, slo_ttft_ms, 0, "goodput SLO on TTFT, ms (> 0; not given: none)");
+ABSL_FLAG(double, slo_tpot_ms, 0,
+          "goodput SLO on TPOT, (end - first token) / (output tokens - 1), ms (> 0; not given: "
+          "none; 1-token outputs are judged on TTFT only)");
+ABSL_FLAG(double, slo_e2e_ms, 0, "goodput SLO on end-to-end time, ms (> 0; not given: none)");
+ABSL_FLAG(double, slo_attainment, 0.9,
+          "in (0, 1]: the fraction of requests that must meet every SLO for the run to count as "
+          "within it (DistServe's goodput: the highest rate at which it does)");
 ABSL_FLAG(std::string, json_out, "", "write the JSON report here");
 ABSL_FLAG(bool, per_request, false, "include every request in the JSON");
 ABSL_FLAG(std::string, bench_label, "", "a name for this run, copied into the JSON");
@@ -80,6 +85,7 @@ std::vector<FlagGroupInfo> BenchFlagGroups() {
             &absl::GetFlagReflectionHandle(FLAGS_slo_ttft_ms),
             &absl::GetFlagReflectionHandle(FLAGS_slo_tpot_ms),
             &absl::GetFlagReflectionHandle(FLAGS_slo_e2e_ms),
+            &absl::GetFlagReflectionHandle(FLAGS_slo_attainment),
             &absl::GetFlagReflectionHandle(FLAGS_json_out),
             &absl::GetFlagReflectionHandle(FLAGS_per_request),
             &absl::GetFlagReflectionHandle(FLAGS_bench_label),
@@ -108,6 +114,7 @@ absl::StatusOr<BenchFlags> ReadBenchFlags() {
                .slo_ttft_ms = absl::GetFlag(FLAGS_slo_ttft_ms),
                .slo_tpot_ms = absl::GetFlag(FLAGS_slo_tpot_ms),
                .slo_e2e_ms = absl::GetFlag(FLAGS_slo_e2e_ms),
+               .slo_attainment = absl::GetFlag(FLAGS_slo_attainment),
                .json_out = absl::GetFlag(FLAGS_json_out),
                .per_request = absl::GetFlag(FLAGS_per_request),
                .label = absl::GetFlag(FLAGS_bench_label),

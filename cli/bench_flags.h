@@ -39,6 +39,7 @@ struct BenchFlags {
   double slo_ttft_ms = 0;
   double slo_tpot_ms = 0;
   double slo_e2e_ms = 0;
+  double slo_attainment = 0.9;
   std::string json_out;
   bool per_request = false;
   std::string label;

@@ -62,36 +62,14 @@ WORKLOAD=(--input_len 512-1024 --output_len 16 --background_concurrency 2
 
 SERVE_PID=""
 SERVE_LOG=""
+. "$ROOT/scripts/loopback_lib.sh"
 stop_server() {
-  if [ -n "$SERVE_PID" ]; then
-    kill "$SERVE_PID" 2>/dev/null || true
-    for _ in $(seq 1 100); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$SERVE_PID" 2>/dev/null || true
-    wait "$SERVE_PID" 2>/dev/null || true
-    SERVE_PID=""
-  fi
+  if [ -n "$SERVE_PID" ]; then stop_pid "$SERVE_PID"; SERVE_PID=""; fi
 }
 trap 'stop_server; [ -n "$SERVE_LOG" ] && rm -f "$SERVE_LOG"' EXIT
 trap 'exit 130' INT TERM
 
-# start_server CPUS ARGS...: starts `duet serve ARGS` under taskset, waits for "ready ADDR".
-start_server() {
-  local cpus="$1"; shift
-  SERVE_LOG="$(mktemp)"
-  taskset -c "$cpus" "$DUET" serve "$@" > "$SERVE_LOG" 2>&1 &
-  SERVE_PID=$!
-  ADDR=""
-  for _ in $(seq 1 900); do
-    ADDR="$(awk '/^ready /{print $2; exit}' "$SERVE_LOG")"
-    [ -n "$ADDR" ] && return 0
-    kill -0 "$SERVE_PID" 2>/dev/null || break
-    sleep 0.2
-  done
-  cat "$SERVE_LOG" >&2
-  echo "bench_compare.sh: the server did not become ready" >&2
-  return 1
-}
-node_pid() { awk -v n="$1" '$1=="node" && $2==n {print $4; exit}' "$SERVE_LOG"; }
+start_server() { SERVE_LOG="$(mktemp)"; start_pinned_server "$1" "$SERVE_LOG" "${@:2}"; }
 
 # run_arm NAME NOTE: runs every rate against the server at $ADDR.
 run_arm() {
@@ -121,7 +99,7 @@ for arm in pipelined bulk; do
   [ $arm = bulk ] && extra=(--no_layer_pipelining)
   start_server 0-1 --loopback --prefill 1 --decode 1 --threads 1 --transport "$TRANSPORT" \
     "${COMMON[@]}" "${extra[@]}"
-  P="$(node_pid prefill-0)"; D="$(node_pid decode-0)"
+  P="$(node_pid prefill-0 "$SERVE_LOG")"; D="$(node_pid decode-0 "$SERVE_LOG")"
   taskset -a -p -c 0 "$P" >/dev/null
   taskset -a -p -c 1 "$D" >/dev/null
   run_arm "disagg-$arm" "disaggregated ($arm KV over $TRANSPORT): prefill on core 0, decode on core 1, 1 thread each"

@@ -27,6 +27,29 @@ std::string ErrorPattern(const std::string& message) {
 
 }  // namespace
 
+bool MeetsSlo(const RequestRecord& r, const Slo& slo) {
+  if (r.cut_at_end || !r.ok()) return false;
+  return MeetsSlo(slo, r.TtftMs(), r.HasTpot() ? r.SloTpotMs() : 0, r.HasTpot(), r.E2eMs());
+}
+
+SloAttainment MeasureSloAttainment(const std::vector<const RequestRecord*>& records,
+                                   const Slo& slo) {
+  SloAttainment a;
+  for (const RequestRecord* r : records) {
+    if (r->cut_at_end) continue;
+    ++a.requests;
+    if (!r->ok()) continue;
+    const bool ttft = slo.ttft_ms <= 0 || r->TtftMs() <= slo.ttft_ms;
+    const bool tpot = slo.tpot_ms <= 0 || !r->HasTpot() || r->SloTpotMs() <= slo.tpot_ms;
+    const bool e2e = slo.e2e_ms <= 0 || r->E2eMs() <= slo.e2e_ms;
+    a.met_ttft += ttft;
+    a.met_tpot += tpot;
+    a.met_e2e += e2e;
+    a.met_all += ttft && tpot && e2e;
+  }
+  return a;
+}
+
 nlohmann::json SummaryJson(const Summary& s) {
   return {{"count", s.count}, {"mean", s.mean}, {"min", s.min}, {"p50", s.p50},
           {"p90", s.p90},     {"p99", s.p99},   {"max", s.max}};
@@ -37,8 +60,7 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
   std::vector<double> ttft, tpot, itl, e2e, gap, lag, prompt, output;
   std::vector<double> queue, reserve, prefill, tail, admission, server_ttft, tail_share, resume;
   std::vector<double> last_layer, max_layer;
-  int completed = 0, failed = 0, cut = 0, good = 0, retried = 0, short_output = 0, resumed = 0,
-      resumes = 0;
+  int completed = 0, failed = 0, cut = 0, retried = 0, short_output = 0, resumed = 0, resumes = 0;
   int64_t out_tokens = 0, in_tokens = 0;
   std::map<std::string, std::pair<std::string, int>> errors;  // pattern -> (example, count)
   for (const RequestRecord* r : records) {
@@ -76,10 +98,6 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
     output.push_back(r->output_tokens());
     in_tokens += p;
     out_tokens += r->output_tokens();
-    if (MeetsSlo(options.slo, r->TtftMs(), r->HasTpot() ? r->TpotMs() : 0, r->HasTpot(),
-                 r->E2eMs())) {
-      ++good;
-    }
     if (r->has_server_timings) {
       const ServerTimings& s = r->server;
       queue.push_back(s.queue_us / 1e3);
@@ -113,8 +131,20 @@ nlohmann::json SummarizeClass(const std::vector<const RequestRecord*>& records, 
   j["throughput"] = {{"requests_per_s", completed / d},
                      {"output_tokens_per_s", out_tokens / d},
                      {"total_tokens_per_s", (in_tokens + out_tokens) / d}};
-  j["goodput"] = {{"requests_per_s", good / d},
-                  {"fraction", completed + failed > 0 ? double(good) / (completed + failed) : 0.0},
+  // DistServe's goodput at this rate: the requests per second that met every SLO, and the
+  // attainment (their share of the requests that ended) against its target.
+  const SloAttainment a = MeasureSloAttainment(records, options.slo);
+  const double attainment = a.Fraction(a.met_all);
+  j["goodput"] = {{"requests_per_s", a.met_all / d},
+                  {"fraction", attainment},
+                  {"slo_attainment", attainment},
+                  {"ttft_attainment", a.Fraction(a.met_ttft)},
+                  {"tpot_attainment", a.Fraction(a.met_tpot)},
+                  {"e2e_attainment", a.Fraction(a.met_e2e)},
+                  {"requests_met", a.met_all},
+                  {"requests_judged", a.requests},
+                  {"attainment_target", options.slo.attainment},
+                  {"meets_target", a.requests > 0 && attainment >= options.slo.attainment - 1e-12},
                   {"slo_ttft_ms", options.slo.ttft_ms},
                   {"slo_tpot_ms", options.slo.tpot_ms},
                   {"slo_e2e_ms", options.slo.e2e_ms}};
@@ -165,6 +195,7 @@ nlohmann::json BuildReport(const RunResult& result, const ReportOptions& options
                        {"output_tokens", r.output_tokens()},
                        {"finish_reason", r.finish_reason}};
       if (!r.status.ok()) q["error"] = std::string(r.status.message());
+      if (!r.cut_at_end) q["slo_met"] = MeetsSlo(r, options.slo);
       if (r.prefix_group >= 0) q["prefix_group"] = r.prefix_group;
       if (r.session >= 0) {
         q["session"] = r.session;
@@ -213,6 +244,27 @@ std::string FormatTable(const nlohmann::json& report) {
         c["throughput"]["requests_per_s"].get<double>(),
         c["throughput"]["output_tokens_per_s"].get<double>(),
         c["goodput"]["requests_per_s"].get<double>(), 100 * c["goodput"]["fraction"].get<double>());
+    const auto& g = c["goodput"];
+    if (g.value("slo_ttft_ms", 0.0) > 0 || g.value("slo_tpot_ms", 0.0) > 0 ||
+        g.value("slo_e2e_ms", 0.0) > 0) {
+      std::string limits;
+      for (const auto& [key, name] :
+           {std::pair{"slo_ttft_ms", "TTFT"}, std::pair{"slo_tpot_ms", "TPOT"},
+            std::pair{"slo_e2e_ms", "E2E"}}) {
+        if (g[key].get<double>() <= 0) continue;
+        absl::StrAppendFormat(&limits, "%s%s <= %g ms", limits.empty() ? "" : ", ", name,
+                              g[key].get<double>());
+      }
+      absl::StrAppendFormat(
+          &out,
+          "  SLO (%s): attainment %.1f%% of %d (target %.0f%%: %s)  TTFT alone %.1f%%  TPOT "
+          "alone %.1f%%  goodput %.3f req/s\n",
+          limits, 100 * g["slo_attainment"].get<double>(), g["requests_judged"].get<int>(),
+          100 * g["attainment_target"].get<double>(),
+          g["meets_target"].get<bool>() ? "met" : "missed",
+          100 * g["ttft_attainment"].get<double>(), 100 * g["tpot_attainment"].get<double>(),
+          g["requests_per_s"].get<double>());
+    }
     absl::StrAppendFormat(&out, "  %-28s %10s %10s %10s %10s %6s\n", "ms", "p50", "p90", "p99",
                           "mean", "n");
     auto row = [&](const std::string& name, const nlohmann::json& s) {

@@ -73,6 +73,11 @@ struct RequestRecord {
   double TpotMs() const {
     return (token_ns.back() - token_ns.front()) / 1e6 / static_cast<double>(token_ns.size() - 1);
   }
+  // TPOT as vLLM's benchmark defines it for SLOs: (end - first token) / (n - 1), the stream's
+  // end rather than its last token (the same but for the final message's arrival).
+  double SloTpotMs() const {
+    return (end_ns - token_ns.front()) / 1e6 / static_cast<double>(token_ns.size() - 1);
+  }
   // The first token comes from the prefill node; the second from the decode node once the KV
   // has landed: the transfer shows here, not in TTFT.
   double FirstToSecondGapMs() const { return (token_ns[1] - token_ns[0]) / 1e6; }

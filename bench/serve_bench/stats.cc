@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
 
 namespace duet::bench {
 
@@ -35,6 +38,23 @@ bool MeetsSlo(const Slo& slo, double ttft_ms, double tpot_ms, bool has_tpot, dou
   if (slo.tpot_ms > 0 && has_tpot && tpot_ms > slo.tpot_ms) return false;
   if (slo.e2e_ms > 0 && e2e_ms > slo.e2e_ms) return false;
   return true;
+}
+
+absl::Status CheckSloFlags(const Slo& slo, const std::vector<std::string>& given) {
+  for (const auto& [name, dashed, value] : {std::tuple{"slo_ttft_ms", "slo-ttft-ms", slo.ttft_ms},
+                                            std::tuple{"slo_tpot_ms", "slo-tpot-ms", slo.tpot_ms},
+                                            std::tuple{"slo_e2e_ms", "slo-e2e-ms", slo.e2e_ms}}) {
+    const bool was_given = std::find(given.begin(), given.end(), name) != given.end();
+    if (value < 0 || (was_given && !(value > 0))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", dashed, " must be > 0 (got ", value, ")"));
+    }
+  }
+  if (!(slo.attainment > 0 && slo.attainment <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--slo-attainment must be in (0, 1] (got ", slo.attainment, ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace duet::bench

@@ -7,7 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "absl/status/status.h"
 
 namespace duet::bench {
 
@@ -28,12 +31,20 @@ struct Summary {
 // Sorts a copy of `values` and summarises it; all zero (count 0) for an empty input.
 Summary Summarize(std::vector<double> values);
 
-// Service-level objectives; a limit <= 0 is not checked.
+// Service-level objectives; a limit <= 0 is not checked. `attainment`: the fraction of requests
+// that must meet every limit for a run to count as within the SLO (DistServe's goodput is the
+// highest rate at which it does).
 struct Slo {
   double ttft_ms = 0;
   double tpot_ms = 0;
   double e2e_ms = 0;
+  double attainment = 0.9;
 };
+
+// INVALID_ARGUMENT naming the flag when a limit given on the command line (`given`: the Abseil
+// flag names given, e.g. "slo_ttft_ms") is <= 0, or `attainment` is outside (0, 1]:
+// "--slo-tpot-ms must be > 0 (got 0)".
+absl::Status CheckSloFlags(const Slo& slo, const std::vector<std::string>& given);
 
 // Whether one completed request met every SLO. A request with a single output token has no
 // TPOT: only its TTFT and end-to-end time are checked.

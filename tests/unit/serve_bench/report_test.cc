@@ -111,6 +111,90 @@ TEST(ReportTest, CountsGoodputThroughputAndErrors) {
   EXPECT_NE(table.find("error x2: node gone"), std::string::npos) << table;
 }
 
+// DistServe's SLO attainment on hand-made records: TTFT and TPOT (vLLM's: (end - first token) /
+// (n - 1)) limits, each alone and both; failed requests meet neither; one-token outputs are
+// judged on TTFT only; requests cut at the end are not judged.
+TEST(SloAttainmentTest, CountsEachLimitAndBoth) {
+  const Slo slo{.ttft_ms = 200, .tpot_ms = 50, .attainment = 0.5};
+  std::vector<RequestRecord> recs;
+  recs.push_back(Done("main", 0, {100, 140, 180}));  // TTFT 100, TPOT 40: both
+  recs.push_back(Done("main", 0, {250, 260, 270}));  // TTFT 250: TPOT only
+  recs.push_back(Done("main", 0, {100, 200, 300}));  // TPOT 100: TTFT only
+  recs.push_back(Done("main", 0, {300, 500}));       // neither
+  recs.push_back(Done("main", 0, {150}));            // one token, TTFT 150: both (no TPOT)
+  recs.push_back(Done("main", 0, {210}));            // one token, TTFT 210: TPOT only
+  // The last token at 140 but the stream ends at 220: vLLM's TPOT is (220 - 100) / 2 = 60.
+  RequestRecord late_end = Done("main", 0, {100, 120, 140});
+  late_end.end_ns = 220 * kMs;
+  recs.push_back(late_end);  // TTFT only
+  RequestRecord failed;      // failed before any token
+  failed.cls = "main";
+  failed.status = absl::UnavailableError("node gone");
+  recs.push_back(failed);
+  RequestRecord failed_late = Done("main", 0, {10, 20});  // tokens, then an error: meets nothing
+  failed_late.status = absl::InternalError("stream broken");
+  recs.push_back(failed_late);
+  RequestRecord cut = Done("main", 0, {10, 20});  // cut at the end: not judged
+  cut.cut_at_end = true;
+  recs.push_back(cut);
+  std::vector<const RequestRecord*> ptrs;
+  for (const RequestRecord& r : recs) ptrs.push_back(&r);
+
+  EXPECT_DOUBLE_EQ(late_end.SloTpotMs(), 60);
+  EXPECT_DOUBLE_EQ(late_end.TpotMs(), 20);  // the reported TPOT: last token, not end
+  EXPECT_TRUE(MeetsSlo(recs[0], slo));
+  EXPECT_TRUE(MeetsSlo(recs[4], slo));
+  EXPECT_FALSE(MeetsSlo(recs[5], slo));
+  EXPECT_FALSE(MeetsSlo(failed, slo));
+  EXPECT_FALSE(MeetsSlo(failed_late, slo));
+  EXPECT_FALSE(MeetsSlo(cut, slo));
+
+  const SloAttainment a = MeasureSloAttainment(ptrs, slo);
+  EXPECT_EQ(a.requests, 9);
+  EXPECT_EQ(a.met_ttft, 4);  // 0, 2, 4, 6
+  EXPECT_EQ(a.met_tpot, 4);  // 0, 1, 4, 5 (one token: no TPOT to miss); no failed one
+  EXPECT_EQ(a.met_all, 2);   // 0, 4
+  EXPECT_EQ(a.met_e2e, 7);   // no e2e limit: every completed request
+
+  RunResult run;
+  run.end_ns = 4000 * kMs;  // 4 s
+  run.records = recs;
+  const nlohmann::json g = BuildReport(run, {.slo = slo})["classes"]["main"]["goodput"];
+  EXPECT_DOUBLE_EQ(g["slo_attainment"].get<double>(), 2.0 / 9);
+  EXPECT_DOUBLE_EQ(g["fraction"].get<double>(), 2.0 / 9);
+  EXPECT_DOUBLE_EQ(g["ttft_attainment"].get<double>(), 4.0 / 9);
+  EXPECT_DOUBLE_EQ(g["tpot_attainment"].get<double>(), 4.0 / 9);
+  EXPECT_DOUBLE_EQ(g["requests_per_s"].get<double>(), 0.5);  // 2 met both / 4 s
+  EXPECT_EQ(g["requests_met"], 2);
+  EXPECT_EQ(g["requests_judged"], 9);
+  EXPECT_DOUBLE_EQ(g["attainment_target"].get<double>(), 0.5);
+  EXPECT_FALSE(g["meets_target"].get<bool>());  // 22 % < 50 %
+}
+
+TEST(SloAttainmentTest, TargetAndTable) {
+  RunResult run;
+  run.end_ns = 1000 * kMs;
+  for (int i = 0; i < 9; ++i) run.records.push_back(Done("main", 0, {100, 110, 120}));
+  run.records.push_back(Done("main", 0, {900, 910}));  // misses TTFT
+  const nlohmann::json j = BuildReport(run, {.slo = {.ttft_ms = 500, .tpot_ms = 50}});
+  const auto& g = j["classes"]["main"]["goodput"];
+  EXPECT_DOUBLE_EQ(g["slo_attainment"].get<double>(), 0.9);
+  EXPECT_TRUE(g["meets_target"].get<bool>());  // 90 % >= the default 90 %: inclusive
+  const std::string table = FormatTable(j);
+  EXPECT_NE(table.find("SLO (TTFT <= 500 ms, TPOT <= 50 ms): attainment 90.0% of 10 (target "
+                       "90%: met)  TTFT alone 90.0%  TPOT alone 100.0%  goodput 9.000 req/s"),
+            std::string::npos)
+      << table;
+  // No limits: every completed request meets them, and the table has no SLO line.
+  const nlohmann::json none = BuildReport(run, {});
+  EXPECT_DOUBLE_EQ(none["classes"]["main"]["goodput"]["slo_attainment"].get<double>(), 1.0);
+  EXPECT_EQ(FormatTable(none).find("SLO ("), std::string::npos);
+  // No request ended: attainment 0, target not met.
+  EXPECT_FALSE(
+      BuildReport(RunResult{}, {.slo = {.ttft_ms = 1}})["classes"]["all"]["goodput"]["meets_target"]
+          .get<bool>());
+}
+
 TEST(ReportTest, PerRequestRows) {
   RunResult run;
   run.end_ns = kMs;
@@ -119,6 +203,7 @@ TEST(ReportTest, PerRequestRows) {
   ASSERT_EQ(j["requests"].size(), 1u);
   EXPECT_DOUBLE_EQ(j["requests"][0]["gap_ms"].get<double>(), 5);
   EXPECT_EQ(j["requests"][0]["output_tokens"], 2);
+  EXPECT_TRUE(j["requests"][0]["slo_met"].get<bool>());  // no limits set
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
+
 namespace duet::bench {
 namespace {
 
@@ -40,6 +42,25 @@ TEST(SloTest, EachLimitIsCheckedOnlyWhenSet) {
   EXPECT_FALSE(MeetsSlo(slo, 50, 20.5, true, 0));
   EXPECT_TRUE(MeetsSlo(slo, 50, 999, false, 0));  // one token: no TPOT to check
   EXPECT_FALSE(MeetsSlo({.e2e_ms = 10}, 1, 1, true, 11));
+}
+
+TEST(SloTest, FlagsRefuseBadValuesNamingTheFlag) {
+  EXPECT_TRUE(CheckSloFlags({}, {}).ok());  // no limits given; attainment 0.9
+  EXPECT_TRUE(CheckSloFlags({.ttft_ms = 200, .tpot_ms = 50, .attainment = 1},
+                            {"slo_ttft_ms", "slo_tpot_ms", "slo_attainment"})
+                  .ok());
+  absl::Status st = CheckSloFlags({.ttft_ms = 0}, {"slo_ttft_ms"});  // given as 0
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "--slo-ttft-ms must be > 0 (got 0)");
+  st = CheckSloFlags({.tpot_ms = -5}, {"slo_tpot_ms"});
+  EXPECT_EQ(st.message(), "--slo-tpot-ms must be > 0 (got -5)");
+  st = CheckSloFlags({.e2e_ms = -1}, {});
+  EXPECT_EQ(st.message(), "--slo-e2e-ms must be > 0 (got -1)");
+  for (double bad : {0.0, -0.5, 1.01}) {
+    st = CheckSloFlags({.ttft_ms = 100, .attainment = bad}, {"slo_ttft_ms", "slo_attainment"});
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StartsWith(st.message(), "--slo-attainment must be in (0, 1]")) << st;
+  }
 }
 
 }  // namespace
