@@ -29,6 +29,7 @@
 #include "cli/commands.h"
 #include "cli/generate_flags.h"
 #include "cli/http_flags.h"
+#include "proto/channel.h"
 
 namespace duet::cli {
 namespace {
@@ -86,6 +87,11 @@ int RunBenchServe(const CommandLine& line) {
   if (min_id < 0 || max_id < min_id) return Fail("need 0 <= --min-token-id <= --max-token-id");
   const std::string& dataset = b.dataset;
   const bool is_http = absl::StartsWith(server, "http://");
+  if (is_http && rpc::ProcessTls() != nullptr) {
+    return Fail(
+        "--tls-ca-file, --tls-cert-file and --tls-key-file secure the gRPC API; the "
+        "HTTP client (--server http://...) does not implement TLS");
+  }
   if (workload != bench::WorkloadKind::kRandom) {
     if (!dataset.empty()) return Fail("--dataset goes with --workload random only");
     if (run.request_rate > 0) {

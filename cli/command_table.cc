@@ -24,14 +24,14 @@ std::vector<CommandSpec>* MakeSpecs() {
        .mode_note = "with --server",
        .usage = "duet generate --server HOST:PORT (--prompt TEXT | --prompt-ids 1,2) [flags]",
        .summary = "the same request, served by a cluster (a coordinator or duet serve)",
-       .groups = {G::kClient, G::kRequest, G::kSampling}},
+       .groups = {G::kClient, G::kRequest, G::kSampling, G::kTls}},
       {.id = CommandId::kCoordinator,
        .command = "coordinator",
        .name = "coordinator",
        .usage = "duet coordinator --model DIR [--listen HOST:PORT] [--http-port P] [flags]",
        .summary = "runs the coordinator until SIGINT or SIGTERM",
        .cluster_process = true,
-       .groups = {G::kModel, G::kProcess, G::kRouting, G::kHttp, G::kApiKey}},
+       .groups = {G::kModel, G::kProcess, G::kRouting, G::kHttp, G::kApiKey, G::kTls, G::kHttps}},
       {.id = CommandId::kPrefill,
        .command = "prefill",
        .name = "prefill",
@@ -39,7 +39,7 @@ std::vector<CommandSpec>* MakeSpecs() {
        .summary = "runs a prefill node until SIGINT or SIGTERM",
        .cluster_process = true,
        .groups = {G::kModel, G::kEngine, G::kNode, G::kProcess, G::kMembership, G::kTransport,
-                  G::kPrefill}},
+                  G::kPrefill, G::kTls}},
       {.id = CommandId::kDecode,
        .command = "decode",
        .name = "decode",
@@ -47,7 +47,7 @@ std::vector<CommandSpec>* MakeSpecs() {
        .summary = "runs a decode node until SIGINT or SIGTERM",
        .cluster_process = true,
        .groups = {G::kModel, G::kEngine, G::kNode, G::kProcess, G::kMembership, G::kTransport,
-                  G::kDecode}},
+                  G::kDecode, G::kTls}},
       // The launcher gives each child its address, coordinator, id and metrics port; it takes
       // every other flag of its children and hands each child those of its groups.
       {.id = CommandId::kServeLoopback,
@@ -60,7 +60,7 @@ std::vector<CommandSpec>* MakeSpecs() {
                   "processes on 127.0.0.1",
        .cluster_process = true,
        .groups = {G::kServe, G::kSupervisor, G::kModel, G::kEngine, G::kNode, G::kTransport,
-                  G::kPrefill, G::kDecode, G::kRouting, G::kHttp, G::kApiKey},
+                  G::kPrefill, G::kDecode, G::kRouting, G::kHttp, G::kApiKey, G::kTls, G::kHttps},
        .except = {"metrics_port"}},
       // One process: no transport, no layer pipelining, no quarantine of abandoned transfers.
       {.id = CommandId::kServeColocated,
@@ -71,7 +71,7 @@ std::vector<CommandSpec>* MakeSpecs() {
        .usage = "duet serve --colocated --model DIR [--port P] [flags]",
        .summary = "prefill and decode in one process, behind the same client API",
        .groups = {G::kServe, G::kModel, G::kEngine, G::kNode, G::kPrefill, G::kDecode, G::kHttp,
-                  G::kApiKey},
+                  G::kApiKey, G::kTls, G::kHttps},
        .except = {"no_layer_pipelining", "kv_quarantine_bound"}},
       {.id = CommandId::kBenchServe,
        .command = "bench",
@@ -80,7 +80,7 @@ std::vector<CommandSpec>* MakeSpecs() {
        .usage = "duet bench serve --server HOST:PORT|http://HOST:PORT (--num-requests N | "
                 "--duration-s S) [flags]",
        .summary = "the serving load generator: TTFT, TPOT and goodput at a rate or concurrency",
-       .groups = {G::kClient, G::kBench, G::kSampling, G::kApiKey}},
+       .groups = {G::kClient, G::kBench, G::kSampling, G::kApiKey, G::kTls}},
   };
 }
 

@@ -1,7 +1,7 @@
 // The flag groups of `duet`: every flag is defined once, in the file of its group
 // (model_flags.cc, node_flags.cc, transport_flags.cc, coordinator_flags.cc, http_flags.cc,
-// serve_flags.cc, generate_flags.cc, bench_flags.cc), belongs to exactly one group, and each
-// group is read once into a typed options struct by its file. A command takes whole groups
+// serve_flags.cc, generate_flags.cc, bench_flags.cc, tls_flags.cc), belongs to exactly one group,
+// and each group is read once into a typed options struct by its file. A command takes whole groups
 // (command_table.h); a flag of a group it does not take is refused by name.
 //
 //   const FlagGroupInfo& g = FlagGroupInfoOf(FlagGroup::kTransport);  // g.flags: its flags
@@ -33,6 +33,8 @@ enum class FlagGroup {
   kRouting,     // the coordinator: membership timeouts, queueing, routing
   kHttp,        // the OpenAI-compatible HTTP API
   kApiKey,      // the HTTP API's key (server and client)
+  kTls,         // gRPC mutual TLS: CA, certificate and key (every gRPC server and client)
+  kHttps,       // HTTPS on the HTTP API, optionally requiring client certificates
   kServe,       // serve: its mode, port and node metrics
   kSupervisor,  // serve --loopback: node counts, start-up, restarts
   kRequest,     // generate: the prompt, sampling and output
@@ -76,5 +78,6 @@ std::vector<FlagGroupInfo> HttpFlagGroups();         // http_flags.cc: kHttp, kA
 std::vector<FlagGroupInfo> ServeFlagGroups();        // serve_flags.cc: kServe, kSupervisor
 std::vector<FlagGroupInfo> GenerateFlagGroups();     // generate_flags.cc: kRequest .. kClient
 std::vector<FlagGroupInfo> BenchFlagGroups();        // bench_flags.cc: kBench
+std::vector<FlagGroupInfo> TlsFlagGroups();          // tls_flags.cc: kTls, kHttps
 
 }  // namespace duet::cli

@@ -9,6 +9,7 @@
 #include "cli/command_help.h"
 #include "cli/command_line.h"
 #include "cli/commands.h"
+#include "cli/tls_flags.h"
 
 int main(int argc, char** argv) {
   using duet::cli::CommandId;
@@ -26,6 +27,15 @@ int main(int argc, char** argv) {
   const duet::cli::ParsedCommandLine parsed =
       duet::cli::ParseCommandLineFor(command, std::vector<std::string>(argv + 2, argv + argc));
   if (!parsed.line) return parsed.exit_code;
+  // gRPC's transport security, process-wide, before the mode makes any channel or server.
+  if (parsed.line->spec->Takes("tls_ca_file")) {
+    const absl::Status tls = duet::cli::InstallGrpcTlsFromFlags();
+    if (!tls.ok()) {
+      std::fprintf(stderr, "duet %s: %s\n", std::string(parsed.line->spec->name).c_str(),
+                   std::string(tls.message()).c_str());
+      return 2;
+    }
+  }
   switch (parsed.line->spec->id) {
     case CommandId::kGenerate:
       return duet::cli::RunGenerate();

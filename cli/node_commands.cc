@@ -12,6 +12,7 @@
 #include "cli/model_flags.h"
 #include "cli/node_flags.h"
 #include "cli/stop_signal.h"
+#include "cli/tls_flags.h"
 #include "cli/transport_flags.h"
 #include "coordinator/coordinator_server.h"
 #include "decode_node/decode_node.h"
@@ -71,13 +72,17 @@ int RunCoordinator() {
   opt.router = routing->router;
   opt.router_weights = routing->router_weights;
   opt.http = HttpFrontOptionsFromFlags();
+  if (absl::Status https = AddHttpsFromFlags(opt.http); !https.ok()) {
+    return Fail("coordinator", https);
+  }
   auto server = coordinator::CoordinatorServer::Start(opt);
   if (!server.ok()) return Fail("coordinator", server.status());
   std::printf("coordinator serving on %s\n", (*server)->address().c_str());
   std::string http;
   if ((*server)->http_port() > 0) {
     http = opt.http->host + ":" + std::to_string((*server)->http_port());
-    std::printf("coordinator HTTP API on http://%s\n", http.c_str());
+    std::printf("coordinator HTTP API on %s://%s\n", opt.http->tls ? "https" : "http",
+                http.c_str());
   }
   std::fflush(stdout);
   WriteAddress((*server)->address(), http);

@@ -16,6 +16,7 @@
 #include "cli/node_flags.h"
 #include "cli/serve_flags.h"
 #include "cli/stop_signal.h"
+#include "cli/tls_flags.h"
 #include "colocated/colocated_server.h"
 
 namespace duet::cli {
@@ -36,6 +37,10 @@ int RunServeColocated() {
   o.max_batch_tokens = ReadPrefillFlags().max_batch_tokens;
   o.max_running = ReadDecodeFlags().max_running;
   o.http = HttpFrontOptionsFromFlags();
+  if (absl::Status https = AddHttpsFromFlags(o.http); !https.ok()) {
+    std::fprintf(stderr, "duet serve --colocated: %s\n", std::string(https.message()).c_str());
+    return 2;
+  }
   if (o.runtime.model_dir.empty()) {
     std::fprintf(stderr, "duet serve --colocated: need --model DIR\n");
     return 2;
@@ -54,7 +59,8 @@ int RunServeColocated() {
                 (*server)->metrics_port());
   }
   if ((*server)->http_port() > 0) {
-    std::printf("http http://%s:%d\n", o.http->host.c_str(), (*server)->http_port());
+    std::printf("http %s://%s:%d\n", o.http->tls ? "https" : "http", o.http->host.c_str(),
+                (*server)->http_port());
   }
   std::printf("ready %s (colocated: %lld KV blocks, max_batch_tokens %lld, max_running %d)\n",
               (*server)->address().c_str(), static_cast<long long>((*server)->num_blocks()),

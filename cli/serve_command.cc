@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,9 +26,11 @@
 #include "cli/child_flags.h"
 #include "cli/commands.h"
 #include "cli/coordinator_flags.h"
+#include "cli/http_flags.h"
 #include "cli/model_flags.h"
 #include "cli/serve_flags.h"
 #include "cli/stop_signal.h"
+#include "cli/tls_flags.h"
 #include "cli/transport_flags.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "proto/channel.h"
@@ -117,7 +120,8 @@ void PrintHttpAddresses(const std::filesystem::path& run_dir, const std::vector<
     std::string grpc_addr, http_addr;
     if (!std::getline(in, grpc_addr) || !std::getline(in, http_addr) || http_addr.empty()) continue;
     if (c.name == "coordinator") {
-      std::printf("http http://%s\n", http_addr.c_str());
+      std::printf("http %s://%s\n", ReadHttpsFlags().value_or(std::nullopt) ? "https" : "http",
+                  http_addr.c_str());
     } else {
       std::printf("metrics %s http://%s/metrics\n", c.name.c_str(), http_addr.c_str());
     }
@@ -152,6 +156,12 @@ int RunServeLoopback(const CommandLine& line) {
   }
   if (absl::StatusOr<EngineFlags> engine = ReadEngineFlags(); !engine.ok()) {
     std::fprintf(stderr, "duet serve: %s\n", std::string(engine.status().message()).c_str());
+    return 2;
+  }
+  // The coordinator's HTTPS files, checked here before any child starts.
+  std::optional<http::HttpFrontOptions> front = HttpFrontOptionsFromFlags();
+  if (absl::Status https = AddHttpsFromFlags(front); !https.ok()) {
+    std::fprintf(stderr, "duet serve: %s\n", std::string(https.message()).c_str());
     return 2;
   }
   InstallStopSignalHandlers();

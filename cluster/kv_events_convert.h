@@ -1,12 +1,12 @@
 // The prefix cache's vocabulary (common/kv: BlockHash, KvEventBatch, KvCacheSnapshot;
-// cluster/types.h: PrefixCacheInfo, KvEvents) <-> duet.v1, for both ends of membership: a node
-// registers its PrefixCacheInfo and sends its pool's events (or a snapshot) with each heartbeat;
-// the coordinator reads them back for its prefix index.
+// cluster/types.h: PrefixCacheInfo, KvEvents) <-> duet.v1: a node registers its PrefixCacheInfo
+// and sends its cache's events (or a snapshot) on its status stream; the coordinator reads them
+// back for its prefix index.
 //
 //   *reg.mutable_prefix_cache() = PrefixCacheInfoToProto({.enabled = true, .seed = seed});
-//   *hb.mutable_kv_events() = want_snapshot ? KvSnapshotToProto(pool->Snapshot())
-//                                           : KvEventsToProto(pool->DrainEvents());
-//   KvEvents ev = KvEventsFromProto(hb.kv_events());   // coordinator side
+//   *update.mutable_kv_events() = r.snapshot ? KvSnapshotToProto(*r.snapshot)
+//                                            : KvEventsToProto(r.batch);   // a StatusLogRead
+//   KvEvents ev = KvEventsFromProto(update.kv_events());   // coordinator side
 #pragma once
 
 #include "cluster/types.h"

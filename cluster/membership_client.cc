@@ -1,7 +1,6 @@
 #include "cluster/membership_client.h"
 
 #include <algorithm>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -44,6 +43,7 @@ absl::Status MembershipClient::Register(absl::Time deadline) {
   duet::v1::RegisterRequest req = options_.registration;
   req.mutable_node()->set_epoch(epoch);
   if (options_.load) *req.mutable_load() = options_.load();
+  if (options_.on_registering) options_.on_registering(epoch);
   absl::Status last;
   absl::Duration backoff = absl::Milliseconds(50);
   while (true) {
@@ -82,35 +82,13 @@ absl::Status MembershipClient::Register(absl::Time deadline) {
 }
 
 void MembershipClient::HeartbeatLoop() {
-  const bool cache = static_cast<bool>(options_.kv_events);
-  const absl::Duration poll = std::max(options_.kv_events_poll, absl::Milliseconds(1));
-  // With a cache, the first heartbeat (with the snapshot) goes out at once.
-  absl::Time next_due = cache ? absl::Now() : absl::Now() + interval_;
-  bool last_failed = false;
-  while (true) {
-    absl::Duration wait = next_due - absl::Now();
-    if (cache && !last_failed) wait = std::min(wait, poll);
-    if (stop_.WaitForNotificationWithTimeout(std::max(wait, absl::ZeroDuration()))) break;
-    std::optional<duet::v1::KvEvents> events;
-    const bool snapshot = cache && want_snapshot_;
-    const bool due = absl::Now() >= next_due;
-    // While heartbeats fail, only the regular ones are tried (no early ones, no drained events
-    // to lose: the snapshot that follows a failure covers them).
-    if (cache && (due || !last_failed)) events = options_.kv_events(snapshot);
-    const bool early = events && (snapshot || events->events_size() > 0);
-    if (!due && !early) continue;  // an empty batch: nothing lost
-    next_due = absl::Now() + interval_;
-    const bool ok = SendHeartbeat(events ? &*events : nullptr);
-    last_failed = !ok;
-  }
+  while (!stop_.WaitForNotificationWithTimeout(interval_)) SendHeartbeat();
 }
 
-bool MembershipClient::SendHeartbeat(const duet::v1::KvEvents* events) {
+void MembershipClient::SendHeartbeat() {
   duet::v1::HeartbeatRequest req;
   req.mutable_node()->set_node_id(node_id());
   req.mutable_node()->set_epoch(epoch_.load());
-  if (options_.load) *req.mutable_load() = options_.load();
-  if (events != nullptr) *req.mutable_kv_events() = *events;
   grpc::ClientContext ctx;
   // Waits for a lost connection to come back (within the deadline) rather than failing at once,
   // so the first heartbeat after a coordinator restart goes out as soon as it listens again.
@@ -127,27 +105,19 @@ bool MembershipClient::SendHeartbeat(const duet::v1::KvEvents* events) {
     }
     failed_heartbeats_ = 0;
   }
-  if (s.ok()) {
-    if (events != nullptr && events->snapshot()) want_snapshot_ = false;
-    if (resp.want_kv_snapshot()) want_snapshot_ = true;
-    return true;
-  }
-  // Events that may not have arrived are lost: the next heartbeat replaces them all.
-  if (events != nullptr && events->events_size() > 0) want_snapshot_ = true;
+  if (s.ok()) return;
   if (s.code() == absl::StatusCode::kNotFound) {
     DUET_LOG(WARNING) << "coordinator no longer knows " << node_id() << " (" << s.message()
                       << "); registering as a new incarnation";
     absl::Status r = Register(absl::Now() + options_.register_timeout);
     if (r.ok()) {
-      want_snapshot_ = true;  // the new incarnation starts from a full snapshot
       if (options_.on_reregistered) options_.on_reregistered(epoch_.load());
-      return true;
+      return;
     }
     DUET_LOG(ERROR) << "re-registration failed: " << r;
   } else if (failed_heartbeats_++ == 0) {  // one line per outage, not one per heartbeat
     DUET_LOG(WARNING) << s << " (retrying every heartbeat interval)";
   }
-  return false;
 }
 
 MembershipClient::~MembershipClient() {

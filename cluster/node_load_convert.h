@@ -1,5 +1,5 @@
 // cluster/types.h <-> duet.v1, for both ends of membership: a node fills a NodeLoad for its
-// registration and heartbeats and a NodeCompute for its registration, the coordinator reads them
+// registration and status stream and a NodeCompute for its registration, the coordinator reads them
 // back (and reports them in Health). Here rather than in proto/, which must not know the
 // cluster's types.
 //

@@ -9,6 +9,7 @@
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/weights/weights.h"
+#include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
 
 namespace duet::cluster {
@@ -110,7 +111,22 @@ absl::Status NodeRuntime::StartMetricsExporter() {
   return absl::OkStatus();
 }
 
+grpc::Service* NodeRuntime::status_service() {
+  if (status_service_ == nullptr) {
+    status_service_ = std::make_unique<NodeStatusService>(
+        &metrics_registry_, NodeStatusServiceOptions{.node_id = options_.node_id});
+  }
+  return status_service_.get();
+}
+
 absl::Status NodeRuntime::Join(JoinArgs args) {
+  status_service();  // made here when the node's server does not serve it
+  std::function<v1::NodeLoad()> load;
+  if (args.load) load = [f = args.load] { return LoadToProto(f()); };
+  const bool cache = options_.enable_prefix_caching && args.cache_pool != nullptr;
+  DUET_RETURN_IF_ERROR(status_service_->Attach({.epoch = [this] { return epoch_.load(); },
+                                                .load = load,
+                                                .cache_pool = cache ? args.cache_pool : nullptr}));
   if (options_.coordinator_address.empty()) return absl::OkStatus();
   v1::RegisterRequest reg;
   reg.mutable_node()->set_node_id(options_.node_id);
@@ -121,33 +137,28 @@ absl::Status NodeRuntime::Join(JoinArgs args) {
   reg.mutable_capacity()->set_max_running_requests(args.max_running_requests);
   reg.mutable_capacity()->set_max_batch_tokens(args.max_batch_tokens);
   reg.set_transfer_address(args.transfer_address);
+  // Where Prometheus scrapes this node (the coordinator lists it at GET /metrics/targets).
+  if (metrics_exporter_ != nullptr) {
+    reg.set_metrics_address(
+        rpc::AdvertisedAddress(options_.metrics_host + ":0", metrics_exporter_->port()));
+  }
   *reg.mutable_compute() = ComputeToProto(compute_);
-  std::function<v1::NodeLoad()> load;
-  if (args.load) load = [f = args.load] { return LoadToProto(f()); };
-  // The prefix cache: its seed at registration, its events with every heartbeat.
-  std::function<v1::KvEvents(bool)> kv_events;
-  const bool cache = options_.enable_prefix_caching && args.cache_pool != nullptr;
+  // The prefix cache's seed; its events go on the status stream.
   *reg.mutable_prefix_cache() = PrefixCacheInfoToProto(
       {.enabled = cache, .seed = runner().PrefixCacheSeed(layout_.block_size)});
-  if (cache) {
-    kv::BlockPool* pool = args.cache_pool;
-    pool->EnableEvents();
-    kv_events = [pool](bool snapshot) {
-      return snapshot ? KvSnapshotToProto(pool->Snapshot()) : KvEventsToProto(pool->DrainEvents());
-    };
-  }
   DUET_ASSIGN_OR_RETURN(
       member_,
       MembershipClient::Start({.coordinator_address = options_.coordinator_address,
                                .registration = std::move(reg),
                                .load = std::move(load),
                                .register_timeout = options_.register_timeout,
+                               // The status stream answers for the incarnation registering.
+                               .on_registering = [this](uint64_t e) { epoch_.store(e); },
                                .on_reregistered =
                                    [this, f = std::move(args.on_reregistered)](uint64_t new_epoch) {
                                      epoch_.store(new_epoch);
                                      if (f) f(new_epoch);
-                                   },
-                               .kv_events = std::move(kv_events)}));
+                                   }}));
   epoch_.store(member_->epoch());
   return absl::OkStatus();
 }
@@ -155,6 +166,7 @@ absl::Status NodeRuntime::Join(JoinArgs args) {
 void NodeRuntime::Leave() {
   if (metrics_exporter_) metrics_exporter_->Stop();  // its gauges read the node's parts
   member_.reset();  // deregisters: the coordinator stops routing here
+  if (status_service_) status_service_->Stop();  // before the node's pool and scheduler go
 }
 
 NodeRuntime::~NodeRuntime() {

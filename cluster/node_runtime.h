@@ -2,8 +2,10 @@
 // server), written once: the model and its compute backend (device, threads, CPU GEMM), the KV
 // layout and the pool's size (one rule: a pool too small for one block is refused), the metrics
 // registry and its /metrics exporter (with a duet_node_info gauge naming how the node computes),
-// and membership in the cluster (register + heartbeat, with the node's layout and compute so that
-// the coordinator refuses a node that would not be token-exact with the others).
+// membership in the cluster (register + heartbeat, with the node's layout and compute so that
+// the coordinator refuses a node that would not be token-exact with the others), and the
+// node's status stream (NodeStatusService: its load and prefix-cache events, for any
+// coordinator).
 // The node builds what is its own (scheduler, transport, gRPC service) over it.
 //
 //   NodeRuntimeOptions o{.node_id = "decode-0", .model_dir = "models/tiny",
@@ -12,10 +14,12 @@
 //                                                        .needs_tokenizer = true}));
 //   ... rt->runner(), rt->layout(), rt->num_blocks() ...
 //   DUET_RETURN_IF_ERROR(rt->StartMetricsExporter());   // after the node's gauges are added
+//   rpc::StartServer(addr, {&node_service, rt->status_service()}, &port);
 //   DUET_RETURN_IF_ERROR(rt->Join({.kind = v1::NODE_KIND_DECODE, .address = addr, ...,
 //                                  .cache_pool = pool}));   // its prefix cache, indexed
 //   ...
-//   rt->Leave();   // deregisters and stops /metrics; the node then stops what reads its gauges
+//   rt->Leave();   // deregisters, ends the status streams and stops /metrics; the node then
+//                  // stops what reads its gauges and its pool
 #pragma once
 
 #include <atomic>
@@ -29,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cluster/membership_client.h"
+#include "cluster/node_status_service.h"
 #include "cluster/types.h"
 #include "common/compute/kv_memory.h"
 #include "common/engine/local_engine.h"
@@ -79,8 +84,8 @@ struct JoinArgs {
   // After a re-registration as a new incarnation (the coordinator dropped the old one's state).
   std::function<void(uint64_t new_epoch)> on_reregistered;
   // The pool whose prefix cache the coordinator indexes (nullptr: none). With
-  // options().enable_prefix_caching, Join turns its events on, registers the cache's seed
-  // (ModelRunner::PrefixCacheSeed) and sends its events with the heartbeats.
+  // options().enable_prefix_caching, Join registers the cache's seed
+  // (ModelRunner::PrefixCacheSeed) and the status stream carries its events.
   kv::BlockPool* cache_pool = nullptr;
 };
 
@@ -108,14 +113,23 @@ class NodeRuntime {
 
   metrics::Registry& metrics_registry() { return metrics_registry_; }
   // Serves GET /metrics when options().metrics_port != 0 (call once the node's gauges read
-  // something alive); metrics_port() is then its port, else -1.
+  // something alive, and before Join: the registration names its address for the coordinator's
+  // Prometheus service discovery); metrics_port() is then its port, else -1.
   absl::Status StartMetricsExporter();
   int metrics_port() const { return metrics_exporter_ ? metrics_exporter_->port() : -1; }
 
-  // Registers with options().coordinator_address and heartbeats; a no-op without one.
+  // The NodeStatusStream service, for the node's gRPC server (made on the first call, so a
+  // process that serves none exports none of its metrics): UNAVAILABLE until Join.
+  grpc::Service* status_service();
+
+  // Starts the status stream's reports (load, and the cache's events when args.cache_pool is set
+  // and caching is on), then registers with options().coordinator_address and heartbeats (not
+  // without one).
   absl::Status Join(JoinArgs args);
-  uint64_t epoch() const { return epoch_.load(); }  // 0 when not registered
-  // Deregisters and stops /metrics (whose gauges read the node's parts). Idempotent.
+  // The incarnation this node runs as (from when its registration is sent); 0 before.
+  uint64_t epoch() const { return epoch_.load(); }
+  // Stops /metrics (whose gauges read the node's parts), deregisters, then ends the status
+  // streams and stops reading the pool. Idempotent.
   void Leave();
 
  private:
@@ -132,6 +146,7 @@ class NodeRuntime {
   std::unique_ptr<compute::KvMemory> pool_memory_;
   std::unique_ptr<kv::BlockPool> pool_;
   std::unique_ptr<metrics::MetricsExporter> metrics_exporter_;
+  std::unique_ptr<NodeStatusService> status_service_;
   std::unique_ptr<MembershipClient> member_;
   std::atomic<uint64_t> epoch_{0};
 };

@@ -6,7 +6,7 @@
 //   *reg.mutable_load() = LoadToProto(load);   // cluster/node_load_convert.h
 //   NodeCompute c{.backend = "cpu", .cpu_gemm = "openblas"};
 //   c.Numerics();                              // "cpu, gemm openblas"
-//   KvEvents ev = KvEventsFromProto(req.kv_events());   // cluster/kv_events_convert.h
+//   KvEvents ev = KvEventsFromProto(update.kv_events());   // cluster/kv_events_convert.h
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,8 @@
 
 namespace duet::cluster {
 
-// Reported with every heartbeat; between heartbeats the coordinator adjusts it optimistically.
+// Reported on the node's status stream (every 100 ms); in between the coordinator adjusts it
+// optimistically.
 struct NodeLoad {
   int64_t free_blocks = 0;
   int64_t total_blocks = 0;
@@ -66,7 +67,7 @@ struct PrefixCacheInfo {
   bool operator==(const PrefixCacheInfo&) const = default;
 };
 
-// The prefix-cache events of one heartbeat (v1::KvEvents): event i is number first_seq + i.
+// A batch of prefix-cache events (v1::KvEvents): event i is number first_seq + i.
 // With `snapshot`, `events` lists every cached block (all stored) and first_seq is the number of
 // the next event after it.
 struct KvEvents {

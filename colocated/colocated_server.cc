@@ -54,6 +54,7 @@ absl::Status ColocatedServer::Init() {
   DUET_RETURN_IF_ERROR(runtime_->StartMetricsExporter());
   if (o.http) {
     http::HttpFrontOptions ho = *o.http;
+    ho.server_kind = "colocated";
     ho.model_name = ho.served_model_names.empty() ? http::ModelNameFromPath(ro.model_dir)
                                                   : ho.served_model_names.front();
     ho.context_length = engine.config().max_position_embeddings;

@@ -1,6 +1,6 @@
 // Internal to the coordinator server (not a public header): the shared state behind the
-// Membership and Generation services. Each Generate call runs a RequestDriver
-// (request_driver.h) over this state.
+// Membership and Generation services and the nodes' status streams. Each Generate call runs a
+// RequestDriver (request_driver.h) over this state.
 #pragma once
 
 #include <atomic>
@@ -40,7 +40,12 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
   // Membership
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
-  // Forgets what a dead, replaced or departed incarnation held (requests, cached prefixes).
+  // One message of a node's status stream: its load, its cache events.
+  absl::Status ApplyStatus(const NodeIncarnation& node, const v1::StatusUpdate& update);
+  // A node's status stream broke: suspect at once (RouteBook::MarkSuspect).
+  void OnStatusBreak(const NodeIncarnation& node, const absl::Status& why);
+  // Forgets what a dead, replaced or departed incarnation held (requests, cached prefixes) and
+  // ends its status stream.
   void DropNode(const NodeIncarnation& node, absl::Time now);
   absl::Status Deregister(const v1::DeregisterRequest& req);
   // Generation
@@ -81,6 +86,8 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
   std::thread timer_;
   absl::Mutex timer_mu_;
   bool timer_stop_ ABSL_GUARDED_BY(timer_mu_) = false;
+  // Last: its threads call into the state above until it is stopped (Shutdown).
+  std::unique_ptr<StatusWatchers> watchers_;
 
   // The longest request (prompt + max_tokens) the live nodes can hold: the model's context,
   // capped by the largest decode pool and the largest prefill pool. 0 before both registered.

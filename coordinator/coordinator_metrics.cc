@@ -68,7 +68,16 @@ CoordinatorMetrics::CoordinatorMetrics()
           "timed out; unreachable_prefill: the decode node could not connect to it; "
           "fenced_prefill: "
           "the decode node has it fenced)",
-          {"why"})) {
+          {"why"})),
+      status_snapshots(registry.AddCounter(
+          "duet_coordinator_status_snapshots_total",
+          "Prefix-cache snapshots applied from a node's status stream (one per stream opened, "
+          "one when the stream fell behind the node's window of events)",
+          {"node"})),
+      status_stream_breaks(registry.AddCounter(
+          "duet_coordinator_status_stream_breaks_total",
+          "Node status streams that broke or could not be opened (the node is suspect at once)",
+          {"node"})) {
   for (const char* c : {"preempted", "decode_lost"}) resumes.WithLabels({c});
   for (const char* w : {"suspect_decode", "unreachable_prefill", "fenced_prefill"}) {
     reroutes.WithLabels({w});

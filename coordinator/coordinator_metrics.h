@@ -1,7 +1,8 @@
 // The coordinator's metrics (Prometheus names duet_coordinator_*): requests by outcome, TTFT,
 // TPOT and end-to-end latency histograms, requests in flight, node heartbeats and deaths, the
 // coordinator's own stalls, routing decisions by reason (RouteReasonName), resumes on another
-// decode node by cause, requests waiting for room, re-routes away from unresponsive nodes. The
+// decode node by cause, requests waiting for room, re-routes away from unresponsive nodes, the
+// nodes' status streams (snapshots received, breaks). The
 // node-load and index gauges are callbacks the server registers over its NodeRegistry and
 // PrefixIndex.
 //
@@ -45,6 +46,9 @@ struct CoordinatorMetrics {
   metrics::Gauge& waiting;  // requests waiting for a node with room
   // Routing hops away from a node that did not answer (suspect_decode, unreachable_prefill).
   metrics::Family<metrics::Counter>& reroutes;
+  // The nodes' status streams, per node: snapshots applied (one per stream opened), breaks.
+  metrics::Family<metrics::Counter>& status_snapshots;
+  metrics::Family<metrics::Counter>& status_stream_breaks;
 };
 
 }  // namespace duet::coordinator

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cluster/kv_events_convert.h"
 #include "cluster/node_load_convert.h"
@@ -22,6 +23,14 @@ absl::StatusOr<NodeKind> KindFromProto(v1::NodeKind k) {
     case v1::NODE_KIND_DECODE: return NodeKind::kDecode;
     default: return absl::InvalidArgumentError("node kind must be PREFILL or DECODE");
   }
+}
+
+// "host:port" with a non-empty host and a port in 1..65535 (what Prometheus can scrape).
+bool IsHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  int port = 0;
+  return absl::SimpleAtoi(address.substr(colon + 1), &port) && port > 0 && port < 65536;
 }
 
 class MembershipService final : public v1::Membership::Service {
@@ -89,6 +98,14 @@ absl::Status CoordinatorServer::Impl::Init() {
   }
   DUET_ASSIGN_OR_RETURN(model_config_, model::LoadModelConfig(options_.model_dir));
   DUET_ASSIGN_OR_RETURN(tokenizer_, model::LoadTokenizer(options_.model_dir));
+  // Before the server: a node may register as soon as it listens.
+  watchers_ = std::make_unique<StatusWatchers>(
+      options_.status_watch,
+      StatusWatchCallbacks{
+          .on_update = [this](const NodeIncarnation& node,
+                              const v1::StatusUpdate& u) { return ApplyStatus(node, u); },
+          .on_break = [this](const NodeIncarnation& node,
+                             const absl::Status& why) { OnStatusBreak(node, why); }});
   membership_service_ = std::make_unique<MembershipService>(this);
   generation_service_ = std::make_unique<GenerationService>(this);
   DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(options_.listen_address,
@@ -118,7 +135,7 @@ void CoordinatorServer::Impl::InstallNodeGauges() {
   });
   r.AddGaugeCallback(
       "duet_coordinator_node_kv_blocks",
-      "KV blocks per decode node as of its last heartbeat (state: free, used)",
+      "KV blocks per decode node as of its last status report (state: free, used)",
       {"node", "state"}, [this] {
         std::vector<metrics::Sample> out;
         for (const NodeInfo& n : registry_.LiveNodes(NodeKind::kDecode)) {
@@ -129,7 +146,7 @@ void CoordinatorServer::Impl::InstallNodeGauges() {
         return out;
       });
   r.AddGaugeCallback("duet_coordinator_node_queued_tokens",
-                     "Prompt tokens queued per prefill node as of its last heartbeat", {"node"},
+                     "Prompt tokens queued per prefill node as of its last status report", {"node"},
                      [this] {
                        std::vector<metrics::Sample> out;
                        for (const NodeInfo& n : registry_.LiveNodes(NodeKind::kPrefill)) {
@@ -139,7 +156,7 @@ void CoordinatorServer::Impl::InstallNodeGauges() {
                        return out;
                      });
   r.AddGaugeCallback("duet_coordinator_node_running_requests",
-                     "Requests running per decode node as of its last heartbeat", {"node"},
+                     "Requests running per decode node as of its last status report", {"node"},
                      [this] {
                        std::vector<metrics::Sample> out;
                        for (const NodeInfo& n : registry_.LiveNodes(NodeKind::kDecode)) {
@@ -148,6 +165,20 @@ void CoordinatorServer::Impl::InstallNodeGauges() {
                        }
                        return out;
                      });
+  r.AddGaugeCallback(
+      "duet_coordinator_node_status_age_seconds",
+      "Per node: the age of the newest update applied from its status stream (its load and "
+      "prefix cache as the coordinator knows them are at least this old)",
+      {"node"}, [this] {
+        std::vector<metrics::Sample> out;
+        const absl::Time now = absl::Now();
+        for (const auto& [id, at] : watchers_->LastApplied()) {
+          if (at != absl::InfinitePast()) {
+            out.push_back({{id}, absl::ToDoubleSeconds(now - at)});
+          }
+        }
+        return out;
+      });
   r.AddGaugeCallback("duet_coordinator_tracked_requests",
                      "Requests the coordinator's tracker holds", {}, [this] {
                        return std::vector<metrics::Sample>{
@@ -158,6 +189,15 @@ void CoordinatorServer::Impl::InstallNodeGauges() {
       "(block hash, node) pairs in the coordinator's prefix-cache index", {}, [this] {
         return std::vector<metrics::Sample>{{{}, static_cast<double>(prefix_index_.size())}};
       });
+  r.AddGaugeCallback("duet_coordinator_prefix_index_blocks",
+                     "Per node: the prefix-cache blocks the coordinator's index credits it with",
+                     {"node"}, [this] {
+                       std::vector<metrics::Sample> out;
+                       for (const auto& [id, n] : prefix_index_.BlocksByNode()) {
+                         out.push_back({{id}, static_cast<double>(n)});
+                       }
+                       return out;
+                     });
   r.AddGaugeCallback(
       "duet_coordinator_prefix_index_hashes",
       "Distinct block hashes some node holds in its prefix cache", {}, [this] {
@@ -177,6 +217,12 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
   DUET_ASSIGN_OR_RETURN(reg.kind, KindFromProto(req.kind()));
   reg.address = req.address();
   reg.transfer_address = req.transfer_address();
+  reg.metrics_address = req.metrics_address();
+  if (!reg.metrics_address.empty() && !IsHostPort(reg.metrics_address)) {
+    return absl::InvalidArgumentError(absl::StrCat("register: node ", reg.node.node_id,
+                                                   " sent metrics address '", reg.metrics_address,
+                                                   "', not host:port"));
+  }
   DUET_ASSIGN_OR_RETURN(reg.layout, rpc::FromProto(req.layout()));
   reg.capacity = NodeCapacity{.total_blocks = req.capacity().total_blocks(),
                               .max_running_requests = req.capacity().max_running_requests(),
@@ -203,6 +249,8 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
     resp.mutable_replaced()->set_epoch(out.replaced->epoch);
     DropNode(*out.replaced, absl::Now());
   }
+  // Its load and cache events come on its status stream, from a snapshot.
+  watchers_->Watch(reg.node, reg.address);
   DUET_LOG(INFO) << "node " << reg.node.ToString() << " (" << NodeKindName(reg.kind) << ") at "
                  << reg.address << " registered";
   return resp;
@@ -212,18 +260,44 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorServer::Impl::Heartbeat(
     const v1::HeartbeatRequest& req) {
   metrics_.heartbeats.WithLabels({req.node().node_id()}).Increment();
   const NodeIncarnation node{req.node().node_id(), req.node().epoch()};
-  DUET_RETURN_IF_ERROR(registry_.Heartbeat(node, cluster::LoadFromProto(req.load()), absl::Now()));
-  v1::HeartbeatResponse resp;
-  if (req.has_kv_events()) {
-    resp.set_want_kv_snapshot(
-        prefix_index_.Apply(node, cluster::KvEventsFromProto(req.kv_events())));
-    // Declared dead meanwhile (the timer already dropped it): drop what was just applied.
-    if (!registry_.IsLive(node)) prefix_index_.DropNode(node);
+  DUET_RETURN_IF_ERROR(registry_.Heartbeat(node, absl::Now()));
+  return v1::HeartbeatResponse();
+}
+
+absl::Status CoordinatorServer::Impl::ApplyStatus(const NodeIncarnation& node,
+                                                  const v1::StatusUpdate& update) {
+  if (update.has_load()) {
+    DUET_RETURN_IF_ERROR(registry_.ReportLoad(node, cluster::LoadFromProto(update.load())));
   }
-  return resp;
+  if (!update.has_kv_events()) return absl::OkStatus();
+  const cluster::KvEvents events = cluster::KvEventsFromProto(update.kv_events());
+  if (events.snapshot) metrics_.status_snapshots.WithLabels({node.node_id}).Increment();
+  if (prefix_index_.Apply(node, events)) {
+    // The node sends a snapshot first and after every gap, so this stream is out of step: a
+    // new one starts from a snapshot.
+    return absl::DataLossError(absl::StrCat("status stream of ", node.ToString(),
+                                            ": cache events from number ", events.first_seq,
+                                            " do not continue what was applied"));
+  }
+  // Dropped meanwhile (declared dead, replaced): drop what was just applied.
+  if (!registry_.IsLive(node)) {
+    prefix_index_.DropNode(node);
+    return absl::NotFoundError(absl::StrCat(node.ToString(), " is no longer registered"));
+  }
+  return absl::OkStatus();
+}
+
+void CoordinatorServer::Impl::OnStatusBreak(const NodeIncarnation& node, const absl::Status& why) {
+  metrics_.status_stream_breaks.WithLabels({node.node_id}).Increment();
+  if (stopping_.load()) return;
+  if (std::optional<NodeInfo> info = registry_.Find(node.node_id);
+      info && info->node == node && info->alive) {
+    routes_.MarkSuspect(*info, why);
+  }
 }
 
 void CoordinatorServer::Impl::DropNode(const NodeIncarnation& node, absl::Time now) {
+  watchers_->Forget(node);  // no update of it applies after this
   prefix_index_.DropNode(node);
   Apply(tracker_.OnNodeDead(node, now));
 }
@@ -245,6 +319,7 @@ void CoordinatorServer::Impl::TimerLoop() {
       if (timer_stop_) return;
     }
     const absl::Time now = absl::Now();
+    watchers_->CheckSilence(now);
     // The registry measures silence only while this loop runs: a late tick is our own stall.
     const ExpireOutcome expired = registry_.ExpireDead(now);
     if (expired.stall > absl::ZeroDuration()) {
@@ -278,6 +353,7 @@ v1::HealthResponse CoordinatorServer::Impl::Health() {
       *s->mutable_load() = cluster::LoadToProto(n.load);
       *s->mutable_compute() = cluster::ComputeToProto(n.compute);
       s->set_block_size(n.layout.block_size);
+      s->set_metrics_address(n.metrics_address);
       if (kind == NodeKind::kPrefill) {
         h.set_prefill_nodes(h.prefill_nodes() + 1);
       } else {
@@ -302,6 +378,7 @@ void CoordinatorServer::Impl::Shutdown() {
     absl::MutexLock lock(&timer_mu_);
     timer_stop_ = true;
   }
+  if (watchers_) watchers_->StopAll();
   if (http_) http_->Stop();  // cancels its open streams; their requests end below
   active_.EndAll(absl::UnavailableError("the coordinator is shutting down"));
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -4,7 +4,8 @@
 // picks a prefill node P and a decode node D, reserves KV blocks on D (naming P as the writer),
 // starts Prefill on P and StreamTokens on D, forwards P's first token and D's tokens to the
 // client, and applies the tracker's effects (releases, prefill cancels, one retry on another
-// prefill node, terminal errors). A timer thread expires dead nodes and phase deadlines.
+// prefill node, terminal errors). A timer thread expires dead nodes and phase deadlines. Each
+// registered node's status stream (StatusWatchers) feeds its load and its prefix cache's events.
 //
 //   DUET_ASSIGN_OR_RETURN(auto coord, CoordinatorServer::Start({.model_dir = "models/tiny"}));
 //   std::string addr = coord->address();   // "127.0.0.1:PORT" for nodes and clients
@@ -20,6 +21,7 @@
 #include "absl/time/time.h"
 #include "coordinator/request_tracker.h"
 #include "coordinator/router.h"
+#include "coordinator/status_watchers.h"
 #include "http/http_front.h"
 
 namespace duet::coordinator {
@@ -33,6 +35,8 @@ struct CoordinatorOptions {
   // How requests are routed (coordinator/router.h); a negative weight is refused at Start.
   RouterMode router = RouterMode::kCacheAware;
   RouterWeights router_weights;
+  // The nodes' status streams: silence that breaks one, how soon it is opened again.
+  StatusWatchOptions status_watch;
   // The OpenAI-compatible HTTP API and /metrics (http/http_front.h); nullopt: off. Its model
   // name, context length and vocabulary are the model's.
   std::optional<http::HttpFrontOptions> http;

@@ -92,6 +92,7 @@ absl::StatusOr<RegisterOutcome> NodeRegistry::Register(const NodeRegistration& r
   info.kind = registration.kind;
   info.address = registration.address;
   info.transfer_address = registration.transfer_address;
+  info.metrics_address = registration.metrics_address;
   info.layout = registration.layout;
   info.compute = registration.compute;
   info.capacity = registration.capacity;
@@ -131,15 +132,22 @@ absl::Status CheckCurrent(const absl::btree_map<NodeId, NodeInfo>& nodes,
 
 }  // namespace
 
-absl::Status NodeRegistry::Heartbeat(const NodeIncarnation& node, const NodeLoad& load,
-                                     absl::Time now) {
+absl::Status NodeRegistry::Heartbeat(const NodeIncarnation& node, absl::Time now) {
   absl::MutexLock lock(&mu_);
   DUET_RETURN_IF_ERROR(CheckCurrent(nodes_, node, "Heartbeat"));
   NodeInfo& info = nodes_[node.node_id];
-  info.load = load;
   ++info.heartbeats;
   if (now > info.last_heartbeat) info.last_heartbeat = now;
   info.heard_at = std::max(info.heard_at, clock_.At(now));
+  return absl::OkStatus();
+}
+
+absl::Status NodeRegistry::ReportLoad(const NodeIncarnation& node, const NodeLoad& load) {
+  absl::MutexLock lock(&mu_);
+  DUET_RETURN_IF_ERROR(CheckCurrent(nodes_, node, "ReportLoad"));
+  NodeInfo& info = nodes_[node.node_id];
+  info.load = load;
+  ++info.load_reports;
   return absl::OkStatus();
 }
 
@@ -188,7 +196,7 @@ absl::StatusOr<LoadAdjustment> NodeRegistry::AdjustLoad(const NodeIncarnation& n
   DUET_RETURN_IF_ERROR(CheckCurrent(nodes_, node, "AdjustLoad"));
   NodeInfo& info = nodes_[node.node_id];
   ApplyDelta(info.load, delta_free_blocks, delta_running, delta_queued_tokens);
-  return LoadAdjustment{node, info.heartbeats, delta_free_blocks, delta_running,
+  return LoadAdjustment{node, info.load_reports, delta_free_blocks, delta_running,
                         delta_queued_tokens};
 }
 
@@ -196,7 +204,7 @@ void NodeRegistry::UndoLoad(const LoadAdjustment& a) {
   absl::MutexLock lock(&mu_);
   if (!CheckCurrent(nodes_, a.node, "UndoLoad").ok()) return;
   NodeInfo& info = nodes_[a.node.node_id];
-  if (info.heartbeats != a.heartbeat_seq) return;
+  if (info.load_reports != a.load_report_seq) return;
   ApplyDelta(info.load, -a.delta_free_blocks, -a.delta_running, -a.delta_queued_tokens);
 }
 
@@ -204,7 +212,7 @@ void NodeRegistry::ReviseFreeBlocks(LoadAdjustment& a, int64_t delta_free_blocks
   absl::MutexLock lock(&mu_);
   if (!CheckCurrent(nodes_, a.node, "ReviseFreeBlocks").ok()) return;
   NodeInfo& info = nodes_[a.node.node_id];
-  if (info.heartbeats != a.heartbeat_seq) return;
+  if (info.load_reports != a.load_report_seq) return;
   ApplyDelta(info.load, delta_free_blocks - a.delta_free_blocks, 0, 0);
   a.delta_free_blocks = delta_free_blocks;
 }

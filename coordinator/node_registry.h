@@ -1,12 +1,14 @@
 // NodeRegistry: which prefill and decode nodes are in the cluster, which incarnation (epoch) of
 // each is current, their KV layout and load, and who has missed a heartbeat. Pure logic: time
-// is passed in, nothing is sent; the membership service and a timer loop drive it, and drop
-// whatever the returned incarnations owned (CacheDirectory::DropNode, RequestTracker::OnNodeDead).
+// is passed in, nothing is sent; the membership service (heartbeats), the nodes' status streams
+// (load) and a timer loop drive it, and drop whatever the returned incarnations owned
+// (CacheDirectory::DropNode, RequestTracker::OnNodeDead).
 //
 //   NodeRegistry registry({.heartbeat_timeout = absl::Seconds(3)});
 //   DUET_ASSIGN_OR_RETURN(RegisterOutcome out, registry.Register(reg, now));
 //   if (out.replaced) tracker.OnNodeDead(*out.replaced, now);   // the old incarnation is gone
-//   DUET_RETURN_IF_ERROR(registry.Heartbeat(reg.node, load, now));
+//   DUET_RETURN_IF_ERROR(registry.Heartbeat(reg.node, now));   // liveness
+//   DUET_RETURN_IF_ERROR(registry.ReportLoad(reg.node, load));  // from the node's status stream
 //   // The timer loop, every 50 ms: the registry's clock of the coordinator's own running time.
 //   for (const NodeInfo& dead : registry.ExpireDead(now).dead) tracker.OnNodeDead(dead.node, now);
 //
@@ -56,6 +58,7 @@ struct NodeRegistration {
   NodeKind kind = NodeKind::kDecode;
   std::string address;  // host:port of the node's gRPC service
   std::string transfer_address;  // the node's transport address blob (prefill: D connects to it)
+  std::string metrics_address;   // host:port of its GET /metrics ("": none)
   kv::KvLayout layout;
   NodeCompute compute;
   NodeCapacity capacity;
@@ -68,6 +71,7 @@ struct NodeInfo {
   NodeKind kind = NodeKind::kDecode;
   std::string address;
   std::string transfer_address;
+  std::string metrics_address;
   kv::KvLayout layout;
   NodeCompute compute;
   NodeCapacity capacity;
@@ -76,7 +80,8 @@ struct NodeInfo {
   absl::Time registered_at;
   absl::Time last_heartbeat;
   absl::Duration heard_at;  // last_heartbeat on the registry's running clock
-  uint64_t heartbeats = 0;  // load reports received from this incarnation
+  uint64_t heartbeats = 0;  // heartbeats received from this incarnation
+  uint64_t load_reports = 0;  // loads received from this incarnation (its status stream)
   bool alive = true;
   absl::Time died_at = absl::InfinitePast();  // when ExpireDead declared it dead
   absl::Duration silence;  // at death: running time without a heartbeat (> heartbeat_timeout)
@@ -89,7 +94,7 @@ std::string DeathCause(const NodeInfo& info);
 // One optimistic load change, to take back with NodeRegistry::UndoLoad.
 struct LoadAdjustment {
   NodeIncarnation node;
-  uint64_t heartbeat_seq = 0;  // the node's heartbeat count when it was applied
+  uint64_t load_report_seq = 0;  // the node's load_reports when it was applied
   int64_t delta_free_blocks = 0;
   int32_t delta_running = 0;
   int64_t delta_queued_tokens = 0;
@@ -121,24 +126,27 @@ class NodeRegistry {
   NodeRegistry& operator=(const NodeRegistry&) = delete;
 
   absl::StatusOr<RegisterOutcome> Register(const NodeRegistration& registration, absl::Time now);
-  // NOT_FOUND for an unknown node, a superseded or future epoch, or a node declared dead.
-  absl::Status Heartbeat(const NodeIncarnation& node, const NodeLoad& load, absl::Time now);
+  // The node lives. NOT_FOUND for an unknown node, a superseded or future epoch, or a node
+  // declared dead.
+  absl::Status Heartbeat(const NodeIncarnation& node, absl::Time now);
+  // The node's load, as its status stream reported it; NOT_FOUND as Heartbeat.
+  absl::Status ReportLoad(const NodeIncarnation& node, const NodeLoad& load);
   // A graceful leave: the node is removed. NOT_FOUND when `node` is not the current incarnation.
   absl::Status Deregister(const NodeIncarnation& node);
   // Ticks the running clock to `now`, then declares dead every live node silent for longer than
   // heartbeat_timeout of running time. Called by the coordinator's timer on every tick.
   ExpireOutcome ExpireDead(absl::Time now);
-  // Optimistic load change between heartbeats (after a Reserve, Release, or Prefill was sent);
-  // the next heartbeat overwrites it. NOT_FOUND unless `node` is current and alive.
+  // Optimistic load change between load reports (after a Reserve, Release, or Prefill was
+  // sent); the next report overwrites it. NOT_FOUND unless `node` is current and alive.
   absl::StatusOr<LoadAdjustment> AdjustLoad(const NodeIncarnation& node,
                                             int64_t delta_free_blocks, int32_t delta_running,
                                             int64_t delta_queued_tokens);
-  // Takes an adjustment back when its request ended, unless a heartbeat came since: that
+  // Takes an adjustment back when its request ended, unless a load report came since: that
   // report replaced the load (with or without the request) and the next one will be exact.
-  // Without this, requests shorter than a heartbeat interval would pile up as "running".
+  // Without this, requests shorter than a report interval would pile up as "running".
   void UndoLoad(const LoadAdjustment& adjustment);
   // Replaces the free-block change of `adjustment` with `delta_free_blocks` (the node reserved a
-  // different number of blocks than the pick assumed), unless a heartbeat came since: that
+  // different number of blocks than the pick assumed), unless a load report came since: that
   // report already counts what the node did.
   void ReviseFreeBlocks(LoadAdjustment& adjustment, int64_t delta_free_blocks);
 

@@ -1,5 +1,6 @@
 #include "coordinator/prefix_index.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace duet::coordinator {
@@ -114,6 +115,14 @@ absl::flat_hash_map<NodeIncarnation, int64_t> PrefixIndex::LeadingBlocksAll(
 size_t PrefixIndex::size() const {
   absl::MutexLock lock(&mu_);
   return entries_;
+}
+
+std::vector<std::pair<NodeId, size_t>> PrefixIndex::BlocksByNode() const {
+  std::vector<std::pair<NodeId, size_t>> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, state] : nodes_) out.emplace_back(id, state.hashes.size());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 size_t PrefixIndex::num_hashes() const {

@@ -1,9 +1,9 @@
 // PrefixIndex: which node incarnations hold which prefix-cache blocks, by chain hash
-// (common/kv/block_hash.h), as their heartbeats report it (cluster::KvEvents). The router asks
+// (common/kv/block_hash.h), as their status streams report it (cluster::KvEvents). The router asks
 // it how many leading blocks of a prompt's chain each node holds. Pure logic, thread-safe.
 //
 //   PrefixIndex index;
-//   bool want_snapshot = index.Apply({"decode-0", 3}, events);   // answer want_kv_snapshot
+//   bool want_snapshot = index.Apply({"decode-0", 3}, events);   // true: out of step
 //   std::vector<kv::BlockHash> chain = kv::ChainHashes(seed, prompt, block_size, max_blocks);
 //   int64_t hit = index.LeadingBlocks({"decode-0", 3}, chain);   // blocks 0..hit-1 are held
 //   absl::flat_hash_map<NodeIncarnation, int64_t> all = index.LeadingBlocksAll(chain);
@@ -22,6 +22,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -40,7 +42,8 @@ class PrefixIndex {
   PrefixIndex(const PrefixIndex&) = delete;
   PrefixIndex& operator=(const PrefixIndex&) = delete;
 
-  // Applies one heartbeat's events of `node`; true when the node must send a snapshot.
+  // Applies one batch (or snapshot) of `node`'s events; true when the node must send a
+  // snapshot.
   bool Apply(const NodeIncarnation& node, const cluster::KvEvents& events);
   // Forgets everything `node` held (a newer incarnation of its id is left alone).
   void DropNode(const NodeIncarnation& node);
@@ -53,6 +56,8 @@ class PrefixIndex {
 
   size_t size() const;                             // (hash, node) entries
   size_t num_hashes() const;                       // distinct hashes held by some node
+  // The blocks each node id's current incarnation is credited with, by node id.
+  std::vector<std::pair<NodeId, size_t>> BlocksByNode() const;
   bool synced(const NodeIncarnation& node) const;  // has applied a snapshot, no gap since
 
  private:

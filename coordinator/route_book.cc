@@ -24,15 +24,19 @@ RouteBook::Picked RouteBook::Pick(Router& router, RouteRequest route,
     }
   }
   const std::vector<NodeInfo> decodes = registry_->LiveNodes(NodeKind::kDecode);
-  const std::vector<NodeId> suspects = SuspectsLocked(decodes);
+  const std::vector<NodeInfo> prefills = registry_->LiveNodes(NodeKind::kPrefill);
+  std::vector<NodeId> suspects = SuspectsLocked(NodeKind::kDecode, decodes);
   route.excluded_decode.insert(route.excluded_decode.end(), suspects.begin(), suspects.end());
+  const std::vector<NodeId> suspect_prefills = SuspectsLocked(NodeKind::kPrefill, prefills);
+  route.excluded_prefill.insert(route.excluded_prefill.end(), suspect_prefills.begin(),
+                                suspect_prefills.end());
+  suspects.insert(suspects.end(), suspect_prefills.begin(), suspect_prefills.end());
   for (const NodeId& id : suspects) {
     route.exclusions.try_emplace(id, Exclusion{.why = "suspect until its next heartbeat"});
   }
-  const std::vector<NodeInfo> prefills = registry_->LiveNodes(NodeKind::kPrefill);
   Picked out{.pick = router.Pick(decodes, prefills, route)};
   if (!out.pick.ok()) {
-    // No room now, only suspect decode nodes left (each heartbeats again or is declared dead
+    // No room now, only suspect nodes left (each heartbeats again or is declared dead
     // soon), or only fenced pairs (a fence lifts once the prefill node answers, and D's
     // heartbeat says so): wait. Not when the fenced prefill nodes are excluded from this
     // request (D refused them, or fenced them during its transfer), nor for anything else:
@@ -48,7 +52,7 @@ RouteBook::Picked RouteBook::Pick(Router& router, RouteRequest route,
     return out;
   }
   // A retry's new picks replace the previous attempt's, except on a prefill node that failed
-  // it: that one keeps looking busy until its next heartbeat (if any), which steers other
+  // it: that one keeps looking busy until its next load report (if any), which steers other
   // requests away from it while it is likely dead.
   for (const LoadAdjustment& a : adjustments) {
     if (std::find(route.excluded_prefill.begin(), route.excluded_prefill.end(), a.node.node_id) ==
@@ -81,10 +85,11 @@ void RouteBook::UndoLoads(std::vector<LoadAdjustment>& adjustments) {
 }
 
 void RouteBook::MarkSuspect(const NodeInfo& node, const absl::Status& why) {
-  DUET_LOG(WARNING) << "decode node " << node.node.ToString()
+  DUET_LOG(WARNING) << NodeKindName(node.kind) << " node " << node.node.ToString()
                     << " is suspect until its next heartbeat: " << why;
   absl::MutexLock lock(&mu_);
-  suspects_[node.node.node_id] = Suspect{.node = node.node, .heartbeats = node.heartbeats};
+  suspects_[node.node.node_id] =
+      Suspect{.node = node.node, .kind = node.kind, .heartbeats = node.heartbeats};
 }
 
 void RouteBook::RecordLanded(const RequestId& request, const NodeIncarnation& prefill,
@@ -99,9 +104,13 @@ void RouteBook::RecordLanded(const RequestId& request, const NodeIncarnation& pr
   }
 }
 
-std::vector<NodeId> RouteBook::SuspectsLocked(const std::vector<NodeInfo>& live) {
+std::vector<NodeId> RouteBook::SuspectsLocked(NodeKind kind, const std::vector<NodeInfo>& live) {
   std::vector<NodeId> out;
   for (auto it = suspects_.begin(); it != suspects_.end();) {
+    if (it->second.kind != kind) {
+      ++it;
+      continue;
+    }
     auto n = std::find_if(live.begin(), live.end(),
                           [&](const NodeInfo& i) { return i.node.node_id == it->first; });
     if (n == live.end() || n->node != it->second.node || n->heartbeats > it->second.heartbeats) {

@@ -1,7 +1,8 @@
 // RouteBook: what routing remembers across the coordinator's requests, under one lock so that
 // concurrent requests see each other's picks: the optimistic load change of every pick
-// (NodeRegistry::AdjustLoad, taken back when its request ends), the decode nodes that are suspect
-// (a Reserve got no answer, a token stream broke) until they heartbeat again, where recent
+// (NodeRegistry::AdjustLoad, taken back when its request ends), the nodes that are suspect
+// (a Reserve got no answer, a token stream or the node's status stream broke) until they
+// heartbeat again, where recent
 // requests' KV landed (for the choices that share their prompt, GenerateRequest.share_prompt_with),
 // and how many resumed requests wait for room (new requests let them go first). The choice
 // itself is the Router's (router.h, pure).
@@ -41,10 +42,10 @@ class RouteBook {
     // pairs while some prefill node is not excluded from the request.
     bool wait = false;
   };
-  // Picks D and P for `route` among the live nodes, excluding the suspect decode nodes and
+  // Picks D and P for `route` among the live nodes, excluding the suspect nodes and
   // preferring the nodes where `share_prompt_with`'s KV landed. On a pick, `adjustments` (the
   // request's previous picks) are taken back, except on prefill nodes excluded from it (a node
-  // that failed keeps looking busy until it heartbeats), and replaced by the new pick's.
+  // that failed keeps looking busy until it reports its load), and replaced by the new pick's.
   Picked Pick(Router& router, RouteRequest route, const RequestId& share_prompt_with,
               std::vector<LoadAdjustment>& adjustments);
   // D reserved `fresh_blocks` blocks (the pick assumed another number).
@@ -53,7 +54,8 @@ class RouteBook {
   // The request ended: its picks' load changes are taken back (NodeRegistry::UndoLoad).
   void UndoLoads(std::vector<LoadAdjustment>& adjustments);
 
-  // `node` is not routed to until it heartbeats again (a dead one then drops out).
+  // `node` (decode or prefill) is not routed to until it heartbeats again (a dead one then
+  // drops out).
   void MarkSuspect(const NodeInfo& node, const absl::Status& why);
   // `request`'s KV was admitted on `decode`, computed on `prefill` (the latest kLandedPicks).
   void RecordLanded(const RequestId& request, const NodeIncarnation& prefill,
@@ -65,6 +67,7 @@ class RouteBook {
  private:
   struct Suspect {
     NodeIncarnation node;
+    NodeKind kind = NodeKind::kDecode;
     uint64_t heartbeats = 0;  // its heartbeat count when it became suspect
   };
   struct LandedPicks {
@@ -73,8 +76,9 @@ class RouteBook {
   };
   static constexpr size_t kLandedPicks = 4096;
 
-  // The suspects among `live` (forgetting those dead, replaced or heard from since).
-  std::vector<NodeId> SuspectsLocked(const std::vector<NodeInfo>& live)
+  // The suspects among `live`, the live nodes of `kind` (forgetting those of `kind` dead,
+  // replaced or heard from since).
+  std::vector<NodeId> SuspectsLocked(NodeKind kind, const std::vector<NodeInfo>& live)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   NodeRegistry* const registry_;

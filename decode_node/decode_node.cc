@@ -91,7 +91,9 @@ absl::Status DecodeNode::Init() {
                                                             .transfer_address = transfer_address_,
                                                             .metrics = metrics_.get()},
                                       &engine.tokenizer());
-  DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(ro.listen_address, {service_.get()}, &port_));
+  DUET_ASSIGN_OR_RETURN(
+      server_,
+      rpc::StartServer(ro.listen_address, {service_.get(), runtime_->status_service()}, &port_));
   kv::BlockPool* pool = pool_.get();
   DecodeScheduler* scheduler = scheduler_.get();
   metrics_->AddNodeGauges([pool] { return pool->Stats(); },

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
 #include "http/generation_threads.h"
+#include "http/metrics_targets.h"
 #include "http/openai_protocol.h"
 #include "http/response_builder.h"
 #include "http/vllm_metrics.h"
@@ -158,6 +159,19 @@ class HttpFront::Handlers {
     if (get && req.path == "/metrics") {
       return res->Reply(200, {}, "text/plain; version=0.0.4; charset=utf-8", registry_->Render());
     }
+    if (get && req.path == "/metrics/targets") {
+      // This server's own /metrics is where the request came in: the address in its Host header.
+      const std::string host = req.Header("Host");
+      if (host.empty()) {
+        return Reply(*res,
+                     ApiError{.message = "GET /metrics/targets needs a Host header (this "
+                                         "server's own target is the address it was asked at)",
+                              .code = "missing_host"});
+      }
+      return res->Reply(200, {}, kJson,
+                        Dump(MetricsTargets(backend_->Health(),
+                                            {.kind = options_.server_kind, .address = host})));
+    }
     Reply(*res, ApiError{.http_status = 404,
                          .message = absl::StrCat("no route for ", req.method, " ", req.path),
                          .code = "not_found"});
@@ -283,7 +297,7 @@ class HttpFront::Handlers {
  private:
   static std::string PathLabel(const std::string& path) {
     for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                          "/metrics", "/tokenize", "/detokenize", "/version"}) {
+                          "/metrics", "/metrics/targets", "/tokenize", "/detokenize", "/version"}) {
       if (path == p) return p;
     }
     return "other";
@@ -729,7 +743,8 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptio
                        .header_timeout = options.header_timeout,
                        .body_timeout = options.body_timeout,
                        .idle_timeout = options.idle_timeout,
-                       .write_timeout = options.write_timeout};
+                       .write_timeout = options.write_timeout,
+                       .tls = options.tls};
   absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
       so,
       [h](HttpRequest req, std::shared_ptr<HttpResponder> res) {

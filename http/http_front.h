@@ -3,15 +3,17 @@
 // slow and idle clients hold no thread; header, body and idle deadlines; a connection limit).
 //   POST /v1/completions, POST /v1/chat/completions (stream: true -> server-sent events),
 //   GET /v1/models and /v1/models/{id}, GET /health (200 only when the backend can prefill and
-//   decode), GET /metrics (Prometheus text from the server's registry), GET /version,
+//   decode), GET /metrics (Prometheus text from the server's registry), GET /metrics/targets
+//   (Prometheus HTTP service discovery: this server and every live node's /metrics, with labels;
+//   http/metrics_targets.h), GET /version,
 //   POST /tokenize and /detokenize (vLLM's shapes; on a thread of their own).
 // It parses, checks and runs each request in-process through a GenerationBackend (the
 // coordinator's request path, or the colocated server's) on a thread of its own, at most
 // max_concurrent_streams generations at once (429 beyond, before any thread is started), maps
 // failures to OpenAI-shaped errors (429/503 with Retry-After when there is no capacity), and
 // cancels a request whose client disconnects or stops reading (write_timeout), streamed or not.
-// /health, /metrics and /v1/models are answered on the I/O threads and never wait for a
-// generation.
+// /health, /metrics, /metrics/targets and /v1/models are answered on the I/O threads and never
+// wait for a generation.
 //
 //   HttpFrontOptions o{.host = "127.0.0.1", .port = 8000, .model_name = "smollm2"};
 //   DUET_ASSIGN_OR_RETURN(auto front, HttpFront::Start(o, backend, tokenizer, &registry));
@@ -84,6 +86,11 @@ struct HttpFrontOptions {
   // The model's vocabulary (its embedding rows, which may exceed the tokenizer's entries); prompt
   // ids are checked against it. 0: the tokenizer's size.
   int32_t vocab_size = 0;
+  // What this server is, for its own entry in GET /metrics/targets: "coordinator" or
+  // "colocated".
+  std::string server_kind = "coordinator";
+  // HTTPS (HttpServerOptions::tls): nullopt serves plain HTTP.
+  std::optional<tls::TlsIdentity> tls;
 };
 
 // The name /v1/models reports for a model at `model_path`: its last path component

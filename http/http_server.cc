@@ -2,6 +2,7 @@
 
 #include <array>
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
@@ -40,6 +41,59 @@ std::string Chunk(absl::string_view data) {
   return absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n");
 }
 
+// A connection's byte stream: the TCP socket itself, or TLS over it. Beast reads and writes it
+// as any Asio stream; the socket underneath is there for what TLS leaves to TCP (options,
+// cancel, shutdown, close).
+class Stream {
+ public:
+  using executor_type = tcp::socket::executor_type;
+
+  Stream(tcp::socket socket, asio::ssl::context* tls) {
+    if (tls != nullptr) {
+      tls_.emplace(std::move(socket), *tls);
+    } else {
+      plain_.emplace(std::move(socket));
+    }
+  }
+
+  bool tls() const { return tls_.has_value(); }
+  tcp::socket& socket() { return tls_ ? tls_->next_layer() : *plain_; }
+  executor_type get_executor() { return socket().get_executor(); }
+
+  template <typename Buffers, typename Handler>
+  void async_read_some(const Buffers& buffers, Handler&& handler) {
+    if (tls_) {
+      tls_->async_read_some(buffers, std::forward<Handler>(handler));
+    } else {
+      plain_->async_read_some(buffers, std::forward<Handler>(handler));
+    }
+  }
+  template <typename Buffers, typename Handler>
+  void async_write_some(const Buffers& buffers, Handler&& handler) {
+    if (tls_) {
+      tls_->async_write_some(buffers, std::forward<Handler>(handler));
+    } else {
+      plain_->async_write_some(buffers, std::forward<Handler>(handler));
+    }
+  }
+  // TLS only: the server side of the handshake.
+  template <typename Handler>
+  void async_handshake(Handler&& handler) {
+    tls_->async_handshake(asio::ssl::stream_base::server, std::forward<Handler>(handler));
+  }
+
+ private:
+  std::optional<tcp::socket> plain_;
+  std::optional<asio::ssl::stream<tcp::socket>> tls_;
+};
+
+// "1.2.3.4:5678" of the socket's peer, "?" when it has none.
+std::string PeerOf(tcp::socket& socket) {
+  error_code ec;
+  const tcp::endpoint ep = socket.remote_endpoint(ec);
+  return ec ? std::string("?") : absl::StrCat(ep.address().to_string(), ":", ep.port());
+}
+
 }  // namespace
 
 bool ClosesConnection(int status) {
@@ -71,6 +125,8 @@ class HttpServer::Impl {
 
   absl::Status Listen();
   void Stop();
+  // The TLS context of every connection; nullptr: plain HTTP.
+  asio::ssl::context* tls() { return tls_ ? &*tls_ : nullptr; }
 
   HttpErrorBody ErrorBody(int status, const std::string& code, const std::string& message) const {
     if (error_body_) return error_body_(status, code, message);
@@ -101,6 +157,9 @@ class HttpServer::Impl {
   void Accept();
   void Refuse(tcp::socket socket);
 
+  absl::Status SetUpTls();
+
+  std::optional<asio::ssl::context> tls_;  // set up by Listen, read-only afterwards
   absl::Mutex mu_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::Mutex threads_mu_;
@@ -121,10 +180,11 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(tcp::socket socket, HttpServer::Impl* server)
       : server_(server),
         options_(server->options_),
-        socket_(std::move(socket)),
-        read_timer_(socket_.get_executor()),
-        write_timer_(socket_.get_executor()),
-        ping_timer_(socket_.get_executor()) {
+        stream_(std::move(socket), server->tls()),
+        socket_(stream_.socket()),
+        read_timer_(stream_.get_executor()),
+        write_timer_(stream_.get_executor()),
+        ping_timer_(stream_.get_executor()) {
     server_->connections_.fetch_add(1);
   }
   ~Session() {
@@ -134,10 +194,30 @@ class Session : public std::enable_shared_from_this<Session> {
 
   template <typename F>
   void Post(F&& f) {
-    asio::post(socket_.get_executor(), std::forward<F>(f));
+    asio::post(stream_.get_executor(), std::forward<F>(f));
   }
 
-  void Start() { StartHeader(); }
+  void Start() {
+    if (!stream_.tls()) return StartHeader();
+    // The handshake, under the header's deadline; a refused client is logged here, there being
+    // no channel to answer it on.
+    state_ = State::kHandshake;
+    ArmRead(options_.header_timeout);
+    stream_.async_handshake([self = shared_from_this()](error_code ec) {
+      if (self->state_ != State::kHandshake) return;  // timed out or closed meanwhile
+      if (ec == asio::ssl::error::stream_truncated || ec == asio::error::eof ||
+          ec == asio::error::connection_reset) {
+        return self->Close(
+            absl::StrCat("the client left during the TLS handshake (", ec.message(), ")"));
+      }
+      if (ec) {
+        DUET_LOG(WARNING) << "https: refused " << PeerOf(self->socket_)
+                          << " in the TLS handshake: " << ec.message();
+        return self->Close(absl::StrCat("TLS handshake failed: ", ec.message()));
+      }
+      self->StartHeader();
+    });
+  }
   void Close(const std::string& why) {
     if (state_ == State::kClosed) return;
     DUET_LOG(DEBUG) << "http: closing a connection: " << why;
@@ -209,7 +289,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // kClosing: an error of the server's own is being written; kLingering: it was, the write side
   // is shut and what the client still sends is read and dropped for a while, so that closing
   // does not reset the connection before the client has read the answer.
-  enum class State { kIdle, kHeader, kBody, kHandling, kClosing, kLingering, kClosed };
+  enum class State { kHandshake, kIdle, kHeader, kBody, kHandling, kClosing, kLingering, kClosed };
 
   std::string Head(int status, const HttpHeaders& headers, absl::string_view content_type) {
     std::string out = StatusLine(status);
@@ -240,6 +320,12 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   void OnReadDeadline() {
     switch (state_) {
+      case State::kHandshake:
+        DUET_LOG(WARNING) << "https: " << PeerOf(socket_)
+                          << " did not complete the TLS handshake within "
+                          << Seconds(options_.header_timeout);
+        Close(absl::StrCat("no TLS handshake within ", Seconds(options_.header_timeout)));
+        break;
       case State::kIdle:
         Close(absl::StrCat("idle for ", Seconds(options_.idle_timeout), " between requests"));
         break;
@@ -270,7 +356,7 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(options_.max_body_bytes);
     ArmRead(options_.header_timeout);
     bhttp::async_read_header(
-        socket_, buffer_, *parser_,
+        stream_, buffer_, *parser_,
         [self = shared_from_this()](error_code ec, size_t) { self->OnHeader(ec); });
   }
   void OnHeader(error_code ec) {
@@ -285,7 +371,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (parser_->is_done()) return Dispatch();
     state_ = State::kBody;
     ArmRead(options_.body_timeout);
-    bhttp::async_read(socket_, buffer_, *parser_,
+    bhttp::async_read(stream_, buffer_, *parser_,
                       [self = shared_from_this()](error_code ec, size_t) { self->OnBody(ec); });
   }
   void OnBody(error_code ec) {
@@ -335,7 +421,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReadSome() {
     if (reading_) return;
     reading_ = true;
-    socket_.async_read_some(
+    stream_.async_read_some(
         buffer_.prepare(4096),
         [self = shared_from_this()](error_code ec, size_t n) { self->OnReadSome(ec, n); });
   }
@@ -390,7 +476,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   // One write_some at a time, so that each byte the socket accepts counts as progress.
   void WriteSome() {
-    socket_.async_write_some(
+    stream_.async_write_some(
         asio::buffer(batch_.data() + written_, batch_.size() - written_),
         [self = shared_from_this()](error_code ec, size_t n) { self->OnWritten(ec, n); });
   }
@@ -465,7 +551,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!reading_) Discard();  // else the read in flight goes on with it (OnReadSome)
   }
   void Discard() {
-    socket_.async_read_some(asio::buffer(discard_.get(), kDiscardSize),
+    stream_.async_read_some(asio::buffer(discard_.get(), kDiscardSize),
                             [self = shared_from_this()](error_code ec, size_t n) {
                               if (self->state_ != State::kLingering) return;
                               self->lingered_ += n;
@@ -491,7 +577,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   HttpServer::Impl* const server_;
   const HttpServerOptions& options_;
-  tcp::socket socket_;
+  Stream stream_;
+  tcp::socket& socket_;  // stream_'s, for what is TCP's alone
   asio::steady_timer read_timer_;
   asio::steady_timer write_timer_;
   asio::steady_timer ping_timer_;
@@ -523,29 +610,37 @@ class Session : public std::enable_shared_from_this<Session> {
 
 namespace {
 
-// A connection over the limit: its 503, then FIN and what the client still sends dropped for up
-// to 2 s, so that the close does not reset the connection before the client reads the answer.
+// A connection over the limit: its 503 (over TLS after the handshake, with HTTPS), then FIN and
+// what the client still sends dropped, all within 2 s, so that the close does not reset the
+// connection before the client reads the answer.
 class Refusal : public std::enable_shared_from_this<Refusal> {
  public:
-  Refusal(tcp::socket socket, std::string out)
-      : socket_(std::move(socket)), timer_(socket_.get_executor()), out_(std::move(out)) {}
+  Refusal(tcp::socket socket, asio::ssl::context* tls, std::string out)
+      : stream_(std::move(socket), tls), timer_(stream_.get_executor()), out_(std::move(out)) {}
   void Start() {
     timer_.expires_after(std::chrono::seconds(2));
     timer_.async_wait([self = shared_from_this()](error_code ec) {
       if (!ec) self->Close();
     });
-    asio::async_write(socket_, asio::buffer(out_),
-                      [self = shared_from_this()](error_code ec, size_t) {
-                        if (ec) return self->Close();
-                        error_code ignored;
-                        self->socket_.shutdown(tcp::socket::shutdown_send, ignored);
-                        self->Discard();
-                      });
+    if (!stream_.tls()) return Write();
+    stream_.async_handshake([self = shared_from_this()](error_code ec) {
+      if (ec) return self->Close();
+      self->Write();
+    });
   }
 
  private:
+  void Write() {
+    asio::async_write(stream_, asio::buffer(out_),
+                      [self = shared_from_this()](error_code ec, size_t) {
+                        if (ec) return self->Close();
+                        error_code ignored;
+                        self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+                        self->Discard();
+                      });
+  }
   void Discard() {
-    socket_.async_read_some(asio::buffer(buf_), [self = shared_from_this()](error_code ec, size_t) {
+    stream_.async_read_some(asio::buffer(buf_), [self = shared_from_this()](error_code ec, size_t) {
       if (ec) return self->Close();
       self->Discard();
     });
@@ -553,10 +648,10 @@ class Refusal : public std::enable_shared_from_this<Refusal> {
   void Close() {
     error_code ignored;
     timer_.cancel();
-    socket_.close(ignored);
+    stream_.socket().close(ignored);
   }
 
-  tcp::socket socket_;
+  Stream stream_;
   asio::steady_timer timer_;
   const std::string out_;
   std::array<char, 4096> buf_;
@@ -629,7 +724,40 @@ void Session::Dispatch() {
                                                                        options_.max_pending_bytes));
 }
 
+absl::Status HttpServer::Impl::SetUpTls() {
+  if (!options_.tls) return absl::OkStatus();
+  const tls::TlsIdentity& id = *options_.tls;
+  error_code ec;
+  tls_.emplace(asio::ssl::context::tls_server);
+  tls_->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                        asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                        asio::ssl::context::no_tlsv1_1,
+                    ec);
+  if (!ec) tls_->use_certificate_chain(asio::buffer(id.cert_pem), ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("https: certificate file ", id.files.cert_file, ": ", ec.message()));
+  }
+  tls_->use_private_key(asio::buffer(id.key_pem), asio::ssl::context::pem, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("https: private key file ", id.files.key_file, ": ", ec.message()));
+  }
+  if (!id.ca_pem.empty()) {
+    tls_->add_certificate_authority(asio::buffer(id.ca_pem), ec);
+    if (!ec) {
+      tls_->set_verify_mode(asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert, ec);
+    }
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("https: CA file ", id.files.ca_file, ": ", ec.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status HttpServer::Impl::Listen() {
+  if (absl::Status s = SetUpTls(); !s.ok()) return s;
   error_code ec;
   const asio::ip::address addr = asio::ip::make_address(options_.host, ec);
   if (ec) {
@@ -697,7 +825,7 @@ void HttpServer::Impl::Refuse(tcp::socket socket) {
       absl::StrCat(StatusLine(503), "Retry-After: 1\r\nContent-Type: ", e.content_type,
                    "\r\nConnection: close\r\nContent-Length: ", e.body.size(), "\r\n\r\n", e.body);
   Log("other", 503);
-  std::make_shared<Refusal>(std::move(socket), std::move(out))->Start();
+  std::make_shared<Refusal>(std::move(socket), tls(), std::move(out))->Start();
 }
 
 void HttpServer::Impl::Stop() {

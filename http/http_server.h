@@ -15,6 +15,10 @@
 //     2 s, whatever the client keeps sending;
 //   - while a request is being answered the socket is still read, so a client that goes away is
 //     seen at once (HttpResponder::gone()), streamed or not.
+//   - HTTPS (options.tls): every connection is TLS, its handshake within header_timeout (then
+//     closed, there being no channel to answer on); with a CA in the identity, a client must
+//     present a certificate signed by it, and one that does not is refused in the handshake and
+//     logged (WARNING) with its address and OpenSSL's reason.
 // The handler runs on an I/O thread: it must answer quickly or hand the responder to another
 // thread; HttpResponder is thread-safe and its writes are queued onto the connection's strand.
 //
@@ -27,6 +31,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/tls/tls_files.h"
 
 namespace duet::http {
 
@@ -57,6 +63,9 @@ struct HttpServerOptions {
   int stream_send_buffer_bytes = 32 << 10;
   // A chunked response that has sent nothing for this long gets `idle_chunk` (if set).
   absl::Duration chunk_ping_interval = absl::Seconds(1);
+  // HTTPS with this certificate and key (tls_files.h); its CA, when set, is what client
+  // certificates are verified against (and then required). nullopt: plain HTTP.
+  std::optional<tls::TlsIdentity> tls;
 };
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;

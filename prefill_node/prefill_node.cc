@@ -77,7 +77,9 @@ absl::Status PrefillNode::Init() {
   service_ = std::make_unique<PrefillService>(
       PrefillServiceOptions{.node_id = ro.node_id, .layout = layout_, .metrics = metrics_.get()},
       transport_.get(), scheduler_.get());
-  DUET_ASSIGN_OR_RETURN(server_, rpc::StartServer(ro.listen_address, {service_.get()}, &port_));
+  DUET_ASSIGN_OR_RETURN(
+      server_,
+      rpc::StartServer(ro.listen_address, {service_.get(), runtime_->status_service()}, &port_));
   address_ = rpc::AdvertisedAddress(ro.listen_address, port_);
   DUET_LOG(INFO) << ro.node_id << ": prefill node on " << address_ << " (" << o.transfer.transport
                  << "), budget " << o.max_batch_tokens << " tokens"

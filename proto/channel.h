@@ -7,17 +7,40 @@
 //   auto stub = duet::v1::DecodeNode::NewStub(ch);
 //   grpc::ClientContext ctx;  duet::rpc::SetDeadline(ctx, absl::Seconds(2));
 //   DUET_ASSIGN_OR_RETURN(auto server, duet::rpc::StartServer("127.0.0.1:0", {&service}, &port));
+//
+// Mutual TLS: plaintext by default; once SetProcessTls(identity) has been called (at startup,
+// before the first channel or server) every channel presents the identity's certificate and
+// verifies the server's against its CA and the host it dials (an IP address must be an IP SAN
+// of the server's certificate), and every server requires a client certificate signed by that CA
+// (GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY). A refused peer fails the TLS
+// handshake: gRPC logs the reason on the refusing side ("Handshake failed with fatal error
+// SSL_ERROR_SSL: ... certificate verify failed"), and the caller's RPC fails UNAVAILABLE.
+//   DUET_ASSIGN_OR_RETURN(tls::TlsIdentity id, tls::LoadTlsIdentity(files));
+//   DUET_RETURN_IF_ERROR(duet::rpc::SetProcessTls(std::move(id)));
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls/tls_files.h"
 #include "grpcpp/grpcpp.h"
 
 namespace duet::rpc {
+
+// The transport security of every channel and server made after it: `identity` for mutual TLS,
+// nullopt for plaintext (the default). INVALID_ARGUMENT for an identity without a CA (it could
+// verify no peer).
+absl::Status SetProcessTls(std::optional<tls::TlsIdentity> identity);
+// What SetProcessTls set; nullptr: plaintext.
+std::shared_ptr<const tls::TlsIdentity> ProcessTls();
+
+// Credentials of one channel or server: mutual TLS with `identity`, plaintext for nullptr.
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(const tls::TlsIdentity* identity);
+std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const tls::TlsIdentity* identity);
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 

@@ -12,7 +12,10 @@
 #            --slo-ttft-ms MS (300) --slo-tpot-ms MS (100) --slo-attainment F (0.9)
 #            --setups "colocated disagg" --transport shm|tcp --out DIR (bench/results/goodput)
 #            --build DIR --seed N (1: the same prompts and arrivals for both setups)
-#            --table-only (no runs: the table again from OUT/raw)
+#            --table-only (no runs: the table and the plot again from OUT/raw)
+#
+# Beside the table it plots each setup's SLO attainment against the rate to OUT/goodput.svg with
+# gnuplot (Debian: gnuplot-nox); without gnuplot it says so and skips the plot.
 #
 # The default targets come from first measured runs (docs/benchmarks.md, "Goodput"): about 2x
 # the slower setup's p90 at 1 req/s (disaggregated: TTFT 140 ms, TPOT 48 ms on the 2-core Xeon),
@@ -54,22 +57,26 @@ while [ $# -gt 0 ]; do
     --build) BUILD="$2"; shift ;;
     --seed) SEED="$2"; shift ;;
     --table-only) TABLE_ONLY=1 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "bench_goodput.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done
-command -v taskset >/dev/null || { echo "bench_goodput.sh: needs taskset (util-linux)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "bench_goodput.sh: needs python3" >&2; exit 1; }
-if [ "$(nproc)" -lt 2 ]; then echo "bench_goodput.sh: needs 2 cores" >&2; exit 1; fi
-if [ -z "$MODEL" ]; then
-  MODEL="$ROOT/models/smollm2-135m-synthetic"
-  if [ ! -f "$MODEL/config.json" ]; then
-    "$BUILD/cli/duet-make-model" --preset smollm2-135m --seed 1 --out "$MODEL"
+if [ "$TABLE_ONLY" = 1 ]; then
+  OUT="$(mktemp -d /tmp/duet-goodput-XXXXXX)"  # the plot's data; no server, model or cores needed
+else
+  command -v taskset >/dev/null || { echo "bench_goodput.sh: needs taskset (util-linux)" >&2; exit 1; }
+  if [ "$(nproc)" -lt 2 ]; then echo "bench_goodput.sh: needs 2 cores" >&2; exit 1; fi
+  if [ -z "$MODEL" ]; then
+    MODEL="$ROOT/models/smollm2-135m-synthetic"
+    if [ ! -f "$MODEL/config.json" ]; then
+      "$BUILD/cli/duet-make-model" --preset smollm2-135m --seed 1 --out "$MODEL"
+    fi
   fi
+  . "$ROOT/scripts/loopback_lib.sh"
+  loopback_inputs goodput  # DUET (checked), OUT: a temp dir for the logs
 fi
-. "$ROOT/scripts/loopback_lib.sh"
-loopback_inputs goodput  # DUET (checked), OUT: a temp dir for the logs
 RAW="$RESULTS/raw"
 mkdir -p "$RAW"
 
@@ -132,9 +139,9 @@ fi
 [ "$TABLE_ONLY" = 1 ] || echo "== sweep took $(( $(date +%s) - START )) s"
 
 python3 - "$RAW" "$RATES" "$SETUPS" "$SLO_TTFT_MS" "$SLO_TPOT_MS" "$SLO_ATTAINMENT" \
-  "$RESULTS/goodput.md" <<'EOF'
+  "$RESULTS/goodput.md" "$OUT/plot" <<'EOF'
 import json, os, sys
-raw, rates, setups, ttft, tpot, target, out = sys.argv[1:]
+raw, rates, setups, ttft, tpot, target, out, plot = sys.argv[1:]
 rates = rates.split()
 setups = [s for s in ("colocated", "disagg") if s in setups.split()]
 names = {"colocated": "colocated", "disagg": "disagg 1P1D"}
@@ -186,4 +193,28 @@ text = "\n".join(lines) + "\n"
 print(text, end="")
 with open(out, "w") as f:
     f.write(text)
+# The plot's inputs: one row per rate, attainment (%) of both targets, TTFT and TPOT per setup
+# ("?": no run); and the gnuplot settings that name the setups and their goodput.
+with open(plot + ".tsv", "w") as f:
+    for r in rates:
+        row = [r]
+        for s in setups:
+            g = rep[s, r]["goodput"] if (s, r) in rep else None
+            row += [f"{100 * g[k]:.2f}" if g else "?"
+                    for k in ("slo_attainment", "ttft_attainment", "tpot_attainment")]
+        f.write("\t".join(row) + "\n")
+with open(plot + ".gp", "w") as f:
+    f.write(f"target = {100 * target}\n")
+    f.write(f'slo = "TTFT <= {ttft} ms and TPOT <= {tpot} ms"\n')
+    f.write(f"n = {len(setups)}\n")
+    for i, s in enumerate(setups):
+        g = goodput[s]
+        f.write(f'name{i} = "{names[s]} (goodput {f"{g:g} req/s" if g else "below the lowest rate"})"\n')
 EOF
+if command -v gnuplot >/dev/null; then
+  gnuplot -e "load '$OUT/plot.gp'; data = '$OUT/plot.tsv'; out = '$RESULTS/goodput.svg'" \
+    "$ROOT/scripts/goodput_plot.gp"
+  echo "plot: $RESULTS/goodput.svg"
+else
+  echo "bench_goodput.sh: gnuplot not found (Debian: apt-get install gnuplot-nox): no plot" >&2
+fi

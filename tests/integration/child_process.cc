@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 namespace duet::testing {
@@ -110,6 +113,16 @@ int ChildProcess::Wait(absl::Duration timeout) {
     if (r < 0 || absl::Now() >= deadline) return -1;
     absl::SleepFor(absl::Milliseconds(20));
   }
+}
+
+std::string FindProgram(const char* env_var, const std::string& name) {
+  if (const char* bin = std::getenv(env_var); bin != nullptr && *bin != '\0') return bin;
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
+    const std::string candidate = absl::StrCat(dir, "/", name);
+    if (!dir.empty() && access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
 }
 
 }  // namespace duet::testing

@@ -53,4 +53,8 @@ class ChildProcess {
   std::string buffered_;
 };
 
+// The program `name`: $`env_var` when that is set and not empty, else the first executable
+// `name` on PATH; "" when there is none.
+std::string FindProgram(const char* env_var, const std::string& name);
+
 }  // namespace duet::testing

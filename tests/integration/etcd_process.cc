@@ -1,10 +1,7 @@
 #include "tests/integration/etcd_process.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -15,41 +12,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cluster/etcd/etcd_client.h"
+#include "tests/integration/free_port.h"
 
 namespace duet::testing {
-namespace {
 
-// A port the kernel just handed out on 127.0.0.1 (free unless someone takes it in between:
-// Launch then retries with others).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-}  // namespace
-
-std::string EtcdProcess::FindBinary() {
-  if (const char* bin = std::getenv("DUET_ETCD_BIN"); bin != nullptr && *bin != '\0') return bin;
-  const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
-    const std::string candidate = absl::StrCat(dir, "/etcd");
-    if (!dir.empty() && access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
+std::string EtcdProcess::FindBinary() { return FindProgram("DUET_ETCD_BIN", "etcd"); }
 
 absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(std::string binary,
                                                                 absl::Duration ready_timeout) {
@@ -62,8 +31,8 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(std::string bina
   std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(std::move(binary), pattern));
   absl::Status launched;
   for (int attempt = 0; attempt < 3; ++attempt) {  // new ports if one was taken meanwhile
-    etcd->client_port_ = FreePort();
-    etcd->peer_port_ = FreePort();
+    etcd->client_port_ = FreeLoopbackPort();
+    etcd->peer_port_ = FreeLoopbackPort();
     launched = etcd->Launch(ready_timeout);
     if (launched.ok()) return etcd;
     etcd->child_.reset();

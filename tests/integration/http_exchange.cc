@@ -12,8 +12,7 @@
 
 namespace duet::testing {
 
-Reply Exchange(int port, const std::string& method, const std::string& path,
-               const std::string& body, const std::string& extra_headers) {
+Reply ExchangeRaw(int port, const std::string& request) {
   Reply r;
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -24,11 +23,7 @@ Reply Exchange(int port, const std::string& method, const std::string& path,
     close(fd);
     return r;
   }
-  const std::string req =
-      absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: x\r\n",
-                   "Connection: close\r\nContent-Type: application/json\r\n", extra_headers,
-                   "Content-Length: ", body.size(), "\r\n\r\n", body);
-  (void)!write(fd, req.data(), req.size());
+  (void)!write(fd, request.data(), request.size());
   std::string all;
   char buf[65536];
   ssize_t n;
@@ -38,7 +33,7 @@ Reply Exchange(int port, const std::string& method, const std::string& path,
   if (end == std::string::npos) return r;
   r.head = all.substr(0, end);
   std::string raw = all.substr(end + 4);
-  sscanf(r.head.c_str(), "HTTP/1.1 %d", &r.status);
+  sscanf(r.head.c_str(), "HTTP/1.%*d %d", &r.status);
   if (r.head.find("Transfer-Encoding: chunked") != std::string::npos) {
     size_t pos = 0;
     while (pos < raw.size()) {
@@ -53,6 +48,14 @@ Reply Exchange(int port, const std::string& method, const std::string& path,
     r.body = raw;
   }
   return r;
+}
+
+Reply Exchange(int port, const std::string& method, const std::string& path,
+               const std::string& body, const std::string& extra_headers) {
+  return ExchangeRaw(
+      port, absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: x\r\n",
+                         "Connection: close\r\nContent-Type: application/json\r\n", extra_headers,
+                         "Content-Length: ", body.size(), "\r\n\r\n", body));
 }
 
 }  // namespace duet::testing

@@ -19,5 +19,8 @@ struct Reply {
 // Reads until the server closes the connection.
 Reply Exchange(int port, const std::string& method, const std::string& path,
                const std::string& body, const std::string& extra_headers = "");
+// Sends `request` as it is (request line, headers and body) and reads until the server closes
+// the connection.
+Reply ExchangeRaw(int port, const std::string& request);
 
 }  // namespace duet::testing

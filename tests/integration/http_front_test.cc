@@ -82,6 +82,9 @@ class FakeBackend : public GenerationBackend {
     // A decode pool 60 % used, and a prefill pool (not counted as the KV cache's usage).
     v1::NodeStatus* d = h.add_nodes();
     d->set_kind(v1::NODE_KIND_DECODE);
+    d->set_node_id("decode-0");
+    d->set_epoch(5);
+    d->set_metrics_address("10.0.0.4:9100");  // the prefill node serves no /metrics
     d->mutable_load()->set_total_blocks(10);
     d->mutable_load()->set_free_blocks(4);
     v1::NodeStatus* p = h.add_nodes();
@@ -509,6 +512,27 @@ TEST_F(HttpFrontTest, BearerTokenAndBodyLimit) {
   // Health and metrics stay open for load balancers and scrapers.
   EXPECT_EQ(Exchange(front_->port(), "GET", "/health", "").status, 200);
   EXPECT_EQ(Exchange(front_->port(), "GET", "/metrics", "").status, 200);
+}
+
+TEST_F(HttpFrontTest, MetricsTargetsListThisServerAtItsHostAndTheNodesThatServeMetrics) {
+  StartFront({.server_kind = "colocated"});
+  Reply r = Exchange(front_->port(), "GET", "/metrics/targets", "");  // sends "Host: x"
+  ASSERT_EQ(r.status, 200) << r.head << r.body;
+  EXPECT_NE(r.head.find("application/json"), std::string::npos) << r.head;
+  const json want = json::parse(R"([
+    {"targets": ["x"], "labels": {"node_kind": "colocated", "node_role": "colocated server"}},
+    {"targets": ["10.0.0.4:9100"],
+     "labels": {"node_id": "decode-0", "node_kind": "decode", "node_role": "decode node",
+                "node_epoch": "5"}}])");
+  EXPECT_EQ(json::parse(r.body), want) << r.body;
+}
+
+TEST_F(HttpFrontTest, MetricsTargetsWithoutAHostHeaderIsRefused) {
+  StartFront();
+  // HTTP/1.0 allows a request without Host; this server's own target would be unknown.
+  Reply r = testing::ExchangeRaw(front_->port(), "GET /metrics/targets HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(r.status, 400) << r.head << r.body;
+  EXPECT_EQ(Error(r)["code"], "missing_host") << r.body;
 }
 
 TEST_F(HttpFrontTest, HealthFollowsReadiness) {

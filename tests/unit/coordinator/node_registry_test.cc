@@ -61,7 +61,7 @@ TEST(NodeRegistryTest, HigherEpochReplacesTheOldIncarnation) {
   EXPECT_EQ(reg.Find("d0")->node.epoch, 5u);
   EXPECT_EQ(reg.LiveNodes(NodeKind::kDecode).size(), 1u);
   // The old incarnation's heartbeats are refused: it was superseded.
-  absl::Status hb = reg.Heartbeat({"d0", 1}, {}, kT0 + absl::Seconds(2));
+  absl::Status hb = reg.Heartbeat({"d0", 1}, kT0 + absl::Seconds(2));
   EXPECT_EQ(hb.code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(Contains(hb.message(), "superseded")) << hb;
 }
@@ -138,7 +138,7 @@ TEST(NodeRegistryTest, MissedHeartbeatDeadlineDeclaresDeadOnce) {
   ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
   ASSERT_TRUE(reg.Register(Reg("d1", 1), kT0).ok());
   EXPECT_TRUE(TickUntil(reg, kT0, kT0 + absl::Seconds(2)).empty());
-  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, {}, kT0 + absl::Seconds(2)).ok());
+  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, kT0 + absl::Seconds(2)).ok());
   EXPECT_EQ(reg.NextExpiry(), kT0 + absl::Seconds(3));  // d1's
   // Exactly at the timeout nobody is dead yet; on the next tick d1 is (d0 heartbeat at +2).
   EXPECT_TRUE(TickUntil(reg, kT0 + absl::Seconds(2), kT0 + absl::Seconds(3)).empty());
@@ -162,7 +162,7 @@ TEST(NodeRegistryTest, DeadNodeMustReRegisterWithANewerEpoch) {
   reg.ExpireDead(kT0);
   ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
   ASSERT_EQ(TickUntil(reg, kT0, kT0 + absl::Seconds(10)).size(), 1u);
-  absl::Status hb = reg.Heartbeat({"d0", 1}, {}, kT0 + absl::Seconds(11));
+  absl::Status hb = reg.Heartbeat({"d0", 1}, kT0 + absl::Seconds(11));
   EXPECT_EQ(hb.code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(Contains(hb.message(), "declared dead")) << hb;
   EXPECT_TRUE(Contains(hb.message(), "while the coordinator ran")) << hb;
@@ -171,7 +171,7 @@ TEST(NodeRegistryTest, DeadNodeMustReRegisterWithANewerEpoch) {
   ASSERT_TRUE(out.ok()) << out.status();
   // The dead incarnation was already reported by ExpireDead: not reported again as replaced.
   EXPECT_FALSE(out->replaced.has_value());
-  EXPECT_TRUE(reg.Heartbeat({"d0", 2}, {}, kT0 + absl::Seconds(13)).ok());
+  EXPECT_TRUE(reg.Heartbeat({"d0", 2}, kT0 + absl::Seconds(13)).ok());
 }
 
 // A coordinator stall (SIGSTOP, a paused VM) longer than the heartbeat timeout is not the nodes'
@@ -188,7 +188,7 @@ TEST(NodeRegistryTest, CoordinatorStallIsNotCountedAsNodeSilence) {
   for (; t < kT0 + absl::Seconds(2); t += kInterval) {
     ASSERT_TRUE(TickUntil(reg, t, t + kInterval).empty());
     for (const char* id : {"d0", "d1", "p0"}) {
-      ASSERT_TRUE(reg.Heartbeat({id, 1}, {}, t + kInterval).ok());
+      ASSERT_TRUE(reg.Heartbeat({id, 1}, t + kInterval).ok());
     }
   }
   // The coordinator stops for 20 s (nodes heartbeat into the void); its first tick after.
@@ -198,13 +198,13 @@ TEST(NodeRegistryTest, CoordinatorStallIsNotCountedAsNodeSilence) {
   EXPECT_EQ(first.stall, absl::Seconds(20) - absl::Milliseconds(250));
   EXPECT_EQ(reg.stalled(), first.stall);
   // d0 and p0 heartbeat right after (their queued calls); d1 stays silent.
-  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, {}, resumed + absl::Milliseconds(10)).ok());
-  ASSERT_TRUE(reg.Heartbeat({"p0", 1}, {}, resumed + absl::Milliseconds(10)).ok());
+  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, resumed + absl::Milliseconds(10)).ok());
+  ASSERT_TRUE(reg.Heartbeat({"p0", 1}, resumed + absl::Milliseconds(10)).ok());
   std::vector<Death> dead;
   for (absl::Time u = resumed; u < resumed + absl::Seconds(6); u += kInterval) {
     for (const Death& d : TickUntil(reg, u, u + kInterval)) dead.push_back(d);
-    ASSERT_TRUE(reg.Heartbeat({"d0", 1}, {}, u + kInterval).ok());
-    ASSERT_TRUE(reg.Heartbeat({"p0", 1}, {}, u + kInterval).ok());
+    ASSERT_TRUE(reg.Heartbeat({"d0", 1}, u + kInterval).ok());
+    ASSERT_TRUE(reg.Heartbeat({"p0", 1}, u + kInterval).ok());
   }
   ASSERT_EQ(dead.size(), 1u);
   EXPECT_EQ(dead[0].node, (NodeIncarnation{"d1", 1}));
@@ -213,7 +213,7 @@ TEST(NodeRegistryTest, CoordinatorStallIsNotCountedAsNodeSilence) {
   // case within one timeout of it.
   EXPECT_GT(dead[0].at, resumed + kTimeout - absl::Milliseconds(250) - absl::Milliseconds(50));
   EXPECT_LE(dead[0].at, resumed + kTimeout);
-  absl::Status hb = reg.Heartbeat({"d1", 1}, {}, resumed + absl::Seconds(7));
+  absl::Status hb = reg.Heartbeat({"d1", 1}, resumed + absl::Seconds(7));
   EXPECT_TRUE(Contains(hb.message(), "while the coordinator itself stalled, not counted")) << hb;
 }
 
@@ -230,11 +230,11 @@ TEST(NodeRegistryTest, StarvedTimerCountsAtMostMaxTickGapPerTick) {
   EXPECT_EQ(reg.stalled(), 20 * absl::Milliseconds(150));  // 20 ticks to 8 s
 }
 
-TEST(NodeRegistryTest, HeartbeatCarriesLoadAndAdjustLoadIsOverwritten) {
+TEST(NodeRegistryTest, ReportedLoadOverwritesAdjustLoad) {
   NodeRegistry reg({});
   ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
   NodeLoad load{.free_blocks = 40, .total_blocks = 100, .queued_tokens = 7, .running_requests = 3};
-  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, load, kT0 + absl::Seconds(1)).ok());
+  ASSERT_TRUE(reg.ReportLoad({"d0", 1}, load).ok());
   EXPECT_EQ(reg.Find("d0")->load, load);
   ASSERT_TRUE(reg.AdjustLoad({"d0", 1}, -50, +1, 0).ok());
   EXPECT_EQ(reg.Find("d0")->load.free_blocks, 0);  // clamped at 0
@@ -243,19 +243,19 @@ TEST(NodeRegistryTest, HeartbeatCarriesLoadAndAdjustLoadIsOverwritten) {
   EXPECT_EQ(reg.Find("d0")->load.free_blocks, 100);  // clamped at total
   EXPECT_EQ(reg.Find("d0")->load.running_requests, 0);
   EXPECT_EQ(reg.Find("d0")->load.queued_tokens, 0);
-  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, load, kT0 + absl::Seconds(2)).ok());
+  ASSERT_TRUE(reg.ReportLoad({"d0", 1}, load).ok());
   EXPECT_EQ(reg.Find("d0")->load, load);
   EXPECT_EQ(reg.AdjustLoad({"d0", 2}, 1, 0, 0).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(reg.Heartbeat({"nope", 1}, load, kT0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reg.ReportLoad({"nope", 1}, load).code(), absl::StatusCode::kNotFound);
 }
 
-// Requests that start and end between two heartbeats leave no trace; once a heartbeat came,
+// Requests that start and end between two load reports leave no trace; once a report came,
 // its report stands and an undo changes nothing.
-TEST(NodeRegistryTest, UndoLoadTakesBackOnlyWhatNoHeartbeatReplaced) {
+TEST(NodeRegistryTest, UndoLoadTakesBackOnlyWhatNoLoadReportReplaced) {
   NodeRegistry reg({});
   ASSERT_TRUE(reg.Register(Reg("d0", 1), kT0).ok());
   const NodeLoad load{.free_blocks = 100, .total_blocks = 100, .running_requests = 0};
-  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, load, kT0 + absl::Seconds(1)).ok());
+  ASSERT_TRUE(reg.ReportLoad({"d0", 1}, load).ok());
   for (int i = 0; i < 200; ++i) {  // far more than any running limit
     auto adj = reg.AdjustLoad({"d0", 1}, -3, +1, 0);
     ASSERT_TRUE(adj.ok());
@@ -271,7 +271,7 @@ TEST(NodeRegistryTest, UndoLoadTakesBackOnlyWhatNoHeartbeatReplaced) {
   EXPECT_EQ(reg.Find("d0")->load.running_requests, 1);
   EXPECT_EQ(reg.Find("d0")->load.free_blocks, 95);
   const NodeLoad reported{.free_blocks = 90, .total_blocks = 100, .running_requests = 2};
-  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, reported, kT0 + absl::Seconds(2)).ok());
+  ASSERT_TRUE(reg.ReportLoad({"d0", 1}, reported).ok());
   reg.UndoLoad(*b);  // the report already says what D holds
   EXPECT_EQ(reg.Find("d0")->load, reported);
 
@@ -367,8 +367,8 @@ TEST(NodeRegistryTest, ReviseFreeBlocksReplacesTheAdjustmentUntilAHeartbeat) {
   EXPECT_EQ(reg.Find("d0")->load.free_blocks, 100);
   auto later = reg.AdjustLoad({"d0", 1}, -10, 1, 0);
   ASSERT_TRUE(later.ok());
-  ASSERT_TRUE(reg.Heartbeat({"d0", 1}, {.free_blocks = 80, .total_blocks = 100}, kT0).ok());
-  reg.ReviseFreeBlocks(*later, -4);  // the heartbeat's report stands
+  ASSERT_TRUE(reg.ReportLoad({"d0", 1}, {.free_blocks = 80, .total_blocks = 100}).ok());
+  reg.ReviseFreeBlocks(*later, -4);  // the load report stands
   EXPECT_EQ(reg.Find("d0")->load.free_blocks, 80);
 }
 
