@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cluster/etcd/lease_keeper.h"
+#include "tests/integration/etcd_fixture.h"
 #include "tests/integration/etcd_process.h"
 
 namespace duet::etcd {
@@ -100,25 +101,8 @@ class EventLog {
   absl::Time error_at_ ABSL_GUARDED_BY(mu_);
 };
 
-class EtcdClientTest : public ::testing::Test {
+class EtcdClientTest : public duet::testing::EtcdFixture {
  protected:
-  void SetUp() override {
-    const std::string binary = EtcdProcess::FindBinary();
-    if (binary.empty()) GTEST_SKIP() << EtcdProcess::kMissing;
-    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start(binary);
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = *std::move(etcd);
-    absl::StatusOr<EtcdClient> client =
-        EtcdClient::Create({.endpoints = {etcd_->client_url()}, .call_deadline = absl::Seconds(2)});
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = *std::move(client);
-  }
-  void TearDown() override {
-    if (HasFailure() && etcd_ != nullptr) std::cerr << "etcd's log:\n" << etcd_->LogTail();
-  }
-
-  EtcdClient& client() { return *client_; }
-
   // Makes the change and records it.
   void Put(const std::string& key, const std::string& value) {
     absl::StatusOr<int64_t> revision = client().Put(key, value);
@@ -140,8 +124,6 @@ class EtcdClientTest : public ::testing::Test {
     return out;
   }
 
-  std::unique_ptr<EtcdProcess> etcd_;
-  std::optional<EtcdClient> client_;
   std::vector<Change> changes_;
 };
 

@@ -23,6 +23,7 @@
 #include "cluster/etcd/node_record.h"
 #include "cluster/etcd/node_watcher.h"
 #include "tests/integration/child_process.h"
+#include "tests/integration/etcd_fixture.h"
 #include "tests/integration/etcd_process.h"
 
 namespace duet::etcd {
@@ -125,25 +126,8 @@ class PeerNode {
   uint64_t epoch_ = 0;
 };
 
-class EtcdMembershipTest : public ::testing::Test {
+class EtcdMembershipTest : public duet::testing::EtcdFixture {
  protected:
-  void SetUp() override {
-    const std::string binary = EtcdProcess::FindBinary();
-    if (binary.empty()) GTEST_SKIP() << EtcdProcess::kMissing;
-    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start(binary);
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = *std::move(etcd);
-    absl::StatusOr<EtcdClient> client =
-        EtcdClient::Create({.endpoints = {etcd_->client_url()}, .call_deadline = absl::Seconds(2)});
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = *std::move(client);
-  }
-  void TearDown() override {
-    if (HasFailure() && etcd_ != nullptr) std::cerr << "etcd's log:\n" << etcd_->LogTail();
-  }
-
-  EtcdClient& client() { return *client_; }
-
   std::unique_ptr<EtcdNodeWatcher> StartWatcher(Recorder& recorder,
                                                 RetryBackoffOptions retry = {
                                                     .initial = absl::Milliseconds(50),
@@ -172,8 +156,6 @@ class EtcdMembershipTest : public ::testing::Test {
     return peer;
   }
 
-  std::unique_ptr<EtcdProcess> etcd_;
-  std::optional<EtcdClient> client_;
 };
 
 TEST_F(EtcdMembershipTest, AnnounceIsDiscoveredAndShutdownRemovesTheKeyAtOnce) {

@@ -10,31 +10,10 @@
 #include "absl/flags/reflection.h"
 #include "gtest/gtest.h"
 #include "proto/channel.h"
+#include "tests/unit/cli/scoped_flags.h"
 
 namespace duet::cli {
 namespace {
-
-// Sets flags for the scope, then puts back what they held.
-class ScopedFlags {
- public:
-  explicit ScopedFlags(const std::vector<std::pair<std::string, std::string>>& values) {
-    for (const auto& [name, value] : values) {
-      absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
-      EXPECT_NE(f, nullptr) << name;
-      if (f == nullptr) continue;
-      saved_.emplace_back(f, f->CurrentValue());
-      std::string error;
-      EXPECT_TRUE(f->ParseFrom(value, &error)) << name << ": " << error;
-    }
-  }
-  ~ScopedFlags() {
-    std::string error;
-    for (auto& [flag, value] : saved_) flag->ParseFrom(value, &error);
-  }
-
- private:
-  std::vector<std::pair<absl::CommandLineFlag*, std::string>> saved_;
-};
 
 TEST(TlsFlagsTest, NoneIsPlaintext) {
   absl::StatusOr<std::optional<tls::TlsFiles>> grpc = ReadGrpcTlsFlags();
