@@ -11,7 +11,8 @@ const std::vector<FlagGroupInfo>& AllFlagGroups() {
     auto* all = new std::vector<FlagGroupInfo>;
     for (const auto& of_file :
          {ModelFlagGroups, NodeFlagGroups, TransportFlagGroups, CoordinatorFlagGroups,
-          HttpFlagGroups, ServeFlagGroups, GenerateFlagGroups, BenchFlagGroups, TlsFlagGroups}) {
+          HttpFlagGroups, ServeFlagGroups, GenerateFlagGroups, BenchFlagGroups, TlsFlagGroups,
+          EtcdFlagGroups}) {
       for (FlagGroupInfo& g : of_file()) all->push_back(std::move(g));
     }
     std::sort(all->begin(), all->end(),

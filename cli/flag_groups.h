@@ -1,8 +1,8 @@
 // The flag groups of `duet`: every flag is defined once, in the file of its group
 // (model_flags.cc, node_flags.cc, transport_flags.cc, coordinator_flags.cc, http_flags.cc,
-// serve_flags.cc, generate_flags.cc, bench_flags.cc, tls_flags.cc), belongs to exactly one group,
-// and each group is read once into a typed options struct by its file. A command takes whole groups
-// (command_table.h); a flag of a group it does not take is refused by name.
+// serve_flags.cc, generate_flags.cc, bench_flags.cc, tls_flags.cc, etcd_flags.cc), belongs to
+// exactly one group, and each group is read once into a typed options struct by its file. A command
+// takes whole groups (command_table.h); a flag of a group it does not take is refused by name.
 //
 //   const FlagGroupInfo& g = FlagGroupInfoOf(FlagGroup::kTransport);  // g.flags: its flags
 //   std::optional<FlagGroup> group = GroupOfFlag("router");         // FlagGroup::kRouting
@@ -27,6 +27,8 @@ enum class FlagGroup {
   kNode,        // a serving node's prefix cache and /metrics
   kProcess,     // a cluster process's gRPC address and address file
   kMembership,  // a node's coordinator and id
+  kEtcd,        // membership on etcd: endpoints and key prefix (nodes and coordinators)
+  kEtcdLease,   // membership on etcd: a node's lease
   kTransport,   // KV transport between prefill and decode nodes
   kPrefill,     // the prefill node's batch
   kDecode,      // the decode node's batch and quarantine
@@ -79,5 +81,6 @@ std::vector<FlagGroupInfo> ServeFlagGroups();        // serve_flags.cc: kServe, 
 std::vector<FlagGroupInfo> GenerateFlagGroups();     // generate_flags.cc: kRequest .. kClient
 std::vector<FlagGroupInfo> BenchFlagGroups();        // bench_flags.cc: kBench
 std::vector<FlagGroupInfo> TlsFlagGroups();          // tls_flags.cc: kTls, kHttps
+std::vector<FlagGroupInfo> EtcdFlagGroups();         // etcd_flags.cc: kEtcd, kEtcdLease
 
 }  // namespace duet::cli

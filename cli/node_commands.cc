@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "cli/coordinator_flags.h"
+#include "cli/etcd_flags.h"
 #include "cli/http_flags.h"
 #include "cli/model_flags.h"
 #include "cli/node_flags.h"
@@ -71,6 +72,9 @@ int RunCoordinator() {
   opt.tracker.max_resumes = routing->max_resumes;
   opt.router = routing->router;
   opt.router_weights = routing->router_weights;
+  absl::StatusOr<etcd::EtcdMembershipOptions> etcd = ReadEtcdFlags();
+  if (!etcd.ok()) return Fail("coordinator", etcd.status());
+  opt.etcd = *std::move(etcd);
   opt.http = HttpFrontOptionsFromFlags();
   if (absl::Status https = AddHttpsFromFlags(opt.http); !https.ok()) {
     return Fail("coordinator", https);

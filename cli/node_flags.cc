@@ -1,6 +1,7 @@
 #include "cli/node_flags.h"
 
 #include "absl/flags/flag.h"
+#include "cli/etcd_flags.h"
 #include "cli/flag_groups.h"
 #include "cli/model_flags.h"
 #include "common/base/status.h"
@@ -89,6 +90,12 @@ absl::StatusOr<cluster::NodeRuntimeOptions> NodeRuntimeOptionsFromFlags(const st
   o.node_id = m.node_id.empty() ? kind + "-0" : m.node_id;
   o.listen_address = ReadProcessFlags().listen;
   o.coordinator_address = m.coordinator;
+  DUET_ASSIGN_OR_RETURN(o.etcd, ReadEtcdFlags());
+  if (o.etcd.enabled() && !o.coordinator_address.empty()) {
+    return absl::InvalidArgumentError(
+        "--etcd-endpoints and --coordinator both given: a node finds its coordinators one way "
+        "(announced on etcd, or registered with one coordinator)");
+  }
   o.model_dir = ReadModelFlags().model_dir;
   o.device = e.device;
   o.threads = e.threads;

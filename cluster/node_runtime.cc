@@ -4,6 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cluster/etcd/node_record.h"
 #include "cluster/kv_events_convert.h"
 #include "cluster/node_load_convert.h"
 #include "common/base/logging.h"
@@ -127,7 +129,14 @@ absl::Status NodeRuntime::Join(JoinArgs args) {
   DUET_RETURN_IF_ERROR(status_service_->Attach({.epoch = [this] { return epoch_.load(); },
                                                 .load = load,
                                                 .cache_pool = cache ? args.cache_pool : nullptr}));
-  if (options_.coordinator_address.empty()) return absl::OkStatus();
+  const bool on_etcd = options_.etcd.enabled();
+  if (on_etcd && !options_.coordinator_address.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options_.node_id, ": both a coordinator (", options_.coordinator_address,
+                     ") and membership on etcd (", absl::StrJoin(options_.etcd.endpoints, ","),
+                     ") given: a node finds its coordinators one way"));
+  }
+  if (!on_etcd && options_.coordinator_address.empty()) return absl::OkStatus();
   v1::RegisterRequest reg;
   reg.mutable_node()->set_node_id(options_.node_id);
   reg.set_kind(args.kind);
@@ -146,26 +155,45 @@ absl::Status NodeRuntime::Join(JoinArgs args) {
   // The prefix cache's seed; its events go on the status stream.
   *reg.mutable_prefix_cache() = PrefixCacheInfoToProto(
       {.enabled = cache, .seed = runner().PrefixCacheSeed(layout_.block_size)});
-  DUET_ASSIGN_OR_RETURN(
-      member_,
-      MembershipClient::Start({.coordinator_address = options_.coordinator_address,
-                               .registration = std::move(reg),
-                               .load = std::move(load),
-                               .register_timeout = options_.register_timeout,
-                               // The status stream answers for the incarnation registering.
-                               .on_registering = [this](uint64_t e) { epoch_.store(e); },
-                               .on_reregistered =
-                                   [this, f = std::move(args.on_reregistered)](uint64_t new_epoch) {
-                                     epoch_.store(new_epoch);
-                                     if (f) f(new_epoch);
-                                   }}));
+  // A new incarnation, however membership made it: the status stream answers for it.
+  auto on_new_incarnation = [this, f = std::move(args.on_reregistered)](uint64_t new_epoch) {
+    epoch_.store(new_epoch);
+    if (f) f(new_epoch);
+  };
+  if (on_etcd) {
+    absl::StatusOr<etcd::EtcdClient> client =
+        etcd::EtcdClient::Create({.endpoints = options_.etcd.endpoints});
+    if (!client.ok()) return Annotate(client.status(), "etcd endpoints");
+    // The epoch is chosen before the key is put, so that a coordinator that sees the key finds
+    // the status stream answering for it.
+    reg.mutable_node()->set_epoch(etcd::NextNodeEpoch(0));
+    epoch_.store(reg.node().epoch());
+    DUET_ASSIGN_OR_RETURN(announcer_,
+                          etcd::EtcdNodeAnnouncer::Start(
+                              *std::move(client), {.prefix = options_.etcd.prefix,
+                                                   .registration = std::move(reg),
+                                                   .lease_ttl = options_.etcd.lease_ttl,
+                                                   .start_timeout = options_.register_timeout,
+                                                   .on_new_epoch = std::move(on_new_incarnation)}));
+    epoch_.store(announcer_->epoch());
+    return absl::OkStatus();
+  }
+  DUET_ASSIGN_OR_RETURN(member_, MembershipClient::Start(
+                                     {.coordinator_address = options_.coordinator_address,
+                                      .registration = std::move(reg),
+                                      .load = std::move(load),
+                                      .register_timeout = options_.register_timeout,
+                                      // The status stream answers for the incarnation registering.
+                                      .on_registering = [this](uint64_t e) { epoch_.store(e); },
+                                      .on_reregistered = std::move(on_new_incarnation)}));
   epoch_.store(member_->epoch());
   return absl::OkStatus();
 }
 
 void NodeRuntime::Leave() {
   if (metrics_exporter_) metrics_exporter_->Stop();  // its gauges read the node's parts
-  member_.reset();  // deregisters: the coordinator stops routing here
+  member_.reset();     // deregisters: the coordinator stops routing here
+  announcer_.reset();  // revokes the lease: the key goes, coordinators stop routing here
   if (status_service_) status_service_->Stop();  // before the node's pool and scheduler go
 }
 

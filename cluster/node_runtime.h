@@ -2,8 +2,9 @@
 // server), written once: the model and its compute backend (device, threads, CPU GEMM), the KV
 // layout and the pool's size (one rule: a pool too small for one block is refused), the metrics
 // registry and its /metrics exporter (with a duet_node_info gauge naming how the node computes),
-// membership in the cluster (register + heartbeat, with the node's layout and compute so that
-// the coordinator refuses a node that would not be token-exact with the others), and the
+// membership in the cluster (register + heartbeat with one coordinator, or an announcement on
+// etcd that every coordinator watching it sees; with the node's layout and compute so that a
+// coordinator refuses a node that would not be token-exact with the others), and the
 // node's status stream (NodeStatusService: its load and prefix-cache events, for any
 // coordinator).
 // The node builds what is its own (scheduler, transport, gRPC service) over it.
@@ -32,6 +33,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cluster/etcd/membership_options.h"
+#include "cluster/etcd/node_announcer.h"
 #include "cluster/membership_client.h"
 #include "cluster/node_status_service.h"
 #include "cluster/types.h"
@@ -51,6 +54,8 @@ struct NodeRuntimeOptions {
   std::string node_id;
   std::string listen_address = "127.0.0.1:0";  // gRPC; port 0 picks a free one
   std::string coordinator_address;             // empty: do not register (standalone, colocated)
+  // Membership on etcd instead (announced there; exclusive with coordinator_address).
+  etcd::EtcdMembershipOptions etcd;
   std::string model_dir;
   // The engine's options (model::EngineOptions has their meaning); std::nullopt is "auto".
   std::optional<compute::Device> device;  // std::nullopt: cuda where usable, else cpu
@@ -65,6 +70,7 @@ struct NodeRuntimeOptions {
   int metrics_port = 0;                  // GET /metrics: 0 off, -1 any free port
   std::string metrics_host = "127.0.0.1";
   absl::Duration register_timeout = absl::Seconds(60);  // how long to wait for the coordinator
+                                                        // (or for etcd)
 };
 
 struct NodeRuntimeRole {
@@ -81,7 +87,8 @@ struct JoinArgs {
   int32_t max_running_requests = 0;
   int64_t max_batch_tokens = 0;
   std::function<NodeLoad()> load;
-  // After a re-registration as a new incarnation (the coordinator dropped the old one's state).
+  // After a re-registration as a new incarnation (the coordinator dropped the old one's state),
+  // or a new announcement on etcd after the lease was lost (coordinators may have dropped it).
   std::function<void(uint64_t new_epoch)> on_reregistered;
   // The pool whose prefix cache the coordinator indexes (nullptr: none). With
   // options().enable_prefix_caching, Join registers the cache's seed
@@ -123,13 +130,15 @@ class NodeRuntime {
   grpc::Service* status_service();
 
   // Starts the status stream's reports (load, and the cache's events when args.cache_pool is set
-  // and caching is on), then registers with options().coordinator_address and heartbeats (not
-  // without one).
+  // and caching is on), then registers with options().coordinator_address and heartbeats, or
+  // announces the node on etcd (options().etcd), or neither (standalone). InvalidArgument naming
+  // both when both are set.
   absl::Status Join(JoinArgs args);
   // The incarnation this node runs as (from when its registration is sent); 0 before.
   uint64_t epoch() const { return epoch_.load(); }
-  // Stops /metrics (whose gauges read the node's parts), deregisters, then ends the status
-  // streams and stops reading the pool. Idempotent.
+  // Stops /metrics (whose gauges read the node's parts), deregisters (on etcd: revokes the
+  // lease, the key goes at once), then ends the status streams and stops reading the pool.
+  // Idempotent.
   void Leave();
 
  private:
@@ -148,6 +157,7 @@ class NodeRuntime {
   std::unique_ptr<metrics::MetricsExporter> metrics_exporter_;
   std::unique_ptr<NodeStatusService> status_service_;
   std::unique_ptr<MembershipClient> member_;
+  std::unique_ptr<etcd::EtcdNodeAnnouncer> announcer_;
   std::atomic<uint64_t> epoch_{0};
 };
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
@@ -25,6 +26,11 @@ absl::Status ColocatedServer::Init() {
   if (!ro.coordinator_address.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "coordinator_address '", ro.coordinator_address,
+        "': the colocated server joins no cluster (it is prefill and decode at once)"));
+  }
+  if (ro.etcd.enabled()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "etcd endpoints '", absl::StrJoin(ro.etcd.endpoints, ","),
         "': the colocated server joins no cluster (it is prefill and decode at once)"));
   }
   DUET_ASSIGN_OR_RETURN(runtime_, cluster::NodeRuntime::Load(

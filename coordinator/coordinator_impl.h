@@ -10,7 +10,9 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/synchronization/mutex.h"
+#include "cluster/etcd/node_watcher.h"
 #include "common/config/model_config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/active_requests.h"
@@ -58,6 +60,14 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
 
   void Apply(Effects fx) { active_.Apply(std::move(fx)); }
   void InstallNodeGauges();
+  // Membership on etcd (options_.etcd): watches the nodes' announcements.
+  absl::Status StartEtcdWatch();
+  // A node announced on etcd: registered as by the Register RPC; a refusal is logged, counted
+  // and listed in Health until the announcement goes.
+  void OnEtcdNodeUp(const v1::RegisterRequest& req);
+  // An announcement went (lease lapsed or revoked, replaced): that incarnation is dropped as a
+  // node declared dead.
+  void OnEtcdNodeDown(const NodeIncarnation& node);
   void TimerLoop();
   void Shutdown();
 
@@ -88,6 +98,13 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
   bool timer_stop_ ABSL_GUARDED_BY(timer_mu_) = false;
   // Last: its threads call into the state above until it is stopped (Shutdown).
   std::unique_ptr<StatusWatchers> watchers_;
+  // Nodes announced on etcd that were refused, by node id: epoch and reason.
+  absl::Mutex refused_mu_;
+  absl::btree_map<NodeId, std::pair<uint64_t, std::string>> refused_ ABSL_GUARDED_BY(refused_mu_);
+  // After watchers_: its callbacks register nodes and open their status streams (Shutdown
+  // stops it first).
+  absl::Mutex etcd_mu_;  // the metrics' gauges read the watcher
+  std::unique_ptr<etcd::EtcdNodeWatcher> etcd_watcher_ ABSL_GUARDED_BY(etcd_mu_);
 
   // The longest request (prompt + max_tokens) the live nodes can hold: the model's context,
   // capped by the largest decode pool and the largest prefill pool. 0 before both registered.

@@ -77,7 +77,13 @@ CoordinatorMetrics::CoordinatorMetrics()
       status_stream_breaks(registry.AddCounter(
           "duet_coordinator_status_stream_breaks_total",
           "Node status streams that broke or could not be opened (the node is suspect at once)",
-          {"node"})) {
+          {"node"})),
+      etcd_refused_nodes(registry
+                             .AddCounter("duet_coordinator_etcd_refused_nodes_total",
+                                         "Node announcements on etcd that registration refused "
+                                         "(another layout, compute or cache seed)",
+                                         {})
+                             .WithLabels({})) {
   for (const char* c : {"preempted", "decode_lost"}) resumes.WithLabels({c});
   for (const char* w : {"suspect_decode", "unreachable_prefill", "fenced_prefill"}) {
     reroutes.WithLabels({w});

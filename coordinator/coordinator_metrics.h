@@ -49,6 +49,8 @@ struct CoordinatorMetrics {
   // The nodes' status streams, per node: snapshots applied (one per stream opened), breaks.
   metrics::Family<metrics::Counter>& status_snapshots;
   metrics::Family<metrics::Counter>& status_stream_breaks;
+  // Nodes announced on etcd that registration refused (another layout, compute or seed).
+  metrics::Counter& etcd_refused_nodes;
 };
 
 }  // namespace duet::coordinator

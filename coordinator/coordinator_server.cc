@@ -114,6 +114,7 @@ absl::Status CoordinatorServer::Impl::Init() {
                                                   &port_));
   timer_ = std::thread([this] { TimerLoop(); });
   InstallNodeGauges();
+  if (options_.etcd.enabled()) DUET_RETURN_IF_ERROR(StartEtcdWatch());
   if (options_.http) {
     http::HttpFrontOptions ho = *options_.http;
     ho.model_name = ho.served_model_names.empty() ? http::ModelNameFromPath(options_.model_dir)
@@ -210,6 +211,78 @@ void CoordinatorServer::Impl::InstallNodeGauges() {
                      });
 }
 
+absl::Status CoordinatorServer::Impl::StartEtcdWatch() {
+  DUET_ASSIGN_OR_RETURN(etcd::EtcdClient client,
+                        etcd::EtcdClient::Create({.endpoints = options_.etcd.endpoints}));
+  absl::StatusOr<std::unique_ptr<etcd::EtcdNodeWatcher>> watcher = etcd::EtcdNodeWatcher::Start(
+      std::move(client),
+      {.prefix = options_.etcd.prefix,
+       .on_node_up = [this](const v1::RegisterRequest& req) { OnEtcdNodeUp(req); },
+       .on_node_down =
+           [this](const std::string& id, uint64_t epoch) {
+             OnEtcdNodeDown(NodeIncarnation{id, epoch});
+           }});
+  if (!watcher.ok()) {
+    return Annotate(watcher.status(), absl::StrCat("watching nodes on ", options_.etcd.Describe()));
+  }
+  {
+    absl::MutexLock lock(&etcd_mu_);
+    etcd_watcher_ = *std::move(watcher);
+  }
+  DUET_LOG(INFO) << "watching nodes on " << options_.etcd.Describe();
+  metrics::Registry& r = metrics_.registry;
+  // Each reads the watcher while it runs (0 once it is stopped).
+  auto read = [this](int64_t (*f)(const etcd::EtcdNodeWatcher&)) {
+    return [this, f] {
+      absl::MutexLock lock(&etcd_mu_);
+      return std::vector<metrics::Sample>{
+          {{}, etcd_watcher_ ? static_cast<double>(f(*etcd_watcher_)) : 0.0}};
+    };
+  };
+  r.AddGaugeCallback("duet_coordinator_etcd_watching",
+                     "1 while the coordinator's watch of the nodes on etcd is established", {},
+                     read([](const etcd::EtcdNodeWatcher& w) -> int64_t { return w.watching(); }));
+  r.AddGaugeCallback(
+      "duet_coordinator_etcd_listings",
+      "Listings of the nodes on etcd made so far (1 at start, one more per compaction met)", {},
+      read([](const etcd::EtcdNodeWatcher& w) { return w.listings(); }));
+  r.AddGaugeCallback("duet_coordinator_etcd_refused_values",
+                     "Values under the nodes' prefix on etcd that were not valid node records", {},
+                     read([](const etcd::EtcdNodeWatcher& w) { return w.refused_values(); }));
+  return absl::OkStatus();
+}
+
+void CoordinatorServer::Impl::OnEtcdNodeUp(const v1::RegisterRequest& req) {
+  absl::StatusOr<v1::RegisterResponse> r = Register(req);
+  absl::MutexLock lock(&refused_mu_);
+  if (r.ok()) {
+    refused_.erase(req.node().node_id());
+    return;
+  }
+  DUET_LOG(WARNING) << "node " << req.node().node_id() << " epoch " << req.node().epoch()
+                    << " announced on etcd refused: " << r.status();
+  metrics_.etcd_refused_nodes.Increment();
+  refused_[req.node().node_id()] = {req.node().epoch(), std::string(r.status().message())};
+}
+
+void CoordinatorServer::Impl::OnEtcdNodeDown(const NodeIncarnation& node) {
+  {
+    absl::MutexLock lock(&refused_mu_);
+    auto it = refused_.find(node.node_id);
+    if (it != refused_.end() && it->second.first == node.epoch) refused_.erase(it);
+  }
+  const std::optional<NodeInfo> info = registry_.Find(node.node_id);
+  if (!info || info->node != node) return;       // refused, or replaced already
+  if (!registry_.Deregister(node).ok()) return;  // gone meanwhile
+  // Declared dead by silence before: what it held was dropped then.
+  if (!info->alive) return;
+  DUET_LOG(WARNING)
+      << "node " << node.ToString()
+      << " dropped: its announcement on etcd went (lease revoked, lapsed or replaced)";
+  metrics_.node_deaths.Increment();
+  DropNode(node, absl::Now());
+}
+
 absl::StatusOr<v1::RegisterResponse> CoordinatorServer::Impl::Register(
     const v1::RegisterRequest& req) {
   NodeRegistration reg;
@@ -266,6 +339,8 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorServer::Impl::Heartbeat(
 
 absl::Status CoordinatorServer::Impl::ApplyStatus(const NodeIncarnation& node,
                                                   const v1::StatusUpdate& update) {
+  // Nodes on etcd send no heartbeats: each message of their status stream is one.
+  if (options_.etcd.enabled()) DUET_RETURN_IF_ERROR(registry_.Heartbeat(node, absl::Now()));
   if (update.has_load()) {
     DUET_RETURN_IF_ERROR(registry_.ReportLoad(node, cluster::LoadFromProto(update.load())));
   }
@@ -369,6 +444,14 @@ v1::HealthResponse CoordinatorServer::Impl::Health() {
   h.set_ready(prefills.size() * decodes.size() > fenced.size());
   h.set_running_requests(static_cast<int32_t>(tracker_.size()));
   h.set_directory_entries(static_cast<int64_t>(directory_.size()));
+  h.set_discovery(options_.etcd.enabled() ? options_.etcd.Describe() : "registry");
+  absl::MutexLock lock(&refused_mu_);
+  for (const auto& [id, refused] : refused_) {
+    v1::RefusedNode* r = h.add_refused_nodes();
+    r->set_node_id(id);
+    r->set_epoch(refused.first);
+    r->set_reason(refused.second);
+  }
   return h;
 }
 
@@ -378,6 +461,12 @@ void CoordinatorServer::Impl::Shutdown() {
     absl::MutexLock lock(&timer_mu_);
     timer_stop_ = true;
   }
+  std::unique_ptr<etcd::EtcdNodeWatcher> etcd_watcher;
+  {
+    absl::MutexLock lock(&etcd_mu_);
+    etcd_watcher = std::move(etcd_watcher_);
+  }
+  etcd_watcher.reset();  // no node comes or goes after this
   if (watchers_) watchers_->StopAll();
   if (http_) http_->Stop();  // cancels its open streams; their requests end below
   active_.EndAll(absl::UnavailableError("the coordinator is shutting down"));

@@ -6,6 +6,9 @@
 // client, and applies the tracker's effects (releases, prefill cancels, one retry on another
 // prefill node, terminal errors). A timer thread expires dead nodes and phase deadlines. Each
 // registered node's status stream (StatusWatchers) feeds its load and its prefix cache's events.
+// With options.etcd, it also watches the nodes announced on etcd (EtcdNodeWatcher): each one up
+// is registered as by the Register RPC, each one down is dropped as a node declared dead, so
+// several coordinators serve one node pool.
 //
 //   DUET_ASSIGN_OR_RETURN(auto coord, CoordinatorServer::Start({.model_dir = "models/tiny"}));
 //   std::string addr = coord->address();   // "127.0.0.1:PORT" for nodes and clients
@@ -19,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cluster/etcd/membership_options.h"
 #include "coordinator/request_tracker.h"
 #include "coordinator/router.h"
 #include "coordinator/status_watchers.h"
@@ -37,6 +41,8 @@ struct CoordinatorOptions {
   RouterWeights router_weights;
   // The nodes' status streams: silence that breaks one, how soon it is opened again.
   StatusWatchOptions status_watch;
+  // Nodes announced on etcd (docs/design.md §4.8); no endpoints: only the Register RPC.
+  etcd::EtcdMembershipOptions etcd;
   // The OpenAI-compatible HTTP API and /metrics (http/http_front.h); nullopt: off. Its model
   // name, context length and vocabulary are the model's.
   std::optional<http::HttpFrontOptions> http;

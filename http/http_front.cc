@@ -152,6 +152,16 @@ class HttpFront::Handlers {
                 {"running_requests", h.running_requests()},
                 {"fenced_pairs",
                  std::vector<std::string>(h.fenced_pairs().begin(), h.fenced_pairs().end())}};
+      // A coordinator's: how it finds its nodes, and those on etcd it refused (with the reason).
+      if (!h.discovery().empty()) {
+        j["discovery"] = h.discovery();
+        json refused = json::array();
+        for (const v1::RefusedNode& r : h.refused_nodes()) {
+          refused.push_back(
+              {{"node_id", r.node_id()}, {"epoch", r.epoch()}, {"reason", r.reason()}});
+        }
+        j["refused_nodes"] = std::move(refused);
+      }
       HttpHeaders headers;
       if (!h.ready()) headers.emplace_back("Retry-After", "1");
       return res->Reply(h.ready() ? 200 : 503, headers, kJson, Dump(j));

@@ -202,6 +202,7 @@ TEST_F(ClusterComputeTest, SharedFlagsReachEveryNode) {
   auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
   const v1::HealthResponse h = Health(*stub);
   ASSERT_EQ(h.nodes_size(), 4) << h.DebugString();
+  EXPECT_EQ(h.discovery(), "registry");  // the nodes registered with the coordinator
   for (const v1::NodeStatus& n : h.nodes()) {
     EXPECT_EQ(n.compute().backend(), "cpu") << n.DebugString();
     EXPECT_EQ(n.compute().cpu_gemm(), "openblas") << n.DebugString();

@@ -38,14 +38,8 @@ class ScopedProcessTls {
   ~ScopedProcessTls() { EXPECT_TRUE(rpc::SetProcessTls(std::nullopt).ok()); }
 };
 
-// `curl` on PATH, "" when there is none.
-std::string FindCurl() {
-  for (const char* dir : {"/usr/bin", "/usr/local/bin", "/bin"}) {
-    const std::string path = absl::StrCat(dir, "/curl");
-    if (access(path.c_str(), X_OK) == 0) return path;
-  }
-  return "";
-}
+// `curl`: $DUET_CURL, else on PATH; "" when there is none.
+std::string FindCurl() { return testing::FindProgram("DUET_CURL", "curl"); }
 
 class TlsClusterTest : public ClusterTest {
  protected:

@@ -220,8 +220,10 @@ std::string OtherValue(const absl::CommandLineFlag& f) {
 // serve --loopback takes every flag its children take but those it gives each child itself.
 TEST(ChildFlagsTest, ServeLoopbackTakesEveryFlagOfItsChildrenButTheirOwn) {
   const CommandSpec& serve = SpecOf(CommandId::kServeLoopback);
-  const std::set<std::string> own = {"listen", "address_file", "coordinator", "node_id",
-                                     "metrics_port"};
+  // Its children find each other by address: membership on etcd is not theirs.
+  const std::set<std::string> own = {"listen",      "address_file",    "coordinator",
+                                     "node_id",     "metrics_port",    "etcd_endpoints",
+                                     "etcd_prefix", "etcd_lease_ttl_s"};
   for (CommandId child : {CommandId::kCoordinator, CommandId::kPrefill, CommandId::kDecode}) {
     for (const std::string& name : FlagNames(SpecOf(child))) {
       EXPECT_EQ(serve.Takes(name), !own.contains(name)) << name;

@@ -10,37 +10,15 @@
 
 #include "absl/flags/reflection.h"
 #include "cli/coordinator_flags.h"
+#include "cli/etcd_flags.h"
 #include "cli/model_flags.h"
 #include "cli/node_flags.h"
 #include "cli/transport_flags.h"
 #include "gtest/gtest.h"
+#include "tests/unit/cli/scoped_flags.h"
 
 namespace duet::cli {
 namespace {
-
-using FlagValues = std::vector<std::pair<std::string, std::string>>;  // Abseil name, value
-
-// Sets flags for the scope, then puts back what they held.
-class ScopedFlags {
- public:
-  explicit ScopedFlags(const FlagValues& values) {
-    for (const auto& [name, value] : values) {
-      absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
-      EXPECT_NE(f, nullptr) << name;
-      if (f == nullptr) continue;
-      saved_.emplace_back(f, f->CurrentValue());
-      std::string error;
-      EXPECT_TRUE(f->ParseFrom(value, &error)) << name << ": " << error;
-    }
-  }
-  ~ScopedFlags() {
-    std::string error;
-    for (auto& [flag, value] : saved_) flag->ParseFrom(value, &error);
-  }
-
- private:
-  std::vector<std::pair<absl::CommandLineFlag*, std::string>> saved_;
-};
 
 TEST(TypedFlagsTest, EngineDefaultsAreAutoAndTheInvariantGemm) {
   absl::StatusOr<EngineFlags> e = ReadEngineFlags();
@@ -182,6 +160,51 @@ TEST(TypedFlagsTest, RouterIsTypedAndRoundTrips) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message(),
             "--router: unknown router 'fastest': valid values are cache_aware, load, round_robin");
+}
+
+// Membership on etcd: endpoints, prefix and TTL typed; a node takes one discovery.
+TEST(TypedFlagsTest, EtcdFlagsAreTypedAndANodeTakesOneDiscovery) {
+  {
+    absl::StatusOr<etcd::EtcdMembershipOptions> off = ReadEtcdFlags();
+    ASSERT_TRUE(off.ok()) << off.status();
+    EXPECT_FALSE(off->enabled());
+  }
+  {
+    ScopedFlags flags({{"etcd_endpoints", "http://127.0.0.1:2379,127.0.0.1:2380"},
+                       {"etcd_prefix", "/prod"},
+                       {"etcd_lease_ttl_s", "3"}});
+    absl::StatusOr<etcd::EtcdMembershipOptions> m = ReadEtcdFlags();
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->endpoints,
+              (std::vector<std::string>{"http://127.0.0.1:2379", "http://127.0.0.1:2380"}));
+    EXPECT_EQ(m->prefix, "/prod");
+    EXPECT_EQ(m->lease_ttl, absl::Seconds(3));
+    EXPECT_EQ(m->Describe(), "etcd http://127.0.0.1:2379,http://127.0.0.1:2380 /prod");
+    absl::StatusOr<cluster::NodeRuntimeOptions> node = NodeRuntimeOptionsFromFlags("decode");
+    ASSERT_TRUE(node.ok()) << node.status();
+    EXPECT_EQ(node->etcd.prefix, "/prod");
+    EXPECT_TRUE(node->coordinator_address.empty());
+  }
+  {
+    ScopedFlags flags(
+        {{"etcd_endpoints", "http://127.0.0.1:2379"}, {"coordinator", "127.0.0.1:5000"}});
+    absl::StatusOr<cluster::NodeRuntimeOptions> node = NodeRuntimeOptionsFromFlags("decode");
+    EXPECT_TRUE(absl::IsInvalidArgument(node.status())) << node.status();
+    EXPECT_NE(node.status().message().find("--etcd-endpoints and --coordinator"), std::string::npos)
+        << node.status();
+  }
+  for (const FlagValues& bad : std::vector<FlagValues>{
+           {{"etcd_endpoints", "https://127.0.0.1:2379"}},
+           {{"etcd_endpoints", "http://127.0.0.1:2379,"}},
+           {{"etcd_endpoints", "http://127.0.0.1:2379"}, {"etcd_prefix", "/duet/"}},
+           {{"etcd_endpoints", "http://127.0.0.1:2379"}, {"etcd_lease_ttl_s", "0"}},
+           {{"etcd_prefix", "/other"}},
+           {{"etcd_lease_ttl_s", "9"}}}) {
+    ScopedFlags flags(bad);
+    absl::StatusOr<etcd::EtcdMembershipOptions> m = ReadEtcdFlags();
+    EXPECT_TRUE(absl::IsInvalidArgument(m.status())) << bad.back().first << ": " << m.status();
+    EXPECT_NE(m.status().message().find("--etcd-"), std::string::npos) << m.status();
+  }
 }
 
 }  // namespace
