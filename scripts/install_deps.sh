@@ -16,7 +16,7 @@ PACKAGES=(
   iproute2 curl python3-venv python3-pip
   openssl libssl-dev
   etcd-server etcd-client
-  prometheus
+  prometheus haproxy
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
