@@ -72,6 +72,16 @@ void DecodeMetrics::AddQuarantineGauges(std::function<QuarantineStats()> stats) 
       });
 }
 
+void DecodeMetrics::AddUnclaimedCounter(std::function<int64_t()> released) {
+  registry_->AddCounterCallback(
+      "duet_decode_unclaimed_reservations_released_total",
+      "Reservations released because no token stream was opened for them in time (their "
+      "coordinator died between Reserve and StreamTokens)",
+      {}, [released] {
+        return std::vector<metrics::Sample>{{{}, static_cast<double>(released())}};
+      });
+}
+
 void DecodeMetrics::OnEvent(const DecodeEvent& ev) {
   if (ev.admitted) {
     admitted_.Increment();

@@ -24,6 +24,8 @@ class DecodeMetrics {
   // duet_decode_kv_quarantined_overdue_blocks (blocks quarantined longer than the bound) and
   // duet_decode_kv_fenced_senders.
   void AddQuarantineGauges(std::function<QuarantineStats()> stats);
+  // duet_decode_unclaimed_reservations_released_total (DecodeScheduler::unclaimed_released).
+  void AddUnclaimedCounter(std::function<int64_t()> released);
   void OnEvent(const DecodeEvent& ev);
   // A token stream that ended without a finishing event (client gone, shutdown).
   void OnStreamDropped() { dropped_.Increment(); }

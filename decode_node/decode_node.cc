@@ -99,6 +99,7 @@ absl::Status DecodeNode::Init() {
   metrics_->AddNodeGauges([pool] { return pool->Stats(); },
                           [scheduler] { return scheduler->Load(); });
   metrics_->AddQuarantineGauges([scheduler] { return scheduler->quarantine_stats(); });
+  metrics_->AddUnclaimedCounter([scheduler] { return scheduler->unclaimed_released(); });
   kv::AddPrefixCacheCounters(
       &runtime_->metrics_registry(), "duet_decode",
       [scheduler] { return scheduler->PrefixCacheCounters(); }, [pool] { return pool->Stats(); });

@@ -225,6 +225,7 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
     }
     if (status.ok()) {
       r->state = State::kWaiting;
+      r->reserved_at = absl::Now();
       waiting_[r->transfer_id] = r;
       return Reservation{.transfer_id = r->transfer_id,
                          .cached_blocks = static_cast<int32_t>(r->cached.size()),
@@ -619,9 +620,10 @@ void DecodeScheduler::Fail(const std::shared_ptr<Request>& r, absl::Status error
 
 void DecodeScheduler::CollectGarbage() {
   const absl::Time now = absl::Now();
-  if (now - last_gc_ < absl::Seconds(1)) return;
+  if (now - last_gc_ < options_.housekeeping_interval) return;
   last_gc_ = now;
   absl::MutexLock lock(&mu_);
+  ReleaseUnclaimedLocked(now);
   for (auto it = requests_.begin(); it != requests_.end();) {
     const Request& r = *it->second;
     if (r.state == State::kDone && now - r.done_at > options_.finished_linger) {
@@ -629,6 +631,33 @@ void DecodeScheduler::CollectGarbage() {
     } else {
       ++it;
     }
+  }
+}
+
+void DecodeScheduler::ReleaseUnclaimedLocked(absl::Time now) {
+  std::vector<std::shared_ptr<Request>> unclaimed;
+  for (const auto& [id, r] : requests_) {
+    if (r->subscribed || r->cancel_requested || now - r->reserved_at <= options_.unclaimed_timeout) {
+      continue;
+    }
+    if (r->state == State::kWaiting || r->state == State::kRunning) unclaimed.push_back(r);
+  }
+  for (const std::shared_ptr<Request>& r : unclaimed) {
+    ++unclaimed_released_;
+    DUET_LOG(WARNING) << options_.name << ": request " << r->id << ": no token stream opened within "
+                      << absl::FormatDuration(options_.unclaimed_timeout)
+                      << " of its reservation (its coordinator is gone); releasing it";
+    if (r->state == State::kRunning) {
+      r->cancel_requested = true;  // the next step takes it out of the batch (this thread)
+      continue;
+    }
+    AbortWaitingLocked(*r, "no token stream");
+    MarkDoneLocked(*r);
+    r->stream->Push(DecodeEvent{
+        .finish = FinishReason::kError,
+        .error = absl::DeadlineExceededError(absl::StrCat(
+            options_.name, ": request ", r->id, ": no token stream was opened within ",
+            absl::FormatDuration(options_.unclaimed_timeout), " of its reservation"))});
   }
 }
 

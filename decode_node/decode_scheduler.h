@@ -132,6 +132,14 @@ struct DecodeSchedulerOptions {
   absl::Duration default_kv_deadline = absl::Seconds(60);
   // How long the events of a finished request nobody subscribed to are kept.
   absl::Duration finished_linger = absl::Seconds(60);
+  // A reservation whose token stream nobody opened within this long is released (waiting: its
+  // transfer aborted, its blocks freed or quarantined; running: cancelled at the next step): its
+  // coordinator is gone (it opens the stream as soon as Reserve answers). Checked every
+  // housekeeping_interval, so blocks are back within unclaimed_timeout + housekeeping_interval.
+  absl::Duration unclaimed_timeout = absl::Seconds(10);
+  // How often the scheduler thread forgets lingering finished requests and releases unclaimed
+  // reservations.
+  absl::Duration housekeeping_interval = absl::Seconds(1);
   // Idle wait for notices when nothing runs.
   absl::Duration idle_wait = absl::Milliseconds(5);
   // How long Release waits for the scheduler thread to take a running request out.
@@ -192,6 +200,11 @@ class DecodeScheduler {
             tracker_.fenced_senders()};
   }
   kv::PrefixCacheCounters PrefixCacheCounters() const { return kv_.counters(); }
+  // Reservations released because no token stream was opened for them (unclaimed_timeout).
+  int64_t unclaimed_released() const {
+    absl::MutexLock lock(&mu_);
+    return unclaimed_released_;
+  }
 
  private:
   enum class State { kReserving, kWaiting, kRunning, kDone };
@@ -207,6 +220,7 @@ class DecodeScheduler {
     State state = State::kReserving;
     bool cancel_requested = false;
     bool subscribed = false;
+    absl::Time reserved_at;  // when Reserve answered (unclaimed_timeout counts from here)
     absl::Time done_at;
     int64_t freed_blocks = 0;
     std::vector<int64_t> layer_landed_us;  // wall clock, 0 = not seen
@@ -250,7 +264,10 @@ class DecodeScheduler {
   int64_t AbortWaitingLocked(Request& r, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDoneLocked(Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets finished requests past finished_linger and releases unclaimed reservations.
   void CollectGarbage();
+  // Releases reservations nobody subscribed to within unclaimed_timeout (CollectGarbage).
+  void ReleaseUnclaimedLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool IsDone(Request* r) { return r->state == State::kDone; }
 
   const DecodeSchedulerOptions options_;
@@ -266,6 +283,7 @@ class DecodeScheduler {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 0;
   int active_ ABSL_GUARDED_BY(mu_) = 0;  // requests not done (reserving, waiting, running)
+  int64_t unclaimed_released_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::shared_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Request>> waiting_ ABSL_GUARDED_BY(mu_);  // by transfer id
   std::map<std::string, transfer::PeerId> peers_ ABSL_GUARDED_BY(mu_);         // by sender address

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -398,6 +399,67 @@ TEST_F(DecodeSchedulerTest, ReleaseWhileWaitingQuarantinesUntilSenderConfirms) {
   ASSERT_TRUE(h_.sender().Abort(res->transfer_id, DeadlineIn(absl::Seconds(1)), "released").ok());
   EXPECT_TRUE(Eventually([&] { return AllFree(h_); }));
   EXPECT_FALSE(h_.scheduler().Release("w").found);  // the subscriber took its events
+}
+
+// A coordinator that dies between Reserve and StreamTokens leaves reservations nobody claims:
+// one still waiting for its KV and one whose KV landed (it decodes for nobody). Both are
+// released once unclaimed_timeout has passed, every block back (the waiting one's after its
+// sender confirms), and a late subscriber reads why; a claimed reservation beside them ends
+// as it would have.
+TEST(DecodeSchedulerUnclaimed, ReservationsNobodyStreamsAreReleased) {
+  DecodeHarness h;
+  ASSERT_TRUE(h.Init({.d_blocks = 2048,
+                      .unclaimed_timeout = absl::Milliseconds(50),
+                      .housekeeping_interval = absl::Milliseconds(5)})
+                  .ok());
+  const model::SamplingParams longp{.max_tokens = 4000, .ignore_eos = true};
+  const model::SamplingParams shortp{.max_tokens = 8, .ignore_eos = true};
+  const std::vector<int32_t> pr = h.Encode("running for nobody");
+  const std::vector<int32_t> pw = h.Encode("waiting for a coordinator");
+  const std::vector<int32_t> pc = h.Encode("claimed");
+  auto running = h.scheduler().Reserve(h.Args("running", pr, longp));
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_TRUE(h.Prefill(pr, longp, *running).ok());
+  auto waiting = h.scheduler().Reserve(h.Args("waiting", pw, longp));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  ASSERT_TRUE(h.Prefill(pw, longp, *waiting, /*layers_to_send=*/1).ok());
+
+  ASSERT_TRUE(Eventually([&] { return h.scheduler().unclaimed_released() == 2; }));
+  EXPECT_TRUE(Eventually([&] {
+    const SchedulerLoad load = h.scheduler().Load();
+    return load.running_requests == 0 && load.pending_requests == 0;
+  }));
+  // A claimed reservation made now runs to its end.
+  auto claimed = h.scheduler().Reserve(h.Args("claimed", pc, shortp));
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  auto claimed_stream = h.scheduler().Subscribe("claimed");
+  ASSERT_TRUE(claimed_stream.ok());
+  auto claimed_first = h.Prefill(pc, shortp, *claimed);
+  ASSERT_TRUE(claimed_first.ok()) << claimed_first.status();
+
+  auto late = h.scheduler().Subscribe("waiting");
+  ASSERT_TRUE(late.ok()) << late.status();
+  std::vector<DecodeEvent> events = DrainStream(**late, absl::Seconds(2));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish, FinishReason::kError);
+  EXPECT_EQ(events[0].error.code(), absl::StatusCode::kDeadlineExceeded) << events[0].error;
+  auto late_running = h.scheduler().Subscribe("running");
+  ASSERT_TRUE(late_running.ok()) << late_running.status();
+  events = DrainStream(**late_running, absl::Seconds(2));
+  ASSERT_FALSE(events.empty());
+  EXPECT_TRUE(events.front().admitted);  // it was decoding when it was released
+  EXPECT_EQ(events.back().finish, FinishReason::kCancelled);
+  EXPECT_LT(events.size(), static_cast<size_t>(longp.max_tokens));
+  std::printf("the unclaimed running request was cancelled after %zu tokens\n", events.size());
+
+  std::vector<DecodeEvent> claimed_events = DrainStream(**claimed_stream, absl::Seconds(10));
+  auto ref = h.Reference(pc, shortp);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(Tokens(claimed_first->id, claimed_events), ref->generated_ids);
+  ASSERT_TRUE(
+      h.sender().Abort(waiting->transfer_id, DeadlineIn(absl::Seconds(1)), "released").ok());
+  EXPECT_TRUE(Eventually([&] { return AllFree(h); }));
+  EXPECT_EQ(h.scheduler().unclaimed_released(), 2);
 }
 
 // A retry after a failed attempt (released, or its sender died) reserves the same id again,

@@ -138,6 +138,8 @@ absl::Status DecodeHarness::Init(const HarnessOptions& o) {
                                                  .max_running = o.max_running,
                                                  .eos_ids = d_engine_->tokenizer().eos_ids(),
                                                  .finished_linger = absl::Seconds(30),
+                                                 .unclaimed_timeout = o.unclaimed_timeout,
+                                                 .housekeeping_interval = o.housekeeping_interval,
                                                  .idle_wait = absl::Milliseconds(2),
                                                  .release_wait = o.release_wait,
                                                  .host_mirror = mirror,

@@ -32,6 +32,9 @@ struct HarnessOptions {
   int64_t d_blocks = 256;
   int max_running = 64;
   absl::Duration release_wait = absl::Seconds(5);
+  // DecodeSchedulerOptions::unclaimed_timeout.
+  absl::Duration unclaimed_timeout = absl::Seconds(10);
+  absl::Duration housekeeping_interval = absl::Seconds(1);
   // D's pool in its backend's KV memory and the transport region a host mirror of it that
   // admission copies from (the --kv_staging path), instead of the pool being the region.
   bool staged = false;
