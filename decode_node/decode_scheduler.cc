@@ -637,14 +637,16 @@ void DecodeScheduler::CollectGarbage() {
 void DecodeScheduler::ReleaseUnclaimedLocked(absl::Time now) {
   std::vector<std::shared_ptr<Request>> unclaimed;
   for (const auto& [id, r] : requests_) {
-    if (r->subscribed || r->cancel_requested || now - r->reserved_at <= options_.unclaimed_timeout) {
+    if (r->subscribed || r->cancel_requested ||
+        now - r->reserved_at <= options_.unclaimed_timeout) {
       continue;
     }
     if (r->state == State::kWaiting || r->state == State::kRunning) unclaimed.push_back(r);
   }
   for (const std::shared_ptr<Request>& r : unclaimed) {
     ++unclaimed_released_;
-    DUET_LOG(WARNING) << options_.name << ": request " << r->id << ": no token stream opened within "
+    DUET_LOG(WARNING) << options_.name << ": request " << r->id
+                      << ": no token stream opened within "
                       << absl::FormatDuration(options_.unclaimed_timeout)
                       << " of its reservation (its coordinator is gone); releasing it";
     if (r->state == State::kRunning) {
@@ -653,11 +655,11 @@ void DecodeScheduler::ReleaseUnclaimedLocked(absl::Time now) {
     }
     AbortWaitingLocked(*r, "no token stream");
     MarkDoneLocked(*r);
-    r->stream->Push(DecodeEvent{
-        .finish = FinishReason::kError,
-        .error = absl::DeadlineExceededError(absl::StrCat(
-            options_.name, ": request ", r->id, ": no token stream was opened within ",
-            absl::FormatDuration(options_.unclaimed_timeout), " of its reservation"))});
+    r->stream->Push(
+        DecodeEvent{.finish = FinishReason::kError,
+                    .error = absl::DeadlineExceededError(absl::StrCat(
+                        options_.name, ": request ", r->id, ": no token stream was opened within ",
+                        absl::FormatDuration(options_.unclaimed_timeout), " of its reservation"))});
   }
 }
 

@@ -40,6 +40,11 @@ class LeaseKeeperState {
     return lost_;
   }
 
+  bool unconfirmed() const {
+    absl::MutexLock lock(&mu_);
+    return unconfirmed_;
+  }
+
   const EtcdClient& etcd() const { return etcd_; }
   const LeaseKeeperOptions& options() const { return options_; }
 
@@ -47,32 +52,41 @@ class LeaseKeeperState {
   // One renewal, retried until it succeeds (true), or the lease is lost or the keeper stopped
   // (false).
   bool Renew() {
-    absl::Status last;
     while (true) {
       const absl::Time sent = absl::Now();
-      const absl::Duration left = expires_ - sent;
-      if (left <= absl::ZeroDuration()) {
-        Lose(absl::DeadlineExceededError(
-            absl::StrCat("etcd lease ", lease_.id, " was not renewed within its TTL (",
-                         absl::FormatDuration(lease_.ttl), "); last error: ", last.ToString())));
-        return false;
-      }
-      // A keepalive that answers after the lease ran out proves nothing: bound it by both.
-      absl::StatusOr<absl::Duration> ttl =
-          etcd_.WithCallDeadline(std::min(etcd_.call_deadline(), left)).KeepAliveOnce(lease_.id);
+      // Any answer with a TTL proves the lease (and so its keys) still exists, however late.
+      absl::StatusOr<absl::Duration> ttl = etcd_.KeepAliveOnce(lease_.id);
       if (ttl.ok()) {
         renewed_at_ = sent;
         expires_ = sent + *ttl;
+        if (SetUnconfirmed(false)) {
+          DUET_LOG(INFO) << "etcd lease " << lease_.id << " renewed again after "
+                         << absl::FormatDuration(absl::Now() - failing_since_)
+                         << " of failed keepalives";
+        }
+        failing_since_ = absl::InfiniteFuture();
         return true;
       }
       if (ttl.status().code() == absl::StatusCode::kNotFound) {
         Lose(ttl.status());
         return false;
       }
-      last = ttl.status();
-      const absl::Time retry = absl::Now() + std::min(options_.retry_interval, interval_);
-      if (!WaitUntil(std::min(retry, expires_))) return false;
+      failing_since_ = std::min(failing_since_, sent);
+      if (absl::Now() >= expires_ && !SetUnconfirmed(true)) {
+        DUET_LOG(WARNING) << "etcd lease " << lease_.id << " not renewed within its TTL ("
+                          << absl::FormatDuration(lease_.ttl) << "): " << ttl.status()
+                          << "; still trying (it is lost only when etcd says it is gone)";
+      }
+      if (!WaitUntil(absl::Now() + std::min(options_.retry_interval, interval_))) return false;
     }
+  }
+
+  // Sets unconfirmed_; returns its value before.
+  bool SetUnconfirmed(bool value) {
+    absl::MutexLock lock(&mu_);
+    const bool before = unconfirmed_;
+    unconfirmed_ = value;
+    return before;
   }
 
   void Lose(absl::Status why) {
@@ -98,10 +112,13 @@ class LeaseKeeperState {
   const absl::Duration interval_;
   absl::Time renewed_at_;  // keeper thread: when the last successful keepalive was sent
   absl::Time expires_;     // keeper thread: renewed_at_ + the TTL it reported
+  // keeper thread: when the keepalives began to fail (InfiniteFuture: they do not)
+  absl::Time failing_since_ = absl::InfiniteFuture();
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool lost_ ABSL_GUARDED_BY(mu_) = false;
+  bool unconfirmed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 absl::StatusOr<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(
@@ -120,6 +137,8 @@ absl::StatusOr<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(
   return std::unique_ptr<LeaseKeeper>(
       new LeaseKeeper(std::move(state), std::move(thread), lease.id));
 }
+
+bool LeaseKeeper::unconfirmed() const { return state_->unconfirmed(); }
 
 LeaseKeeper::~LeaseKeeper() {
   state_->Stop();

@@ -1,11 +1,13 @@
 // LeaseKeeper: keeps one etcd lease alive from a thread of its own (docs/design.md §4.8): a
 // keepalive every ttl/3, retried every `retry_interval` after a failure. The lease is *lost*
-// when etcd says it is gone (NotFound) or when no keepalive succeeded before the TTL the last
-// one reported ran out (measured from when that keepalive was sent): `on_lost` is then called
-// once, on the keeper's thread, and the keeper stops. Whoever put keys under the lease must
-// assume they are gone and start again with a new lease. Destruction stops the thread (joined;
-// it may be destroyed from on_lost too) and, unless the lease was lost, revokes it within
-// `revoke_deadline`, best effort, so its keys go at once rather than after the TTL.
+// only when etcd says it is gone (NotFound: it expired while this process could not reach etcd,
+// or it was revoked), because only then were its keys deleted: `on_lost` is then called once,
+// on the keeper's thread, and the keeper stops. Whoever put keys under the lease must assume
+// they are gone and start again with a new lease. While etcd cannot be reached the keeper keeps
+// trying, past the TTL too (`unconfirmed()` says so): a lease survives an etcd restart (etcd
+// extends every lease on recovery), so an outage alone loses nothing. Destruction stops the
+// thread (joined; it may be destroyed from on_lost too) and, unless the lease was lost, revokes
+// it within `revoke_deadline`, best effort, so its keys go at once rather than after the TTL.
 //
 //   DUET_ASSIGN_OR_RETURN(Lease lease, etcd.GrantLease(absl::Seconds(6)));
 //   DUET_ASSIGN_OR_RETURN(int64_t rev, etcd.Put(key, value, lease.id));
@@ -49,6 +51,9 @@ class LeaseKeeper {
   int64_t lease_id() const { return lease_id_; }
   // True once on_lost was called (or is being called).
   bool lost() const;
+  // True while no keepalive has succeeded for longer than the TTL etcd last reported (etcd away,
+  // or this process cut off from it): the lease may or may not still exist.
+  bool unconfirmed() const;
 
  private:
   LeaseKeeper(std::shared_ptr<LeaseKeeperState> state, std::thread thread, int64_t lease_id)

@@ -6,9 +6,11 @@
 //
 // Start announces once, retrying an unreachable etcd (Unavailable, DeadlineExceeded) with a
 // bounded backoff until `start_timeout`; any other error (a refused registration, etcd refusing
-// the put) is returned at once. Afterwards the announcer's thread watches the lease: once it is
-// lost (etcd said it is gone, or no keepalive got through within its TTL, e.g. etcd was down),
-// coordinators may have seen the key go and dropped what this incarnation owned, so the thread
+// the put) is returned at once. Afterwards the announcer's thread watches the lease: while etcd
+// is away the keeper keeps trying (an outage alone changes nothing: the lease and the key are
+// there again when etcd is back); once the lease is lost (etcd says it is gone: it expired while
+// this node could not reach etcd, or was revoked), coordinators saw the key go and dropped what
+// this incarnation owned, so the thread
 // announces a new incarnation (a larger epoch, NextNodeEpoch) under a new lease, retrying with
 // the backoff for as long as etcd stays away, then calls `on_new_epoch` (the node starts afresh,
 // as after MembershipClient's re-registration) and revokes the lost lease in case etcd still

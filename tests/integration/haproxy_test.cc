@@ -4,17 +4,11 @@
 // with SIGKILL costs no request that had not reached it (connection failures are retried on the
 // other server) and is taken out after fall x inter, and once restarted it is taken back after
 // rise x inter. Each test skips when no haproxy is installed.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <httplib.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -26,14 +20,13 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/model/synthetic_model.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/free_port.h"
 #include "tests/integration/haproxy_process.h"
+#include "tests/integration/lb_client.h"
 #include "tests/integration/serve_process.h"
 
 #ifndef DUET_BIN
@@ -48,7 +41,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::HaproxyProcess;
+using testing::PostStream;
 using testing::ServeProcess;
+using testing::Stream;
 
 constexpr char kBackend[] = "duet_coordinators";
 const char* const kServers[2] = {"coordinator-0", "coordinator-1"};
@@ -91,32 +86,8 @@ class Backend {
   int http_port() const { return http_port_; }
 
   // This server's own /metrics; "" when the scrape fails.
-  std::string Metrics() const {
-    httplib::Client client("127.0.0.1", http_port_);
-    client.set_connection_timeout(2);
-    client.set_read_timeout(5);
-    httplib::Result res = client.Get("/metrics");
-    return res && res->status == 200 ? res->body : "";
-  }
-  // duet_http_requests_total of this server's own /metrics for `path` answered with `code`;
-  // -1 when the scrape fails.
-  double Requests(const std::string& path, int code) const {
-    const std::string metrics = Metrics();
-    if (metrics.empty()) return -1;
-    double total = 0;
-    for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
-      if (!absl::StartsWith(line, "duet_http_requests_total{") ||
-          !absl::StrContains(line, absl::StrCat("path=\"", path, "\"")) ||
-          !absl::StrContains(line, absl::StrCat("code=\"", code, "\""))) {
-        continue;
-      }
-      double v = 0;
-      if (!absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return -1;
-      total += v;
-    }
-    return total;
-  }
-  double Completions() const { return Requests("/v1/completions", 200); }
+  std::string Metrics() const { return testing::ScrapeMetrics(http_port_); }
+  double Completions() const { return testing::HttpRequests(http_port_, "/v1/completions", 200); }
 
  private:
   std::string model_dir_;
@@ -126,72 +97,9 @@ class Backend {
 
 // POST /v1/completions through `port`: the status (0 when there was no response) and body.
 std::pair<int, std::string> Complete(int port, int max_tokens = 4) {
-  httplib::Client client("127.0.0.1", port);
-  client.set_connection_timeout(5);
-  client.set_read_timeout(60);
-  const nlohmann::json body = {
-      {"prompt", "Hello"}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"temperature", 0}};
-  httplib::Result res = client.Post("/v1/completions", body.dump(), "application/json");
-  if (!res) return {0, httplib::to_string(res.error())};
-  return {res->status, res->body};
-}
-
-// What a raw client saw of a streamed response: the bytes, and when each SSE event ("data: ")
-// arrived, counted from the request's write.
-struct Stream {
-  std::string all;
-  std::vector<absl::Duration> event_times;
-  bool done = false;  // "data: [DONE]" arrived
-};
-
-// Sends `body` as a streamed POST to `path` on `port` and reads (at most `timeout`) until the
-// server closes the connection.
-Stream PostStream(int port, const std::string& path, const std::string& body,
-                  absl::Duration timeout = absl::Seconds(60),
-                  std::atomic<bool>* first_event = nullptr) {
-  Stream s;
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return s;
-  timeval tv{.tv_sec = 1, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return s;
-  }
-  const std::string req = absl::StrCat(
-      "POST ", path, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
-      "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
-  const absl::Time start = absl::Now();
-  const absl::Time deadline = start + timeout;
-  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
-    close(fd);
-    return s;
-  }
-  char buf[65536];
-  while (absl::Now() < deadline) {
-    const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-      break;  // reset
-    }
-    const absl::Duration at = absl::Now() - start;
-    const size_t before = s.all.size();
-    s.all.append(buf, n);
-    // Events that ended in this read (an event straddling reads counts once, where it starts).
-    for (size_t pos = s.all.find("data: ", before > 5 ? before - 5 : 0); pos != std::string::npos;
-         pos = s.all.find("data: ", pos + 1)) {
-      s.event_times.push_back(at);
-      if (first_event != nullptr) first_event->store(true);
-    }
-  }
-  close(fd);
-  s.done = absl::StrContains(s.all, "data: [DONE]");
-  return s;
+  return testing::PostJson(
+      port, "/v1/completions",
+      {{"prompt", "Hello"}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"temperature", 0}});
 }
 
 class HaproxyTest : public ::testing::Test {
