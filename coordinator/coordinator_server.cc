@@ -9,6 +9,7 @@
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/weights/gguf_model.h"
+#include "coordinator/apply_status.h"
 #include "coordinator/coordinator_impl.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
@@ -339,27 +340,12 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorServer::Impl::Heartbeat(
 
 absl::Status CoordinatorServer::Impl::ApplyStatus(const NodeIncarnation& node,
                                                   const v1::StatusUpdate& update) {
+  if (update.has_kv_events() && update.kv_events().snapshot()) {
+    metrics_.status_snapshots.WithLabels({node.node_id}).Increment();
+  }
   // Nodes on etcd send no heartbeats: each message of their status stream is one.
-  if (options_.etcd.enabled()) DUET_RETURN_IF_ERROR(registry_.Heartbeat(node, absl::Now()));
-  if (update.has_load()) {
-    DUET_RETURN_IF_ERROR(registry_.ReportLoad(node, cluster::LoadFromProto(update.load())));
-  }
-  if (!update.has_kv_events()) return absl::OkStatus();
-  const cluster::KvEvents events = cluster::KvEventsFromProto(update.kv_events());
-  if (events.snapshot) metrics_.status_snapshots.WithLabels({node.node_id}).Increment();
-  if (prefix_index_.Apply(node, events)) {
-    // The node sends a snapshot first and after every gap, so this stream is out of step: a
-    // new one starts from a snapshot.
-    return absl::DataLossError(absl::StrCat("status stream of ", node.ToString(),
-                                            ": cache events from number ", events.first_seq,
-                                            " do not continue what was applied"));
-  }
-  // Dropped meanwhile (declared dead, replaced): drop what was just applied.
-  if (!registry_.IsLive(node)) {
-    prefix_index_.DropNode(node);
-    return absl::NotFoundError(absl::StrCat(node.ToString(), " is no longer registered"));
-  }
-  return absl::OkStatus();
+  return ApplyNodeStatus(registry_, prefix_index_, node, update,
+                         {.heartbeat = options_.etcd.enabled(), .now = absl::Now()});
 }
 
 void CoordinatorServer::Impl::OnStatusBreak(const NodeIncarnation& node, const absl::Status& why) {
