@@ -162,7 +162,7 @@ absl::Status NodeRuntime::Join(JoinArgs args) {
   };
   if (on_etcd) {
     absl::StatusOr<etcd::EtcdClient> client =
-        etcd::EtcdClient::Create({.endpoints = options_.etcd.endpoints});
+        etcd::EtcdClient::Create(options_.etcd.client_options());
     if (!client.ok()) return Annotate(client.status(), "etcd endpoints");
     // The epoch is chosen before the key is put, so that a coordinator that sees the key finds
     // the status stream answering for it.

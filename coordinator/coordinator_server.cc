@@ -214,7 +214,7 @@ void CoordinatorServer::Impl::InstallNodeGauges() {
 
 absl::Status CoordinatorServer::Impl::StartEtcdWatch() {
   DUET_ASSIGN_OR_RETURN(etcd::EtcdClient client,
-                        etcd::EtcdClient::Create({.endpoints = options_.etcd.endpoints}));
+                        etcd::EtcdClient::Create(options_.etcd.client_options()));
   absl::StatusOr<std::unique_ptr<etcd::EtcdNodeWatcher>> watcher = etcd::EtcdNodeWatcher::Start(
       std::move(client),
       {.prefix = options_.etcd.prefix,

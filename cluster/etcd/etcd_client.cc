@@ -18,7 +18,8 @@ absl::StatusOr<EtcdClient> EtcdClient::Create(EtcdClientOptions options) {
       std::shared_ptr<EndpointSet> set,
       EndpointSet::Create(options.endpoints,
                           HttpLimits{.connect_timeout = options.connect_timeout,
-                                     .max_response_bytes = options.max_response_bytes}));
+                                     .max_response_bytes = options.max_response_bytes},
+                          options.tls));
   std::vector<std::string> urls;
   for (const Endpoint& e : set->endpoints()) urls.push_back(e.url);
   return EtcdClient(std::move(set), std::move(urls), options.call_deadline);

@@ -1,5 +1,6 @@
 // EtcdClient: duet's client of etcd v3 (docs/design.md §4.8), over etcd's JSON gateway on the
-// client port (/v3/kv/*, /v3/lease/*, /v3/watch; HTTP/1.1 via Boost.Beast). Every call has a
+// client port (/v3/kv/*, /v3/lease/*, /v3/watch; HTTP/1.1 via Boost.Beast, over TLS with a
+// client certificate for https:// endpoints). Every call has a
 // deadline (the options' call_deadline); with several endpoints a call goes to the member that
 // answered last and fails over to the next when a connection fails (and, for reads and
 // keepalives, when it breaks after the request went out). Errors are absl::Status whose code is
@@ -22,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,13 +32,15 @@
 #include "absl/time/time.h"
 #include "cluster/etcd/etcd_types.h"
 #include "cluster/etcd/etcd_watch.h"
+#include "common/tls/tls_files.h"
 
 namespace duet::etcd {
 
 class EndpointSet;  // etcd_http.h
 
 struct EtcdClientOptions {
-  // Client URLs of etcd's members, "http://HOST:PORT" (resolved once, by Create).
+  // Client URLs of etcd's members, all "http://HOST:PORT" or all "https://HOST:PORT" (resolved
+  // once, by Create).
   std::vector<std::string> endpoints;
   // Each call's deadline, failovers included (and the time a Watch may take to be created).
   absl::Duration call_deadline = absl::Seconds(5);
@@ -44,11 +48,15 @@ struct EtcdClientOptions {
   absl::Duration connect_timeout = absl::Seconds(1);
   // The largest response accepted (a range over many keys).
   size_t max_response_bytes = size_t{64} << 20;
+  // For https endpoints (and only for them): the CA etcd's server certificate must chain to, and
+  // the client certificate and key etcd's --client-cert-auth checks (both or neither).
+  std::optional<tls::TlsFiles> tls;
 };
 
 class EtcdClient {
  public:
-  // InvalidArgument for a malformed or unresolvable endpoint; connects to nothing yet.
+  // InvalidArgument for a malformed or unresolvable endpoint, mixed schemes, or TLS files that
+  // are missing, unreadable or do not match the endpoints' scheme; connects to nothing yet.
   static absl::StatusOr<EtcdClient> Create(EtcdClientOptions options);
 
   // The same client with another per-call deadline.

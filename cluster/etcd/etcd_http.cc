@@ -1,11 +1,11 @@
 #include "cluster/etcd/etcd_http.h"
 
 #include <algorithm>
-#include <boost/asio/connect.hpp>
+#include <boost/asio/buffer.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <charconv>
 #include <chrono>
@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cluster/etcd/etcd_connection.h"
 #include "cluster/etcd/etcd_json.h"
 #include "cluster/etcd/etcd_types.h"
 
@@ -31,7 +32,7 @@ absl::Status TransportError(const Endpoint& endpoint, absl::string_view stage,
   const bool late = absl::Now() >= deadline;
   return WithErrorCause(
       absl::Status(late ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
-                   absl::StrCat("etcd at ", endpoint.url, ": ", stage, ": ", ec.message(),
+                   absl::StrCat("etcd at ", endpoint.url, ": ", stage, ": ", DescribeError(ec),
                                 late ? " (call deadline passed)" : "")),
       ErrorCause{.endpoint = endpoint.url});
 }
@@ -43,6 +44,53 @@ void RunOnce(asio::io_context& ioc) {
   ioc.restart();
 }
 
+// The client side of TLS to etcd from `files`, read and checked (tls_files.h) first so that a bad
+// file is named; TLS 1.2 or later, the server's certificate verified.
+absl::StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const tls::TlsFiles& files) {
+  if (files.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "etcd client: https endpoints need a CA file (what etcd's certificate must chain to)");
+  }
+  if (files.cert_file.empty() != files.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "etcd client: a client certificate needs both its certificate and its key file");
+  }
+  tls::TlsIdentity identity;
+  if (files.cert_file.empty()) {
+    absl::StatusOr<std::string> ca = tls::LoadCaBundle(files.ca_file);
+    if (!ca.ok()) return ca.status();
+    identity.ca_pem = *std::move(ca);
+  } else {
+    absl::StatusOr<tls::TlsIdentity> loaded = tls::LoadTlsIdentity(files);
+    if (!loaded.ok()) return loaded.status();
+    identity = *std::move(loaded);
+  }
+  auto context = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_client);
+  beast::error_code ec;
+  context->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                           asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                           asio::ssl::context::no_tlsv1_1,
+                       ec);
+  if (!ec) context->set_verify_mode(asio::ssl::verify_peer, ec);
+  if (!ec) context->add_certificate_authority(asio::buffer(identity.ca_pem), ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd client: CA file ", files.ca_file, ": ", DescribeError(ec)));
+  }
+  if (!identity.cert_pem.empty()) {
+    context->use_certificate_chain(asio::buffer(identity.cert_pem), ec);
+    if (!ec) {
+      context->use_private_key(asio::buffer(identity.key_pem), asio::ssl::context::pem, ec);
+    }
+    if (ec) {
+      return absl::InvalidArgumentError(absl::StrCat("etcd client: certificate ", files.cert_file,
+                                                     " / key ", files.key_file, ": ",
+                                                     ec.message()));
+    }
+  }
+  return context;
+}
+
 }  // namespace
 
 std::chrono::steady_clock::time_point SteadyTime(absl::Time t) {
@@ -52,19 +100,23 @@ std::chrono::steady_clock::time_point SteadyTime(absl::Time t) {
 
 absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view url) {
   absl::string_view rest = url;
+  Endpoint out;
   if (absl::StartsWith(rest, "https://")) {
+    out.tls = true;
+    rest.remove_prefix(8);
+  } else if (absl::StartsWith(rest, "http://")) {
+    rest.remove_prefix(7);
+  } else if (absl::StrContains(rest, "://")) {
     return absl::InvalidArgumentError(
-        absl::StrCat("etcd endpoint '", url, "': https is not supported (plain http only)"));
+        absl::StrCat("etcd endpoint '", url, "': expected http:// or https://"));
   }
-  if (absl::StartsWith(rest, "http://")) rest.remove_prefix(7);
   if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
   const size_t colon = rest.rfind(':');
   if (rest.empty() || rest.find('/') != absl::string_view::npos ||
       colon == absl::string_view::npos || colon == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("etcd endpoint '", url, "': expected http://HOST:PORT"));
+        absl::StrCat("etcd endpoint '", url, "': expected http(s)://HOST:PORT"));
   }
-  Endpoint out;
   out.host = std::string(rest.substr(0, colon));
   const absl::string_view port = rest.substr(colon + 1);
   unsigned value = 0;
@@ -76,14 +128,14 @@ absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view url) {
   if (out.host.size() > 2 && out.host.front() == '[' && out.host.back() == ']') {
     out.host = out.host.substr(1, out.host.size() - 2);  // [::1]
   }
-  out.url = absl::StrCat("http://", rest);
+  out.url = absl::StrCat(out.tls ? "https://" : "http://", rest);
   return out;
 }
 
-absl::StatusOr<HttpReply> PostJson(const Endpoint& endpoint, absl::string_view path,
-                                   const std::string& body, absl::Time connect_deadline,
-                                   absl::Time deadline, size_t max_response_bytes,
-                                   bool* request_sent) {
+absl::StatusOr<HttpReply> PostJson(const Endpoint& endpoint, asio::ssl::context* tls,
+                                   absl::string_view path, const std::string& body,
+                                   absl::Time connect_deadline, absl::Time deadline,
+                                   size_t max_response_bytes, bool* request_sent) {
   *request_sent = false;
   beast::error_code ec;
   const asio::ip::address address = asio::ip::make_address(endpoint.address, ec);
@@ -91,12 +143,15 @@ absl::StatusOr<HttpReply> PostJson(const Endpoint& endpoint, absl::string_view p
     return absl::InvalidArgumentError(
         absl::StrCat("etcd at ", endpoint.url, ": bad address ", endpoint.address));
   }
+  if (endpoint.tls && tls == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("etcd at ", endpoint.url, ": no TLS context"));
+  }
   asio::io_context ioc;
-  beast::tcp_stream stream(ioc);
+  Connection stream(ioc, endpoint.tls ? tls : nullptr);
 
-  stream.expires_at(SteadyTime(std::min(connect_deadline, deadline)));
-  stream.async_connect(tcp::endpoint(address, endpoint.port),
-                       [&ec](const beast::error_code& e) { ec = e; });
+  stream.ExpiresAt(SteadyTime(std::min(connect_deadline, deadline)));
+  stream.AsyncConnect(tcp::endpoint(address, endpoint.port), endpoint.host,
+                      [&ec](const beast::error_code& e) { ec = e; });
   RunOnce(ioc);
   if (ec) return TransportError(endpoint, "connect", ec, deadline);
 
@@ -107,16 +162,20 @@ absl::StatusOr<HttpReply> PostJson(const Endpoint& endpoint, absl::string_view p
   request.keep_alive(false);
   request.body() = body;
   request.prepare_payload();
-  stream.expires_at(SteadyTime(deadline));
+  stream.ExpiresAt(SteadyTime(deadline));
   *request_sent = true;  // from here on the server may act on it
-  http::async_write(stream, request, [&ec](const beast::error_code& e, size_t) { ec = e; });
+  stream.Visit([&](auto& s) {
+    http::async_write(s, request, [&ec](const beast::error_code& e, size_t) { ec = e; });
+  });
   RunOnce(ioc);
   if (ec) return TransportError(endpoint, "send", ec, deadline);
 
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(max_response_bytes);
-  http::async_read(stream, buffer, parser, [&ec](const beast::error_code& e, size_t) { ec = e; });
+  stream.Visit([&](auto& s) {
+    http::async_read(s, buffer, parser, [&ec](const beast::error_code& e, size_t) { ec = e; });
+  });
   RunOnce(ioc);
   if (ec) return TransportError(endpoint, "reply", ec, deadline);
 
@@ -127,8 +186,15 @@ absl::StatusOr<HttpReply> PostJson(const Endpoint& endpoint, absl::string_view p
   return reply;
 }
 
+EndpointSet::EndpointSet(std::vector<Endpoint> endpoints, HttpLimits limits,
+                         std::unique_ptr<asio::ssl::context> tls)
+    : endpoints_(std::move(endpoints)), limits_(limits), tls_(std::move(tls)) {}
+
+EndpointSet::~EndpointSet() = default;
+
 absl::StatusOr<std::shared_ptr<EndpointSet>> EndpointSet::Create(
-    const std::vector<std::string>& urls, HttpLimits limits) {
+    const std::vector<std::string>& urls, HttpLimits limits,
+    const std::optional<tls::TlsFiles>& tls) {
   if (urls.empty()) return absl::InvalidArgumentError("etcd client: no endpoints");
   std::vector<Endpoint> endpoints;
   asio::io_context ioc;
@@ -141,12 +207,31 @@ absl::StatusOr<std::shared_ptr<EndpointSet>> EndpointSet::Create(
         resolver.resolve(endpoint->host, std::to_string(endpoint->port), ec);
     if (ec || results.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("etcd endpoint '", url, "': cannot resolve ",
-                                                     endpoint->host, ": ", ec.message()));
+                                                     endpoint->host, ": ", DescribeError(ec)));
     }
     endpoint->address = results.begin()->endpoint().address().to_string();
+    if (!endpoints.empty() && endpoint->tls != endpoints.front().tls) {
+      return absl::InvalidArgumentError(absl::StrCat("etcd endpoints ", endpoints.front().url,
+                                                     " and ", endpoint->url,
+                                                     ": all http:// or all https://"));
+    }
     endpoints.push_back(*std::move(endpoint));
   }
-  return std::shared_ptr<EndpointSet>(new EndpointSet(std::move(endpoints), limits));
+  std::unique_ptr<asio::ssl::context> context;
+  if (endpoints.front().tls) {
+    if (!tls.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("etcd endpoint ", endpoints.front().url,
+                                                     ": https needs TLS files (at least a CA)"));
+    }
+    absl::StatusOr<std::unique_ptr<asio::ssl::context>> made = MakeTlsContext(*tls);
+    if (!made.ok()) return made.status();
+    context = *std::move(made);
+  } else if (tls.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("etcd client: TLS files given, but endpoint ",
+                                                   endpoints.front().url, " is plain http"));
+  }
+  return std::shared_ptr<EndpointSet>(
+      new EndpointSet(std::move(endpoints), limits, std::move(context)));
 }
 
 size_t EndpointSet::preferred() const {
@@ -172,9 +257,9 @@ absl::StatusOr<nlohmann::json> EndpointSet::Call(absl::string_view path, const s
     const absl::Time now = absl::Now();
     if (now >= deadline) break;
     bool sent = false;
-    absl::StatusOr<HttpReply> reply =
-        PostJson(endpoint, path, body, std::min(deadline, now + limits_.connect_timeout), deadline,
-                 limits_.max_response_bytes, &sent);
+    absl::StatusOr<HttpReply> reply = PostJson(endpoint, tls_.get(), path, body,
+                                               std::min(deadline, now + limits_.connect_timeout),
+                                               deadline, limits_.max_response_bytes, &sent);
     if (!reply.ok()) {
       last = reply.status();
       tried.push_back(endpoint.url);

@@ -1,8 +1,9 @@
 // The HTTP side of duet's etcd client, internal to cluster/etcd: endpoints, one POST to the JSON
-// gateway over Boost.Beast with deadlines, and the endpoint set that fails over from one etcd
-// member to the next (docs/design.md §4.8).
+// gateway over Boost.Beast with deadlines (over TLS for https:// endpoints), and the endpoint
+// set that fails over from one etcd member to the next (docs/design.md §4.8).
 //
-//   DUET_ASSIGN_OR_RETURN(auto set, EndpointSet::Create({"http://127.0.0.1:2379"}, limits));
+//   DUET_ASSIGN_OR_RETURN(auto set, EndpointSet::Create({"http://127.0.0.1:2379"}, limits,
+//                                                       std::nullopt));
 //   DUET_ASSIGN_OR_RETURN(nlohmann::json r, set->Call("/v3/kv/range", body, deadline,
 //                                                     Idempotent::kYes));
 #pragma once
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,23 +20,29 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/tls/tls_files.h"
 #include "nlohmann/json.hpp"
+
+namespace boost::asio::ssl {
+class context;
+}  // namespace boost::asio::ssl
 
 namespace duet::etcd {
 
-// One etcd member's client URL, "http://HOST:PORT" (or "HOST:PORT"); HOST is resolved once, when
-// the client is created (so no call waits on DNS).
+// One etcd member's client URL, "http://HOST:PORT" (or "HOST:PORT") or "https://HOST:PORT"; HOST
+// is resolved once, when the client is created (so no call waits on DNS).
 struct Endpoint {
-  std::string url;   // as given, normalised to "http://HOST:PORT"
-  std::string host;  // for the Host header
+  std::string url;   // as given, normalised to "http://HOST:PORT" or "https://HOST:PORT"
+  std::string host;  // for the Host header, SNI and the server certificate's check
   uint16_t port = 0;
+  bool tls = false;     // https://
   std::string address;  // the resolved IP address connected to
 };
 
 // `t` as the steady clock's time point that Asio's timers take (at most a day ahead).
 std::chrono::steady_clock::time_point SteadyTime(absl::Time t);
 
-// Parses an endpoint URL (no resolution). https and paths are refused: InvalidArgument.
+// Parses an endpoint URL (no resolution). Other schemes and paths are refused: InvalidArgument.
 absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view url);
 
 struct HttpLimits {
@@ -48,14 +56,15 @@ struct HttpReply {
   std::string body;
 };
 
-// POSTs `body` (JSON) to `path` on `endpoint` on a connection of its own, closed afterwards.
-// Connect must finish by `connect_deadline`, the whole exchange by `deadline`. A failure before
-// a reply is Unavailable (DeadlineExceeded past `deadline`) with the cause attached;
-// `*request_sent` says whether the request may have reached the server.
-absl::StatusOr<HttpReply> PostJson(const Endpoint& endpoint, absl::string_view path,
-                                   const std::string& body, absl::Time connect_deadline,
-                                   absl::Time deadline, size_t max_response_bytes,
-                                   bool* request_sent);
+// POSTs `body` (JSON) to `path` on `endpoint` on a connection of its own, closed afterwards
+// (TLS with `tls` for an https endpoint). Connect (and the TLS handshake) must finish by
+// `connect_deadline`, the whole exchange by `deadline`. A failure before a reply is Unavailable
+// (DeadlineExceeded past `deadline`) with the cause attached; `*request_sent` says whether the
+// request may have reached the server.
+absl::StatusOr<HttpReply> PostJson(const Endpoint& endpoint, boost::asio::ssl::context* tls,
+                                   absl::string_view path, const std::string& body,
+                                   absl::Time connect_deadline, absl::Time deadline,
+                                   size_t max_response_bytes, bool* request_sent);
 
 // Whether a call may be sent again to another member after it may have reached one.
 enum class Idempotent { kNo, kYes };
@@ -63,8 +72,15 @@ enum class Idempotent { kNo, kYes };
 // The members a client talks to, the one that answered last first. Thread-safe.
 class EndpointSet {
  public:
-  static absl::StatusOr<std::shared_ptr<EndpointSet>> Create(const std::vector<std::string>& urls,
-                                                             HttpLimits limits);
+  // `tls`: for https endpoints (all or none of them are): ca_file required (what etcd's server
+  // certificate must chain to), cert_file and key_file both or neither (the client certificate
+  // etcd's --client-cert-auth asks for); read and checked here. InvalidArgument naming the
+  // endpoint or file for mixed schemes, https without `tls`, `tls` with http endpoints, or
+  // files that do not load.
+  static absl::StatusOr<std::shared_ptr<EndpointSet>> Create(
+      const std::vector<std::string>& urls, HttpLimits limits,
+      const std::optional<tls::TlsFiles>& tls);
+  ~EndpointSet();
 
   // POSTs to the members in turn, starting with the preferred one, until one gives an HTTP reply:
   // the next is tried when the connection fails, or when it breaks after the request went out
@@ -75,15 +91,18 @@ class EndpointSet {
 
   const std::vector<Endpoint>& endpoints() const { return endpoints_; }
   const HttpLimits& limits() const { return limits_; }
+  // The TLS context of https endpoints; null for http ones.
+  boost::asio::ssl::context* tls_context() const { return tls_.get(); }
   size_t preferred() const;
   void SetPreferred(size_t index);
 
  private:
-  EndpointSet(std::vector<Endpoint> endpoints, HttpLimits limits)
-      : endpoints_(std::move(endpoints)), limits_(limits) {}
+  EndpointSet(std::vector<Endpoint> endpoints, HttpLimits limits,
+              std::unique_ptr<boost::asio::ssl::context> tls);
 
   const std::vector<Endpoint> endpoints_;
   const HttpLimits limits_;
+  const std::unique_ptr<boost::asio::ssl::context> tls_;
   mutable absl::Mutex mu_;
   size_t preferred_ ABSL_GUARDED_BY(mu_) = 0;
 };

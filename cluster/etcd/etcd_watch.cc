@@ -5,7 +5,6 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <utility>
@@ -13,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cluster/etcd/etcd_connection.h"
 #include "cluster/etcd/etcd_http.h"
 #include "cluster/etcd/etcd_json.h"
 
@@ -92,10 +92,12 @@ class WatchStream {
       Fail(absl::InvalidArgumentError(absl::StrCat("etcd at ", endpoint.url, ": bad address")));
       return;
     }
-    stream_.expires_at(
+    // A connection per attempt: a TLS stream cannot be reused after a failed handshake.
+    stream_ = std::make_unique<Connection>(ioc_, endpoint.tls ? set_->tls_context() : nullptr);
+    stream_->ExpiresAt(
         SteadyTime(std::min(create_deadline_, absl::Now() + set_->limits().connect_timeout)));
-    stream_.async_connect(
-        tcp::endpoint(address, endpoint.port),
+    stream_->AsyncConnect(
+        tcp::endpoint(address, endpoint.port), endpoint.host,
         [this, &endpoint](const beast::error_code& e) { OnConnect(endpoint, e); });
   }
 
@@ -103,21 +105,25 @@ class WatchStream {
     if (failed_) return;
     if (ec) {
       connect_error_ = TransportError(endpoint.url, "connect", ec);
-      stream_.close();
+      stream_->Close();
       Connect();
       return;
     }
-    stream_.expires_never();
+    stream_->ExpiresNever();
     url_ = endpoint.url;
-    peer_ = stream_.socket().remote_endpoint(ignored_);
+    peer_ = stream_->socket().remote_endpoint(ignored_);
+    peer_host_ = endpoint.host;
+    tls_ = endpoint.tls;
     host_ = absl::StrCat(endpoint.host, ":", endpoint.port);
     // The whole request at once: etcd 3.4's gateway (Go 1.19's HTTP/1 server) holds back the
     // response until the request body has ended, so the request stream cannot stay open for
     // progress requests; after it ends the watch goes on.
     request_ =
         MakeRequest(host_, "/v3/watch", EncodeWatchCreate(key_, range_end_, start_revision_));
-    http::async_write(stream_, request_,
-                      [this](const beast::error_code& e, size_t) { OnRequestWritten(e); });
+    stream_->Visit([this](auto& s) {
+      http::async_write(s, request_,
+                        [this](const beast::error_code& e, size_t) { OnRequestWritten(e); });
+    });
     ArmTicker();
   }
 
@@ -139,8 +145,10 @@ class WatchStream {
       return;
     }
     parser_.body_limit(boost::none);  // the stream is as long as the watch
-    http::async_read_header(stream_, buffer_, parser_,
-                            [this](const beast::error_code& e, size_t) { OnResponseHeader(e); });
+    stream_->Visit([this](auto& s) {
+      http::async_read_header(s, buffer_, parser_,
+                              [this](const beast::error_code& e, size_t) { OnResponseHeader(e); });
+    });
   }
 
   void OnResponseHeader(const beast::error_code& ec) {
@@ -154,8 +162,10 @@ class WatchStream {
   }
 
   void ReadMore() {
-    http::async_read_some(stream_, buffer_, parser_,
-                          [this](const beast::error_code& e, size_t) { OnRead(e); });
+    stream_->Visit([this](auto& s) {
+      http::async_read_some(s, buffer_, parser_,
+                            [this](const beast::error_code& e, size_t) { OnRead(e); });
+    });
   }
 
   void OnRead(const beast::error_code& ec) {
@@ -257,8 +267,8 @@ class WatchStream {
   // which must answer within probe_timeout. A quiet watch has nothing to read for as long as
   // its keys do not change, so only this notices a member that hangs or is cut off.
   struct Probe {
-    explicit Probe(asio::io_context& ioc) : stream(ioc) {}
-    beast::tcp_stream stream;
+    Probe(asio::io_context& ioc, asio::ssl::context* tls) : stream(ioc, tls) {}
+    Connection stream;
     http::request<http::string_body> request;
     beast::flat_buffer buffer;
     http::response_parser<http::string_body> parser;
@@ -266,12 +276,12 @@ class WatchStream {
 
   void StartProbe() {
     // The last probe, finished, is destroyed here rather than inside its own handler.
-    probe_ = std::make_unique<Probe>(ioc_);
+    probe_ = std::make_unique<Probe>(ioc_, tls_ ? set_->tls_context() : nullptr);
     probing_ = true;
     probe_->request = MakeRequest(host_, "/v3/kv/range", EncodeRange(key_, ""));
-    probe_->stream.expires_after(absl::ToChronoNanoseconds(options_.probe_timeout));
-    probe_->stream.async_connect(peer_,
-                                 [this](const beast::error_code& e) { OnProbeConnected(e); });
+    probe_->stream.ExpiresAfter(absl::ToChronoNanoseconds(options_.probe_timeout));
+    probe_->stream.AsyncConnect(peer_, peer_host_,
+                                [this](const beast::error_code& e) { OnProbeConnected(e); });
   }
 
   void OnProbeConnected(const beast::error_code& ec) {
@@ -280,8 +290,10 @@ class WatchStream {
       ProbeFailed("connect", ec);
       return;
     }
-    http::async_write(probe_->stream, probe_->request,
-                      [this](const beast::error_code& e, size_t) { OnProbeSent(e); });
+    probe_->stream.Visit([this](auto& s) {
+      http::async_write(s, probe_->request,
+                        [this](const beast::error_code& e, size_t) { OnProbeSent(e); });
+    });
   }
 
   void OnProbeSent(const beast::error_code& ec) {
@@ -290,8 +302,10 @@ class WatchStream {
       ProbeFailed("send", ec);
       return;
     }
-    http::async_read(probe_->stream, probe_->buffer, probe_->parser,
-                     [this](const beast::error_code& e, size_t) { OnProbeReply(e); });
+    probe_->stream.Visit([this](auto& s) {
+      http::async_read(s, probe_->buffer, probe_->parser,
+                       [this](const beast::error_code& e, size_t) { OnProbeReply(e); });
+    });
   }
 
   void OnProbeReply(const beast::error_code& ec) {
@@ -306,7 +320,7 @@ class WatchStream {
       Fail(reply.status());
       return;
     }
-    probe_->stream.close();
+    probe_->stream.Close();
     probing_ = false;
   }
 
@@ -316,7 +330,7 @@ class WatchStream {
         absl::Status(
             late ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
             absl::StrCat("etcd at ", url_, " serving the watch failed its liveness probe (", stage,
-                         ": ", ec.message(), late ? ", after " : "",
+                         ": ", DescribeError(ec), late ? ", after " : "",
                          late ? absl::FormatDuration(options_.probe_timeout) : "", ")")),
         ErrorCause{.endpoint = url_}));
   }
@@ -324,7 +338,7 @@ class WatchStream {
   static absl::Status TransportError(const std::string& url, absl::string_view stage,
                                      const beast::error_code& ec) {
     return WithErrorCause(
-        absl::UnavailableError(absl::StrCat("etcd at ", url, ": ", stage, ": ", ec.message())),
+        absl::UnavailableError(absl::StrCat("etcd at ", url, ": ", stage, ": ", DescribeError(ec))),
         ErrorCause{.endpoint = url});
   }
 
@@ -333,9 +347,9 @@ class WatchStream {
   void Fail(absl::Status status) {
     if (failed_) return;
     failed_ = true;
-    stream_.close();
+    if (stream_ != nullptr) stream_->Close();
     ticker_.cancel();
-    if (probe_ != nullptr) probe_->stream.close();
+    if (probe_ != nullptr) probe_->stream.Close();
     bool report = false;
     {
       absl::MutexLock lock(&mu_);
@@ -358,7 +372,7 @@ class WatchStream {
   const size_t first_;  // the endpoint tried first
 
   // io thread:
-  beast::tcp_stream stream_{ioc_};
+  std::unique_ptr<Connection> stream_;  // the member's; one per connect attempt
   asio::steady_timer ticker_{ioc_};
   size_t tried_ = 0;
   absl::Status connect_error_ = absl::UnavailableError("etcd watch: no endpoint");
@@ -366,6 +380,8 @@ class WatchStream {
   std::string url_;     // the endpoint connected to
   std::string host_;    // its Host header
   tcp::endpoint peer_;  // its address, for the probes
+  std::string peer_host_;  // its host, for the probes' certificate check
+  bool tls_ = false;       // the probes use TLS too
   http::request<http::string_body> request_;
   beast::flat_buffer buffer_;
   http::response_parser<http::string_body> parser_;

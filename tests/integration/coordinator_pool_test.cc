@@ -183,7 +183,7 @@ class Load {
           if (o.streamed) {
             body["stream"] = true;
             const testing::Stream s = testing::PostStream(port, "/v1/completions", body.dump());
-            o.ok = absl::StartsWith(s.all, "HTTP/1.1 200") && s.done;
+            o.ok = s.status == 200 && s.done;
             if (!o.ok) o.what = absl::StrCat("stream: ", s.all.substr(0, 300));
           } else {
             const auto [status, reply] = testing::PostJson(port, "/v1/completions", body);
@@ -376,7 +376,7 @@ TEST_F(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
     testing::Stream cut;
     absl::Time cut_ended;
     std::thread streamer([&] {
-      cut = testing::PostStream(a.http_port(), "/v1/completions", long_body.dump(),
+      cut = testing::PostStream(a.http_port(), "/v1/completions", long_body.dump(), nullptr,
                                 absl::Seconds(120), &streaming);
       cut_ended = absl::Now();
     });
@@ -389,7 +389,7 @@ TEST_F(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
     std::vector<std::thread> lb_streamers;
     for (int i = 0; i < 2; ++i) {
       lb_streamers.emplace_back([&, i] {
-        lb_streams[i] = testing::PostStream(port, "/v1/completions", lb_body.dump(),
+        lb_streams[i] = testing::PostStream(port, "/v1/completions", lb_body.dump(), nullptr,
                                             absl::Seconds(120), &lb_streaming[i]);
         lb_ended[i] = absl::Now();
       });

@@ -21,14 +21,15 @@ namespace duet::testing {
 std::string EtcdProcess::FindBinary() { return FindProgram("DUET_ETCD_BIN", "etcd"); }
 
 absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(std::string binary,
-                                                                absl::Duration ready_timeout) {
+                                                                absl::Duration ready_timeout,
+                                                                std::optional<tls::TlsFiles> tls) {
   const char* tmp = std::getenv("TMPDIR");
   std::string pattern =
       absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/duet-etcd-XXXXXX");
   if (mkdtemp(pattern.data()) == nullptr) {
     return absl::InternalError(absl::StrCat("mkdtemp ", pattern, " failed"));
   }
-  std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(std::move(binary), pattern));
+  std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(std::move(binary), pattern, std::move(tls)));
   absl::Status launched;
   for (int attempt = 0; attempt < 3; ++attempt) {  // new ports if one was taken meanwhile
     etcd->client_port_ = FreeLoopbackPort();
@@ -50,7 +51,7 @@ EtcdProcess::~EtcdProcess() {
 }
 
 std::string EtcdProcess::client_url() const {
-  return absl::StrCat("http://127.0.0.1:", client_port_);
+  return absl::StrCat(tls_.has_value() ? "https" : "http", "://127.0.0.1:", client_port_);
 }
 
 absl::Status EtcdProcess::Launch(absl::Duration ready_timeout) {
@@ -69,11 +70,15 @@ absl::Status EtcdProcess::Launch(absl::Duration ready_timeout) {
                            absl::StrCat("--initial-cluster=duet-test=", peer_url),
                            "--heartbeat-interval=50", "--election-timeout=500", "--logger=zap",
                            absl::StrCat("--log-outputs=", dir_, "/etcd.log")});
+  if (tls_.has_value()) {
+    argv.insert(argv.end(), {"--cert-file=" + tls_->cert_file, "--key-file=" + tls_->key_file,
+                             "--trusted-ca-file=" + tls_->ca_file, "--client-cert-auth"});
+  }
   child_ =
       std::make_unique<ChildProcess>(std::move(argv), ChildProcessOptions{.merge_stderr = true});
   if (!child_->started()) return absl::InternalError("fork/exec of etcd failed");
   absl::StatusOr<etcd::EtcdClient> client = etcd::EtcdClient::Create(
-      {.endpoints = {client_url()}, .call_deadline = absl::Milliseconds(500)});
+      {.endpoints = {client_url()}, .call_deadline = absl::Milliseconds(500), .tls = tls_});
   if (!client.ok()) return client.status();
   const absl::Time deadline = absl::Now() + ready_timeout;
   absl::Status last;

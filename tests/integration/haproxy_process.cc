@@ -92,7 +92,7 @@ absl::Status HaproxyProcess::Launch(const std::string& binary, const std::string
   api_port_ = FreeLoopbackPort();
   stats_port_ = FreeLoopbackPort();
   std::map<std::string, std::string> replace = options.replace;
-  replace[options.api_bind] = absl::StrCat("bind 127.0.0.1:", api_port_);
+  replace[options.api_bind] = absl::StrCat("bind 127.0.0.1:", api_port_, options.api_bind_options);
   replace[options.stats_bind] = absl::StrCat("bind 127.0.0.1:", stats_port_);
   absl::StatusOr<std::string> text = ReplaceAll(config, replace);
   if (!text.ok()) return text.status();

@@ -30,6 +30,8 @@ struct HaproxyOptions {
   // 127.0.0.1.
   std::string api_bind;
   std::string stats_bind;
+  // Appended to the API's bind (e.g. " ssl crt /etc/haproxy/lb.pem": HTTPS for clients).
+  std::string api_bind_options;
   // Further replacements (every occurrence of each key; e.g. server addresses).
   std::map<std::string, std::string> replace;
 };

@@ -197,8 +197,8 @@ TEST_F(HaproxyTest, StreamsServerSentEventsUnbuffered) {
                                {"max_tokens", 400},
                                {"ignore_eos", true},
                                {"stream", true}};
-  const Stream s = PostStream(lb_->api_port(), "/v1/chat/completions", body.dump());
-  ASSERT_TRUE(absl::StartsWith(s.all, "HTTP/1.1 200")) << s.all.substr(0, 500);
+  const Stream s = PostStream(lb_->api_port(), "/v1/chat/completions", body.dump(), nullptr);
+  ASSERT_EQ(s.status, 200) << s.all.substr(0, 500);
   ASSERT_TRUE(s.done) << s.all.substr(0, 500);
   ASSERT_GE(s.event_times.size(), 10u) << s.all.substr(0, 500);
   const absl::Duration first = s.event_times.front();
@@ -230,8 +230,8 @@ TEST_F(HaproxyTest, KilledServerIsRetriedAroundTakenOutAndTakenBack) {
   std::atomic<bool> streaming{false};
   Stream cut;
   std::jthread streamer([&] {
-    cut = PostStream(lb_->api_port(), "/v1/completions", stream_body.dump(), absl::Seconds(60),
-                     &streaming);
+    cut = PostStream(lb_->api_port(), "/v1/completions", stream_body.dump(), nullptr,
+                     absl::Seconds(60), &streaming);
   });
   const absl::Time stream_deadline = absl::Now() + absl::Seconds(30);
   while (!streaming.load() && absl::Now() < stream_deadline) absl::SleepFor(absl::Milliseconds(10));

@@ -1,13 +1,8 @@
 #include "tests/integration/lb_client.h"
 
-#include <arpa/inet.h>
 #include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
-#include <cerrno>
+#include <memory>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -16,74 +11,74 @@
 #include "absl/time/clock.h"
 
 namespace duet::testing {
+namespace {
+
+std::unique_ptr<httplib::Client> MakeClient(int port, const ClientTls* tls,
+                                            absl::Duration read_timeout) {
+  std::unique_ptr<httplib::Client> client;
+  if (tls == nullptr) {
+    client = std::make_unique<httplib::Client>(absl::StrCat("http://127.0.0.1:", port));
+  } else {
+    client = std::make_unique<httplib::Client>(absl::StrCat("https://127.0.0.1:", port),
+                                               tls->cert_file, tls->key_file);
+    client->set_ca_cert_path(tls->ca_file);
+    client->enable_server_certificate_verification(true);
+  }
+  client->set_connection_timeout(5);
+  client->set_read_timeout(std::max<int64_t>(1, absl::ToInt64Seconds(read_timeout)));
+  return client;
+}
+
+}  // namespace
 
 std::pair<int, std::string> PostJson(int port, const std::string& path, const nlohmann::json& body,
-                                     absl::Duration timeout) {
-  httplib::Client client("127.0.0.1", port);
-  client.set_connection_timeout(5);
-  client.set_read_timeout(absl::ToInt64Seconds(timeout));
-  httplib::Result res = client.Post(path, body.dump(), "application/json");
+                                     const ClientTls* tls, absl::Duration timeout) {
+  std::unique_ptr<httplib::Client> client = MakeClient(port, tls, timeout);
+  httplib::Result res = client->Post(path, body.dump(), "application/json");
   if (!res) return {0, httplib::to_string(res.error())};
   return {res->status, res->body};
 }
 
-Stream PostStream(int port, const std::string& path, const std::string& body,
+Stream PostStream(int port, const std::string& path, const std::string& body, const ClientTls* tls,
                   absl::Duration timeout, std::atomic<bool>* first_event) {
   Stream s;
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return s;
-  timeval tv{.tv_sec = 1, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return s;
-  }
-  const std::string req = absl::StrCat(
-      "POST ", path, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
-      "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  std::unique_ptr<httplib::Client> client = MakeClient(port, tls, timeout);
   const absl::Time start = absl::Now();
-  const absl::Time deadline = start + timeout;
-  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
-    close(fd);
-    return s;
-  }
-  char buf[65536];
-  while (absl::Now() < deadline) {
-    const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-      break;  // reset
-    }
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body;
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     const absl::Duration at = absl::Now() - start;
     const size_t before = s.all.size();
-    s.all.append(buf, n);
+    s.all.append(data, n);
     // Events that ended in this read (an event straddling reads counts once, where it starts).
     for (size_t pos = s.all.find("data: ", before > 5 ? before - 5 : 0); pos != std::string::npos;
          pos = s.all.find("data: ", pos + 1)) {
       s.event_times.push_back(at);
       if (first_event != nullptr) first_event->store(true);
     }
-  }
-  close(fd);
-  s.done = absl::StrContains(s.all, "data: [DONE]");
+    return absl::Now() - start < timeout;
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  const bool complete = client->send(req, res, error);
+  s.status = res.status > 0 ? res.status : 0;
+  if (!complete) s.all += absl::StrCat("\n[client: ", httplib::to_string(error), "]");
+  s.done = complete && absl::StrContains(s.all, "data: [DONE]");
   return s;
 }
 
-std::string ScrapeMetrics(int port) {
-  httplib::Client client("127.0.0.1", port);
-  client.set_connection_timeout(2);
-  client.set_read_timeout(5);
-  httplib::Result res = client.Get("/metrics");
+std::string ScrapeMetrics(int port, const ClientTls* tls) {
+  std::unique_ptr<httplib::Client> client = MakeClient(port, tls, absl::Seconds(5));
+  client->set_connection_timeout(2);
+  httplib::Result res = client->Get("/metrics");
   return res && res->status == 200 ? res->body : "";
 }
 
-double HttpRequests(int port, const std::string& path, int code) {
-  const std::string metrics = ScrapeMetrics(port);
+double HttpRequests(int port, const std::string& path, int code, const ClientTls* tls) {
+  const std::string metrics = ScrapeMetrics(port, tls);
   if (metrics.empty()) return -1;
   double total = 0;
   for (absl::string_view line : absl::StrSplit(metrics, '\n')) {

@@ -16,27 +16,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/integration/process_tls.h"
 #include "tests/integration/test_certificates.h"
 
 namespace duet {
 namespace {
 
 using namespace cluster_testing;  // NOLINT: the fixture's helpers
+using testing::ScopedProcessTls;
 using testing::TestCertificates;
 
 std::vector<std::string> GrpcTlsFlags(const std::string& ca, const TestCertificates::Leaf& leaf) {
   return {"--tls_ca_file=" + ca, "--tls_cert_file=" + leaf.cert_file,
           "--tls_key_file=" + leaf.key_file};
 }
-
-// This process's channels use `identity` for the scope (MakeChannel reads it).
-class ScopedProcessTls {
- public:
-  explicit ScopedProcessTls(std::optional<tls::TlsIdentity> identity) {
-    EXPECT_TRUE(rpc::SetProcessTls(std::move(identity)).ok());
-  }
-  ~ScopedProcessTls() { EXPECT_TRUE(rpc::SetProcessTls(std::nullopt).ok()); }
-};
 
 // `curl`: $DUET_CURL, else on PATH; "" when there is none.
 std::string FindCurl() { return testing::FindProgram("DUET_CURL", "curl"); }

@@ -221,9 +221,10 @@ std::string OtherValue(const absl::CommandLineFlag& f) {
 TEST(ChildFlagsTest, ServeLoopbackTakesEveryFlagOfItsChildrenButTheirOwn) {
   const CommandSpec& serve = SpecOf(CommandId::kServeLoopback);
   // Its children find each other by address: membership on etcd is not theirs.
-  const std::set<std::string> own = {"listen",      "address_file",    "coordinator",
-                                     "node_id",     "metrics_port",    "etcd_endpoints",
-                                     "etcd_prefix", "etcd_lease_ttl_s"};
+  const std::set<std::string> own = {"listen",         "address_file",     "coordinator",
+                                     "node_id",        "metrics_port",     "etcd_endpoints",
+                                     "etcd_prefix",    "etcd_lease_ttl_s", "etcd_ca_file",
+                                     "etcd_cert_file", "etcd_key_file"};
   for (CommandId child : {CommandId::kCoordinator, CommandId::kPrefill, CommandId::kDecode}) {
     for (const std::string& name : FlagNames(SpecOf(child))) {
       EXPECT_EQ(serve.Takes(name), !own.contains(name)) << name;

@@ -193,8 +193,29 @@ TEST(TypedFlagsTest, EtcdFlagsAreTypedAndANodeTakesOneDiscovery) {
     EXPECT_NE(node.status().message().find("--etcd-endpoints and --coordinator"), std::string::npos)
         << node.status();
   }
+  {
+    ScopedFlags flags({{"etcd_endpoints", "https://127.0.0.1:2379,https://127.0.0.1:2380"},
+                       {"etcd_ca_file", "/etc/etcd/ca.pem"},
+                       {"etcd_cert_file", "/etc/duet/node.pem"},
+                       {"etcd_key_file", "/etc/duet/node.key"}});
+    absl::StatusOr<etcd::EtcdMembershipOptions> m = ReadEtcdFlags();
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE(m->tls.has_value());
+    EXPECT_EQ(m->tls->ca_file, "/etc/etcd/ca.pem");
+    EXPECT_EQ(m->tls->cert_file, "/etc/duet/node.pem");
+    EXPECT_EQ(m->tls->key_file, "/etc/duet/node.key");
+    EXPECT_EQ(m->client_options().tls->key_file, "/etc/duet/node.key");
+  }
   for (const FlagValues& bad : std::vector<FlagValues>{
            {{"etcd_endpoints", "https://127.0.0.1:2379"}},
+           {{"etcd_endpoints", "https://127.0.0.1:2379,http://127.0.0.1:2380"},
+            {"etcd_ca_file", "ca.pem"}},
+           {{"etcd_endpoints", "https://127.0.0.1:2379"},
+            {"etcd_ca_file", "ca.pem"},
+            {"etcd_cert_file", "n.pem"}},
+           {{"etcd_endpoints", "http://127.0.0.1:2379"}, {"etcd_ca_file", "ca.pem"}},
+           {{"etcd_ca_file", "ca.pem"}},
+           {{"etcd_endpoints", "ftp://127.0.0.1:2379"}},
            {{"etcd_endpoints", "http://127.0.0.1:2379,"}},
            {{"etcd_endpoints", "http://127.0.0.1:2379"}, {"etcd_prefix", "/duet/"}},
            {{"etcd_endpoints", "http://127.0.0.1:2379"}, {"etcd_lease_ttl_s", "0"}},

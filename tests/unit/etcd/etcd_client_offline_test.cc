@@ -51,8 +51,25 @@ class LoopbackPort {
 
 TEST(EtcdClientOfflineTest, CreateRefusesBadEndpoints) {
   EXPECT_EQ(EtcdClient::Create({}).status().code(), absl::StatusCode::kInvalidArgument);
+  // https needs TLS files; TLS files need https; one scheme for all members; files that load.
   EXPECT_EQ(EtcdClient::Create({.endpoints = {"https://127.0.0.1:2379"}}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create({.endpoints = {"http://127.0.0.1:2379"},
+                                .tls = tls::TlsFiles{.ca_file = "/nonexistent/ca.pem"}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create({.endpoints = {"https://127.0.0.1:2379", "http://127.0.0.1:2380"},
+                                .tls = tls::TlsFiles{.ca_file = "/nonexistent/ca.pem"}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<EtcdClient> missing_ca =
+      EtcdClient::Create({.endpoints = {"https://127.0.0.1:2379"},
+                          .tls = tls::TlsFiles{.ca_file = "/nonexistent/ca.pem"}});
+  EXPECT_FALSE(missing_ca.ok());
+  EXPECT_NE(missing_ca.status().message().find("/nonexistent/ca.pem"), std::string::npos)
+      << missing_ca.status();
   EXPECT_EQ(
       EtcdClient::Create({.endpoints = {"127.0.0.1:2379"}, .call_deadline = absl::ZeroDuration()})
           .status()

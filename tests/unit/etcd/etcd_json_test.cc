@@ -247,7 +247,7 @@ TEST(LineSplitterTest, MessagesWhateverTheChunking) {
   EXPECT_TRUE(small.overflowed());
 }
 
-TEST(ParseEndpointTest, HttpHostPortOnly) {
+TEST(ParseEndpointTest, HttpOrHttpsHostPortOnly) {
   absl::StatusOr<Endpoint> e = ParseEndpoint("http://127.0.0.1:2379");
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->host, "127.0.0.1");
@@ -255,7 +255,13 @@ TEST(ParseEndpointTest, HttpHostPortOnly) {
   EXPECT_EQ(e->url, "http://127.0.0.1:2379");
   EXPECT_EQ(ParseEndpoint("localhost:2379/")->url, "http://localhost:2379");
   EXPECT_EQ(ParseEndpoint("http://[::1]:2379")->host, "::1");
-  for (const char* bad : {"https://127.0.0.1:2379", "http://127.0.0.1", "127.0.0.1:0",
+  EXPECT_FALSE(e->tls);
+  absl::StatusOr<Endpoint> secure = ParseEndpoint("https://etcd-0.example:2379/");
+  ASSERT_TRUE(secure.ok()) << secure.status();
+  EXPECT_TRUE(secure->tls);
+  EXPECT_EQ(secure->host, "etcd-0.example");
+  EXPECT_EQ(secure->url, "https://etcd-0.example:2379");
+  for (const char* bad : {"ftp://127.0.0.1:2379", "http://127.0.0.1", "127.0.0.1:0",
                           "127.0.0.1:70000", "http://h:1/v3", ":2379", ""}) {
     EXPECT_EQ(ParseEndpoint(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
