@@ -748,6 +748,14 @@ absl::Status HttpServer::Impl::SetUpTls() {
     if (!ec) {
       tls_->set_verify_mode(asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert, ec);
     }
+    // A client that resumes a session (HAProxy does, per server) is refused by OpenSSL with
+    // "session id context uninitialized" unless the context names one: sessions verified here
+    // may be resumed only here.
+    static constexpr unsigned char kSessionContext[] = "duet-https";
+    if (!ec && SSL_CTX_set_session_id_context(tls_->native_handle(), kSessionContext,
+                                              sizeof(kSessionContext) - 1) != 1) {
+      ec = error_code(static_cast<int>(::ERR_get_error()), asio::error::get_ssl_category());
+    }
     if (ec) {
       return absl::InvalidArgumentError(
           absl::StrCat("https: CA file ", id.files.ca_file, ": ", ec.message()));

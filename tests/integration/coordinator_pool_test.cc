@@ -10,7 +10,13 @@
 //   inter, and every node's blocks are free or cached within kReleaseBound.
 // - kill -9 of etcd for 10 s under load loses no request; once etcd is back every node is listed
 //   exactly once, on etcd and by each coordinator (a coordinator started afterwards included).
-// Skipped when etcd or haproxy is not installed.
+// It runs twice: in plaintext, and with TLS everywhere (docs/design.md §8 item 22): mutual TLS on
+// every gRPC channel, etcd on https with --client-cert-auth, HTTPS with client certificates on
+// the coordinators' HTTP APIs, and HAProxy terminating HTTPS for clients and speaking HTTPS with
+// a client certificate to the coordinators (its health checks included), every certificate from
+// one CA made per run with openssl; a client without a certificate is refused through HAProxy and
+// at a coordinator.
+// Skipped when etcd or haproxy (or, with TLS, openssl) is not installed.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -43,6 +49,8 @@
 #include "tests/integration/free_port.h"
 #include "tests/integration/haproxy_process.h"
 #include "tests/integration/lb_client.h"
+#include "tests/integration/process_tls.h"
+#include "tests/integration/test_certificates.h"
 
 #ifndef DUET_BIN
 #error "DUET_BIN must point at the duet binary"
@@ -57,6 +65,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::ChildProcess;
 using testing::HaproxyProcess;
+using testing::TestCertificates;
 
 constexpr char kPrefix[] = "/duet-pool";
 constexpr int kLeaseTtlSeconds = 2;
@@ -117,17 +126,26 @@ std::vector<int32_t> Prompt(int n, int seed) {
 // One `duet coordinator` on etcd with its HTTP API on a fixed port (the same after a restart).
 class Coordinator {
  public:
-  Coordinator(std::string model_dir, std::string etcd_url)
+  // `flags`: more flags (TLS); `tls`: how the test's HTTP client reaches its API (null: HTTP).
+  Coordinator(std::string model_dir, std::string etcd_url, std::vector<std::string> flags,
+              const testing::ClientTls* tls)
       : model_dir_(std::move(model_dir)),
         etcd_url_(std::move(etcd_url)),
+        flags_(std::move(flags)),
+        tls_(tls),
         http_port_(testing::FreeLoopbackPort()) {}
 
   // Its gRPC address once it serves HTTP too; "" when it did not start.
   std::string Start() {
-    process_ = std::make_unique<ChildProcess>(std::vector<std::string>{
-        DUET_BIN, "coordinator", "--model=" + model_dir_, "--listen=127.0.0.1:0",
-        "--etcd_endpoints=" + etcd_url_, absl::StrCat("--etcd_prefix=", kPrefix),
-        absl::StrCat("--http_port=", http_port_)});
+    std::vector<std::string> argv = {DUET_BIN,
+                                     "coordinator",
+                                     "--model=" + model_dir_,
+                                     "--listen=127.0.0.1:0",
+                                     "--etcd_endpoints=" + etcd_url_,
+                                     absl::StrCat("--etcd_prefix=", kPrefix),
+                                     absl::StrCat("--http_port=", http_port_)};
+    argv.insert(argv.end(), flags_.begin(), flags_.end());
+    process_ = std::make_unique<ChildProcess>(std::move(argv));
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
     std::string address;
     while (std::optional<std::string> line = process_->ReadLine(deadline)) {
@@ -148,11 +166,15 @@ class Coordinator {
   }
   int http_port() const { return http_port_; }
   v1::Generation::Stub& stub() { return *stub_; }
-  double Completions() const { return testing::HttpRequests(http_port_, "/v1/completions", 200); }
+  double Completions() const {
+    return testing::HttpRequests(http_port_, "/v1/completions", 200, tls_);
+  }
 
  private:
   std::string model_dir_;
   std::string etcd_url_;
+  std::vector<std::string> flags_;
+  const testing::ClientTls* tls_;
   int http_port_;
   std::unique_ptr<ChildProcess> process_;
   std::unique_ptr<v1::Generation::Stub> stub_;
@@ -171,9 +193,9 @@ struct Outcome {
 // streamed one of 48 tokens.
 class Load {
  public:
-  Load(int port, int clients) {
+  Load(int port, int clients, const testing::ClientTls* tls) {
     for (int c = 0; c < clients; ++c) {
-      threads_.emplace_back([this, port, c] {
+      threads_.emplace_back([this, port, c, tls] {
         for (int i = 0; !stop_.load(); ++i) {
           Outcome o{.sent = absl::Now(), .streamed = (i + c) % 3 == 0};
           nlohmann::json body = {{"prompt", Prompt(24 + 8 * (i % 5), c * 1000 + i)},
@@ -182,11 +204,12 @@ class Load {
                                  {"temperature", 0}};
           if (o.streamed) {
             body["stream"] = true;
-            const testing::Stream s = testing::PostStream(port, "/v1/completions", body.dump());
+            const testing::Stream s =
+                testing::PostStream(port, "/v1/completions", body.dump(), tls);
             o.ok = s.status == 200 && s.done;
             if (!o.ok) o.what = absl::StrCat("stream: ", s.all.substr(0, 300));
           } else {
-            const auto [status, reply] = testing::PostJson(port, "/v1/completions", body);
+            const auto [status, reply] = testing::PostJson(port, "/v1/completions", body, tls);
             o.ok = status == 200;
             if (!o.ok) o.what = absl::StrCat(status, " ", reply.substr(0, 300));
           }
@@ -214,7 +237,9 @@ class Load {
   std::vector<std::thread> threads_;
 };
 
-class CoordinatorPoolTest : public testing::EtcdFixture {
+// The parameter: TLS everywhere (true) or plaintext.
+class CoordinatorPoolTest : public testing::EtcdFixture,
+                            public ::testing::WithParamInterface<bool> {
  protected:
   static void SetUpTestSuite() {
     model_dir_ = (fs::temp_directory_path() / absl::StrCat("duet_coordinator_pool_test_", getpid()))
@@ -233,21 +258,86 @@ class CoordinatorPoolTest : public testing::EtcdFixture {
   static void TearDownTestSuite() { fs::remove_all(model_dir_); }
 
   void SetUp() override {
-    testing::EtcdFixture::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
     haproxy_binary_ = HaproxyProcess::FindBinary();
     if (haproxy_binary_.empty()) GTEST_SKIP() << HaproxyProcess::kMissing;
+    if (GetParam()) {
+      if (TestCertificates::FindOpenssl().empty()) GTEST_SKIP() << "no openssl on PATH";
+      ASSERT_NO_FATAL_FAILURE(MakeCertificates());
+    }
+    testing::EtcdFixture::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     shipped_ = ReadFile(std::string(DUET_SOURCE_DIR) + "/deploy/haproxy.cfg");
     ASSERT_TRUE(absl::StrContains(shipped_, kCheckTiming))
         << "deploy/haproxy.cfg no longer checks with " << kCheckTiming << ": update this test";
   }
 
+  // One CA; a certificate each for etcd, the coordinators, the nodes, HAProxy (its key
+  // appended: haproxy's `crt` takes both in one file) and the test's clients. etcd on https with
+  // them; this process's gRPC channels with the client's.
+  void MakeCertificates() {
+    absl::StatusOr<std::unique_ptr<TestCertificates>> pki = TestCertificates::Create();
+    ASSERT_TRUE(pki.ok()) << pki.status();
+    pki_ = *std::move(pki);
+    ASSERT_TRUE(pki_->AddCa("cluster").ok());
+    for (const char* name : {"etcd", "coordinator", "node", "haproxy", "client"}) {
+      absl::StatusOr<TestCertificates::Leaf> leaf = pki_->Issue("cluster", name);
+      ASSERT_TRUE(leaf.ok()) << leaf.status();
+      leaves_[name] = *leaf;
+    }
+    haproxy_pem_ = pki_->dir() + "/haproxy-bundle.pem";
+    std::ofstream(haproxy_pem_) << ReadFile(leaves_["haproxy"].cert_file)
+                                << ReadFile(leaves_["haproxy"].key_file);
+    etcd_tls_ = tls::TlsFiles{.ca_file = Ca(),
+                              .cert_file = leaves_["etcd"].cert_file,
+                              .key_file = leaves_["etcd"].key_file};
+    client_tls_ = testing::ClientTls{.ca_file = Ca(),
+                                     .cert_file = leaves_["client"].cert_file,
+                                     .key_file = leaves_["client"].key_file};
+    absl::StatusOr<tls::TlsIdentity> id = tls::LoadTlsIdentity(
+        {.ca_file = Ca(), .cert_file = client_tls_->cert_file, .key_file = client_tls_->key_file});
+    ASSERT_TRUE(id.ok()) << id.status();
+    grpc_tls_.emplace(*std::move(id));
+  }
+  std::string Ca() const { return pki_->CaFile("cluster"); }
+  // How the test's HTTP clients connect (null: plain HTTP).
+  const testing::ClientTls* Tls() const { return client_tls_ ? &*client_tls_ : nullptr; }
+
+  // The TLS flags of a duet process presenting `name`'s certificate: mutual TLS on gRPC, and the
+  // same files for etcd (one CA here; in a deployment etcd's may differ). None in plaintext.
+  std::vector<std::string> TlsFlags(const std::string& name) {
+    if (!GetParam()) return {};
+    const TestCertificates::Leaf& leaf = leaves_[name];
+    return {"--tls_ca_file=" + Ca(),
+            "--tls_cert_file=" + leaf.cert_file,
+            "--tls_key_file=" + leaf.key_file,
+            "--etcd_ca_file=" + Ca(),
+            "--etcd_cert_file=" + leaf.cert_file,
+            "--etcd_key_file=" + leaf.key_file};
+  }
+  // A coordinator's: those, and HTTPS requiring client certificates on its HTTP API.
+  std::vector<std::string> CoordinatorFlags() {
+    std::vector<std::string> flags = TlsFlags("coordinator");
+    if (GetParam()) {
+      const TestCertificates::Leaf& leaf = leaves_["coordinator"];
+      flags.insert(flags.end(), {"--ssl_certfile=" + leaf.cert_file,
+                                 "--ssl_keyfile=" + leaf.key_file, "--ssl_ca_certs=" + Ca()});
+    }
+    return flags;
+  }
+
   std::unique_ptr<ChildProcess> StartNode(const std::string& kind, const std::string& id) {
-    return std::make_unique<ChildProcess>(std::vector<std::string>{
-        DUET_BIN, kind, "--model=" + model_dir_, "--node_id=" + id,
-        "--etcd_endpoints=" + etcd_->client_url(), absl::StrCat("--etcd_prefix=", kPrefix),
-        absl::StrCat("--etcd_lease_ttl_s=", kLeaseTtlSeconds), "--threads=1",
-        "--kv_cache_bytes=67108864", "--transport=shm"});
+    std::vector<std::string> argv = {DUET_BIN,
+                                     kind,
+                                     "--model=" + model_dir_,
+                                     "--node_id=" + id,
+                                     "--etcd_endpoints=" + etcd_->client_url(),
+                                     absl::StrCat("--etcd_prefix=", kPrefix),
+                                     absl::StrCat("--etcd_lease_ttl_s=", kLeaseTtlSeconds),
+                                     "--threads=1",
+                                     "--kv_cache_bytes=67108864",
+                                     "--transport=shm"};
+    for (std::string& flag : TlsFlags("node")) argv.push_back(std::move(flag));
+    return std::make_unique<ChildProcess>(std::move(argv));
   }
 
   // Waits (at most `timeout`) until HAProxy holds server `i` UP (`up`) or not.
@@ -273,6 +363,11 @@ class CoordinatorPoolTest : public testing::EtcdFixture {
   }
 
   inline static std::string model_dir_;
+  std::unique_ptr<TestCertificates> pki_;
+  std::map<std::string, TestCertificates::Leaf> leaves_;
+  std::string haproxy_pem_;
+  std::optional<testing::ClientTls> client_tls_;
+  std::optional<testing::ScopedProcessTls> grpc_tls_;
   std::string haproxy_binary_;
   std::string shipped_;
   std::unique_ptr<HaproxyProcess> lb_;
@@ -288,11 +383,12 @@ bool WaitFor(absl::Duration timeout, Pred pred) {
   return pred();
 }
 
-TEST_F(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEtcd) {
+TEST_P(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEtcd) {
   // Declared first: stopped last, whatever fails.
   std::vector<std::unique_ptr<Coordinator>> coordinators;
   for (int i = 0; i < 2; ++i) {
-    coordinators.push_back(std::make_unique<Coordinator>(model_dir_, etcd_->client_url()));
+    coordinators.push_back(
+        std::make_unique<Coordinator>(model_dir_, etcd_->client_url(), CoordinatorFlags(), Tls()));
     ASSERT_FALSE(coordinators.back()->Start().empty()) << "coordinator " << i << " did not start";
   }
   Coordinator& a = *coordinators[0];
@@ -308,6 +404,14 @@ TEST_F(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
     })) << Health(c->stub()).ShortDebugString();
   }
   testing::HaproxyOptions options{.api_bind = "bind :8000", .stats_bind = "bind :8404"};
+  if (GetParam()) {
+    // HTTPS for clients, with their certificates checked; HTTPS with HAProxy's own certificate
+    // to the coordinators, theirs checked (the health checks go over it too).
+    options.api_bind_options =
+        absl::StrCat(" ssl crt ", haproxy_pem_, " ca-file ", Ca(), " verify required");
+    options.replace[kCheckTiming] =
+        absl::StrCat(kCheckTiming, " ssl verify required ca-file ", Ca(), " crt ", haproxy_pem_);
+  }
   for (int i = 0; i < 2; ++i) {
     options.replace[kShippedAddresses[i]] =
         absl::StrCat("127.0.0.1:", coordinators[i]->http_port());
@@ -321,9 +425,29 @@ TEST_F(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
   }
   const int port = lb_->api_port();
 
+  if (GetParam()) {
+    // A client without a certificate is refused through HAProxy and at a coordinator; so is
+    // one in plaintext.
+    const testing::ClientTls anonymous{.ca_file = Ca()};
+    const nlohmann::json body = {{"prompt", Prompt(8, 1)}, {"max_tokens", 2}};
+    for (int p : {port, a.http_port()}) {
+      const auto [status, reply] =
+          testing::PostJson(p, "/v1/completions", body, &anonymous, absl::Seconds(10));
+      EXPECT_EQ(status, 0) << "port " << p << " served a client without a certificate: " << reply;
+      const auto [plain, plain_reply] =
+          testing::PostJson(p, "/v1/completions", body, nullptr, absl::Seconds(10));
+      EXPECT_NE(plain, 200) << "port " << p << " served plaintext: " << plain_reply;
+    }
+    const auto [status, reply] =
+        testing::PostJson(port, "/v1/completions", body, Tls(), absl::Seconds(30));
+    EXPECT_EQ(status, 200) << reply;
+  }
+
   // Load through HAProxy: every request answered, by both coordinators.
   {
-    Load load(port, 4);
+    const double before_a = a.Completions();
+    const double before_b = b.Completions();
+    Load load(port, 4, Tls());
     absl::SleepFor(absl::Seconds(4));
     const std::vector<Outcome> out = load.Stop();
     int ok = 0;
@@ -331,8 +455,8 @@ TEST_F(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
       ok += o.ok;
       EXPECT_TRUE(o.ok) << o.what;
     }
-    const double via_a = a.Completions();
-    const double via_b = b.Completions();
+    const double via_a = a.Completions() - before_a;
+    const double via_b = b.Completions() - before_b;
     std::printf("spread: %zu requests, %d ok; coordinator a answered %.0f, b %.0f\n", out.size(),
                 ok, via_a, via_b);
     EXPECT_GE(via_a, 1) << "coordinator a answered none";
@@ -350,7 +474,7 @@ TEST_F(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
       Coordinator& via = turn % 2 == 0 ? a : b;
       const auto [status, reply] = testing::PostJson(
           via.http_port(), "/v1/completions",
-          {{"prompt", prompt}, {"max_tokens", 4}, {"ignore_eos", true}, {"temperature", 0}});
+          {{"prompt", prompt}, {"max_tokens", 4}, {"ignore_eos", true}, {"temperature", 0}}, Tls());
       ASSERT_EQ(status, 200) << reply;
       const nlohmann::json j = nlohmann::json::parse(reply, nullptr, false);
       ASSERT_TRUE(j.is_object()) << reply;
@@ -376,7 +500,7 @@ TEST_F(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
     testing::Stream cut;
     absl::Time cut_ended;
     std::thread streamer([&] {
-      cut = testing::PostStream(a.http_port(), "/v1/completions", long_body.dump(), nullptr,
+      cut = testing::PostStream(a.http_port(), "/v1/completions", long_body.dump(), Tls(),
                                 absl::Seconds(120), &streaming);
       cut_ended = absl::Now();
     });
@@ -389,13 +513,14 @@ TEST_F(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
     std::vector<std::thread> lb_streamers;
     for (int i = 0; i < 2; ++i) {
       lb_streamers.emplace_back([&, i] {
-        lb_streams[i] = testing::PostStream(port, "/v1/completions", lb_body.dump(), nullptr,
+        lb_streams[i] = testing::PostStream(port, "/v1/completions", lb_body.dump(), Tls(),
                                             absl::Seconds(120), &lb_streaming[i]);
         lb_ended[i] = absl::Now();
       });
-      ASSERT_TRUE(WaitFor(absl::Seconds(30), [&] { return lb_streaming[i].load(); }));
+      ASSERT_TRUE(WaitFor(absl::Seconds(30), [&] { return lb_streaming[i].load(); }))
+          << "no event through haproxy";
     }
-    Load load(port, 3);
+    Load load(port, 3, Tls());
     absl::SleepFor(absl::Seconds(1));
     const absl::Time killed = absl::Now();
     a.Kill();
@@ -462,7 +587,7 @@ TEST_F(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
   // kill -9 of etcd for 10 s under load: nothing lost; once it is back, every node is listed
   // exactly once, on etcd and by b.
   {
-    Load load(port, 2);
+    Load load(port, 2, Tls());
     absl::SleepFor(absl::Seconds(1));
     etcd_->Kill();
     const absl::Time down = absl::Now();
@@ -503,14 +628,17 @@ TEST_F(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
       return h.ready() && ListsEachNodeOnce(h);
     })) << Health(a.stub()).ShortDebugString();
     ASSERT_TRUE(WaitUp(0, true, kInter * 4)) << "the restarted coordinator was not taken back";
-    const auto [status, reply] =
-        testing::PostJson(a.http_port(), "/v1/completions",
-                          {{"prompt", Prompt(30, 5)}, {"max_tokens", 4}, {"ignore_eos", true}});
+    const auto [status, reply] = testing::PostJson(
+        a.http_port(), "/v1/completions",
+        {{"prompt", Prompt(30, 5)}, {"max_tokens", 4}, {"ignore_eos", true}}, Tls());
     EXPECT_EQ(status, 200) << reply;
     EXPECT_TRUE(WaitFor(absl::Seconds(5), [&] { return AllFree(Health(b.stub())); }))
         << Health(b.stub()).ShortDebugString();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Plaintext, CoordinatorPoolTest, ::testing::Values(false));
+INSTANTIATE_TEST_SUITE_P(Tls, CoordinatorPoolTest, ::testing::Values(true));
 
 }  // namespace
 }  // namespace duet

@@ -1,6 +1,7 @@
 // EtcdFixture: a gtest fixture that starts a real etcd (EtcdProcess) on loopback for each test
 // and connects an EtcdClient to it; skips when the etcd binary is absent, and prints etcd's log
-// tail when a test failed.
+// tail when a test failed. A subclass that sets etcd_tls_ before EtcdFixture::SetUp gets etcd on
+// https with --client-cert-auth, and the client presents those files too.
 //
 //   class MyEtcdTest : public EtcdFixture {};
 //   TEST_F(MyEtcdTest, Puts) { ASSERT_TRUE(client().Put("k", "v").ok()); etcd_->Kill(); ... }
@@ -24,11 +25,12 @@ class EtcdFixture : public ::testing::Test {
   void SetUp() override {
     const std::string binary = EtcdProcess::FindBinary();
     if (binary.empty()) GTEST_SKIP() << EtcdProcess::kMissing;
-    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start(binary);
+    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd =
+        EtcdProcess::Start(binary, absl::Seconds(20), etcd_tls_);
     ASSERT_TRUE(etcd.ok()) << etcd.status();
     etcd_ = *std::move(etcd);
     absl::StatusOr<etcd::EtcdClient> client = etcd::EtcdClient::Create(
-        {.endpoints = {etcd_->client_url()}, .call_deadline = absl::Seconds(2)});
+        {.endpoints = {etcd_->client_url()}, .call_deadline = absl::Seconds(2), .tls = etcd_tls_});
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
   }
@@ -38,6 +40,7 @@ class EtcdFixture : public ::testing::Test {
 
   etcd::EtcdClient& client() { return *client_; }
 
+  std::optional<tls::TlsFiles> etcd_tls_;  // set before SetUp: etcd on https
   std::unique_ptr<EtcdProcess> etcd_;
   std::optional<etcd::EtcdClient> client_;
 };

@@ -1,6 +1,8 @@
 // HttpServer over TLS (HttpServerOptions::tls) on 127.0.0.1, curl as the HTTPS client: a
 // request is served; a connection that never completes its handshake is closed at the header
-// deadline; over the connection limit the 503 still arrives, over TLS.
+// deadline; over the connection limit the 503 still arrives, over TLS; with client certificates
+// required, a client that resumes its TLS session (as HAProxy does) is served on every
+// reconnection (openssl s_client -reconnect).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -9,6 +11,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,8 +70,8 @@ class HttpsServerTest : public ::testing::Test {
     ASSERT_TRUE(id.ok()) << id.status();
     identity_ = *id;
   }
-  void Start(HttpServerOptions o) {
-    o.tls = identity_;
+  void Start(HttpServerOptions o, std::optional<tls::TlsIdentity> identity = std::nullopt) {
+    o.tls = identity ? *identity : identity_;
     auto server = HttpServer::Start(o, [](HttpRequest req, std::shared_ptr<HttpResponder> res) {
       res->Reply(200, {}, "text/plain", "hello " + req.path);
     });
@@ -115,6 +118,34 @@ TEST_F(HttpsServerTest, OverTheConnectionLimitThe503ArrivesOverTls) {
   const std::string refused = Get("/y");
   EXPECT_NE(refused.find("too_many_connections"), std::string::npos) << refused;
   EXPECT_EQ(refused.substr(refused.size() - 4), " 503") << refused;
+}
+
+TEST_F(HttpsServerTest, AClientThatResumesItsSessionIsServedWithClientCertificatesRequired) {
+  const std::string openssl = TestCertificates::FindOpenssl();
+  if (openssl.empty()) GTEST_SKIP() << "no openssl on PATH";
+  absl::StatusOr<TestCertificates::Leaf> client = pki_->Issue("ca", "client");
+  ASSERT_TRUE(client.ok()) << client.status();
+  tls::TlsIdentity mutual = identity_;
+  absl::StatusOr<std::string> ca = tls::LoadCaBundle(pki_->CaFile("ca"));
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  mutual.ca_pem = *ca;
+  mutual.files.ca_file = pki_->CaFile("ca");
+  Start({}, mutual);
+  // One full handshake, then five reconnections offering the session again.
+  testing::ChildProcess s_client(
+      {openssl, "s_client", "-connect", "127.0.0.1:" + std::to_string(server_->port()), "-CAfile",
+       pki_->CaFile("ca"), "-cert", client->cert_file, "-key", client->key_file, "-reconnect",
+       "-tls1_2"},
+      {.merge_stderr = true});
+  const std::string out = s_client.ReadAll(absl::Now() + absl::Seconds(20));
+  s_client.Wait(absl::Seconds(5));
+  size_t reused = 0;
+  for (size_t at = out.find("\nReused, "); at != std::string::npos;
+       at = out.find("\nReused, ", at + 1)) {
+    ++reused;
+  }
+  EXPECT_EQ(reused, 5u) << out;
+  EXPECT_EQ(out.find("alert"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "tests/integration/lb_client.h"
 
 #include <httplib.h>
+#include <signal.h>
 
 #include <memory>
 
@@ -15,6 +16,10 @@ namespace {
 
 std::unique_ptr<httplib::Client> MakeClient(int port, const ClientTls* tls,
                                             absl::Duration read_timeout) {
+  // OpenSSL writes to the socket with write(2): a peer that closed it (a refused handshake)
+  // would kill the test with SIGPIPE instead of failing the request.
+  static const bool sigpipe_ignored = [] { return signal(SIGPIPE, SIG_IGN) != SIG_ERR; }();
+  (void)sigpipe_ignored;
   std::unique_ptr<httplib::Client> client;
   if (tls == nullptr) {
     client = std::make_unique<httplib::Client>(absl::StrCat("http://127.0.0.1:", port));
