@@ -3,8 +3,9 @@
 // themselves there (no --coordinator), as real processes on 127.0.0.1. Both coordinators serve
 // the same prompt token-exact; the second turn of a chat sent to the other coordinator hits the
 // prefix cache the first turn filled; the nodes' status streams keep them alive past the
-// heartbeat timeout; a node announced with another compute is refused by both
-// and listed in their Health (gRPC and GET /health) with the reason; a prefill node killed with
+// heartbeat timeout; a node announced with another compute, KV layout or prefix-cache seed is
+// refused by both, naming its value and the cluster's, and listed in their Health (gRPC and GET
+// /health) with the reason; a prefill node killed with
 // SIGKILL is gone from both within one lease TTL (+1 s) and requests keep succeeding. Skipped only
 // when no etcd is installed.
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,10 +26,13 @@
 #include "absl/time/clock.h"
 #include "cluster/etcd/etcd_client.h"
 #include "cluster/etcd/node_record.h"
+#include "common/kv/block_hash.h"
+#include "common/kv/kv_layout.h"
 #include "common/model/synthetic_model.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "proto/channel.h"
+#include "proto/kv_layout_convert.h"
 #include "proto/status_util.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/etcd_fixture.h"
@@ -231,51 +236,85 @@ TEST_F(EtcdClusterTest, TwoCoordinatorsServeOneNodePool) {
     }
   }
 
-  // A node announced with another compute than the cluster's: refused by both, listed in their
-  // Health with the reason, not routed to; listed no more once its announcement goes.
+  // A node announced with another compute, KV layout or prefix-cache seed than the cluster's:
+  // refused by both, each naming the node's value and the cluster's, listed in their Health
+  // with the reason, not routed to; listed no more once its announcement goes.
   {
     const std::string decode_key = absl::StrCat(kPrefix, "/nodes/decode-0");
     absl::StatusOr<etcd::RangeResult> got = client().Get(decode_key);
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_EQ(got->kvs.size(), 1u);
-    absl::StatusOr<v1::RegisterRequest> reg = etcd::DecodeNodeRecord(kPrefix, got->kvs[0]);
-    ASSERT_TRUE(reg.ok()) << reg.status();
-    reg->mutable_node()->set_node_id("decode-odd");
-    reg->mutable_node()->set_epoch(etcd::NextNodeEpoch(0));
-    reg->mutable_compute()->set_cpu_gemm("openblas");
-    absl::StatusOr<std::string> value = etcd::EncodeNodeValue(*reg);
-    ASSERT_TRUE(value.ok()) << value.status();
-    absl::StatusOr<etcd::Lease> lease = client().GrantLease(absl::Seconds(30));
-    ASSERT_TRUE(lease.ok()) << lease.status();
-    ASSERT_TRUE(client().Put(absl::StrCat(kPrefix, "/nodes/decode-odd"), *value, lease->id).ok());
-    ASSERT_TRUE(WaitAll(both, absl::Seconds(5), [](const v1::HealthResponse& h) {
-      return RefusedIn(h, "decode-odd") != nullptr;
-    })) << Health(*a).ShortDebugString();
-    for (int port : {http_a, http_b}) {  // GET /health says the same
-      const testing::Reply reply = testing::Exchange(port, "GET", "/health", "");
-      ASSERT_EQ(reply.status, 200) << reply.head << reply.body;
-      const nlohmann::json j = nlohmann::json::parse(reply.body, nullptr, false);
-      ASSERT_TRUE(j.is_object()) << reply.body;
-      EXPECT_EQ(j.value("discovery", ""), discovery) << reply.body;
-      ASSERT_TRUE(j["refused_nodes"].is_array() && j["refused_nodes"].size() == 1) << reply.body;
-      EXPECT_EQ(j["refused_nodes"][0].value("node_id", ""), "decode-odd") << reply.body;
-      EXPECT_TRUE(absl::StrContains(j["refused_nodes"][0].value("reason", ""), "openblas"))
-          << reply.body;
+    absl::StatusOr<v1::RegisterRequest> cluster_reg = etcd::DecodeNodeRecord(kPrefix, got->kvs[0]);
+    ASSERT_TRUE(cluster_reg.ok()) << cluster_reg.status();
+    absl::StatusOr<kv::KvLayout> cluster_layout = rpc::FromProto(cluster_reg->layout());
+    ASSERT_TRUE(cluster_layout.ok()) << cluster_layout.status();
+    const kv::BlockHash cluster_seed{.low = cluster_reg->prefix_cache().seed_low(),
+                                     .high = cluster_reg->prefix_cache().seed_high()};
+    ASSERT_TRUE(cluster_reg->prefix_cache().enabled());
+    struct Odd {
+      const char* what;
+      std::function<void(v1::RegisterRequest&)> change;
+      std::vector<std::string> named;  // in the reason: the node's value and the cluster's
+    };
+    kv::KvLayout odd_layout = *cluster_layout;
+    odd_layout.block_size = cluster_layout->block_size * 2;
+    const kv::BlockHash odd_seed{.low = cluster_seed.low ^ 1, .high = cluster_seed.high};
+    const std::vector<Odd> odds = {
+        {"compute",
+         [](v1::RegisterRequest& r) { r.mutable_compute()->set_cpu_gemm("openblas"); },
+         {"openblas", "invariant"}},
+        {"KV layout",
+         [&](v1::RegisterRequest& r) { *r.mutable_layout() = rpc::ToProto(odd_layout); },
+         {odd_layout.Describe(), cluster_layout->Describe()}},
+        {"prefix-cache seed",
+         [&](v1::RegisterRequest& r) {
+           r.mutable_prefix_cache()->set_seed_low(odd_seed.low);
+           r.mutable_prefix_cache()->set_seed_high(odd_seed.high);
+         },
+         {odd_seed.ToHex(), cluster_seed.ToHex()}}};
+    for (const Odd& odd : odds) {
+      SCOPED_TRACE(odd.what);
+      v1::RegisterRequest reg = *cluster_reg;
+      reg.mutable_node()->set_node_id("decode-odd");
+      reg.mutable_node()->set_epoch(etcd::NextNodeEpoch(0));
+      odd.change(reg);
+      absl::StatusOr<std::string> value = etcd::EncodeNodeValue(reg);
+      ASSERT_TRUE(value.ok()) << value.status();
+      absl::StatusOr<etcd::Lease> lease = client().GrantLease(absl::Seconds(30));
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      ASSERT_TRUE(client().Put(absl::StrCat(kPrefix, "/nodes/decode-odd"), *value, lease->id).ok());
+      ASSERT_TRUE(WaitAll(both, absl::Seconds(5), [&](const v1::HealthResponse& h) {
+        const v1::RefusedNode* r = RefusedIn(h, "decode-odd");
+        return r != nullptr && r->epoch() == reg.node().epoch();
+      })) << Health(*a).ShortDebugString();
+      for (int port : {http_a, http_b}) {  // GET /health says the same
+        const testing::Reply reply = testing::Exchange(port, "GET", "/health", "");
+        ASSERT_EQ(reply.status, 200) << reply.head << reply.body;
+        const nlohmann::json j = nlohmann::json::parse(reply.body, nullptr, false);
+        ASSERT_TRUE(j.is_object()) << reply.body;
+        EXPECT_EQ(j.value("discovery", ""), discovery) << reply.body;
+        ASSERT_TRUE(j["refused_nodes"].is_array() && j["refused_nodes"].size() == 1) << reply.body;
+        EXPECT_EQ(j["refused_nodes"][0].value("node_id", ""), "decode-odd") << reply.body;
+        for (const std::string& named : odd.named) {
+          EXPECT_TRUE(absl::StrContains(j["refused_nodes"][0].value("reason", ""), named))
+              << named << " not in " << reply.body;
+        }
+      }
+      for (v1::Generation::Stub* s : both) {
+        const v1::HealthResponse h = Health(*s);
+        const v1::RefusedNode* r = RefusedIn(h, "decode-odd");
+        ASSERT_NE(r, nullptr);
+        for (const std::string& named : odd.named) {
+          EXPECT_TRUE(absl::StrContains(r->reason(), named)) << named << " not in " << r->reason();
+        }
+        EXPECT_FALSE(Lists(h, "decode-odd"));
+        EXPECT_EQ(h.decode_nodes(), 1);
+      }
+      ASSERT_TRUE(client().RevokeLease(lease->id).ok());
+      EXPECT_TRUE(WaitAll(both, absl::Seconds(5), [](const v1::HealthResponse& h) {
+        return h.refused_nodes_size() == 0;
+      })) << Health(*a).ShortDebugString();
     }
-    for (v1::Generation::Stub* s : both) {
-      const v1::HealthResponse h = Health(*s);
-      const v1::RefusedNode* r = RefusedIn(h, "decode-odd");
-      ASSERT_NE(r, nullptr);
-      EXPECT_EQ(r->epoch(), reg->node().epoch());
-      EXPECT_TRUE(absl::StrContains(r->reason(), "openblas")) << r->reason();
-      EXPECT_TRUE(absl::StrContains(r->reason(), "invariant")) << r->reason();
-      EXPECT_FALSE(Lists(h, "decode-odd"));
-      EXPECT_EQ(h.decode_nodes(), 1);
-    }
-    ASSERT_TRUE(client().RevokeLease(lease->id).ok());
-    EXPECT_TRUE(WaitAll(both, absl::Seconds(5), [](const v1::HealthResponse& h) {
-      return h.refused_nodes_size() == 0;
-    })) << Health(*a).ShortDebugString();
   }
 
   // prefill-1 crashes: within one lease TTL (+1 s) neither coordinator lists it (so neither
