@@ -176,6 +176,23 @@ absl::Status NodeRuntime::Join(JoinArgs args) {
                                                    .start_timeout = options_.register_timeout,
                                                    .on_new_epoch = std::move(on_new_incarnation)}));
     epoch_.store(announcer_->epoch());
+    // Read while the exporter runs; it stops before announcer_ goes (Shutdown).
+    metrics_registry_.AddGaugeCallback(
+        "duet_node_etcd_announced",
+        "1 while this node's key is on etcd under a lease it holds (0 from a lost lease until "
+        "it is announced again)",
+        {"node"}, [this, id = options_.node_id] {
+          return std::vector<metrics::Sample>{
+              {{id}, announcer_ && announcer_->announced() ? 1.0 : 0.0}};
+        });
+    metrics_registry_.AddGaugeCallback(
+        "duet_node_etcd_lease_unconfirmed",
+        "1 while no keepalive of this node's lease got through for a whole TTL (etcd away; the "
+        "lease is kept and the node keeps serving)",
+        {"node"}, [this, id = options_.node_id] {
+          return std::vector<metrics::Sample>{
+              {{id}, announcer_ && announcer_->lease_unconfirmed() ? 1.0 : 0.0}};
+        });
     return absl::OkStatus();
   }
   DUET_ASSIGN_OR_RETURN(member_, MembershipClient::Start(

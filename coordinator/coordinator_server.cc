@@ -247,6 +247,11 @@ absl::Status CoordinatorServer::Impl::StartEtcdWatch() {
       "duet_coordinator_etcd_listings",
       "Listings of the nodes on etcd made so far (1 at start, one more per compaction met)", {},
       read([](const etcd::EtcdNodeWatcher& w) { return w.listings(); }));
+  r.AddGaugeCallback(
+      "duet_coordinator_etcd_errors",
+      "Errors from etcd met by the coordinator's watch of the nodes (ended watches, failed "
+      "listings and watch creations); it keeps routing over the nodes it knows meanwhile",
+      {}, read([](const etcd::EtcdNodeWatcher& w) { return w.etcd_errors(); }));
   r.AddGaugeCallback("duet_coordinator_etcd_refused_values",
                      "Values under the nodes' prefix on etcd that were not valid node records", {},
                      read([](const etcd::EtcdNodeWatcher& w) { return w.refused_values(); }));

@@ -82,6 +82,11 @@ bool EtcdNodeAnnouncer::announced() const {
   return keeper_ != nullptr && !lost_;
 }
 
+bool EtcdNodeAnnouncer::lease_unconfirmed() const {
+  absl::MutexLock lock(&mu_);
+  return keeper_ != nullptr && !lost_ && keeper_->unconfirmed();
+}
+
 absl::Status EtcdNodeAnnouncer::AnnounceOnce(uint64_t epoch) {
   duet::v1::RegisterRequest registration = options_.registration;
   registration.mutable_node()->set_epoch(epoch);

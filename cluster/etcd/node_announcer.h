@@ -73,6 +73,9 @@ class EtcdNodeAnnouncer {
   int64_t lease_id() const;
   // False from a lost lease until the next incarnation is announced.
   bool announced() const;
+  // True while the lease's keepalives fail and none has been confirmed for a whole TTL (etcd
+  // away: the lease is kept, LeaseKeeper::unconfirmed).
+  bool lease_unconfirmed() const;
 
  private:
   EtcdNodeAnnouncer(EtcdClient etcd, EtcdNodeAnnouncerOptions options, std::string key);

@@ -79,6 +79,16 @@ int64_t EtcdNodeWatcher::listings() const {
   return listings_;
 }
 
+int64_t EtcdNodeWatcher::etcd_errors() const {
+  absl::MutexLock lock(&mu_);
+  return etcd_errors_;
+}
+
+void EtcdNodeWatcher::CountEtcdError() {
+  absl::MutexLock lock(&mu_);
+  ++etcd_errors_;
+}
+
 bool EtcdNodeWatcher::watching() const {
   absl::MutexLock lock(&mu_);
   return watching_;
@@ -121,6 +131,7 @@ void EtcdNodeWatcher::OnEvent(absl::StatusOr<WatchEvent> event) {
     absl::MutexLock lock(&mu_);
     if (!event.ok()) {
       watching_ = false;
+      ++etcd_errors_;
       watch_error_ = event.status();
       return;
     }
@@ -185,6 +196,7 @@ void EtcdNodeWatcher::Run() {
       continue;
     }
     if (!watched.ok()) {
+      CountEtcdError();
       if (++failures == 1) {
         DUET_LOG(WARNING) << "membership: cannot watch " << nodes_prefix_
                           << "; known nodes kept, retrying: " << watched;

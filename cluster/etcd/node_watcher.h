@@ -77,6 +77,9 @@ class EtcdNodeWatcher {
   int64_t listings() const;
   // True while a watch is established (false from its failure until it is watching again).
   bool watching() const;
+  // Errors from etcd so far: watches that ended (a broken stream, a failed probe, compaction) and
+  // listings or watch creations that failed.
+  int64_t etcd_errors() const;
 
  private:
   EtcdNodeWatcher(EtcdClient etcd, EtcdNodeWatcherOptions options, std::string nodes_prefix);
@@ -85,6 +88,7 @@ class EtcdNodeWatcher {
   // Watches from revision() + 1.
   absl::Status Watch();
   void OnEvent(absl::StatusOr<WatchEvent> event);
+  void CountEtcdError();
   // The changes an event makes to the view; counts and logs a refused value.
   std::vector<NodeChange> ApplyLocked(const WatchEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decodes `kv`; nullopt (counted, logged) when refused.
@@ -107,6 +111,7 @@ class EtcdNodeWatcher {
   int64_t refused_values_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t listings_ ABSL_GUARDED_BY(mu_) = 0;
   bool watching_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t etcd_errors_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<absl::Status> watch_error_ ABSL_GUARDED_BY(mu_);  // the watch's last call
   std::unique_ptr<WatchHandle> watch_;  // the thread's (the destructor's once it is joined)
   std::thread thread_;

@@ -335,7 +335,8 @@ class CoordinatorPoolTest : public testing::EtcdFixture,
                                      absl::StrCat("--etcd_lease_ttl_s=", kLeaseTtlSeconds),
                                      "--threads=1",
                                      "--kv_cache_bytes=67108864",
-                                     "--transport=shm"};
+                                     "--transport=shm",
+                                     "--metrics_port=-1"};
     for (std::string& flag : TlsFlags("node")) argv.push_back(std::move(flag));
     return std::make_unique<ChildProcess>(std::move(argv));
   }
@@ -372,6 +373,39 @@ class CoordinatorPoolTest : public testing::EtcdFixture,
   std::string shipped_;
   std::unique_ptr<HaproxyProcess> lb_;
 };
+
+// Metric `name` of every node `h` lists, by node id, from its own /metrics (plain HTTP: the
+// nodes' exporters have no TLS); -1 for a node whose scrape failed or lacks it.
+std::map<std::string, double> NodeMetric(const v1::HealthResponse& h, const std::string& name) {
+  std::map<std::string, double> out;
+  for (const v1::NodeStatus& n : h.nodes()) {
+    const std::string& address = n.metrics_address();
+    int port = 0;
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+      out[n.node_id()] = -1;
+      continue;
+    }
+    out[n.node_id()] = testing::SumSamples(testing::ScrapeMetrics(port), name);
+  }
+  return out;
+}
+
+std::string Describe(const std::map<std::string, double>& m) {
+  std::string out;
+  for (const auto& [k, v] : m) absl::StrAppend(&out, k, "=", v, " ");
+  return out;
+}
+
+// Whether each of the four nodes has `value` for metric `name`.
+bool AllNodesAt(const v1::HealthResponse& h, const std::string& name, double value) {
+  const std::map<std::string, double> got = NodeMetric(h, name);
+  if (got.size() != 4) return false;
+  for (const auto& [id, v] : got) {
+    if (v != value) return false;
+  }
+  return true;
+}
 
 template <typename Pred>
 bool WaitFor(absl::Duration timeout, Pred pred) {
@@ -592,6 +626,16 @@ TEST_P(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
     etcd_->Kill();
     const absl::Time down = absl::Now();
     absl::SleepFor(absl::Seconds(10));
+    // Meanwhile every node reports its lease unconfirmed (kept) and b the etcd errors it met.
+    const v1::HealthResponse away = Health(b.stub());
+    EXPECT_TRUE(AllNodesAt(away, "duet_node_etcd_lease_unconfirmed", 1))
+        << "a node did not report its lease unconfirmed: "
+        << Describe(NodeMetric(away, "duet_node_etcd_lease_unconfirmed"))
+        << away.ShortDebugString();
+    EXPECT_TRUE(AllNodesAt(away, "duet_node_etcd_announced", 1));
+    EXPECT_GE(testing::SumSamples(testing::ScrapeMetrics(b.http_port(), Tls()),
+                                  "duet_coordinator_etcd_errors"),
+              1);
     ASSERT_TRUE(etcd_->Restart().ok());
     std::printf("etcd back after %s\n", absl::FormatDuration(absl::Now() - down).c_str());
     absl::SleepFor(absl::Seconds(kLeaseTtlSeconds + 3));
@@ -613,6 +657,10 @@ TEST_P(CoordinatorPoolTest, TwoCoordinatorsBehindHaproxySurviveACoordinatorAndEt
       }
       return ListsEachNodeOnce(Health(b.stub()));
     })) << Health(b.stub()).ShortDebugString();
+    EXPECT_TRUE(WaitFor(absl::Seconds(5), [&] {
+      return AllNodesAt(Health(b.stub()), "duet_node_etcd_lease_unconfirmed", 0);
+    }));
+    EXPECT_TRUE(AllNodesAt(Health(b.stub()), "duet_node_etcd_announced", 1));
     // And it stays so (no late duplicate).
     absl::SleepFor(absl::Seconds(1));
     EXPECT_TRUE(ListsEachNodeOnce(Health(b.stub()))) << Health(b.stub()).ShortDebugString();

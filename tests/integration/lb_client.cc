@@ -82,21 +82,33 @@ std::string ScrapeMetrics(int port, const ClientTls* tls) {
   return res && res->status == 200 ? res->body : "";
 }
 
+double SumSamples(const std::string& metrics, const std::string& name,
+                  const std::vector<std::string>& label_parts) {
+  double total = 0;
+  bool found = false;
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (!absl::ConsumePrefix(&line, name) || line.empty() || (line[0] != '{' && line[0] != ' ')) {
+      continue;
+    }
+    const size_t space = line.rfind(' ');
+    const absl::string_view labels = line.substr(0, space);
+    bool all = true;
+    for (const std::string& part : label_parts) all = all && absl::StrContains(labels, part);
+    double v = 0;
+    if (!all || !absl::SimpleAtod(line.substr(space + 1), &v)) continue;
+    total += v;
+    found = true;
+  }
+  return found ? total : -1;
+}
+
 double HttpRequests(int port, const std::string& path, int code, const ClientTls* tls) {
   const std::string metrics = ScrapeMetrics(port, tls);
   if (metrics.empty()) return -1;
-  double total = 0;
-  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
-    if (!absl::StartsWith(line, "duet_http_requests_total{") ||
-        !absl::StrContains(line, absl::StrCat("path=\"", path, "\"")) ||
-        !absl::StrContains(line, absl::StrCat("code=\"", code, "\""))) {
-      continue;
-    }
-    double v = 0;
-    if (!absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return -1;
-    total += v;
-  }
-  return total;
+  const double served =
+      SumSamples(metrics, "duet_http_requests_total",
+                 {absl::StrCat("path=\"", path, "\""), absl::StrCat("code=\"", code, "\"")});
+  return served < 0 ? 0 : served;
 }
 
 }  // namespace duet::testing

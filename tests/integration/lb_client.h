@@ -49,8 +49,12 @@ Stream PostStream(int port, const std::string& path, const std::string& body,
                   const ClientTls* tls = nullptr, absl::Duration timeout = absl::Seconds(60),
                   std::atomic<bool>* first_event = nullptr);
 
-// GET /metrics of the duet HTTP front on `port`; "" when the scrape fails.
+// GET /metrics of the duet HTTP front (or a node's exporter) on `port`; "" when the scrape fails.
 std::string ScrapeMetrics(int port, const ClientTls* tls = nullptr);
+// The sum of metric `name`'s samples in Prometheus text `metrics` whose labels contain each of
+// `label_parts` (e.g. "code=\"200\""); -1 when it has none.
+double SumSamples(const std::string& metrics, const std::string& name,
+                  const std::vector<std::string>& label_parts = {});
 // duet_http_requests_total of that front for `path` answered with `code` (summed over its other
 // labels); -1 when the scrape fails.
 double HttpRequests(int port, const std::string& path, int code, const ClientTls* tls = nullptr);
