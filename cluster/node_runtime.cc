@@ -56,6 +56,11 @@ absl::Status NodeRuntime::Init(const NodeRuntimeRole& role) {
     return absl::FailedPreconditionError(
         absl::StrCat(o.model_dir, ": the ", role.role, " needs the model's tokenizer files"));
   }
+  if (engine_->has_tokenizer()) {
+    DUET_ASSIGN_OR_RETURN(grammar_, grammar::GrammarCompiler::Create(
+                                        engine_->tokenizer(), engine_->runner().config().vocab_size,
+                                        grammar::GrammarCompilerOptions{}));
+  }
   layout_ = engine_->runner().MakeKvLayout(o.block_size);
   DUET_RETURN_IF_ERROR(layout_.Validate());
   DUET_ASSIGN_OR_RETURN(num_blocks_, PoolBlocks(o.kv_cache_bytes, layout_));

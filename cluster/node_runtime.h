@@ -40,6 +40,7 @@
 #include "cluster/types.h"
 #include "common/compute/kv_memory.h"
 #include "common/engine/local_engine.h"
+#include "common/grammar/grammar_compiler.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/kv_layout.h"
 #include "common/metrics/http_exporter.h"
@@ -109,6 +110,9 @@ class NodeRuntime {
   const NodeRuntimeOptions& options() const { return options_; }
   model::LocalEngine& engine() { return *engine_; }  // its own pool is one block, unused
   model::ModelRunner& runner() { return engine_->runner(); }
+  // Structured output's grammar compiler for the model's tokenizer (one per node, its cache
+  // shared by every request); null when the model has no tokenizer.
+  grammar::GrammarCompiler* grammar() const { return grammar_.get(); }
   compute::ComputeBackend& backend() { return engine_->backend(); }
   const kv::KvLayout& layout() const { return layout_; }
   int64_t num_blocks() const { return num_blocks_; }     // of the node's pool
@@ -148,6 +152,7 @@ class NodeRuntime {
   const NodeRuntimeOptions options_;
   metrics::Registry metrics_registry_;
   std::unique_ptr<model::LocalEngine> engine_;
+  std::unique_ptr<grammar::GrammarCompiler> grammar_;
   kv::KvLayout layout_;
   int64_t num_blocks_ = 0;
   size_t region_bytes_ = 0;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/grammar/grammar_constraint.h"
 
 namespace duet::colocated {
 namespace {
@@ -98,6 +99,12 @@ absl::StatusOr<std::shared_ptr<ColocatedStream>> ColocatedScheduler::Submit(Subm
   r->id = std::move(args.request_id);
   r->seq = engine::Sequence(/*id=*/0, std::move(args.prompt), /*generated_before=*/0,
                             std::move(args.sampling), options_.eos_ids);
+  // Structured output: compiled here, on the caller's thread, never on the scheduler's. A
+  // preempted request keeps its constraint (its tokens stay; only its KV goes).
+  absl::StatusOr<std::unique_ptr<model::TokenConstraint>> constraint =
+      grammar::ConstraintFor(options_.grammar, r->seq.params, r->seq.given_output());
+  if (!constraint.ok()) return Annotate(constraint.status(), what);
+  r->seq.constraint = *std::move(constraint);
   r->submitted = absl::Now();
   r->queued_at = r->submitted;
   r->deadline = args.deadline == absl::InfiniteFuture() ? r->submitted + options_.default_deadline
@@ -337,6 +344,10 @@ void ColocatedScheduler::RunStep(std::vector<Item>& items) {
     if (prefills[i]) {
       r.compute_us += Micros(t1 - t0);
       ++r.chunks;
+    }
+    if (!o.error.ok()) {
+      Fail(r, Annotate(o.error, absl::StrCat(options_.name, ": forward step")));
+      continue;
     }
     if (!o.sampled) continue;
     ColocatedEvent ev{.has_token = true, .index = r.seq.generated() - 1};

@@ -49,6 +49,7 @@
 #include "common/base/event_stream.h"
 #include "common/engine/finish_reason.h"
 #include "common/engine/step_runner.h"
+#include "common/grammar/grammar_compiler.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/model/model_runner.h"
@@ -99,6 +100,9 @@ struct ColocatedSchedulerOptions {
   int64_t max_batch_tokens = 2048;  // token budget of one step (decodes + prefill chunks)
   int max_running = 64;             // requests holding KV (prefilling or decoding)
   std::vector<int32_t> eos_ids;
+  // Structured output's compiler (the node's; NodeRuntime::grammar): a request with a grammar
+  // gets its constraint at admission. Null: such a request is refused (FailedPrecondition).
+  grammar::GrammarCompiler* grammar = nullptr;
   // Longest a request waits for a batch slot and KV room before it is refused.
   absl::Duration admission_timeout = absl::Seconds(60);
   // Deadline of a request submitted without one.

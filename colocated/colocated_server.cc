@@ -43,6 +43,7 @@ absl::Status ColocatedServer::Init() {
                                               .max_batch_tokens = o.max_batch_tokens,
                                               .max_running = o.max_running,
                                               .eos_ids = engine.tokenizer().eos_ids(),
+                                              .grammar = runtime_->grammar(),
                                               .enable_prefix_caching = ro.enable_prefix_caching},
                                              &engine.runner(), pool));
   service_ = std::make_unique<ColocatedService>(

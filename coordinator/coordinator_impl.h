@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cluster/etcd/node_watcher.h"
 #include "common/config/model_config.h"
+#include "common/grammar/grammar_compiler.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/active_requests.h"
 #include "coordinator/background_calls.h"
@@ -74,6 +75,9 @@ class CoordinatorServer::Impl : public http::GenerationBackend {
   const CoordinatorOptions options_;
   std::unique_ptr<model::Tokenizer> tokenizer_;
   model::ModelConfig model_config_;
+  // Structured output: a request's grammar is compiled here before it is routed, so a spec the
+  // engine cannot compile is the client's 400, not a failure on every node it is tried on.
+  std::unique_ptr<grammar::GrammarCompiler> grammar_;
   NodeRegistry registry_;
   CacheDirectory directory_;
   PrefixIndex prefix_index_;

@@ -99,6 +99,8 @@ absl::Status CoordinatorServer::Impl::Init() {
   }
   DUET_ASSIGN_OR_RETURN(model_config_, model::LoadModelConfig(options_.model_dir));
   DUET_ASSIGN_OR_RETURN(tokenizer_, model::LoadTokenizer(options_.model_dir));
+  DUET_ASSIGN_OR_RETURN(
+      grammar_, grammar::GrammarCompiler::Create(*tokenizer_, model_config_.vocab_size, {}));
   // Before the server: a node may register as soon as it listens.
   watchers_ = std::make_unique<StatusWatchers>(
       options_.status_watch,

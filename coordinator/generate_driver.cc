@@ -53,6 +53,11 @@ absl::Status CoordinatorServer::Impl::GenerateUnmetered(const v1::GenerateReques
   DUET_ASSIGN_OR_RETURN(rpc::ClientPrompt prompt,
                         rpc::ParseGenerateRequest(req, *tokenizer_, model_config_));
   const std::vector<int32_t>& ids = prompt.ids;
+  if (prompt.sampling.grammar.has_value()) {
+    absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> compiled =
+        grammar_->Compile(*prompt.sampling.grammar);
+    if (!compiled.ok()) return Annotate(compiled.status(), "Generate: structured output");
+  }
   if (const int64_t max_len = MaxModelLen(); max_len > 0) {
     const int64_t want =
         static_cast<int64_t>(ids.size()) + std::max(1, req.sampling().max_tokens());

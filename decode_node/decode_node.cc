@@ -80,6 +80,7 @@ absl::Status DecodeNode::Init() {
                         DecodeScheduler::Create({.name = ro.node_id,
                                                  .max_running = o.max_running,
                                                  .eos_ids = engine.tokenizer().eos_ids(),
+                                                 .grammar = runtime_->grammar(),
                                                  .host_mirror = mirror_view,
                                                  .enable_prefix_caching = ro.enable_prefix_caching,
                                                  .kv_quarantine_bound = o.kv_quarantine_bound},

@@ -10,6 +10,7 @@
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/kv_memory.h"
+#include "common/grammar/grammar_constraint.h"
 #include "duet/v1/decode.pb.h"
 #include "transfer/kv_stream/kv_notice.h"
 
@@ -146,6 +147,14 @@ absl::StatusOr<Reservation> DecodeScheduler::Reserve(const ReserveArgs& args) {
   r->num_blocks = (args.num_tokens + bs - 1) / bs;
   r->seq = engine::Sequence(/*id=*/0, args.prompt, args.generated_tokens, args.sampling,
                             options_.eos_ids);
+  // Structured output: over the tokens already generated; the prefill node's first token is
+  // accepted when it arrives (StepRunner::Append). Compiled on the caller's thread.
+  absl::StatusOr<std::unique_ptr<model::TokenConstraint>> constraint =
+      grammar::ConstraintFor(options_.grammar, r->seq.params, r->seq.given_output());
+  if (!constraint.ok()) {
+    return Annotate(constraint.status(), absl::StrCat("Reserve ", args.request_id));
+  }
+  r->seq.constraint = *std::move(constraint);
   r->layer_landed_us.assign(layout().num_layers, 0);
   {
     absl::MutexLock lock(&mu_);
@@ -467,7 +476,13 @@ void DecodeScheduler::Admit(Landed landed) {
   kv_.Publish(*seq.table, seq.tokens);  // the prompt's KV is complete here now
   // The first token (sampled on the prefill node) may already end the request, exactly as in
   // LocalEngine::Generate.
-  const model::StopReason stop = step_.Append(seq, completion.first_token_id());
+  absl::StatusOr<model::StopReason> appended = step_.Append(seq, completion.first_token_id());
+  if (!appended.ok()) {  // P's token is not one this request's grammar admits here
+    Fail(r, Annotate(appended.status(), absl::StrCat(options_.name, ": request ", r->id,
+                                                     ": the prefill node's token")));
+    return;
+  }
+  const model::StopReason stop = *appended;
 
   DecodeEvent ev{.admitted = true};
   const int64_t joined_us = NowUnixMicros();
@@ -587,6 +602,10 @@ void DecodeScheduler::Step() {
       continue;
     }
     engine::StepOutcome& o = (*out)[i];
+    if (!o.error.ok()) {
+      Fail(rp, Annotate(o.error, absl::StrCat(options_.name, ": decode step")));
+      continue;
+    }
     DecodeEvent ev{.has_token = true, .index = rp->seq.generated() - 1};
     ev.token = std::move(o.token);  // sampled on the backend at step `index`
     if (o.stop != model::StopReason::kNone) {

@@ -46,6 +46,7 @@
 #include "common/engine/finish_reason.h"
 #include "common/engine/sequence.h"
 #include "common/engine/step_runner.h"
+#include "common/grammar/grammar_compiler.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/kv/kv_layout.h"
@@ -128,6 +129,9 @@ struct DecodeSchedulerOptions {
   std::string name = "decode";  // names this node in errors
   int max_running = 64;         // running + pending admission
   std::vector<int32_t> eos_ids;
+  // Structured output's compiler (the node's; NodeRuntime::grammar): a request with a grammar
+  // gets its constraint at admission. Null: such a request is refused (FailedPrecondition).
+  grammar::GrammarCompiler* grammar = nullptr;
   absl::Duration connect_timeout = absl::Seconds(2);  // below the coordinator's reserve timeout
   absl::Duration default_kv_deadline = absl::Seconds(60);
   // How long the events of a finished request nobody subscribed to are kept.

@@ -90,13 +90,18 @@ absl::StatusOr<v1::ReserveResponse> DecodeService::DoReserve(const v1::ReserveRe
     return Annotate(expected.status(), absl::StrCat(identity_.node_id, ": Reserve ",
                                                     request.request_id(), ": expected layout"));
   }
+  absl::StatusOr<model::SamplingParams> sampling = rpc::FromProto(request.sampling());
+  if (!sampling.ok()) {
+    return Annotate(sampling.status(),
+                    absl::StrCat(identity_.node_id, ": Reserve ", request.request_id()));
+  }
   ReserveArgs args{
       .request_id = request.request_id(),
       .num_tokens = request.num_tokens() > 0 ? request.num_tokens() : request.prompt_tokens(),
       .prompt = std::vector<int32_t>(request.prompt_token_ids().begin(),
                                      request.prompt_token_ids().end()),
       .generated_tokens = request.generated_tokens(),
-      .sampling = rpc::FromProto(request.sampling()),
+      .sampling = *std::move(sampling),
       .expected_layout = *expected,
       .sender_name = request.sender_node_id(),
       .sender_address = request.sender_transfer_address(),

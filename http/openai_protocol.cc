@@ -7,6 +7,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/error_reason.h"
+#include "http/structured_output.h"
+#include "proto/sampling_convert.h"
 
 namespace duet::http {
 namespace {
@@ -196,26 +198,16 @@ bool IsFalse(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool IsTrue(const json& v) { return v.is_boolean() && v.get<bool>(); }
 bool IsOne(const json& v) { return v.is_number() && v.get<double>() == 1; }
 bool Never(const json&) { return false; }
-bool TextFormat(const json& v) {
-  return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
-}
 bool NoTool(const json& v) { return v.is_string() && v.get<std::string>() == "none"; }
 
 constexpr char kTools[] =
-    "tool calling is not supported (it needs a grammar engine and per-model parsers)";
-constexpr char kStructured[] = "structured output is not supported (it needs a grammar engine)";
+    "tool calling is not supported yet (it needs per-model tool-call parsers)";
 
 const Unimplemented kUnimplemented[] = {
     {"tools", Empty, kTools},
     {"tool_choice", NoTool, kTools},
     {"functions", Empty, kTools},
     {"function_call", NoTool, kTools},
-    {"response_format", TextFormat, kStructured},
-    {"guided_json", Never, kStructured},
-    {"guided_regex", Never, kStructured},
-    {"guided_choice", Empty, kStructured},
-    {"guided_grammar", Never, kStructured},
-    {"structured_outputs", Never, kStructured},
     {"length_penalty", IsOne, "length_penalty is not supported (1 only)"},
     {"suffix", Empty, "suffix is not supported"},
     // vLLM's prompt_logprobs (0 too: the prompt tokens' own logprobs); completions echo with
@@ -312,6 +304,7 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
   }
   if (!j.is_object()) return Invalid("the request body must be a JSON object", "", "invalid_json");
   if (auto e = RefuseUnimplemented(j)) return e;
+  if (auto e = ParseStructuredOutput(j, &out->grammar)) return e;
 
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return WrongType("model", "a string", *it);
@@ -556,6 +549,7 @@ v1::SamplingParams ToSampling(const ParsedRequest& req) {
     e->set_bias(b.bias);
   }
   p.set_min_tokens(static_cast<int32_t>(req.min_tokens));
+  if (req.grammar.has_value()) *p.mutable_grammar() = rpc::GrammarToProto(*req.grammar);
   return p;
 }
 
@@ -626,6 +620,12 @@ nlohmann::json UsageJson(const Usage& u) {
               {"prompt_tokens_details", json{{"cached_tokens", u.cached_tokens}}}};
 }
 
+namespace {
+// A logprob as JSON: a token structured output masked out has -inf, which JSON cannot carry
+// (nlohmann writes null); vLLM reports such a one as -9999.0, and so does duet.
+double LogprobValue(float lp) { return std::max(static_cast<double>(lp), -9999.0); }
+}  // namespace
+
 nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& tokens,
                             size_t text_offset) {
   if (endpoint == Endpoint::kChat) {
@@ -634,22 +634,24 @@ nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& toke
       json top = json::array();
       for (const auto& [text, lp] : t.top) {
         top.push_back({{"token", text},
-                       {"logprob", lp},
+                       {"logprob", LogprobValue(lp)},
                        {"bytes", std::vector<int>(text.begin(), text.end())}});
       }
       std::vector<int> bytes;
       for (unsigned char c : t.text) bytes.push_back(c);
-      content.push_back(
-          {{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes}, {"top_logprobs", top}});
+      content.push_back({{"token", t.text},
+                         {"logprob", LogprobValue(t.logprob)},
+                         {"bytes", bytes},
+                         {"top_logprobs", top}});
     }
     return json{{"content", content}};
   }
   json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   for (const TokenOut& t : tokens) {
     toks.push_back(t.text);
-    lps.push_back(t.no_logprob ? json(nullptr) : json(t.logprob));
+    lps.push_back(t.no_logprob ? json(nullptr) : json(LogprobValue(t.logprob)));
     json top = json::object();
-    for (const auto& [text, lp] : t.top) top[text] = lp;
+    for (const auto& [text, lp] : t.top) top[text] = LogprobValue(lp);
     tops.push_back(t.no_logprob ? json(nullptr) : top);
     offs.push_back(text_offset);
     text_offset += t.text.size();

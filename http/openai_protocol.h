@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/grammar/grammar_spec.h"
 #include "common/sampling/sampling.h"
 #include "common/tokenizer/chat_template.h"
 #include "duet/v1/common.pb.h"
@@ -85,6 +86,8 @@ struct ParsedRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool ignore_eos = false;  // extension (as vLLM): keep generating past EOS, for benchmarks
+  // Structured output (structured_output.h): what the output must match.
+  std::optional<grammar::GrammarSpec> grammar;
 };
 
 // Parses and checks the body: malformed JSON, a known field of the wrong type, values out of

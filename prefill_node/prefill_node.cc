@@ -63,6 +63,7 @@ absl::Status PrefillNode::Init() {
       scheduler_, PrefillScheduler::Create(&runner, pool_, transport_.get(), sender_.get(),
                                            {.max_batch_tokens = o.max_batch_tokens,
                                             .eos_ids = runtime_->engine().eos_ids(),
+                                            .grammar = runtime_->grammar(),
                                             .no_layer_pipelining = o.no_layer_pipelining,
                                             .host_mirror = mirror_view,
                                             .enable_prefix_caching = ro.enable_prefix_caching}));

@@ -69,8 +69,10 @@ void PrefillScheduler::RunBatch(std::vector<BatchItem>& batch) {
     }
     if (!batch[i].final) continue;
     const engine::StepOutcome& o = (*out)[i];
-    results[i] = o.sampled ? Complete(batch[i], o.token, pass_us)
-                           : absl::InternalError("prefill: the last chunk sampled no token");
+    results[i] = !o.error.ok()
+                     ? Annotate(o.error, absl::StrCat("prefill of request ", r.job.request_id))
+                 : o.sampled ? Complete(batch[i], o.token, pass_us)
+                             : absl::InternalError("prefill: the last chunk sampled no token");
   }
   AfterPass(batch, results, t0, t1);
 }

@@ -10,6 +10,7 @@
 #include "common/base/logging.h"
 #include "common/base/status.h"
 #include "common/compute/kv_memory.h"
+#include "common/grammar/grammar_constraint.h"
 #include "prefill_node/prefill_request.h"
 
 namespace duet::prefill {
@@ -91,6 +92,11 @@ absl::StatusOr<std::shared_ptr<PrefillStream>> PrefillScheduler::Submit(PrefillJ
         absl::StrCat(what, ": the deadline passed before admission"));
   }
   auto r = std::make_shared<Request>(std::move(job), options_.eos_ids, num_layers_);
+  // Structured output: compiled here, on the caller's thread, never on the scheduler's.
+  absl::StatusOr<std::unique_ptr<model::TokenConstraint>> constraint =
+      grammar::ConstraintFor(options_.grammar, r->seq.params, r->seq.given_output());
+  if (!constraint.ok()) return Annotate(constraint.status(), what);
+  r->seq.constraint = *std::move(constraint);
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the prefill node is shutting down");
   if (by_id_.count(r->job.request_id)) {

@@ -59,6 +59,7 @@
 #include "absl/types/span.h"
 #include "common/base/event_stream.h"
 #include "common/engine/step_runner.h"
+#include "common/grammar/grammar_compiler.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/model/model_runner.h"
@@ -81,6 +82,9 @@ struct PrefillSchedulerOptions {
   // The model's EOS ids: min_tokens bans them (with stop_token_ids) from the first token, as the
   // decode node does from the rest.
   std::vector<int32_t> eos_ids;
+  // Structured output's compiler (the node's; NodeRuntime::grammar): a request with a grammar
+  // gets its constraint at admission. Null: such a request is refused (FailedPrecondition).
+  grammar::GrammarCompiler* grammar = nullptr;
   // Post every layer after the Forward returns instead of from the layer-done hook (benchmarks
   // of pipelined vs bulk transfer).
   bool no_layer_pipelining = false;

@@ -113,7 +113,9 @@ absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(
   job.request_id = request.request_id();
   job.transfer_id = dest.transfer_id();
   job.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
-  job.sampling = rpc::FromProto(request.sampling());
+  absl::StatusOr<model::SamplingParams> sampling = rpc::FromProto(request.sampling());
+  if (!sampling.ok()) return Annotate(sampling.status(), what);
+  job.sampling = *std::move(sampling);
   job.sample_step = request.sample_step();
   job.peer_name = decode_name;
   job.remote_cached_blocks = dest.cached_blocks();

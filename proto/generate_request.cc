@@ -18,7 +18,9 @@ absl::StatusOr<ClientPrompt> ParseGenerateRequest(const v1::GenerateRequest& req
     DUET_ASSIGN_OR_RETURN(out.ids, tokenizer.Encode(req.text(), /*add_bos=*/true));
   }
   DUET_RETURN_IF_ERROR(Annotate(config.CheckPrompt(out.ids), "Generate"));
-  out.sampling = FromProto(req.sampling());
+  absl::StatusOr<model::SamplingParams> sampling = FromProto(req.sampling());
+  if (!sampling.ok()) return Annotate(sampling.status(), "Generate");
+  out.sampling = *std::move(sampling);
   DUET_RETURN_IF_ERROR(out.sampling.Validate(config.vocab_size));
   return out;
 }

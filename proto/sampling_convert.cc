@@ -1,10 +1,58 @@
 #include "proto/sampling_convert.h"
 
 #include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status.h"
 
 namespace duet::rpc {
+namespace {
 
-model::SamplingParams FromProto(const v1::SamplingParams& proto) {
+// The wire's kind; KIND_UNSPECIFIED (or a kind this build does not know) stays unset on purpose:
+// GrammarFromProto refuses it by name rather than guessing.
+constexpr std::pair<v1::GrammarSpec::Kind, grammar::GrammarKind> kGrammarKinds[] = {
+    {v1::GrammarSpec::KIND_JSON_OBJECT, grammar::GrammarKind::kJsonObject},
+    {v1::GrammarSpec::KIND_JSON_SCHEMA, grammar::GrammarKind::kJsonSchema},
+    {v1::GrammarSpec::KIND_REGEX, grammar::GrammarKind::kRegex},
+    {v1::GrammarSpec::KIND_CHOICE, grammar::GrammarKind::kChoice},
+    {v1::GrammarSpec::KIND_EBNF, grammar::GrammarKind::kEbnf},
+};
+
+}  // namespace
+
+absl::StatusOr<grammar::GrammarSpec> GrammarFromProto(const v1::GrammarSpec& proto) {
+  grammar::GrammarSpec spec;
+  bool known = false;
+  for (const auto& [wire, kind] : kGrammarKinds) {
+    if (wire == proto.kind()) {
+      spec.kind = kind;
+      known = true;
+    }
+  }
+  if (!known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.grammar.kind ", static_cast<int>(proto.kind()),
+                     " is not a grammar kind (json_object, json_schema, regex, choice, ebnf)"));
+  }
+  spec.text = proto.text();
+  spec.choices.assign(proto.choices().begin(), proto.choices().end());
+  spec.strict = proto.strict();
+  return spec;
+}
+
+v1::GrammarSpec GrammarToProto(const grammar::GrammarSpec& spec) {
+  v1::GrammarSpec p;
+  for (const auto& [wire, kind] : kGrammarKinds) {
+    if (kind == spec.kind) p.set_kind(wire);
+  }
+  p.set_text(spec.text);
+  for (const std::string& c : spec.choices) p.add_choices(c);
+  p.set_strict(spec.strict);
+  return p;
+}
+
+absl::StatusOr<model::SamplingParams> FromProto(const v1::SamplingParams& proto) {
   model::SamplingParams p;
   p.temperature = proto.temperature();
   p.top_p = proto.top_p() == 0.f ? 1.f : proto.top_p();
@@ -27,6 +75,9 @@ model::SamplingParams FromProto(const v1::SamplingParams& proto) {
       [](const compute::LogitBias& a, const compute::LogitBias& b) { return a.id < b.id; });
   p.min_tokens = proto.min_tokens();
   p.prompt_logprobs = proto.has_prompt_logprobs() ? proto.prompt_logprobs() : -1;
+  if (proto.has_grammar()) {
+    DUET_ASSIGN_OR_RETURN(p.grammar, GrammarFromProto(proto.grammar()));
+  }
   return p;
 }
 
@@ -51,6 +102,7 @@ v1::SamplingParams ToProto(const model::SamplingParams& params) {
   }
   p.set_min_tokens(params.min_tokens);
   if (params.prompt_logprobs >= 0) p.set_prompt_logprobs(params.prompt_logprobs);
+  if (params.grammar.has_value()) *p.mutable_grammar() = GrammarToProto(*params.grammar);
   return p;
 }
 

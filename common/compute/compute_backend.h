@@ -251,6 +251,12 @@ class ComputeBackend {
   // logits stay on the device). InvalidArgument for bad parameters (ValidateRowSampling).
   virtual absl::StatusOr<std::vector<SampledToken>> SampleRows(
       const float* logits, int rows, int vocab, absl::Span<const RowSampling> params) = 0;
+
+  // Structured output: sets to -inf, in place, every logit of masks[i].row that its bitmask
+  // does not allow (sampling.h RowMask; the masks are host memory, the logits [rows, vocab]
+  // activation memory), before SampleRows. InvalidArgument for bad masks (ValidateRowMasks).
+  virtual absl::Status MaskLogits(float* logits, int rows, int vocab,
+                                  absl::Span<const RowMask> masks) = 0;
 };
 
 // Creates the backend of `device`: cpu (always available), cuda (when the CUDA backend is linked

@@ -102,8 +102,9 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::CreateOn(
   return e;
 }
 
-absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t>& prompt_ids,
-                                                       const SamplingParams& params) {
+absl::StatusOr<GenerationResult> LocalEngine::Generate(
+    const std::vector<int32_t>& prompt_ids, const SamplingParams& params,
+    std::unique_ptr<TokenConstraint> constraint) {
   const ModelConfig& c = config();
   DUET_RETURN_IF_ERROR(Annotate(c.CheckPrompt(prompt_ids), "Generate"));
   DUET_RETURN_IF_ERROR(params.Validate(c.vocab_size));
@@ -114,6 +115,7 @@ absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t
   engine::StepRunner step(runner_.get(), &kv, eos_ids());
   const int64_t n = static_cast<int64_t>(prompt_ids.size());
   engine::Sequence seq(/*id=*/0, prompt_ids, /*generated_before=*/0, params, step.eos_ids());
+  seq.constraint = std::move(constraint);
 
   Stopwatch sw;
   // Forward never allocates: room for the prompt, then for each step's token (ResourceExhausted
@@ -124,6 +126,7 @@ absl::StatusOr<GenerationResult> LocalEngine::Generate(const std::vector<int32_t
     if (seq.decoding()) DUET_RETURN_IF_ERROR(kv.Grow(*seq.table, seq.computed() + 1));
     const engine::StepItem item{.seq = &seq, .tokens = seq.pending()};
     DUET_ASSIGN_OR_RETURN(std::vector<engine::StepOutcome> out, step.Run({&item, 1}));
+    DUET_RETURN_IF_ERROR(out[0].error);
     result.generated_ids.push_back(out[0].token.id);
     result.tokens.push_back(std::move(out[0].token));
     if (result.generated_ids.size() == 1) {

@@ -23,6 +23,7 @@
 #include "common/kv/block_pool.h"
 #include "common/model/model_runner.h"
 #include "common/sampling/sampler.h"
+#include "common/sampling/token_constraint.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/weights/weights.h"
 
@@ -77,8 +78,11 @@ class LocalEngine {
                                                              std::unique_ptr<Tokenizer> tokenizer,
                                                              const EngineOptions& options);
 
+  // With params.grammar, `constraint` is the one built from it (grammar::ConstraintFor); the
+  // step refuses a grammar without one.
   absl::StatusOr<GenerationResult> Generate(const std::vector<int32_t>& prompt_ids,
-                                            const SamplingParams& params);
+                                            const SamplingParams& params,
+                                            std::unique_ptr<TokenConstraint> constraint = nullptr);
 
   const ModelConfig& config() const { return runner_->config(); }
   // A model directory without tokenizer files loads without one: ids in, ids out.

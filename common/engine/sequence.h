@@ -25,6 +25,7 @@
 #include "common/kv/block_table.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_state.h"
+#include "common/sampling/token_constraint.h"
 
 namespace duet::engine {
 
@@ -40,6 +41,10 @@ struct Sequence {
 
   // Output tokens so far: the sample step of the next one.
   int generated() const { return static_cast<int>(tokens.size() - prompt_len); }
+  // The output tokens it was given (a resumed request's), and later the ones it sampled.
+  absl::Span<const int32_t> given_output() const {
+    return absl::MakeConstSpan(tokens).subspan(prompt_len);
+  }
   // Tokens whose K/V are in the table (0 without one).
   int64_t computed() const { return table != nullptr ? table->num_tokens() : 0; }
   // Tokens still to compute; the step that computes the last samples the next token.
@@ -60,6 +65,11 @@ struct Sequence {
   std::unique_ptr<kv::BlockTable> table;
   int64_t cached_tokens = 0;  // of `table`, taken from the prefix cache when it was allocated
   std::vector<model::SampledToken> prompt_logprobs;  // ScoresPrompt: tokens 1..n-1, in order
+  // Structured output (params.grammar): where its output stands in the grammar, having
+  // accepted every output token so far (those given too), and the bitmask it fills before each
+  // step that samples. Null without a grammar.
+  std::unique_ptr<model::TokenConstraint> constraint;
+  std::vector<int32_t> allowed_words;
 };
 
 }  // namespace duet::engine

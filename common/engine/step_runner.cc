@@ -40,11 +40,23 @@ StepRunner::StepRunner(model::ModelRunner* runner, kv::KvCacheManager* kv,
                        std::vector<int32_t> eos_ids)
     : runner_(runner), kv_(kv), eos_ids_(std::move(eos_ids)) {}
 
-model::StopReason StepRunner::Append(Sequence& seq, int32_t token) const {
+absl::StatusOr<model::StopReason> StepRunner::Append(Sequence& seq, int32_t token) const {
+  if (seq.constraint != nullptr) {
+    DUET_RETURN_IF_ERROR(
+        Annotate(seq.constraint->Accept(token), absl::StrCat("output token ", seq.generated())));
+  }
   seq.tokens.push_back(token);
   seq.sampling_state.AddGenerated(token);
-  return model::StopAfterToken(seq.params, eos_ids_, token, seq.generated(), seq.computed(),
-                               runner_->config().max_position_embeddings);
+  const model::StopReason stop =
+      model::StopAfterToken(seq.params, eos_ids_, token, seq.generated(), seq.computed(),
+                            runner_->config().max_position_embeddings);
+  // The grammar took a stop token of the tokenizer's that the model's EOS list lacks: it ends
+  // the output all the same (nothing else is allowed after it).
+  if (stop == model::StopReason::kNone && seq.constraint != nullptr &&
+      seq.constraint->Terminated()) {
+    return model::StopReason::kEos;
+  }
+  return stop;
 }
 
 absl::StatusOr<std::vector<StepOutcome>> StepRunner::Run(absl::Span<const StepItem> items,
@@ -64,12 +76,26 @@ absl::StatusOr<std::vector<StepOutcome>> StepRunner::Run(absl::Span<const StepIt
           "step: item ", i, " (sequence ", s == nullptr ? -1 : s->id, ", ", it.tokens,
           " tokens) is not a distinct sequence with a table and that many pending tokens"));
     }
+    if (s->params.grammar.has_value() && s->constraint == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: sequence ", s->id, " asks for structured output (a ",
+                       grammar::GrammarKindName(s->params.grammar->kind),
+                       " grammar) but has no constraint built from it"));
+    }
     const int64_t start = s->computed();
     const bool last = start + it.tokens == static_cast<int64_t>(s->tokens.size());
     outcomes[i].decode = s->decoding();
     // Only prompt positions are scored (a chunk never spans past the prompt before the first
     // output token: there is none yet).
     scores[i] = s->ScoresPrompt();
+    // Structured output: the tokens its grammar allows next (none masked when all are).
+    absl::Span<const int32_t> allowed;
+    if (last && s->constraint != nullptr) {
+      s->allowed_words.resize(model::TokenMaskWords(runner_->config().vocab_size));
+      DUET_ASSIGN_OR_RETURN(const bool masked,
+                            s->constraint->FillAllowed(absl::MakeSpan(s->allowed_words)));
+      if (masked) allowed = s->allowed_words;
+    }
     batch.push_back(model::SequenceInput{
         .seq_id = s->id,
         .tokens =
@@ -80,7 +106,8 @@ absl::StatusOr<std::vector<StepOutcome>> StepRunner::Run(absl::Span<const StepIt
         .all_logits = scores[i],
         .sample = last ? &s->params : nullptr,
         .sample_step = s->generated(),
-        .sample_state = &s->sampling_state});
+        .sample_state = &s->sampling_state,
+        .allowed_tokens = allowed});
   }
   DUET_ASSIGN_OR_RETURN(
       model::ForwardOutput out,
@@ -103,7 +130,15 @@ absl::StatusOr<std::vector<StepOutcome>> StepRunner::Run(absl::Span<const StepIt
     if (in.sample == nullptr) continue;
     o.sampled = true;
     o.token = std::move(out.tokens.at(rows[i].end - 1));  // sampled on the backend
-    o.stop = Append(s, o.token.id);
+    absl::StatusOr<model::StopReason> stop = Append(s, o.token.id);
+    if (!stop.ok()) {
+      // The mask admitted only what the grammar allows, so this is the engine's fault; the
+      // other items stand (their tokens are appended), this one fails.
+      o.sampled = false;
+      o.error = Annotate(stop.status(), absl::StrCat("sequence ", s.id));
+      continue;
+    }
+    o.stop = *stop;
   }
   return outcomes;
 }

@@ -6,7 +6,9 @@
 // layer-done hook and abandon check), maps the output rows back to the sequences (MapRows, the
 // one mapping), scores prompt rows, publishes the blocks a prefill chunk completed, and for each
 // sequence whose last token was computed appends the token sampled on the backend and applies
-// the stop rule (Append, the one stop rule).
+// the stop rule (Append, the one stop rule). A sequence with a TokenConstraint (structured
+// output) samples only what it allows: its mask is filled before the pass and applied on the
+// backend before the row is processed.
 //
 //   StepRunner step(runner, &kv_manager, eos_ids);
 //   std::vector<StepItem> items = {{&decoding, 1}, {&prefilling, std::min(budget, p.pending())}};
@@ -39,6 +41,9 @@ struct StepOutcome {
   bool sampled = false;  // it computed the sequence's last token: `token` was appended
   model::SampledToken token;
   model::StopReason stop = model::StopReason::kNone;  // the stop rule after `token`
+  // Not OK: the token sampled for this item could not be taken (its TokenConstraint refused
+  // it; nothing was appended): the caller fails this sequence.
+  absl::Status error;
 };
 
 // The output rows of each input of a pass, [first, end), in batch order: none for an input that
@@ -66,10 +71,11 @@ class StepRunner {
                                                const model::LayerDoneHook& on_layer_done = nullptr,
                                                const model::AbandonCheck& abandon = nullptr);
 
-  // Counts `token` as the sequence's next output token (its tokens and sampling state) and
-  // applies the stop rule of every generator: model::StopAfterToken (EOS, stop tokens,
-  // max_tokens, min_tokens, and a context that is full).
-  model::StopReason Append(Sequence& seq, int32_t token) const;
+  // Counts `token` as the sequence's next output token (its constraint, its tokens and sampling
+  // state) and applies the stop rule of every generator: model::StopAfterToken (EOS, stop
+  // tokens, max_tokens, min_tokens, and a context that is full), and a constraint that ended.
+  // InvalidArgument, nothing appended, when the sequence's constraint refuses the token.
+  absl::StatusOr<model::StopReason> Append(Sequence& seq, int32_t token) const;
 
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   kv::KvCacheManager* kv() const { return kv_; }

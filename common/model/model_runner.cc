@@ -400,6 +400,13 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
             absl::StrCat("Forward: sequence ", s.seq_id, ": ", st.message()));
       }
     }
+    if (!s.allowed_tokens.empty() &&
+        (s.sample == nullptr ||
+         static_cast<int64_t>(s.allowed_tokens.size()) != TokenMaskWords(c.vocab_size))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Forward: sequence ", s.seq_id, " has a token mask of ", s.allowed_tokens.size(),
+          " words; it needs a sample and ", TokenMaskWords(c.vocab_size), " words"));
+    }
     if (s.table->capacity() < end) {  // Forward never allocates
       return absl::FailedPreconditionError(
           absl::StrCat("Forward: sequence ", s.seq_id, " needs room for ", end,
@@ -422,6 +429,7 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
   std::vector<int64_t> last_rows;
   bool any_logits = false;
   std::vector<std::optional<compute::RowSampling>> row_sampling;  // per output row
+  std::vector<absl::Span<const int32_t>> row_allowed;             // per output row
   ForwardOutput out;
   out.vocab = c.vocab_size;
   int32_t row = 0;
@@ -443,10 +451,11 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
       for (int32_t i = 0; i < n; ++i) {
         last_rows.push_back(row + i);
         out.seq_ids.push_back(s.seq_id);
+        const bool samples = s.sample != nullptr && i + 1 == n;
         row_sampling.push_back(
-            s.sample == nullptr || i + 1 < n
-                ? std::nullopt
-                : std::optional(ToRowSampling(*s.sample, s.sample_step, s.sample_state)));
+            samples ? std::optional(ToRowSampling(*s.sample, s.sample_step, s.sample_state))
+                    : std::nullopt);
+        row_allowed.push_back(samples ? s.allowed_tokens : absl::Span<const int32_t>());
       }
       any_logits = true;
     } else if (s.want_logits || s.sample != nullptr) {
@@ -456,6 +465,7 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
       row_sampling.push_back(s.sample == nullptr ? std::nullopt
                                                  : std::optional(ToRowSampling(
                                                        *s.sample, s.sample_step, s.sample_state)));
+      row_allowed.push_back(s.sample == nullptr ? absl::Span<const int32_t>() : s.allowed_tokens);
     }
     row += n;
   }
@@ -548,7 +558,7 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
       out.logits.resize(int64_t{nl} * c.vocab_size);
       b.CopyToHost(out.logits.data(), w.logits, int64_t{nl} * c.vocab_size);
     }
-    DUET_RETURN_IF_ERROR(SampleOutputRows(row_sampling, w.logits, &out));
+    DUET_RETURN_IF_ERROR(SampleOutputRows(row_sampling, row_allowed, w.logits, &out));
   }
   b.Synchronize();
   DUET_RETURN_IF_ERROR(b.status());
@@ -557,8 +567,8 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
 }
 
 absl::Status ModelRunner::SampleOutputRows(
-    const std::vector<std::optional<compute::RowSampling>>& row_sampling, const float* logits,
-    ForwardOutput* out) {
+    const std::vector<std::optional<compute::RowSampling>>& row_sampling,
+    const std::vector<absl::Span<const int32_t>>& allowed, float* logits, ForwardOutput* out) {
   const int vocab = config_.vocab_size;
   const size_t rows = row_sampling.size();
   // One backend call per run of consecutive rows that sample (one run unless the batch mixes
@@ -570,7 +580,17 @@ absl::Status ModelRunner::SampleOutputRows(
     }
     size_t end = begin;
     std::vector<compute::RowSampling> params;
-    while (end < rows && row_sampling[end].has_value()) params.push_back(*row_sampling[end++]);
+    std::vector<compute::RowMask> masks;  // structured output's rows, before they are sampled
+    while (end < rows && row_sampling[end].has_value()) {
+      if (!allowed[end].empty()) {
+        masks.push_back({.row = static_cast<int>(end - begin), .allowed_words = allowed[end]});
+      }
+      params.push_back(*row_sampling[end++]);
+    }
+    if (!masks.empty()) {
+      DUET_RETURN_IF_ERROR(backend_->MaskLogits(logits + static_cast<int64_t>(begin) * vocab,
+                                                static_cast<int>(end - begin), vocab, masks));
+    }
     DUET_ASSIGN_OR_RETURN(std::vector<SampledToken> tokens,
                           backend_->SampleRows(logits + static_cast<int64_t>(begin) * vocab,
                                                static_cast<int>(end - begin), vocab, params));

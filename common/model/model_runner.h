@@ -33,6 +33,7 @@
 #include "common/kv/block_table.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_state.h"
+#include "common/sampling/token_constraint.h"
 #include "common/weights/weights.h"
 
 namespace duet::model {
@@ -55,6 +56,11 @@ struct SequenceInput {
   // sample->NeedsState(), with generated() == sample_step (else InvalidArgument). Must outlive
   // Forward.
   const SamplingState* sample_state = nullptr;
+  // With `sample`, non-empty: the tokens that may be sampled (structured output), a bitmask of
+  // TokenMaskWords(vocab) words (token_constraint.h); the others' logits are -inf before the row
+  // is processed and sampled, so the logprobs are the masked row's (as vLLM's). Must outlive
+  // Forward.
+  absl::Span<const int32_t> allowed_tokens;
 };
 
 // What one layer wrote for one sequence: positions [start_pos, start_pos + num_tokens).
@@ -145,9 +151,11 @@ class ModelRunner {
   // Each layer's RoPE frequencies and attention window.
   void SetUpLayerAttention();
   // Fills out->tokens for the output rows that sample (logits: [rows, vocab], backend memory).
+  // row_sampling[r]: row r's parameters when it samples; allowed[r]: its token mask (empty:
+  // none). The masked rows' logits are overwritten.
   absl::Status SampleOutputRows(
-      const std::vector<std::optional<compute::RowSampling>>& row_sampling, const float* logits,
-      ForwardOutput* out);
+      const std::vector<std::optional<compute::RowSampling>>& row_sampling,
+      const std::vector<absl::Span<const int32_t>>& allowed, float* logits, ForwardOutput* out);
 
   const ModelConfig config_;
   compute::ComputeBackend* const backend_;

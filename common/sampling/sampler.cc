@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/base/status.h"
 #include "common/base/vocabulary.h"
 #include "common/sampling/sampling_state.h"
 
@@ -48,6 +49,18 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
   if (min_tokens < 0 || min_tokens > max_tokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("min_tokens must be in [0, max_tokens = ", max_tokens, "], got ", min_tokens));
+  }
+  if (grammar.has_value()) {
+    DUET_RETURN_IF_ERROR(grammar::ValidateGrammarSpec(*grammar));
+    // The grammar alone says where the output may end: a stop token it admits ends it.
+    if (ignore_eos) {
+      return absl::InvalidArgumentError(
+          "ignore_eos cannot be combined with structured output (the grammar ends the output)");
+    }
+    if (min_tokens > 0) {
+      return absl::InvalidArgumentError(
+          "min_tokens cannot be combined with structured output (the grammar ends the output)");
+    }
   }
   for (size_t i = 0; i < logit_bias.size(); ++i) {
     const compute::LogitBias& b = logit_bias[i];

@@ -14,11 +14,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/grammar/grammar_spec.h"
 #include "common/sampling/sampling.h"
 
 namespace duet::model {
@@ -45,6 +47,10 @@ struct SamplingParams {
   // with this many alternatives ([0, kMaxTopLogprobs]); the prefill then computes the whole
   // prompt (a cached prefix has no logits). -1: off.
   int prompt_logprobs = -1;
+  // Structured output: every sampled token is one the grammar admits next (the sequence's
+  // TokenConstraint, token_constraint.h, built from it by the node that samples). Not with
+  // ignore_eos or min_tokens (the grammar decides where the output may end).
+  std::optional<grammar::GrammarSpec> grammar;
 
   absl::Status Validate(int vocab_size) const;
   // Whether sampling needs the sequence's SamplingState (penalties or min_tokens).

@@ -200,4 +200,31 @@ SampledToken ScoreRowOnHost(const float* logits, int vocab, int32_t token, int n
   return out;
 }
 
+void MaskRowOnHost(float* logits, int vocab, absl::Span<const int32_t> allowed_words) {
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  for (int t = 0; t < vocab; ++t) {
+    if (((static_cast<uint32_t>(allowed_words[t >> 5]) >> (t & 31)) & 1u) == 0) {
+      logits[t] = minus_inf;
+    }
+  }
+}
+
+absl::Status ValidateRowMasks(int rows, int vocab, absl::Span<const RowMask> masks) {
+  const size_t words = (static_cast<size_t>(vocab) + 31) / 32;
+  std::vector<bool> seen(rows > 0 ? rows : 0);
+  for (const RowMask& m : masks) {
+    if (m.row < 0 || m.row >= rows || seen[m.row]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token mask for row ", m.row, " of ", rows, " (each row at most once)"));
+    }
+    seen[m.row] = true;
+    if (m.allowed_words.size() != words) {
+      return absl::InvalidArgumentError(absl::StrCat("token mask of row ", m.row, " has ",
+                                                     m.allowed_words.size(), " words; a vocab of ",
+                                                     vocab, " needs ", words));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace duet::compute

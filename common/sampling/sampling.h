@@ -66,6 +66,21 @@ struct RowSampling {
   absl::Span<const int32_t> banned_ids;           // strictly increasing, fewer than vocab
 };
 
+// Structured output's token mask on one row of a batch of logits: the tokens whose bit is clear
+// in allowed_words (bit t % 32 of word t / 32; (vocab + 31) / 32 words) get -inf before anything
+// else, so processing, sampling and the logprobs all see the masked row (vLLM's order).
+struct RowMask {
+  int row = 0;
+  absl::Span<const int32_t> allowed_words;
+};
+
+// The mask on one row of host logits (the CPU backend's MaskLogits, and the reference).
+void MaskRowOnHost(float* logits, int vocab, absl::Span<const int32_t> allowed_words);
+
+// InvalidArgument unless each mask's row is in [0, rows), no row twice, and its words cover
+// vocab. Backends call it before masking.
+absl::Status ValidateRowMasks(int rows, int vocab, absl::Span<const RowMask> masks);
+
 // Whether the row's logits are processed before sampling (a bias, a ban or an active penalty).
 bool HasLogitProcessing(const RowSampling& params);
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/error_reason.h"
+#include "nlohmann/json.hpp"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/http_exchange.h"
 
@@ -154,6 +155,67 @@ TEST_F(ClusterFailureTest, FullDecodePoolPreemptsAndResumesTokenExact) {
     ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status;
     EXPECT_EQ(results[i].ids, Reference(Prompt(40, i), params(i))) << i;
     resumed += results[i].timings.resumes();
+  }
+  EXPECT_GT(resumed, 0) << "the pool was expected to force a preemption";
+  EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// Structured output through preemption: the same full decode pool, each request under a
+// grammar (a regex, a JSON schema) that keeps it generating past the pool. A preempted request
+// is re-prefilled with the tokens it streamed, each node's matcher replays them, and it ends
+// where the grammar ends: every answer is the single-process tokens and still matches.
+TEST_F(ClusterFailureTest, ResumedMidGrammarStaysValidAndTokenExact) {
+  ServeProcess cluster(DUET_BIN,
+                       ClusterFlags(model_dir_, "shm", 1, 1, {"--kv_cache_bytes=163840"}));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  auto params = [](int i) {
+    model::SamplingParams p{.max_tokens = 220};
+    if (i % 2) {
+      p.temperature = 0.9f;
+      p.seed = 21 + i;
+    }
+    p.grammar = i < 2 ? grammar::GrammarSpec::Regex("[a-p]{110}")
+                      : grammar::GrammarSpec::JsonSchema(
+                            R"({"type": "object", "properties": {"word": {"type": "string",
+                                "pattern": "^[a-p]{60}$"}}, "required": ["word"],
+                                "additionalProperties": false})");
+    return p;
+  };
+  std::vector<std::thread> threads;
+  std::vector<Result> results(4);
+  Stopped paused(cluster.pid_of("decode-0"));
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = Generate(*stub, Prompt(40, i), rpc::ToProto(params(i))); });
+  }
+  int held = 0;
+  for (const absl::Time until = absl::Now() + absl::Milliseconds(800);
+       (held = Health(*stub).running_requests()) < 4 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  paused.Resume();
+  EXPECT_EQ(held, 4) << "the coordinator did not take all four requests while decode-0 paused";
+  for (auto& t : threads) t.join();
+  int resumed = 0;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status;
+    const std::vector<int32_t> want = Reference(Prompt(40, i), params(i));
+    EXPECT_EQ(results[i].ids, want) << i;
+    resumed += results[i].timings.resumes();
+    // The byte tokenizer: ids below 256 are the text's bytes; the last is EOS.
+    ASSERT_FALSE(results[i].ids.empty());
+    std::string text;
+    for (size_t k = 0; k + 1 < results[i].ids.size(); ++k)
+      text += static_cast<char>(results[i].ids[k]);
+    if (i < 2) {
+      EXPECT_EQ(text.size(), 110u) << text;
+      EXPECT_EQ(text.find_first_not_of("abcdefghijklmnop"), std::string::npos) << text;
+    } else {
+      const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+      ASSERT_TRUE(!j.is_discarded() && j.is_object() && j.contains("word")) << text;
+      EXPECT_EQ(j["word"].get<std::string>().size(), 60u) << text;
+    }
   }
   EXPECT_GT(resumed, 0) << "the pool was expected to force a preemption";
   EXPECT_TRUE(EverythingFree(*stub));

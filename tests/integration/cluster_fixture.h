@@ -32,6 +32,8 @@
 #include "absl/time/clock.h"
 #include "common/base/auto_option.h"
 #include "common/engine/local_engine.h"
+#include "common/grammar/grammar_compiler.h"
+#include "common/grammar/grammar_constraint.h"
 #include "common/model/synthetic_model.h"
 #include "duet/v1/client.grpc.pb.h"
 #include "proto/channel.h"
@@ -150,7 +152,23 @@ class ClusterTest : public ::testing::TestWithParam<std::string> {
       if (!e.ok()) return {};
       engine = std::move(*e);
     }
-    auto r = engine->Generate(prompt, params);
+    // Structured output: the engine samples under the grammar as every node does.
+    std::unique_ptr<model::TokenConstraint> constraint;
+    if (params.grammar.has_value()) {
+      std::unique_ptr<grammar::GrammarCompiler>& compiler = compilers_[kv_dtype];
+      if (!compiler) {
+        auto c =
+            grammar::GrammarCompiler::Create(engine->tokenizer(), engine->config().vocab_size, {});
+        EXPECT_TRUE(c.ok()) << c.status();
+        if (!c.ok()) return {};
+        compiler = std::move(*c);
+      }
+      auto made = grammar::ConstraintFor(compiler.get(), params, {});
+      EXPECT_TRUE(made.ok()) << made.status();
+      if (!made.ok()) return {};
+      constraint = std::move(*made);
+    }
+    auto r = engine->Generate(prompt, params, std::move(constraint));
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->generated_ids : std::vector<int32_t>();
   }
@@ -161,6 +179,7 @@ class ClusterTest : public ::testing::TestWithParam<std::string> {
 
   inline static std::string model_dir_;
   std::map<std::string, std::unique_ptr<model::LocalEngine>> engines_;
+  std::map<std::string, std::unique_ptr<grammar::GrammarCompiler>> compilers_;
 };
 
 // Invariant 1: greedy and seeded tokens from a 2-prefill/2-decode cluster equal the in-process

@@ -7,7 +7,8 @@ only) with the HTTP API and node metrics on, then:
     completion and a chat completion; the completion is token-exact against `duet generate`;
   - min_p, the penalties, logit_bias and min_tokens change the answer as specified (a banned
     greedy token never comes, min_tokens holds a boosted EOS back, bad values are 400s);
-    top_k, stop_token_ids and max_completion_tokens too; tools, tool_choice, response_format,
+    top_k, stop_token_ids and max_completion_tokens too; response_format json_object gives a JSON
+    object through the official client; tools, tool_choice, a response_format type not served,
     suffix, continue_final_message, bad_words and a tool message are 400s naming them;
   - n choices (choice j is the n = 1 request with seed + j; streamed choices reassemble by
     index), unseeded choices that differ, a list of prompts (prompt-major choices), echo, and
@@ -273,7 +274,7 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
     refused = {}
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     for field, value, known in [("bad_words", ["x"], False),
-                                ("response_format", {"type": "json_object"}, True),
+                                ("response_format", {"type": "structural_tag"}, True),
                                 ("tools", [tool], True),
                                 ("tool_choice", "required", True),
                                 ("continue_final_message", True, False)]:
@@ -313,7 +314,12 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
     top1 = c.completions.create(model=model, prompt=prompt_ids, max_tokens=max_tokens,
                                 temperature=1.5, seed=3, extra_body={"top_k": 1})
     sampling = sampling_checks(c, model, prompt_ids, max_tokens, gen_ids, eos_id)
+    # JSON mode as the OpenAI SDK asks for it: the answer is a JSON object.
+    json_mode = c.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=96, temperature=1.0,
+        seed=4, response_format={"type": "json_object"})
     print(json.dumps({
+        "json_mode": [json_mode.choices[0].message.content, json_mode.choices[0].finish_reason],
         "sampling": sampling,
         "model": model, "text": text, "finish": finish,
         "usage": [usage.prompt_tokens, usage.completion_tokens, usage.total_tokens],
@@ -499,6 +505,12 @@ def main():
               out["chat_usage"])
         check(out["chat"] == out["chat_whole"], "chat: streamed == non-streamed (greedy)")
         check(out["bad_request_status"] == 400, "openai.BadRequestError for max_tokens")
+        try:
+            json_answer = json.loads(out["json_mode"][0])
+        except ValueError:
+            json_answer = None
+        check(isinstance(json_answer, dict) and out["json_mode"][1] == "stop",
+              "response_format json_object: a JSON object (%s)" % out["json_mode"])
         for field, got in out["refused"].items():
             check(got == [400, field, "unsupported"],
                   "%s: refused with 400 naming it (got %s)" % (field, got))
@@ -613,18 +625,18 @@ def main():
         after = samples(fetch(base + "/metrics"))
         ok_delta = (value(after, "duet_coordinator_requests_total", outcome="ok") -
                     value(before, "duet_coordinator_requests_total", outcome="ok"))
-        check(ok_delta == 17, "coordinator requests_total{outcome=ok} moved by 17, the usage, "
-              "top_k, sampling-parameter (8), max_completion_tokens, stop_token_ids and "
-              "stop-string requests included (%s)" % ok_delta)
+        check(ok_delta == 18, "coordinator requests_total{outcome=ok} moved by 18, the usage, "
+              "top_k, sampling-parameter (8), max_completion_tokens, stop_token_ids, JSON-mode "
+              "and stop-string requests included (%s)" % ok_delta)
         cancelled_delta = (value(after, "duet_coordinator_requests_total", outcome="cancelled") -
                            value(before, "duet_coordinator_requests_total", outcome="cancelled"))
         check(cancelled_delta == 0, "no request counted as cancelled (%s)" % cancelled_delta)
         ttft = (value(after, "duet_coordinator_ttft_seconds_count") -
                 value(before, "duet_coordinator_ttft_seconds_count"))
-        check(ttft == 17, "TTFT histogram counted 17 requests (%s)" % ttft)
+        check(ttft == 18, "TTFT histogram counted 18 requests (%s)" % ttft)
         e2e = (value(after, "duet_coordinator_e2e_seconds_count") -
                value(before, "duet_coordinator_e2e_seconds_count"))
-        check(e2e == 18, "e2e histogram counted 18 requests (the bad logit_bias id too) (%s)" % e2e)
+        check(e2e == 19, "e2e histogram counted 19 requests (the bad logit_bias id too) (%s)" % e2e)
         check(value(after, "duet_http_requests_total", path="/v1/completions", code="400") >= 8,
               "HTTP 400s counted by path")
         check(value(after, "duet_coordinator_nodes", kind="decode") == 1, "node gauge: 1 decode")

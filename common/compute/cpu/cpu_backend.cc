@@ -378,4 +378,13 @@ absl::StatusOr<std::vector<SampledToken>> CpuBackend::SampleRows(
   return out;
 }
 
+absl::Status CpuBackend::MaskLogits(float* logits, int rows, int vocab,
+                                    absl::Span<const RowMask> masks) {
+  DUET_RETURN_IF_ERROR(ValidateRowMasks(rows, vocab, masks));
+  for (const RowMask& m : masks) {
+    MaskRowOnHost(logits + static_cast<int64_t>(m.row) * vocab, vocab, m.allowed_words);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace duet::compute

@@ -84,6 +84,8 @@ class CpuBackend : public ComputeBackend {
   // SampleRowOnHost per row, rows spread over the pool (each row alone: thread-invariant).
   absl::StatusOr<std::vector<SampledToken>> SampleRows(
       const float* logits, int rows, int vocab, absl::Span<const RowSampling> params) override;
+  absl::Status MaskLogits(float* logits, int rows, int vocab,
+                          absl::Span<const RowMask> masks) override;
 
  private:
   CpuBackend(int num_threads, CpuGemm gemm_kind, cpu::CpuIsa isa);

@@ -109,6 +109,8 @@ class CudaBackend : public ComputeBackend {
   // hundred bytes a row) are copied back. Synchronises the compute stream.
   absl::StatusOr<std::vector<SampledToken>> SampleRows(
       const float* logits, int rows, int vocab, absl::Span<const RowSampling> params) override;
+  absl::Status MaskLogits(float* logits, int rows, int vocab,
+                          absl::Span<const RowMask> masks) override;
 
   // Greedy sampling on the device: out[r] = argmax of logits row r (device memory), copied to
   // the host.
@@ -120,7 +122,16 @@ class CudaBackend : public ComputeBackend {
     std::vector<uint8_t> shadow;
     DeviceBuffer device;
   };
-  enum SlotKind { kIds = 0, kPositions, kSlots, kAttention, kInvFreq, kSampling, kNumSlots };
+  enum SlotKind {
+    kIds = 0,
+    kPositions,
+    kSlots,
+    kAttention,
+    kInvFreq,
+    kSampling,
+    kTokenMasks,
+    kNumSlots
+  };
 
   CudaBackend(int device, ElemType gemm_dtype, bool tensor_prefill);
   absl::Status Init();

@@ -187,4 +187,27 @@ absl::StatusOr<std::vector<SampledToken>> CudaBackend::SampleRows(
   return out;
 }
 
+absl::Status CudaBackend::MaskLogits(float* logits, int rows, int vocab,
+                                     absl::Span<const RowMask> masks) {
+  DUET_RETURN_IF_ERROR(ValidateRowMasks(rows, vocab, masks));
+  if (masks.empty()) return absl::OkStatus();
+  // The rows, then every mask's words, uploaded in one copy.
+  const size_t words = (static_cast<size_t>(vocab) + 31) / 32;
+  const size_t words_at = (masks.size() * sizeof(int32_t) + 7) / 8 * 8;
+  std::vector<uint8_t> meta(words_at + masks.size() * words * sizeof(int32_t));
+  for (size_t m = 0; m < masks.size(); ++m) {
+    std::memcpy(meta.data() + m * sizeof(int32_t), &masks[m].row, sizeof(int32_t));
+    std::memcpy(meta.data() + words_at + m * words * sizeof(int32_t), masks[m].allowed_words.data(),
+                words * sizeof(int32_t));
+  }
+  auto lock = Enter();
+  const auto* dmeta = static_cast<const uint8_t*>(Upload(kTokenMasks, meta.data(), meta.size()));
+  if (dmeta == nullptr) return status();
+  LaunchMaskRows(logits, vocab, reinterpret_cast<const int32_t*>(dmeta),
+                 reinterpret_cast<const int32_t*>(dmeta + words_at), static_cast<int>(masks.size()),
+                 stream_.get());
+  DUET_CUDA_CHECK(cudaGetLastError());
+  return absl::OkStatus();
+}
+
 }  // namespace duet::compute::cuda

@@ -39,6 +39,11 @@ void LaunchFillUniform(void* dst, ElemType type, int64_t n, uint64_t seed, float
                        cudaStream_t s);
 
 // ---- sampling (sampling_kernels.cu; the algorithm of common/sampling/sampling.h)
+// Structured output: logits[rows[m] * vocab + t] = -inf for every token t whose bit is clear in
+// mask m (words[m * ((vocab + 31) / 32) ...], compute::RowMask's layout), m < num_masks
+// (everything in device memory).
+void LaunchMaskRows(float* logits, int vocab, const int32_t* rows, const int32_t* words,
+                    int num_masks, cudaStream_t s);
 // out[r] = argmax_j logits[r, j] (lowest index on ties).
 void LaunchArgMax(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s);
 

@@ -307,7 +307,29 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[blockIdx.x] = best;
 }
 
+// Structured output's masks: block (x, m) covers kThreads tokens of mask m's row; a token whose
+// bit is clear gets -inf.
+__global__ void __launch_bounds__(kThreads)
+    MaskRowsKernel(float* __restrict__ logits, int vocab, const int32_t* __restrict__ rows,
+                   const int32_t* __restrict__ words, int words_per_row) {
+  const int t = blockIdx.x * kThreads + threadIdx.x;
+  if (t >= vocab) return;
+  const int m = blockIdx.y;
+  const uint32_t word =
+      static_cast<uint32_t>(words[static_cast<int64_t>(m) * words_per_row + (t >> 5)]);
+  if (((word >> (t & 31)) & 1u) == 0) {
+    logits[static_cast<int64_t>(rows[m]) * vocab + t] = -CUDART_INF_F;
+  }
+}
+
 }  // namespace
+
+void LaunchMaskRows(float* logits, int vocab, const int32_t* rows, const int32_t* words,
+                    int num_masks, cudaStream_t s) {
+  if (num_masks <= 0 || vocab <= 0) return;
+  const dim3 grid((vocab + kThreads - 1) / kThreads, num_masks);
+  MaskRowsKernel<<<grid, kThreads, 0, s>>>(logits, vocab, rows, words, (vocab + 31) / 32);
+}
 
 void LaunchArgMax(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s) {
   if (rows <= 0 || vocab <= 0) return;

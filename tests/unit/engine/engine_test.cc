@@ -207,7 +207,7 @@ TEST_F(EngineCoreTest, AppendAppliesTheStopRule) {
   auto appended = [&](model::SamplingParams p, std::vector<int32_t> tokens, int generated_before,
                       int32_t token) {
     Sequence seq(1, std::move(tokens), generated_before, p, engine_->eos_ids());
-    return step_->Append(seq, token);
+    return step_->Append(seq, token).value();
   };
   EXPECT_EQ(appended({.max_tokens = 3}, Prompt(4, 1), 0, 7), model::StopReason::kNone);
   EXPECT_EQ(appended({.max_tokens = 3}, Prompt(4, 1), 2, 7), model::StopReason::kMaxTokens);

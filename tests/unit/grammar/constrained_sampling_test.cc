@@ -1,0 +1,276 @@
+// Structured output on the engine core: the backend masks a row exactly (MaskLogits), and a
+// sequence whose SamplingParams carry a grammar samples only what its GrammarConstraint allows,
+// on the tiny synthetic model (byte tokenizer), in chunked prefill and decode, greedy and seeded,
+// ending with the grammar; a resumed sequence (its earlier output replayed into the matcher)
+// continues token-exact; a refused token is never appended; a grammar without a constraint is
+// refused rather than ignored.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/compute/compute_backend.h"
+#include "common/engine/local_engine.h"
+#include "common/engine/sequence.h"
+#include "common/engine/step_runner.h"
+#include "common/grammar/grammar_compiler.h"
+#include "common/grammar/grammar_constraint.h"
+#include "common/kv/block_pool.h"
+#include "common/kv/kv_cache_manager.h"
+#include "common/model/synthetic_model.h"
+#include "common/sampling/sampling.h"
+#include "nlohmann/json.hpp"
+
+namespace duet::grammar {
+namespace {
+
+constexpr int kBlockSize = 4;
+
+TEST(MaskLogitsTest, OnlyTheAllowedTokensKeepTheirLogits) {
+  auto backend = compute::CreateBackend(compute::Device::kCpu, {.num_threads = 1});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  constexpr int kVocab = 70;  // three words, the last partly used
+  std::vector<float> logits(2 * kVocab);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(i % 13) - 6.f;
+  const std::vector<float> before = logits;
+  std::vector<int32_t> words(model::TokenMaskWords(kVocab), 0);
+  const std::set<int> allowed = {0, 31, 32, 63, 69};
+  for (int t : allowed) words[t / 32] |= static_cast<int32_t>(1u << (t % 32));
+  // Row 1 masked, row 0 left alone.
+  ASSERT_TRUE(
+      (*backend)->MaskLogits(logits.data(), 2, kVocab, {{.row = 1, .allowed_words = words}}).ok());
+  for (int t = 0; t < kVocab; ++t) {
+    EXPECT_EQ(logits[t], before[t]) << t;
+    if (allowed.count(t)) {
+      EXPECT_EQ(logits[kVocab + t], before[kVocab + t]) << t;
+    } else {
+      EXPECT_TRUE(std::isinf(logits[kVocab + t]) && logits[kVocab + t] < 0) << t;
+    }
+  }
+  // Greedy and seeded sampling of the masked row pick an allowed token; its logprob is the
+  // masked row's.
+  for (float temperature : {0.f, 1.f, 5.f}) {
+    for (uint64_t seed = 0; seed < 20; ++seed) {
+      const compute::SampledToken t =
+          compute::SampleRowOnHost(logits.data() + kVocab, kVocab,
+                                   {.temperature = temperature, .seed = seed, .num_logprobs = 3});
+      EXPECT_TRUE(allowed.count(t.id)) << t.id;
+    }
+  }
+  // Bad masks are refused, nothing changed.
+  const std::vector<float> now = logits;
+  std::vector<int32_t> short_words(1);
+  EXPECT_FALSE(
+      (*backend)
+          ->MaskLogits(logits.data(), 2, kVocab, {{.row = 0, .allowed_words = short_words}})
+          .ok());
+  EXPECT_FALSE(
+      (*backend)->MaskLogits(logits.data(), 2, kVocab, {{.row = 2, .allowed_words = words}}).ok());
+  EXPECT_FALSE(
+      (*backend)
+          ->MaskLogits(logits.data(), 2, kVocab,
+                       {{.row = 0, .allowed_words = words}, {.row = 0, .allowed_words = words}})
+          .ok());
+  EXPECT_EQ(logits, now);
+}
+
+const std::string& TinyModelDir() {
+  static const std::string* dir = [] {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    auto* d = new std::string(
+        absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/duet_constrained_tiny_", getpid()));
+    if (!model::WriteSyntheticModel("tiny", /*seed=*/5, *d).ok()) std::abort();
+    return d;
+  }();
+  return *dir;
+}
+
+class ConstrainedSamplingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = model::LocalEngine::Load(TinyModelDir(), {.device = compute::Device::kCpu,
+                                                       .num_threads = 1,
+                                                       .block_size = kBlockSize,
+                                                       .kv_cache_bytes = 16 << 20});
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+    auto pool = kv::BlockPool::Create(engine_->runner().MakeKvLayout(kBlockSize), 512);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+    kv_ = std::make_unique<kv::KvCacheManager>(pool_.get(),
+                                               engine_->runner().PrefixCacheSeed(kBlockSize), true);
+    step_ = std::make_unique<engine::StepRunner>(&engine_->runner(), kv_.get(), engine_->eos_ids());
+    auto compiler =
+        GrammarCompiler::Create(engine_->tokenizer(), engine_->runner().config().vocab_size, {});
+    ASSERT_TRUE(compiler.ok()) << compiler.status();
+    compiler_ = std::move(*compiler);
+  }
+
+  std::vector<int32_t> Prompt(int n, int salt) const {
+    std::vector<int32_t> p(n);
+    for (int i = 0; i < n; ++i) p[i] = (i * 31 + salt * 17 + 3) % 256;
+    return p;
+  }
+
+  // A sequence with its constraint and blocks for its tokens.
+  engine::Sequence Admit(std::vector<int32_t> tokens, const model::SamplingParams& params,
+                         int generated_before = 0) {
+    engine::Sequence seq(1, std::move(tokens), generated_before, params, engine_->eos_ids());
+    auto c = ConstraintFor(compiler_.get(), seq.params, seq.given_output());
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (c.ok()) seq.constraint = std::move(*c);
+    auto blocks = kv_->AllocateSequence(seq.tokens, static_cast<int64_t>(seq.tokens.size()));
+    EXPECT_TRUE(blocks.ok()) << blocks.status();
+    if (blocks.ok()) seq.table = std::move(*blocks).MakeTable(pool_.get());
+    return seq;
+  }
+
+  // Prefill in chunks of `chunk`, then decode to the stop.
+  model::StopReason RunToStop(engine::Sequence& seq, int64_t chunk) {
+    while (true) {
+      if (seq.decoding()) EXPECT_TRUE(kv_->Grow(*seq.table, seq.computed() + 1).ok());
+      engine::StepItem item{.seq = &seq, .tokens = std::min(chunk, seq.pending())};
+      auto out = step_->Run({&item, 1});
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (!out.ok()) return model::StopReason::kNone;
+      EXPECT_TRUE((*out)[0].error.ok()) << (*out)[0].error;
+      if (!(*out)[0].error.ok()) return model::StopReason::kNone;
+      if ((*out)[0].sampled && (*out)[0].stop != model::StopReason::kNone) return (*out)[0].stop;
+    }
+  }
+
+  // The output's text, its trailing EOS dropped.
+  std::string Text(const engine::Sequence& seq) const {
+    std::vector<int32_t> out(seq.given_output().begin(), seq.given_output().end());
+    const std::vector<int32_t> eos = engine_->eos_ids();
+    if (!out.empty() && std::count(eos.begin(), eos.end(), out.back())) out.pop_back();
+    auto text = engine_->tokenizer().Decode(out);
+    EXPECT_TRUE(text.ok()) << text.status();
+    return text.ok() ? *text : "";
+  }
+
+  std::unique_ptr<model::LocalEngine> engine_;
+  std::unique_ptr<kv::BlockPool> pool_;
+  std::unique_ptr<kv::KvCacheManager> kv_;
+  std::unique_ptr<engine::StepRunner> step_;
+  std::unique_ptr<GrammarCompiler> compiler_;
+};
+
+// Left alone the tiny model emits arbitrary bytes; constrained, every output is one the grammar
+// accepts, and it ends with EOS where the grammar is complete.
+TEST_F(ConstrainedSamplingTest, OutputsMatchTheirGrammarGreedyAndSeeded) {
+  const std::vector<std::string> choices = {"yes", "no", "maybe"};
+  for (const GrammarSpec& spec :
+       {GrammarSpec::Choice(choices), GrammarSpec::Regex("[0-9]{4}-[a-c]+"),
+        GrammarSpec::JsonSchema(R"({"type": "object", "properties": {"n": {"type": "integer"}},
+                                    "required": ["n"], "additionalProperties": false})")}) {
+    std::set<std::string> seen;
+    for (uint64_t seed = 0; seed < 6; ++seed) {
+      model::SamplingParams params{
+          .temperature = seed == 0 ? 0.f : 1.3f, .seed = seed, .max_tokens = 64, .grammar = spec};
+      engine::Sequence seq = Admit(Prompt(9, static_cast<int>(seed)), params);
+      ASSERT_NE(seq.constraint, nullptr);
+      EXPECT_EQ(RunToStop(seq, /*chunk=*/4), model::StopReason::kEos)
+          << GrammarKindName(spec.kind) << " seed " << seed << ": " << Text(seq);
+      EXPECT_TRUE(seq.constraint->Terminated());
+      const std::string text = Text(seq);
+      seen.insert(text);
+      switch (spec.kind) {
+        case GrammarKind::kChoice:
+          EXPECT_TRUE(std::count(choices.begin(), choices.end(), text)) << text;
+          break;
+        case GrammarKind::kRegex:
+          ASSERT_GE(text.size(), 6u) << text;
+          for (int i = 0; i < 4; ++i) EXPECT_TRUE(text[i] >= '0' && text[i] <= '9') << text;
+          EXPECT_EQ(text[4], '-') << text;
+          for (size_t i = 5; i < text.size(); ++i)
+            EXPECT_TRUE(text[i] >= 'a' && text[i] <= 'c') << text;
+          break;
+        default: {
+          const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+          ASSERT_FALSE(j.is_discarded()) << text;
+          ASSERT_TRUE(j.is_object() && j.size() == 1 && j.contains("n")) << text;
+          EXPECT_TRUE(j["n"].is_number_integer()) << text;
+        }
+      }
+      kv_->Finish(*seq.table, seq.tokens, /*publish=*/false);
+    }
+    EXPECT_GE(seen.size(), 2u) << GrammarKindName(spec.kind) << ": seeds drew one output";
+  }
+}
+
+// A request resumed after k output tokens (its prompt ends with them; the constraint replays
+// them) continues exactly as the uninterrupted run: what a decode node or a re-route does.
+TEST_F(ConstrainedSamplingTest, AResumedSequenceContinuesTokenExact) {
+  const model::SamplingParams params{.temperature = 1.1f,
+                                     .seed = 7,
+                                     .max_tokens = 40,
+                                     .grammar = GrammarSpec::Regex("[a-z]{3,12}")};
+  engine::Sequence whole = Admit(Prompt(10, 3), params);
+  ASSERT_EQ(RunToStop(whole, 16), model::StopReason::kEos);
+  const std::vector<int32_t> out(whole.given_output().begin(), whole.given_output().end());
+  kv_->Finish(*whole.table, whole.tokens, /*publish=*/false);
+  ASSERT_GE(out.size(), 4u);
+  for (int k : {1, 2, 3}) {
+    std::vector<int32_t> tokens = Prompt(10, 3);
+    tokens.insert(tokens.end(), out.begin(), out.begin() + k);
+    engine::Sequence resumed = Admit(tokens, params, /*generated_before=*/k);
+    ASSERT_EQ(RunToStop(resumed, 5), model::StopReason::kEos) << k;
+    EXPECT_EQ(std::vector<int32_t>(resumed.given_output().begin(), resumed.given_output().end()),
+              out)
+        << "resumed after " << k;
+    kv_->Finish(*resumed.table, resumed.tokens, /*publish=*/false);
+  }
+  // Replaying tokens the grammar refuses is an error naming the token, not a constraint.
+  const int32_t digit = '7';
+  auto refused = ConstraintFor(compiler_.get(), params, {&digit, 1});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("token 55"), std::string::npos) << refused.status();
+}
+
+TEST_F(ConstrainedSamplingTest, ARefusedTokenIsNeverAppended) {
+  const model::SamplingParams params{.max_tokens = 8, .grammar = GrammarSpec::Choice({"ab"})};
+  engine::Sequence seq = Admit(Prompt(5, 1), params);
+  const size_t before = seq.tokens.size();
+  auto bad = step_->Append(seq, 'b');  // "ab" must start with 'a'
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(seq.tokens.size(), before);
+  EXPECT_EQ(seq.sampling_state.generated(), 0);
+  auto good = step_->Append(seq, 'a');  // the prefill node's first token, say
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(*good, model::StopReason::kNone);
+  kv_->Finish(*seq.table, seq.tokens, /*publish=*/false);
+}
+
+// A grammar is never silently dropped: a sequence carrying one without its constraint is
+// refused by the step, and a node without a tokenizer refuses to build one.
+TEST_F(ConstrainedSamplingTest, AGrammarWithoutItsConstraintIsRefused) {
+  const model::SamplingParams params{.max_tokens = 8, .grammar = GrammarSpec::JsonObject()};
+  engine::Sequence seq = Admit(Prompt(5, 2), params);
+  seq.constraint.reset();
+  engine::StepItem item{.seq = &seq, .tokens = seq.pending()};
+  auto out = step_->Run({&item, 1});
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("structured output"), std::string::npos) << out.status();
+  kv_->Finish(*seq.table, seq.tokens, /*publish=*/false);
+  auto none = ConstraintFor(nullptr, params, {});
+  ASSERT_FALSE(none.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(none.status())) << none.status();
+  // And the sampling parameters refuse what cannot be combined with a grammar.
+  EXPECT_FALSE((model::SamplingParams{.ignore_eos = true, .grammar = GrammarSpec::JsonObject()})
+                   .Validate(512)
+                   .ok());
+  EXPECT_FALSE((model::SamplingParams{.min_tokens = 2, .grammar = GrammarSpec::JsonObject()})
+                   .Validate(512)
+                   .ok());
+}
+
+}  // namespace
+}  // namespace duet::grammar
