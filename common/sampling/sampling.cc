@@ -21,13 +21,25 @@ int32_t Argmax(const float* logits, int vocab) {
 
 // Temperature sampling over the candidates sorted by logit (desc, id asc on ties).
 int32_t SampleWithTemperature(const float* logits, int vocab, const RowSampling& params) {
-  std::vector<int32_t> idx(vocab);
-  std::iota(idx.begin(), idx.end(), 0);
-  const int k = params.top_k > 0 ? std::min(params.top_k, vocab) : vocab;
+  // Candidates at -inf (masked by a grammar, banned) have weight exactly 0 wherever they would
+  // sort: they change no cut, no sum and no draw, so leaving them out of the sort gives the same
+  // token (a masked row then sorts only what its grammar allows). A row with nothing finite
+  // keeps them all.
+  std::vector<int32_t> idx;
+  idx.reserve(vocab);
+  for (int32_t i = 0; i < vocab; ++i) {
+    if (logits[i] != -std::numeric_limits<float>::infinity()) idx.push_back(i);
+  }
+  if (idx.empty()) {
+    idx.resize(vocab);
+    std::iota(idx.begin(), idx.end(), 0);
+  }
+  const int n = static_cast<int>(idx.size());
+  const int k = params.top_k > 0 ? std::min(params.top_k, n) : n;
   auto cmp = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
-  if (k < vocab) {
+  if (k < n) {
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), cmp);
     idx.resize(k);
   } else {

@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -78,6 +80,75 @@ TEST(MaskLogitsTest, OnlyTheAllowedTokensKeepTheirLogits) {
                        {{.row = 0, .allowed_words = words}, {.row = 0, .allowed_words = words}})
           .ok());
   EXPECT_EQ(logits, now);
+}
+
+// sampling.h's algorithm as its comment states it, over every candidate (-inf ones too): the
+// oracle for the host sampler, which leaves -inf candidates out of its sort.
+int32_t SpecDraw(const std::vector<float>& l, const compute::RowSampling& p) {
+  const int vocab = static_cast<int>(l.size());
+  std::vector<int32_t> idx(vocab);
+  for (int i = 0; i < vocab; ++i) idx[i] = i;
+  std::sort(idx.begin(), idx.end(),
+            [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  if (p.top_k > 0 && p.top_k < vocab) idx.resize(p.top_k);
+  const double max_l = l[idx[0]];
+  std::vector<double> w;
+  for (int32_t id : idx) w.push_back(std::exp((l[id] - max_l) * (1.0 / p.temperature)));
+  size_t keep = idx.size();
+  if (p.min_p > 0.f) {
+    for (size_t i = 1; i < keep; ++i) {
+      if (w[i] < p.min_p) keep = i;
+    }
+  }
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += w[i];
+  if (p.top_p < 1.f) {
+    double acc = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      acc += w[i] / sum;
+      if (acc >= p.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += w[i];
+  const double u = compute::SamplingUniform(p.seed, p.step) * kept;
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += w[i];
+    if (u < acc) return idx[i];
+  }
+  return idx[keep - 1];
+}
+
+// Leaving masked candidates out of the sort changes no draw: every seed, top-k (also past the
+// allowed count), top-p and min-p give the spec's token, on masked and unmasked rows.
+TEST(MaskLogitsTest, LeavingMaskedCandidatesOutOfTheSortChangesNoDraw) {
+  constexpr int kVocab = 300;
+  std::vector<float> masked(kVocab), plain(kVocab);
+  for (int t = 0; t < kVocab; ++t) {
+    plain[t] = std::sin(0.37f * t) * 4.f;
+    masked[t] = t % 7 == 3 || t % 11 == 0 ? plain[t] : -std::numeric_limits<float>::infinity();
+  }
+  for (const compute::RowSampling base :
+       {compute::RowSampling{.temperature = 0.7f},
+        compute::RowSampling{.temperature = 1.5f, .top_k = 5},
+        compute::RowSampling{.temperature = 1.f, .top_k = 200},
+        compute::RowSampling{.temperature = 1.2f, .top_p = 0.8f},
+        compute::RowSampling{.temperature = 2.f, .min_p = 0.05f}}) {
+    for (uint64_t seed = 0; seed < 200; ++seed) {
+      compute::RowSampling p = base;
+      p.seed = seed;
+      p.step = static_cast<int64_t>(seed % 5);
+      for (const std::vector<float>* row : {&masked, &plain}) {
+        ASSERT_EQ(compute::SampleRowOnHost(row->data(), kVocab, p).id, SpecDraw(*row, p))
+            << (row == &masked ? "masked" : "plain") << " seed " << seed << " top_k " << p.top_k
+            << " top_p " << p.top_p << " min_p " << p.min_p;
+      }
+    }
+  }
 }
 
 const std::string& TinyModelDir() {
