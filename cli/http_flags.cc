@@ -7,6 +7,38 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "cli/flag_groups.h"
+#include "nlohmann/json.hpp"
+
+namespace duet::cli {
+
+// A flag whose value is a JSON list of strings, as vLLM takes --allowed-origins '["https://a"]'.
+struct JsonStringList {
+  std::vector<std::string> items;
+};
+
+bool AbslParseFlag(absl::string_view text, JsonStringList* out, std::string* error) {
+  const nlohmann::json j =
+      nlohmann::json::parse(std::string(text), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_array()) {
+    *error = "not a JSON list of strings (e.g. '[\"*\"]' or '[\"https://a.example\"]')";
+    return false;
+  }
+  out->items.clear();
+  for (const nlohmann::json& item : j) {
+    if (!item.is_string() || item.get_ref<const std::string&>().empty()) {
+      *error = "every entry must be a non-empty string, got " + item.dump();
+      return false;
+    }
+    out->items.push_back(item.get<std::string>());
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(const JsonStringList& list) {
+  return nlohmann::json(list.items).dump();
+}
+
+}  // namespace duet::cli
 
 ABSL_FLAG(int, http_port, -1,
           "port of the OpenAI-compatible HTTP API and /metrics (-1: off, 0: any free port)");
@@ -35,9 +67,19 @@ ABSL_FLAG(double, http_write_timeout_s,
           "buffer); then the connection is closed and its request cancelled, as for a "
           "disconnect. Must be positive");
 
+ABSL_FLAG(duet::cli::JsonStringList, allowed_origins, {{"*"}},
+          "CORS: origins whose pages may call the HTTP API, a JSON list (vLLM's form); [\"*\"]: "
+          "any");
+ABSL_FLAG(duet::cli::JsonStringList, allowed_methods, {{"*"}},
+          "CORS: methods a cross-origin page may use, a JSON list; [\"*\"]: any");
+ABSL_FLAG(duet::cli::JsonStringList, allowed_headers, {{"*"}},
+          "CORS: request headers a cross-origin page may send, a JSON list; [\"*\"]: any");
+ABSL_FLAG(bool, allow_credentials, false,
+          "CORS: let cross-origin pages send credentials (the origin is then echoed, never *)");
+
 ABSL_FLAG(std::string, api_key, "",
-          "the HTTP API's key: a server requires 'Authorization: Bearer KEY' on its /v1/ routes; "
-          "bench serve sends it");
+          "the HTTP API's key: a server requires 'Authorization: Bearer KEY' on every route but "
+          "/health, /ping, /metrics, /metrics/targets and /version; bench serve sends it");
 
 namespace duet::cli {
 
@@ -54,7 +96,11 @@ std::vector<FlagGroupInfo> HttpFlagGroups() {
             &absl::GetFlagReflectionHandle(FLAGS_http_header_timeout_s),
             &absl::GetFlagReflectionHandle(FLAGS_http_body_timeout_s),
             &absl::GetFlagReflectionHandle(FLAGS_http_idle_timeout_s),
-            &absl::GetFlagReflectionHandle(FLAGS_http_write_timeout_s)}},
+            &absl::GetFlagReflectionHandle(FLAGS_http_write_timeout_s),
+            &absl::GetFlagReflectionHandle(FLAGS_allowed_origins),
+            &absl::GetFlagReflectionHandle(FLAGS_allowed_methods),
+            &absl::GetFlagReflectionHandle(FLAGS_allowed_headers),
+            &absl::GetFlagReflectionHandle(FLAGS_allow_credentials)}},
           {FlagGroup::kApiKey,
            "api_key",
            "HTTP API key",
@@ -83,7 +129,11 @@ std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags() {
       .body_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_body_timeout_s)),
       .idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_idle_timeout_s)),
       .write_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_write_timeout_s)),
-      .served_model_names = names};
+      .served_model_names = names,
+      .cors = {.allowed_origins = absl::GetFlag(FLAGS_allowed_origins).items,
+               .allowed_methods = absl::GetFlag(FLAGS_allowed_methods).items,
+               .allowed_headers = absl::GetFlag(FLAGS_allowed_headers).items,
+               .allow_credentials = absl::GetFlag(FLAGS_allow_credentials)}};
 }
 
 }  // namespace duet::cli

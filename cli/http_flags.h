@@ -14,9 +14,10 @@
 namespace duet::cli {
 
 // --http-port (-1: nullopt, the API is off), --http-host, --served-model-name, --api-key,
-// --max-body-bytes, --max-concurrent-streams, --http-max-connections and the
-// --http-{header,body,idle,write}-timeout-s deadlines (a non-positive --http-write-timeout-s is
-// refused by HttpFront::Start, naming it).
+// --max-body-bytes, --max-concurrent-streams, --http-max-connections, the CORS flags
+// (--allowed-origins, --allowed-methods, --allowed-headers: JSON lists, as vLLM's;
+// --allow-credentials) and the --http-{header,body,idle,write}-timeout-s deadlines (a non-positive
+// --http-write-timeout-s is refused by HttpFront::Start, naming it).
 std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags();
 std::string ReadApiKeyFlag();
 

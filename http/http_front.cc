@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
+#include "http/added_headers.h"
 #include "http/generation_threads.h"
 #include "http/metrics_targets.h"
 #include "http/openai_protocol.h"
@@ -107,7 +108,17 @@ class HttpFront::Handlers {
 
   // On an I/O thread: quick routes are answered here, generations go to their own thread.
   void Handle(HttpRequest req, std::shared_ptr<HttpResponder> res) {
-    if (!options_.api_key.empty() && absl::StartsWith(req.path, "/v1/") &&
+    // Headers every response to this request carries, whatever answers it.
+    HttpHeaders extra = CorsHeaders(options_.cors, req);
+    if (std::string id = req.Header("X-Request-Id"); !id.empty()) {
+      extra.emplace_back("X-Request-Id", std::move(id));
+    }
+    res = WithHeaders(std::move(res), std::move(extra));
+    if (IsPreflight(req)) {  // a browser asks before its request; it sends no key for this
+      Preflight p = AnswerPreflight(options_.cors, req);
+      return res->Reply(p.status, p.headers, "text/plain; charset=utf-8", std::move(p.body));
+    }
+    if (!options_.api_key.empty() && NeedsKey(req.path) &&
         req.Header("Authorization") != "Bearer " + options_.api_key) {
       return Reply(*res,
                    ApiError{.http_status = 401,
@@ -166,6 +177,12 @@ class HttpFront::Handlers {
       if (!h.ready()) headers.emplace_back("Retry-After", "1");
       return res->Reply(h.ready() ? 200 : 503, headers, kJson, Dump(j));
     }
+    if ((get || req.method == "POST") && req.path == "/ping") {  // vLLM's, for SageMaker
+      HttpHeaders headers;
+      const bool ready = backend_->Health().ready();
+      if (!ready) headers.emplace_back("Retry-After", "1");
+      return res->Reply(ready ? 200 : 503, headers, "text/plain; charset=utf-8", "");
+    }
     if (get && req.path == "/metrics") {
       return res->Reply(200, {}, "text/plain; version=0.0.4; charset=utf-8", registry_->Render());
     }
@@ -185,6 +202,14 @@ class HttpFront::Handlers {
     Reply(*res, ApiError{.http_status = 404,
                          .message = absl::StrCat("no route for ", req.method, " ", req.path),
                          .code = "not_found"});
+  }
+
+  // Routes for load balancers, scrapers and version checks stay open with an API key.
+  static bool NeedsKey(const std::string& path) {
+    for (const char* open : {"/health", "/ping", "/metrics", "/metrics/targets", "/version"}) {
+      if (path == open) return false;
+    }
+    return true;
   }
 
   // A JSON body answered 200, or an error.
@@ -306,8 +331,9 @@ class HttpFront::Handlers {
 
  private:
   static std::string PathLabel(const std::string& path) {
-    for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                          "/metrics", "/metrics/targets", "/tokenize", "/detokenize", "/version"}) {
+    for (const char* p :
+         {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ping", "/metrics",
+          "/metrics/targets", "/tokenize", "/detokenize", "/version"}) {
       if (path == p) return p;
     }
     return "other";

@@ -3,17 +3,21 @@
 // slow and idle clients hold no thread; header, body and idle deadlines; a connection limit).
 //   POST /v1/completions, POST /v1/chat/completions (stream: true -> server-sent events),
 //   GET /v1/models and /v1/models/{id}, GET /health (200 only when the backend can prefill and
-//   decode), GET /metrics (Prometheus text from the server's registry), GET /metrics/targets
-//   (Prometheus HTTP service discovery: this server and every live node's /metrics, with labels;
-//   http/metrics_targets.h), GET /version,
-//   POST /tokenize and /detokenize (vLLM's shapes; on a thread of their own).
+//   decode) and GET|POST /ping (the same status, no body), GET /metrics (Prometheus text from
+//   the server's registry), GET /metrics/targets (Prometheus HTTP service discovery: this server
+//   and every live node's /metrics, with labels; http/metrics_targets.h), GET /version,
+//   POST /tokenize and /detokenize (vLLM's shapes; on a thread of their own), and CORS
+//   preflights (OPTIONS; cors.h).
 // It parses, checks and runs each request in-process through a GenerationBackend (the
 // coordinator's request path, or the colocated server's) on a thread of its own, at most
 // max_concurrent_streams generations at once (429 beyond, before any thread is started), maps
 // failures to OpenAI-shaped errors (429/503 with Retry-After when there is no capacity), and
 // cancels a request whose client disconnects or stops reading (write_timeout), streamed or not.
-// /health, /metrics, /metrics/targets and /v1/models are answered on the I/O threads and never
-// wait for a generation.
+// /health, /ping, /metrics, /metrics/targets and /v1/models are answered on the I/O threads and
+// never wait for a generation. With an API key every route but /health, /ping, /metrics,
+// /metrics/targets, /version and preflights needs it. Every response to a request from an
+// allowed Origin carries the CORS headers, and one to a request with an X-Request-Id header
+// echoes it.
 //
 //   HttpFrontOptions o{.host = "127.0.0.1", .port = 8000, .model_name = "smollm2"};
 //   DUET_ASSIGN_OR_RETURN(auto front, HttpFront::Start(o, backend, tokenizer, &registry));
@@ -32,6 +36,7 @@
 #include "common/metrics/metrics.h"
 #include "common/tokenizer/tokenizer.h"
 #include "duet/v1/client.pb.h"
+#include "http/cors.h"
 #include "http/http_server.h"
 
 namespace duet::http {
@@ -91,6 +96,8 @@ struct HttpFrontOptions {
   std::string server_kind = "coordinator";
   // HTTPS (HttpServerOptions::tls): nullopt serves plain HTTP.
   std::optional<tls::TlsIdentity> tls;
+  // Browsers' cross-origin requests (cors.h): every origin by default, as vLLM.
+  CorsOptions cors;
 };
 
 // The name /v1/models reports for a model at `model_path`: its last path component

@@ -496,6 +496,10 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
   if (auto e = GetBool(j, "ignore_eos", &out->ignore_eos)) return e;
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return WrongType("stream_options", "an object", *it);
+    if (!out->stream) {  // as vLLM: they would silently do nothing
+      return Invalid("'stream_options' can only be given with 'stream': true", "stream_options",
+                     "invalid_value");
+    }
     if (auto e = GetBool(*it, "include_usage", &out->include_usage)) return e;
   }
   return std::nullopt;

@@ -214,6 +214,8 @@ std::string OtherValue(const absl::CommandLineFlag& f) {
   if (f.IsOfType<std::string>()) return "value with spaces, = and --dashes";
   if (f.IsOfType<absl::Duration>()) return "1.5s";
   if (f.IsOfType<double>()) return "0.375";
+  // The CORS flags' JSON lists.
+  if (absl::StartsWith(f.DefaultValue(), "[")) return R"(["https://a.example","with, = spaces"])";
   return f.DefaultValue() == "7" ? "8" : "7";
 }
 

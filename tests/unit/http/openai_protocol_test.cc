@@ -49,7 +49,8 @@ TEST(OpenAiParseTest, KnownFieldsWithWrongTypesNameTheField) {
       {Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 2})",
        "logprobs"},
       {Endpoint::kChat,
-       R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}})",
+       R"({"messages": [{"role": "user", "content": "x"}], "stream": true,
+           "stream_options": {"include_usage": 1}})",
        "include_usage"},
   };
   for (const Case& c : cases) {
@@ -61,33 +62,25 @@ TEST(OpenAiParseTest, KnownFieldsWithWrongTypesNameTheField) {
 }
 
 TEST(OpenAiParseTest, ValuesOutOfRange) {
-  for (const char* body : {R"({"prompt": "hi", "max_tokens": 0})",
-                           R"({"prompt": "hi", "max_tokens": -3})",
-                           R"({"prompt": "hi", "temperature": 2.5})",
-                           R"({"prompt": "hi", "top_p": 1.5})",
-                           R"({"prompt": "hi", "n": 0})",
-                           R"({"prompt": "hi", "n": 129})",
-                           R"({"prompt": ["a", "b"], "n": 65})",
-                           R"({"prompt": ["a", [1, 2]]})",
-                           R"({"prompt": ["a", ""]})",
-                           R"({"prompt": "hi", "best_of": 3, "n": 2})",
-                           R"({"prompt": "hi", "logprobs": 21})",
-                           R"({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})",
-                           R"({"prompt": "hi", "stop": ""})",
-                           R"({"prompt": "hi", "frequency_penalty": 2.5})",
-                           R"({"prompt": "hi", "presence_penalty": -3})",
-                           R"({"prompt": "hi", "min_p": 1.5})",
-                           R"({"prompt": "hi", "repetition_penalty": 0})",
-                           R"({"prompt": "hi", "min_tokens": -1})",
-                           R"({"prompt": "hi", "logit_bias": {"5": 101}})",
-                           R"({"prompt": "hi", "logit_bias": [1]})",
-                           R"({"prompt": "hi", "logit_bias": {"x": 1}})",
-                           R"({"prompt": "hi", "logit_bias": {"-1": 1}})",
-                           R"({"prompt": "hi", "logit_bias": {"5": 1, "05": 2}})",
-                           R"({"prompt": ""})",
-                           R"({"prompt": []})",
-                           R"({"prompt": [-1]})",
-                           R"({"max_tokens": 4})"}) {
+  for (const char* body :
+       {R"({"prompt": "hi", "max_tokens": 0})", R"({"prompt": "hi", "max_tokens": -3})",
+        R"({"prompt": "hi", "temperature": 2.5})", R"({"prompt": "hi", "top_p": 1.5})",
+        R"({"prompt": "hi", "n": 0})", R"({"prompt": "hi", "n": 129})",
+        R"({"prompt": ["a", "b"], "n": 65})", R"({"prompt": ["a", [1, 2]]})",
+        R"({"prompt": ["a", ""]})", R"({"prompt": "hi", "best_of": 3, "n": 2})",
+        R"({"prompt": "hi", "logprobs": 21})",
+        R"({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})", R"({"prompt": "hi", "stop": ""})",
+        R"({"prompt": "hi", "frequency_penalty": 2.5})",
+        R"({"prompt": "hi", "presence_penalty": -3})", R"({"prompt": "hi", "min_p": 1.5})",
+        R"({"prompt": "hi", "repetition_penalty": 0})", R"({"prompt": "hi", "min_tokens": -1})",
+        R"({"prompt": "hi", "logit_bias": {"5": 101}})", R"({"prompt": "hi", "logit_bias": [1]})",
+        R"({"prompt": "hi", "logit_bias": {"x": 1}})",
+        R"({"prompt": "hi", "logit_bias": {"-1": 1}})",
+        R"({"prompt": "hi", "logit_bias": {"5": 1, "05": 2}})", R"({"prompt": ""})",
+        R"({"prompt": []})", R"({"prompt": [-1]})", R"({"max_tokens": 4})",
+        // As vLLM: stream_options would silently do nothing without stream.
+        R"({"prompt": "hi", "stream_options": {"include_usage": true}})",
+        R"({"prompt": "hi", "stream": false, "stream_options": {}})"}) {
     auto e = Parse(Endpoint::kCompletions, body);
     ASSERT_TRUE(e) << body;
     EXPECT_EQ(e->http_status, 400) << body;
