@@ -394,8 +394,8 @@ class HttpFront::Handlers {
     if (prompt != nullptr) {
       text = prompt->text;
     } else {
-      absl::StatusOr<std::string> chat =
-          model::RenderChat(model::ChatTemplateOf(*tokenizer_), parsed.messages);
+      absl::StatusOr<std::string> chat = model::RenderChat(model::ChatTemplateOf(*tokenizer_),
+                                                           parsed.messages, parsed.chat_rendering);
       if (!chat.ok()) return ErrorFromStatus(chat.status());
       text = *std::move(chat);
     }

@@ -215,10 +215,7 @@ const Unimplemented kUnimplemented[] = {
     {"prompt_logprobs", Never,
      "prompt_logprobs is not supported (completions echo with logprobs gives them)"},
     {"use_beam_search", IsFalse, "beam search is not supported"},
-    {"continue_final_message", IsFalse, "continue_final_message is not supported"},
-    {"add_generation_prompt", IsTrue, "add_generation_prompt false is not supported"},
     {"chat_template", Never, "a per-request chat template is not supported"},
-    {"chat_template_kwargs", Empty, "chat_template_kwargs is not supported"},
     {"bad_words", Empty, "bad_words is not supported"},
     {"allowed_token_ids", Empty, "allowed_token_ids is not supported"},
     {"truncate_prompt_tokens", Never, "truncate_prompt_tokens is not supported"},
@@ -292,6 +289,47 @@ std::optional<ApiError> ParseSamplingExtras(const json& j, ParsedRequest* out) {
   }
   return std::nullopt;
 }
+// How chat messages become the prompt, as vLLM takes it: add_generation_prompt,
+// continue_final_message and the chat_template_kwargs duet's renderer reads (enable_thinking).
+std::optional<ApiError> ParseChatRendering(Endpoint endpoint, const json& j,
+                                           model::ChatRenderOptions* out) {
+  if (endpoint != Endpoint::kChat) {
+    for (const char* field :
+         {"add_generation_prompt", "continue_final_message", "chat_template_kwargs"}) {
+      if (auto it = j.find(field); it != j.end() && !it->is_null()) {
+        return Invalid(absl::StrCat("'", field, "' applies to chat completions only"), field,
+                       "invalid_value");
+      }
+    }
+    return std::nullopt;
+  }
+  if (auto e = GetBool(j, "add_generation_prompt", &out->add_generation_prompt)) return e;
+  if (auto e = GetBool(j, "continue_final_message", &out->continue_final_message)) return e;
+  if (out->add_generation_prompt && out->continue_final_message) {
+    return Invalid(
+        "'continue_final_message' needs 'add_generation_prompt': false (the final message is "
+        "either continued or followed by a new assistant turn)",
+        "continue_final_message", "invalid_value");
+  }
+  auto it = j.find("chat_template_kwargs");
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return WrongType("chat_template_kwargs", "an object", *it);
+  for (const auto& [key, value] : it->items()) {
+    if (key == "enable_thinking") {
+      if (!value.is_boolean()) {
+        return WrongType("chat_template_kwargs.enable_thinking", "a boolean", value);
+      }
+      out->enable_thinking = value.get<bool>();
+      continue;
+    }
+    return Invalid(absl::StrCat("'chat_template_kwargs.", key,
+                                "' is not supported (duet renders chat templates without Jinja "
+                                "and reads only enable_thinking)"),
+                   "chat_template_kwargs", "unsupported");
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
@@ -305,6 +343,7 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
   if (!j.is_object()) return Invalid("the request body must be a JSON object", "", "invalid_json");
   if (auto e = RefuseUnimplemented(j)) return e;
   if (auto e = ParseStructuredOutput(j, &out->grammar)) return e;
+  if (auto e = ParseChatRendering(endpoint, j, &out->chat_rendering)) return e;
 
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return WrongType("model", "a string", *it);

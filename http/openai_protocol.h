@@ -88,6 +88,8 @@ struct ParsedRequest {
   bool ignore_eos = false;  // extension (as vLLM): keep generating past EOS, for benchmarks
   // Structured output (structured_output.h): what the output must match.
   std::optional<grammar::GrammarSpec> grammar;
+  // Chat: add_generation_prompt, continue_final_message, chat_template_kwargs.
+  model::ChatRenderOptions chat_rendering;
 };
 
 // Parses and checks the body: malformed JSON, a known field of the wrong type, values out of

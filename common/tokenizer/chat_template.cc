@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -185,8 +186,26 @@ ChatTemplate ChatTemplateOf(const Tokenizer& tokenizer) {
   return t;
 }
 
-absl::StatusOr<std::string> RenderChat(const ChatTemplate& t,
-                                       const std::vector<ChatMessage>& messages) {
+namespace {
+
+// The assistant header a family's renderer ends with (empty for the [INST] families).
+std::string GenerationPrompt(Family family) {
+  switch (family) {
+    case Family::kNone:
+      return "assistant:";
+    case Family::kChatMl:
+      return "<|im_start|>assistant\n";
+    case Family::kLlama3:
+      return "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    case Family::kGemma:
+      return "<start_of_turn>model\n";
+    default:
+      return "";
+  }
+}
+
+absl::StatusOr<std::string> RenderWithGenerationPrompt(const ChatTemplate& t,
+                                                       const std::vector<ChatMessage>& messages) {
   switch (FamilyOf(t.source)) {
     case Family::kNone: {
       std::string out;
@@ -209,6 +228,51 @@ absl::StatusOr<std::string> RenderChat(const ChatTemplate& t,
   return absl::UnimplementedError(absl::StrCat(
       "the model's chat template '", t.source.substr(0, 80), t.source.size() > 80 ? "...'" : "'",
       " is not supported; supported: ChatML, Llama-3, Llama-2/Mistral [INST], Gemma"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RenderChat(const ChatTemplate& t,
+                                       const std::vector<ChatMessage>& messages,
+                                       const ChatRenderOptions& options) {
+  if (options.continue_final_message && options.add_generation_prompt) {
+    return absl::InvalidArgumentError(
+        "continue_final_message and add_generation_prompt cannot both be set (the final message "
+        "is either continued or followed by a new assistant turn)");
+  }
+  if (options.continue_final_message && messages.empty()) {
+    return absl::InvalidArgumentError("continue_final_message needs a final message");
+  }
+  if (options.enable_thinking.has_value() && !Has(t.source, "enable_thinking")) {
+    return absl::InvalidArgumentError(
+        "chat_template_kwargs.enable_thinking: the model's chat template does not read it");
+  }
+  DUET_ASSIGN_OR_RETURN(std::string out, RenderWithGenerationPrompt(t, messages));
+  const std::string prompt = GenerationPrompt(FamilyOf(t.source));
+  if (!options.add_generation_prompt) {
+    if (!prompt.empty() && absl::EndsWith(out, prompt)) out.resize(out.size() - prompt.size());
+  } else if (options.enable_thinking == false) {
+    out += "<think>\n\n</think>\n\n";  // Qwen3's template, thinking off
+  }
+  if (options.continue_final_message) {
+    // As transformers: cut after the last occurrence of the final message's content (as written,
+    // else stripped, since some families trim it).
+    const std::string& final_content = messages.back().content;
+    const std::string stripped = Trim(final_content);
+    size_t at = final_content.empty() ? std::string::npos : out.rfind(final_content);
+    size_t len = final_content.size();
+    if (at == std::string::npos && !stripped.empty()) {
+      at = out.rfind(stripped);
+      len = stripped.size();
+    }
+    if (at == std::string::npos) {
+      return absl::InvalidArgumentError(
+          "continue_final_message: the final message does not appear in the rendered chat (an "
+          "empty final message cannot be continued)");
+    }
+    out.resize(at + len);
+  }
+  return out;
 }
 
 absl::StatusOr<std::string> RenderChat(const ChatTemplate& t, const std::string& user_message) {

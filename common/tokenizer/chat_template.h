@@ -27,6 +27,7 @@
 // Tokenizer::Encode does not add a second BOS in front of it.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,8 +52,24 @@ struct ChatTemplate {
 // The tokenizer's template with the texts of its BOS and (first) EOS tokens.
 ChatTemplate ChatTemplateOf(const Tokenizer& tokenizer);
 
+// How a conversation is rendered, as HF transformers' apply_chat_template takes it (and vLLM
+// passes it on).
+struct ChatRenderOptions {
+  // End with the family's assistant header (ChatML, Llama-3, Gemma, the plain form); the [INST]
+  // families have none (their prompt ends with [/INST] either way).
+  bool add_generation_prompt = true;
+  // Continue the last message instead of closing it: the rendered chat is cut right after that
+  // message's content, as transformers does (so no end-of-turn token or EOS follows it).
+  // Refused with add_generation_prompt (InvalidArgument).
+  bool continue_final_message = false;
+  // chat_template_kwargs.enable_thinking, for templates that read it (Qwen3): false writes the
+  // empty think block after the generation prompt. Set for another template: InvalidArgument.
+  std::optional<bool> enable_thinking;
+};
+
 absl::StatusOr<std::string> RenderChat(const ChatTemplate& chat_template,
-                                       const std::vector<ChatMessage>& messages);
+                                       const std::vector<ChatMessage>& messages,
+                                       const ChatRenderOptions& options = {});
 // One user message.
 absl::StatusOr<std::string> RenderChat(const ChatTemplate& chat_template,
                                        const std::string& user_message);

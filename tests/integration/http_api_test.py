@@ -9,7 +9,8 @@ only) with the HTTP API and node metrics on, then:
     greedy token never comes, min_tokens holds a boosted EOS back, bad values are 400s);
     top_k, stop_token_ids and max_completion_tokens too; response_format json_object gives a JSON
     object through the official client; tools, tool_choice, a response_format type not served,
-    suffix, continue_final_message, bad_words and a tool message are 400s naming them;
+    suffix, an unread chat_template_kwargs key, bad_words and a tool message are 400s naming
+    them;
   - n choices (choice j is the n = 1 request with seed + j; streamed choices reassemble by
     index), unseeded choices that differ, a list of prompts (prompt-major choices), echo, and
     echo with logprobs (the prompt scored, exactly as generation scored the same tokens, also
@@ -277,7 +278,8 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
                                 ("response_format", {"type": "structural_tag"}, True),
                                 ("tools", [tool], True),
                                 ("tool_choice", "required", True),
-                                ("continue_final_message", True, False)]:
+                                ("chat_template_kwargs", {"tools_in_user_message": True},
+                                 False)]:
         # Fields the client does not know (vLLM's) go through extra_body, as vLLM users send them.
         kw = {field: value} if known else {"extra_body": {field: value}}
         try:

@@ -144,8 +144,6 @@ TEST(OpenAiParseTest, UnimplementedFieldsAreRefusedNamingThem) {
       {"suffix", R"("tail")", R"("")"},
       {"prompt_logprobs", "0", ""},  // 0 is not a no-op: the prompt tokens' own logprobs
       {"use_beam_search", "true", "false"},
-      {"continue_final_message", "true", "false"},
-      {"add_generation_prompt", "false", "true"},
       {"chat_template", R"("{{ x }}")", ""},
       {"bad_words", R"(["x"])", "[]"},
       {"allowed_token_ids", "[1, 2]", "[]"},
@@ -434,6 +432,46 @@ TEST(OpenAiResponseTest, LogprobsShapes) {
 
 TEST(OpenAiResponseTest, DumpReplacesInvalidUtf8) {
   EXPECT_EQ(Dump(json("a\xFF")), "\"a\xEF\xBF\xBD\"");
+}
+
+// Chat rendering options, as vLLM takes them; chat only, and only what the renderer reads.
+TEST(OpenAiParseTest, ChatRenderingOptions) {
+  ParsedRequest r;
+  ASSERT_FALSE(Parse(Endpoint::kChat,
+                     R"({"messages": [{"role": "user", "content": "x"}],
+                         "add_generation_prompt": false, "continue_final_message": true,
+                         "chat_template_kwargs": {"enable_thinking": false}})",
+                     &r));
+  EXPECT_FALSE(r.chat_rendering.add_generation_prompt);
+  EXPECT_TRUE(r.chat_rendering.continue_final_message);
+  EXPECT_EQ(r.chat_rendering.enable_thinking, std::optional<bool>(false));
+  ASSERT_FALSE(Parse(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}]})", &r));
+  EXPECT_TRUE(r.chat_rendering.add_generation_prompt);
+  EXPECT_FALSE(r.chat_rendering.enable_thinking.has_value());
+  struct Case {
+    Endpoint ep;
+    const char* body;
+    const char* param;
+  } cases[] = {
+      {Endpoint::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true})",
+       "continue_final_message"},
+      {Endpoint::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"x": 1}})",
+       "chat_template_kwargs"},
+      {Endpoint::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}],
+           "chat_template_kwargs": {"enable_thinking": "no"}})",
+       "chat_template_kwargs.enable_thinking"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "add_generation_prompt": false})",
+       "add_generation_prompt"},
+  };
+  for (const Case& c : cases) {
+    auto e = Parse(c.ep, c.body);
+    ASSERT_TRUE(e) << c.body;
+    EXPECT_EQ(e->http_status, 400);
+    EXPECT_EQ(e->param, c.param) << e->message;
+  }
 }
 
 }  // namespace

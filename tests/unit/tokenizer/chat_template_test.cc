@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/tokenizer/byte_tokenizer.h"
@@ -182,6 +183,58 @@ TEST(ChatTemplateTest, EndOfTurnTokens) {
   EXPECT_EQ(EndOfTurnToken(kGemma3), "<end_of_turn>");
   EXPECT_EQ(EndOfTurnToken(kMistral), "");  // EOS ends the turn
   EXPECT_EQ(EndOfTurnToken(""), "");
+}
+
+// add_generation_prompt, continue_final_message and Qwen3's enable_thinking, as transformers'
+// apply_chat_template renders them (the final message continued: cut after its content).
+TEST(ChatTemplateTest, GenerationPromptContinuationAndThinking) {
+  const std::vector<ChatMessage> partial = {{"user", "Hi"}, {"assistant", "The answer is"}};
+  auto render = [](const std::string& source, const std::vector<ChatMessage>& m,
+                   const ChatRenderOptions& o) {
+    absl::StatusOr<std::string> out = RenderChat(ChatTemplate{.source = source}, m, o);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? *out : "";
+  };
+  const ChatRenderOptions no_prompt{.add_generation_prompt = false};
+  const ChatRenderOptions cont{.add_generation_prompt = false, .continue_final_message = true};
+  EXPECT_EQ(render(kSmolLm2, {{"user", "Hi"}}, no_prompt),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+  EXPECT_EQ(render(kSmolLm2, partial, cont),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nThe answer is");
+  EXPECT_EQ(render(kLlama3, partial, cont),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nThe answer is");
+  EXPECT_EQ(render(kLlama3, {{"user", "Hi"}}, no_prompt),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
+  EXPECT_EQ(render(kLlama2, partial, cont), "<s>[INST] Hi [/INST] The answer is");
+  EXPECT_EQ(render(kGemma, partial, cont),
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nThe answer is");
+  EXPECT_EQ(render(kGemma, {{"user", "Hi"}}, no_prompt),
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n");
+  // Content with trailing space is continued as the trimming family wrote it.
+  EXPECT_EQ(render(kLlama3, {{"user", "Hi"}, {"assistant", "Sure, "}}, cont),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nSure,");
+  // Qwen3 reads enable_thinking: off writes the empty think block.
+  const std::string qwen3 =
+      "{%- for message in messages %}<|im_start|>...<|im_end|>{%- endfor %}{%- if "
+      "add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is "
+      "defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}";
+  EXPECT_EQ(render(qwen3, {{"user", "Hi"}}, {.enable_thinking = false}),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(render(qwen3, {{"user", "Hi"}}, {.enable_thinking = true}),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  // Refused: both at once, thinking for a template that does not read it, nothing to continue.
+  for (const auto& [source, messages, options] :
+       std::vector<std::tuple<std::string, std::vector<ChatMessage>, ChatRenderOptions>>{
+           {kSmolLm2, partial, {.continue_final_message = true}},
+           {kSmolLm2, partial, {.enable_thinking = false}},
+           {kSmolLm2, {{"user", "Hi"}, {"assistant", ""}}, cont},
+           {kSmolLm2, {}, cont}}) {
+    EXPECT_FALSE(RenderChat(ChatTemplate{.source = source}, messages, options).ok());
+  }
 }
 
 }  // namespace
