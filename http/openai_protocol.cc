@@ -219,8 +219,6 @@ const Unimplemented kUnimplemented[] = {
     {"bad_words", Empty, "bad_words is not supported"},
     {"allowed_token_ids", Empty, "allowed_token_ids is not supported"},
     {"truncate_prompt_tokens", Never, "truncate_prompt_tokens is not supported"},
-    {"include_stop_str_in_output", IsFalse, "include_stop_str_in_output is not supported"},
-    {"skip_special_tokens", IsTrue, "skip_special_tokens false is not supported"},
     {"spaces_between_special_tokens", IsTrue,
      "spaces_between_special_tokens false is not supported"},
     {"logits_processors", Empty, "logits_processors are not supported"},
@@ -533,6 +531,10 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
   }
   if (auto e = GetBool(j, "stream", &out->stream)) return e;
   if (auto e = GetBool(j, "ignore_eos", &out->ignore_eos)) return e;
+  if (auto e = GetBool(j, "skip_special_tokens", &out->skip_special_tokens)) return e;
+  if (auto e = GetBool(j, "include_stop_str_in_output", &out->include_stop_str_in_output)) {
+    return e;
+  }
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return WrongType("stream_options", "an object", *it);
     if (!out->stream) {  // as vLLM: they would silently do nothing
@@ -627,7 +629,8 @@ size_t Utf8SafePrefix(const std::string& s, size_t limit) {
   return limit;
 }
 
-TextAssembler::TextAssembler(std::vector<std::string> stops) : stops_(std::move(stops)) {
+TextAssembler::TextAssembler(std::vector<std::string> stops, bool include_stop)
+    : stops_(std::move(stops)), include_stop_(include_stop) {
   for (const std::string& s : stops_) max_stop_ = std::max(max_stop_, s.size());
 }
 
@@ -635,10 +638,17 @@ std::string TextAssembler::Add(const std::string& bytes) {
   if (stopped_) return "";
   pending_ += bytes;
   size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, pending_.find(s));
+  size_t end = std::string::npos;  // just past the stop string that starts first
+  for (const std::string& s : stops_) {
+    const size_t at = pending_.find(s);
+    if (at < first) {
+      first = at;
+      end = at + s.size();
+    }
+  }
   if (first != std::string::npos) {
     stopped_ = true;
-    std::string out = pending_.substr(0, first);
+    std::string out = pending_.substr(0, include_stop_ ? end : first);
     pending_.clear();
     return out;
   }

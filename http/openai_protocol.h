@@ -86,6 +86,11 @@ struct ParsedRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool ignore_eos = false;  // extension (as vLLM): keep generating past EOS, for benchmarks
+  // As vLLM: false writes control tokens' text (<|im_start|>, ...) into the output.
+  bool skip_special_tokens = true;
+  // As vLLM: the matched stop string, or the text of the stop token (EOS, stop_token_ids) that
+  // ended the output, is kept at its end.
+  bool include_stop_str_in_output = false;
   // Structured output (structured_output.h): what the output must match.
   std::optional<grammar::GrammarSpec> grammar;
   // Chat: add_generation_prompt, continue_final_message, chat_template_kwargs.
@@ -113,10 +118,10 @@ const char* FinishReasonText(v1::FinishReason r);
 
 // Turns token byte pieces into text that is safe to send: never splits a UTF-8 character,
 // holds back text that could be the start of a stop string, and ends at the first stop string
-// (which is not emitted).
+// (emitted only with `include_stop`).
 class TextAssembler {
  public:
-  explicit TextAssembler(std::vector<std::string> stops);
+  explicit TextAssembler(std::vector<std::string> stops, bool include_stop = false);
   // Returns the text that can be sent now.
   std::string Add(const std::string& bytes);
   // Returns what is still held back (at the end of generation).
@@ -125,6 +130,7 @@ class TextAssembler {
 
  private:
   std::vector<std::string> stops_;
+  bool include_stop_ = false;
   size_t max_stop_ = 0;
   std::string pending_;
   bool stopped_ = false;

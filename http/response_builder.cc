@@ -4,8 +4,8 @@
 
 namespace duet::http {
 
-std::string TokenText(const model::Tokenizer& tok, int32_t id) {
-  if (tok.IsControl(id)) return "";
+std::string TokenText(const model::Tokenizer& tok, int32_t id, bool skip_special) {
+  if (skip_special && tok.IsControl(id)) return "";
   absl::StatusOr<std::string> s = tok.Decode({id});
   return s.ok() ? *s : "";
 }
@@ -15,7 +15,11 @@ std::string ResponseBuilder::Consume(const v1::GenerateResponse& r, std::vector<
   if (r.has_token() && !text_.stopped()) {
     ++completion_tokens_;
     const std::string bytes = TokenText(r.token_id());
-    piece = text_.Add(bytes);
+    // As vLLM: the stop token that ended the output (EOS, a stop_token_ids entry) is not text
+    // unless include_stop_str_in_output.
+    const bool stop_token = r.finish_reason() == v1::FINISH_REASON_EOS ||
+                            r.finish_reason() == v1::FINISH_REASON_STOP_TOKEN;
+    piece = text_.Add(stop_token && !req_.include_stop_str_in_output ? "" : bytes);
     if (req_.logprobs) {
       TokenOut t{.id = r.token_id(), .text = bytes, .logprob = r.logprob()};
       for (const v1::TopLogprob& top : r.top_logprobs()) {

@@ -18,13 +18,14 @@
 
 namespace duet::http {
 
-// A token's text as responses show it: control tokens (BOS, EOS, ...) are empty.
-std::string TokenText(const model::Tokenizer& tok, int32_t id);
+// A token's text as responses show it: control tokens (BOS, EOS, ...) are empty unless
+// `skip_special` is false (skip_special_tokens: false).
+std::string TokenText(const model::Tokenizer& tok, int32_t id, bool skip_special = true);
 
 class ResponseBuilder {
  public:
   ResponseBuilder(const ParsedRequest& req, const model::Tokenizer* tok)
-      : req_(req), tok_(tok), text_(req.stop) {}
+      : req_(req), tok_(tok), text_(req.stop, req.include_stop_str_in_output) {}
 
   // Consumes one response; returns the text that may be sent now and, when logprobs were
   // asked for, this token's entry in *lp.
@@ -41,7 +42,9 @@ class ResponseBuilder {
   }
 
  private:
-  std::string TokenText(int32_t id) const { return http::TokenText(*tok_, id); }
+  std::string TokenText(int32_t id) const {
+    return http::TokenText(*tok_, id, req_.skip_special_tokens);
+  }
 
   const ParsedRequest& req_;
   const model::Tokenizer* tok_;

@@ -53,14 +53,18 @@ class FakeBackend : public GenerationBackend {
       return absl::ResourceExhaustedError("no room for " + req.request_id());
     }
     if (block_until != nullptr) block_until->WaitForNotification();
-    for (size_t i = 0; i < text.size(); ++i) {
+    std::vector<int32_t> out = ids;
+    if (out.empty()) {
+      for (unsigned char c : text) out.push_back(c);
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
       v1::GenerateResponse r;
       r.set_has_token(true);
-      r.set_token_id(static_cast<unsigned char>(text[i]));
+      r.set_token_id(out[i]);
       r.set_index(static_cast<int>(i));
       r.set_logprob(-0.5f);
-      if (i + 1 == text.size()) {
-        r.set_finish_reason(v1::FINISH_REASON_MAX_TOKENS);
+      if (i + 1 == out.size()) {
+        r.set_finish_reason(finish);
         r.set_prompt_tokens(req.token_ids().ids_size());
         r.mutable_timings()->set_queue_us(2000);
         r.mutable_timings()->set_decode_us(40000);
@@ -97,6 +101,8 @@ class FakeBackend : public GenerationBackend {
   }
 
   std::string text = "Hello";
+  std::vector<int32_t> ids;  // set: these token ids instead of text's bytes
+  v1::FinishReason finish = v1::FINISH_REASON_MAX_TOKENS;  // the last token's
   absl::Duration gap = absl::ZeroDuration();
   absl::Status fail;
   bool ready = true;
@@ -636,6 +642,34 @@ TEST_F(HttpFrontTest, PingRequestIdAndTheRoutesAKeyGuards) {
     EXPECT_EQ(refused.status, 401) << path;
   }
   EXPECT_EQ(Exchange(front_->port(), "POST", "/tokenize", R"({"prompt": "x"})", auth).status, 200);
+}
+
+// As vLLM: control tokens are left out of the text unless skip_special_tokens is false; the stop
+// token that ended the output (EOS here) and a matched stop string stay out unless
+// include_stop_str_in_output.
+TEST_F(HttpFrontTest, SpecialTokensAndStopStringsInTheOutput) {
+  StartFront();
+  backend_.ids = {'H', 'i', 256, '!', 257};  // 256: BOS, 257: EOS (the byte tokenizer's)
+  backend_.finish = v1::FINISH_REASON_EOS;
+  auto text = [&](const json& extra) {
+    json body = {{"prompt", "x"}, {"max_tokens", 8}};
+    body.update(extra);
+    const Reply r = Post("/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body)["choices"][0].value("text", "");
+  };
+  const std::string bos = *tokenizer_->Decode({256});
+  const std::string eos = *tokenizer_->Decode({257});
+  ASSERT_FALSE(bos.empty() || eos.empty());
+  EXPECT_EQ(text(json::object()), "Hi!");
+  EXPECT_EQ(text({{"skip_special_tokens", false}}), "Hi" + bos + "!");
+  EXPECT_EQ(text({{"skip_special_tokens", false}, {"include_stop_str_in_output", true}}),
+            "Hi" + bos + "!" + eos);
+  EXPECT_EQ(text({{"include_stop_str_in_output", true}}), "Hi!");  // EOS is special: skipped
+  backend_.ids.clear();
+  backend_.finish = v1::FINISH_REASON_MAX_TOKENS;
+  EXPECT_EQ(text({{"stop", {"ll"}}}), "He");
+  EXPECT_EQ(text({{"stop", {"ll", "el"}}, {"include_stop_str_in_output", true}}), "Hel");
 }
 
 TEST_F(HttpFrontTest, HealthFollowsReadiness) {

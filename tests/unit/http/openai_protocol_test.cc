@@ -147,8 +147,6 @@ TEST(OpenAiParseTest, UnimplementedFieldsAreRefusedNamingThem) {
       {"chat_template", R"("{{ x }}")", ""},
       {"bad_words", R"(["x"])", "[]"},
       {"allowed_token_ids", "[1, 2]", "[]"},
-      {"include_stop_str_in_output", "true", "false"},
-      {"skip_special_tokens", "false", "true"},
   };
   for (const Case& c : cases) {
     for (Endpoint ep : {Endpoint::kCompletions, Endpoint::kChat}) {
