@@ -429,6 +429,16 @@ class HttpFront::Handlers {
     if (!parsed->model.empty()) {
       if (std::optional<ApiError> e = CheckModel(parsed->model)) return Reply(*res, *e);
     }
+    // logit_bias ids name tokens of the model's vocabulary: a client error, before any backend.
+    for (const compute::LogitBias& b : parsed->logit_bias) {
+      if (b.id >= VocabSize()) {
+        return Reply(*res,
+                     ApiError{.message = absl::StrCat("logit_bias names token ", b.id,
+                                                      ", outside the vocabulary of ", VocabSize()),
+                              .param = "logit_bias",
+                              .code = "invalid_value"});
+      }
+    }
     // ---- Each prompt as token ids, checked against the vocabulary and the context.
     const size_t num_prompts = endpoint == Endpoint::kChat ? 1 : parsed->prompts.size();
     std::vector<std::vector<int32_t>> prompt_ids(num_prompts);
