@@ -462,8 +462,17 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
   bool has_max = false;
   int64_t max_tokens = -1;
   if (auto e =
-          GetInt(j, "max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens, &has_max)) {
+          GetInt(j, "max_tokens", 0, std::numeric_limits<int32_t>::max(), &max_tokens, &has_max)) {
     return e;
+  }
+  if (has_max && max_tokens == 0) {
+    // As vLLM: the prompt alone, scored (lm-evaluation-harness's log-likelihood requests).
+    if (endpoint != Endpoint::kCompletions || !out->echo) {
+      return Invalid("'max_tokens' 0 needs completions 'echo': true (the prompt alone, scored)",
+                     "max_tokens", "invalid_value");
+    }
+    out->echo_only = true;
+    max_tokens = 1;  // the backend computes the prompt and samples a token nobody is shown
   }
   if (endpoint == Endpoint::kChat) {
     // As in vLLM, max_completion_tokens wins when both are given.

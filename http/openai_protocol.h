@@ -65,6 +65,9 @@ struct ParsedRequest {
   std::vector<ChatMessage> messages;  // chat
   int n = 1;                          // choices per prompt
   bool echo = false;                  // completions: each choice's text starts with its prompt
+  // Completions max_tokens 0 with echo: the prompt alone (scored with logprobs), no completion
+  // tokens, finish_reason "length"; the backend is asked for one token, which is not shown.
+  bool echo_only = false;
   int64_t max_tokens = -1;            // -1: not given
   float temperature = 1.0f;
   float top_p = 1.0f;

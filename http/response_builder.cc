@@ -12,7 +12,7 @@ std::string TokenText(const model::Tokenizer& tok, int32_t id, bool skip_special
 
 std::string ResponseBuilder::Consume(const v1::GenerateResponse& r, std::vector<TokenOut>* lp) {
   std::string piece;
-  if (r.has_token() && !text_.stopped()) {
+  if (r.has_token() && !text_.stopped() && !req_.echo_only) {
     ++completion_tokens_;
     const std::string bytes = TokenText(r.token_id());
     // As vLLM: the stop token that ended the output (EOS, a stop_token_ids entry) is not text
@@ -34,6 +34,7 @@ std::string ResponseBuilder::Consume(const v1::GenerateResponse& r, std::vector<
     finish_reason_ = FinishReasonText(r.finish_reason());
   }
   if (text_.stopped()) finish_reason_ = "stop";
+  if (req_.echo_only && !finish_reason_.empty()) finish_reason_ = "length";  // as vLLM
   full_text_ += piece;
   return piece;
 }

@@ -14,6 +14,7 @@ only) with the HTTP API and node metrics on, then:
   - n choices (choice j is the n = 1 request with seed + j; streamed choices reassemble by
     index), unseeded choices that differ, a list of prompts (prompt-major choices), echo, and
     echo with logprobs (the prompt scored, exactly as generation scored the same tokens, also
+    with max_tokens 0: the prompt alone, as lm-evaluation-harness asks;
     with its prefix cached); the later choices of a prompt take its KV from both nodes' caches;
   - /tokenize, /detokenize and /version;
   - a `stop` string ends a completion early and counts as ok (not cancelled) in /metrics;
@@ -414,6 +415,10 @@ def choices_main(base_url, prompt_ids, max_tokens, gen_ids):
         if chunk.choices and first is None:
             first = chunk.choices[0].logprobs.token_logprobs
     out["stream_first_lp"] = first
+    # lm-evaluation-harness's log-likelihood form: max_tokens 0 with echo, the prompt alone.
+    r = once(prompt=prompt_ids, temperature=0, echo=True, logprobs=1, max_tokens=0)
+    out["echo_only"] = {"lp": lp(r.choices[0]), "finish": r.choices[0].finish_reason,
+                        "completion_tokens": r.usage.completion_tokens}
     print(json.dumps(out))
 
 
@@ -759,6 +764,10 @@ def main():
               "a prompt in the prefix cache is still scored whole, the same")
         check([c["lps"][:n_prompt] for c in ch["echo_lp_n2"]] == [e["lps"][:n_prompt]] * 2,
               "n=2: both choices carry the prompt's logprobs")
+        eo = ch["echo_only"]
+        check(eo["lp"]["lps"] == e["lps"][:n_prompt] and eo["finish"] == "length" and
+              eo["completion_tokens"] == 0 and len(eo["lp"]["tokens"]) == n_prompt,
+              "max_tokens 0 with echo: the prompt alone, scored as with a completion (%s)" % eo)
         check(ch["stream_first_lp"] is not None and
               ch["stream_first_lp"][:n_prompt] == e["lps"][:n_prompt],
               "streamed: the first chunk carries the prompt's logprobs")

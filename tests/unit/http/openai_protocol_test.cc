@@ -472,5 +472,23 @@ TEST(OpenAiParseTest, ChatRenderingOptions) {
   }
 }
 
+// max_tokens 0 is the prompt alone (lm-evaluation-harness): completions with echo only.
+TEST(OpenAiParseTest, MaxTokensZeroWithEchoScoresThePromptAlone) {
+  ParsedRequest r;
+  ASSERT_FALSE(Parse(Endpoint::kCompletions,
+                     R"({"prompt": [1, 2, 3], "echo": true, "logprobs": 1, "max_tokens": 0})", &r));
+  EXPECT_TRUE(r.echo_only);
+  EXPECT_EQ(r.max_tokens, 1);  // what the backend is asked for; its token is not shown
+  EXPECT_EQ(r.prompt_logprobs, 1);
+  for (const auto& [ep, body] : std::vector<std::pair<Endpoint, std::string>>{
+           {Endpoint::kCompletions, R"({"prompt": "x", "max_tokens": 0})"},
+           {Endpoint::kChat,
+            R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})"}}) {
+    auto e = Parse(ep, body);
+    ASSERT_TRUE(e) << body;
+    EXPECT_EQ(e->param, "max_tokens");
+  }
+}
+
 }  // namespace
 }  // namespace duet::http
