@@ -388,6 +388,7 @@ void ColocatedScheduler::Finish(Request& r, ColocatedEvent last) {
     auto it = by_id_.find(r.id);
     if (it != by_id_.end() && it->second.get() == &r) by_id_.erase(it);
   }
+  last.preemptions = r.preemptions;
   r.stream->Push(std::move(last));
 }
 

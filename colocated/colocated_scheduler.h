@@ -79,6 +79,7 @@ struct ColocatedEvent {
   // Set on the last event of the stream.
   FinishReason finish = FinishReason::kNone;
   absl::Status error;  // kError: why
+  int preemptions = 0;  // times the request gave its blocks up and was computed again
   bool finished() const { return finish != FinishReason::kNone; }
 };
 

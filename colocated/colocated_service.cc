@@ -107,6 +107,7 @@ absl::Status ColocatedService::DoGenerate(const v1::GenerateRequest& req,
     if (ev.finished()) {
       timings.set_decode_us(
           first_token_at == absl::InfinitePast() ? 0 : Micros(absl::Now() - first_token_at));
+      timings.set_resumes(ev.preemptions);  // each preemption is resumed here, in place
       *r.mutable_timings() = timings;
       r.set_prompt_tokens(prompt_tokens);
     }

@@ -19,6 +19,16 @@ metrics::Counter& Count(metrics::Registry* r, const std::string& name, const std
   return r->AddCounter(name, help, {"model_name"}).WithLabels({model});
 }
 
+// vLLM's buckets for token counts: 1, 2, 5, 10, 20, 50, ... up to 10^7.
+metrics::Histogram& TokenHist(metrics::Registry* r, const std::string& name,
+                              const std::string& help, const std::string& model) {
+  std::vector<double> bounds;
+  for (double scale = 1; scale <= 1e7; scale *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) bounds.push_back(m * scale);
+  }
+  return r->AddHistogram(name, help, {"model_name"}, bounds).WithLabels({model});
+}
+
 }  // namespace
 
 VllmMetrics::VllmMetrics(metrics::Registry* registry, std::string model_name,
@@ -44,7 +54,17 @@ VllmMetrics::VllmMetrics(metrics::Registry* registry, std::string model_name,
       prefill_(Hist(registry, "vllm:request_prefill_time_seconds",
                     "Start of the prefill to the first token", model_)),
       decode_(Hist(registry, "vllm:request_decode_time_seconds", "First token to the request's end",
-                   model_)) {
+                   model_)),
+      request_prompt_tokens_(TokenHist(registry, "vllm:request_prompt_tokens",
+                                       "Prompt tokens of each request that ended", model_)),
+      request_generation_tokens_(TokenHist(registry, "vllm:request_generation_tokens",
+                                           "Tokens generated for each request that ended", model_)),
+      prefix_cache_queries_(Count(registry, "vllm:prefix_cache_queries_total",
+                                  "Prompt tokens looked up in a prefix cache", model_)),
+      prefix_cache_hits_(Count(registry, "vllm:prefix_cache_hits_total",
+                               "Prompt tokens taken from a prefix cache", model_)),
+      preemptions_(Count(registry, "vllm:num_preemptions_total",
+                         "Times a request gave its KV blocks up and was computed again", model_)) {
   for (const char* r : {"stop", "length", "abort"}) success_.WithLabels({model_, r});
   registry->AddGaugeCallback(
       "vllm:num_requests_running", "HTTP API requests past their first token", {"model_name"},
@@ -114,6 +134,17 @@ void VllmMetrics::Request::Finish(int64_t prompt_tokens, const std::string& fini
   m_->prompt_tokens_.Increment(static_cast<double>(prompt_tokens));
   m_->success_.WithLabels({m_->model_, finished_reason}).Increment();
   m_->e2e_.Observe(absl::ToDoubleSeconds(end - start_));
+  m_->request_prompt_tokens_.Observe(static_cast<double>(prompt_tokens));
+  m_->request_generation_tokens_.Observe(static_cast<double>(tokens_));
+  if (timings != nullptr) {
+    // A prompt the cluster prefilled was looked up in a prefix cache (scored prompts too: they
+    // take nothing from it, and count as queried).
+    if (timings->prefill_attempts() > 0 || tokens_ > 0) {
+      m_->prefix_cache_queries_.Increment(static_cast<double>(prompt_tokens));
+      m_->prefix_cache_hits_.Increment(static_cast<double>(timings->prefill_cached_tokens()));
+    }
+    m_->preemptions_.Increment(static_cast<double>(timings->resumes()));
+  }
   if (tokens_ > 1) {
     m_->tpot_.Observe(absl::ToDoubleSeconds(last_ - first_) / static_cast<double>(tokens_ - 1));
   }

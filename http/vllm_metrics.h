@@ -11,7 +11,12 @@
 //   vllm:inter_token_latency_seconds (each token after the first),
 //   vllm:time_per_output_token_seconds (per request), vllm:e2e_request_latency_seconds,
 //   vllm:request_queue_time_seconds (RequestTimings.queue_us), vllm:request_prefill_time_seconds
-//   (first token minus queue time), vllm:request_decode_time_seconds (RequestTimings.decode_us).
+//   (first token minus queue time), vllm:request_decode_time_seconds (RequestTimings.decode_us),
+//   vllm:request_prompt_tokens and vllm:request_generation_tokens (per request, vLLM's 1-2-5
+//   buckets), vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total (prompt tokens
+//   looked up / taken from a prefix cache: RequestTimings.prefill_cached_tokens),
+//   vllm:num_preemptions_total (RequestTimings.resumes: a decode node's, or the colocated
+//   server's, preemptions).
 // Requests served over gRPC are in duet_coordinator_* only.
 //
 //   VllmMetrics m(&registry, "smollm2", [&] { return backend->Health(); });
@@ -72,6 +77,11 @@ class VllmMetrics {
   metrics::Histogram& queue_;
   metrics::Histogram& prefill_;
   metrics::Histogram& decode_;
+  metrics::Histogram& request_prompt_tokens_;
+  metrics::Histogram& request_generation_tokens_;
+  metrics::Counter& prefix_cache_queries_;
+  metrics::Counter& prefix_cache_hits_;
+  metrics::Counter& preemptions_;
 };
 
 }  // namespace duet::http

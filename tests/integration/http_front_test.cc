@@ -68,6 +68,9 @@ class FakeBackend : public GenerationBackend {
         r.set_prompt_tokens(req.token_ids().ids_size());
         r.mutable_timings()->set_queue_us(2000);
         r.mutable_timings()->set_decode_us(40000);
+        r.mutable_timings()->set_prefill_attempts(1);
+        r.mutable_timings()->set_prefill_cached_tokens(2);
+        r.mutable_timings()->set_resumes(1);
       }
       if (i == 1) {
         absl::MutexLock lock(&mu);
@@ -395,6 +398,14 @@ TEST_F(HttpFrontTest, VllmNamedMetrics) {
   EXPECT_DOUBLE_EQ(m["vllm:request_queue_time_seconds_sum" + w], 0.002);
   EXPECT_EQ(m["vllm:request_prefill_time_seconds_count" + w], 1);
   EXPECT_DOUBLE_EQ(m["vllm:request_decode_time_seconds_sum" + w], 0.04);
+  EXPECT_EQ(m["vllm:request_prompt_tokens_count" + w], 1);
+  EXPECT_EQ(m["vllm:request_prompt_tokens_sum" + w], 3);
+  EXPECT_EQ(m["vllm:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"2\"}"], 0);
+  EXPECT_EQ(m["vllm:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"5\"}"], 1);
+  EXPECT_EQ(m["vllm:request_generation_tokens_sum" + w], 5);
+  EXPECT_EQ(m["vllm:prefix_cache_queries_total" + w], 3);
+  EXPECT_EQ(m["vllm:prefix_cache_hits_total" + w], 2);
+  EXPECT_EQ(m["vllm:num_preemptions_total" + w], 1);
   // A cumulative bucket, its bound printed as the shortest decimal that round-trips.
   EXPECT_EQ(m["vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"+Inf\"}"], 1);
   EXPECT_TRUE(m.count("vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.0025\"}"))
