@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config ccache git python3
+  build-essential cmake ninja-build pkg-config ccache git python3 patch
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils
   clang clang-format libclang-rt-14-dev
@@ -44,6 +44,9 @@ fi
 XGRAMMAR_VERSION="0.2.8"
 XGRAMMAR_SHA256="8305646fd2b319d6c3003f51a1665e54cbbe9cba1fb636bc41d0b46434ccbb80"
 XGRAMMAR_DIR="$ROOT/third_party/xgrammar-$XGRAMMAR_VERSION"
+XGRAMMAR_PATCHES=("$ROOT"/scripts/patches/xgrammar-"$XGRAMMAR_VERSION"-*.patch)
+# The release's hash and the patches': a tree unpacked before a patch changed is unpacked again.
+XGRAMMAR_STAMP="$XGRAMMAR_SHA256 $(cat "${XGRAMMAR_PATCHES[@]}" | sha256sum | cut -d' ' -f1)"
 fetch_xgrammar() {
   echo "install_deps: fetching xgrammar $XGRAMMAR_VERSION (source release, ~2.7 MB)"
   tmp="$(mktemp -d)"
@@ -54,13 +57,18 @@ fetch_xgrammar() {
   echo "$XGRAMMAR_SHA256  $tarball" | sha256sum --check --quiet -
   mkdir -p "$tmp/src"
   tar -xzf "$tarball" -C "$tmp/src" --strip-components=1
-  echo "$XGRAMMAR_SHA256" >"$tmp/src/.duet-sha256"
+  # duet's fixes to the pinned release (scripts/patches/xgrammar-<version>-*.patch, each saying
+  # what it fixes), applied in name order.
+  for p in "${XGRAMMAR_PATCHES[@]}"; do
+    patch --quiet --directory="$tmp/src" -p1 <"$p"
+  done
+  echo "$XGRAMMAR_STAMP" >"$tmp/src/.duet-sha256"
   mkdir -p "$ROOT/third_party"
   rm -rf "$XGRAMMAR_DIR"
   mv "$tmp/src" "$XGRAMMAR_DIR"
   echo "install_deps: xgrammar $XGRAMMAR_VERSION unpacked into $XGRAMMAR_DIR"
 }
-if [ "$(cat "$XGRAMMAR_DIR/.duet-sha256" 2>/dev/null)" = "$XGRAMMAR_SHA256" ]; then
+if [ "$(cat "$XGRAMMAR_DIR/.duet-sha256" 2>/dev/null)" = "$XGRAMMAR_STAMP" ]; then
   echo "install_deps: xgrammar $XGRAMMAR_VERSION present in $XGRAMMAR_DIR"
 else
   fetch_xgrammar

@@ -27,17 +27,17 @@ Exit 77 (ctest SKIP) when the venv cannot be created or the packages cannot be i
   http_api_test.py --duet build/cli/duet --make-model build/cli/duet-make-model --work DIR
 """
 import argparse
-import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 
-SKIP = 77
+import openai_lib
+
+SKIP = openai_lib.SKIP
 
 
 def log(*a):
@@ -45,77 +45,16 @@ def log(*a):
 
 
 def ensure_venv(work):
-    venv = os.path.join(work, "venv")
-    py = os.path.join(venv, "bin", "python")
-    marker = os.path.join(venv, ".duet-ok")
-    if os.path.exists(marker):
-        return py
-    try:
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        subprocess.run([py, "-m", "pip", "install", "-q", "openai", "prometheus_client"],
-                       check=True, timeout=600)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
-        log("SKIP: cannot create the venv or install openai/prometheus_client:", e)
-        sys.exit(SKIP)
-    open(marker, "w").close()
-    return py
+    return openai_lib.ensure_venv(work, ["openai", "prometheus_client"], log)
 
 
-class Cluster:
-    """`duet serve --loopback` in its own process group; killed on exit even on failure."""
+class Cluster(openai_lib.Server):
+    """`duet serve --loopback`: one prefill and one decode node on the tiny model."""
 
     def __init__(self, duet, model, extra=()):
-        args = [duet, "serve", "--loopback", "--prefill=1", "--decode=1", "--model=" + model,
-                "--transport=shm", "--threads=1", "--kv_cache_bytes=16777216",
-                "--http_port=0", "--node_metrics"] + list(extra)
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True,
-                                     start_new_session=True)
-        self.http = None
-        self.metrics = {}
-        self.grpc = None
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            line = line.strip()
-            if line.startswith("http "):
-                self.http = line.split()[1]
-            elif line.startswith("metrics "):
-                _, node, url = line.split()
-                self.metrics[node] = url
-            elif line.startswith("ready "):
-                self.grpc = line.split()[1]
-                break
-        if not self.grpc or not self.http:
-            self.stop()
-            raise RuntimeError("the cluster did not start (http=%s)" % self.http)
-        hostport = self.http[len("http://"):]
-        self.host, port = hostport.split(":")
-        self.port = int(port)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=15)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait()
-
-    def request(self, method, path, body=None, headers=None, raw=None):
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
-        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
-        h = {"Content-Type": "application/json"}
-        h.update(headers or {})
-        conn.request(method, path, body=data, headers=h)
-        resp = conn.getresponse()
-        payload = resp.read().decode("utf-8", "replace")
-        conn.close()
-        return resp.status, dict(resp.getheaders()), payload
+        super().__init__(duet, ["--loopback", "--prefill=1", "--decode=1", "--model=" + model,
+                                "--transport=shm", "--threads=1", "--kv_cache_bytes=16777216",
+                                "--http_port=0", "--node_metrics"] + list(extra))
 
 
 def curl_error(url, data):
@@ -462,8 +401,7 @@ def main():
 
     os.makedirs(a.work, exist_ok=True)
     py = ensure_venv(a.work)
-    sys.path.insert(0, next(os.path.join(a.work, "venv", "lib", d, "site-packages")
-                            for d in os.listdir(os.path.join(a.work, "venv", "lib"))))
+    sys.path.insert(0, openai_lib.venv_site_packages(a.work))
     model = os.path.join(a.work, "tiny")
     if not os.path.exists(os.path.join(model, "config.json")):
         subprocess.run([a.make_model, "--preset", "tiny", "--seed", "3", "--out", model],

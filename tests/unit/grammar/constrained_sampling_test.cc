@@ -276,6 +276,47 @@ TEST_F(ConstrainedSamplingTest, OutputsMatchTheirGrammarGreedyAndSeeded) {
   }
 }
 
+// A length-bounded JSON string is JSON: no unescaped control character (a raw tab), escapes
+// allowed, and no string holds a UTF-16 surrogate's bytes
+// (scripts/patches/xgrammar-0.2.8-json-bounded-strings.patch); sampled documents parse with a
+// strict parser.
+TEST_F(ConstrainedSamplingTest, BoundedStringsStayJson) {
+  const GrammarSpec spec = GrammarSpec::JsonSchema(
+      R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 1,
+          "maxLength": 6}}, "required": ["s"], "additionalProperties": false})");
+  auto bytes = [](const std::string& text) {
+    std::vector<int32_t> ids;
+    for (unsigned char c : text) ids.push_back(c);
+    return ids;
+  };
+  auto accepts = [&](const std::string& text) {
+    auto c = MakeGrammarConstraint(compiler_.get(), spec, bytes(text));
+    return c.ok();
+  };
+  EXPECT_TRUE(accepts(R"({"s": "abc"})"));
+  EXPECT_FALSE(accepts("{\"s\": \"a\tb\"}")) << "a raw tab inside a string is not JSON";
+  EXPECT_FALSE(accepts("{\"s\": \"a\x15\"}")) << "nor any other control character";
+  EXPECT_TRUE(accepts(R"({"s": "a\tb"})")) << "an escaped tab is one character";
+  EXPECT_TRUE(accepts(R"({"s": "\"q\u00e9"})"));
+  EXPECT_FALSE(accepts(R"({"s": "abcdefg"})")) << "7 characters";
+  EXPECT_TRUE(accepts("{\"s\": \"\xc3\xa9\xe2\x82\xac\"}")) << "two code points in UTF-8";
+  EXPECT_FALSE(accepts("{\"s\": \"\xed\xa0\x80\"}")) << "a UTF-16 surrogate is not UTF-8";
+  // The unbounded string too.
+  const GrammarSpec free_string = GrammarSpec::JsonSchema(R"({"type": "string"})");
+  EXPECT_FALSE(MakeGrammarConstraint(compiler_.get(), free_string, bytes("\"\xed\xaf\x9d\"")).ok());
+  EXPECT_TRUE(MakeGrammarConstraint(compiler_.get(), free_string, bytes("\"\xc3\xa9\"")).ok());
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    model::SamplingParams params{
+        .temperature = 1.5f, .seed = seed, .max_tokens = 200, .grammar = spec};
+    engine::Sequence seq = Admit(Prompt(6, static_cast<int>(seed)), params);
+    ASSERT_EQ(RunToStop(seq, 8), model::StopReason::kEos) << seed;
+    const std::string text = Text(seq);
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(j.is_discarded()) << "seed " << seed << ": " << text;
+    kv_->Finish(*seq.table, seq.tokens, /*publish=*/false);
+  }
+}
+
 // A request resumed after k output tokens (its prompt ends with them; the constraint replays
 // them) continues exactly as the uninterrupted run: what a decode node or a re-route does.
 TEST_F(ConstrainedSamplingTest, AResumedSequenceContinuesTokenExact) {
