@@ -1,5 +1,6 @@
 #include "common/engine/step_runner.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -66,6 +67,7 @@ absl::StatusOr<std::vector<StepOutcome>> StepRunner::Run(absl::Span<const StepIt
   batch.reserve(items.size());
   std::vector<StepOutcome> outcomes(items.size());
   std::vector<bool> scores(items.size());
+  std::vector<Sequence*> constrained;  // sequences whose token masks this pass fills
   absl::flat_hash_set<int64_t> ids;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
@@ -88,13 +90,13 @@ absl::StatusOr<std::vector<StepOutcome>> StepRunner::Run(absl::Span<const StepIt
     // Only prompt positions are scored (a chunk never spans past the prompt before the first
     // output token: there is none yet).
     scores[i] = s->ScoresPrompt();
-    // Structured output: the tokens its grammar allows next (none masked when all are).
+    // Structured output: the tokens its grammar allows next, filled once the pass is queued
+    // (below), so that on a device the host computes them while the device runs the pass.
     absl::Span<const int32_t> allowed;
     if (last && s->constraint != nullptr) {
       s->allowed_words.resize(model::TokenMaskWords(runner_->config().vocab_size));
-      DUET_ASSIGN_OR_RETURN(const bool masked,
-                            s->constraint->FillAllowed(absl::MakeSpan(s->allowed_words)));
-      if (masked) allowed = s->allowed_words;
+      allowed = s->allowed_words;
+      constrained.push_back(s);
     }
     batch.push_back(model::SequenceInput{
         .seq_id = s->id,
@@ -109,9 +111,18 @@ absl::StatusOr<std::vector<StepOutcome>> StepRunner::Run(absl::Span<const StepIt
         .sample_state = &s->sampling_state,
         .allowed_tokens = allowed});
   }
+  auto fill_masks = [&constrained]() -> absl::Status {
+    for (Sequence* s : constrained) {
+      DUET_ASSIGN_OR_RETURN(const bool masked,
+                            s->constraint->FillAllowed(absl::MakeSpan(s->allowed_words)));
+      if (!masked) std::fill(s->allowed_words.begin(), s->allowed_words.end(), ~int32_t{0});
+    }
+    return absl::OkStatus();
+  };
   DUET_ASSIGN_OR_RETURN(
       model::ForwardOutput out,
-      runner_->Forward(absl::MakeSpan(batch), kv_->pool()->View(), on_layer_done, abandon));
+      runner_->Forward(absl::MakeSpan(batch), kv_->pool()->View(), on_layer_done, abandon,
+                       constrained.empty() ? model::BeforeSampling() : fill_masks));
   DUET_ASSIGN_OR_RETURN(const std::vector<RowRange> rows, MapRows(batch, out));
 
   for (size_t i = 0; i < items.size(); ++i) {

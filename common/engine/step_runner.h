@@ -7,8 +7,8 @@
 // one mapping), scores prompt rows, publishes the blocks a prefill chunk completed, and for each
 // sequence whose last token was computed appends the token sampled on the backend and applies
 // the stop rule (Append, the one stop rule). A sequence with a TokenConstraint (structured
-// output) samples only what it allows: its mask is filled before the pass and applied on the
-// backend before the row is processed.
+// output) samples only what it allows: its mask is filled once the pass is queued (while a
+// device computes it) and applied on the backend before the row is processed.
 //
 //   StepRunner step(runner, &kv_manager, eos_ids);
 //   std::vector<StepItem> items = {{&decoding, 1}, {&prefilling, std::min(budget, p.pending())}};

@@ -354,7 +354,8 @@ void ModelRunner::EnsureWorkspace(int64_t rows) {
 absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> batch,
                                                    const kv::KvCacheView& kv,
                                                    const LayerDoneHook& on_layer_done,
-                                                   const AbandonCheck& abandon) {
+                                                   const AbandonCheck& abandon,
+                                                   const BeforeSampling& before_sampling) {
   const ModelConfig& c = config_;
   // ---- Validate everything before touching any state.
   const kv::KvLayout want = MakeKvLayout(kv.layout.block_size);
@@ -554,6 +555,7 @@ absl::StatusOr<ForwardOutput> ModelRunner::Forward(absl::Span<SequenceInput> bat
     }
     b.RmsNorm(w.last, final_norm_, nl, hidden, c.rms_norm_eps, w.last);
     b.MatMul(w.last, nl, lm_head_ != nullptr ? *lm_head_ : *embed_matrix_, nullptr, w.logits);
+    if (before_sampling) DUET_RETURN_IF_ERROR(before_sampling());
     if (any_logits) {
       out.logits.resize(int64_t{nl} * c.vocab_size);
       b.CopyToHost(out.logits.data(), w.logits, int64_t{nl} * c.vocab_size);

@@ -77,6 +77,10 @@ struct LayerSpan {
 using LayerDoneHook = std::function<void(int layer, absl::Span<const LayerSpan> spans)>;
 // Asked after each layer's work is queued (after the layer-done hook): true abandons the pass.
 using AbandonCheck = std::function<bool()>;
+// Called once the pass's work up to the logits is queued, before its rows are masked and
+// sampled: where the host fills what sampling needs from it (structured output's token masks,
+// SequenceInput::allowed_tokens) while a device still computes. An error fails the pass.
+using BeforeSampling = std::function<absl::Status()>;
 
 // One row per sequence with want_logits or a `sample` (one per new token with all_logits), in
 // batch order.
@@ -134,10 +138,12 @@ class ModelRunner {
   // bad request fails and writes nothing. Advances num_tokens by the new tokens on success. When
   // `abandon` returns true after a layer, the pass stops there (the device finishes the work
   // already queued): Cancelled naming the layer, every table's num_tokens unchanged. The K/V the
-  // abandoned pass wrote lie past num_tokens, so nothing reads them.
+  // abandoned pass wrote lie past num_tokens, so nothing reads them. `before_sampling` runs
+  // once the LM head's work is queued (on cuda the device may still be computing it).
   absl::StatusOr<ForwardOutput> Forward(absl::Span<SequenceInput> batch, const kv::KvCacheView& kv,
                                         const LayerDoneHook& on_layer_done = nullptr,
-                                        const AbandonCheck& abandon = nullptr);
+                                        const AbandonCheck& abandon = nullptr,
+                                        const BeforeSampling& before_sampling = nullptr);
 
  private:
   struct Layer;
