@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_json_schema.h"
 #include "common/base/status.h"
 #include "common/engine/local_engine.h"
 #include "common/engine/sequence.h"
@@ -40,18 +41,6 @@ namespace duet::grammar {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-constexpr char kSchema[] = R"({
-  "type": "object",
-  "properties": {
-    "name": {"type": "string", "maxLength": 40},
-    "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 8},
-    "admin": {"type": "boolean"}
-  },
-  "required": ["name", "age", "tags", "admin"],
-  "additionalProperties": false
-})";
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -107,7 +96,7 @@ class Bench {
     model::SamplingParams p{.temperature = 0.8f,
                             .seed = static_cast<uint64_t>(1000 * i + ++started_),
                             .max_tokens = max_tokens};
-    if (grammar) p.grammar = GrammarSpec::JsonSchema(kSchema);
+    if (grammar) p.grammar = GrammarSpec::JsonSchema(kBenchJsonSchema);
     DUET_ASSIGN_OR_RETURN(
         std::vector<int32_t> prompt,
         engine_->tokenizer().Encode(

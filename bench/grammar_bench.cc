@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/types/span.h"
+#include "bench/bench_json_schema.h"
 #include "common/grammar/grammar_compiler.h"
 #include "common/grammar/grammar_matcher.h"
 #include "common/tokenizer/tokenizer.h"
@@ -37,18 +38,6 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
-
-constexpr char kSchema[] = R"({
-  "type": "object",
-  "properties": {
-    "name": {"type": "string", "maxLength": 40},
-    "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 8},
-    "admin": {"type": "boolean"}
-  },
-  "required": ["name", "age", "tags", "admin"],
-  "additionalProperties": false
-})";
 
 int Run() {
   const std::string path = absl::GetFlag(FLAGS_model);
@@ -70,7 +59,7 @@ int Run() {
   const int32_t width = (*tok)->vocab_size();
   const std::vector<std::pair<const char*, GrammarSpec>> specs = {
       {"json_object", GrammarSpec::JsonObject()},
-      {"json_schema", GrammarSpec::JsonSchema(kSchema)},
+      {"json_schema", GrammarSpec::JsonSchema(kBenchJsonSchema)},
       {"regex", GrammarSpec::Regex("[a-z]{2,8}-[0-9]{3,6}( [A-Z][a-z]+)?")},
       {"choice", GrammarSpec::Choice({"positive", "negative", "neutral"})},
   };

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/error_reason.h"
+#include "http/request_errors.h"
 #include "http/structured_output.h"
 #include "proto/sampling_convert.h"
 
@@ -14,41 +15,6 @@ namespace duet::http {
 namespace {
 
 using nlohmann::json;
-
-ApiError Invalid(std::string message, std::string param = "", std::string code = "") {
-  ApiError e;
-  e.message = std::move(message);
-  e.param = std::move(param);
-  e.code = std::move(code);
-  return e;
-}
-
-std::string TypeName(const json& j) {
-  switch (j.type()) {
-    case json::value_t::null:
-      return "null";
-    case json::value_t::boolean:
-      return "boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned:
-      return "integer";
-    case json::value_t::number_float:
-      return "number";
-    case json::value_t::string:
-      return "string";
-    case json::value_t::array:
-      return "array";
-    case json::value_t::object:
-      return "object";
-    default:
-      return "value";
-  }
-}
-
-ApiError WrongType(const std::string& field, const std::string& want, const json& got) {
-  return Invalid(absl::StrCat("'", field, "' must be ", want, ", got ", TypeName(got)), field,
-                 "invalid_type");
-}
 
 // Reads an optional number field into *out; null counts as absent.
 std::optional<ApiError> GetNumber(const json& body, const char* field, double lo, double hi,

@@ -6,37 +6,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "http/request_errors.h"
 
 namespace duet::http {
 namespace {
 
 using nlohmann::json;
 
+// A value refused: invalid_value unless said otherwise.
 ApiError Refused(std::string message, std::string param, std::string code = "invalid_value") {
-  return ApiError{
-      .message = std::move(message), .param = std::move(param), .code = std::move(code)};
-}
-
-const char* TypeName(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null:
-      return "null";
-    case json::value_t::boolean:
-      return "a boolean";
-    case json::value_t::string:
-      return "a string";
-    case json::value_t::array:
-      return "an array";
-    case json::value_t::object:
-      return "an object";
-    default:
-      return "a number";
-  }
-}
-
-ApiError WrongType(const std::string& field, const std::string& want, const json& got) {
-  return Refused(absl::StrCat("'", field, "' must be ", want, ", got ", TypeName(got)), field,
-                 "invalid_type");
+  return Invalid(std::move(message), std::move(param), std::move(code));
 }
 
 bool Set(const json& v) { return !v.is_null(); }

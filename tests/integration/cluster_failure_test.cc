@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +30,11 @@ using namespace cluster_testing;  // NOLINT: the fixture's helpers
 class ClusterFailureTest : public ClusterTest {
  protected:
   void StoppedPrefillNodeServesAgainOnceItsFenceLifts(int prefill, int decode);
+  // Four requests (prompts of 40 tokens, request i sampled with params(i)) admitted together:
+  // decode-0 is paused until the coordinator holds all four (their Reserves wait on it), so
+  // that they grow together whatever the machine's load.
+  std::vector<Result> RunFourTogether(ServeProcess& cluster, v1::Generation::Stub& stub,
+                                      const std::function<model::SamplingParams(int)>& params);
 };
 
 // Continues a stopped process when it goes out of scope (a stopped child cannot be shut down).
@@ -44,6 +50,28 @@ class Stopped {
  private:
   pid_t pid_;
 };
+
+std::vector<Result> ClusterFailureTest::RunFourTogether(
+    ServeProcess& cluster, v1::Generation::Stub& stub,
+    const std::function<model::SamplingParams(int)>& params) {
+  std::vector<std::thread> threads;
+  std::vector<Result> results(4);
+  Stopped paused(cluster.pid_of("decode-0"));
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = Generate(stub, Prompt(40, i), rpc::ToProto(params(i))); });
+  }
+  // Well within the heartbeat timeout (1.5 s).
+  int held = 0;
+  for (const absl::Time until = absl::Now() + absl::Milliseconds(800);
+       (held = Health(stub).running_requests()) < 4 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  paused.Resume();
+  EXPECT_EQ(held, 4) << "the coordinator did not take all four requests while decode-0 paused";
+  for (auto& t : threads) t.join();
+  return results;
+}
 
 // Kill a decode node mid-stream: its requests continue on the other decode node from the prompt
 // and the tokens already streamed, with no error, no repeated and no missing token (greedy and
@@ -132,24 +160,7 @@ TEST_F(ClusterFailureTest, FullDecodePoolPreemptsAndResumesTokenExact) {
     }
     return p;
   };
-  std::vector<std::thread> threads;
-  std::vector<Result> results(4);
-  Stopped paused(cluster.pid_of("decode-0"));
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&, i] {
-      const v1::SamplingParams s = rpc::ToProto(params(i));
-      results[i] = Generate(*stub, Prompt(40, i), s);
-    });
-  }
-  // Well within the heartbeat timeout (1.5 s).
-  int held = 0;
-  for (const absl::Time until = absl::Now() + absl::Milliseconds(800);
-       (held = Health(*stub).running_requests()) < 4 && absl::Now() < until;) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  paused.Resume();
-  EXPECT_EQ(held, 4) << "the coordinator did not take all four requests while decode-0 paused";
-  for (auto& t : threads) t.join();
+  const std::vector<Result> results = RunFourTogether(cluster, *stub, params);
   int resumed = 0;
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status;
@@ -182,21 +193,7 @@ TEST_F(ClusterFailureTest, ResumedMidGrammarStaysValidAndTokenExact) {
                                 "additionalProperties": false})");
     return p;
   };
-  std::vector<std::thread> threads;
-  std::vector<Result> results(4);
-  Stopped paused(cluster.pid_of("decode-0"));
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back(
-        [&, i] { results[i] = Generate(*stub, Prompt(40, i), rpc::ToProto(params(i))); });
-  }
-  int held = 0;
-  for (const absl::Time until = absl::Now() + absl::Milliseconds(800);
-       (held = Health(*stub).running_requests()) < 4 && absl::Now() < until;) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  paused.Resume();
-  EXPECT_EQ(held, 4) << "the coordinator did not take all four requests while decode-0 paused";
-  for (auto& t : threads) t.join();
+  const std::vector<Result> results = RunFourTogether(cluster, *stub, params);
   int resumed = 0;
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status;
