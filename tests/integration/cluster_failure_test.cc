@@ -193,6 +193,14 @@ TEST_F(ClusterFailureTest, ResumedMidGrammarStaysValidAndTokenExact) {
                                 "additionalProperties": false})");
     return p;
   };
+  // Each spec compiled once everywhere (coordinator, prefill and decode node) before decode-0
+  // is paused, so that a loaded machine's compiles do not keep the four from reaching it.
+  for (int i : {0, 2}) {
+    model::SamplingParams warm = params(i);
+    warm.max_tokens = 2;
+    const Result r = Generate(*stub, Prompt(8, 9), rpc::ToProto(warm));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+  }
   const std::vector<Result> results = RunFourTogether(cluster, *stub, params);
   int resumed = 0;
   for (int i = 0; i < 4; ++i) {
