@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "colocated/colocated_scheduler.h"
 #include "tests/unit/colocated/colocated_test_rig.h"
 
@@ -42,10 +43,17 @@ class ColocatedServeTest : public ColocatedSchedulerTest {
          .ignore_eos = true,
          .repetition_penalty = 1.2f,
          .min_tokens = 4}};
+    // The scheduler's first step waits until all three are submitted, so that they are
+    // admitted together whatever the machine's load (r0 first, r1 and r2 a step later).
+    absl::Notification submitted;
+    SetHook([&submitted](const StepInfo&) {
+      submitted.WaitForNotificationWithTimeout(absl::Seconds(10));
+    });
     std::vector<std::shared_ptr<ColocatedStream>> streams;
     for (int i = 0; i < 3; ++i) {
       streams.push_back(Submit(absl::StrCat("r", i), Prompt(8, 40 + i), params[i]));
     }
+    submitted.Notify();
     for (int i = 0; i < 3; ++i) {
       Outcome o = Drain(*streams[i]);
       EXPECT_EQ(o.finish, FinishReason::kMaxTokens) << "r" << i << ": " << o.error;
@@ -55,6 +63,7 @@ class ColocatedServeTest : public ColocatedSchedulerTest {
       }
       EXPECT_TRUE(!o.events.empty() && o.events[0].prefilled) << "r" << i;
     }
+    SetHook(nullptr);
     EXPECT_TRUE(AllFree());
     std::map<std::string, int64_t> prefilled;
     for (const StepInfo& s : Steps()) {
