@@ -59,7 +59,12 @@ TEST_F(PrefillSchedulerOwnerTest, CancelledRequestsBlocksAreFreeBeforeItsStreamE
 }
 
 TEST_F(PrefillSchedulerOwnerTest, ACallerThatNeverReadsItsStreamHoldsNothingBack) {
-  Rig r({}, /*p_blocks=*/4);  // one 60-token prompt at a time
+  // The first pass waits until "unread" is cancelled: on a loaded machine both could otherwise
+  // finish before the Cancel.
+  Gate gate;
+  PrefillSchedulerOptions opts;
+  opts.on_batch = [&](const BatchInfo&) { gate.Block(); };
+  Rig r(std::move(opts), /*p_blocks=*/4);  // one 60-token prompt at a time
   Reference ref = Reference::Load(16);
   const int vocab = r.vocab();
   // Streams nobody reads: one dropped at once, one cancelled.
@@ -67,7 +72,9 @@ TEST_F(PrefillSchedulerOwnerTest, ACallerThatNeverReadsItsStreamHoldsNothingBack
   absl::StatusOr<std::shared_ptr<PrefillStream>> unread =
       r.sched->Submit(r.Job("unread", 2, Prompt(60, 2, vocab)));
   ASSERT_TRUE(unread.ok()) << unread.status();
+  gate.AwaitReached();
   EXPECT_TRUE(r.sched->Cancel("unread"));
+  gate.Open();
   // Each of these needs the whole pool: served only once the others gave their blocks back.
   for (int i = 0; i < 3; ++i) {
     const std::vector<int32_t> prompt = Prompt(60, 10 + i, vocab);
