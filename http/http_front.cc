@@ -17,6 +17,7 @@
 #include "http/metrics_targets.h"
 #include "http/openai_protocol.h"
 #include "http/response_builder.h"
+#include "http/routes.h"
 #include "http/vllm_metrics.h"
 
 namespace duet::http {
@@ -118,7 +119,7 @@ class HttpFront::Handlers {
       Preflight p = AnswerPreflight(options_.cors, req);
       return res->Reply(p.status, p.headers, "text/plain; charset=utf-8", std::move(p.body));
     }
-    if (!options_.api_key.empty() && NeedsKey(req.path) &&
+    if (!options_.api_key.empty() && NeedsApiKey(req.path) &&
         req.Header("Authorization") != "Bearer " + options_.api_key) {
       return Reply(*res,
                    ApiError{.http_status = 401,
@@ -154,28 +155,9 @@ class HttpFront::Handlers {
     }
     if (get && req.path == "/health") {
       const v1::HealthResponse h = backend_->Health();
-      // degraded: serving, but some (prefill, decode) pairs are fenced and not routed to.
-      json j = {{"status", !h.ready()                  ? "not_ready"
-                           : h.fenced_pairs_size() > 0 ? "degraded"
-                                                       : "ok"},
-                {"prefill_nodes", h.prefill_nodes()},
-                {"decode_nodes", h.decode_nodes()},
-                {"running_requests", h.running_requests()},
-                {"fenced_pairs",
-                 std::vector<std::string>(h.fenced_pairs().begin(), h.fenced_pairs().end())}};
-      // A coordinator's: how it finds its nodes, and those on etcd it refused (with the reason).
-      if (!h.discovery().empty()) {
-        j["discovery"] = h.discovery();
-        json refused = json::array();
-        for (const v1::RefusedNode& r : h.refused_nodes()) {
-          refused.push_back(
-              {{"node_id", r.node_id()}, {"epoch", r.epoch()}, {"reason", r.reason()}});
-        }
-        j["refused_nodes"] = std::move(refused);
-      }
       HttpHeaders headers;
       if (!h.ready()) headers.emplace_back("Retry-After", "1");
-      return res->Reply(h.ready() ? 200 : 503, headers, kJson, Dump(j));
+      return res->Reply(h.ready() ? 200 : 503, headers, kJson, Dump(HealthJson(h)));
     }
     if ((get || req.method == "POST") && req.path == "/ping") {  // vLLM's, for SageMaker
       HttpHeaders headers;
@@ -202,14 +184,6 @@ class HttpFront::Handlers {
     Reply(*res, ApiError{.http_status = 404,
                          .message = absl::StrCat("no route for ", req.method, " ", req.path),
                          .code = "not_found"});
-  }
-
-  // Routes for load balancers, scrapers and version checks stay open with an API key.
-  static bool NeedsKey(const std::string& path) {
-    for (const char* open : {"/health", "/ping", "/metrics", "/metrics/targets", "/version"}) {
-      if (path == open) return false;
-    }
-    return true;
   }
 
   // A JSON body answered 200, or an error.
@@ -330,15 +304,6 @@ class HttpFront::Handlers {
   }
 
  private:
-  static std::string PathLabel(const std::string& path) {
-    for (const char* p :
-         {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ping", "/metrics",
-          "/metrics/targets", "/tokenize", "/detokenize", "/version"}) {
-      if (path == p) return p;
-    }
-    return "other";
-  }
-
   static void Reply(HttpResponder& res, const ApiError& e) {
     HttpHeaders headers;
     if (e.retry_after_s > 0) headers.emplace_back("Retry-After", absl::StrCat(e.retry_after_s));

@@ -1,8 +1,9 @@
 // HttpFront over a scripted GenerationBackend, on 127.0.0.1: status codes and OpenAI error
-// bodies (429/503 with Retry-After, 401, 413), server-sent events, n choices and lists of
-// prompts (seeds, order, when later choices start, a failed choice), the concurrency limit, stop
-// strings (ending the request as satisfied), chat templates, and a client disconnect (mid-stream
-// or before a non-streamed answer) reaching the backend as a cancellation.
+// bodies (429/503 with Retry-After), server-sent events, n choices and lists of prompts (seeds,
+// order, when later choices start, a failed choice), the concurrency limit, stop strings (ending
+// the request as satisfied), special tokens in the text, chat templates, vLLM's metrics, and a
+// client disconnect (mid-stream or before a non-streamed answer) reaching the backend as a
+// cancellation. The routes besides generation: http_front_routes_test.cc.
 #include "http/http_front.h"
 
 #include <arpa/inet.h>
@@ -20,168 +21,20 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/tokenizer/byte_tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/http_exchange.h"
+#include "tests/integration/http_front_rig.h"
 
 namespace duet::http {
 namespace {
 
 using nlohmann::json;
-
-// Emits `text` one byte-token at a time (every `gap`), then finishes with max_tokens, unless
-// told to fail first. Records what the front did to it.
-class FakeBackend : public GenerationBackend {
- public:
-  absl::Status GenerateTo(const v1::GenerateRequest& req, const GenerateSink& sink) override {
-    ++calls;
-    {
-      absl::MutexLock lock(&mu);
-      last_request = req;
-      requests[req.request_id()] = req;
-      started.push_back({req.request_id(), absl::Now()});
-    }
-    if (!fail.ok()) return fail;
-    if (!fail_suffix.empty() && absl::EndsWith(req.request_id(), fail_suffix)) {
-      return absl::ResourceExhaustedError("no room for " + req.request_id());
-    }
-    if (block_until != nullptr) block_until->WaitForNotification();
-    std::vector<int32_t> out = ids;
-    if (out.empty()) {
-      for (unsigned char c : text) out.push_back(c);
-    }
-    for (size_t i = 0; i < out.size(); ++i) {
-      v1::GenerateResponse r;
-      r.set_has_token(true);
-      r.set_token_id(out[i]);
-      r.set_index(static_cast<int>(i));
-      r.set_logprob(-0.5f);
-      if (i + 1 == out.size()) {
-        r.set_finish_reason(finish);
-        r.set_prompt_tokens(req.token_ids().ids_size());
-        r.mutable_timings()->set_queue_us(2000);
-        r.mutable_timings()->set_decode_us(40000);
-        r.mutable_timings()->set_prefill_attempts(1);
-        r.mutable_timings()->set_prefill_cached_tokens(2);
-        r.mutable_timings()->set_resumes(1);
-      }
-      if (i == 1) {
-        absl::MutexLock lock(&mu);
-        second_token[req.request_id()] = absl::Now();
-      }
-      if (sink.cancelled() || !sink.write(r)) {
-        cancelled = true;
-        satisfied = sink.satisfied && sink.satisfied();
-        return absl::CancelledError("the client went away");
-      }
-      absl::SleepFor(gap);
-    }
-    return absl::OkStatus();
-  }
-  v1::HealthResponse Health() override {
-    v1::HealthResponse h;
-    h.set_ready(ready);
-    // A decode pool 60 % used, and a prefill pool (not counted as the KV cache's usage).
-    v1::NodeStatus* d = h.add_nodes();
-    d->set_kind(v1::NODE_KIND_DECODE);
-    d->set_node_id("decode-0");
-    d->set_epoch(5);
-    d->set_metrics_address("10.0.0.4:9100");  // the prefill node serves no /metrics
-    d->mutable_load()->set_total_blocks(10);
-    d->mutable_load()->set_free_blocks(4);
-    v1::NodeStatus* p = h.add_nodes();
-    p->set_kind(v1::NODE_KIND_PREFILL);
-    p->mutable_load()->set_total_blocks(100);
-    p->mutable_load()->set_free_blocks(0);
-    return h;
-  }
-
-  std::string text = "Hello";
-  std::vector<int32_t> ids;  // set: these token ids instead of text's bytes
-  v1::FinishReason finish = v1::FINISH_REASON_MAX_TOKENS;  // the last token's
-  absl::Duration gap = absl::ZeroDuration();
-  absl::Status fail;
-  bool ready = true;
-  absl::Notification* block_until = nullptr;
-  std::atomic<int> calls{0};
-  std::atomic<bool> cancelled{false};
-  std::atomic<bool> satisfied{false};  // the front said why it cancelled: it has what it wants
-  std::string fail_suffix;             // requests whose id ends so fail with ResourceExhausted
-  absl::Mutex mu;
-  v1::GenerateRequest last_request ABSL_GUARDED_BY(mu);
-  std::vector<std::pair<std::string, absl::Time>> started ABSL_GUARDED_BY(mu);  // id, when
-  std::map<std::string, absl::Time> second_token ABSL_GUARDED_BY(mu);  // id: its index-1 write
-  std::map<std::string, v1::GenerateRequest> requests ABSL_GUARDED_BY(mu);
-};
-
-// The byte tokenizer with a chat template.
-class TemplatedTokenizer : public model::Tokenizer {
- public:
-  explicit TemplatedTokenizer(std::string tmpl)
-      : inner_(*model::ByteTokenizer::Create(320)), tmpl_(std::move(tmpl)) {}
-  absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text,
-                                              bool add_bos) const override {
-    return inner_->Encode(text, add_bos);
-  }
-  absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override {
-    return inner_->Decode(ids);
-  }
-  int32_t vocab_size() const override { return inner_->vocab_size(); }
-  int32_t bos_id() const override { return inner_->bos_id(); }
-  std::vector<int32_t> eos_ids() const override { return inner_->eos_ids(); }
-  std::string name() const override { return "templated"; }
-  std::string chat_template() const override { return tmpl_; }
-
- private:
-  std::unique_ptr<model::ByteTokenizer> inner_;
-  std::string tmpl_;
-};
-
-using testing::Exchange;
-using testing::Reply;
-
-class HttpFrontTest : public ::testing::Test {
- protected:
-  void StartFront(HttpFrontOptions o = {}, const std::string& chat_template = "") {
-    tokenizer_ = std::make_unique<TemplatedTokenizer>(chat_template);
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.context_length = 64;
-    auto f = HttpFront::Start(o, &backend_, tokenizer_.get(), &registry_);
-    ASSERT_TRUE(f.ok()) << f.status();
-    front_ = *std::move(f);
-  }
-  Reply Post(const std::string& path, const json& body, const std::string& headers = "") {
-    return Exchange(front_->port(), "POST", path, body.dump(), headers);
-  }
-  static json Error(const Reply& r) { return json::parse(r.body)["error"]; }
-  // Each of `lines` appears in /metrics' registry within 5 s (a generation's thread updates the
-  // counters just after the backend returns).
-  void ExpectMetricsSoon(const std::vector<std::string>& lines) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    std::string m;
-    while (absl::Now() < deadline) {
-      m = registry_.Render();
-      bool all = true;
-      for (const std::string& l : lines) all = all && m.find(l) != std::string::npos;
-      if (all) return;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    for (const std::string& l : lines) EXPECT_NE(m.find(l), std::string::npos) << l << "\n" << m;
-  }
-
-  FakeBackend backend_;
-  std::unique_ptr<model::Tokenizer> tokenizer_;
-  metrics::Registry registry_;
-  std::unique_ptr<HttpFront> front_;
-};
 
 TEST_F(HttpFrontTest, CompletionNotStreamed) {
   StartFront();
@@ -515,149 +368,6 @@ TEST_F(HttpFrontTest, ValidationErrorsNeverReachTheBackend) {
   EXPECT_EQ(backend_.calls.load(), 0);
 }
 
-TEST_F(HttpFrontTest, BearerTokenAndBodyLimit) {
-  StartFront({.api_key = "sekret", .max_body_bytes = 1000});
-  Reply r = Post("/v1/completions", {{"prompt", "Hi"}});
-  EXPECT_EQ(r.status, 401);
-  EXPECT_EQ(Error(r)["type"], "authentication_error");
-  r = Post("/v1/completions", {{"prompt", "Hi"}}, "Authorization: Bearer wrong\r\n");
-  EXPECT_EQ(r.status, 401);
-  r = Post("/v1/completions", {{"prompt", "Hi"}}, "Authorization: Bearer sekret\r\n");
-  EXPECT_EQ(r.status, 200) << r.body;
-  r = Post("/v1/completions", {{"prompt", std::string(5000, 'a')}},
-           "Authorization: Bearer sekret\r\n");
-  EXPECT_EQ(r.status, 413);
-  EXPECT_EQ(Error(r)["code"], "body_too_large");
-  // Health and metrics stay open for load balancers and scrapers.
-  EXPECT_EQ(Exchange(front_->port(), "GET", "/health", "").status, 200);
-  EXPECT_EQ(Exchange(front_->port(), "GET", "/metrics", "").status, 200);
-}
-
-TEST_F(HttpFrontTest, MetricsTargetsListThisServerAtItsHostAndTheNodesThatServeMetrics) {
-  StartFront({.server_kind = "colocated"});
-  Reply r = Exchange(front_->port(), "GET", "/metrics/targets", "");  // sends "Host: x"
-  ASSERT_EQ(r.status, 200) << r.head << r.body;
-  EXPECT_NE(r.head.find("application/json"), std::string::npos) << r.head;
-  const json want = json::parse(R"([
-    {"targets": ["x"], "labels": {"node_kind": "colocated", "node_role": "colocated server"}},
-    {"targets": ["10.0.0.4:9100"],
-     "labels": {"node_id": "decode-0", "node_kind": "decode", "node_role": "decode node",
-                "node_epoch": "5"}}])");
-  EXPECT_EQ(json::parse(r.body), want) << r.body;
-}
-
-TEST_F(HttpFrontTest, MetricsTargetsWithoutAHostHeaderIsRefused) {
-  StartFront();
-  // HTTP/1.0 allows a request without Host; this server's own target would be unknown.
-  Reply r = testing::ExchangeRaw(front_->port(), "GET /metrics/targets HTTP/1.0\r\n\r\n");
-  EXPECT_EQ(r.status, 400) << r.head << r.body;
-  EXPECT_EQ(Error(r)["code"], "missing_host") << r.body;
-}
-
-// A header of `r` (case-insensitive name), "" when absent.
-std::string HeaderOf(const Reply& r, const std::string& name) {
-  for (absl::string_view line : absl::StrSplit(r.head, "\r\n")) {
-    const size_t colon = line.find(':');
-    if (colon != absl::string_view::npos && absl::EqualsIgnoreCase(line.substr(0, colon), name)) {
-      return std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
-    }
-  }
-  return "";
-}
-
-// As vLLM serves browsers: every origin by default (a preflight answered before any key is
-// asked for), an origin list that refuses the others, and credentials echoing the origin.
-TEST_F(HttpFrontTest, CorsPreflightsAndHeaders) {
-  StartFront({.api_key = "sekret"});
-  const std::string preflight =
-      "Origin: https://app.example\r\nAccess-Control-Request-Method: POST\r\n"
-      "Access-Control-Request-Headers: authorization, content-type\r\n";
-  Reply r = Exchange(front_->port(), "OPTIONS", "/v1/chat/completions", "", preflight);
-  EXPECT_EQ(r.status, 200) << r.head;
-  EXPECT_EQ(HeaderOf(r, "Access-Control-Allow-Origin"), "*");
-  EXPECT_TRUE(absl::StrContains(HeaderOf(r, "Access-Control-Allow-Methods"), "POST"));
-  EXPECT_EQ(HeaderOf(r, "Access-Control-Allow-Headers"), "authorization, content-type");
-  // The request itself carries the origin header back.
-  r = Post("/v1/completions", {{"prompt", "Hi"}},
-           "Origin: https://app.example\r\nAuthorization: Bearer sekret\r\n");
-  EXPECT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(HeaderOf(r, "Access-Control-Allow-Origin"), "*");
-  // No Origin: no CORS headers.
-  r = Post("/v1/completions", {{"prompt", "Hi"}}, "Authorization: Bearer sekret\r\n");
-  EXPECT_EQ(HeaderOf(r, "Access-Control-Allow-Origin"), "");
-
-  front_.reset();
-  StartFront({.cors = {.allowed_origins = {"https://ok.example"},
-                       .allowed_methods = {"GET", "POST"},
-                       .allowed_headers = {"Content-Type"},
-                       .allow_credentials = true}});
-  r = Exchange(front_->port(), "OPTIONS", "/v1/completions", "",
-               "Origin: https://evil.example\r\nAccess-Control-Request-Method: POST\r\n");
-  EXPECT_EQ(r.status, 400);
-  EXPECT_TRUE(absl::StrContains(r.body, "origin 'https://evil.example'")) << r.body;
-  EXPECT_EQ(HeaderOf(r, "Access-Control-Allow-Origin"), "");
-  r = Exchange(front_->port(), "OPTIONS", "/v1/completions", "",
-               "Origin: https://ok.example\r\nAccess-Control-Request-Method: PUT\r\n"
-               "Access-Control-Request-Headers: X-Secret\r\n");
-  EXPECT_EQ(r.status, 400);
-  EXPECT_TRUE(absl::StrContains(r.body, "method 'PUT'")) << r.body;
-  EXPECT_TRUE(absl::StrContains(r.body, "header 'X-Secret'")) << r.body;
-  r = Exchange(front_->port(), "OPTIONS", "/v1/completions", "",
-               "Origin: https://ok.example\r\nAccess-Control-Request-Method: POST\r\n");
-  EXPECT_EQ(r.status, 200);
-  EXPECT_EQ(HeaderOf(r, "Access-Control-Allow-Origin"), "https://ok.example");
-  EXPECT_EQ(HeaderOf(r, "Access-Control-Allow-Credentials"), "true");
-  r = Post("/v1/completions", {{"prompt", "Hi"}}, "Origin: https://evil.example\r\n");
-  EXPECT_EQ(HeaderOf(r, "Access-Control-Allow-Origin"), "");
-  r = Post("/v1/completions", {{"prompt", "Hi"}}, "Origin: https://ok.example\r\n");
-  EXPECT_EQ(HeaderOf(r, "Access-Control-Allow-Origin"), "https://ok.example");
-}
-
-// /ping answers as /health does (no body); X-Request-Id comes back on every kind of response;
-// with a key, only the load balancers' and scrapers' routes stay open.
-TEST_F(HttpFrontTest, PingRequestIdAndTheRoutesAKeyGuards) {
-  StartFront({.api_key = "sekret"});
-  for (const char* method : {"GET", "POST"}) {
-    Reply r = Exchange(front_->port(), method, "/ping", "");
-    EXPECT_EQ(r.status, 200) << method;
-    EXPECT_EQ(r.body, "");
-  }
-  backend_.ready = false;
-  EXPECT_EQ(Exchange(front_->port(), "GET", "/ping", "").status, 503);
-  backend_.ready = true;
-
-  const std::string auth = "Authorization: Bearer sekret\r\n";
-  Reply r = Post("/v1/completions", {{"prompt", "Hi"}}, auth + "X-Request-Id: abc-123\r\n");
-  EXPECT_EQ(r.status, 200);
-  EXPECT_EQ(HeaderOf(r, "X-Request-Id"), "abc-123");
-  r = Post("/v1/completions", {{"prompt", "Hi"}, {"stream", true}},
-           auth + "X-Request-Id: streamed-7\r\n");
-  EXPECT_EQ(r.status, 200);
-  EXPECT_EQ(HeaderOf(r, "X-Request-Id"), "streamed-7");
-  r = Post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 0}},
-           auth + "X-Request-Id: refused-1\r\n");
-  EXPECT_EQ(r.status, 400);
-  EXPECT_EQ(HeaderOf(r, "X-Request-Id"), "refused-1");
-  // Without one, the server's own id (the response's).
-  EXPECT_TRUE(absl::StartsWith(
-      HeaderOf(Post("/v1/completions", {{"prompt", "Hi"}, {"stream", true}}, auth), "X-Request-Id"),
-      "cmpl-"));
-
-  for (const char* open : {"/health", "/ping", "/metrics", "/version"}) {
-    EXPECT_EQ(Exchange(front_->port(), "GET", open, "").status, 200) << open;
-  }
-  EXPECT_EQ(Exchange(front_->port(), "GET", "/metrics/targets", "").status, 200);
-  for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
-           {"GET", "/v1/models"}, {"POST", "/tokenize"}, {"POST", "/detokenize"}}) {
-    Reply refused = Exchange(front_->port(), method, path, R"({"prompt": "x"})");
-    EXPECT_EQ(refused.status, 401) << path;
-  }
-  EXPECT_EQ(Exchange(front_->port(), "POST", "/tokenize", R"({"prompt": "x"})", auth).status, 200);
-}
-
-// As vLLM: control tokens are left out of the text unless skip_special_tokens is false; the stop
-// token that ended the output (EOS here) and a matched stop string stay out unless
-// include_stop_str_in_output.
 TEST_F(HttpFrontTest, SpecialTokensAndStopStringsInTheOutput) {
   StartFront();
   backend_.ids = {'H', 'i', 256, '!', 257};  // 256: BOS, 257: EOS (the byte tokenizer's)
@@ -681,15 +391,6 @@ TEST_F(HttpFrontTest, SpecialTokensAndStopStringsInTheOutput) {
   backend_.finish = v1::FINISH_REASON_MAX_TOKENS;
   EXPECT_EQ(text({{"stop", {"ll"}}}), "He");
   EXPECT_EQ(text({{"stop", {"ll", "el"}}, {"include_stop_str_in_output", true}}), "Hel");
-}
-
-TEST_F(HttpFrontTest, HealthFollowsReadiness) {
-  StartFront();
-  backend_.ready = false;
-  Reply r = Exchange(front_->port(), "GET", "/health", "");
-  EXPECT_EQ(r.status, 503);
-  backend_.ready = true;
-  EXPECT_EQ(Exchange(front_->port(), "GET", "/health", "").status, 200);
 }
 
 TEST_F(HttpFrontTest, ConcurrencyLimitAnswers429) {

@@ -72,7 +72,7 @@ TEST(NodeSetTest, ReconcileReportsTheDifferenceOnly) {
 }
 
 // Applying changes one by one and reconciling with a listing taken after them end in the same
-// view (what makes a re-list after compaction equivalent to the events it replaced).
+// view: a re-list after compaction gives the view the events it stands for would have.
 TEST(NodeSetTest, EventsAndReconcileAgree) {
   NodeSet by_events;
   NodeSet by_listing;
