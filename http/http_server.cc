@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/logging.h"
+#include "http/connection_stream.h"
 
 namespace duet::http {
 namespace {
@@ -41,58 +42,9 @@ std::string Chunk(absl::string_view data) {
   return absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n");
 }
 
-// A connection's byte stream: the TCP socket itself, or TLS over it. Beast reads and writes it
-// as any Asio stream; the socket underneath is there for what TLS leaves to TCP (options,
-// cancel, shutdown, close).
-class Stream {
- public:
-  using executor_type = tcp::socket::executor_type;
-
-  Stream(tcp::socket socket, asio::ssl::context* tls) {
-    if (tls != nullptr) {
-      tls_.emplace(std::move(socket), *tls);
-    } else {
-      plain_.emplace(std::move(socket));
-    }
-  }
-
-  bool tls() const { return tls_.has_value(); }
-  tcp::socket& socket() { return tls_ ? tls_->next_layer() : *plain_; }
-  executor_type get_executor() { return socket().get_executor(); }
-
-  template <typename Buffers, typename Handler>
-  void async_read_some(const Buffers& buffers, Handler&& handler) {
-    if (tls_) {
-      tls_->async_read_some(buffers, std::forward<Handler>(handler));
-    } else {
-      plain_->async_read_some(buffers, std::forward<Handler>(handler));
-    }
-  }
-  template <typename Buffers, typename Handler>
-  void async_write_some(const Buffers& buffers, Handler&& handler) {
-    if (tls_) {
-      tls_->async_write_some(buffers, std::forward<Handler>(handler));
-    } else {
-      plain_->async_write_some(buffers, std::forward<Handler>(handler));
-    }
-  }
-  // TLS only: the server side of the handshake.
-  template <typename Handler>
-  void async_handshake(Handler&& handler) {
-    tls_->async_handshake(asio::ssl::stream_base::server, std::forward<Handler>(handler));
-  }
-
- private:
-  std::optional<tcp::socket> plain_;
-  std::optional<asio::ssl::stream<tcp::socket>> tls_;
-};
-
-// "1.2.3.4:5678" of the socket's peer, "?" when it has none.
-std::string PeerOf(tcp::socket& socket) {
-  error_code ec;
-  const tcp::endpoint ep = socket.remote_endpoint(ec);
-  return ec ? std::string("?") : absl::StrCat(ep.address().to_string(), ":", ep.port());
-}
+using internal::PeerOf;
+using internal::Refusal;
+using internal::Stream;
 
 }  // namespace
 
@@ -609,53 +561,6 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 namespace {
-
-// A connection over the limit: its 503 (over TLS after the handshake, with HTTPS), then FIN and
-// what the client still sends dropped, all within 2 s, so that the close does not reset the
-// connection before the client reads the answer.
-class Refusal : public std::enable_shared_from_this<Refusal> {
- public:
-  Refusal(tcp::socket socket, asio::ssl::context* tls, std::string out)
-      : stream_(std::move(socket), tls), timer_(stream_.get_executor()), out_(std::move(out)) {}
-  void Start() {
-    timer_.expires_after(std::chrono::seconds(2));
-    timer_.async_wait([self = shared_from_this()](error_code ec) {
-      if (!ec) self->Close();
-    });
-    if (!stream_.tls()) return Write();
-    stream_.async_handshake([self = shared_from_this()](error_code ec) {
-      if (ec) return self->Close();
-      self->Write();
-    });
-  }
-
- private:
-  void Write() {
-    asio::async_write(stream_, asio::buffer(out_),
-                      [self = shared_from_this()](error_code ec, size_t) {
-                        if (ec) return self->Close();
-                        error_code ignored;
-                        self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-                        self->Discard();
-                      });
-  }
-  void Discard() {
-    stream_.async_read_some(asio::buffer(buf_), [self = shared_from_this()](error_code ec, size_t) {
-      if (ec) return self->Close();
-      self->Discard();
-    });
-  }
-  void Close() {
-    error_code ignored;
-    timer_.cancel();
-    stream_.socket().close(ignored);
-  }
-
-  Stream stream_;
-  asio::steady_timer timer_;
-  const std::string out_;
-  std::array<char, 4096> buf_;
-};
 
 class SessionResponder : public HttpResponder {
  public:
