@@ -57,9 +57,15 @@ absl::Status NodeRuntime::Init(const NodeRuntimeRole& role) {
         absl::StrCat(o.model_dir, ": the ", role.role, " needs the model's tokenizer files"));
   }
   if (engine_->has_tokenizer()) {
-    DUET_ASSIGN_OR_RETURN(grammar_, grammar::GrammarCompiler::Create(
-                                        engine_->tokenizer(), engine_->runner().config().vocab_size,
-                                        grammar::GrammarCompilerOptions{}));
+    // Without a compiler the node serves on and refuses only structured output, naming why.
+    absl::StatusOr<std::unique_ptr<grammar::GrammarCompiler>> compiler =
+        grammar::GrammarCompiler::Create(engine_->tokenizer(),
+                                         engine_->runner().config().vocab_size, {});
+    if (compiler.ok()) {
+      grammar_ = *std::move(compiler);
+    } else {
+      DUET_LOG(WARNING) << o.node_id << ": structured output is off: " << compiler.status();
+    }
   }
   layout_ = engine_->runner().MakeKvLayout(o.block_size);
   DUET_RETURN_IF_ERROR(layout_.Validate());

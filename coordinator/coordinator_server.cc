@@ -99,8 +99,13 @@ absl::Status CoordinatorServer::Impl::Init() {
   }
   DUET_ASSIGN_OR_RETURN(model_config_, model::LoadModelConfig(options_.model_dir));
   DUET_ASSIGN_OR_RETURN(tokenizer_, model::LoadTokenizer(options_.model_dir));
-  DUET_ASSIGN_OR_RETURN(
-      grammar_, grammar::GrammarCompiler::Create(*tokenizer_, model_config_.vocab_size, {}));
+  // Without a compiler the coordinator serves on and refuses only structured output.
+  if (auto compiler = grammar::GrammarCompiler::Create(*tokenizer_, model_config_.vocab_size, {});
+      compiler.ok()) {
+    grammar_ = *std::move(compiler);
+  } else {
+    DUET_LOG(WARNING) << "coordinator: structured output is off: " << compiler.status();
+  }
   // Before the server: a node may register as soon as it listens.
   watchers_ = std::make_unique<StatusWatchers>(
       options_.status_watch,

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/grammar/grammar_constraint.h"
 #include "coordinator/coordinator_impl.h"
 #include "proto/generate_request.h"
 
@@ -54,8 +55,9 @@ absl::Status CoordinatorServer::Impl::GenerateUnmetered(const v1::GenerateReques
                         rpc::ParseGenerateRequest(req, *tokenizer_, model_config_));
   const std::vector<int32_t>& ids = prompt.ids;
   if (prompt.sampling.grammar.has_value()) {
-    absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> compiled =
-        grammar_->Compile(*prompt.sampling.grammar);
+    // The same check, and refusal without a compiler, as the nodes' (grammar_constraint.h).
+    absl::StatusOr<std::unique_ptr<model::TokenConstraint>> compiled =
+        grammar::MakeGrammarConstraint(grammar_.get(), *prompt.sampling.grammar, {});
     if (!compiled.ok()) return Annotate(compiled.status(), "Generate: structured output");
   }
   if (const int64_t max_len = MaxModelLen(); max_len > 0) {

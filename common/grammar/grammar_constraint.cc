@@ -30,9 +30,10 @@ absl::Status GrammarConstraint::Accept(int32_t token) {
 absl::StatusOr<std::unique_ptr<model::TokenConstraint>> MakeGrammarConstraint(
     GrammarCompiler* compiler, const GrammarSpec& spec, absl::Span<const int32_t> generated) {
   if (compiler == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return absl::UnimplementedError(absl::StrCat(
         "structured output (a ", GrammarKindName(spec.kind),
-        " grammar) needs the model's tokenizer, and this node was started without one"));
+        " grammar) is not available here: no grammar compiler for the model's tokenizer (none, "
+        "or one the grammar engine refused; the server's log says why)"));
   }
   DUET_ASSIGN_OR_RETURN(std::shared_ptr<const CompiledGrammar> compiled, compiler->Compile(spec));
   DUET_ASSIGN_OR_RETURN(GrammarMatcher matcher, GrammarMatcher::Create(std::move(compiled)));

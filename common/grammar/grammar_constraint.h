@@ -39,10 +39,10 @@ class GrammarConstraint : public model::TokenConstraint {
 };
 
 // The spec compiled (once per distinct spec: the compiler's cache) and a matcher moved over
-// `generated`, the request's output tokens so far. FailedPrecondition without a compiler (a
-// node without the model's tokenizer); the compiler's errors (InvalidArgument for a spec it
-// cannot compile, DeadlineExceeded, ResourceExhausted); InvalidArgument naming the first of
-// `generated` the grammar refuses.
+// `generated`, the request's output tokens so far. Unimplemented without a compiler (a node
+// without the model's tokenizer, or one the grammar engine refused); the compiler's errors
+// (InvalidArgument for a spec it cannot compile, DeadlineExceeded, ResourceExhausted);
+// InvalidArgument naming the first of `generated` the grammar refuses.
 absl::StatusOr<std::unique_ptr<model::TokenConstraint>> MakeGrammarConstraint(
     GrammarCompiler* compiler, const GrammarSpec& spec, absl::Span<const int32_t> generated);
 
