@@ -5,8 +5,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/flag_groups.h"
+#include "common/base/json_util.h"
 #include "nlohmann/json.hpp"
 
 namespace duet::cli {
@@ -77,6 +79,17 @@ ABSL_FLAG(duet::cli::JsonStringList, allowed_headers, {{"*"}},
 ABSL_FLAG(bool, allow_credentials, false,
           "CORS: let cross-origin pages send credentials (the origin is then echoed, never *)");
 
+ABSL_FLAG(std::string, chat_template, "",
+          "a file holding the chat template to use instead of the model's (vLLM's "
+          "--chat-template), e.g. one that renders tools; like the model's, it is recognised by "
+          "its family (ChatML, Llama-3, ...) and rendered as that family's template does");
+ABSL_FLAG(bool, enable_auto_tool_choice, false,
+          "serve tool_choice auto (the default when a request gives tools): the model decides "
+          "whether to call a tool, and --tool_call_parser reads its calls");
+ABSL_FLAG(std::string, tool_call_parser, "",
+          "how the model writes tool calls, for tool_choice auto: hermes (<tool_call> JSON, as "
+          "Qwen2.5 and Qwen3) or llama3_json");
+
 ABSL_FLAG(std::string, api_key, "",
           "the HTTP API's key: a server requires 'Authorization: Bearer KEY' on every route but "
           "/health, /ping, /metrics, /metrics/targets and /version; bench serve sends it");
@@ -100,7 +113,10 @@ std::vector<FlagGroupInfo> HttpFlagGroups() {
             &absl::GetFlagReflectionHandle(FLAGS_allowed_origins),
             &absl::GetFlagReflectionHandle(FLAGS_allowed_methods),
             &absl::GetFlagReflectionHandle(FLAGS_allowed_headers),
-            &absl::GetFlagReflectionHandle(FLAGS_allow_credentials)}},
+            &absl::GetFlagReflectionHandle(FLAGS_allow_credentials),
+            &absl::GetFlagReflectionHandle(FLAGS_chat_template),
+            &absl::GetFlagReflectionHandle(FLAGS_enable_auto_tool_choice),
+            &absl::GetFlagReflectionHandle(FLAGS_tool_call_parser)}},
           {FlagGroup::kApiKey,
            "api_key",
            "HTTP API key",
@@ -134,6 +150,43 @@ std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags() {
                .allowed_methods = absl::GetFlag(FLAGS_allowed_methods).items,
                .allowed_headers = absl::GetFlag(FLAGS_allowed_headers).items,
                .allow_credentials = absl::GetFlag(FLAGS_allow_credentials)}};
+}
+
+absl::Status AddChatFromFlags(std::optional<http::HttpFrontOptions>& http) {
+  const std::string template_path = absl::GetFlag(FLAGS_chat_template);
+  const std::string parser = absl::GetFlag(FLAGS_tool_call_parser);
+  const bool auto_tools = absl::GetFlag(FLAGS_enable_auto_tool_choice);
+  if (!http) {
+    if (!template_path.empty() || !parser.empty() || auto_tools) {
+      return absl::InvalidArgumentError(
+          "--chat_template, --enable_auto_tool_choice and --tool_call_parser apply to the HTTP "
+          "API, which --http_port turns on");
+    }
+    return absl::OkStatus();
+  }
+  if (!template_path.empty()) {
+    absl::StatusOr<std::string> text = model::ReadFileToString(template_path);
+    if (!text.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--chat_template: ", text.status().message()));
+    }
+    if (text->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--chat_template: ", template_path, " is empty"));
+    }
+    http->chat_template = *std::move(text);
+  }
+  if (!parser.empty()) {
+    absl::StatusOr<http::ToolCallParser> p = http::ParseToolCallParser(parser);
+    if (!p.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--tool_call_parser: ", p.status().message()));
+    http->tool_call_parser = *p;
+  }
+  if (auto_tools && parser.empty()) {
+    return absl::InvalidArgumentError(
+        "--enable_auto_tool_choice needs --tool_call_parser (hermes or llama3_json)");
+  }
+  http->enable_auto_tool_choice = auto_tools;
+  return absl::OkStatus();
 }
 
 }  // namespace duet::cli

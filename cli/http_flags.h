@@ -3,12 +3,14 @@
 // sends as a client.
 //
 //   std::optional<http::HttpFrontOptions> h = HttpFrontOptionsFromFlags();  // nullopt: API off
+//   DUET_RETURN_IF_ERROR(AddChatFromFlags(h));  // the chat template and tool calling
 //   std::string key = ReadApiKeyFlag();
 #pragma once
 
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "http/http_front.h"
 
 namespace duet::cli {
@@ -19,6 +21,9 @@ namespace duet::cli {
 // --allow-credentials) and the --http-{header,body,idle,write}-timeout-s deadlines (a non-positive
 // --http-write-timeout-s is refused by HttpFront::Start, naming it).
 std::optional<http::HttpFrontOptions> HttpFrontOptionsFromFlags();
+// --chat_template (the file is read here), --enable_auto_tool_choice and --tool_call_parser into
+// the API's options; InvalidArgument naming the flag when one is wrong or given without the API.
+absl::Status AddChatFromFlags(std::optional<http::HttpFrontOptions>& http);
 std::string ReadApiKeyFlag();
 
 }  // namespace duet::cli

@@ -76,6 +76,7 @@ int RunCoordinator() {
   if (!etcd.ok()) return Fail("coordinator", etcd.status());
   opt.etcd = *std::move(etcd);
   opt.http = HttpFrontOptionsFromFlags();
+  if (absl::Status chat = AddChatFromFlags(opt.http); !chat.ok()) return Fail("coordinator", chat);
   if (absl::Status https = AddHttpsFromFlags(opt.http); !https.ok()) {
     return Fail("coordinator", https);
   }

@@ -37,6 +37,10 @@ int RunServeColocated() {
   o.max_batch_tokens = ReadPrefillFlags().max_batch_tokens;
   o.max_running = ReadDecodeFlags().max_running;
   o.http = HttpFrontOptionsFromFlags();
+  if (absl::Status chat = AddChatFromFlags(o.http); !chat.ok()) {
+    std::fprintf(stderr, "duet serve --colocated: %s\n", std::string(chat.message()).c_str());
+    return 2;
+  }
   if (absl::Status https = AddHttpsFromFlags(o.http); !https.ok()) {
     std::fprintf(stderr, "duet serve --colocated: %s\n", std::string(https.message()).c_str());
     return 2;

@@ -160,6 +160,10 @@ int RunServeLoopback(const CommandLine& line) {
   }
   // The coordinator's HTTPS files, checked here before any child starts.
   std::optional<http::HttpFrontOptions> front = HttpFrontOptionsFromFlags();
+  if (absl::Status chat = AddChatFromFlags(front); !chat.ok()) {
+    std::fprintf(stderr, "duet serve: %s\n", std::string(chat.message()).c_str());
+    return 2;
+  }
   if (absl::Status https = AddHttpsFromFlags(front); !https.ok()) {
     std::fprintf(stderr, "duet serve: %s\n", std::string(https.message()).c_str());
     return 2;

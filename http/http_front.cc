@@ -18,6 +18,7 @@
 #include "http/openai_protocol.h"
 #include "http/response_builder.h"
 #include "http/routes.h"
+#include "http/tool_calls.h"
 #include "http/vllm_metrics.h"
 
 namespace duet::http {
@@ -49,6 +50,8 @@ struct ChoiceState {
   std::optional<std::vector<TokenOut>> prompt_logprobs;
   std::optional<VllmMetrics::Request> vllm;   // the vllm:* series
   std::optional<v1::RequestTimings> timings;  // from the finishing response
+  // Chat with a tool_choice other than none, streamed: the output as content and tool calls.
+  std::optional<ToolCallExtractor> tools;
 };
 
 // One request's state, shared by its choices' backend sink calls (each on its own thread) and
@@ -95,7 +98,8 @@ class HttpFront::Handlers {
                                       "Generation requests whose client went away before the end",
                                       {})
                          .WithLabels({})),
-        vllm_(registry, ServedNames().front(), [backend] { return backend->Health(); }) {
+        vllm_(registry, ServedNames().front(), [backend] { return backend->Health(); }),
+        chat_template_(ChatTemplateFor(options, *tokenizer)) {
     std::random_device rd;
     id_prefix_ = absl::StrCat(absl::Hex(rd() & 0xffffff));
   }
@@ -359,8 +363,8 @@ class HttpFront::Handlers {
     if (prompt != nullptr) {
       text = prompt->text;
     } else {
-      absl::StatusOr<std::string> chat = model::RenderChat(model::ChatTemplateOf(*tokenizer_),
-                                                           parsed.messages, parsed.chat_rendering);
+      absl::StatusOr<std::string> chat =
+          model::RenderChat(chat_template_, parsed.messages, parsed.chat_rendering);
       if (!chat.ok()) return ErrorFromStatus(chat.status());
       text = *std::move(chat);
     }
@@ -393,6 +397,15 @@ class HttpFront::Handlers {
     }
     if (!parsed->model.empty()) {
       if (std::optional<ApiError> e = CheckModel(parsed->model)) return Reply(*res, *e);
+    }
+    if (parsed->tools.choice == ToolChoice::kAuto &&
+        (!options_.enable_auto_tool_choice || options_.tool_call_parser == ToolCallParser::kNone)) {
+      // As vLLM: the server must know how its model writes calls.
+      return Reply(*res, ApiError{.message = "tool_choice \"auto\" (the default when tools are "
+                                             "given) needs the server started with "
+                                             "--enable_auto_tool_choice and --tool_call_parser",
+                                  .param = "tool_choice",
+                                  .code = "unsupported"});
     }
     // logit_bias ids name tokens of the model's vocabulary: a client error, before any backend.
     for (const compute::LogitBias& b : parsed->logit_bias) {
@@ -483,6 +496,7 @@ class HttpFront::Handlers {
           if (parsed->echo) c->echo = EchoText(parsed->prompts[i]);
           ChoiceState st;
           st.builder = std::make_unique<ResponseBuilder>(*parsed, tokenizer_);
+          st.tools = Extractor(*parsed, g->id, c->index);
           st.vllm.emplace(vllm_.Start());
           g->state.push_back(std::move(st));
           g->choices.push_back(std::move(c));
@@ -521,6 +535,23 @@ class HttpFront::Handlers {
       out.push_back(std::move(t));
     }
     return out;
+  }
+
+  // The choice's tool-call extraction: chat with tools and a tool_choice other than none.
+  std::optional<ToolCallExtractor> Extractor(const ParsedRequest& parsed, const std::string& id,
+                                             int index) const {
+    if (parsed.endpoint != Endpoint::kChat || parsed.tools.choice == ToolChoice::kNone) {
+      return std::nullopt;
+    }
+    return ToolCallExtractor(parsed.tools, options_.tool_call_parser,
+                             absl::StrCat(id, "-tool-", index));
+  }
+
+  static model::ChatTemplate ChatTemplateFor(const HttpFrontOptions& options,
+                                             const model::Tokenizer& tokenizer) {
+    model::ChatTemplate t = model::ChatTemplateOf(tokenizer);
+    if (!options.chat_template.empty()) t.source = options.chat_template;
+    return t;
   }
 
   uint64_t NewSeed() {
@@ -570,8 +601,14 @@ class HttpFront::Handlers {
       b.Consume(r, &st.logprobs);
     } else {
       std::vector<TokenOut> lp;
-      const std::string piece = b.Consume(r, &lp);
-      if (!piece.empty() || !lp.empty() || st.first_chunk) {
+      std::string piece = b.Consume(r, &lp);
+      json tool_calls(nullptr);
+      if (st.tools) {
+        ChatDelta d = st.tools->Add(piece);
+        piece = std::move(d.content);
+        tool_calls = ToolCallDeltasJson(d.tool_calls);
+      }
+      if (!piece.empty() || !lp.empty() || st.first_chunk || !tool_calls.is_null()) {
         // echo: a choice's first chunk starts with its prompt (and its tokens' logprobs).
         const std::string text = st.first_chunk ? c.echo + piece : piece;
         size_t offset = st.text_offset;
@@ -582,8 +619,9 @@ class HttpFront::Handlers {
         if (st.first_chunk) st.text_offset += c.echo.size();
         json logprobs = g.parsed->logprobs ? LogprobsJson(g.endpoint, lp, offset) : json(nullptr);
         st.text_offset += piece.size();
-        if (!g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, g.model, c.index, text,
-                                               st.first_chunk, logprobs, "", std::nullopt)))) {
+        if (!g.res->WriteChunk(
+                Event(ChunkJson(g.endpoint, g.id, g.created, g.model, c.index, text, st.first_chunk,
+                                logprobs, "", std::nullopt, tool_calls)))) {
           Ended(g, c);
           return false;
         }
@@ -644,12 +682,24 @@ class HttpFront::Handlers {
     }
     if (!g.parsed->stream || g.client_gone.load()) return;
     // ---- Streaming: this choice's last chunk (the rest of its text, its finish reason).
-    const std::string text = st.first_chunk ? c.echo + rest : rest;
+    std::string last = rest;
+    json tool_calls(nullptr);
+    std::string finish_reason = b.finish_reason();
+    if (st.tools) {
+      ChatDelta d = st.tools->Add(rest);
+      ChatDelta end = st.tools->Finish();
+      last = d.content + end.content;
+      d.tool_calls.insert(d.tool_calls.end(), end.tool_calls.begin(), end.tool_calls.end());
+      tool_calls = ToolCallDeltasJson(d.tool_calls);
+      finish_reason = st.tools->FinishReason(finish_reason);
+    }
+    const std::string text = st.first_chunk ? c.echo + last : last;
     if (st.first_chunk) st.text_offset += c.echo.size();
     json logprobs =
         g.parsed->logprobs ? LogprobsJson(g.endpoint, {}, st.text_offset) : json(nullptr);
-    g.res->WriteChunk(Event(ChunkJson(g.endpoint, g.id, g.created, g.model, c.index, text,
-                                      st.first_chunk, logprobs, b.finish_reason(), std::nullopt)));
+    g.res->WriteChunk(
+        Event(ChunkJson(g.endpoint, g.id, g.created, g.model, c.index, text, st.first_chunk,
+                        logprobs, finish_reason, std::nullopt, tool_calls)));
     st.first_chunk = false;
   }
 
@@ -685,9 +735,18 @@ class HttpFront::Handlers {
         } else if (g.parsed->logprobs) {
           logprobs = LogprobsJson(g.endpoint, st.logprobs, c->echo.size());
         }
-        out.push_back(ChoiceOut{.text = c->echo + st.builder->full_text(),
-                                .logprobs = std::move(logprobs),
-                                .finish_reason = st.builder->finish_reason()});
+        ChoiceOut choice{.text = c->echo + st.builder->full_text(),
+                         .logprobs = std::move(logprobs),
+                         .finish_reason = st.builder->finish_reason()};
+        if (st.tools) {
+          // The same extraction as a stream's, over the whole text.
+          st.tools->Add(choice.text);
+          st.tools->Finish();
+          choice.text = st.tools->content();
+          if (st.tools->called()) choice.tool_calls = ToolCallsJson(st.tools->calls());
+          choice.finish_reason = st.tools->FinishReason(choice.finish_reason);
+        }
+        out.push_back(std::move(choice));
       }
       g.res->Reply(200, {}, kJson,
                    Dump(ResponseJson(g.endpoint, g.id, g.created, g.model, out, usage)));
@@ -715,6 +774,7 @@ class HttpFront::Handlers {
   metrics::Gauge& streams_;
   metrics::Counter& disconnects_;
   VllmMetrics vllm_;
+  const model::ChatTemplate chat_template_;  // the model's, or --chat_template's
   const int64_t created_ = absl::ToUnixSeconds(absl::Now());
   std::string id_prefix_;
   std::atomic<uint64_t> next_id_{1};

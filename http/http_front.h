@@ -38,6 +38,7 @@
 #include "duet/v1/client.pb.h"
 #include "http/cors.h"
 #include "http/http_server.h"
+#include "http/tool_calls.h"
 
 namespace duet::http {
 
@@ -98,6 +99,12 @@ struct HttpFrontOptions {
   std::optional<tls::TlsIdentity> tls;
   // Browsers' cross-origin requests (cors.h): every origin by default, as vLLM.
   CorsOptions cors;
+  // The chat template's source in place of the model's (vLLM's --chat-template); empty: the
+  // model's. Like the model's, it is recognised by its family (chat_template.h), not run.
+  std::string chat_template;
+  // tool_choice auto (tool_calls.h): refused unless enabled with a parser, as vLLM.
+  bool enable_auto_tool_choice = false;
+  ToolCallParser tool_call_parser = ToolCallParser::kNone;
 };
 
 // The name /v1/models reports for a model at `model_path`: its last path component

@@ -9,6 +9,7 @@
 #include "common/base/error_reason.h"
 #include "http/request_errors.h"
 #include "http/structured_output.h"
+#include "http/tool_calls.h"
 #include "proto/sampling_convert.h"
 
 namespace duet::http {
@@ -90,6 +91,56 @@ std::optional<ApiError> GetContent(const json& m, size_t index, std::string* out
   return std::nullopt;
 }
 
+// An assistant message's tool_calls and a tool message's tool_call_id.
+std::optional<ApiError> GetToolParts(const json& m, size_t index, ChatMessage* msg) {
+  const std::string prefix = absl::StrCat("messages[", index, "]");
+  if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
+    if (msg->role != "tool") {
+      return Invalid(absl::StrCat(prefix, ".tool_call_id belongs to a tool message"),
+                     prefix + ".tool_call_id", "invalid_value");
+    }
+    if (!id->is_string()) return WrongType(prefix + ".tool_call_id", "a string", *id);
+    msg->tool_call_id = id->get<std::string>();
+  }
+  auto calls = m.find("tool_calls");
+  if (calls == m.end() || calls->is_null()) return std::nullopt;
+  const std::string field = prefix + ".tool_calls";
+  if (msg->role != "assistant") {
+    return Invalid(field + " belongs to an assistant message", field, "invalid_value");
+  }
+  if (!calls->is_array()) return WrongType(field, "an array", *calls);
+  for (size_t k = 0; k < calls->size(); ++k) {
+    const json& c = (*calls)[k];
+    const std::string f = absl::StrCat(field, "[", k, "]");
+    auto fn = c.is_object() ? c.find("function") : c.end();
+    if (!c.is_object() || fn == c.end() || !fn->is_object() || !fn->contains("name") ||
+        !(*fn)["name"].is_string()) {
+      return Invalid(f + " must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
+                         "\"arguments\"}}",
+                     f, "invalid_value");
+    }
+    model::ChatToolCall call{.name = (*fn)["name"].get<std::string>()};
+    if (auto id = c.find("id"); id != c.end() && id->is_string()) call.id = id->get<std::string>();
+    // arguments: JSON text (OpenAI's form; parsed, as vLLM does before rendering) or an object.
+    auto args = fn->find("arguments");
+    if (args != fn->end() && args->is_string()) {
+      const std::string& text = args->get_ref<const std::string&>();
+      call.arguments = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (call.arguments.is_discarded()) {
+        return Invalid(f + ".function.arguments is not JSON text", f + ".function.arguments",
+                       "invalid_value");
+      }
+    } else if (args != fn->end() && args->is_object()) {
+      call.arguments = nlohmann::ordered_json::parse(args->dump());
+    } else {
+      return Invalid(f + ".function.arguments must be JSON text (or an object)",
+                     f + ".function.arguments", "invalid_value");
+    }
+    msg->tool_calls.push_back(std::move(call));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string ErrorBody(const ApiError& e) {
@@ -164,16 +215,8 @@ bool IsFalse(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool IsTrue(const json& v) { return v.is_boolean() && v.get<bool>(); }
 bool IsOne(const json& v) { return v.is_number() && v.get<double>() == 1; }
 bool Never(const json&) { return false; }
-bool NoTool(const json& v) { return v.is_string() && v.get<std::string>() == "none"; }
-
-constexpr char kTools[] =
-    "tool calling is not supported yet (it needs per-model tool-call parsers)";
 
 const Unimplemented kUnimplemented[] = {
-    {"tools", Empty, kTools},
-    {"tool_choice", NoTool, kTools},
-    {"functions", Empty, kTools},
-    {"function_call", NoTool, kTools},
     {"length_penalty", IsOne, "length_penalty is not supported (1 only)"},
     {"suffix", Empty, "suffix is not supported"},
     // vLLM's prompt_logprobs (0 too: the prompt tokens' own logprobs); completions echo with
@@ -294,6 +337,51 @@ std::optional<ApiError> ParseChatRendering(Endpoint endpoint, const json& j,
   return std::nullopt;
 }
 
+// tools, tool_choice, parallel_tool_calls (chat only): the tools go to the chat template, and
+// tool_choice required or a named function becomes the request's grammar.
+std::optional<ApiError> ParseToolFields(Endpoint endpoint, const json& j, const std::string& body,
+                                        ParsedRequest* out) {
+  const char* fields[] = {"functions", "function_call", "tools", "tool_choice",
+                          "parallel_tool_calls"};
+  if (std::none_of(std::begin(fields), std::end(fields), [&](const char* f) {
+        auto it = j.find(f);
+        return it != j.end() && !it->is_null();
+      })) {
+    return std::nullopt;
+  }
+  for (const char* legacy : {"functions", "function_call"}) {
+    if (auto it = j.find(legacy); it != j.end() && !it->is_null()) {
+      return Invalid(absl::StrCat("'", legacy,
+                                  "' (OpenAI's deprecated function calling) is not supported; "
+                                  "use 'tools' and 'tool_choice'"),
+                     legacy, "unsupported");
+    }
+  }
+  if (endpoint != Endpoint::kChat) {
+    for (const char* f : fields) {
+      if (auto it = j.find(f); it != j.end() && !it->is_null()) {
+        return Invalid(absl::StrCat("'", f, "' applies to chat completions only"), f,
+                       "invalid_value");
+      }
+    }
+  }
+  // Again with the keys in the client's order: the template writes the tools as sent.
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (auto e = ParseTools(ordered, &out->tools)) return e;
+  out->chat_rendering.tools = out->tools.tools;
+  if (std::optional<grammar::GrammarSpec> g = ToolGrammar(out->tools)) {
+    if (out->grammar) {
+      return Invalid(
+          "'tool_choice' required or a named function is enforced by a grammar, and the request "
+          "also asks for structured output; give one of them",
+          "tool_choice", "invalid_value");
+    }
+    out->grammar = std::move(g);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
@@ -307,6 +395,7 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
   if (!j.is_object()) return Invalid("the request body must be a JSON object", "", "invalid_json");
   if (auto e = RefuseUnimplemented(j)) return e;
   if (auto e = ParseStructuredOutput(j, &out->grammar)) return e;
+  if (auto e = ParseToolFields(endpoint, j, body, out)) return e;
   if (auto e = ParseChatRendering(endpoint, j, &out->chat_rendering)) return e;
 
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
@@ -404,13 +493,14 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,
       }
       ChatMessage msg{.role = role->get<std::string>()};
       if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
-          msg.role != "developer") {
+          msg.role != "developer" && msg.role != "tool") {
         return Invalid(absl::StrCat("messages[", i, "].role '", msg.role,
-                                    "' is not one of system, developer, user, assistant"),
+                                    "' is not one of system, developer, user, assistant, tool"),
                        absl::StrCat("messages[", i, "].role"), "invalid_value");
       }
       if (msg.role == "developer") msg.role = "system";
       if (auto e = GetContent(m, i, &msg.content)) return e;
+      if (auto e = GetToolParts(m, i, &msg)) return e;
       out->messages.push_back(std::move(msg));
     }
     if (auto e = GetBool(j, "logprobs", &out->logprobs)) return e;
@@ -691,7 +781,7 @@ nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& toke
 nlohmann::json ChunkJson(Endpoint endpoint, const std::string& id, int64_t created,
                          const std::string& model, int index, const std::string& text, bool first,
                          const nlohmann::json& logprobs, const std::string& finish_reason,
-                         const std::optional<Usage>& usage) {
+                         const std::optional<Usage>& usage, const nlohmann::json& tool_calls) {
   json choice = {{"index", index},
                  {"logprobs", logprobs},
                  {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
@@ -699,7 +789,8 @@ nlohmann::json ChunkJson(Endpoint endpoint, const std::string& id, int64_t creat
   if (endpoint == Endpoint::kChat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
-    if (!text.empty() || first) delta["content"] = text;
+    if (!text.empty() || (first && tool_calls.is_null())) delta["content"] = text;
+    if (!tool_calls.is_null()) delta["tool_calls"] = tool_calls;
     choice["delta"] = delta;
     out["object"] = "chat.completion.chunk";
   } else {
@@ -722,6 +813,11 @@ nlohmann::json ResponseJson(Endpoint endpoint, const std::string& id, int64_t cr
     json choice = {{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", c.finish_reason}};
     if (endpoint == Endpoint::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (!c.tool_calls.is_null()) {
+        // As OpenAI: a message of calls alone has no content.
+        if (c.text.empty()) choice["message"]["content"] = nullptr;
+        choice["message"]["tool_calls"] = c.tool_calls;
+      }
     } else {
       choice["text"] = c.text;
     }

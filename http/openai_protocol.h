@@ -51,6 +51,17 @@ ApiError ErrorFromStatus(const absl::Status& s);
 
 using model::ChatMessage;
 
+// The request's tools (tool_calls.h reads them and turns output into calls).
+enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
+struct ToolRequest {
+  std::vector<nlohmann::ordered_json> tools;       // the tool objects as sent
+  std::vector<std::string> names;                  // each tool's function name
+  std::vector<nlohmann::ordered_json> parameters;  // each one's JSON schema
+  ToolChoice choice = ToolChoice::kNone;
+  std::string named;     // kNamed: the function
+  bool parallel = true;  // parallel_tool_calls
+};
+
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;
@@ -96,8 +107,10 @@ struct ParsedRequest {
   bool include_stop_str_in_output = false;
   // Structured output (structured_output.h): what the output must match.
   std::optional<grammar::GrammarSpec> grammar;
-  // Chat: add_generation_prompt, continue_final_message, chat_template_kwargs.
+  // Chat: add_generation_prompt, continue_final_message, chat_template_kwargs (and the tools,
+  // which the template renders).
   model::ChatRenderOptions chat_rendering;
+  ToolRequest tools;  // chat
 };
 
 // Parses and checks the body: malformed JSON, a known field of the wrong type, values out of
@@ -163,19 +176,22 @@ nlohmann::json UsageJson(const Usage& u);
 nlohmann::json LogprobsJson(Endpoint endpoint, const std::vector<TokenOut>& tokens,
                             size_t text_offset);
 
-// One streamed chunk ("text_completion" / "chat.completion.chunk") of choice `index`.
+// One streamed chunk ("text_completion" / "chat.completion.chunk") of choice `index`; chat's
+// delta carries `tool_calls` (tool_calls.h's deltas) when not null.
 // finish_reason null when empty; usage only on the final chunk; role only on a choice's first
 // chat chunk.
 nlohmann::json ChunkJson(Endpoint endpoint, const std::string& id, int64_t created,
                          const std::string& model, int index, const std::string& text, bool first,
                          const nlohmann::json& logprobs, const std::string& finish_reason,
-                         const std::optional<Usage>& usage);
+                         const std::optional<Usage>& usage,
+                         const nlohmann::json& tool_calls = nullptr);
 
 // One choice of a whole response.
 struct ChoiceOut {
   std::string text;
   nlohmann::json logprobs;  // null: not asked for
   std::string finish_reason;
+  nlohmann::json tool_calls;  // chat: the message's tool calls; null: none
 };
 // The whole response of a non-streamed request; choice i has index i.
 nlohmann::json ResponseJson(Endpoint endpoint, const std::string& id, int64_t created,

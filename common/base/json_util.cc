@@ -170,4 +170,43 @@ absl::StatusOr<double> GetNumber(const nlohmann::json& obj, const std::string& k
   return **v;
 }
 
+namespace {
+
+void AppendPythonJson(const nlohmann::ordered_json& v, std::string* out) {
+  constexpr auto kReplace = nlohmann::ordered_json::error_handler_t::replace;
+  if (v.is_object()) {
+    out->push_back('{');
+    bool first = true;
+    for (const auto& [key, item] : v.items()) {
+      if (!first) out->append(", ");
+      first = false;
+      out->append(nlohmann::ordered_json(key).dump(-1, ' ', false, kReplace));
+      out->append(": ");
+      AppendPythonJson(item, out);
+    }
+    out->push_back('}');
+  } else if (v.is_array()) {
+    out->push_back('[');
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i > 0) out->append(", ");
+      AppendPythonJson(v[i], out);
+    }
+    out->push_back(']');
+  } else {
+    out->append(v.dump(-1, ' ', false, kReplace));  // scalars print alike
+  }
+}
+
+}  // namespace
+
+std::string PythonJsonDumps(const nlohmann::ordered_json& value, int indent) {
+  if (indent >= 0) {
+    // Python's indented form (", " without the space, ": ", one item per line) is nlohmann's.
+    return value.dump(indent, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  }
+  std::string out;
+  AppendPythonJson(value, &out);
+  return out;
+}
+
 }  // namespace duet::model

@@ -52,4 +52,10 @@ absl::StatusOr<double> GetNumber(const nlohmann::json& obj, const std::string& k
 // Converts a JSON value to int64 if it is an integer (or an integral float).
 std::optional<int64_t> JsonToInt(const nlohmann::json& v);
 
+// The text Python's json.dumps(value, ensure_ascii=False) writes, which is what chat templates'
+// `tojson` gives under HF transformers: on one line with ", " and ": " between items (indent
+// < 0), or `indent` spaces per level (tojson(indent=4)). Keys keep the value's order, so pass an
+// ordered_json read from the client's text. Invalid UTF-8 becomes U+FFFD.
+std::string PythonJsonDumps(const nlohmann::ordered_json& value, int indent = -1);
+
 }  // namespace duet::model

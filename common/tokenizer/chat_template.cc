@@ -8,8 +8,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/base/json_util.h"
 #include "common/base/status.h"
 
 namespace duet::model {
@@ -65,21 +67,81 @@ absl::Status CheckAlternation(const std::vector<ChatMessage>& turns, const char*
   return absl::OkStatus();
 }
 
-std::string RenderChatMl(const std::string& tmpl, const std::vector<ChatMessage>& messages) {
-  const bool has_system = std::any_of(messages.begin(), messages.end(),
-                                      [](const ChatMessage& m) { return m.role == "system"; });
-  std::string out;
-  if (!has_system) {
-    // The template's default system turn, when it writes one literally (SmolLM2, Qwen2).
-    const std::string sys = "<|im_start|>system\n";
-    const size_t s = tmpl.find(sys);
-    if (s != std::string::npos) {
+// The template's literal default system content (SmolLM2, Qwen2.5), if it writes one: the first
+// system header followed by text within the same string literal up to <|im_end|> (a quote means
+// an expression, as Qwen3's '<|im_start|>system\n' + messages[0].content). The literal's newline
+// is a real one or Jinja's escape (a backslash and n), as templates differ.
+std::optional<std::string> DefaultSystem(const std::string& tmpl) {
+  for (const std::string sys : {"<|im_start|>system\n", "<|im_start|>system\\n"}) {
+    for (size_t s = tmpl.find(sys); s != std::string::npos; s = tmpl.find(sys, s + 1)) {
       const size_t e = tmpl.find("<|im_end|>", s);
-      if (e != std::string::npos) out = tmpl.substr(s, e - s) + "<|im_end|>\n";
+      if (e == std::string::npos) break;
+      const std::string text = tmpl.substr(s + sys.size(), e - s - sys.size());
+      if (text.find_first_of("'\"") != std::string::npos) continue;
+      return absl::StrReplaceAll(text, {{"\\n", "\n"}});
     }
   }
-  for (const ChatMessage& m : messages) {
-    absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
+  return std::nullopt;
+}
+
+bool HasToolParts(const std::vector<ChatMessage>& messages) {
+  return std::any_of(messages.begin(), messages.end(), [](const ChatMessage& m) {
+    return m.role == "tool" || !m.tool_calls.empty();
+  });
+}
+
+// The Hermes tool prompt of Qwen2.5 / Qwen3 templates, after the system text.
+std::string HermesToolsPrompt(const std::vector<nlohmann::ordered_json>& tools) {
+  std::string out =
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+      "provided with function signatures within <tools></tools> XML tags:\n<tools>";
+  for (const nlohmann::ordered_json& tool : tools)
+    absl::StrAppend(&out, "\n", PythonJsonDumps(tool));
+  return out +
+         "\n</tools>\n\nFor each function call, return a json object with function name and "
+         "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+         "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+}
+
+std::string RenderChatMl(const std::string& tmpl, const std::vector<ChatMessage>& messages,
+                         const std::vector<nlohmann::ordered_json>& tools) {
+  std::string out;
+  size_t first = 0;  // the first message the loop renders
+  if (!tools.empty()) {
+    // A system turn of its own: the system text (the first message's, else the template's
+    // default), then the tools.
+    out = "<|im_start|>system\n";
+    if (!messages.empty() && messages[0].role == "system") {
+      absl::StrAppend(&out, messages[0].content, "\n\n");
+      first = 1;
+    } else if (std::optional<std::string> d = DefaultSystem(tmpl)) {
+      absl::StrAppend(&out, *d, "\n\n");
+    }
+    out += HermesToolsPrompt(tools);
+  } else if (std::none_of(messages.begin(), messages.end(),
+                          [](const ChatMessage& m) { return m.role == "system"; })) {
+    if (std::optional<std::string> d = DefaultSystem(tmpl)) {
+      absl::StrAppend(&out, "<|im_start|>system\n", *d, "<|im_end|>\n");
+    }
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "tool") {
+      // Consecutive tool results share one user turn.
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      absl::StrAppend(&out, "\n<tool_response>\n", m.content, "\n</tool_response>");
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    } else if (m.role == "assistant" && !m.tool_calls.empty()) {
+      out += "<|im_start|>assistant";
+      if (!m.content.empty()) absl::StrAppend(&out, "\n", m.content);
+      for (const ChatToolCall& call : m.tool_calls) {
+        absl::StrAppend(&out, "\n<tool_call>\n{\"name\": \"", call.name,
+                        "\", \"arguments\": ", PythonJsonDumps(call.arguments), "}\n</tool_call>");
+      }
+      out += "<|im_end|>\n";
+    } else {
+      absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
+    }
   }
   return out + "<|im_start|>assistant\n";
 }
@@ -98,7 +160,9 @@ std::string Llama31Date(const std::string& tmpl) {
   return e == std::string::npos ? "26 Jul 2024" : tmpl.substr(b, e - b);
 }
 
-std::string RenderLlama3(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
+absl::StatusOr<std::string> RenderLlama3(const ChatTemplate& t,
+                                         const std::vector<ChatMessage>& messages,
+                                         const std::vector<nlohmann::ordered_json>& tools) {
   std::string out = Or(t.bos_token, "<|begin_of_text|>");
   auto turn = [&](const std::string& role, const std::string& content) {
     absl::StrAppend(&out, "<|start_header_id|>", role, "<|end_header_id|>\n\n", content,
@@ -109,10 +173,44 @@ std::string RenderLlama3(const ChatTemplate& t, const std::vector<ChatMessage>& 
     // Llama-3.1/3.2: a system turn always, with the knowledge cutoff and date first.
     Conversation c = SplitSystem(messages);
     turns = std::move(c.turns);
-    turn("system", absl::StrCat("Cutting Knowledge Date: December 2023\nToday Date: ",
+    turn("system", absl::StrCat(tools.empty() ? "" : "Environment: ipython\n",
+                                "Cutting Knowledge Date: December 2023\nToday Date: ",
                                 Llama31Date(t.source), "\n\n", Trim(c.system.value_or(""))));
   }
-  for (const ChatMessage& m : turns) turn(m.role, Trim(m.content));
+  if (!tools.empty()) {
+    // The tools go into the first message after the system one, written as a user turn.
+    if (turns.empty()) {
+      return absl::InvalidArgumentError(
+          "the Llama-3 chat template puts the tools in the first user message, and the messages "
+          "have none");
+    }
+    std::string first =
+        "Given the following functions, please respond with a JSON for a function call with its "
+        "proper arguments that best answers the given prompt.\n\nRespond in the format "
+        "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do "
+        "not use variables.\n\n";
+    for (const nlohmann::ordered_json& tool : tools) {
+      absl::StrAppend(&first, PythonJsonDumps(tool, /*indent=*/4), "\n\n");
+    }
+    turn("user", first + Trim(turns[0].content));
+    turns.erase(turns.begin());
+  }
+  for (const ChatMessage& m : turns) {
+    if (m.role == "tool" || m.role == "ipython") {
+      // The template writes the content with tojson (a string is iterable in Jinja).
+      turn("ipython", PythonJsonDumps(nlohmann::ordered_json(m.content)));
+    } else if (!m.tool_calls.empty()) {
+      if (m.tool_calls.size() != 1) {
+        return absl::InvalidArgumentError(
+            "the Llama-3 chat template renders one tool call per assistant message");
+      }
+      const ChatToolCall& call = m.tool_calls[0];
+      turn("assistant", absl::StrCat("{\"name\": \"", call.name,
+                                     "\", \"parameters\": ", PythonJsonDumps(call.arguments), "}"));
+    } else {
+      turn(m.role, Trim(m.content));
+    }
+  }
   return out + "<|start_header_id|>assistant<|end_header_id|>\n\n";
 }
 
@@ -205,7 +303,15 @@ std::string GenerationPrompt(Family family) {
 }
 
 absl::StatusOr<std::string> RenderWithGenerationPrompt(const ChatTemplate& t,
-                                                       const std::vector<ChatMessage>& messages) {
+                                                       const std::vector<ChatMessage>& messages,
+                                                       const ChatRenderOptions& options) {
+  if ((!options.tools.empty() || HasToolParts(messages)) && !RendersTools(t.source)) {
+    return absl::InvalidArgumentError(
+        "the model's chat template does not render tools, tool messages or tool calls (duet "
+        "renders them for ChatML templates with the <tool_call> format, as Qwen2.5 and Qwen3 "
+        "have, and for Llama-3.1+ templates; a server may name such a template with "
+        "--chat_template)");
+  }
   switch (FamilyOf(t.source)) {
     case Family::kNone: {
       std::string out;
@@ -213,9 +319,9 @@ absl::StatusOr<std::string> RenderWithGenerationPrompt(const ChatTemplate& t,
       return out + "assistant:";
     }
     case Family::kChatMl:
-      return RenderChatMl(t.source, messages);
+      return RenderChatMl(t.source, messages, options.tools);
     case Family::kLlama3:
-      return RenderLlama3(t, messages);
+      return RenderLlama3(t, messages, options.tools);
     case Family::kLlama2:
       return RenderLlama2(t, messages);
     case Family::kMistral:
@@ -247,7 +353,7 @@ absl::StatusOr<std::string> RenderChat(const ChatTemplate& t,
     return absl::InvalidArgumentError(
         "chat_template_kwargs.enable_thinking: the model's chat template does not read it");
   }
-  DUET_ASSIGN_OR_RETURN(std::string out, RenderWithGenerationPrompt(t, messages));
+  DUET_ASSIGN_OR_RETURN(std::string out, RenderWithGenerationPrompt(t, messages, options));
   const std::string prompt = GenerationPrompt(FamilyOf(t.source));
   if (!options.add_generation_prompt) {
     if (!prompt.empty() && absl::EndsWith(out, prompt)) out.resize(out.size() - prompt.size());
@@ -277,6 +383,17 @@ absl::StatusOr<std::string> RenderChat(const ChatTemplate& t,
 
 absl::StatusOr<std::string> RenderChat(const ChatTemplate& t, const std::string& user_message) {
   return RenderChat(t, std::vector<ChatMessage>{{"user", user_message}});
+}
+
+bool RendersTools(const std::string& chat_template_source) {
+  switch (FamilyOf(chat_template_source)) {
+    case Family::kChatMl:
+      return Has(chat_template_source, "<tool_call>");
+    case Family::kLlama3:
+      return Has(chat_template_source, "Given the following functions");
+    default:
+      return false;
+  }
 }
 
 std::string EndOfTurnToken(const std::string& chat_template_source) {

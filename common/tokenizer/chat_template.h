@@ -13,6 +13,12 @@
 // - Gemma (<start_of_turn>user\n...<end_of_turn>\n, assistant -> model, the system message
 //   folded into the first user turn as Gemma 3 does; templates that refuse a system role
 //   refuse it here too).
+// Tools (ChatRenderOptions::tools, `tool` messages, assistant tool_calls) are rendered by the
+// templates that render them, as their published Jinja does: ChatML templates with the Hermes
+// <tool_call> format (Qwen2.5, Qwen3: the tools listed in the system turn, calls as <tool_call>
+// JSON, results as <tool_response> in a user turn) and Llama-3.1+ templates (the tools in the
+// first user message, one call per assistant turn as {"name", "parameters"}, results in ipython
+// turns). Any other template given tools is InvalidArgument naming why.
 // [INST] and Gemma templates require user/assistant alternation starting with a user turn:
 // InvalidArgument otherwise. An empty template gives "role: content" lines; any other
 // template is Unimplemented (quoting its start).
@@ -33,12 +39,22 @@
 
 #include "absl/status/statusor.h"
 #include "common/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
 
 namespace duet::model {
 
+// A call an assistant message made (OpenAI's tool_calls[i]).
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  nlohmann::ordered_json arguments;  // the arguments, parsed from the client's JSON text
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant" (others pass through where allowed)
+  std::string role;  // "system", "user", "assistant", "tool" (others pass through where allowed)
   std::string content;
+  std::vector<ChatToolCall> tool_calls;  // assistant: the calls it made
+  std::string tool_call_id;              // tool: the call this message answers
 };
 
 // The template and the texts it refers to as bos_token / eos_token. Empty token texts: the
@@ -65,7 +81,14 @@ struct ChatRenderOptions {
   // chat_template_kwargs.enable_thinking, for templates that read it (Qwen3): false writes the
   // empty think block after the generation prompt. Set for another template: InvalidArgument.
   std::optional<bool> enable_thinking;
+  // The tools the model may call, each an OpenAI tool object ({"type": "function", "function":
+  // {...}}) with its keys in the client's order, rendered as the template's `tojson` writes them.
+  // Empty: none (a template without tool support then renders as before).
+  std::vector<nlohmann::ordered_json> tools;
 };
+
+// Whether the template renders tools (and tool messages and calls): see above.
+bool RendersTools(const std::string& chat_template_source);
 
 absl::StatusOr<std::string> RenderChat(const ChatTemplate& chat_template,
                                        const std::vector<ChatMessage>& messages,

@@ -137,10 +137,8 @@ TEST(OpenAiParseTest, UnimplementedFieldsAreRefusedNamingThem) {
     const char* used;   // a value that would change the answer
     const char* no_op;  // a value that does not (besides null); empty: none
   } cases[] = {
-      {"tools", R"([{"type": "function", "function": {"name": "f"}}])", "[]"},
-      {"tool_choice", R"("auto")", R"("none")"},
-      {"functions", R"([{"name": "f"}])", "[]"},
-      {"function_call", R"("auto")", R"("none")"},
+      {"functions", R"([{"name": "f"}])", ""},
+      {"function_call", R"("auto")", ""},
       {"suffix", R"("tail")", R"("")"},
       {"prompt_logprobs", "0", ""},  // 0 is not a no-op: the prompt tokens' own logprobs
       {"use_beam_search", "true", "false"},
@@ -166,11 +164,6 @@ TEST(OpenAiParseTest, UnimplementedFieldsAreRefusedNamingThem) {
       }
     }
   }
-  // Tool calling says what it would need.
-  auto e = Parse(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}],
-                                      "tool_choice": "required"})");
-  ASSERT_TRUE(e);
-  EXPECT_NE(e->message.find("tool-call parsers"), std::string::npos) << e->message;
 }
 
 // min_p, the penalties, logit_bias and min_tokens reach the sampler (vLLM's names and ranges).

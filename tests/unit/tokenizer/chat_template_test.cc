@@ -237,5 +237,132 @@ TEST(ChatTemplateTest, GenerationPromptContinuationAndThinking) {
   }
 }
 
+// Tools, calls and results. The expected strings are what HF transformers renders with the
+// published Qwen2.5-Instruct and Llama-3.1-Instruct templates for the same conversation.
+const char kQwen25[] =
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}... <tool_call> ...{%- else %}{{- "
+    "'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+    "assistant.<|im_end|>\\n' }}{%- endif %}... '<|im_start|>' + message.role ... <|im_end|>";
+const char kLlama31Tools[] =
+    "{{- bos_token }}... Cutting Knowledge Date: December 2023 ... {%- if tools_in_user_message "
+    "and not tools is none %}... Given the following functions, please respond with a JSON "
+    "... <|start_header_id|> ... <|eot_id|>";
+
+std::vector<nlohmann::ordered_json> WeatherTools() {
+  return {
+      nlohmann::ordered_json::parse(
+          R"({"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}}})"),
+      nlohmann::ordered_json::parse(
+          R"({"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}})")};
+}
+
+ChatToolCall Call(const std::string& id, const std::string& name, const std::string& args) {
+  return {.id = id, .name = name, .arguments = nlohmann::ordered_json::parse(args)};
+}
+
+const char kQwenToolsSystem[] =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+    "provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": "
+    "\"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather in a "
+    "city\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+    "\"string\"}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}}, \"required\": "
+    "[\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"add\", \"parameters\": "
+    "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"number\"}, \"b\": {\"type\": "
+    "\"number\"}}}}}\n</tools>\n\nFor each function call, return a json object with function "
+    "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+
+TEST(ChatTemplateTest, HermesTemplatesRenderToolsCallsAndResults) {
+  const ChatRenderOptions with_tools{.tools = WeatherTools()};
+  const std::vector<ChatMessage> chat = {
+      {"system", "Be brief."},
+      {"user", "Weather in Paris? And 2+3?"},
+      {.role = "assistant",
+       .tool_calls = {Call("c1", "get_weather", R"({"city": "Paris", "unit": "c"})"),
+                      Call("c2", "add", R"({"a": 2, "b": 3})")}},
+      {.role = "tool", .content = "18 C", .tool_call_id = "c1"},
+      {.role = "tool", .content = "5", .tool_call_id = "c2"},
+      {"user", "Thanks"}};
+  absl::StatusOr<std::string> out = RenderChat(ChatTemplate{.source = kQwen25}, chat, with_tools);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, std::string("<|im_start|>system\nBe brief.\n\n") + kQwenToolsSystem +
+                      "<|im_start|>user\nWeather in Paris? And 2+3?<|im_end|>\n<|im_start|>"
+                      "assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                      "{\"city\": \"Paris\", \"unit\": \"c\"}}\n</tool_call>\n<tool_call>\n"
+                      "{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>"
+                      "<|im_end|>\n<|im_start|>user\n<tool_response>\n18 C\n</tool_response>\n"
+                      "<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>user\n"
+                      "Thanks<|im_end|>\n<|im_start|>assistant\n");
+  // Without a system message: the template's default system text comes first.
+  out = RenderChat(ChatTemplate{.source = kQwen25}, {chat[1]}, with_tools);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, std::string("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You "
+                              "are a helpful assistant.\n\n") +
+                      kQwenToolsSystem +
+                      "<|im_start|>user\nWeather in Paris? And 2+3?<|im_end|>\n"
+                      "<|im_start|>assistant\n");
+  // A template without the <tool_call> format renders no tools, calls or results.
+  for (const std::vector<ChatMessage>& messages :
+       {std::vector<ChatMessage>{chat[1]}, std::vector<ChatMessage>(chat.begin(), chat.end())}) {
+    for (const char* source : {kSmolLm2, kGemma3, kLlama3, kLlama31, kMistral}) {
+      const ChatRenderOptions options = messages.size() == 1 ? with_tools : ChatRenderOptions{};
+      absl::StatusOr<std::string> refused =
+          RenderChat(ChatTemplate{.source = source}, messages, options);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << source;
+      EXPECT_THAT(refused.status().message(), HasSubstr("does not render tools"));
+    }
+  }
+  EXPECT_TRUE(RendersTools(kQwen25));
+  EXPECT_FALSE(RendersTools(kSmolLm2));
+}
+
+TEST(ChatTemplateTest, Llama31TemplatesRenderToolsInTheFirstUserMessage) {
+  const ChatRenderOptions with_tools{.tools = WeatherTools()};
+  const std::vector<ChatMessage> chat = {
+      {"system", "Be brief."},
+      {"user", "Weather in Paris? And 2+3?"},
+      {.role = "assistant",
+       .tool_calls = {Call("c1", "get_weather", R"({"city": "Paris", "unit": "c"})")}},
+      {.role = "tool", .content = "18 C", .tool_call_id = "c1"},
+      {"user", "Thanks"}};
+  absl::StatusOr<std::string> out =
+      RenderChat(ChatTemplate{.source = kLlama31Tools}, chat, with_tools);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(
+      *out,
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+      "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please "
+      "respond with a JSON for a function call with its proper arguments that best answers the "
+      "given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
+      "dictionary of argument name and its value}.Do not use variables.\n\n{\n    \"type\": "
+      "\"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n        "
+      "\"description\": \"Weather in a city\",\n        \"parameters\": {\n            "
+      "\"type\": \"object\",\n            \"properties\": {\n                \"city\": {\n"
+      "                    \"type\": \"string\"\n                },\n                \"unit\": "
+      "{\n                    \"type\": \"string\",\n                    \"enum\": [\n"
+      "                        \"c\",\n                        \"f\"\n                    ]\n"
+      "                }\n            },\n            \"required\": [\n                "
+      "\"city\"\n            ]\n        }\n    }\n}\n\n{\n    \"type\": \"function\",\n    "
+      "\"function\": {\n        \"name\": \"add\",\n        \"parameters\": {\n            "
+      "\"type\": \"object\",\n            \"properties\": {\n                \"a\": {\n"
+      "                    \"type\": \"number\"\n                },\n                \"b\": {\n"
+      "                    \"type\": \"number\"\n                }\n            }\n        }\n"
+      "    }\n}\n\nWeather in Paris? And 2+3?<|eot_id|><|start_header_id|>assistant"
+      "<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", "
+      "\"unit\": \"c\"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n\"18 C\""
+      "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nThanks<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  // The template's own refusals: two calls in one message; tools without a user message.
+  std::vector<ChatMessage> two_calls = chat;
+  two_calls[2].tool_calls.push_back(Call("c2", "add", R"({"a": 2, "b": 3})"));
+  EXPECT_EQ(
+      RenderChat(ChatTemplate{.source = kLlama31Tools}, two_calls, with_tools).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      RenderChat(ChatTemplate{.source = kLlama31Tools}, {chat[0]}, with_tools).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace duet::model
