@@ -365,7 +365,11 @@ class HttpFront::Handlers {
     } else {
       absl::StatusOr<std::string> chat =
           model::RenderChat(chat_template_, parsed.messages, parsed.chat_rendering);
-      if (!chat.ok()) return ErrorFromStatus(chat.status());
+      if (!chat.ok()) {
+        ApiError e = ErrorFromStatus(chat.status());
+        if (e.param.empty()) e.param = "messages";  // the template refused the conversation
+        return e;
+      }
       text = *std::move(chat);
     }
     absl::StatusOr<std::vector<int32_t>> enc = tokenizer_->Encode(text, add_special);

@@ -8,9 +8,10 @@ only) with the HTTP API and node metrics on, then:
   - min_p, the penalties, logit_bias and min_tokens change the answer as specified (a banned
     greedy token never comes, min_tokens holds a boosted EOS back, bad values are 400s);
     top_k, stop_token_ids and max_completion_tokens too; response_format json_object gives a JSON
-    object through the official client; tools, tool_choice, a response_format type not served,
-    suffix, an unread chat_template_kwargs key, bad_words and a tool message are 400s naming
-    them;
+    object through the official client; functions, a response_format type not served,
+    suffix, an unread chat_template_kwargs key and bad_words are 400s naming them, tools on a
+    server without auto tool choice a 400 naming its flags, a tool message on a template that
+    renders no tools a 400;
   - n choices (choice j is the n = 1 request with seed + j; streamed choices reassemble by
     index), unseeded choices that differ, a list of prompts (prompt-major choices), echo, and
     echo with logprobs (the prompt scored, exactly as generation scored the same tokens, also
@@ -216,8 +217,7 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     for field, value, known in [("bad_words", ["x"], False),
                                 ("response_format", {"type": "structural_tag"}, True),
-                                ("tools", [tool], True),
-                                ("tool_choice", "required", True),
+                                ("functions", [tool["function"]], True),
                                 ("chat_template_kwargs", {"tools_in_user_message": True},
                                  False)]:
         # Fields the client does not know (vLLM's) go through extra_body, as vLLM users send them.
@@ -235,7 +235,16 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
     except openai.BadRequestError as e:
         body = e.body if isinstance(e.body, dict) else {}
         refused["suffix"] = [e.status_code, body.get("param"), body.get("code")]
-    # A tool message (its role) is refused by name too.
+    # Tools on a server without --enable_auto_tool_choice: auto (their default) is refused
+    # naming the flags, as vLLM does.
+    try:
+        c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                  max_tokens=2, tools=[tool])
+        auto_tools = None
+    except openai.BadRequestError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        auto_tools = [e.status_code, body.get("param"), body.get("code"), body.get("message")]
+    # A tool message, on a model whose template renders no tools, is refused.
     try:
         c.chat.completions.create(model=model, max_tokens=2, messages=[
             {"role": "user", "content": "Hi"},
@@ -279,6 +288,7 @@ def client_main(base_url, prompt_ids, max_tokens, gen_ids, eos_id):
         "refused": refused,
         "top1_text": top1.choices[0].text,
         "tool_role": tool_role,
+        "auto_tools": auto_tools,
         "capped_tokens": capped.usage.completion_tokens,
         "stop_ids": [stopped_ids.choices[0].finish_reason, stopped_ids.usage.completion_tokens,
                      gen_ids.index(stop_at) + 1],
@@ -459,9 +469,13 @@ def main():
         for field, got in out["refused"].items():
             check(got == [400, field, "unsupported"],
                   "%s: refused with 400 naming it (got %s)" % (field, got))
-        check(len(out["refused"]) == 6, "six unimplemented fields tried: %s" % list(out["refused"]))
-        check(out["tool_role"] == [400, "messages[1].role"],
-              "a tool message is a 400 naming its role (%s)" % out["tool_role"])
+        check(len(out["refused"]) == 5, "five unimplemented fields tried: %s" % list(out["refused"]))
+        check(out["auto_tools"][:3] == [400, "tool_choice", "unsupported"] and
+              "--enable_auto_tool_choice" in out["auto_tools"][3],
+              "tools without the server's auto tool choice: a 400 naming the flags (%s)" %
+              out["auto_tools"])
+        check(out["tool_role"] == [400, "messages"],
+              "a tool message on a template without tools is a 400 (%s)" % out["tool_role"])
         check(out["capped_tokens"] == 3, "max_completion_tokens 3 wins over max_tokens 8 (%s)" %
               out["capped_tokens"])
         check(out["stop_ids"][0] == "stop" and out["stop_ids"][1] == out["stop_ids"][2],
