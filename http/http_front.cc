@@ -16,6 +16,7 @@
 #include "http/generation_threads.h"
 #include "http/metrics_targets.h"
 #include "http/openai_protocol.h"
+#include "http/prompt_encoder.h"
 #include "http/response_builder.h"
 #include "http/routes.h"
 #include "http/tool_calls.h"
@@ -99,7 +100,7 @@ class HttpFront::Handlers {
                                       {})
                          .WithLabels({})),
         vllm_(registry, ServedNames().front(), [backend] { return backend->Health(); }),
-        chat_template_(ChatTemplateFor(options, *tokenizer)) {
+        prompts_(tokenizer, options.vocab_size, options.chat_template) {
     std::random_device rd;
     id_prefix_ = absl::StrCat(absl::Hex(rd() & 0xffffff));
   }
@@ -258,8 +259,8 @@ class HttpFront::Handlers {
     }
     std::vector<int32_t> ids;
     if (std::optional<ApiError> e =
-            PromptIds(parsed, ep == Endpoint::kChat ? nullptr : &parsed.prompts[0], add_special,
-                      ep == Endpoint::kChat ? "messages" : "prompt", &ids)) {
+            prompts_.PromptIds(parsed, ep == Endpoint::kChat ? nullptr : &parsed.prompts[0],
+                               add_special, ep == Endpoint::kChat ? "messages" : "prompt", &ids)) {
       return *e;
     }
     return json{{"count", ids.size()},
@@ -280,20 +281,9 @@ class HttpFront::Handlers {
                       .param = "tokens",
                       .code = "invalid_type"};
     }
-    const int32_t vocab = options_.vocab_size > 0 ? options_.vocab_size : tokenizer_->vocab_size();
-    std::vector<int32_t> ids;
-    for (const json& t : *it) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
-        return ApiError{.message = absl::StrCat("'tokens' holds ", t.dump(),
-                                                ", not a token id of the vocabulary of ", vocab),
-                        .param = "tokens",
-                        .code = "invalid_value"};
-      }
-      ids.push_back(t.get<int32_t>());
-    }
-    absl::StatusOr<std::string> text = tokenizer_->Decode(ids);
-    if (!text.ok()) return ErrorFromStatus(text.status());
-    return json{{"prompt", *text}};
+    std::string text;
+    if (std::optional<ApiError> e = prompts_.Detokenize(*it, &text)) return *e;
+    return json{{"prompt", text}};
   }
 
   // Counts a response for duet_http_requests_total.
@@ -337,59 +327,6 @@ class HttpFront::Handlers {
                     .retry_after_s = 1};
   }
 
-  int32_t VocabSize() const {
-    return options_.vocab_size > 0 ? options_.vocab_size : tokenizer_->vocab_size();
-  }
-
-  // The token ids a prompt is prefilled with: a completions prompt (tokenized unless given as
-  // ids; null for chat) or the chat messages rendered with the template. `param` names the
-  // prompt in errors.
-  std::optional<ApiError> PromptIds(const ParsedRequest& parsed,
-                                    const ParsedRequest::Prompt* prompt, bool add_special,
-                                    const std::string& param, std::vector<int32_t>* ids) const {
-    if (prompt != nullptr && prompt->is_ids) {
-      for (int32_t id : prompt->ids) {
-        if (id >= VocabSize()) {
-          return ApiError{.message = absl::StrCat("token id ", id, " is outside the vocabulary of ",
-                                                  VocabSize()),
-                          .param = param,
-                          .code = "invalid_value"};
-        }
-      }
-      *ids = prompt->ids;
-      return std::nullopt;
-    }
-    std::string text;
-    if (prompt != nullptr) {
-      text = prompt->text;
-    } else {
-      absl::StatusOr<std::string> chat =
-          model::RenderChat(chat_template_, parsed.messages, parsed.chat_rendering);
-      if (!chat.ok()) {
-        ApiError e = ErrorFromStatus(chat.status());
-        if (e.param.empty()) e.param = "messages";  // the template refused the conversation
-        return e;
-      }
-      text = *std::move(chat);
-    }
-    absl::StatusOr<std::vector<int32_t>> enc = tokenizer_->Encode(text, add_special);
-    if (!enc.ok()) return ErrorFromStatus(enc.status());
-    *ids = *std::move(enc);
-    return std::nullopt;
-  }
-
-  // The text `echo` puts before a completion: the prompt as given, or its ids decoded (control
-  // tokens such as BOS are not text).
-  std::string EchoText(const ParsedRequest::Prompt& prompt) const {
-    if (!prompt.is_ids) return prompt.text;
-    std::vector<int32_t> ids;
-    for (int32_t id : prompt.ids) {
-      if (!tokenizer_->IsControl(id)) ids.push_back(id);
-    }
-    absl::StatusOr<std::string> text = tokenizer_->Decode(ids);
-    return text.ok() ? *text : "";
-  }
-
   // On a generation thread: checks, admission of its further choices (Spawn took one slot),
   // then the generation itself; every slot it holds is released when it returns.
   void Generate(Endpoint endpoint, const HttpRequest& hreq, std::shared_ptr<HttpResponder> res) {
@@ -413,12 +350,12 @@ class HttpFront::Handlers {
     }
     // logit_bias ids name tokens of the model's vocabulary: a client error, before any backend.
     for (const compute::LogitBias& b : parsed->logit_bias) {
-      if (b.id >= VocabSize()) {
-        return Reply(*res,
-                     ApiError{.message = absl::StrCat("logit_bias names token ", b.id,
-                                                      ", outside the vocabulary of ", VocabSize()),
-                              .param = "logit_bias",
-                              .code = "invalid_value"});
+      if (b.id >= prompts_.vocab_size()) {
+        return Reply(*res, ApiError{.message = absl::StrCat("logit_bias names token ", b.id,
+                                                            ", outside the vocabulary of ",
+                                                            prompts_.vocab_size()),
+                                    .param = "logit_bias",
+                                    .code = "invalid_value"});
       }
     }
     // ---- Each prompt as token ids, checked against the vocabulary and the context.
@@ -430,7 +367,7 @@ class HttpFront::Handlers {
                                 : num_prompts > 1           ? absl::StrCat("prompt[", i, "]")
                                                             : "prompt";
       if (std::optional<ApiError> e =
-              PromptIds(*parsed, p, /*add_special=*/true, param, &prompt_ids[i])) {
+              prompts_.PromptIds(*parsed, p, /*add_special=*/true, param, &prompt_ids[i])) {
         return Reply(*res, *e);
       }
       // (max_tokens' default is set by the first call: 16 for completions; chat has one prompt.)
@@ -497,7 +434,7 @@ class HttpFront::Handlers {
             c->request.mutable_sampling()->clear_prompt_logprobs();
           }
           c->prompt_tokens = static_cast<int64_t>(prompt_ids[i].size());
-          if (parsed->echo) c->echo = EchoText(parsed->prompts[i]);
+          if (parsed->echo) c->echo = prompts_.EchoText(parsed->prompts[i]);
           ChoiceState st;
           st.builder = std::make_unique<ResponseBuilder>(*parsed, tokenizer_);
           st.tools = Extractor(*parsed, g->id, c->index);
@@ -549,13 +486,6 @@ class HttpFront::Handlers {
     }
     return ToolCallExtractor(parsed.tools, options_.tool_call_parser,
                              absl::StrCat(id, "-tool-", index));
-  }
-
-  static model::ChatTemplate ChatTemplateFor(const HttpFrontOptions& options,
-                                             const model::Tokenizer& tokenizer) {
-    model::ChatTemplate t = model::ChatTemplateOf(tokenizer);
-    if (!options.chat_template.empty()) t.source = options.chat_template;
-    return t;
   }
 
   uint64_t NewSeed() {
@@ -778,7 +708,7 @@ class HttpFront::Handlers {
   metrics::Gauge& streams_;
   metrics::Counter& disconnects_;
   VllmMetrics vllm_;
-  const model::ChatTemplate chat_template_;  // the model's, or --chat_template's
+  const PromptEncoder prompts_;  // prompts as token ids, with the chat template
   const int64_t created_ = absl::ToUnixSeconds(absl::Now());
   std::string id_prefix_;
   std::atomic<uint64_t> next_id_{1};

@@ -115,7 +115,7 @@ struct ParsedRequest {
 
 // Parses and checks the body: malformed JSON, a known field of the wrong type, values out of
 // range, missing prompt/messages, and any field of the OpenAI or vLLM API that this
-// server does not implement set to a value that would change the answer (tools, response_format,
+// server does not implement set to a value that would change the answer (functions,
 // bad_words, ...) are errors naming the field; fields of neither API are ignored, as
 // vLLM does. Chat's max_completion_tokens wins over max_tokens.
 std::optional<ApiError> ParseRequest(Endpoint endpoint, const std::string& body,

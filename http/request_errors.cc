@@ -42,4 +42,51 @@ ApiError WrongType(const std::string& field, const std::string& want, const nloh
                  "invalid_type");
 }
 
+using nlohmann::json;
+
+// Reads an optional number field into *out; null counts as absent.
+std::optional<ApiError> GetNumber(const json& body, const char* field, double lo, double hi,
+                                  double* out, bool* present) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return WrongType(field, "a number", *it);
+  const double v = it->get<double>();
+  if (!(v >= lo && v <= hi)) {
+    return Invalid(absl::StrCat("'", field, "' must be in [", lo, ", ", hi, "], got ", v), field,
+                   "invalid_value");
+  }
+  *out = v;
+  if (present) *present = true;
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetInt(const json& body, const char* field, int64_t lo, int64_t hi,
+                               int64_t* out, bool* present) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer() && !it->is_number_unsigned()) {
+    return WrongType(field, "an integer", *it);
+  }
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    return Invalid(absl::StrCat("'", field, "' must be in [", lo, ", ", hi, "]"), field,
+                   "invalid_value");
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi) {
+    return Invalid(absl::StrCat("'", field, "' must be in [", lo, ", ", hi, "], got ", v), field,
+                   "invalid_value");
+  }
+  *out = v;
+  if (present) *present = true;
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetBool(const json& body, const char* field, bool* out) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return WrongType(field, "a boolean", *it);
+  *out = it->get<bool>();
+  return std::nullopt;
+}
+
 }  // namespace duet::http

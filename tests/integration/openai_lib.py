@@ -6,6 +6,11 @@ child in its own process group, killed on exit even on failure.
     server = Server(duet, ["--colocated", "--model=" + model, "--http_port=0"])
     ...  server.http, server.port, server.request("GET", "/health")
     server.stop()
+
+A test whose client half runs in the venv (the openai package) re-runs its own script there:
+
+    out = run_client(py, __file__, [s.http for s in servers], work)  # its client_main's JSON
+    checks = Checks(log); checks(cond, "what"); return checks.result()
 """
 import http.client
 import json
@@ -95,3 +100,32 @@ class Server:
         payload = resp.read().decode("utf-8", "replace")
         conn.close()
         return resp.status, dict(resp.getheaders()), payload
+
+
+def run_client(py, script, urls, work, timeout=900):
+    """Runs `script --client URL... --out FILE` with the venv's python; returns FILE's JSON."""
+    out_path = os.path.join(work, "client.json")
+    subprocess.run([py, os.path.abspath(script), "--client"] + list(urls) + ["--out", out_path],
+                   check=True, timeout=timeout)
+    with open(out_path) as f:
+        return json.load(f)
+
+
+class Checks:
+    """Logs each check ("ok:" / "FAIL:") and counts the failures; result() is the exit code."""
+
+    def __init__(self, log):
+        self.log = log
+        self.failures = []
+
+    def __call__(self, cond, what):
+        self.log("ok:" if cond else "FAIL:", what)
+        if not cond:
+            self.failures.append(what)
+
+    def result(self):
+        if self.failures:
+            self.log("%d checks failed" % len(self.failures))
+            return 1
+        self.log("all checks passed")
+        return 0

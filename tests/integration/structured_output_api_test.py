@@ -212,21 +212,12 @@ def main():
                        check=True)
     common = ["--model=" + model, "--threads=1", "--kv_cache_bytes=16777216", "--http_port=0"]
     servers = []
-    failures = []
+    check = openai_lib.Checks(log)
     try:
         servers.append(openai_lib.Server(a.duet, ["--loopback", "--prefill=2", "--decode=2",
                                                   "--transport=shm"] + common))
         servers.append(openai_lib.Server(a.duet, ["--colocated"] + common))
-        out_path = os.path.join(a.work, "client.json")
-        subprocess.run([py, os.path.abspath(__file__), "--client", servers[0].http,
-                        servers[1].http, "--out", out_path], check=True, timeout=900)
-        with open(out_path) as f:
-            out = json.load(f)
-
-        def check(cond, what):
-            log("ok:" if cond else "FAIL:", what)
-            if not cond:
-                failures.append(what)
+        out = openai_lib.run_client(py, __file__, [servers[0].http, servers[1].http], a.work)
 
         for s in out["schemas"]:
             (cluster, cl_finish), (colocated, co_finish) = s["answers"]
@@ -253,11 +244,7 @@ def main():
     finally:
         for s in servers:
             s.stop()
-    if failures:
-        log("%d checks failed" % len(failures))
-        return 1
-    log("all checks passed")
-    return 0
+    return check.result()
 
 
 if __name__ == "__main__":

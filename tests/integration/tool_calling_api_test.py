@@ -186,25 +186,15 @@ def main():
     common = ["--model=" + model, "--threads=1", "--kv_cache_bytes=33554432", "--http_port=0",
               "--chat_template=" + template]
     servers = []
-    failures = []
+    check = openai_lib.Checks(log)
     try:
         servers.append(openai_lib.Server(a.duet, [
             "--loopback", "--prefill=2", "--decode=2", "--transport=shm",
             "--enable_auto_tool_choice", "--tool_call_parser=hermes"] + common))
         servers.append(openai_lib.Server(a.duet, ["--colocated"] + common))
-        out_path = os.path.join(a.work, "client.json")
-        import subprocess
-        subprocess.run([py, os.path.abspath(__file__), "--client", servers[0].http,
-                        servers[1].http, "--out", out_path], check=True, timeout=900)
-        with open(out_path) as f:
-            out = json.load(f)
+        out = openai_lib.run_client(py, __file__, [servers[0].http, servers[1].http], a.work)
         sys.path.insert(0, openai_lib.venv_site_packages(a.work))
         import jsonschema
-
-        def check(cond, what):
-            log("ok:" if cond else "FAIL:", what)
-            if not cond:
-                failures.append(what)
 
         params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
@@ -259,11 +249,7 @@ def main():
     finally:
         for s in servers:
             s.stop()
-    if failures:
-        log("%d checks failed" % len(failures))
-        return 1
-    log("all checks passed")
-    return 0
+    return check.result()
 
 
 if __name__ == "__main__":
