@@ -231,6 +231,7 @@ void ColocatedScheduler::Admit() {
     seq.prompt_logprobs.clear();  // a preempted prefill scores its prompt again
     seq.cached_tokens = blocks->cached_tokens;
     seq.table = std::move(*blocks).MakeTable(pool_);
+    r.stream->Push({.running = true});
     active_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -263,6 +264,7 @@ void ColocatedScheduler::GrowOrPreempt() {
     }
     ++r.preemptions;
     ++preemptions_;
+    r.stream->Push({.running = false});
     r.queued_at = absl::Now();
     if (r.seq.generated() == 0) {
       // Its prompt's prefill starts over.

@@ -37,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,6 +62,9 @@ using engine::FinishReason;
 
 // One event of a request's stream.
 struct ColocatedEvent {
+  // Set (alone) when the request entered the running batch (true: admitted, its KV allocated) or
+  // left it for the queue (false: preempted).
+  std::optional<bool> running;
   // Set on the event of the first token (index 0): the prompt is prefilled (not again after a
   // preemption: a resumed request's next token is an ordinary one).
   bool prefilled = false;

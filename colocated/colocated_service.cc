@@ -128,6 +128,10 @@ absl::Status ColocatedService::DoGenerate(const v1::GenerateRequest& req,
       continue;
     }
     for (ColocatedEvent& ev : events) {
+      if (ev.running) {
+        if (sink.scheduled) sink.scheduled(*ev.running);
+        continue;
+      }
       if (ev.prefilled) {
         first_token_at = absl::Now();
         timings.set_queue_us(ev.queue_us);

@@ -9,6 +9,8 @@ namespace duet::coordinator {
 
 const char* RequestEventName(RequestEvent::Kind kind) {
   switch (kind) {
+    case RequestEvent::kScheduled:
+      return "scheduled";
     case RequestEvent::kFirstToken:
       return "first_token";
     case RequestEvent::kPrefillFailed:
@@ -114,12 +116,18 @@ void Attempt::ReadTokens() {
 }
 
 void Attempt::ReadPrefill() {
-  // The first message is the first token (as soon as P sampled it); the last says the KV has
-  // landed on D. The stream's status is the prefill's.
+  // The first message says P's scheduler took the prompt into a pass, the next is the first
+  // token (as soon as P sampled it); the last says the KV has landed on D. The stream's status
+  // is the prefill's.
   const int n = params_.number;
   v1::PrefillResponse presp;
-  bool first = false, landed = false;
+  bool reached = false, first = false, landed = false;
   while (prefill_->Read(&presp)) {
+    reached = true;
+    if (presp.scheduled()) {
+      sink_(RequestEvent{.kind = RequestEvent::kScheduled, .attempt = n});
+      continue;
+    }
     if (!first) {
       first = true;
       sink_(RequestEvent{.kind = RequestEvent::kFirstToken, .attempt = n, .prefill = presp});
@@ -141,7 +149,7 @@ void Attempt::ReadPrefill() {
     sink_(RequestEvent{.kind = RequestEvent::kPrefillFailed,
                        .attempt = n,
                        .status = s,
-                       .unreached = !first && absl::IsUnavailable(s)});
+                       .unreached = !reached && absl::IsUnavailable(s)});
   }
 }
 

@@ -28,7 +28,8 @@ namespace duet::coordinator {
 // What an attempt's reader threads report to the request's driver.
 struct RequestEvent {
   enum Kind {
-    kFirstToken,     // P: its first message, the first token (TTFT)
+    kScheduled,      // P: its scheduler took the prompt into a forward pass
+    kFirstToken,     // P: the first token (TTFT)
     kPrefillFailed,  // P: the call failed (`unreached`: before any reply, unavailable)
     kAdmitted,       // D: admitted into its batch (the KV landed)
     kToken,          // D: a decoded token

@@ -158,6 +158,8 @@ void RequestDriver::Dispatch(RequestEvent ev) {
     return;
   }
   switch (ev.kind) {
+    case RequestEvent::kScheduled:
+      return OnScheduled();
     case RequestEvent::kFirstToken:
       return OnFirstToken(ev);
     case RequestEvent::kPrefillFailed:
@@ -215,6 +217,12 @@ bool RequestDriver::WriteToken(
     r.set_prompt_tokens(static_cast<int32_t>(request_.prompt.size()));
   }
   return sink_.write(r);
+}
+
+void RequestDriver::OnScheduled() {
+  if (running_) return;
+  running_ = true;
+  if (sink_.scheduled) sink_.scheduled(true);
 }
 
 void RequestDriver::OnFirstToken(const RequestEvent& ev) {
@@ -370,6 +378,10 @@ void RequestDriver::OnRetry() {
   // the next attempt starts, so nothing waits for a hung node's call.
   if (std::unique_ptr<Attempt> abandoned = TakeAttempt()) abandoned->Abandon();
   held_.clear();
+  if (running_) {
+    running_ = false;  // waiting again, until the next attempt's prefill is scheduled
+    if (sink_.scheduled) sink_.scheduled(false);
+  }
   AttemptInput in{.tokens = request_.prompt, .generated = 0};
   if (!sent_.empty()) {
     // Continue from the next token: prefill the prompt and every token sent so far.

@@ -17,13 +17,15 @@
 //   kDone        a handler ended the request        Run joins the attempt's threads and returns
 //
 // Events and their handlers: from the current attempt's reader threads (RequestEvent):
-// OnFirstToken, OnPrefillFailed, OnAdmitted, OnToken, OnFinished, OnPreempted, OnSenderFenced,
-// OnDecodeFailed, OnDecodeLost; events of an abandoned attempt are dropped. From the tracker's
-// effects (ActiveRequests::Apply, any thread): OnRetry and OnTrackerTerminal (a phase deadline,
-// a node's death, a client Cancel, shutdown), which go before queued events. From the client:
-// OnClientGone (a failed write, or its cancel polled every 50 ms while no event comes). An
-// abandoned attempt (retry, resume, re-route) has its calls cancelled and its threads joined at
-// once, before the next attempt starts.
+// OnScheduled (P took the prompt into a pass: the client's sink hears the request runs; a retry
+// or resume puts it back to waiting until its next attempt's prefill is scheduled), OnFirstToken,
+// OnPrefillFailed, OnAdmitted, OnToken, OnFinished, OnPreempted, OnSenderFenced, OnDecodeFailed,
+// OnDecodeLost; events of an abandoned attempt are dropped. From the tracker's effects
+// (ActiveRequests::Apply, any thread): OnRetry and OnTrackerTerminal (a phase deadline, a node's
+// death, a client Cancel, shutdown), which go before queued events. From the client: OnClientGone
+// (a failed write, or its cancel polled every 50 ms while no event comes). An abandoned attempt
+// (retry, resume, re-route) has its calls cancelled and its threads joined at once, before the next
+// attempt starts.
 //
 //   auto driver = std::make_shared<RequestDriver>(env, DriverRequest{...}, sink);
 //   DUET_RETURN_IF_ERROR(tracker.Start(id, absl::Now()));
@@ -146,6 +148,7 @@ class RequestDriver {
   void Apply(Effects fx);
 
   // ---- Handlers, one per event (request_driver.cc).
+  void OnScheduled();
   void OnFirstToken(const RequestEvent& ev);
   void OnPrefillFailed(const RequestEvent& ev);
   void OnAdmitted(const RequestEvent& ev);
@@ -193,6 +196,7 @@ class RequestDriver {
   NodeInfo prefill_, decode_;       // the current attempt's nodes
   std::vector<RequestEvent> held_;  // D's events that overtook P's first token
   std::vector<int32_t> sent_;       // every token sent to the client, in order
+  bool running_ = false;            // last told to sink_.scheduled
   v1::RequestTimings timings_;
   absl::Time start_ = absl::InfinitePast();
   absl::Time prefill_started_ = absl::InfinitePast();

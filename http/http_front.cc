@@ -597,6 +597,10 @@ class HttpFront::Handlers {
     sink.write = [this, &g, &c](const v1::GenerateResponse& r) { return Write(g, c, r); };
     sink.cancelled = [this, &g, &c] { return Ended(g, c); };
     sink.satisfied = [&c] { return c.satisfied.load(); };
+    sink.scheduled = [&g, &c](bool running) {
+      absl::MutexLock lock(&g.mu);
+      g.state[c.index].vllm->OnScheduled(running);
+    };
     absl::Status s = Ended(g, c) ? absl::CancelledError("the request ended before this choice")
                                  : backend_->GenerateTo(c.request, sink);
     Ended(g, c);  // a client that left near the end is counted too

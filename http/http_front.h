@@ -50,6 +50,11 @@ struct GenerateSink {
   // `stop` string matched): the request ends as a cancelled one does, but it counts, and
   // returns, as finished (OkStatus).
   std::function<bool()> satisfied;
+  // Optional. Where the request stands in the engine, as vLLM's scheduler counts it: true once a
+  // scheduler takes it into a batch (its prefill starts: P's, or the colocated server's), false
+  // when it goes back to waiting (preempted, or re-routed to a new attempt). On the caller's
+  // thread of GenerateTo, before any write of the same request that follows it.
+  std::function<void(bool running)> scheduled;
 };
 
 // The request path the front drives (the coordinator and the colocated server implement it).

@@ -67,13 +67,13 @@ VllmMetrics::VllmMetrics(metrics::Registry* registry, std::string model_name,
                          "Times a request gave its KV blocks up and was computed again", model_)) {
   for (const char* r : {"stop", "length", "abort"}) success_.WithLabels({model_, r});
   registry->AddGaugeCallback(
-      "vllm:num_requests_running", "HTTP API requests past their first token", {"model_name"},
-      [this] {
+      "vllm:num_requests_running", "HTTP API requests in a batch (prefilling or decoding)",
+      {"model_name"}, [this] {
         return std::vector<metrics::Sample>{{{model_}, static_cast<double>(running_.load())}};
       });
   registry->AddGaugeCallback(
-      "vllm:num_requests_waiting", "HTTP API requests admitted and not yet at their first token",
-      {"model_name"}, [this] {
+      "vllm:num_requests_waiting",
+      "HTTP API requests admitted and not in a batch (queued, preempted)", {"model_name"}, [this] {
         return std::vector<metrics::Sample>{{{model_}, static_cast<double>(waiting_.load())}};
       });
   registry->AddGaugeCallback(
@@ -102,6 +102,7 @@ VllmMetrics::Request::Request(Request&& o) noexcept
       first_(o.first_),
       last_(o.last_),
       tokens_(o.tokens_),
+      running_(o.running_),
       done_(o.done_) {
   o.done_ = true;
 }
@@ -110,12 +111,19 @@ VllmMetrics::Request::~Request() {
   if (!done_) Finish(0, "abort", nullptr);
 }
 
+void VllmMetrics::Request::OnScheduled(bool running) {
+  if (done_ || running == running_) return;
+  running_ = running;
+  (running ? m_->waiting_ : m_->running_).fetch_sub(1);
+  (running ? m_->running_ : m_->waiting_).fetch_add(1);
+}
+
 void VllmMetrics::Request::OnToken(absl::Time at) {
   if (done_) return;
+  // A token is sampled in a batch (a backend that does not say when it schedules).
+  OnScheduled(true);
   if (tokens_ == 0) {
     first_ = at;
-    m_->waiting_.fetch_sub(1);
-    m_->running_.fetch_add(1);
     m_->ttft_.Observe(absl::ToDoubleSeconds(at - start_));
   } else {
     m_->itl_.Observe(absl::ToDoubleSeconds(at - last_));
@@ -129,7 +137,7 @@ void VllmMetrics::Request::Finish(int64_t prompt_tokens, const std::string& fini
                                   const v1::RequestTimings* timings) {
   if (done_) return;
   done_ = true;
-  (tokens_ == 0 ? m_->waiting_ : m_->running_).fetch_sub(1);
+  (running_ ? m_->running_ : m_->waiting_).fetch_sub(1);
   const absl::Time end = absl::Now();
   m_->prompt_tokens_.Increment(static_cast<double>(prompt_tokens));
   m_->success_.WithLabels({m_->model_, finished_reason}).Increment();

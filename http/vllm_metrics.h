@@ -1,9 +1,11 @@
 // VllmMetrics: the OpenAI API's requests in the Prometheus series vLLM exports, under vLLM's names
 // and its `model_name` label, so that a dashboard built for vLLM reads duet unchanged. Beside
 // duet's own series (same registry, same /metrics), not instead of them. What each counts here:
-//   vllm:num_requests_running   HTTP requests past their first token (decoding)
-//   vllm:num_requests_waiting   HTTP requests admitted, before their first token (queued,
-//                               routed, prefilling)
+//   vllm:num_requests_running   HTTP requests a scheduler has taken into a batch (prefilling
+//                               or decoding: GenerateSink::scheduled, or a first token)
+//   vllm:num_requests_waiting   HTTP requests admitted and not in a batch (queued at the
+//                               coordinator or in a prefill node's or the colocated server's
+//                               queue, preempted, being re-routed)
 //   vllm:kv_cache_usage_perc    used / total KV blocks over the decode nodes (the colocated
 //                               server's own pool), 0..1, from the backend's Health at scrape
 //   vllm:prompt_tokens_total, vllm:generation_tokens_total,
@@ -21,7 +23,7 @@
 //
 //   VllmMetrics m(&registry, "smollm2", [&] { return backend->Health(); });
 //   VllmMetrics::Request r = m.Start();
-//   r.OnToken(absl::Now());  ...  r.Finish(prompt_tokens, "stop", &timings);
+//   r.OnScheduled(true);  r.OnToken(absl::Now());  ...  r.Finish(prompt_tokens, "stop", &timings);
 #pragma once
 
 #include <atomic>
@@ -40,13 +42,16 @@ class VllmMetrics {
   VllmMetrics(metrics::Registry* registry, std::string model_name,
               std::function<v1::HealthResponse()> health);
 
-  // One request, from admission to its end. Counts as waiting until its first token, then as
-  // running, until Finish or destruction.
+  // One request, from admission to its end. Counts as waiting until a scheduler takes it (or
+  // its first token), then as running, back to waiting while preempted, until Finish or
+  // destruction.
   class Request {
    public:
     Request(Request&& o) noexcept;
     Request& operator=(Request&&) = delete;
     ~Request();
+    // In a batch (true) or back to waiting (false).
+    void OnScheduled(bool running);
     void OnToken(absl::Time at);
     // `finished_reason`: "stop", "length" or "abort" (vLLM's labels); timings may be null.
     void Finish(int64_t prompt_tokens, const std::string& finished_reason,
@@ -59,6 +64,7 @@ class VllmMetrics {
     absl::Time start_;
     absl::Time first_ = absl::InfinitePast(), last_ = absl::InfinitePast();
     int64_t tokens_ = 0;
+    bool running_ = false;
     bool done_ = false;
   };
 

@@ -34,7 +34,10 @@ std::vector<PrefillScheduler::BatchItem> PrefillScheduler::NextBatch() {
     const int64_t n = std::min(remaining, budget);
     budget -= n;
     r->phase = Phase::kRunning;
-    if (r->first_pass == absl::InfiniteFuture()) r->first_pass = now;
+    if (r->first_pass == absl::InfiniteFuture()) {
+      r->first_pass = now;
+      r->stream->Push({.kind = PrefillEventKind::kScheduled});
+    }
     batch.push_back({.request = r, .tokens = n, .final = n == remaining});
   }
   return batch;

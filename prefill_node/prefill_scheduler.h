@@ -8,7 +8,8 @@
 // computed, and samples the first token of. In the pass that holds a request's last chunk, the
 // layer-done hook hands layer l of all its blocks to the KvStreamSender, so layer l's KV travels
 // to the decode node while layer l+1 computes (layer pipelining). After that pass the first token
-// (sampled in it) is pushed to the request's event stream (kFirstToken) and the final notice (a
+// (sampled in it) is pushed to the request's event stream (kFirstToken; kScheduled went before
+// it, when the request's first pass started) and the final notice (a
 // serialized duet.v1.KvCompletion) is sent. Once every write has landed the scheduler frees P's
 // blocks and ends the stream (kKvLanded). On a failure, the deadline, Cancel(), a lost decode peer
 // or Shutdown it aborts the stream (the decode node may reuse its blocks after the kAborted
@@ -37,8 +38,8 @@
 //                  .deadline = DeadlineIn(absl::Seconds(30))};
 //   DUET_ASSIGN_OR_RETURN(std::shared_ptr<PrefillStream> s, sched->Submit(std::move(job)));
 //   for (bool done = false; !done;)
-//     for (PrefillEvent& e : s->Pop(job_deadline)) done = e.finished();  // kFirstToken, then
-//                                                                        // kKvLanded | kFailed
+//     for (PrefillEvent& e : s->Pop(job_deadline)) done = e.finished();  // kScheduled,
+//                                                    // kFirstToken, then kKvLanded | kFailed
 //   // from another thread:  sched->Cancel("r1");
 #pragma once
 
@@ -141,8 +142,10 @@ struct PrefillResult {
   std::vector<model::SampledToken> prompt_logprobs;
 };
 
-// One event of a request's stream: kFirstToken, then kKvLanded or kFailed (the last).
+// One event of a request's stream: kScheduled, kFirstToken, then kKvLanded or kFailed (the
+// last). A request that fails before its first pass has only kFailed.
 enum class PrefillEventKind {
+  kScheduled,   // taken into its first forward pass (it left the queue); no result
   kFirstToken,  // sampled; the KV is still landing. No transfer timings yet.
   kKvLanded,    // every write landed, the final notice too; P's blocks are free
   kFailed,      // `status` says why (Cancelled, DeadlineExceeded, Unavailable, ...); blocks free
@@ -153,7 +156,9 @@ struct PrefillEvent {
   // layer_done_unix_us, prompt_logprobs. kKvLanded: all of it.
   PrefillResult result;
   absl::Status status;  // kFailed: the request's error as the scheduler got it (payloads kept)
-  bool finished() const { return kind != PrefillEventKind::kFirstToken; }
+  bool finished() const {
+    return kind == PrefillEventKind::kKvLanded || kind == PrefillEventKind::kFailed;
+  }
 };
 // The events of one request, in order; single consumer. Thread-safe.
 using PrefillStream = EventStream<PrefillEvent>;

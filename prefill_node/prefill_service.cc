@@ -54,7 +54,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* ctx, const v1::Prefill
   // asks it while the stream is quiet and tells the scheduler).
   absl::StatusOr<v1::PrefillResponse> r = DoPrefill(
       *request, deadline, [ctx] { return ctx->IsCancelled(); },
-      [writer](const v1::PrefillResponse& first) { (void)writer->Write(first); });
+      [writer](const v1::PrefillResponse& m) { (void)writer->Write(m); });
   if (options_.metrics != nullptr) {
     options_.metrics->RecordPrefill(r.status(), request->prompt_token_ids_size(),
                                     request->destination().block_ids_size(),
@@ -77,7 +77,7 @@ grpc::Status PrefillService::CancelPrefill(grpc::ServerContext* ctx,
 
 absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(
     const v1::PrefillRequest& request, absl::Time deadline, std::function<bool()> caller_gone,
-    std::function<void(const v1::PrefillResponse&)> on_first_token) {
+    std::function<void(const v1::PrefillResponse&)> on_message) {
   const absl::Duration budget = request.deadline_ms() > 0
                                     ? absl::Milliseconds(request.deadline_ms())
                                     : options_.default_deadline;
@@ -149,9 +149,17 @@ absl::StatusOr<v1::PrefillResponse> PrefillService::DoPrefill(
         caller_gone ? std::min(deadline, absl::Now() + options_.caller_check) : deadline;
     for (PrefillEvent& ev : (*stream)->Pop(wake)) {
       switch (ev.kind) {
+        case PrefillEventKind::kScheduled:
+          if (on_message) {
+            v1::PrefillResponse m;
+            m.set_request_id(request.request_id());
+            m.set_scheduled(true);
+            on_message(m);
+          }
+          break;
         case PrefillEventKind::kFirstToken:
-          if (on_first_token) {
-            on_first_token(ToResponse(request.request_id(), ev.result, /*kv_landed=*/false));
+          if (on_message) {
+            on_message(ToResponse(request.request_id(), ev.result, /*kv_landed=*/false));
           }
           break;
         case PrefillEventKind::kKvLanded:

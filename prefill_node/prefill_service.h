@@ -51,12 +51,12 @@ class PrefillService final : public v1::PrefillNode::Service {
                              v1::CancelPrefillResponse* response) override;
 
   // The handler without gRPC: `deadline` bounds the whole request (deadline_ms narrows it).
-  // Returns the last message (kv_landed); `on_first_token` gets the first one. `caller_gone` is
-  // asked while the stream is quiet (every caller_check).
+  // Returns the last message (kv_landed); `on_message` gets the ones before it (scheduled, then
+  // the first token). `caller_gone` is asked while the stream is quiet (every caller_check).
   absl::StatusOr<v1::PrefillResponse> DoPrefill(
       const v1::PrefillRequest& request, absl::Time deadline,
       std::function<bool()> caller_gone = nullptr,
-      std::function<void(const v1::PrefillResponse&)> on_first_token = nullptr);
+      std::function<void(const v1::PrefillResponse&)> on_message = nullptr);
 
  private:
   // The PeerId of the decode node at `address` (connecting on first use); Unavailable naming

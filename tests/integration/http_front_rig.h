@@ -44,6 +44,10 @@ class FakeBackend : public GenerationBackend {
     if (!fail_suffix.empty() && absl::EndsWith(req.request_id(), fail_suffix)) {
       return absl::ResourceExhaustedError("no room for " + req.request_id());
     }
+    if (schedule_after != nullptr) {
+      schedule_after->WaitForNotification();
+      if (sink.scheduled) sink.scheduled(true);
+    }
     if (block_until != nullptr) block_until->WaitForNotification();
     std::vector<int32_t> out = ids;
     if (out.empty()) {
@@ -101,6 +105,9 @@ class FakeBackend : public GenerationBackend {
   absl::Duration gap = absl::ZeroDuration();
   absl::Status fail;
   bool ready = true;
+  // Set: the request waits for it, then says it runs (GenerateSink::scheduled), before
+  // block_until.
+  absl::Notification* schedule_after = nullptr;
   absl::Notification* block_until = nullptr;
   std::atomic<int> calls{0};
   std::atomic<bool> cancelled{false};

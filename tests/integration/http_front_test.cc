@@ -213,10 +213,12 @@ std::map<std::string, double> ParseMetrics(const std::string& text) {
   return out;
 }
 
-// The vLLM-named series a vLLM dashboard reads: a request waits until its first token, then
-// runs; its tokens, gaps, phases and finish reason land under vLLM's names with model_name.
+// The vLLM-named series a vLLM dashboard reads: a request waits until the backend says a
+// scheduler took it, then runs; its tokens, gaps, phases and finish reason land under vLLM's
+// names with model_name.
 TEST_F(HttpFrontTest, VllmNamedMetrics) {
-  absl::Notification go;
+  absl::Notification scheduled, go;
+  backend_.schedule_after = &scheduled;
   backend_.block_until = &go;
   backend_.gap = absl::Milliseconds(20);
   StartFront({.model_name = "tiny"});
@@ -233,6 +235,16 @@ TEST_F(HttpFrontTest, VllmNamedMetrics) {
   auto m = ParseMetrics(registry_.Render());
   EXPECT_EQ(m["vllm:num_requests_waiting" + w], 1);
   EXPECT_EQ(m["vllm:num_requests_running" + w], 0);
+  // Scheduled, before any token: running (prefilling).
+  scheduled.Notify();
+  while (ParseMetrics(registry_.Render())["vllm:num_requests_running" + w] != 1 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  m = ParseMetrics(registry_.Render());
+  EXPECT_EQ(m["vllm:num_requests_waiting" + w], 0);
+  EXPECT_EQ(m["vllm:num_requests_running" + w], 1);
+  EXPECT_EQ(m["vllm:time_to_first_token_seconds_count" + w], 0);
   go.Notify();
   client.join();
   m = ParseMetrics(registry_.Render());

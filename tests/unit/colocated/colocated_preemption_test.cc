@@ -59,9 +59,17 @@ class ColocatedServeTest : public ColocatedSchedulerTest {
       EXPECT_EQ(o.finish, FinishReason::kMaxTokens) << "r" << i << ": " << o.error;
       EXPECT_EQ(o.ids, Reference(Prompt(8, 40 + i), params[i])) << "r" << i;
       for (size_t k = 0; k < o.events.size(); ++k) {
-        if (o.events[k].has_token) EXPECT_EQ(o.events[k].index, static_cast<int>(k)) << "r" << i;
+        if (o.events[k].has_token) {
+          EXPECT_EQ(o.events[k].index, static_cast<int>(k)) << "r" << i;
+        }
       }
       EXPECT_TRUE(!o.events.empty() && o.events[0].prefilled) << "r" << i;
+      // Into the batch at admission, out at each preemption and in again at its resume.
+      std::vector<bool> want_running{true};
+      for (int k = 0; !o.events.empty() && k < o.events.back().preemptions; ++k) {
+        want_running.insert(want_running.end(), {false, true});
+      }
+      EXPECT_EQ(o.running, want_running) << "r" << i;
     }
     SetHook(nullptr);
     EXPECT_TRUE(AllFree());

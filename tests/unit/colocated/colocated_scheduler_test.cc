@@ -117,7 +117,7 @@ TEST_F(ColocatedSchedulerTest, CancelInEveryPhaseFreesBlocks) {
     }
   });
   auto dec = Submit("decoding", Prompt(5, 1), lng);
-  ASSERT_FALSE(dec->Pop(DeadlineIn(absl::Seconds(30))).empty());  // it decodes
+  ASSERT_TRUE(AwaitToken(*dec));                                  // it decodes
   auto pre = Submit("prefilling", Prompt(240, 2), lng);           // chunks of 7 tokens
   auto wait = Submit("waiting", Prompt(10, 3), lng);              // max_running is 2
   all_submitted = true;
@@ -213,7 +213,7 @@ TEST_F(ColocatedSchedulerTest, FullPoolRefusesCleanly) {
       << too_big.status();
   // "hog" holds 25 of 40 blocks (and grows by one every 4 steps of 10 ms); "late" needs 20.
   auto hog = Submit("hog", Prompt(100, 2), {.max_tokens = 4000, .ignore_eos = true});
-  ASSERT_FALSE(hog->Pop(DeadlineIn(absl::Seconds(30))).empty());
+  ASSERT_TRUE(AwaitToken(*hog));
   auto late = Submit("late", Prompt(80, 3), {.max_tokens = 2});
   Outcome o = Drain(*late, absl::Seconds(30));
   EXPECT_EQ(o.finish, FinishReason::kError);

@@ -46,7 +46,8 @@ inline std::vector<int32_t> Prompt(int n, int salt) {
 
 struct Outcome {
   std::vector<int32_t> ids;
-  std::vector<ColocatedEvent> events;
+  std::vector<ColocatedEvent> events;  // but the batch entries and exits:
+  std::vector<bool> running;           // each ColocatedEvent::running, in order
   FinishReason finish = FinishReason::kNone;
   absl::Status error;
 };
@@ -56,6 +57,10 @@ inline Outcome Drain(ColocatedStream& stream, absl::Duration timeout = absl::Sec
   const absl::Time deadline = absl::Now() + timeout;
   while (o.finish == FinishReason::kNone && absl::Now() < deadline) {
     for (ColocatedEvent& e : stream.Pop(std::min(deadline, DeadlineIn(absl::Milliseconds(50))))) {
+      if (e.running) {
+        o.running.push_back(*e.running);
+        continue;
+      }
       if (e.has_token) o.ids.push_back(e.token.id);
       if (e.finished()) {
         o.finish = e.finish;
@@ -65,6 +70,17 @@ inline Outcome Drain(ColocatedStream& stream, absl::Duration timeout = absl::Sec
     }
   }
   return o;
+}
+
+// Pops `stream` until it has a token (true) or the timeout passes.
+inline bool AwaitToken(ColocatedStream& stream, absl::Duration timeout = absl::Seconds(30)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    for (const ColocatedEvent& e : stream.Pop(deadline)) {
+      if (e.has_token) return true;
+    }
+  }
+  return false;
 }
 
 class ColocatedSchedulerTest : public ::testing::Test {

@@ -231,6 +231,11 @@ class FakeNodes final : public NodeCalls {
 };
 
 // Script steps.
+inline Step<v1::PrefillResponse> Scheduled() {
+  v1::PrefillResponse r;
+  r.set_scheduled(true);
+  return {.message = r};
+}
 inline Step<v1::PrefillResponse> FirstToken(int32_t token, absl::Notification* after = nullptr) {
   v1::PrefillResponse r;
   r.set_first_token_id(token);

@@ -25,6 +25,7 @@ using testing::FakeNodes;
 using testing::FirstToken;
 using testing::Landed;
 using testing::PrefillScript;
+using testing::Scheduled;
 using testing::StreamScript;
 using testing::Token;
 
@@ -42,6 +43,7 @@ kv::KvLayout Layout() {
 struct Result {
   absl::Status status;
   std::vector<v1::GenerateResponse> responses;
+  std::vector<bool> scheduled;  // each GenerateSink::scheduled call, in order
   std::vector<int32_t> Tokens() const {
     std::vector<int32_t> out;
     for (const v1::GenerateResponse& r : responses) {
@@ -91,7 +93,8 @@ class Rig {
                                   if (on_write) on_write(r);
                                   return true;
                                 },
-                            .cancelled = [&] { return gave_up.load(); }};
+                            .cancelled = [&] { return gave_up.load(); },
+                            .scheduled = [&](bool running) { out.scheduled.push_back(running); }};
     DriverRequest request{.id = "r1"};
     for (int i = 0; i < kPromptTokens; ++i) request.prompt.push_back(100 + i);
     request.sampling.set_max_tokens(8);
@@ -142,10 +145,11 @@ class Rig {
   std::thread timer_;
 };
 
-// A P that answers: its first token (once `after`, if set, is notified), then the KV landed.
+// A P that answers: scheduled, its first token (once `after`, if set, is notified), then the KV
+// landed.
 FakeNodes::PrefillFn Answers(int32_t first, absl::Notification* after = nullptr) {
   return [first, after](int, const v1::PrefillRequest&) {
-    return PrefillScript{.steps = {FirstToken(first, after), Landed(1234)}};
+    return PrefillScript{.steps = {Scheduled(), FirstToken(first, after), Landed(1234)}};
   };
 }
 FakeNodes::PrefillFn Hangs(absl::Notification* never) {
@@ -203,6 +207,7 @@ TEST(RequestDriverTest, HappyPathFirstTokenFromPrefillThenDecodeTokensThenFinish
   EXPECT_EQ(r.Tokens(), (std::vector<int32_t>{10, 11, 12, 13}));
   ASSERT_EQ(r.responses.size(), 4u);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(r.responses[i].index(), i);
+  EXPECT_EQ(r.scheduled, std::vector<bool>{true});  // P's scheduled message, once
   const v1::GenerateResponse& last = r.responses.back();
   EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_MAX_TOKENS);
   EXPECT_EQ(last.prompt_tokens(), kPromptTokens);
@@ -346,7 +351,7 @@ TEST(RequestDriverTest, PreemptedRequestResumesFromTheTokensAlreadySent) {
   rig.AddNode("p0", NodeKind::kPrefill);
   rig.AddNode("d0", NodeKind::kDecode);
   rig.nodes.SetPrefill("p0", [](int call, const v1::PrefillRequest&) {
-    return PrefillScript{.steps = {FirstToken(call == 0 ? 60 : 62), Landed()}};
+    return PrefillScript{.steps = {Scheduled(), FirstToken(call == 0 ? 60 : 62), Landed()}};
   });
   // D gives it back once the client has both tokens (P's, then D's).
   absl::Notification two_sent;
@@ -373,6 +378,8 @@ TEST(RequestDriverTest, PreemptedRequestResumesFromTheTokensAlreadySent) {
   EXPECT_EQ(prefills[1].prompt_token_ids(kPromptTokens + 1), 61);
   EXPECT_EQ(rig.nodes.reserve_requests()[1].generated_tokens(), 2);
   EXPECT_EQ(r.responses.back().timings().resumes(), 1);
+  // Running, waiting again while it is resumed, running once the resume's prefill is scheduled.
+  EXPECT_EQ(r.scheduled, (std::vector<bool>{true, false, true}));
   ExpectEverythingEnded(rig);
 }
 

@@ -51,6 +51,8 @@ inline absl::StatusOr<PrefillResult> RunToEnd(
     if (events.empty()) return absl::InternalError("the stream did not end 30 s past the deadline");
     for (PrefillEvent& ev : events) {
       switch (ev.kind) {
+        case PrefillEventKind::kScheduled:
+          break;
         case PrefillEventKind::kFirstToken:
           if (on_first_token) on_first_token(ev.result);
           break;

@@ -175,9 +175,9 @@ inline v1::KvCompletion ExpectCompleteStream(const Received& r, int num_layers) 
   return c;
 }
 
-// Calls Prefill and checks its two-message protocol: the first token first (kv_landed false,
-// no transfer timings), then kv_landed with the same token. Returns the last message, or the
-// call's error.
+// Calls Prefill and checks its three-message protocol: `scheduled` alone, the first token
+// (kv_landed false, no transfer timings), then kv_landed with the same token. Returns the last
+// message, or the call's error.
 inline absl::StatusOr<v1::PrefillResponse> CallPrefill(v1::PrefillNode::Stub* stub,
                                                        const v1::PrefillRequest& req) {
   grpc::ClientContext ctx;
@@ -188,14 +188,19 @@ inline absl::StatusOr<v1::PrefillResponse> CallPrefill(v1::PrefillNode::Stub* st
   while (reader->Read(&m)) got.push_back(m);
   absl::Status s = rpc::FromGrpcStatus(reader->Finish());
   if (!s.ok()) return s;
-  EXPECT_EQ(got.size(), 2u);
-  if (got.size() != 2u) return absl::InternalError("Prefill did not answer with two messages");
-  EXPECT_FALSE(got[0].kv_landed());
-  EXPECT_EQ(got[0].layer_transfer_us_size(), 0);
-  EXPECT_TRUE(got[1].kv_landed());
-  EXPECT_EQ(got[0].first_token_id(), got[1].first_token_id());
-  EXPECT_EQ(got[0].prefill_compute_us(), got[1].prefill_compute_us());
-  return got[1];
+  EXPECT_EQ(got.size(), 3u);
+  if (got.size() != 3u) return absl::InternalError("Prefill did not answer with three messages");
+  EXPECT_TRUE(got[0].scheduled());
+  EXPECT_EQ(got[0].request_id(), req.request_id());
+  EXPECT_EQ(got[0].prefill_compute_us(), 0);
+  EXPECT_FALSE(got[1].scheduled());
+  EXPECT_FALSE(got[1].kv_landed());
+  EXPECT_EQ(got[1].layer_transfer_us_size(), 0);
+  EXPECT_TRUE(got[2].kv_landed());
+  EXPECT_FALSE(got[2].scheduled());
+  EXPECT_EQ(got[1].first_token_id(), got[2].first_token_id());
+  EXPECT_EQ(got[1].prefill_compute_us(), got[2].prefill_compute_us());
+  return got[2];
 }
 
 }  // namespace duet::prefill::testing
