@@ -1,12 +1,21 @@
 #include "cli/node_flags.h"
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "cli/etcd_flags.h"
 #include "cli/flag_groups.h"
 #include "cli/model_flags.h"
 #include "common/base/status.h"
 
 ABSL_FLAG(bool, enable_prefix_caching, true, "reuse the KV of cached prompt prefixes");
+ABSL_FLAG(std::string, kv_disk_path, "",
+          "directory of the prefix cache's disk tier (created if absent): the node keeps evicted "
+          "KV blocks in <dir>/<node id>.kv and finds them again after a restart (empty: no tier)");
+ABSL_FLAG(int64_t, kv_disk_bytes, 0, "size of the node's disk tier file, in bytes");
+ABSL_FLAG(bool, kv_disk_write_through, false,
+          "write each KV block to the disk tier once it is cached, not only when it is evicted");
+ABSL_FLAG(int64_t, kv_disk_admit_hits, 0,
+          "write an evicted block to the disk tier only if it served this many prefix-cache hits");
 ABSL_FLAG(int, metrics_port, 0, "serve GET /metrics on this port (0: off, -1: any free port)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
 
@@ -32,8 +41,12 @@ namespace duet::cli {
 std::vector<FlagGroupInfo> NodeFlagGroups() {
   return {{FlagGroup::kNode,
            "node",
-           "serving node: prefix cache and /metrics",
+           "serving node: prefix cache, its disk tier, and /metrics",
            {&absl::GetFlagReflectionHandle(FLAGS_enable_prefix_caching),
+            &absl::GetFlagReflectionHandle(FLAGS_kv_disk_path),
+            &absl::GetFlagReflectionHandle(FLAGS_kv_disk_bytes),
+            &absl::GetFlagReflectionHandle(FLAGS_kv_disk_write_through),
+            &absl::GetFlagReflectionHandle(FLAGS_kv_disk_admit_hits),
             &absl::GetFlagReflectionHandle(FLAGS_metrics_port),
             &absl::GetFlagReflectionHandle(FLAGS_metrics_host)}},
           {FlagGroup::kProcess,
@@ -56,6 +69,35 @@ std::vector<FlagGroupInfo> NodeFlagGroups() {
            "decode node",
            {&absl::GetFlagReflectionHandle(FLAGS_max_running),
             &absl::GetFlagReflectionHandle(FLAGS_kv_quarantine_bound)}}};
+}
+
+absl::StatusOr<kv::DiskTierOptions> ReadKvDiskFlags() {
+  kv::DiskTierOptions o{.path = absl::GetFlag(FLAGS_kv_disk_path),
+                        .bytes = absl::GetFlag(FLAGS_kv_disk_bytes),
+                        .write_through = absl::GetFlag(FLAGS_kv_disk_write_through),
+                        .admit_after_hits = absl::GetFlag(FLAGS_kv_disk_admit_hits)};
+  if (o.path.empty()) {
+    if (o.bytes != 0 || o.write_through || o.admit_after_hits != 0) {
+      return absl::InvalidArgumentError(
+          "--kv_disk_bytes, --kv_disk_write_through and --kv_disk_admit_hits configure the disk "
+          "tier, which needs --kv_disk_path");
+    }
+    return o;
+  }
+  if (o.bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_disk_path needs --kv_disk_bytes > 0 (the tier's size), not ", o.bytes));
+  }
+  if (o.admit_after_hits < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_disk_admit_hits must be >= 0, not ", o.admit_after_hits));
+  }
+  if (o.write_through && o.admit_after_hits > 0) {
+    return absl::InvalidArgumentError(
+        "--kv_disk_write_through writes every block when it is cached, before any hit: it "
+        "cannot go with --kv_disk_admit_hits");
+  }
+  return o;
 }
 
 NodeFlags ReadNodeFlags() {
@@ -106,6 +148,7 @@ absl::StatusOr<cluster::NodeRuntimeOptions> NodeRuntimeOptionsFromFlags(const st
   o.kv_cache_bytes = e.kv_cache_bytes;
   o.kv_dtype = e.kv_dtype;
   o.enable_prefix_caching = n.enable_prefix_caching;
+  DUET_ASSIGN_OR_RETURN(o.kv_disk, ReadKvDiskFlags());
   o.metrics_port = n.metrics_port;
   o.metrics_host = n.metrics_host;
   return o;

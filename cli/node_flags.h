@@ -45,6 +45,10 @@ struct DecodeFlags {
 };
 
 NodeFlags ReadNodeFlags();
+// The disk tier's flags (--kv_disk_*) into options (a directory path: NodeRuntimeOptions);
+// InvalidArgument naming the flags for a size or admission rule without a path, a path without
+// a size, or write-through with an admission rule.
+absl::StatusOr<kv::DiskTierOptions> ReadKvDiskFlags();
 ProcessFlags ReadProcessFlags();
 MembershipFlags ReadMembershipFlags();
 PrefillFlags ReadPrefillFlags();

@@ -1,6 +1,10 @@
 #include "cluster/node_runtime.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +14,7 @@
 #include "cluster/node_load_convert.h"
 #include "common/base/logging.h"
 #include "common/base/status.h"
+#include "common/kv/pool_gauges.h"
 #include "common/weights/weights.h"
 #include "proto/channel.h"
 #include "proto/kv_layout_convert.h"
@@ -114,6 +119,56 @@ absl::StatusOr<kv::BlockPool*> NodeRuntime::CreatePool() {
   DUET_ASSIGN_OR_RETURN(pool_, kv::BlockPool::CreateOver(layout_, num_blocks_, pool_memory_->data(),
                                                          pool_memory_->bytes()));
   return pool_.get();
+}
+
+absl::StatusOr<kv::KvTier*> NodeRuntime::AttachKvTier(kv::BlockPool* pool) {
+  const kv::DiskTierOptions& o = options_.kv_disk;
+  if (o.path.empty()) return nullptr;
+  if (kv_disk_ != nullptr) return absl::FailedPreconditionError("the node's KV tier is attached");
+  if (!options_.enable_prefix_caching) {
+    return absl::InvalidArgumentError(
+        "--kv_disk_path: the disk tier keeps the prefix cache's blocks, and "
+        "--enable_prefix_caching is off");
+  }
+  if (!backend().kv_memory_is_host()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_disk_path: the KV pool is in ", compute_.backend,
+        " memory; the disk tier reads and writes host-memory pools only (a host tier for device "
+        "pools is not built)"));
+  }
+  if (::mkdir(o.path.c_str(), 0755) != 0 && errno != EEXIST) {
+    const int err = errno;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_disk_path ", o.path, ": cannot create the directory: ", std::strerror(err)));
+  }
+  kv::DiskTierOptions file = o;
+  file.path = absl::StrCat(o.path, "/", options_.node_id, ".kv");
+  DUET_ASSIGN_OR_RETURN(
+      kv_disk_, kv::DiskTier::Open(file, layout_, runner().PrefixCacheSeed(layout_.block_size)));
+  tier_pool_ = pool;
+  kv::DiskTier* tier = kv_disk_.get();
+  pool->SetEvictionHook(
+      [tier, pool](const kv::EvictedBlock& b) { tier->Offer(*pool, b, absl::InfinitePast()); });
+  const kv::DiskTierStats at_open = tier->Stats();
+  DUET_LOG(INFO) << options_.node_id << ": KV disk tier " << file.path << ": " << at_open.slots
+                 << " slots of " << kv::DiskTier::SlotBytes(layout_) << " bytes, "
+                 << at_open.restored << " blocks found from before"
+                 << (o.write_through ? ", write-through" : ", write-back");
+  kv::AddDiskTierMetrics(&metrics_registry_, [tier] { return tier->Stats(); });
+  return kv_disk_.get();
+}
+
+void NodeRuntime::FlushKvTier() {
+  if (kv_disk_ == nullptr || tier_pool_ == nullptr) return;
+  const absl::Time deadline = absl::Now() + options_.kv_disk.flush_timeout;
+  int64_t offered = 0;
+  for (const kv::EvictedBlock& b : tier_pool_->CachedBlocks()) {
+    if (absl::Now() >= deadline) break;
+    offered += kv_disk_->Offer(*tier_pool_, b, deadline);
+  }
+  const bool idle = kv_disk_->WaitIdle(deadline);
+  DUET_LOG(INFO) << options_.node_id << ": KV disk tier: " << offered
+                 << " cached blocks written at shutdown" << (idle ? "" : " (deadline passed)");
 }
 
 absl::Status NodeRuntime::StartMetricsExporter() {
@@ -229,6 +284,7 @@ NodeRuntime::~NodeRuntime() {
   Leave();
   metrics_exporter_.reset();
   pool_.reset();  // bookkeeping over pool_memory_
+  kv_disk_.reset();  // after the pool, whose eviction hook calls it
   pool_memory_.reset();
   engine_.reset();
 }

@@ -42,6 +42,7 @@
 #include "common/engine/local_engine.h"
 #include "common/grammar/grammar_compiler.h"
 #include "common/kv/block_pool.h"
+#include "common/kv/disk_tier.h"
 #include "common/kv/kv_layout.h"
 #include "common/metrics/http_exporter.h"
 #include "common/metrics/metrics.h"
@@ -68,6 +69,9 @@ struct NodeRuntimeOptions {
   int64_t kv_cache_bytes = 256ll << 20;  // the node's KV pool
   std::optional<kv::KvDtype> kv_dtype;
   bool enable_prefix_caching = true;     // reuse the KV of cached prompt prefixes
+  // The prefix cache's disk tier (kv/disk_tier.h): kv_disk.path names a directory (created if
+  // absent) where the node keeps its tier in <node_id>.kv; empty: no tier.
+  kv::DiskTierOptions kv_disk;
   int metrics_port = 0;                  // GET /metrics: 0 off, -1 any free port
   std::string metrics_host = "127.0.0.1";
   absl::Duration register_timeout = absl::Seconds(60);  // how long to wait for the coordinator
@@ -122,6 +126,17 @@ class NodeRuntime {
   // A pool of num_blocks() in the backend's KV memory, owned by the runtime.
   absl::StatusOr<kv::BlockPool*> CreatePool();
 
+  // The node's pool gets options().kv_disk's tier below it, when it has one (else null): the
+  // pool's evicted cached blocks are offered to it, its stats are exported as duet_kv_disk_*,
+  // and the node's KvCacheManager looks up what follows a pool hit in it. InvalidArgument
+  // naming the flag when the pool is not in host memory or prefix caching is off. Once, with
+  // the pool the node's scheduler uses; the runtime owns the tier, `pool` must go first.
+  absl::StatusOr<kv::KvTier*> AttachKvTier(kv::BlockPool* pool);
+  // A clean shutdown's last use of the pool (its scheduler stopped): every block still cached
+  // in it is offered to the tier too, and written within kv_disk.flush_timeout, so that a
+  // restart finds them. Without a tier, nothing.
+  void FlushKvTier();
+
   metrics::Registry& metrics_registry() { return metrics_registry_; }
   // Serves GET /metrics when options().metrics_port != 0 (call once the node's gauges read
   // something alive, and before Join: the registration names its address for the coordinator's
@@ -159,6 +174,8 @@ class NodeRuntime {
   NodeCompute compute_;
   std::unique_ptr<compute::KvMemory> pool_memory_;
   std::unique_ptr<kv::BlockPool> pool_;
+  std::unique_ptr<kv::DiskTier> kv_disk_;
+  kv::BlockPool* tier_pool_ = nullptr;  // the pool kv_disk_ is attached to
   std::unique_ptr<metrics::MetricsExporter> metrics_exporter_;
   std::unique_ptr<NodeStatusService> status_service_;
   std::unique_ptr<MembershipClient> member_;

@@ -37,6 +37,7 @@ absl::Status ColocatedServer::Init() {
                                       ro, {.role = "colocated server", .needs_tokenizer = true}));
   model::LocalEngine& engine = runtime_->engine();
   DUET_ASSIGN_OR_RETURN(kv::BlockPool * pool, runtime_->CreatePool());
+  DUET_ASSIGN_OR_RETURN(kv::KvTier * tier, runtime_->AttachKvTier(pool));
   metrics_ = std::make_unique<ColocatedMetrics>(&runtime_->metrics_registry());
   DUET_ASSIGN_OR_RETURN(
       scheduler_, ColocatedScheduler::Create({.name = ro.node_id,
@@ -44,7 +45,8 @@ absl::Status ColocatedServer::Init() {
                                               .max_running = o.max_running,
                                               .eos_ids = engine.tokenizer().eos_ids(),
                                               .grammar = runtime_->grammar(),
-                                              .enable_prefix_caching = ro.enable_prefix_caching},
+                                              .enable_prefix_caching = ro.enable_prefix_caching,
+                                              .kv_tier = tier},
                                              &engine.runner(), pool));
   service_ = std::make_unique<ColocatedService>(
       scheduler_.get(), &engine.tokenizer(), engine.config(),
@@ -91,6 +93,7 @@ void ColocatedServer::Shutdown() {
   http_.reset();
   service_.reset();
   scheduler_.reset();
+  if (runtime_) runtime_->FlushKvTier();  // the pool's cached blocks, for a warm restart
   metrics_.reset();
   runtime_.reset();
 }

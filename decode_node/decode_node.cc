@@ -74,6 +74,7 @@ absl::Status DecodeNode::Init() {
   }
   DUET_ASSIGN_OR_RETURN(pool_,
                         kv::BlockPool::CreateOver(layout, num_blocks, pool_base, region_bytes));
+  DUET_ASSIGN_OR_RETURN(kv::KvTier * tier, runtime_->AttachKvTier(pool_.get()));
   DUET_ASSIGN_OR_RETURN(transfer_address_, transport_->LocalAddress());
 
   DUET_ASSIGN_OR_RETURN(scheduler_,
@@ -83,6 +84,7 @@ absl::Status DecodeNode::Init() {
                                                  .grammar = runtime_->grammar(),
                                                  .host_mirror = mirror_view,
                                                  .enable_prefix_caching = ro.enable_prefix_caching,
+                                                 .kv_tier = tier,
                                                  .kv_quarantine_bound = o.kv_quarantine_bound},
                                                 &engine.runner(), pool_.get(), transport_.get()));
   service_ =
@@ -144,6 +146,7 @@ void DecodeNode::Shutdown() {
   server_.reset();
   service_.reset();
   scheduler_.reset();
+  if (runtime_) runtime_->FlushKvTier();  // the pool's cached blocks, for a warm restart
   pool_.reset();        // bookkeeping only: the memory is pool_memory_'s or region_'s
   mirror_pin_.reset();  // unpin before the mirror goes
   region_.reset();      // unregister (UCX-allocated: free) before our memory is freed

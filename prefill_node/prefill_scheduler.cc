@@ -48,7 +48,8 @@ PrefillScheduler::PrefillScheduler(model::ModelRunner* runner, kv::BlockPool* po
                                    PrefillSchedulerOptions options)
     : runner_(runner),
       pool_(pool),
-      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size), options.enable_prefix_caching),
+      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size), options.enable_prefix_caching,
+          options.kv_tier),
       transport_(transport),
       sender_(sender),
       options_(std::move(options)),

@@ -60,6 +60,16 @@ BlockPool::~BlockPool() {
 
 absl::StatusOr<std::vector<BlockId>> BlockPool::Allocate(int64_t n) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("BlockPool: cannot allocate ", n, " blocks"));
+  std::vector<EvictedBlock> evicted;
+  absl::StatusOr<std::vector<BlockId>> out = AllocateLocked(n, eviction_hook_ ? &evicted : nullptr);
+  // The evicted blocks are the caller's now, and still hold their K/V: the hook copies them
+  // before they are handed out to be written.
+  for (const EvictedBlock& b : evicted) eviction_hook_(b);
+  return out;
+}
+
+absl::StatusOr<std::vector<BlockId>> BlockPool::AllocateLocked(int64_t n,
+                                                               std::vector<EvictedBlock>* evicted) {
   absl::MutexLock lock(&mu_);
   const int64_t free = static_cast<int64_t>(free_.size());
   const int64_t evictable = static_cast<int64_t>(lru_.size());
@@ -78,11 +88,28 @@ absl::StatusOr<std::vector<BlockId>> BlockPool::Allocate(int64_t n) {
   }
   while (static_cast<int64_t>(out.size()) < n) {
     const BlockId id = lru_.front();
+    if (evicted != nullptr) evicted->push_back(Evicted(id));
     Unpublish(id);  // takes it off the LRU list
     ++evictions_;
     refcount_[id] = 1;
     out.push_back(id);
   }
+  return out;
+}
+
+EvictedBlock BlockPool::Evicted(BlockId id) const {
+  const CacheSlot& slot = slots_[id];
+  return EvictedBlock{.id = id, .hash = slot.hash, .tokens = slot.tokens, .hits = slot.hits};
+}
+
+void BlockPool::SetEvictionHook(std::function<void(const EvictedBlock&)> hook) {
+  eviction_hook_ = std::move(hook);
+}
+
+std::vector<EvictedBlock> BlockPool::CachedBlocks() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<EvictedBlock> out;
+  for (const auto& [hash, id] : index_) out.push_back(Evicted(id));
   return out;
 }
 
@@ -225,6 +252,7 @@ std::vector<BlockId> BlockPool::AcquirePrefix(absl::Span<const BlockHash> chain,
       slot.evictable = false;
     }
     ++refcount_[it->second];
+    ++slot.hits;
     out.push_back(it->second);
   }
   return out;
@@ -242,6 +270,7 @@ int64_t BlockPool::EvictAll() {
   int64_t n = 0;
   while (!lru_.empty()) {
     const BlockId id = lru_.front();
+    if (eviction_hook_) eviction_hook_(Evicted(id));
     Unpublish(id);
     free_.insert(id);
     ++n;

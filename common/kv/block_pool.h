@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <set>
@@ -41,6 +42,7 @@
 #include "absl/types/span.h"
 #include "common/kv/block_hash.h"
 #include "common/kv/kv_layout.h"
+#include "common/kv/kv_tier.h"
 
 namespace duet::kv {
 
@@ -132,6 +134,15 @@ class BlockPool {
   // Evicts every evictable block (cached, refcount 0). Returns how many.
   int64_t EvictAll();
 
+  // Called with each cached block an allocation (or EvictAll) evicts, while its K/V are still
+  // intact: from Allocate after the pool's lock is released (the block is the allocating
+  // caller's by then, not yet returned), from EvictAll under it. Must not call the pool. Set
+  // before the pool is shared; null: none.
+  void SetEvictionHook(std::function<void(const EvictedBlock&)> hook);
+  // Every cached block (used or evictable), for a caller that stores them elsewhere while
+  // nothing allocates (a clean shutdown).
+  std::vector<EvictedBlock> CachedBlocks() const;
+
   // Starts recording cache events, keeping at most `max_buffered` undrained (more are dropped,
   // which the reader sees as a sequence gap).
   void EnableEvents(size_t max_buffered = 1 << 16);
@@ -149,6 +160,7 @@ class BlockPool {
     bool cached = false;
     BlockHash hash;
     std::vector<int32_t> tokens;
+    int64_t hits = 0;  // AcquirePrefix takes it
     bool evictable = false;
     std::list<BlockId>::iterator lru;  // valid when evictable
   };
@@ -157,6 +169,10 @@ class BlockPool {
   absl::Status CheckIds(absl::Span<const BlockId> ids, const char* op, bool want_quarantined) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpublish(BlockId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  EvictedBlock Evicted(BlockId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Allocate's work under the lock; each evicted cached block into `evicted` when not null.
+  absl::StatusOr<std::vector<BlockId>> AllocateLocked(int64_t n, std::vector<EvictedBlock>* evicted)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Record(KvCacheEvent::Kind kind, const BlockHash& hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const KvLayout layout_;
@@ -176,6 +192,7 @@ class BlockPool {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;   // of the next event recorded
   uint64_t first_seq_ ABSL_GUARDED_BY(mu_) = 0;  // of events_[0]
   std::vector<KvCacheEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const EvictedBlock&)> eviction_hook_;  // set before sharing
 };
 
 }  // namespace duet::kv

@@ -21,8 +21,10 @@ std::unique_ptr<BlockTable> SequenceBlocks::MakeTable(BlockPool* pool) && {
   return std::make_unique<BlockTable>(pool, std::move(blocks), cached_tokens);
 }
 
-KvCacheManager::KvCacheManager(BlockPool* pool, BlockHash seed, bool enable_prefix_caching)
+KvCacheManager::KvCacheManager(BlockPool* pool, BlockHash seed, bool enable_prefix_caching,
+                               KvTier* tier)
     : pool_(pool),
+      tier_(enable_prefix_caching ? tier : nullptr),
       seed_(seed),
       enabled_(enable_prefix_caching),
       block_size_(pool->layout().block_size) {}
@@ -47,9 +49,11 @@ absl::StatusOr<SequenceBlocks> KvCacheManager::AllocateSequence(absl::Span<const
   }
   SequenceBlocks s;
   const bool lookup = enabled_ && use_cache;
+  std::vector<BlockHash> chain;
   if (lookup) {
     const int64_t max_blocks = MaxCachedTokens(static_cast<int64_t>(tokens.size())) / block_size_;
-    s.cached = pool_->AcquirePrefix(Chain(tokens, max_blocks), tokens);
+    chain = Chain(tokens, max_blocks);
+    s.cached = pool_->AcquirePrefix(chain, tokens);
     s.cached_tokens = static_cast<int64_t>(s.cached.size()) * block_size_;
     queries_.fetch_add(1);
     query_tokens_.fetch_add(static_cast<int64_t>(tokens.size()));
@@ -64,9 +68,41 @@ absl::StatusOr<SequenceBlocks> KvCacheManager::AllocateSequence(absl::Span<const
     }
     return fresh.status();
   }
-  if (lookup) hit_tokens_.fetch_add(s.cached_tokens);
   s.fresh = *std::move(fresh);
+  if (lookup && tier_ != nullptr) LoadFromTier(chain, tokens, s);
+  if (lookup) hit_tokens_.fetch_add(s.cached_tokens);
   return s;
+}
+
+void KvCacheManager::LoadFromTier(absl::Span<const BlockHash> chain,
+                                  absl::Span<const int32_t> tokens, SequenceBlocks& s) {
+  const size_t first = s.cached.size();
+  if (first >= chain.size()) return;
+  const int64_t held =
+      std::min<int64_t>(tier_->Holds(chain.subspan(first)), static_cast<int64_t>(s.fresh.size()));
+  int64_t loaded = 0;
+  for (; loaded < held; ++loaded) {
+    const size_t i = first + static_cast<size_t>(loaded);
+    const BlockId id = s.fresh[static_cast<size_t>(loaded)];
+    const absl::Span<const int32_t> block = tokens.subspan(i * block_size_, block_size_);
+    if (absl::Status st = tier_->Load(chain[i], block, *pool_, id); !st.ok()) {
+      if (!absl::IsNotFound(st)) DUET_LOG(WARNING) << "KvCacheManager: " << st;
+      break;
+    }
+    // Cached in the pool again (false: another sequence published it meanwhile; this copy
+    // still holds the same K/V and serves this sequence).
+    absl::StatusOr<bool> p = pool_->Publish(id, chain[i], block);
+    if (!p.ok()) {
+      DUET_LOG(ERROR) << "KvCacheManager: publishing a block loaded from the tier: " << p.status();
+      break;
+    }
+  }
+  if (loaded == 0) return;
+  s.cached.insert(s.cached.end(), s.fresh.begin(), s.fresh.begin() + loaded);
+  s.fresh.erase(s.fresh.begin(), s.fresh.begin() + loaded);
+  s.tier_blocks = loaded;
+  s.cached_tokens = static_cast<int64_t>(s.cached.size()) * block_size_;
+  tier_hit_tokens_.fetch_add(loaded * block_size_);
 }
 
 int64_t KvCacheManager::Publish(const BlockTable& table, absl::Span<const int32_t> tokens) {
@@ -83,6 +119,15 @@ int64_t KvCacheManager::Publish(const BlockTable& table, absl::Span<const int32_
       break;
     }
     published += *p;
+    if (*p && tier_ != nullptr && tier_->write_through()) {
+      tier_->Offer(
+          *pool_,
+          EvictedBlock{.id = table.blocks()[i],
+                       .hash = chain[i],
+                       .tokens = std::vector<int32_t>(tokens.begin() + i * block_size_,
+                                                      tokens.begin() + (i + 1) * block_size_)},
+          absl::InfinitePast());
+    }
   }
   published_.fetch_add(published);
   return published;
@@ -130,6 +175,7 @@ PrefixCacheCounters KvCacheManager::counters() const {
   return PrefixCacheCounters{.queries = queries_.load(),
                              .query_tokens = query_tokens_.load(),
                              .hit_tokens = hit_tokens_.load(),
+                             .tier_hit_tokens = tier_hit_tokens_.load(),
                              .published_blocks = published_.load()};
 }
 

@@ -34,6 +34,7 @@
 #include "common/kv/block_hash.h"
 #include "common/kv/block_pool.h"
 #include "common/kv/block_table.h"
+#include "common/kv/kv_tier.h"
 
 namespace duet::kv {
 
@@ -42,6 +43,7 @@ struct SequenceBlocks {
   std::vector<BlockId> cached;  // leading blocks from the cache, complete K/V
   std::vector<BlockId> fresh;   // the rest, to be written
   int64_t cached_tokens = 0;    // cached.size() * block_size
+  int64_t tier_blocks = 0;      // of `cached`, the trailing ones loaded from the lower tier
 
   std::vector<BlockId> all() const;
   // A table over all of them holding `cached_tokens` tokens (it frees them when it goes).
@@ -68,14 +70,18 @@ using PreemptFn = absl::FunctionRef<void(const Preemption&)>;
 struct PrefixCacheCounters {
   int64_t queries = 0;       // sequences looked up
   int64_t query_tokens = 0;  // their prompt tokens
-  int64_t hit_tokens = 0;    // of those, taken from the cache
+  int64_t hit_tokens = 0;    // of those, taken from the cache (the pool or its lower tier)
+  int64_t tier_hit_tokens = 0;  // of those, loaded from the lower tier
   int64_t published_blocks = 0;
 };
 
 class KvCacheManager {
  public:
-  // `pool` must outlive the manager.
-  KvCacheManager(BlockPool* pool, BlockHash seed, bool enable_prefix_caching);
+  // `pool` (and `tier`, when set) must outlive the manager. With a tier, a lookup continues
+  // past the pool's hit into the tier (loading those blocks into fresh ones), and with the tier's
+  // write_through every published block is offered to it at once.
+  KvCacheManager(BlockPool* pool, BlockHash seed, bool enable_prefix_caching,
+                 KvTier* tier = nullptr);
   KvCacheManager(const KvCacheManager&) = delete;
   KvCacheManager& operator=(const KvCacheManager&) = delete;
 
@@ -99,8 +105,10 @@ class KvCacheManager {
   // Blocks for a sequence that starts with `tokens` and needs room for `capacity_tokens`
   // (>= tokens.size()): the cached prefix (up to MaxCachedTokens(tokens.size()), none when
   // caching is off, or `use_cache` is false: a sequence whose every position must be computed,
-  // e.g. to score its prompt) and fresh blocks. All or nothing: ResourceExhausted naming the
-  // pool's state.
+  // e.g. to score its prompt) and fresh blocks; with a tier, the blocks after the pool's hit
+  // that the tier holds are read into the first fresh ones, published and counted as cached
+  // (a block the tier fails to load ends the hit there). All or nothing: ResourceExhausted
+  // naming the pool's state.
   absl::StatusOr<SequenceBlocks> AllocateSequence(absl::Span<const int32_t> tokens,
                                                   int64_t capacity_tokens, bool use_cache = true);
   // Publishes the full blocks of `table` that hold tokens[0, min(|tokens|, num_tokens())):
@@ -125,13 +133,19 @@ class KvCacheManager {
   PrefixCacheCounters counters() const;
 
  private:
+  // Loads the blocks after s's pool hit that the tier holds (AllocateSequence).
+  void LoadFromTier(absl::Span<const BlockHash> chain, absl::Span<const int32_t> tokens,
+                    SequenceBlocks& s);
+
   BlockPool* const pool_;
+  KvTier* const tier_;
   const BlockHash seed_;
   const bool enabled_;
   const int block_size_;
   std::atomic<int64_t> queries_{0};
   std::atomic<int64_t> query_tokens_{0};
   std::atomic<int64_t> hit_tokens_{0};
+  std::atomic<int64_t> tier_hit_tokens_{0};
   std::atomic<int64_t> published_{0};
 };
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/kv/block_pool.h"
+#include "common/kv/disk_tier.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/metrics/metrics.h"
 
@@ -29,5 +30,10 @@ void AddBlockPoolGauge(metrics::Registry* registry, const std::string& name,
 void AddPrefixCacheCounters(metrics::Registry* registry, const std::string& prefix,
                             std::function<PrefixCacheCounters()> counters,
                             std::function<BlockPoolStats()> stats);
+
+// The disk tier's state (duet_kv_disk_*: enabled, slots, blocks held and restored) and its
+// counters (blocks and bytes written and loaded, drops, overwrites, I/O errors), read at each
+// scrape.
+void AddDiskTierMetrics(metrics::Registry* registry, std::function<DiskTierStats()> stats);
 
 }  // namespace duet::kv

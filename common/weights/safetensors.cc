@@ -79,19 +79,6 @@ int64_t TensorView::NumElements() const {
 // ---------------------------------------------------------------------------------------------
 // MappedFile
 
-ScopedFd::~ScopedFd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-ScopedFd& ScopedFd::operator=(ScopedFd&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = other.fd_;
-    other.fd_ = -1;
-  }
-  return *this;
-}
-
 void Unmapper::operator()(const uint8_t* p) const noexcept {
   if (p != nullptr) ::munmap(const_cast<uint8_t*>(p), size);
 }

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/base/scoped_fd.h"
 
 namespace duet::model {
 
@@ -31,21 +32,6 @@ absl::StatusOr<Dtype> ParseDtype(const std::string& name);
 const char* DtypeName(Dtype dtype);
 size_t DtypeSize(Dtype dtype);
 std::string ShapeToString(const std::vector<int64_t>& shape);  // "[3, 4]"
-
-// Owns a file descriptor; closes it on destruction. Move-only.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd = -1) noexcept : fd_(fd) {}
-  ~ScopedFd();
-  ScopedFd(ScopedFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
-  ScopedFd& operator=(ScopedFd&& other) noexcept;
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // munmap()s a mapping of `size` bytes.
 struct Unmapper {

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -590,6 +591,87 @@ TEST_F(ColocatedServeTest, OpenAiCompletionsEqualGrpcGenerate) {
       << models.body;
   EXPECT_EQ(testing::Exchange(port, "GET", "/health", "").status, 200);
   EXPECT_TRUE(EverythingFree(*stub));
+}
+
+// The disk tier (--kv_disk_path): a prompt whose blocks the pool evicted for others comes back
+// from the disk, counted as cached, with the same tokens; a clean stop writes what the pool
+// still caches and a restarted server finds all of it; a damaged file is a miss, never wrong
+// tokens.
+TEST_F(ColocatedServeTest, DiskTierServesEvictedPrefixesAndSurvivesARestart) {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("duet_kv_disk_", getpid());
+  fs::remove_all(dir);
+  std::vector<std::string> flags = ColocatedFlags();
+  flags.push_back("--kv_cache_bytes=1048576");  // 128 blocks of 16 tokens
+  flags.push_back("--kv_disk_path=" + dir.string());
+  flags.push_back("--kv_disk_bytes=33554432");
+  flags.push_back("--node_metrics");
+  const std::string tier_hits = "duet_colocated_prefix_cache_tier_hits_total";
+  v1::SamplingParams s;
+  s.set_max_tokens(4);
+  s.set_ignore_eos(true);
+  const std::vector<int32_t> a = Prompt(300, 100);  // 18 full blocks may hit
+  const std::vector<int32_t> want = Reference(a, {.max_tokens = 4, .ignore_eos = true});
+  {
+    ServeProcess colocated(DUET_BIN, flags);
+    ASSERT_TRUE(colocated.ready());
+    auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+    const std::string url = colocated.metrics_url("colocated-0");
+    Result first = Generate(*stub, Request(a, s));
+    ASSERT_TRUE(first.status.ok()) << first.status;
+    EXPECT_EQ(first.ids, want);
+    EXPECT_EQ(first.timings.prefill_cached_tokens(), 0);
+    // 8 other prompts of 19 blocks each need more than the pool: a's blocks are evicted.
+    for (int i = 0; i < 8; ++i) {
+      Result other = Generate(*stub, Request(Prompt(300, 200 + i), s));
+      ASSERT_TRUE(other.status.ok()) << i << ": " << other.status;
+    }
+    EXPECT_GT(Scrape(url, "duet_kv_disk_written_blocks_total"), 0);
+    Result again = Generate(*stub, Request(a, s));
+    ASSERT_TRUE(again.status.ok()) << again.status;
+    EXPECT_EQ(again.ids, want);
+    EXPECT_EQ(again.timings.prefill_cached_tokens(), 288);
+    EXPECT_GT(Scrape(url, tier_hits), 0) << "a's blocks were meant to come from the disk";
+    EXPECT_TRUE(EverythingFree(*stub));
+    EXPECT_EQ(colocated.Stop(absl::Seconds(30)), 0);
+  }
+  {
+    // A restart finds the tier: every full block of a comes from it.
+    ServeProcess colocated(DUET_BIN, flags);
+    ASSERT_TRUE(colocated.ready());
+    auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+    const std::string url = colocated.metrics_url("colocated-0");
+    EXPECT_GT(Scrape(url, "duet_kv_disk_restored_blocks"), 18);
+    Result r = Generate(*stub, Request(a, s));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.ids, want);
+    EXPECT_EQ(r.timings.prefill_cached_tokens(), 288);
+    EXPECT_EQ(Scrape(url, tier_hits), 288);
+    EXPECT_EQ(colocated.Stop(absl::Seconds(30)), 0);
+  }
+  {
+    // Every 4 KiB page of the file damaged: nothing is a hit, the tokens are the same.
+    const fs::path file = dir / "colocated-0.kv";
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    const int64_t size = static_cast<int64_t>(fs::file_size(file));
+    for (int64_t off = 100; off < size; off += 4096) {
+      char c = 0;
+      f.seekg(off);
+      f.get(c);
+      f.seekp(off);
+      f.put(static_cast<char>(c ^ 0x5a));
+    }
+    ASSERT_TRUE(f.good());
+    f.close();
+    ServeProcess colocated(DUET_BIN, flags);
+    ASSERT_TRUE(colocated.ready());
+    auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+    EXPECT_EQ(Scrape(colocated.metrics_url("colocated-0"), "duet_kv_disk_restored_blocks"), 0);
+    Result r = Generate(*stub, Request(a, s));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.ids, want);
+    EXPECT_EQ(r.timings.prefill_cached_tokens(), 0);
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "tests/integration/serve_process.h"
 
+#include <signal.h>
+
 #include <cstdio>
 #include <optional>
 #include <sstream>
@@ -44,6 +46,11 @@ std::string ServeProcess::metrics_url(const std::string& node) const {
 pid_t ServeProcess::pid_of(const std::string& node) const {
   auto it = pids_.find(node);
   return it == pids_.end() ? -1 : it->second;
+}
+
+int ServeProcess::Stop(absl::Duration timeout) {
+  if (process_.started()) ::kill(process_.pid(), SIGTERM);
+  return process_.Wait(timeout);
 }
 
 }  // namespace duet::testing

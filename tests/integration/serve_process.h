@@ -33,6 +33,8 @@ class ServeProcess {
   pid_t pid_of(const std::string& node) const;
   // A node's /metrics URL from its "metrics NAME URL" line; "" if it printed none.
   std::string metrics_url(const std::string& node) const;
+  // A clean stop: SIGTERM, then waits for the exit; its code, or -1 (ChildProcess::Wait).
+  int Stop(absl::Duration timeout);
 
  private:
   ChildProcess process_;

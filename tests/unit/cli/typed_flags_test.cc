@@ -228,5 +228,39 @@ TEST(TypedFlagsTest, EtcdFlagsAreTypedAndANodeTakesOneDiscovery) {
   }
 }
 
+// The disk tier's flags reach the node's options; a size or rule without a path, a path without
+// a size, and write-through with an admission rule are refused naming the flags.
+TEST(TypedFlagsTest, KvDiskFlagsAreTypedAndRefusedWhereIncomplete) {
+  {
+    ScopedFlags flags({{"kv_disk_path", "/var/tmp/kv"},
+                       {"kv_disk_bytes", "1048576"},
+                       {"kv_disk_admit_hits", "2"}});
+    absl::StatusOr<cluster::NodeRuntimeOptions> o = NodeRuntimeOptionsFromFlags("decode");
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->kv_disk.path, "/var/tmp/kv");
+    EXPECT_EQ(o->kv_disk.bytes, 1048576);
+    EXPECT_EQ(o->kv_disk.admit_after_hits, 2);
+    EXPECT_FALSE(o->kv_disk.write_through);
+  }
+  EXPECT_TRUE(NodeRuntimeOptionsFromFlags("decode")->kv_disk.path.empty());
+  const std::vector<std::pair<FlagValues, std::string>> bad = {
+      {{{"kv_disk_bytes", "1048576"}}, "--kv_disk_path"},
+      {{{"kv_disk_write_through", "true"}}, "--kv_disk_path"},
+      {{{"kv_disk_path", "/var/tmp/kv"}}, "--kv_disk_bytes"},
+      {{{"kv_disk_path", "/var/tmp/kv"},
+        {"kv_disk_bytes", "1048576"},
+        {"kv_disk_write_through", "true"},
+        {"kv_disk_admit_hits", "1"}},
+       "--kv_disk_admit_hits"},
+  };
+  for (const auto& [values, names] : bad) {
+    ScopedFlags flags(values);
+    absl::StatusOr<cluster::NodeRuntimeOptions> o = NodeRuntimeOptionsFromFlags("decode");
+    ASSERT_FALSE(o.ok()) << names;
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(o.status().message().find(names), std::string::npos) << o.status();
+  }
+}
+
 }  // namespace
 }  // namespace duet::cli

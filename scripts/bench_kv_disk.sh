@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The prefix cache's disk tier, side by side in one go (same model, same workload seed): a
+# colocated server whose KV pool holds about 2 of 8 shared prefixes (8 x 512 tokens, requests
+# cycling over them, so the pool alone keeps evicting what the next requests need), run
+#   1. without a tier (every prefix recomputed once it was evicted),
+#   2. with --kv_disk_path (write-back: evicted blocks go to disk, later requests load them),
+#   3. restarted on the tier the second run left (warm restart: the first requests hit too).
+# Prints one table (prefix hit rate, prompt tokens loaded from disk, TTFT p50 and p90) and writes
+# every JSON report and the table (summary.md) to --out.
+#
+#   scripts/bench_kv_disk.sh             # ~5 min on 2 cores
+#   options: --model PATH (default: models/smollm2-135m-instruct-q4_1.gguf if present, else the
+#            synthetic smollm2-135m preset, made if missing) --out DIR --build DIR --seed N
+#            --requests N (default 32) --disk_dir DIR (default: a temporary directory)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BUILD="${DUET_BUILD_DIR:-$ROOT/build}"
+OUT="$ROOT/bench/results/kv_disk"
+MODEL=""
+SEED=1
+REQUESTS=32
+DISK_DIR=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) MODEL="$2"; shift ;;
+    --out) OUT="$2"; shift ;;
+    --build) BUILD="$2"; shift ;;
+    --seed) SEED="$2"; shift ;;
+    --requests) REQUESTS="$2"; shift ;;
+    --disk_dir) DISK_DIR="$2"; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "bench_kv_disk.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+DUET="$BUILD/cli/duet"
+[ -x "$DUET" ] || { echo "bench_kv_disk.sh: $DUET not built (scripts/build.sh duet)" >&2; exit 1; }
+if [ -z "$MODEL" ]; then
+  if [ -f "$ROOT/models/smollm2-135m-instruct-q4_1.gguf" ]; then
+    MODEL="$ROOT/models/smollm2-135m-instruct-q4_1.gguf"
+  else
+    MODEL="$ROOT/models/smollm2-135m-synthetic"
+    if [ ! -f "$MODEL/config.json" ]; then
+      "$BUILD/cli/duet-make-model" --preset smollm2-135m --seed 1 --out "$MODEL"
+    fi
+  fi
+fi
+RAW="$OUT/raw"
+mkdir -p "$RAW"
+rm -f "$RAW"/*.json
+OWN_DISK=0
+if [ -z "$DISK_DIR" ]; then DISK_DIR="$(mktemp -d)"; OWN_DISK=1; fi
+
+SERVE_PID=""
+SERVE_LOG=""
+stop_server() {
+  if [ -n "$SERVE_PID" ]; then
+    kill "$SERVE_PID" 2>/dev/null || true  # SIGTERM: a clean stop writes the pool to the tier
+    for _ in $(seq 1 300); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$SERVE_PID" 2>/dev/null || true
+    wait "$SERVE_PID" 2>/dev/null || true
+    SERVE_PID=""
+  fi
+  [ -n "$SERVE_LOG" ] && rm -f "$SERVE_LOG"
+  SERVE_LOG=""
+}
+cleanup() {
+  stop_server
+  if [ "$OWN_DISK" = 1 ]; then rm -rf "$DISK_DIR"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+start_server() {
+  SERVE_LOG="$(mktemp)"
+  "$DUET" serve "$@" > "$SERVE_LOG" 2>&1 &
+  SERVE_PID=$!
+  ADDR=""
+  for _ in $(seq 1 900); do
+    ADDR="$(awk '/^ready /{print $2; exit}' "$SERVE_LOG")"
+    [ -n "$ADDR" ] && return 0
+    kill -0 "$SERVE_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  cat "$SERVE_LOG" >&2
+  echo "bench_kv_disk.sh: the server did not become ready" >&2
+  return 1
+}
+
+# Prompt ids in [17, 255] (ordinary tokens of SmolLM2's vocabulary); one request at a time.
+SHARED=(--workload shared_prefix --shared_prefix_len 512 --num_prefixes 8 --suffix_len 32-48
+        --output_len 4 --num_requests "$REQUESTS" --concurrency 1 --seed "$SEED"
+        --warmup_requests 0 --timeout_s 240)
+# The pool: 2.5 prefixes of SmolLM2's KV (float32: 46080 bytes a token).
+COMMON="--colocated --threads 2 --model $MODEL --kv_cache_bytes 62914560 --node_metrics"
+TIER="--kv_disk_path $DISK_DIR --kv_disk_bytes 1073741824"
+
+arm() {
+  local name="$1" serve_args="$2"
+  echo "== $name: serve $serve_args"
+  # shellcheck disable=SC2086
+  start_server $serve_args
+  local metrics
+  metrics="$(awk '/^metrics colocated-0 /{print $3; exit}' "$SERVE_LOG")"
+  "$DUET" bench serve --server "$ADDR" "${SHARED[@]}" --bench_label "$name" \
+    --bench_note "serve $serve_args" --json_out "$RAW/$name.json" > "$RAW/$name.txt" ||
+    echo "bench_kv_disk.sh: $name: the run reported failed requests (see $RAW/$name.txt)" >&2
+  if [ -n "$metrics" ]; then
+    curl -s "$metrics" | grep -E '^duet_(colocated_prefix_cache|kv_disk)' > "$RAW/$name.metrics" || true
+  fi
+  stop_server
+}
+
+START=$(date +%s)
+arm no-tier "$COMMON"
+arm tier "$COMMON $TIER"
+arm tier-restarted "$COMMON $TIER"
+echo "== took $(( $(date +%s) - START )) s on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)); model $(basename "$MODEL")"
+
+python3 - "$RAW" "$OUT/summary.md" <<'EOF'
+import json, os, sys
+raw, out = sys.argv[1], sys.argv[2]
+rows = ["| run | requests | prefix hit rate | prompt tokens from disk | TTFT p50 (ms) | TTFT p90 (ms) |",
+        "|---|---|---|---|---|---|"]
+ttft = {}
+for n in ["no-tier", "tier", "tier-restarted"]:
+    p = os.path.join(raw, n + ".json")
+    if not os.path.exists(p): continue
+    m = json.load(open(p))["classes"]["main"]
+    metrics = {}
+    mp = os.path.join(raw, n + ".metrics")
+    if os.path.exists(mp):
+        for line in open(mp):
+            k, v = line.rsplit(" ", 1)
+            metrics[k] = float(v)
+    disk = metrics.get("duet_colocated_prefix_cache_tier_hits_total")
+    t = m["latency_ms"]["ttft"]
+    ttft[n] = t["p50"]
+    rows.append("| %s | %d | %.1f%% | %s | %.0f | %.0f |" % (
+        n, m["requests"]["completed"], 100 * (m["prefix_cache"]["hit_rate_prefill"] or 0),
+        "-" if disk is None else "%d" % disk, t["p50"], t["p90"]))
+text = "\n".join(rows) + "\n"
+if "no-tier" in ttft and "tier" in ttft:
+    text += "\nTTFT p50 with the tier / without: %.2fx\n" % (ttft["tier"] / ttft["no-tier"])
+print(text)
+open(out, "w").write(text)
+EOF
