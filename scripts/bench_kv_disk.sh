@@ -5,6 +5,9 @@
 #   1. without a tier (every prefix recomputed once it was evicted),
 #   2. with --kv_disk_path (write-back: evicted blocks go to disk, later requests load them),
 #   3. restarted on the tier the second run left (warm restart: the first requests hit too).
+# Then 2,048-token prefixes (8 of them, the pool holds 2.5) without and with the tier: TTFT of a
+# 2k-token disk hit against recomputing it. Then multi-turn chats (8 sessions of 6 turns, 3 at a
+# time) on an unbounded pool, on a pool too small to keep them, and on that pool with the tier.
 # Prints one table (prefix hit rate, prompt tokens loaded from disk, TTFT p50 and p90) and writes
 # every JSON report and the table (summary.md) to --out.
 #
@@ -95,14 +98,24 @@ SHARED=(--workload shared_prefix --shared_prefix_len 512 --num_prefixes 8 --suff
 COMMON="--colocated --threads 2 --model $MODEL --kv_cache_bytes 62914560 --node_metrics"
 TIER="--kv_disk_path $DISK_DIR --kv_disk_bytes 1073741824"
 
+LONG=(--workload shared_prefix --shared_prefix_len 2048 --num_prefixes 8 --suffix_len 32-48
+      --output_len 4 --num_requests 24 --concurrency 1 --seed "$SEED" --warmup_requests 0
+      --timeout_s 240)
+MULTI=(--workload multi_turn --num_sessions 8 --turns 6 --turn_len 64-96 --output_len 16
+       --concurrency 3 --seed "$SEED" --warmup_requests 0 --timeout_s 240)
+LONG_POOL="--kv_cache_bytes 240844800"   # 5,226 tokens: 2.5 prefixes of 2,048 + a suffix
+BIG_POOL="--kv_cache_bytes 1073741824"   # every chat's whole history
+SMALL_POOL="--kv_cache_bytes 62914560"   # 1,360 tokens: about two of the 8 chats
+
+# arm NAME "SERVE ARGS" WORKLOAD...: one server, one benchmark run, one JSON.
 arm() {
-  local name="$1" serve_args="$2"
+  local name="$1" serve_args="$2"; shift 2
   echo "== $name: serve $serve_args"
   # shellcheck disable=SC2086
   start_server $serve_args
   local metrics
   metrics="$(awk '/^metrics colocated-0 /{print $3; exit}' "$SERVE_LOG")"
-  "$DUET" bench serve --server "$ADDR" "${SHARED[@]}" --bench_label "$name" \
+  "$DUET" bench serve --server "$ADDR" "$@" --bench_label "$name" \
     --bench_note "serve $serve_args" --json_out "$RAW/$name.json" > "$RAW/$name.txt" ||
     echo "bench_kv_disk.sh: $name: the run reported failed requests (see $RAW/$name.txt)" >&2
   if [ -n "$metrics" ]; then
@@ -112,9 +125,16 @@ arm() {
 }
 
 START=$(date +%s)
-arm no-tier "$COMMON"
-arm tier "$COMMON $TIER"
-arm tier-restarted "$COMMON $TIER"
+arm no-tier "$COMMON" "${SHARED[@]}"
+arm tier "$COMMON $TIER" "${SHARED[@]}"
+arm tier-restarted "$COMMON $TIER" "${SHARED[@]}"
+rm -rf "${DISK_DIR:?}"/*
+arm long-no-tier "$COMMON $LONG_POOL" "${LONG[@]}"
+arm long-tier "$COMMON $LONG_POOL $TIER" "${LONG[@]}"
+rm -rf "${DISK_DIR:?}"/*
+arm mt-unbounded "$COMMON $BIG_POOL" "${MULTI[@]}"
+arm mt-small "$COMMON $SMALL_POOL" "${MULTI[@]}"
+arm mt-small-tier "$COMMON $SMALL_POOL $TIER" "${MULTI[@]}"
 echo "== took $(( $(date +%s) - START )) s on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)); model $(basename "$MODEL")"
 
 python3 - "$RAW" "$OUT/summary.md" <<'EOF'
@@ -123,7 +143,10 @@ raw, out = sys.argv[1], sys.argv[2]
 rows = ["| run | requests | prefix hit rate | prompt tokens from disk | TTFT p50 (ms) | TTFT p90 (ms) |",
         "|---|---|---|---|---|---|"]
 ttft = {}
-for n in ["no-tier", "tier", "tier-restarted"]:
+names = ["no-tier", "tier", "tier-restarted", "long-no-tier", "long-tier", "mt-unbounded",
+         "mt-small", "mt-small-tier"]
+hits = {}
+for n in names:
     p = os.path.join(raw, n + ".json")
     if not os.path.exists(p): continue
     m = json.load(open(p))["classes"]["main"]
@@ -136,12 +159,25 @@ for n in ["no-tier", "tier", "tier-restarted"]:
     disk = metrics.get("duet_colocated_prefix_cache_tier_hits_total")
     t = m["latency_ms"]["ttft"]
     ttft[n] = t["p50"]
+    hits[n] = m["prefix_cache"]["hit_rate_prefill"] or 0
     rows.append("| %s | %d | %.1f%% | %s | %.0f | %.0f |" % (
         n, m["requests"]["completed"], 100 * (m["prefix_cache"]["hit_rate_prefill"] or 0),
         "-" if disk is None else "%d" % disk, t["p50"], t["p90"]))
 text = "\n".join(rows) + "\n"
+text += "\n"
 if "no-tier" in ttft and "tier" in ttft:
-    text += "\nTTFT p50 with the tier / without: %.2fx\n" % (ttft["tier"] / ttft["no-tier"])
+    text += "- 512-token prefixes: TTFT p50 with the tier / without: %.2fx\n" % (
+        ttft["tier"] / ttft["no-tier"])
+if "long-no-tier" in ttft and "long-tier" in ttft:
+    r = ttft["long-tier"] / ttft["long-no-tier"]
+    text += "- 2,048-token prefixes: TTFT p50 with the tier / without: %.2fx (target <= 0.3x: %s)\n" % (
+        r, "holds" if r <= 0.3 else "does not hold")
+if "mt-unbounded" in hits and "mt-small-tier" in hits and hits["mt-unbounded"]:
+    r = hits["mt-small-tier"] / hits["mt-unbounded"]
+    text += ("- multi-turn: hit rate on the small pool with the tier / the unbounded pool's: %.2fx "
+             "(target >= 0.9x: %s); without the tier: %.2fx\n") % (
+        r, "holds" if r >= 0.9 else "does not hold",
+        hits.get("mt-small", 0) / hits["mt-unbounded"])
 print(text)
 open(out, "w").write(text)
 EOF
