@@ -147,8 +147,7 @@ absl::StatusOr<kv::KvTier*> NodeRuntime::AttachKvTier(kv::BlockPool* pool) {
       kv_disk_, kv::DiskTier::Open(file, layout_, runner().PrefixCacheSeed(layout_.block_size)));
   tier_pool_ = pool;
   kv::DiskTier* tier = kv_disk_.get();
-  pool->SetEvictionHook(
-      [tier, pool](const kv::EvictedBlock& b) { tier->Offer(*pool, b, absl::InfinitePast()); });
+  pool->SetLowerTier(tier);
   const kv::DiskTierStats at_open = tier->Stats();
   DUET_LOG(INFO) << options_.node_id << ": KV disk tier " << file.path << ": " << at_open.slots
                  << " slots of " << kv::DiskTier::SlotBytes(layout_) << " bytes, "

@@ -61,10 +61,14 @@ BlockPool::~BlockPool() {
 absl::StatusOr<std::vector<BlockId>> BlockPool::Allocate(int64_t n) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("BlockPool: cannot allocate ", n, " blocks"));
   std::vector<EvictedBlock> evicted;
-  absl::StatusOr<std::vector<BlockId>> out = AllocateLocked(n, eviction_hook_ ? &evicted : nullptr);
-  // The evicted blocks are the caller's now, and still hold their K/V: the hook copies them
-  // before they are handed out to be written.
-  for (const EvictedBlock& b : evicted) eviction_hook_(b);
+  absl::StatusOr<std::vector<BlockId>> out = AllocateLocked(n, tier_ ? &evicted : nullptr);
+  if (evicted.empty()) return out;
+  // The evicted blocks are the caller's now, and still hold their K/V: the tier copies them
+  // before they are handed out to be written. Then the events: what the tier did not take left
+  // the node.
+  for (const EvictedBlock& b : evicted) tier_->Offer(*this, b, absl::InfinitePast());
+  absl::MutexLock lock(&mu_);
+  for (const EvictedBlock& b : evicted) RemovedUnlessBelow(b.hash);
   return out;
 }
 
@@ -89,7 +93,7 @@ absl::StatusOr<std::vector<BlockId>> BlockPool::AllocateLocked(int64_t n,
   while (static_cast<int64_t>(out.size()) < n) {
     const BlockId id = lru_.front();
     if (evicted != nullptr) evicted->push_back(Evicted(id));
-    Unpublish(id);  // takes it off the LRU list
+    Unpublish(id, /*record=*/evicted == nullptr);  // takes it off the LRU list
     ++evictions_;
     refcount_[id] = 1;
     out.push_back(id);
@@ -102,8 +106,20 @@ EvictedBlock BlockPool::Evicted(BlockId id) const {
   return EvictedBlock{.id = id, .hash = slot.hash, .tokens = slot.tokens, .hits = slot.hits};
 }
 
-void BlockPool::SetEvictionHook(std::function<void(const EvictedBlock&)> hook) {
-  eviction_hook_ = std::move(hook);
+void BlockPool::SetLowerTier(KvTier* tier) {
+  tier_ = tier;
+  if (tier_ != nullptr) tier_->SetDropListener([this](const BlockHash& h) { OnTierDropped(h); });
+}
+
+void BlockPool::RemovedUnlessBelow(const BlockHash& hash) {
+  // Published again meanwhile (loaded back, or computed again): still here.
+  if (index_.contains(hash) || tier_->HoldsOrQueued(hash)) return;
+  Record(KvCacheEvent::Kind::kRemoved, hash);
+}
+
+void BlockPool::OnTierDropped(const BlockHash& hash) {
+  absl::MutexLock lock(&mu_);
+  if (!index_.contains(hash)) Record(KvCacheEvent::Kind::kRemoved, hash);
 }
 
 std::vector<EvictedBlock> BlockPool::CachedBlocks() const {
@@ -113,12 +129,12 @@ std::vector<EvictedBlock> BlockPool::CachedBlocks() const {
   return out;
 }
 
-void BlockPool::Unpublish(BlockId id) {
+void BlockPool::Unpublish(BlockId id, bool record) {
   CacheSlot& slot = slots_[id];
   if (!slot.cached) return;
   if (slot.evictable) lru_.erase(slot.lru);
   index_.erase(slot.hash);
-  Record(KvCacheEvent::Kind::kRemoved, slot.hash);
+  if (record) Record(KvCacheEvent::Kind::kRemoved, slot.hash);
   slot = CacheSlot{};
 }
 
@@ -270,8 +286,15 @@ int64_t BlockPool::EvictAll() {
   int64_t n = 0;
   while (!lru_.empty()) {
     const BlockId id = lru_.front();
-    if (eviction_hook_) eviction_hook_(Evicted(id));
-    Unpublish(id);
+    if (tier_ == nullptr) {
+      Unpublish(id);
+    } else {
+      // The tier's lock is taken under the pool's (never the other way round).
+      tier_->Offer(*this, Evicted(id), absl::InfinitePast());
+      const BlockHash hash = slots_[id].hash;
+      Unpublish(id, /*record=*/false);
+      RemovedUnlessBelow(hash);
+    }
     free_.insert(id);
     ++n;
   }
@@ -300,6 +323,11 @@ KvCacheSnapshot BlockPool::Snapshot() {
   s.next_seq = next_seq_;
   s.hashes.reserve(index_.size());
   for (const auto& [hash, id] : index_) s.hashes.push_back(hash);
+  if (tier_ != nullptr) {
+    for (const BlockHash& h : tier_->HeldHashes()) {
+      if (!index_.contains(h)) s.hashes.push_back(h);
+    }
+  }
   std::sort(s.hashes.begin(), s.hashes.end());
   events_.clear();  // the snapshot holds their effect
   return s;

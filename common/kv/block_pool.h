@@ -134,11 +134,13 @@ class BlockPool {
   // Evicts every evictable block (cached, refcount 0). Returns how many.
   int64_t EvictAll();
 
-  // Called with each cached block an allocation (or EvictAll) evicts, while its K/V are still
-  // intact: from Allocate after the pool's lock is released (the block is the allocating
-  // caller's by then, not yet returned), from EvictAll under it. Must not call the pool. Set
-  // before the pool is shared; null: none.
-  void SetEvictionHook(std::function<void(const EvictedBlock&)> hook);
+  // The tier below the pool's cache (kv_tier.h; null: none), set before the pool is shared.
+  // Each cached block an allocation (or EvictAll) evicts is offered to it while its K/V are
+  // still intact: from Allocate after the pool's lock is released (the block is the allocating
+  // caller's by then, not yet returned), from EvictAll under it. The cache events then cover
+  // both: an evicted block the tier holds (or will write) is not removed, a block the tier
+  // drops is removed unless the pool holds it again, and Snapshot lists the tier's blocks too.
+  void SetLowerTier(KvTier* tier);
   // Every cached block (used or evictable), for a caller that stores them elsewhere while
   // nothing allocates (a clean shutdown).
   std::vector<EvictedBlock> CachedBlocks() const;
@@ -168,7 +170,9 @@ class BlockPool {
   BlockPool(const KvLayout& layout, int64_t num_blocks, void* region, bool owns_region);
   absl::Status CheckIds(absl::Span<const BlockId> ids, const char* op, bool want_quarantined) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Unpublish(BlockId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `id` out of the cache; its kRemoved event only when `record` (an eviction with a tier
+  // below decides after offering it).
+  void Unpublish(BlockId id, bool record = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   EvictedBlock Evicted(BlockId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Allocate's work under the lock; each evicted cached block into `evicted` when not null.
   absl::StatusOr<std::vector<BlockId>> AllocateLocked(int64_t n, std::vector<EvictedBlock>* evicted)
@@ -192,7 +196,10 @@ class BlockPool {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;   // of the next event recorded
   uint64_t first_seq_ ABSL_GUARDED_BY(mu_) = 0;  // of events_[0]
   std::vector<KvCacheEvent> events_ ABSL_GUARDED_BY(mu_);
-  std::function<void(const EvictedBlock&)> eviction_hook_;  // set before sharing
+  KvTier* tier_ = nullptr;  // set before sharing
+  // Tells the event log that an evicted block left the node, unless the tier holds it.
+  void RemovedUnlessBelow(const BlockHash& hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnTierDropped(const BlockHash& hash) ABSL_LOCKS_EXCLUDED(mu_);
 };
 
 }  // namespace duet::kv

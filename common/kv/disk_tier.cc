@@ -229,11 +229,12 @@ bool DiskTier::Offer(const BlockPool& pool, const EvictedBlock& block, absl::Tim
     staged_bytes_ += payload_bytes_;
   }
   // The copy, outside the lock: the block is the caller's until Offer returns.
-  Staged s{.hash = block.hash, .tokens = block.tokens};
-  s.payload.resize(static_cast<size_t>(payload_bytes_));
+  auto s = std::make_shared<Staged>(Staged{.hash = block.hash, .tokens = block.tokens});
+  s->payload.resize(static_cast<size_t>(payload_bytes_));
   const size_t bb = layout_.BlockBytes();
   for (int l = 0; l < layout_.num_layers; ++l) {
-    std::memcpy(s.payload.data() + static_cast<size_t>(l) * bb, pool.BlockAddress(l, block.id), bb);
+    std::memcpy(s->payload.data() + static_cast<size_t>(l) * bb, pool.BlockAddress(l, block.id),
+                bb);
   }
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(s));
@@ -241,8 +242,13 @@ bool DiskTier::Offer(const BlockPool& pool, const EvictedBlock& block, absl::Tim
 }
 
 void DiskTier::WriterLoop() {
-  while (true) {
-    Staged s;
+  while (WriteNext()) NotifyDropped();
+  NotifyDropped();
+}
+
+bool DiskTier::WriteNext() {
+  {
+    std::shared_ptr<const Staged> staged;
     int64_t slot = -1;
     uint64_t seq = 0;
     {
@@ -251,26 +257,36 @@ void DiskTier::WriterLoop() {
           +[](DiskTier* t)
                ABSL_NO_THREAD_SAFETY_ANALYSIS { return t->stopping_ || !t->queue_.empty(); },
           this));
-      if (queue_.empty()) return;  // stopping, and everything queued is written
-      s = std::move(queue_.front());
+      if (queue_.empty()) return false;  // stopping, and everything queued is written
+      staged = std::move(queue_.front());
       queue_.pop_front();
       staged_bytes_ -= payload_bytes_;
       if (enabled_) slot = TakeSlot();
       if (slot < 0) {
-        queued_.erase(s.hash);
+        queued_.erase(staged->hash);
+        dropped_.push_back(staged->hash);
         if (enabled_) ++stats_.dropped_staging;  // every slot is being read
-        continue;
+        return true;
       }
       seq = next_seq_++;
+      writing_ = staged;  // a Load meanwhile copies it from memory
     }
+    const Staged& s = *staged;
     const absl::Status w = Write(slot, s, seq);
     absl::MutexLock lock(&mu_);
+    writing_.reset();
     queued_.erase(s.hash);
     if (!w.ok()) {
       free_.push_back(slot);
       ++stats_.io_errors;
+      dropped_.push_back(s.hash);
       TurnOff(w);
-      continue;
+      return true;
+    }
+    if (!enabled_) {  // turned off while this one was written: not kept
+      free_.push_back(slot);
+      dropped_.push_back(s.hash);
+      return true;
     }
     Slot& sl = slots_[static_cast<size_t>(slot)];
     sl.valid = true;
@@ -280,6 +296,40 @@ void DiskTier::WriterLoop() {
     ++stats_.written;
     stats_.written_bytes += slot_bytes_;
   }
+  return true;
+}
+
+void DiskTier::NotifyDropped() {
+  std::vector<BlockHash> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    if (dropped_.empty()) return;
+    dropped.swap(dropped_);
+    ++notifying_;
+  }
+  if (drop_listener_) {
+    for (const BlockHash& h : dropped) drop_listener_(h);
+  }
+  absl::MutexLock lock(&mu_);
+  --notifying_;
+}
+
+bool DiskTier::HoldsOrQueued(const BlockHash& hash) const {
+  absl::MutexLock lock(&mu_);
+  return enabled_ && (index_.contains(hash) || queued_.contains(hash));
+}
+
+std::vector<BlockHash> DiskTier::HeldHashes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<BlockHash> out;
+  if (!enabled_) return out;
+  out.reserve(index_.size());
+  for (const auto& [hash, slot] : index_) out.push_back(hash);
+  return out;
+}
+
+void DiskTier::SetDropListener(std::function<void(const BlockHash&)> listener) {
+  drop_listener_ = std::move(listener);
 }
 
 absl::Status DiskTier::Write(int64_t slot, const Staged& s, uint64_t seq) {
@@ -335,19 +385,52 @@ int64_t DiskTier::Holds(absl::Span<const BlockHash> chain) const {
   absl::MutexLock lock(&mu_);
   if (!enabled_) return 0;
   int64_t n = 0;
-  while (n < static_cast<int64_t>(chain.size()) && index_.contains(chain[n])) ++n;
+  while (n < static_cast<int64_t>(chain.size()) &&
+         (index_.contains(chain[n]) || queued_.contains(chain[n]))) {
+    ++n;
+  }
   return n;
 }
 
 absl::Status DiskTier::Load(const BlockHash& hash, absl::Span<const int32_t> tokens,
                             BlockPool& pool, BlockId id) {
+  absl::Status s = LoadSlot(hash, tokens, pool, id);
+  NotifyDropped();
+  return s;
+}
+
+absl::Status DiskTier::LoadSlot(const BlockHash& hash, absl::Span<const int32_t> tokens,
+                                BlockPool& pool, BlockId id) {
   int64_t slot;
   {
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
     if (!enabled_) return absl::UnavailableError("kv disk tier: off after an I/O error");
     auto it = index_.find(hash);
     if (it == index_.end()) {
-      return absl::NotFoundError(absl::StrCat("kv disk tier: block ", hash.ToHex(), " not held"));
+      // Offered and not written yet (often by the very allocation that asks for it back):
+      // copied from the staged copy.
+      std::shared_ptr<const Staged> staged;
+      if (writing_ != nullptr && writing_->hash == hash) staged = writing_;
+      for (const std::shared_ptr<const Staged>& q : queue_) {
+        if (staged == nullptr && q->hash == hash) staged = q;
+      }
+      if (staged == nullptr) {
+        return absl::NotFoundError(absl::StrCat("kv disk tier: block ", hash.ToHex(), " not held"));
+      }
+      lock.Release();
+      if (!std::equal(tokens.begin(), tokens.end(), staged->tokens.begin(), staged->tokens.end())) {
+        return absl::NotFoundError(
+            absl::StrCat("kv disk tier: block ", hash.ToHex(), " holds other token ids"));
+      }
+      const size_t bb = layout_.BlockBytes();
+      for (int l = 0; l < layout_.num_layers; ++l) {
+        std::memcpy(pool.BlockAddress(l, id), staged->payload.data() + static_cast<size_t>(l) * bb,
+                    bb);
+      }
+      absl::MutexLock again(&mu_);
+      ++stats_.loaded;
+      stats_.loaded_bytes += payload_bytes_;
+      return absl::OkStatus();
     }
     slot = it->second;
     ++slots_[static_cast<size_t>(slot)].readers;
@@ -424,10 +507,13 @@ absl::Status DiskTier::Load(const BlockHash& hash, absl::Span<const int32_t> tok
 
 bool DiskTier::WaitIdle(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  return mu_.AwaitWithDeadline(
-      absl::Condition(
-          +[](DiskTier* t) ABSL_NO_THREAD_SAFETY_ANALYSIS { return t->queued_.empty(); }, this),
-      deadline);
+  return mu_.AwaitWithDeadline(absl::Condition(
+                                   +[](DiskTier* t) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                     return t->queued_.empty() && t->dropped_.empty() &&
+                                            t->notifying_ == 0;
+                                   },
+                                   this),
+                               deadline);
 }
 
 DiskTierStats DiskTier::Stats() const {
@@ -457,6 +543,7 @@ int64_t DiskTier::TakeSlot() {
 void DiskTier::Drop(int64_t slot) {
   Slot& s = slots_[static_cast<size_t>(slot)];
   if (!s.valid) return;
+  dropped_.push_back(s.hash);
   index_.erase(s.hash);
   lru_.erase(s.lru);
   s.valid = false;
@@ -472,8 +559,12 @@ void DiskTier::TurnOff(const absl::Status& why) {
   enabled_ = false;
   DUET_LOG(ERROR) << "kv disk tier " << options_.path
                   << " turned off; serving goes on without it: " << why;
-  // What was queued is dropped: nothing will be written.
-  for (const Staged& s : queue_) queued_.erase(s.hash);
+  // Everything it held leaves the node's cache, and what was queued is never written.
+  for (const auto& [hash, slot] : index_) dropped_.push_back(hash);
+  for (const std::shared_ptr<const Staged>& s : queue_) {
+    queued_.erase(s->hash);
+    dropped_.push_back(s->hash);
+  }
   staged_bytes_ -= payload_bytes_ * static_cast<int64_t>(queue_.size());
   queue_.clear();
 }

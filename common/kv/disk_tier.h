@@ -10,12 +10,12 @@
 // every slot's header and keeps the valid ones (warm restart), in the order they were last used.
 // A failing read or write turns the tier off (logged once, `enabled` false in its stats): every
 // later Holds is 0 and serving goes on without it.
+// Under a BlockPool (BlockPool::SetLowerTier) the node's cache events cover what it holds: a
+// block it stops holding (overwritten, dropped, turned off) is reported to the pool.
 //
 //   DUET_ASSIGN_OR_RETURN(auto tier, DiskTier::Open({.path = "/var/tmp/duet.kv",
 //                                                     .bytes = 8ll << 30}, layout, seed));
-//   pool->SetEvictionHook([t = tier.get(), pool](const EvictedBlock& b) {
-//     t->Offer(*pool, b, absl::InfinitePast());
-//   });
+//   pool->SetLowerTier(tier.get());   // evicted cached blocks are offered to it
 #pragma once
 
 #include <atomic>
@@ -88,6 +88,9 @@ class DiskTier final : public KvTier {
                     BlockId id) override;
   bool write_through() const override { return options_.write_through; }
   bool WaitIdle(absl::Time deadline) override;
+  bool HoldsOrQueued(const BlockHash& hash) const override;
+  std::vector<BlockHash> HeldHashes() const override;
+  void SetDropListener(std::function<void(const BlockHash&)> listener) override;
 
   DiskTierStats Stats() const;
   const DiskTierOptions& options() const { return options_; }
@@ -109,6 +112,11 @@ class DiskTier final : public KvTier {
            ScopedFd fd, int64_t slots);
   absl::Status Restore();  // reads every header (Open)
   void WriterLoop();
+  bool WriteNext();  // one queued block; false once stopping with nothing queued
+  // Tells the drop listener (outside the lock) what dropped_ collected.
+  void NotifyDropped() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status LoadSlot(const BlockHash& hash, absl::Span<const int32_t> tokens, BlockPool& pool,
+                        BlockId id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Write(int64_t slot, const Staged& s, uint64_t seq);
   // Picks a slot for a new block: a free one, else the least recently used unread one (-1 when
   // every slot is being read).
@@ -132,12 +140,16 @@ class DiskTier final : public KvTier {
   absl::flat_hash_map<BlockHash, int64_t> index_ ABSL_GUARDED_BY(mu_);
   std::list<int64_t> lru_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> free_ ABSL_GUARDED_BY(mu_);
-  std::deque<Staged> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<const Staged>> queue_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Staged> writing_ ABSL_GUARDED_BY(mu_);  // the writer's, until written
   // Offered and not yet written or dropped: being copied, in queue_, or being written.
   absl::flat_hash_set<BlockHash> queued_ ABSL_GUARDED_BY(mu_);
   int64_t staged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   DiskTierStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<BlockHash> dropped_ ABSL_GUARDED_BY(mu_);  // not yet told to drop_listener_
+  int notifying_ ABSL_GUARDED_BY(mu_) = 0;               // NotifyDropped calls telling it
+  std::function<void(const BlockHash&)> drop_listener_;  // set before sharing
   std::thread writer_;
 };
 

@@ -5,12 +5,13 @@
 // publishes (write-through), looks up the blocks that follow a pool hit, and loads them back into
 // fresh pool blocks. Implementations: DiskTier (disk_tier.h).
 //
-//   pool->SetEvictionHook([&](const EvictedBlock& b) { tier->Offer(*pool, b, absl::Now()); });
+//   pool->SetLowerTier(tier);  // evicted cached blocks are offered to it
 //   KvCacheManager kv(pool, seed, /*enable_prefix_caching=*/true, tier);
 //   // kv.AllocateSequence(...) now also takes blocks from the tier (SequenceBlocks::tier_blocks)
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,6 +54,13 @@ class KvTier {
   // Waits until every queued block is written (or dropped), until `deadline`; false when it
   // passed first.
   virtual bool WaitIdle(absl::Time deadline) = 0;
+
+  // For the node's cache events (BlockPool::SetLowerTier), which cover the pool and its tier:
+  // whether `hash` is held or queued to be written; every hash held; and a listener told (outside
+  // the tier's lock) of each hash the tier stops holding (overwritten, dropped, turned off).
+  virtual bool HoldsOrQueued(const BlockHash& hash) const = 0;
+  virtual std::vector<BlockHash> HeldHashes() const = 0;
+  virtual void SetDropListener(std::function<void(const BlockHash&)> listener) = 0;
 };
 
 }  // namespace duet::kv

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/integration/http_exchange.h"
 
 namespace duet {
 namespace {
@@ -80,6 +82,60 @@ TEST_P(ClusterTest, PrefixCacheHitsAreTokenExactAndSkipComputeAndTransfer) {
     }
     EXPECT_TRUE(EverythingFree(*stub));
   }
+}
+
+// The blocks the coordinator's prefix index credits `node` with (its HTTP front's /metrics at
+// `http_url`); -1 when the scrape fails or the series is absent.
+double IndexBlocks(const std::string& http_url, const std::string& node) {
+  int port = 0;
+  if (std::sscanf(http_url.c_str(), "http://127.0.0.1:%d", &port) != 1) return -1;
+  const testing::Reply r = testing::Exchange(port, "GET", "/metrics", "");
+  const std::string series =
+      absl::StrCat("duet_coordinator_prefix_index_blocks{node=\"", node, "\"} ");
+  const size_t at = r.body.find(series);
+  if (r.status != 200 || at == std::string::npos) return -1;
+  return std::atof(r.body.c_str() + at + series.size());
+}
+
+// The disk tier across the cluster (--kv_disk_path: each node its own file): the prefill nodes
+// keep announcing the blocks their pools evicted into their tiers (the coordinator's index
+// credits them with more blocks than their pools hold), and a prompt whose blocks every pool
+// evicted for others is loaded back: P loads its blocks instead of computing them, D loads its
+// own instead of receiving them, and the tokens equal the in-process engine's.
+TEST_P(ClusterTest, EvictedPrefixesAreAnnouncedAndLoadedFromTheDiskTiers) {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("duet_cluster_kv_disk_", getpid());
+  fs::remove_all(dir);
+  absl::Cleanup remove = [&] { fs::remove_all(dir); };
+  ServeProcess cluster(
+      DUET_BIN, ClusterFlags(model_dir_, GetParam(), 2, 2,
+                             {"--router=cache_aware", "--kv_cache_bytes=1048576",  // 128 blocks
+                              "--kv_disk_path=" + dir.string(), "--kv_disk_bytes=33554432",
+                              "--http_port=0"}));
+  ASSERT_TRUE(cluster.ready());
+  auto stub = v1::Generation::NewStub(rpc::MakeChannel(cluster.address()));
+  v1::SamplingParams s;
+  s.set_max_tokens(4);
+  s.set_ignore_eos(true);
+  const std::vector<int32_t> a = Prompt(300, 70);  // 18 full blocks may hit
+  const Result first = Generate(*stub, a, s);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  // 24 other prompts of 19 blocks: about 12 per node, more than a pool's 128 blocks.
+  for (int i = 0; i < 24; ++i) {
+    const Result other = Generate(*stub, Prompt(300, 100 + i), s);
+    ASSERT_TRUE(other.status.ok()) << i << ": " << other.status;
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // the nodes' cache events reach the coordinator
+  // 25 prompts of 18 full blocks went through the two prefill nodes, whose pools hold 128 each.
+  const double p0 = IndexBlocks(cluster.http_url(), "prefill-0");
+  const double p1 = IndexBlocks(cluster.http_url(), "prefill-1");
+  EXPECT_GE(p0 + p1, 25 * 18) << "prefill-0 " << p0 << ", prefill-1 " << p1;
+  const Result again = Generate(*stub, a, s);
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.ids, first.ids);
+  EXPECT_EQ(again.ids, Reference(a, {.max_tokens = 4, .ignore_eos = true}));
+  EXPECT_EQ(again.timings.prefill_cached_tokens(), 288) << again.timings.DebugString();
+  EXPECT_EQ(again.timings.decode_cached_tokens(), 288) << again.timings.DebugString();
+  EXPECT_TRUE(EverythingFree(*stub));
 }
 
 // The same through the staging path (what a GPU pool needs), forced on cpu: prefill nodes copy

@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -88,11 +89,7 @@ class DiskTierTest : public ::testing::Test {
   std::unique_ptr<BlockPool> Pool(int64_t blocks, DiskTier* tier,
                                   const KvLayout& layout = Layout()) {
     std::unique_ptr<BlockPool> pool = BlockPool::Create(layout, blocks).value();
-    BlockPool* p = pool.get();
-    if (tier != nullptr) {
-      pool->SetEvictionHook(
-          [tier, p](const EvictedBlock& b) { tier->Offer(*p, b, absl::InfinitePast()); });
-    }
+    pool->SetLowerTier(tier);
     return pool;
   }
 
@@ -156,6 +153,37 @@ TEST_F(DiskTierTest, EvictedBlocksAreWrittenBackAndLoadWithTheirBytes) {
   SequenceBlocks again = kv.AllocateSequence(prefix, prefix.size()).value();
   EXPECT_EQ(again.cached_tokens, 8);
   EXPECT_EQ(again.tier_blocks, 0);
+}
+
+// The allocation that asks for a prefix back can itself evict the prefix's later blocks from
+// the pool into the tier's queue: they are held (queued), and load from the staged copy or, once
+// written, from disk, with their bytes.
+TEST_F(DiskTierTest, BlocksTheSameAllocationEvictedComeBackFromTheQueue) {
+  std::unique_ptr<DiskTier> tier = OpenTier(16);
+  std::unique_ptr<BlockPool> pool = Pool(4, tier.get());
+  KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
+  const std::vector<int32_t> a = Tokens(13, 14);
+  const std::vector<BlockHash> chain = kv.Chain(a);
+  // a's 3 full blocks, cached and freed head first: block 0 is the first to be evicted.
+  const std::vector<BlockId> ids = pool->Allocate(3).value();
+  std::vector<BlockBytes> want;
+  for (int i = 0; i < 3; ++i) {
+    Fill(*pool, ids[i], static_cast<uint8_t>(60 + i));
+    want.push_back(Read(*pool, ids[i]));
+    ASSERT_TRUE(
+        pool->Publish(ids[i], chain[i], absl::MakeSpan(a).subspan(i * kBlock, kBlock)).ok());
+  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool->Free({ids[i]}).ok());
+  const std::vector<BlockId> x = pool->Allocate(2).value();  // the free one, and block 0
+  ASSERT_TRUE(tier->WaitIdle(absl::Now() + absl::Seconds(10)));
+  ASSERT_TRUE(pool->Free(x).ok());
+  ASSERT_EQ(tier->Stats().held, 1);
+  // a again: block 0 is on disk; allocating 4 blocks evicts blocks 1 and 2 into the queue.
+  SequenceBlocks s = kv.AllocateSequence(a, a.size()).value();
+  EXPECT_EQ(s.cached_tokens, 12);
+  EXPECT_EQ(s.tier_blocks, 3);
+  ASSERT_EQ(s.cached.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Read(*pool, s.cached[i]), want[i]) << "block " << i;
 }
 
 // A tier reopened under the same layout and seed finds every block again, in its old LRU
@@ -326,6 +354,57 @@ TEST_F(DiskTierTest, AFailingDiskTurnsTheTierOffAndServingGoesOn) {
   SequenceBlocks s = kv.AllocateSequence(a, a.size()).value();
   EXPECT_EQ(s.cached_tokens, 8);
   EXPECT_EQ(s.tier_blocks, 0);
+}
+
+// The node's cache events cover the pool and its tier: a block evicted into the tier is not
+// removed (the coordinator keeps routing its prefix here), one the tier overwrites is, a
+// snapshot lists the tier's blocks, and a tier turned off removes everything it held.
+TEST_F(DiskTierTest, CacheEventsCoverThePoolAndItsTier) {
+  std::unique_ptr<DiskTier> tier = OpenTier(2);
+  std::unique_ptr<BlockPool> pool = Pool(4, tier.get());
+  pool->EnableEvents();
+  KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
+  const std::vector<int32_t> a = Tokens(13, 11);
+  const std::vector<BlockHash> chain = kv.Chain(a);
+  Compute(kv, a, 1);
+  auto removed_of = [](const KvEventBatch& b) {
+    std::vector<BlockHash> out;
+    for (const KvCacheEvent& e : b.events) {
+      if (e.kind == KvCacheEvent::Kind::kRemoved) out.push_back(e.hash);
+    }
+    return out;
+  };
+  EXPECT_EQ(pool->DrainEvents().events.size(), 3u);  // a's 3 full blocks stored
+  Compute(kv, Tokens(16, 12), 2);  // evicts a's blocks: 2 fit in the tier, the third overwrites
+  ASSERT_TRUE(tier->WaitIdle(absl::Now() + absl::Seconds(10)));
+  EXPECT_EQ(removed_of(pool->DrainEvents()).size(), 1u)
+      << "only the block the full tier overwrote left the node";
+  EXPECT_EQ(tier->Stats().overwritten, 1);
+  const KvCacheSnapshot snap = pool->Snapshot();
+  std::vector<BlockHash> on_disk;
+  for (const BlockHash& h : snap.hashes) {
+    if (std::count(chain.begin(), chain.end(), h) > 0) on_disk.push_back(h);
+  }
+  EXPECT_EQ(on_disk.size(), 2u) << "the snapshot lists the 2 blocks of a on disk";
+  EXPECT_EQ(snap.hashes.size(), 2u + 4u) << "and the pool's 4";
+  // Turned off (a failing write): what it held leaves the node.
+  fs::resize_file(path_, 0);
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit tiny = old;
+  tiny.rlim_cur = 1;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tiny), 0);
+  Compute(kv, Tokens(16, 13), 3);  // evicts the pool's blocks: the write fails
+  const bool idle = tier->WaitIdle(absl::Now() + absl::Seconds(10));
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+  ASSERT_TRUE(idle);
+  ASSERT_FALSE(tier->Stats().enabled);
+  const std::vector<BlockHash> removed = removed_of(pool->DrainEvents());
+  for (const BlockHash& h : on_disk) {
+    EXPECT_EQ(std::count(removed.begin(), removed.end(), h), 1) << "a's block on the tier";
+  }
+  EXPECT_EQ(pool->Snapshot().hashes.size(), 4u) << "the pool's 4 blocks only";
 }
 
 TEST_F(DiskTierTest, OptionsThatHoldNothingAreRefusedByName) {
