@@ -64,6 +64,26 @@ void Fill(BlockPool& pool, BlockId id, uint8_t salt) {
   }
 }
 
+// While it lives, writes to the tier's file fail: the file is emptied, so that every write
+// grows it, and this process may not grow a file past 1 byte (RLIMIT_FSIZE; SIGXFSZ ignored).
+class FailingWrites {
+ public:
+  explicit FailingWrites(const std::string& path) {
+    fs::resize_file(path, 0);
+    signal(SIGXFSZ, SIG_IGN);
+    EXPECT_EQ(getrlimit(RLIMIT_FSIZE, &old_), 0);
+    rlimit tiny = old_;
+    tiny.rlim_cur = 1;
+    EXPECT_EQ(setrlimit(RLIMIT_FSIZE, &tiny), 0);
+  }
+  ~FailingWrites() { EXPECT_EQ(setrlimit(RLIMIT_FSIZE, &old_), 0); }
+  FailingWrites(const FailingWrites&) = delete;
+  FailingWrites& operator=(const FailingWrites&) = delete;
+
+ private:
+  rlimit old_;
+};
+
 class DiskTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -331,19 +351,13 @@ TEST_F(DiskTierTest, AFailingDiskTurnsTheTierOffAndServingGoesOn) {
   std::unique_ptr<DiskTier> tier = OpenTier(4);
   std::unique_ptr<BlockPool> pool = Pool(4, tier.get());
   KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
-  fs::resize_file(path_, 0);  // every write now grows the file
-  signal(SIGXFSZ, SIG_IGN);
-  rlimit old;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
-  rlimit tiny = old;
-  tiny.rlim_cur = 1;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tiny), 0);
   const std::vector<int32_t> a = Tokens(9, 8);
   Compute(kv, a, 1);
-  Compute(kv, Tokens(16, 9), 2);  // evicts a's blocks: the write fails
-  const bool idle = tier->WaitIdle(absl::Now() + absl::Seconds(10));
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
-  ASSERT_TRUE(idle);
+  {
+    FailingWrites failing(path_);
+    Compute(kv, Tokens(16, 9), 2);  // evicts a's blocks: the write fails
+    ASSERT_TRUE(tier->WaitIdle(absl::Now() + absl::Seconds(10)));
+  }
   const DiskTierStats st = tier->Stats();
   EXPECT_FALSE(st.enabled);
   EXPECT_GE(st.io_errors, 1);
@@ -388,17 +402,11 @@ TEST_F(DiskTierTest, CacheEventsCoverThePoolAndItsTier) {
   EXPECT_EQ(on_disk.size(), 2u) << "the snapshot lists the 2 blocks of a on disk";
   EXPECT_EQ(snap.hashes.size(), 2u + 4u) << "and the pool's 4";
   // Turned off (a failing write): what it held leaves the node.
-  fs::resize_file(path_, 0);
-  signal(SIGXFSZ, SIG_IGN);
-  rlimit old;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
-  rlimit tiny = old;
-  tiny.rlim_cur = 1;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tiny), 0);
-  Compute(kv, Tokens(16, 13), 3);  // evicts the pool's blocks: the write fails
-  const bool idle = tier->WaitIdle(absl::Now() + absl::Seconds(10));
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
-  ASSERT_TRUE(idle);
+  {
+    FailingWrites failing(path_);
+    Compute(kv, Tokens(16, 13), 3);  // evicts the pool's blocks: the write fails
+    ASSERT_TRUE(tier->WaitIdle(absl::Now() + absl::Seconds(10)));
+  }
   ASSERT_FALSE(tier->Stats().enabled);
   const std::vector<BlockHash> removed = removed_of(pool->DrainEvents());
   for (const BlockHash& h : on_disk) {
