@@ -144,7 +144,9 @@ absl::StatusOr<kv::KvTier*> NodeRuntime::AttachKvTier(kv::BlockPool* pool) {
   kv::DiskTierOptions file = o;
   file.path = absl::StrCat(o.path, "/", options_.node_id, ".kv");
   DUET_ASSIGN_OR_RETURN(
-      kv_disk_, kv::DiskTier::Open(file, layout_, runner().PrefixCacheSeed(layout_.block_size)));
+      const kv::BlockHash identity,
+      kv::DiskTierIdentity(runner().PrefixCacheSeed(layout_.block_size), options_.model_dir));
+  DUET_ASSIGN_OR_RETURN(kv_disk_, kv::DiskTier::Open(file, layout_, identity));
   tier_pool_ = pool;
   kv::DiskTier* tier = kv_disk_.get();
   pool->SetLowerTier(tier);

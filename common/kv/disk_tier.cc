@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +82,53 @@ absl::StatusOr<int64_t> ReadAt(int fd, uint8_t* buf, int64_t n, int64_t offset,
 }
 
 }  // namespace
+
+absl::StatusOr<BlockHash> DiskTierIdentity(const BlockHash& seed, const std::string& model_path) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  std::error_code ec;
+  if (fs::is_directory(model_path, ec)) {
+    for (const fs::directory_entry& e : fs::directory_iterator(model_path, ec)) {
+      const std::string ext = e.path().extension().string();
+      if (e.is_regular_file() && (ext == ".safetensors" || ext == ".gguf" || ext == ".bin")) {
+        files.push_back(e.path());
+      }
+    }
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(model_path);
+  }
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::vector<uint8_t> buf(1 << 20);
+  absl::Status failed;
+  for (const fs::path& f : files) {
+    ScopedFd fd(::open(f.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) {
+      failed =
+          ErrnoError(absl::StrCat("kv disk tier: reading ", f.string(), " for its digest"), errno);
+      break;
+    }
+    const std::string name = f.filename().string();
+    XXH3_64bits_update(st, name.data(), name.size());
+    for (int64_t off = 0;;) {
+      absl::StatusOr<int64_t> got =
+          ReadAt(fd.get(), buf.data(), static_cast<int64_t>(buf.size()), off, f.string());
+      if (!got.ok()) {
+        failed = got.status();
+        break;
+      }
+      XXH3_64bits_update(st, buf.data(), static_cast<size_t>(*got));
+      off += *got;
+      if (*got < static_cast<int64_t>(buf.size())) break;
+    }
+    if (!failed.ok()) break;
+  }
+  const uint64_t digest = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  if (!failed.ok()) return failed;
+  return SeedFromText(absl::StrCat(seed.ToHex(), "|weights xxh3-64 ", absl::Hex(digest)));
+}
 
 int64_t DiskTier::SlotBytes(const KvLayout& layout) {
   return HeaderBytes(layout) + RoundUp(PayloadBytes(layout));

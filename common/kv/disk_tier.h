@@ -1,11 +1,12 @@
 // DiskTier: a KvTier (kv_tier.h) in one preallocated file on local disk. The file is an array of
-// equal slots, each a 4 KiB header (magic, layout fingerprint, the prefix cache's seed, the
+// equal slots, each a 4 KiB header (magic, layout fingerprint, the tier's identity: the prefix
+// cache's seed and a digest of the weights, DiskTierIdentity; the
 // block's chain hash and token ids, the payload's XXH3-64, a write sequence number, and the
 // header's own XXH3-64) followed by the block's K/V for every layer (layer 0 first, each
 // KvLayout::BlockBytes()), padded to 4 KiB. Offered blocks are copied into a bounded staging
 // queue and written by one writer thread with one pwritev per slot; Load reads a slot with one
 // pread and checks it whole before scattering it into the pool: a torn, truncated or corrupted
-// slot, one written under another layout or seed, or one holding other tokens is a miss, and is
+// slot, one written under another layout or identity, or one holding other tokens is a miss, and is
 // dropped. A full tier overwrites its least recently used slot. Opening an existing file reads
 // every slot's header and keeps the valid ones (warm restart), in the order they were last used.
 // A failing read or write turns the tier off (logged once, `enabled` false in its stats): every
@@ -67,13 +68,22 @@ struct DiskTierStats {
   int64_t io_errors = 0;
 };
 
+// What a tier's slots must have been written under besides the layout: the prefix cache's seed
+// (model config and layout) joined with a digest (XXH3-64) of the model's weight files' bytes,
+// so that a node restarted on other weights of the same architecture finds nothing (the seed
+// alone would let it load K/V another checkpoint computed). `model_path` is a GGUF file or a
+// directory (its *.safetensors, *.gguf and *.bin files, by name); Internal naming the file when
+// one cannot be read.
+absl::StatusOr<BlockHash> DiskTierIdentity(const BlockHash& seed, const std::string& model_path);
+
 class DiskTier final : public KvTier {
  public:
-  // InvalidArgument naming the option when the path is empty or `bytes` holds no slot;
-  // Internal (errno kept) when the file cannot be opened or preallocated.
+  // `identity`: DiskTierIdentity (or, in tests, any value): a slot written under another one is
+  // never a hit. InvalidArgument naming the option when the path is empty or `bytes` holds no
+  // slot; Internal (errno kept) when the file cannot be opened or preallocated.
   static absl::StatusOr<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options,
                                                         const KvLayout& layout,
-                                                        const BlockHash& seed);
+                                                        const BlockHash& identity);
   // Writes what is queued (a clean shutdown keeps it), then closes the file.
   ~DiskTier() override;
   DiskTier(const DiskTier&) = delete;

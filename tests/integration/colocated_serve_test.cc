@@ -649,6 +649,23 @@ TEST_F(ColocatedServeTest, DiskTierServesEvictedPrefixesAndSurvivesARestart) {
     EXPECT_EQ(colocated.Stop(absl::Seconds(30)), 0);
   }
   {
+    // Other weights of the same architecture (the same prefix-cache seed): nothing on the disk
+    // is theirs.
+    const fs::path other = dir / "other-model";
+    ASSERT_TRUE(model::WriteSyntheticModel("tiny", 4, other.string()).ok());
+    std::vector<std::string> other_flags = flags;
+    other_flags.push_back("--model=" + other.string());
+    ServeProcess colocated(DUET_BIN, other_flags);
+    ASSERT_TRUE(colocated.ready());
+    auto stub = v1::Generation::NewStub(rpc::MakeChannel(colocated.address()));
+    EXPECT_EQ(Scrape(colocated.metrics_url("colocated-0"), "duet_kv_disk_restored_blocks"), 0);
+    Result r = Generate(*stub, Request(a, s));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.timings.prefill_cached_tokens(), 0);
+    EXPECT_EQ(colocated.Stop(absl::Seconds(30)), 0);
+    fs::remove_all(other);
+  }
+  {
     // Every 4 KiB page of the file damaged: nothing is a hit, the tokens are the same.
     const fs::path file = dir / "colocated-0.kv";
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);

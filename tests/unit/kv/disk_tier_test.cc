@@ -415,6 +415,32 @@ TEST_F(DiskTierTest, CacheEventsCoverThePoolAndItsTier) {
   EXPECT_EQ(pool->Snapshot().hashes.size(), 4u) << "the pool's 4 blocks only";
 }
 
+// The identity joins the seed with the weights' bytes: other weights (of the same
+// architecture, so the same seed) give another identity, and an unreadable file is an error.
+TEST_F(DiskTierTest, IdentityFollowsTheWeightsBytes) {
+  const fs::path model = dir_ / "model";
+  fs::create_directories(model);
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(model / name, std::ios::binary) << bytes;
+  };
+  write("config.json", "{}");
+  write("model.safetensors", "weights-a");
+  const BlockHash seed = SeedFromText("s");
+  const BlockHash a = DiskTierIdentity(seed, model.string()).value();
+  EXPECT_EQ(DiskTierIdentity(seed, model.string()).value(), a);
+  EXPECT_NE(DiskTierIdentity(SeedFromText("t"), model.string()).value(), a);
+  write("model.safetensors", "weights-b");
+  EXPECT_NE(DiskTierIdentity(seed, model.string()).value(), a);
+  write("model.gguf", "one file");
+  const BlockHash file = DiskTierIdentity(seed, (model / "model.gguf").string()).value();
+  write("model.gguf", "one file, changed");
+  EXPECT_NE(DiskTierIdentity(seed, (model / "model.gguf").string()).value(), file);
+  const absl::StatusOr<BlockHash> missing =
+      DiskTierIdentity(seed, (model / "absent.gguf").string());
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("absent.gguf"), std::string::npos) << missing.status();
+}
+
 TEST_F(DiskTierTest, OptionsThatHoldNothingAreRefusedByName) {
   absl::StatusOr<std::unique_ptr<DiskTier>> t =
       DiskTier::Open({.path = path_, .bytes = 100}, Layout(), SeedFromText("s"));
