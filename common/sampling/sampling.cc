@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "boost/sort/spreadsort/integer_sort.hpp"
 #include "common/base/status.h"
 
 namespace duet::compute {
@@ -17,6 +19,24 @@ int32_t Argmax(const float* logits, int vocab) {
     if (logits[i] > logits[best]) best = i;  // lowest id wins ties
   }
   return best;
+}
+
+// Sorts `ids` by logit descending, id ascending on ties (-0 and +0 equal), as one integer key
+// each (the logit's bits made order-preserving and flipped, then the id), with Boost's
+// spreadsort: the same order as a comparison sort on (logit, id), several times faster on a
+// vocabulary (no indirection per comparison). Logits are not NaN.
+void SortByLogitDescending(const float* logits, std::vector<int32_t>& ids) {
+  std::vector<uint64_t> keys(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const float l = logits[ids[i]] == 0.f ? 0.f : logits[ids[i]];
+    uint32_t bits;
+    std::memcpy(&bits, &l, sizeof(bits));
+    // Ascending order of floats as unsigned integers, then flipped: descending logits.
+    const uint32_t ascending = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    keys[i] = (static_cast<uint64_t>(~ascending) << 32) | static_cast<uint32_t>(ids[i]);
+  }
+  boost::sort::spreadsort::integer_sort(keys.begin(), keys.end());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(keys[i] & 0xffffffffu);
 }
 
 // Temperature sampling over the candidates sorted by logit (desc, id asc on ties).
@@ -36,14 +56,13 @@ int32_t SampleWithTemperature(const float* logits, int vocab, const RowSampling&
   }
   const int n = static_cast<int>(idx.size());
   const int k = params.top_k > 0 ? std::min(params.top_k, n) : n;
-  auto cmp = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
   if (k < n) {
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), cmp);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
     idx.resize(k);
   } else {
-    std::sort(idx.begin(), idx.end(), cmp);
+    SortByLogitDescending(logits, idx);
   }
   const double inv_t = 1.0 / params.temperature;
   const double max_l = logits[idx[0]];
