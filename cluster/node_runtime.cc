@@ -121,9 +121,9 @@ absl::StatusOr<kv::BlockPool*> NodeRuntime::CreatePool() {
   return pool_.get();
 }
 
-absl::StatusOr<kv::KvTier*> NodeRuntime::AttachKvTier(kv::BlockPool* pool) {
+absl::Status NodeRuntime::AttachKvTier(kv::BlockPool* pool) {
   const kv::DiskTierOptions& o = options_.kv_disk;
-  if (o.path.empty()) return nullptr;
+  if (o.path.empty()) return absl::OkStatus();
   if (kv_disk_ != nullptr) return absl::FailedPreconditionError("the node's KV tier is attached");
   if (!options_.enable_prefix_caching) {
     return absl::InvalidArgumentError(
@@ -156,7 +156,7 @@ absl::StatusOr<kv::KvTier*> NodeRuntime::AttachKvTier(kv::BlockPool* pool) {
                  << at_open.restored << " blocks found from before"
                  << (o.write_through ? ", write-through" : ", write-back");
   kv::AddDiskTierMetrics(&metrics_registry_, [tier] { return tier->Stats(); });
-  return kv_disk_.get();
+  return absl::OkStatus();
 }
 
 void NodeRuntime::FlushKvTier() {

@@ -126,12 +126,13 @@ class NodeRuntime {
   // A pool of num_blocks() in the backend's KV memory, owned by the runtime.
   absl::StatusOr<kv::BlockPool*> CreatePool();
 
-  // The node's pool gets options().kv_disk's tier below it, when it has one (else null): the
-  // pool's evicted cached blocks are offered to it, its stats are exported as duet_kv_disk_*,
-  // and the node's KvCacheManager looks up what follows a pool hit in it. InvalidArgument
-  // naming the flag when the pool is not in host memory or prefix caching is off. Once, with
-  // the pool the node's scheduler uses; the runtime owns the tier, `pool` must go first.
-  absl::StatusOr<kv::KvTier*> AttachKvTier(kv::BlockPool* pool);
+  // The node's pool gets options().kv_disk's tier below it, when it has one
+  // (BlockPool::SetLowerTier): the pool's evicted cached blocks are offered to it, its stats are
+  // exported as duet_kv_disk_*, and every KvCacheManager over the pool looks up what follows a
+  // pool hit in it. InvalidArgument naming the flag when the pool is not in host memory or
+  // prefix caching is off. Once, before the node's scheduler is made over the pool; the runtime
+  // owns the tier, `pool` must go first.
+  absl::Status AttachKvTier(kv::BlockPool* pool);
   // A clean shutdown's last use of the pool (its scheduler stopped): every block still cached
   // in it is offered to the tier too, and written within kv_disk.flush_timeout, so that a
   // restart finds them. Without a tier, nothing.

@@ -52,8 +52,7 @@ ColocatedScheduler::ColocatedScheduler(ColocatedSchedulerOptions options,
     : options_(std::move(options)),
       runner_(runner),
       pool_(pool),
-      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size), options_.enable_prefix_caching,
-          options_.kv_tier),
+      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size), options_.enable_prefix_caching),
       step_(runner, &kv_, options_.eos_ids) {}
 
 absl::StatusOr<std::unique_ptr<ColocatedScheduler>> ColocatedScheduler::Create(

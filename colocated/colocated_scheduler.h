@@ -117,9 +117,6 @@ struct ColocatedSchedulerOptions {
   std::function<void(const StepInfo&)> on_step;  // called on the scheduler thread
   // Reuse the KV of cached prompt prefixes (common/kv/kv_cache_manager.h).
   bool enable_prefix_caching = true;
-  // Below the pool's prefix cache (kv_tier.h): evicted blocks go down to it, lookups go on
-  // into it. Null: none.
-  kv::KvTier* kv_tier = nullptr;
 };
 
 struct SubmitArgs {

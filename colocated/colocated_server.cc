@@ -37,7 +37,7 @@ absl::Status ColocatedServer::Init() {
                                       ro, {.role = "colocated server", .needs_tokenizer = true}));
   model::LocalEngine& engine = runtime_->engine();
   DUET_ASSIGN_OR_RETURN(kv::BlockPool * pool, runtime_->CreatePool());
-  DUET_ASSIGN_OR_RETURN(kv::KvTier * tier, runtime_->AttachKvTier(pool));
+  DUET_RETURN_IF_ERROR(runtime_->AttachKvTier(pool));
   metrics_ = std::make_unique<ColocatedMetrics>(&runtime_->metrics_registry());
   DUET_ASSIGN_OR_RETURN(
       scheduler_, ColocatedScheduler::Create({.name = ro.node_id,
@@ -45,8 +45,7 @@ absl::Status ColocatedServer::Init() {
                                               .max_running = o.max_running,
                                               .eos_ids = engine.tokenizer().eos_ids(),
                                               .grammar = runtime_->grammar(),
-                                              .enable_prefix_caching = ro.enable_prefix_caching,
-                                              .kv_tier = tier},
+                                              .enable_prefix_caching = ro.enable_prefix_caching},
                                              &engine.runner(), pool));
   service_ = std::make_unique<ColocatedService>(
       scheduler_.get(), &engine.tokenizer(), engine.config(),

@@ -74,7 +74,7 @@ absl::Status DecodeNode::Init() {
   }
   DUET_ASSIGN_OR_RETURN(pool_,
                         kv::BlockPool::CreateOver(layout, num_blocks, pool_base, region_bytes));
-  DUET_ASSIGN_OR_RETURN(kv::KvTier * tier, runtime_->AttachKvTier(pool_.get()));
+  DUET_RETURN_IF_ERROR(runtime_->AttachKvTier(pool_.get()));
   DUET_ASSIGN_OR_RETURN(transfer_address_, transport_->LocalAddress());
 
   DUET_ASSIGN_OR_RETURN(scheduler_,
@@ -84,7 +84,6 @@ absl::Status DecodeNode::Init() {
                                                  .grammar = runtime_->grammar(),
                                                  .host_mirror = mirror_view,
                                                  .enable_prefix_caching = ro.enable_prefix_caching,
-                                                 .kv_tier = tier,
                                                  .kv_quarantine_bound = o.kv_quarantine_bound},
                                                 &engine.runner(), pool_.get(), transport_.get()));
   service_ =

@@ -156,9 +156,6 @@ struct DecodeSchedulerOptions {
   // Keep finished requests' full blocks (prompt and generated tokens) in the prefix cache and
   // reserve only what a new prompt's cached prefix does not cover.
   bool enable_prefix_caching = true;
-  // Below the pool's prefix cache (kv_tier.h): evicted blocks go down to it, lookups go on
-  // into it. Null: none.
-  kv::KvTier* kv_tier = nullptr;
   // Quarantined blocks wait this long for their sender's confirmation before it is fenced
   // (transfer::KvArrivalTrackerOptions::quarantine_bound).
   absl::Duration kv_quarantine_bound = absl::Seconds(10);

@@ -43,7 +43,7 @@ absl::Status PrefillNode::Init() {
   DUET_ASSIGN_OR_RETURN(const bool staging, compute::ResolveKvStaging(o.transfer.kv_staging,
                                                                       backend.kv_memory_is_host()));
   DUET_ASSIGN_OR_RETURN(pool_, runtime_->CreatePool());
-  DUET_ASSIGN_OR_RETURN(kv::KvTier * tier, runtime_->AttachKvTier(pool_));
+  DUET_RETURN_IF_ERROR(runtime_->AttachKvTier(pool_));
   kv::KvCacheView mirror_view;
   if (staging) {
     // The transport reads the host mirror; each layer is copied there behind its compute.
@@ -60,15 +60,14 @@ absl::Status PrefillNode::Init() {
   quiet_responder_ = std::make_unique<transfer::QuietResponder>(transport_.get(), sender_.get());
 
   // Scheduler and service.
-  DUET_ASSIGN_OR_RETURN(scheduler_,
-                        PrefillScheduler::Create(&runner, pool_, transport_.get(), sender_.get(),
-                                                 {.max_batch_tokens = o.max_batch_tokens,
-                                                  .eos_ids = runtime_->engine().eos_ids(),
-                                                  .grammar = runtime_->grammar(),
-                                                  .no_layer_pipelining = o.no_layer_pipelining,
-                                                  .host_mirror = mirror_view,
-                                                  .enable_prefix_caching = ro.enable_prefix_caching,
-                                                  .kv_tier = tier}));
+  DUET_ASSIGN_OR_RETURN(
+      scheduler_, PrefillScheduler::Create(&runner, pool_, transport_.get(), sender_.get(),
+                                           {.max_batch_tokens = o.max_batch_tokens,
+                                            .eos_ids = runtime_->engine().eos_ids(),
+                                            .grammar = runtime_->grammar(),
+                                            .no_layer_pipelining = o.no_layer_pipelining,
+                                            .host_mirror = mirror_view,
+                                            .enable_prefix_caching = ro.enable_prefix_caching}));
   metrics_ = std::make_unique<PrefillMetrics>(&runtime_->metrics_registry(), layout_);
   PrefillScheduler* sched = scheduler_.get();
   kv::BlockPool* pool = pool_;

@@ -48,8 +48,7 @@ PrefillScheduler::PrefillScheduler(model::ModelRunner* runner, kv::BlockPool* po
                                    PrefillSchedulerOptions options)
     : runner_(runner),
       pool_(pool),
-      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size), options.enable_prefix_caching,
-          options.kv_tier),
+      kv_(pool, runner->PrefixCacheSeed(pool->layout().block_size), options.enable_prefix_caching),
       transport_(transport),
       sender_(sender),
       options_(std::move(options)),

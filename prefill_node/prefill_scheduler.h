@@ -104,9 +104,6 @@ struct PrefillSchedulerOptions {
   // Reuse the KV of cached prompt prefixes (common/kv/kv_cache_manager.h): compute only the
   // rest of the prompt over the cached blocks.
   bool enable_prefix_caching = true;
-  // Below the pool's prefix cache (kv_tier.h): evicted blocks go down to it, lookups go on
-  // into it. Null: none.
-  kv::KvTier* kv_tier = nullptr;
   // A prompt the pool has no room for now waits (until its deadline) for other requests to
   // free blocks; at most this many wait at once, beyond that one fails (ResourceExhausted). A
   // prompt larger than the whole pool is refused at once (Submit).

@@ -54,41 +54,21 @@ rm -f "$RAW"/*.json
 OWN_DISK=0
 if [ -z "$DISK_DIR" ]; then DISK_DIR="$(mktemp -d)"; OWN_DISK=1; fi
 
+# Each arm's server runs on both cores (start_pinned_server, stop_pid: loopback_lib.sh).
+. "$ROOT/scripts/loopback_lib.sh"
 SERVE_PID=""
-SERVE_LOG=""
+SERVE_LOG="$(mktemp)"
+# SIGTERM first: a clean stop writes the pool's cached blocks to the tier.
 stop_server() {
-  if [ -n "$SERVE_PID" ]; then
-    kill "$SERVE_PID" 2>/dev/null || true  # SIGTERM: a clean stop writes the pool to the tier
-    for _ in $(seq 1 300); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$SERVE_PID" 2>/dev/null || true
-    wait "$SERVE_PID" 2>/dev/null || true
-    SERVE_PID=""
-  fi
-  [ -n "$SERVE_LOG" ] && rm -f "$SERVE_LOG"
-  SERVE_LOG=""
+  if [ -n "$SERVE_PID" ]; then stop_pid "$SERVE_PID"; SERVE_PID=""; fi
 }
 cleanup() {
   stop_server
+  rm -f "$SERVE_LOG"
   if [ "$OWN_DISK" = 1 ]; then rm -rf "$DISK_DIR"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-start_server() {
-  SERVE_LOG="$(mktemp)"
-  "$DUET" serve "$@" > "$SERVE_LOG" 2>&1 &
-  SERVE_PID=$!
-  ADDR=""
-  for _ in $(seq 1 900); do
-    ADDR="$(awk '/^ready /{print $2; exit}' "$SERVE_LOG")"
-    [ -n "$ADDR" ] && return 0
-    kill -0 "$SERVE_PID" 2>/dev/null || break
-    sleep 0.2
-  done
-  cat "$SERVE_LOG" >&2
-  echo "bench_kv_disk.sh: the server did not become ready" >&2
-  return 1
-}
 
 # Prompt ids in [17, 255] (ordinary tokens of SmolLM2's vocabulary); one request at a time.
 SHARED=(--workload shared_prefix --shared_prefix_len 512 --num_prefixes 8 --suffix_len 32-48
@@ -112,7 +92,7 @@ arm() {
   local name="$1" serve_args="$2"; shift 2
   echo "== $name: serve $serve_args"
   # shellcheck disable=SC2086
-  start_server $serve_args
+  start_pinned_server 0-1 "$SERVE_LOG" $serve_args || exit 1
   local metrics
   metrics="$(awk '/^metrics colocated-0 /{print $3; exit}' "$SERVE_LOG")"
   "$DUET" bench serve --server "$ADDR" "$@" --bench_label "$name" \

@@ -141,6 +141,7 @@ class BlockPool {
   // both: an evicted block the tier holds (or will write) is not removed, a block the tier
   // drops is removed unless the pool holds it again, and Snapshot lists the tier's blocks too.
   void SetLowerTier(KvTier* tier);
+  KvTier* lower_tier() const { return tier_; }
   // Every cached block (used or evictable), for a caller that stores them elsewhere while
   // nothing allocates (a clean shutdown).
   std::vector<EvictedBlock> CachedBlocks() const;

@@ -21,10 +21,9 @@ std::unique_ptr<BlockTable> SequenceBlocks::MakeTable(BlockPool* pool) && {
   return std::make_unique<BlockTable>(pool, std::move(blocks), cached_tokens);
 }
 
-KvCacheManager::KvCacheManager(BlockPool* pool, BlockHash seed, bool enable_prefix_caching,
-                               KvTier* tier)
+KvCacheManager::KvCacheManager(BlockPool* pool, BlockHash seed, bool enable_prefix_caching)
     : pool_(pool),
-      tier_(enable_prefix_caching ? tier : nullptr),
+      tier_(enable_prefix_caching ? pool->lower_tier() : nullptr),
       seed_(seed),
       enabled_(enable_prefix_caching),
       block_size_(pool->layout().block_size) {}

@@ -77,11 +77,11 @@ struct PrefixCacheCounters {
 
 class KvCacheManager {
  public:
-  // `pool` (and `tier`, when set) must outlive the manager. With a tier, a lookup continues
-  // past the pool's hit into the tier (loading those blocks into fresh ones), and with the tier's
-  // write_through every published block is offered to it at once.
-  KvCacheManager(BlockPool* pool, BlockHash seed, bool enable_prefix_caching,
-                 KvTier* tier = nullptr);
+  // `pool` must outlive the manager. With a tier below the pool (BlockPool::SetLowerTier,
+  // before this), a lookup continues past the pool's hit into the tier (loading those blocks
+  // into fresh ones), and with the tier's write_through every published block is offered to it
+  // at once.
+  KvCacheManager(BlockPool* pool, BlockHash seed, bool enable_prefix_caching);
   KvCacheManager(const KvCacheManager&) = delete;
   KvCacheManager& operator=(const KvCacheManager&) = delete;
 

@@ -6,7 +6,7 @@
 // fresh pool blocks. Implementations: DiskTier (disk_tier.h).
 //
 //   pool->SetLowerTier(tier);  // evicted cached blocks are offered to it
-//   KvCacheManager kv(pool, seed, /*enable_prefix_caching=*/true, tier);
+//   KvCacheManager kv(pool, seed, /*enable_prefix_caching=*/true);  // uses the pool's tier
 //   // kv.AllocateSequence(...) now also takes blocks from the tier (SequenceBlocks::tier_blocks)
 #pragma once
 

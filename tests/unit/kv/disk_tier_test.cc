@@ -150,7 +150,7 @@ TEST_F(DiskTierTest, EvictedBlocksAreWrittenBackAndLoadWithTheirBytes) {
   std::unique_ptr<DiskTier> tier = OpenTier(16);
   ASSERT_NE(tier, nullptr);
   std::unique_ptr<BlockPool> pool = Pool(4, tier.get());
-  KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
+  KvCacheManager kv(pool.get(), SeedFromText("s"), true);
   const std::vector<int32_t> a = Tokens(13, 1);  // 3 full blocks may hit, 4 blocks held
   const std::vector<BlockBytes> want = Compute(kv, a, 10);
   ASSERT_EQ(want.size(), 3u);
@@ -181,7 +181,7 @@ TEST_F(DiskTierTest, EvictedBlocksAreWrittenBackAndLoadWithTheirBytes) {
 TEST_F(DiskTierTest, BlocksTheSameAllocationEvictedComeBackFromTheQueue) {
   std::unique_ptr<DiskTier> tier = OpenTier(16);
   std::unique_ptr<BlockPool> pool = Pool(4, tier.get());
-  KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
+  KvCacheManager kv(pool.get(), SeedFromText("s"), true);
   const std::vector<int32_t> a = Tokens(13, 14);
   const std::vector<BlockHash> chain = kv.Chain(a);
   // a's 3 full blocks, cached and freed head first: block 0 is the first to be evicted.
@@ -214,7 +214,7 @@ TEST_F(DiskTierTest, ReopenedTierFindsItsBlocksUnlessTheLayoutOrSeedDiffers) {
   {
     std::unique_ptr<DiskTier> tier = OpenTier(16, {.write_through = true});
     std::unique_ptr<BlockPool> pool = Pool(8, tier.get());
-    KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
+    KvCacheManager kv(pool.get(), SeedFromText("s"), true);
     want = Compute(kv, a, 20);
     // Write-through: written at publish, nothing evicted.
     ASSERT_TRUE(tier->WaitIdle(absl::Now() + absl::Seconds(10)));
@@ -225,7 +225,7 @@ TEST_F(DiskTierTest, ReopenedTierFindsItsBlocksUnlessTheLayoutOrSeedDiffers) {
     std::unique_ptr<DiskTier> tier = OpenTier(16);
     EXPECT_EQ(tier->Stats().restored, 4);
     std::unique_ptr<BlockPool> pool = Pool(8, tier.get());
-    KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
+    KvCacheManager kv(pool.get(), SeedFromText("s"), true);
     SequenceBlocks s = kv.AllocateSequence(a, a.size()).value();
     EXPECT_EQ(s.cached_tokens, 16);
     ASSERT_EQ(s.cached.size(), 4u);
@@ -258,7 +258,7 @@ TEST_F(DiskTierTest, CorruptTornOrTruncatedSlotsAreMissesAndDropped) {
   {
     std::unique_ptr<DiskTier> tier = OpenTier(8, {.write_through = true});
     std::unique_ptr<BlockPool> pool = Pool(8, tier.get());
-    KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
+    KvCacheManager kv(pool.get(), SeedFromText("s"), true);
     Compute(kv, a, 30);
     ASSERT_TRUE(tier->WaitIdle(absl::Now() + absl::Seconds(10)));
     ASSERT_EQ(tier->Stats().written, 4);
@@ -269,7 +269,7 @@ TEST_F(DiskTierTest, CorruptTornOrTruncatedSlotsAreMissesAndDropped) {
     std::unique_ptr<DiskTier> tier = OpenTier(8);
     ASSERT_EQ(tier->Stats().restored, 4);
     std::unique_ptr<BlockPool> pool = Pool(8, tier.get());
-    KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
+    KvCacheManager kv(pool.get(), SeedFromText("s"), true);
     SequenceBlocks s = kv.AllocateSequence(a, a.size()).value();
     EXPECT_EQ(s.cached_tokens, 8) << "the hit ends at the corrupt block";
     EXPECT_EQ(tier->Stats().dropped_corrupt, 1);
@@ -332,7 +332,7 @@ TEST_F(DiskTierTest, AFullTierOverwritesItsLeastRecentlyUsedSlot) {
 TEST_F(DiskTierTest, AdmissionAfterHitsKeepsOutBlocksThatNeverHit) {
   std::unique_ptr<DiskTier> tier = OpenTier(16, {.admit_after_hits = 1});
   std::unique_ptr<BlockPool> pool = Pool(4, tier.get());
-  KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
+  KvCacheManager kv(pool.get(), SeedFromText("s"), true);
   const std::vector<int32_t> hit = Tokens(9, 5);   // 2 full blocks may hit
   const std::vector<int32_t> cold = Tokens(9, 6);  // never asked for again
   Compute(kv, hit, 1);
@@ -350,7 +350,7 @@ TEST_F(DiskTierTest, AdmissionAfterHitsKeepsOutBlocksThatNeverHit) {
 TEST_F(DiskTierTest, AFailingDiskTurnsTheTierOffAndServingGoesOn) {
   std::unique_ptr<DiskTier> tier = OpenTier(4);
   std::unique_ptr<BlockPool> pool = Pool(4, tier.get());
-  KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
+  KvCacheManager kv(pool.get(), SeedFromText("s"), true);
   const std::vector<int32_t> a = Tokens(9, 8);
   Compute(kv, a, 1);
   {
@@ -377,7 +377,7 @@ TEST_F(DiskTierTest, CacheEventsCoverThePoolAndItsTier) {
   std::unique_ptr<DiskTier> tier = OpenTier(2);
   std::unique_ptr<BlockPool> pool = Pool(4, tier.get());
   pool->EnableEvents();
-  KvCacheManager kv(pool.get(), SeedFromText("s"), true, tier.get());
+  KvCacheManager kv(pool.get(), SeedFromText("s"), true);
   const std::vector<int32_t> a = Tokens(13, 11);
   const std::vector<BlockHash> chain = kv.Chain(a);
   Compute(kv, a, 1);
